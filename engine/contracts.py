@@ -1,0 +1,151 @@
+"""Payloads that cross Temporal: workflow and activity inputs and results.
+
+Plain dataclasses of ids, hashes, codes and numbers only (DESIGN §2.5): never job input, snapshot
+content, prompts, model output or credentials. They are imported inside the workflow sandbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Names of activities, shared by workflows (which call them) and activities (which define them).
+PREPARE = "prepare"
+RESOLVE = "resolve"
+EXECUTE = "execute"
+PROJECT = "project"
+COMPLETE = "complete"
+FINALIZE_FAILED = "finalize_failed"
+FINALIZE_CANCELLED = "finalize_cancelled"
+RELAY_LOOP = "relay_loop"
+RECONCILE_ONCE = "reconcile_once"
+
+RELAY_WORKFLOW = "outbox_relay"
+RELAY_WORKFLOW_ID = "ai-system:outbox-relay"
+RECONCILER_WORKFLOW = "reconciler"
+RECONCILER_SCHEDULE_ID = "ai-system:reconciler"
+
+SEARCH_ATTRIBUTES: tuple[str, ...] = ("JobId", "JobType", "LifecycleStatus")
+
+
+def workflow_id(queue_name: str, job_type: str, job_id: str) -> str:
+    """DESIGN §7: unique per job, so starting it twice is a no-op."""
+    return f"{queue_name}:{job_type}:{job_id}"
+
+
+@dataclass(frozen=True)
+class JobWorkflowInput:
+    """The frozen queue payload of ADR §3.2 (camelCase on the wire)."""
+
+    jobId: str
+    jobType: str
+    idempotencyKey: str
+    createdAt: str
+
+
+@dataclass(frozen=True)
+class StageInput:
+    job_id: str
+    workflow_id: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """What the workflow needs from the job's definition, read once by PREPARE."""
+
+    queue_name: str
+    timeout_ms: int
+    max_attempts: int
+    backoff_ms: int
+    abort_strategy: str
+    cancellable: bool
+    heartbeat_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """`run` = the job is ours and running; otherwise it ended before us (e.g. cancelled)."""
+
+    run: bool
+    lifecycle_status: str
+    plan: ExecutionPlan | None = None
+
+
+@dataclass(frozen=True)
+class ResolveResult:
+    prompt_version: str
+    credential_mode: str
+    provider: str
+    model: str
+
+
+@dataclass(frozen=True)
+class ExecuteInput:
+    job_id: str
+    workflow_id: str
+    run_id: str
+    timeout_ms: int
+    abort_strategy: str
+
+
+@dataclass(frozen=True)
+class ExecuteResult:
+    output_hash: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ProjectInput:
+    job_id: str
+    run_id: str
+    output_hash: str
+
+
+@dataclass(frozen=True)
+class ProjectResult:
+    lifecycle_status: str
+    artifact_count: int
+
+
+@dataclass(frozen=True)
+class CompleteResult:
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cost_micros: int
+
+
+@dataclass(frozen=True)
+class FinalizeFailedInput:
+    job_id: str
+    run_id: str
+    code: str
+
+
+@dataclass(frozen=True)
+class FinalizeResult:
+    """The job's terminal state after finalizing: what actually won any race."""
+
+    lifecycle_status: str
+
+
+@dataclass(frozen=True)
+class JobWorkflowResult:
+    job_id: str
+    lifecycle_status: str
+    error_code: str | None = None
+    output_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class RelayInput:
+    iterations_before_continue: int = 0  # 0: run until the activity's own time budget ends
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    expired_locks_failed: int = 0
+    outbox_requeued: int = 0
+    snapshots_deleted: int = 0
+    cancels_resent: int = 0
+    details: list[str] = field(default_factory=list)

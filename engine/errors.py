@@ -1,0 +1,247 @@
+"""One error root for the whole engine, and the error-code taxonomy of DESIGN §8.
+
+Every domain error carries a public `code`, an HTTP status and a public message that is safe to
+show anyone: no stack trace, path, host, SQL or provider body. Details for operators travel
+separately (`internal_message`) and end up only in `ai_job.internal_error_message`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Retry(StrEnum):
+    YES = "yes"
+    NO = "no"
+    ONCE = "once"  # INTERNAL_*: retried a single time
+    PER_DEFINITION = "per_definition"  # TIMEOUT: abortStrategy decides
+
+
+@dataclass(frozen=True)
+class CodeRule:
+    prefix: str
+    retry: Retry
+
+
+# Longest prefix wins; order does not matter.
+_RULES: tuple[CodeRule, ...] = (
+    CodeRule("PROVIDER_", Retry.YES),
+    CodeRule("VALIDATION_", Retry.YES),
+    CodeRule("CONTENT_SAFETY_", Retry.NO),
+    CodeRule("TIMEOUT", Retry.PER_DEFINITION),
+    CodeRule("CREDENTIAL_", Retry.NO),
+    CodeRule("CANCELLED", Retry.NO),
+    CodeRule("INTERNAL_", Retry.ONCE),
+)
+
+
+def retry_rule(code: str) -> Retry:
+    """How DESIGN §8 retries an error code; unknown codes are treated as INTERNAL."""
+    best: CodeRule | None = None
+    for rule in _RULES:
+        if code.startswith(rule.prefix) and (best is None or len(rule.prefix) > len(best.prefix)):
+            best = rule
+    return best.retry if best else Retry.ONCE
+
+
+def is_retryable(code: str, *, attempt: int, abort_strategy: str = "retry") -> bool:
+    """Whether an execution failure with `code` on attempt `attempt` (1-based) may be retried."""
+    rule = retry_rule(code)
+    if rule is Retry.YES:
+        return True
+    if rule is Retry.NO:
+        return False
+    if rule is Retry.ONCE:
+        return attempt < 2
+    return abort_strategy == "retry"
+
+
+# Public messages per code: what a user may read. Never interpolate request data into them.
+PUBLIC_MESSAGES: dict[str, str] = {
+    "PROVIDER_UNAVAILABLE": "The AI provider is unavailable. Please try again later.",
+    "PROVIDER_RATE_LIMITED": "The AI provider is rate limiting requests. Please try again later.",
+    "PROVIDER_TIMEOUT": "The AI provider did not answer in time.",
+    "VALIDATION_OUTPUT_INVALID": "The AI provider returned an invalid result.",
+    "CONTENT_SAFETY_BLOCKED": "The request was blocked by the content safety policy.",
+    "TIMEOUT": "The job took too long and was stopped.",
+    "CREDENTIAL_INVALID": "The AI provider rejected the credential.",
+    "CREDENTIAL_MISSING": "No usable AI provider credential is configured for this job.",
+    "CANCELLED": "The job was cancelled.",
+    "INTERNAL_ERROR": "The job failed because of an internal error.",
+    "INTERNAL_LOCK_EXPIRED": "The job's worker stopped responding and the job was abandoned.",
+}
+
+
+def public_message_for(code: str) -> str:
+    if code in PUBLIC_MESSAGES:
+        return PUBLIC_MESSAGES[code]
+    for prefix, text in (
+        ("PROVIDER_", PUBLIC_MESSAGES["PROVIDER_UNAVAILABLE"]),
+        ("VALIDATION_", PUBLIC_MESSAGES["VALIDATION_OUTPUT_INVALID"]),
+        ("CONTENT_SAFETY_", PUBLIC_MESSAGES["CONTENT_SAFETY_BLOCKED"]),
+        ("CREDENTIAL_", PUBLIC_MESSAGES["CREDENTIAL_INVALID"]),
+    ):
+        if code.startswith(prefix):
+            return text
+    return PUBLIC_MESSAGES["INTERNAL_ERROR"]
+
+
+class EngineError(Exception):
+    """Root of every domain error. `code` and `public_message` are safe for any audience."""
+
+    code: str = "INTERNAL_ERROR"
+    http_status: int = 500
+    title: str = "Internal error"
+
+    def __init__(
+        self,
+        public_message: str | None = None,
+        *,
+        internal_message: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        self.public_message = public_message or self.title
+        self.internal_message = internal_message
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{self.code}: {self.public_message}")
+
+
+class ValidationFailed(EngineError):
+    code = "VALIDATION_FAILED"
+    http_status = 422
+    title = "Validation failed"
+
+    def __init__(self, public_message: str, *, errors: list[dict[str, object]] | None = None):
+        super().__init__(public_message)
+        self.errors = errors or []
+
+
+class UnknownJobType(ValidationFailed):
+    def __init__(self, job_type: str) -> None:
+        super().__init__("Unknown or non-public job type.")
+        self.job_type = job_type
+
+
+class IdempotencyKeyReused(EngineError):
+    code = "IDEMPOTENCY_KEY_REUSED"
+    http_status = 422
+    title = "Idempotency key reused with a different request"
+
+
+class JobNotFound(EngineError):
+    code = "JOB_NOT_FOUND"
+    http_status = 404
+    title = "Job not found"
+
+
+class JobNotCancellable(EngineError):
+    code = "JOB_NOT_CANCELLABLE"
+    http_status = 409
+    title = "Job is in a terminal state and cannot be cancelled"
+
+
+class JobAlreadyCancelled(EngineError):
+    code = "JOB_ALREADY_CANCELLED"
+    http_status = 409
+    title = "Job is already cancelled"
+
+
+class JobNotRetryable(EngineError):
+    code = "JOB_NOT_RETRYABLE"
+    http_status = 409
+    title = "Only failed or cancelled jobs can be retried"
+
+
+class TooManyJobs(EngineError):
+    code = "TOO_MANY_JOBS"
+    http_status = 429
+    title = "Too many active jobs"
+
+
+class QuotaExceeded(EngineError):
+    code = "QUOTA_EXCEEDED"
+    http_status = 429
+    title = "Job quota exceeded"
+
+
+class PlatformUnavailable(EngineError):
+    code = "PLATFORM_UNAVAILABLE"
+    http_status = 503
+    title = "The AI platform is unavailable"
+
+
+class CredentialMissing(EngineError):
+    code = "CREDENTIAL_MISSING"
+    http_status = 422
+    title = "No usable credential"
+
+
+class Unauthenticated(EngineError):
+    code = "UNAUTHENTICATED"
+    http_status = 401
+    title = "Authentication required"
+
+
+class Forbidden(EngineError):
+    code = "FORBIDDEN"
+    http_status = 403
+    title = "Forbidden"
+
+
+class IllegalTransition(EngineError):
+    """A lifecycle write that DESIGN §6 forbids (or whose compare-and-set found another state)."""
+
+    code = "INTERNAL_ILLEGAL_TRANSITION"
+    http_status = 409
+    title = "Illegal lifecycle transition"
+
+    def __init__(self, job_id: str, from_status: str | None, to_status: str) -> None:
+        super().__init__(
+            "Illegal lifecycle transition.",
+            internal_message=f"job {job_id}: {from_status} -> {to_status}",
+        )
+        self.job_id = job_id
+        self.from_status = from_status
+        self.to_status = to_status
+
+    def __str__(self) -> str:
+        return f"illegal transition of job {self.job_id}: {self.from_status} -> {self.to_status}"
+
+
+class LockConflict(EngineError):
+    code = "INTERNAL_LOCK_CONFLICT"
+    http_status = 409
+    title = "Job is locked by another worker"
+
+    def __init__(self, job_id: str, locked_by: str | None) -> None:
+        super().__init__("Job is locked.", internal_message=f"job {job_id} locked by {locked_by}")
+        self.job_id = job_id
+        self.locked_by = locked_by
+
+
+class DuplicateJobDefinition(EngineError):
+    code = "INTERNAL_DUPLICATE_JOB_DEFINITION"
+
+
+class InvalidJobDefinition(EngineError):
+    code = "INTERNAL_INVALID_JOB_DEFINITION"
+
+
+class ExecutionFailure(EngineError):
+    """A failure of a job's execution (provider, validation, safety, timeout, credential...).
+
+    Raised by the gateway and the job types; the EXECUTE activity turns it into an
+    `ApplicationError` whose type is `code` and whose message is only the public message.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        *,
+        internal_message: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        self.code = code
+        super().__init__(public_message_for(code), internal_message=internal_message)
+        self.retry_after_float = retry_after_s

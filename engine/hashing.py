@@ -1,0 +1,31 @@
+"""Stable hashes: the output hash of ADR §5.6 and the request fingerprint for idempotency."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with keys sorted at every depth and no insignificant whitespace."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def output_hash(validated_output: Any) -> str:
+    """SHA-256 (hex) of the key-sorted JSON of a validated output (ADR §5.6)."""
+    return hashlib.sha256(canonical_json(validated_output).encode()).hexdigest()
+
+
+def request_fingerprint(
+    job_type: str, target_type: str, target_id: str, input_: Any, priority: int | None
+) -> str:
+    """Hash of the normalized create request: same key + different body is detected with it."""
+    body = {
+        "jobType": job_type,
+        "targetType": target_type,
+        "targetId": target_id,
+        "input": input_,
+        "priority": priority,
+    }
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -1,0 +1,1 @@
+"""The AI gateway: provider protocol, OpenAI-compatible client, synthetic provider, safety, keys."""

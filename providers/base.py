@@ -1,0 +1,58 @@
+"""The provider protocol every AI backend implements.
+
+Providers raise `engine.errors.ExecutionFailure(code, ...)` with the codes of DESIGN §8 /
+issue 6: CREDENTIAL_INVALID, PROVIDER_RATE_LIMITED (retry_after_s set when the provider said),
+PROVIDER_UNAVAILABLE, PROVIDER_TIMEOUT, CONTENT_SAFETY_BLOCKED. Output validation is the caller's
+job (it knows the output model). Nothing here logs prompts, outputs or keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SyntheticBehaviour:
+    """Scripted behaviour for the synthetic provider (DESIGN §7 synthetic input)."""
+
+    output: Mapping[str, Any]
+    delay_ms: int = 0
+    fail_times: int = 0
+    fail_code: str = "PROVIDER_UNAVAILABLE"
+    hang: bool = False
+    invalid_output: bool = False
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    job_id: str
+    job_type: str
+    attempt: int
+    model: str
+    system_prompt: str
+    user_prompt: str
+    output_schema: Mapping[str, Any]
+    timeout_s: float
+    # The decrypted key; exists only inside the EXECUTE activity. Never logged (repr=False).
+    api_key: str | None = field(default=None, repr=False)
+    # What the synthetic provider answers with; other providers ignore it.
+    synthetic: SyntheticBehaviour | None = None
+
+
+@dataclass(frozen=True)
+class ProviderResponse:
+    content: str  # raw model text (JSON expected); never logged
+    tokens_in: int
+    tokens_out: int
+    provider: str
+    model: str
+    latency_ms: int
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    async def generate(self, request: ProviderRequest) -> ProviderResponse: ...
