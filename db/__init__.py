@@ -1,0 +1,1 @@
+"""PostgreSQL: models, sessions, repositories and migrations. The source of truth for lifecycle."""

@@ -1,0 +1,343 @@
+"""Reads of jobs, snapshots and artifacts, and the non-lifecycle writes of a running job
+(output, progress, attempt bookkeeping). `lifecycle_status` is never written here."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+JOB_COLUMNS = (
+    "id, user_id, job_type, target_type, target_id, idempotency_key, request_fingerprint, "
+    "lifecycle_status, status, queue_name, priority, progress, input, credential_mode, "
+    "credential_id, prompt_version, input_schema_version, output_schema_version, attempt_count, "
+    "max_retry_count, locked_by, locked_at, lock_until, cancel_requested_at, started_at, "
+    "finished_at, error_code, public_error_message, internal_error_message, output, output_hash, "
+    "workflow_id, retried_from_job_id, created_at, updated_at"
+)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: uuid.UUID
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    idempotency_key: str | None
+    request_fingerprint: str
+    lifecycle_status: str
+    status: str
+    queue_name: str
+    priority: int
+    progress: int
+    input: dict[str, Any]
+    credential_mode: str
+    credential_id: uuid.UUID | None
+    prompt_version: str
+    input_schema_version: str
+    output_schema_version: str
+    attempt_count: int
+    max_retry_count: int
+    locked_by: str | None
+    locked_at: datetime | None
+    lock_until: datetime | None
+    cancel_requested_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_code: str | None
+    public_error_message: str | None
+    internal_error_message: str | None
+    output: dict[str, Any] | None
+    output_hash: str | None
+    workflow_id: str
+    retried_from_job_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    artifact_type: str
+    artifact_id: str
+    ordinal: int
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    user_id: str | None = None
+    job_type: str | None = None
+    status: str | None = None
+    queue_name: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+
+class JobQueries:
+    async def get(self, session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
+        row = (
+            await session.execute(
+                text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE id = :id"), {"id": job_id}
+            )
+        ).first()
+        return JobRow(**row._mapping) if row else None
+
+    async def find_by_idempotency_key(
+        self, session: AsyncSession, user_id: str, job_type: str, key: str
+    ) -> JobRow | None:
+        row = (
+            await session.execute(
+                text(
+                    f"SELECT {JOB_COLUMNS} FROM ai_job "
+                    "WHERE user_id = :u AND job_type = :t AND idempotency_key = :k"
+                ),
+                {"u": user_id, "t": job_type, "k": key},
+            )
+        ).first()
+        return JobRow(**row._mapping) if row else None
+
+    async def artifacts(
+        self, session: AsyncSession, job_ids: list[uuid.UUID]
+    ) -> dict[uuid.UUID, list[ArtifactRef]]:
+        out: dict[uuid.UUID, list[ArtifactRef]] = {j: [] for j in job_ids}
+        if not job_ids:
+            return out
+        rows = await session.execute(
+            text(
+                "SELECT job_id, artifact_type, artifact_id, ordinal FROM ai_job_artifact "
+                "WHERE job_id = ANY(:ids) ORDER BY job_id, ordinal, id"
+            ),
+            {"ids": job_ids},
+        )
+        for r in rows:
+            out[r.job_id].append(ArtifactRef(r.artifact_type, r.artifact_id, r.ordinal))
+        return out
+
+    async def list(
+        self,
+        session: AsyncSession,
+        f: JobFilter,
+        *,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[JobRow]:
+        """Newest first; keyset pagination on (created_at, id) is stable under inserts."""
+        where = ["TRUE"]
+        params: dict[str, Any] = {"lim": limit}
+        for col, value in (
+            ("user_id", f.user_id),
+            ("job_type", f.job_type),
+            ("lifecycle_status", f.status),
+            ("queue_name", f.queue_name),
+        ):
+            if value is not None:
+                where.append(f"{col} = :{col}")
+                params[col] = value
+        if f.created_from is not None:
+            where.append("created_at >= :cf")
+            params["cf"] = f.created_from
+        if f.created_to is not None:
+            where.append("created_at < :ct")
+            params["ct"] = f.created_to
+        if after is not None:
+            where.append("(created_at, id) < (:ac, :ai)")
+            params["ac"], params["ai"] = after
+        rows = await session.execute(
+            text(
+                f"SELECT {JOB_COLUMNS} FROM ai_job WHERE {' AND '.join(where)} "
+                "ORDER BY created_at DESC, id DESC LIMIT :lim"
+            ),
+            params,
+        )
+        return [JobRow(**r._mapping) for r in rows]
+
+    async def count_active(self, session: AsyncSession, user_id: str) -> int:
+        return int(
+            (
+                await session.execute(
+                    text(
+                        "SELECT count(*) FROM ai_job WHERE user_id = :u "
+                        "AND lifecycle_status IN ('queued','running')"
+                    ),
+                    {"u": user_id},
+                )
+            ).scalar_one()
+        )
+
+    async def count_today(self, session: AsyncSession, user_id: str) -> int:
+        return int(
+            (
+                await session.execute(
+                    text(
+                        "SELECT count(*) FROM ai_job WHERE user_id = :u "
+                        "AND created_at >= date_trunc('day', now())"
+                    ),
+                    {"u": user_id},
+                )
+            ).scalar_one()
+        )
+
+    # ---- snapshots ----------------------------------------------------------------------
+
+    async def insert_snapshot(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        content: dict[str, Any],
+        redaction_version: str,
+        ttl_days: int,
+    ) -> None:
+        await session.execute(
+            text(
+                """
+                INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at,
+                                             created_at)
+                VALUES (:id, :c, :rv, now() + make_interval(days => :ttl), now())
+                """
+            ).bindparams(bindparam("c", type_=JSONB)),
+            {"id": job_id, "c": content, "rv": redaction_version, "ttl": ttl_days},
+        )
+
+    async def get_snapshot(self, session: AsyncSession, job_id: uuid.UUID) -> dict[str, Any] | None:
+        row = (
+            await session.execute(
+                text(
+                    "SELECT content FROM ai_job_snapshot WHERE job_id = :id "
+                    "AND expires_at > now()"
+                ),
+                {"id": job_id},
+            )
+        ).first()
+        return dict(row.content) if row else None
+
+    async def delete_expired_snapshots(self, session: AsyncSession, *, limit: int = 1000) -> int:
+        result = await session.execute(
+            text(
+                """
+                DELETE FROM ai_job_snapshot WHERE job_id IN (
+                    SELECT job_id FROM ai_job_snapshot WHERE expires_at <= now() LIMIT :lim)
+                """
+            ),
+            {"lim": limit},
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    # ---- running-job bookkeeping (never lifecycle) -------------------------------------
+
+    async def store_output(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        *,
+        run_id: str,
+        output: dict[str, Any],
+        output_hash: str,
+        progress: int,
+    ) -> bool:
+        """Only the lock owner of a running job may store an output."""
+        result = await session.execute(
+            text(
+                """
+                UPDATE ai_job SET output = :out, output_hash = :h,
+                       progress = greatest(progress, :p), updated_at = now()
+                WHERE id = :id AND lifecycle_status = 'running'
+                  AND split_part(locked_by, '/', 1) = :run
+                """
+            ).bindparams(bindparam("out", type_=JSONB)),
+            {"id": job_id, "out": output, "h": output_hash, "p": progress, "run": run_id},
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def record_attempt(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        *,
+        attempt: int,
+        internal_error: str | None,
+    ) -> None:
+        await session.execute(
+            text(
+                """
+                UPDATE ai_job SET attempt_count = greatest(attempt_count, :a),
+                       internal_error_message = coalesce(:e, internal_error_message),
+                       updated_at = now()
+                WHERE id = :id
+                """
+            ),
+            {"id": job_id, "a": attempt, "e": internal_error},
+        )
+
+    async def set_progress(self, session: AsyncSession, job_id: uuid.UUID, progress: int) -> None:
+        await session.execute(
+            text(
+                "UPDATE ai_job SET progress = greatest(progress, :p), updated_at = now() "
+                "WHERE id = :id AND lifecycle_status = 'running'"
+            ),
+            {"id": job_id, "p": progress},
+        )
+
+    async def insert_artifact(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        artifact_type: str,
+        artifact_id: str,
+        ordinal: int,
+    ) -> bool:
+        """Idempotent on (job_id, artifact_type, artifact_id): a duplicate projection is a no-op."""
+        row = (
+            await session.execute(
+                text(
+                    """
+                    INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal,
+                                                 created_at)
+                    VALUES (:j, :t, :a, :o, now())
+                    ON CONFLICT (job_id, artifact_type, artifact_id) DO NOTHING
+                    RETURNING id
+                    """
+                ),
+                {"j": job_id, "t": artifact_type, "a": artifact_id, "o": ordinal},
+            )
+        ).first()
+        return row is not None
+
+    async def published_enqueues_of_queued_jobs(
+        self, session: AsyncSession, *, older_than_s: float, limit: int = 100
+    ) -> list[tuple[int, uuid.UUID, str]]:
+        """Reconciler: enqueue events marked published while their job is still queued."""
+        rows = await session.execute(
+            text(
+                """
+                SELECT o.id AS event_id, j.id AS job_id, j.workflow_id
+                FROM outbox_event o JOIN ai_job j ON j.id = CAST(o.aggregate_id AS uuid)
+                WHERE o.event_type = 'ai.job.enqueue' AND o.status = 'published'
+                  AND j.lifecycle_status = 'queued'
+                  AND o.published_at < now() - make_interval(secs => :age)
+                ORDER BY o.id LIMIT :lim
+                """
+            ),
+            {"age": older_than_s, "lim": limit},
+        )
+        return [(r.event_id, r.job_id, r.workflow_id) for r in rows]
+
+    async def running_with_cancel_requested(
+        self, session: AsyncSession, *, older_than_s: float, limit: int = 100
+    ) -> list[tuple[uuid.UUID, str]]:
+        rows = await session.execute(
+            text(
+                """
+                SELECT id, workflow_id FROM ai_job
+                WHERE lifecycle_status = 'running' AND cancel_requested_at IS NOT NULL
+                  AND cancel_requested_at < now() - make_interval(secs => :age)
+                ORDER BY cancel_requested_at LIMIT :lim
+                """
+            ),
+            {"age": older_than_s, "lim": limit},
+        )
+        return [(r.id, r.workflow_id) for r in rows]

@@ -1,0 +1,274 @@
+"""SQLAlchemy models of DESIGN §5. The Alembic migrations are the schema; a test keeps both equal."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+TS = DateTime(timezone=True)
+
+
+class AiJob(Base):
+    __tablename__ = "ai_job"
+    __table_args__ = (
+        UniqueConstraint("user_id", "job_type", "idempotency_key"),
+        CheckConstraint(
+            "lifecycle_status IN ('queued','running','succeeded','failed','cancelled')",
+            name="lifecycle_status",
+        ),
+        CheckConstraint(
+            "status IN ('pending','processing','completed','failed','cancelled')",
+            name="legacy_status",
+        ),
+        CheckConstraint("priority BETWEEN 0 AND 100", name="priority"),
+        CheckConstraint("progress BETWEEN 0 AND 100", name="progress"),
+        CheckConstraint(
+            "credential_mode IN ('platform_key','user_deepseek_key')", name="credential_mode"
+        ),
+        # Lists: a user's own jobs newest first; admin filters; the reconciler's sweep.
+        Index("ix_ai_job_user_created", "user_id", "created_at", "id"),
+        Index("ix_ai_job_created", "created_at", "id"),
+        Index(
+            "ix_ai_job_running_lock",
+            "lock_until",
+            postgresql_where=text("lifecycle_status = 'running'"),
+        ),
+        Index(
+            "ix_ai_job_user_active",
+            "user_id",
+            postgresql_where=text("lifecycle_status IN ('queued','running')"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    job_type: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(64))
+    target_id: Mapped[str] = mapped_column(String(128))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_fingerprint: Mapped[str] = mapped_column(String(64))
+    lifecycle_status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    queue_name: Mapped[str] = mapped_column(String(32))
+    priority: Mapped[int] = mapped_column(Integer)
+    progress: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    input: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    credential_mode: Mapped[str] = mapped_column(String(32))
+    credential_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    prompt_version: Mapped[str] = mapped_column(String(32))
+    input_schema_version: Mapped[str] = mapped_column(String(32))
+    output_schema_version: Mapped[str] = mapped_column(String(32))
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_retry_count: Mapped[int] = mapped_column(Integer)
+    locked_by: Mapped[str | None] = mapped_column(String(255))
+    locked_at: Mapped[datetime | None] = mapped_column(TS)
+    lock_until: Mapped[datetime | None] = mapped_column(TS)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(TS)
+    started_at: Mapped[datetime | None] = mapped_column(TS)
+    finished_at: Mapped[datetime | None] = mapped_column(TS)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    public_error_message: Mapped[str | None] = mapped_column(Text)
+    internal_error_message: Mapped[str | None] = mapped_column(Text)
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    output_hash: Mapped[str | None] = mapped_column(String(64))
+    workflow_id: Mapped[str] = mapped_column(String(255))
+    retried_from_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiJobSnapshot(Base):
+    __tablename__ = "ai_job_snapshot"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), primary_key=True
+    )
+    content: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    redaction_version: Mapped[str] = mapped_column(String(16))
+    expires_at: Mapped[datetime] = mapped_column(TS, index=True)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiJobArtifact(Base):
+    __tablename__ = "ai_job_artifact"
+    __table_args__ = (UniqueConstraint("job_id", "artifact_type", "artifact_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE")
+    )
+    artifact_type: Mapped[str] = mapped_column(String(64))
+    artifact_id: Mapped[str] = mapped_column(String(128))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class OutboxEvent(Base):
+    __tablename__ = "outbox_event"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('pending','processing','published','failed','dead')", name="status"
+        ),
+        Index(
+            "ix_outbox_event_dispatchable",
+            "available_at",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            "ix_outbox_event_processing",
+            "locked_at",
+            postgresql_where=text("status = 'processing'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    event_type: Mapped[str] = mapped_column(String(64))
+    aggregate_type: Mapped[str] = mapped_column(String(64))
+    aggregate_id: Mapped[str] = mapped_column(String(64), index=True)
+    dedupe_key: Mapped[str] = mapped_column(String(512), unique=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    available_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    locked_by: Mapped[str | None] = mapped_column(String(255))
+    locked_at: Mapped[datetime | None] = mapped_column(TS)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    published_at: Mapped[datetime | None] = mapped_column(TS)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiUsageLog(Base):
+    __tablename__ = "ai_usage_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), index=True
+    )
+    user_id: Mapped[str] = mapped_column(String(128))
+    attempt_no: Mapped[int] = mapped_column(Integer)
+    credential_mode: Mapped[str] = mapped_column(String(32))
+    provider: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    tokens_in: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    tokens_out: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
+    latency_ms: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)
+
+
+class UserModelCredential(Base):
+    __tablename__ = "user_model_credential"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128), index=True)
+    provider: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str] = mapped_column(String(64))
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    key_hint: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(TS)
+
+
+# ---- business tables written by projectors -------------------------------------------------
+
+
+class SyntheticResult(Base):
+    __tablename__ = "synthetic_result"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), unique=True
+    )
+    output_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class QuizQuestion(Base):
+    __tablename__ = "quiz_question"
+    __table_args__ = (UniqueConstraint("job_id", "ordinal"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE")
+    )
+    user_id: Mapped[str] = mapped_column(String(128))
+    target_type: Mapped[str] = mapped_column(String(64))
+    target_id: Mapped[str] = mapped_column(String(128))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    choices: Mapped[list[str]] = mapped_column(JSONB)
+    answer_index: Mapped[int] = mapped_column(Integer)
+    explanation: Mapped[str] = mapped_column(Text)
+    difficulty: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class Flashcard(Base):
+    __tablename__ = "flashcard"
+    __table_args__ = (UniqueConstraint("job_id", "ordinal"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE")
+    )
+    user_id: Mapped[str] = mapped_column(String(128))
+    target_type: Mapped[str] = mapped_column(String(64))
+    target_id: Mapped[str] = mapped_column(String(128))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    front: Mapped[str] = mapped_column(Text)
+    back: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class WeakPointCandidate(Base):
+    __tablename__ = "weak_point_candidate"
+    __table_args__ = (UniqueConstraint("job_id", "ordinal"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE")
+    )
+    user_id: Mapped[str] = mapped_column(String(128))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    topic: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[list[str]] = mapped_column(JSONB)
+    recommended_action: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())

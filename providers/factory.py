@@ -1,0 +1,27 @@
+"""Choice of the provider implementation from configuration.
+
+Construction performs no network I/O: the HTTP client connects on the first request.
+"""
+
+from __future__ import annotations
+
+from providers.base import Provider
+from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
+from providers.synthetic import SyntheticProvider
+
+
+def build_provider(
+    *, api_key: str | None, base_url: str | None, timeout_s: float = 60.0
+) -> Provider:
+    """OpenAI-compatible provider when a key or a base URL is configured, else synthetic.
+
+    The key itself is not stored in the provider: it reaches it per call in `ProviderRequest`.
+    A missing base URL means DeepSeek; a base URL naming DeepSeek keeps the name "deepseek",
+    any other is "openai_compatible".
+    """
+    if api_key or base_url:
+        name = "deepseek" if not base_url or "deepseek" in base_url else "openai_compatible"
+        return OpenAICompatibleProvider(
+            base_url or DEFAULT_BASE_URL, name=name, timeout_s=timeout_s
+        )
+    return SyntheticProvider()

@@ -1,0 +1,267 @@
+"""A client for OpenAI-compatible chat-completion APIs (DeepSeek, OpenAI, local servers).
+
+Secrecy invariants (DESIGN §8/§10): the API key and the prompts travel only in the HTTP request.
+No log line, exception message or `internal_message` produced here contains them; the
+`internal_message` may carry the HTTP status and at most 200 characters of the provider's
+error body, scrubbed of anything that looks like the key or an echo of the prompts. Provider
+exceptions are re-raised `from None` so that no httpx object (which holds the request headers)
+rides along in `__cause__` into logs or Temporal failure payloads.
+
+Cancellation: `generate()` never catches `asyncio.CancelledError`, so cancelling the awaiting
+task aborts the in-flight HTTP request (httpx closes the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from engine.errors import ExecutionFailure
+from providers.base import ProviderRequest, ProviderResponse
+
+DEFAULT_BASE_URL = "https://api.deepseek.com"
+
+_SNIPPET_MAX = 200
+# Anything shaped like a secret key (OpenAI/DeepSeek "sk-...", bearer tokens) is masked in
+# error-body snippets even when it is not *our* key, because it may be a partial echo of it.
+_KEYLIKE = re.compile(r"(?i)(sk-[\w*.\-]+|bearer\s+\S+)")
+# A window this long shared with a prompt means the body echoes the prompt: withhold the body.
+_ECHO_WINDOW = 16
+_KEY_WINDOW = 8
+_WITHHELD = "[body withheld]"
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date).
+
+    Returns None when the header is absent or unparsable; never negative.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if seconds != seconds or seconds in (float("inf"), float("-inf")):  # NaN / inf
+            return None
+        return max(0.0, seconds)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    reference = now or datetime.now(UTC)
+    return max(0.0, (when - reference).total_seconds())
+
+
+def _shares_window(snippet: str, secret: str, window: int) -> bool:
+    """True when `snippet` contains any `window`-long substring of `secret`."""
+    if len(secret) < window or len(snippet) < window:
+        return False
+    return any(snippet[i : i + window] in secret for i in range(len(snippet) - window + 1))
+
+
+def _safe_snippet(body: str, request: ProviderRequest) -> str:
+    """At most 200 chars of a provider error body with the key and prompt echoes removed.
+
+    Whitespace is normalised on both sides before comparing, so an echo of a multi-line prompt
+    is still recognised; any recognised echo withholds the whole snippet.
+    """
+    text = body
+    if request.api_key:
+        text = text.replace(request.api_key, "[key]")
+    text = _KEYLIKE.sub("[key]", text)
+    text = " ".join(text.split())[:_SNIPPET_MAX]
+    if request.api_key and _shares_window(text, request.api_key, _KEY_WINDOW):
+        return _WITHHELD
+    for prompt in (request.system_prompt, request.user_prompt):
+        normalised = " ".join(prompt.split())
+        if len(normalised) >= _KEY_WINDOW and normalised in text:
+            return _WITHHELD
+        if _shares_window(text, normalised, _ECHO_WINDOW):
+            return _WITHHELD
+    return text
+
+
+def _is_content_filter_error(body: str) -> bool:
+    """Whether a 4xx error body says the provider's content filter rejected the request."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict):
+            code = error.get("code")
+            if isinstance(code, str) and code.lower() == "content_filter":
+                return True
+    lowered = body.lower()
+    return "content_filter" in lowered or "content filter" in lowered
+
+
+def _as_token_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return value
+
+
+class OpenAICompatibleProvider:
+    """`Provider` for any server speaking the OpenAI chat-completions protocol.
+
+    The request always asks for `response_format: json_object` and no streaming; the returned
+    content is *not* validated here (the caller knows the job's output model).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str = "deepseek",
+        timeout_s: float = 60.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._owns_client = client is None
+        # Constructing an AsyncClient performs no I/O; connections open on first request.
+        self._client = client if client is not None else httpx.AsyncClient()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it (an injected one is the caller's)."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def generate(self, request: ProviderRequest) -> ProviderResponse:
+        if request.api_key is None:
+            raise ExecutionFailure("CREDENTIAL_MISSING", internal_message="no api key for provider")
+        timeout_s = min(request.timeout_s, self.timeout_s)
+        payload = {
+            "model": request.model,
+            "messages": [
+                {"role": "system", "content": request.system_prompt},
+                {"role": "user", "content": request.user_prompt},
+            ],
+            "response_format": {"type": "json_object"},
+            "stream": False,
+        }
+        headers = {"Authorization": f"Bearer {request.api_key}"}
+        started = time.monotonic()
+        try:
+            # httpx's timeout bounds each phase; asyncio.timeout bounds the whole exchange
+            # (a server dribbling bytes would otherwise never trip the read timeout).
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.post(
+                    self.endpoint,
+                    json=payload,
+                    headers=headers,
+                    timeout=httpx.Timeout(timeout_s),
+                )
+        except (httpx.TimeoutException, TimeoutError):
+            raise ExecutionFailure(
+                "PROVIDER_TIMEOUT", internal_message=f"no answer within {timeout_s:g}s"
+            ) from None
+        except httpx.TransportError as exc:
+            raise ExecutionFailure(
+                "PROVIDER_UNAVAILABLE",
+                internal_message=f"transport error: {type(exc).__name__}",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ExecutionFailure(
+                "PROVIDER_UNAVAILABLE", internal_message=f"http error: {type(exc).__name__}"
+            ) from None
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if not 200 <= response.status_code < 300:
+            raise self._status_failure(response, request)
+        return self._parse_success(response, request, latency_ms)
+
+    def _status_failure(
+        self, response: httpx.Response, request: ProviderRequest
+    ) -> ExecutionFailure:
+        status = response.status_code
+        body = response.text
+        snippet = _safe_snippet(body, request)
+        if status in (401, 403):
+            return ExecutionFailure(
+                "CREDENTIAL_INVALID", internal_message=f"HTTP {status}: {snippet}"
+            )
+        if status == 429:
+            return ExecutionFailure(
+                "PROVIDER_RATE_LIMITED",
+                internal_message=f"HTTP 429: {snippet}",
+                retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+            )
+        if 400 <= status < 500 and _is_content_filter_error(body):
+            return ExecutionFailure(
+                "CONTENT_SAFETY_BLOCKED",
+                internal_message=f"HTTP {status}: provider content filter",
+            )
+        if status >= 500:
+            return ExecutionFailure(
+                "PROVIDER_UNAVAILABLE", internal_message=f"HTTP {status} server error: {snippet}"
+            )
+        if 400 <= status < 500:
+            return ExecutionFailure(
+                "PROVIDER_UNAVAILABLE",
+                internal_message=f"HTTP {status} request rejected by provider: {snippet}",
+            )
+        return ExecutionFailure(
+            "PROVIDER_UNAVAILABLE", internal_message=f"HTTP {status} unexpected status"
+        )
+
+    def _parse_success(
+        self, response: httpx.Response, request: ProviderRequest, latency_ms: int
+    ) -> ProviderResponse:
+        malformed = ExecutionFailure(
+            "PROVIDER_UNAVAILABLE",
+            internal_message=f"HTTP {response.status_code}: malformed response",
+        )
+        try:
+            data = response.json()
+        except ValueError:
+            raise malformed from None
+        if not isinstance(data, dict):
+            raise malformed
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise malformed
+        choice: dict[str, Any] = choices[0]
+        if choice.get("finish_reason") == "content_filter":
+            raise ExecutionFailure(
+                "CONTENT_SAFETY_BLOCKED", internal_message="finish_reason content_filter"
+            )
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise malformed
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise malformed
+        usage = data.get("usage")
+        usage_map: dict[str, Any] = usage if isinstance(usage, dict) else {}
+        model = data.get("model")
+        return ProviderResponse(
+            content=content,
+            tokens_in=_as_token_count(usage_map.get("prompt_tokens")),
+            tokens_out=_as_token_count(usage_map.get("completion_tokens")),
+            provider=self.name,
+            model=model if isinstance(model, str) and model else request.model,
+            latency_ms=latency_ms,
+        )

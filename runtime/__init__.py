@@ -1,0 +1,1 @@
+"""Processes: settings, worker bootstrap, the embedded dev stack and the `aijobs` CLI."""
