@@ -207,8 +207,7 @@ class JobQueries:
         row = (
             await session.execute(
                 text(
-                    "SELECT content FROM ai_job_snapshot WHERE job_id = :id "
-                    "AND expires_at > now()"
+                    "SELECT content FROM ai_job_snapshot WHERE job_id = :id AND expires_at > now()"
                 ),
                 {"id": job_id},
             )

@@ -250,6 +250,22 @@ class LifecycleRepository:
                 ),
             )
 
+    async def mark_cancelled_if_queued(
+        self, job_id: uuid.UUID, *, session: AsyncSession | None = None
+    ) -> None:
+        """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow)."""
+        async with self._tx(session) as s:
+            await self._transition(
+                s,
+                job_id,
+                (S.QUEUED,),
+                S.CANCELLED,
+                extra=(
+                    "error_code = 'CANCELLED', public_error_message = 'The job was cancelled.', "
+                    "cancel_requested_at = coalesce(cancel_requested_at, now())"
+                ),
+            )
+
     async def request_cancel(
         self, job_id: uuid.UUID, *, session: AsyncSession | None = None
     ) -> LifecycleStatus:

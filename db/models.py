@@ -1,4 +1,7 @@
-"""SQLAlchemy models of DESIGN §5. The Alembic migrations are the schema; a test keeps both equal."""
+"""SQLAlchemy models of DESIGN §5.
+
+The Alembic migrations are the schema; a test keeps the two equal.
+"""
 
 from __future__ import annotations
 

@@ -94,7 +94,9 @@ class OutboxRepository:
             await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
         return int(row.id) if row else None
 
-    async def claim_batch(self, session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
+    async def claim_batch(
+        self, session: AsyncSession, *, owner: str, limit: int
+    ) -> list[OutboxRow]:
         rows = await session.execute(
             text(
                 f"""
@@ -183,8 +185,7 @@ class OutboxRepository:
     async def list_dead(self, session: AsyncSession, *, limit: int = 100) -> list[OutboxRow]:
         rows = await session.execute(
             text(
-                f"SELECT {_COLUMNS} FROM outbox_event WHERE status = 'dead' "
-                "ORDER BY id LIMIT :lim"
+                f"SELECT {_COLUMNS} FROM outbox_event WHERE status = 'dead' ORDER BY id LIMIT :lim"
             ),
             {"lim": limit},
         )

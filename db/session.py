@@ -3,7 +3,12 @@ activity attempt) with `async with sessionmaker.begin()`; repositories never com
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 SessionMaker = async_sessionmaker[AsyncSession]
 

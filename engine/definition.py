@@ -1,4 +1,4 @@
-"""JobDefinition (ADR §2.1, frozen) and the registry that validates it at registration (ADR §2.2)."""
+"""JobDefinition (ADR §2.1, frozen) and the registry that validates it (ADR §2.2)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Clearly labelled development defaults: `aijobs dev` and `aijobs token` agree on them when unset.
-DEV_JWT_SECRET = "dev-only-insecure-jwt-secret-change-me"  # noqa: S105
+DEV_JWT_SECRET = "dev-only-insecure-jwt-secret-change-me"
 
 
 class Settings(BaseSettings):

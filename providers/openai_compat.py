@@ -4,8 +4,8 @@ Secrecy invariants (DESIGN §8/§10): the API key and the prompts travel only in
 No log line, exception message or `internal_message` produced here contains them; the
 `internal_message` may carry the HTTP status and at most 200 characters of the provider's
 error body, scrubbed of anything that looks like the key or an echo of the prompts. Provider
-exceptions are re-raised `from None` so that no httpx object (which holds the request headers)
-rides along in `__cause__` into logs or Temporal failure payloads.
+exceptions are replaced outside their `except` blocks so that no httpx object (whose request
+holds the headers) rides along in `__cause__`/`__context__` into logs or Temporal failures.
 
 Cancellation: `generate()` never catches `asyncio.CancelledError`, so cancelling the awaiting
 task aborts the in-flight HTTP request (httpx closes the connection).
@@ -165,33 +165,45 @@ class OpenAICompatibleProvider:
         }
         headers = {"Authorization": f"Bearer {request.api_key}"}
         started = time.monotonic()
+        response = await self._post(payload, headers, timeout_s)
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if not 200 <= response.status_code < 300:
+            raise self._status_failure(response, request)
+        return self._parse_success(response, request, latency_ms)
+
+    async def _post(
+        self, payload: dict[str, Any], headers: dict[str, str], timeout_s: float
+    ) -> httpx.Response:
+        """POST once; transport problems become ExecutionFailure with no httpx object attached.
+
+        The failure is raised *after* the `except` block so that neither `__cause__` nor
+        `__context__` references the httpx exception (whose request carries the key).
+        """
+        failure: ExecutionFailure
         try:
             # httpx's timeout bounds each phase; asyncio.timeout bounds the whole exchange
             # (a server dribbling bytes would otherwise never trip the read timeout).
             async with asyncio.timeout(timeout_s):
-                response = await self._client.post(
+                return await self._client.post(
                     self.endpoint,
                     json=payload,
                     headers=headers,
                     timeout=httpx.Timeout(timeout_s),
                 )
         except (httpx.TimeoutException, TimeoutError):
-            raise ExecutionFailure(
+            failure = ExecutionFailure(
                 "PROVIDER_TIMEOUT", internal_message=f"no answer within {timeout_s:g}s"
-            ) from None
+            )
         except httpx.TransportError as exc:
-            raise ExecutionFailure(
-                "PROVIDER_UNAVAILABLE",
-                internal_message=f"transport error: {type(exc).__name__}",
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ExecutionFailure(
+            failure = ExecutionFailure(
+                "PROVIDER_UNAVAILABLE", internal_message=f"transport error: {type(exc).__name__}"
+            )
+        except (httpx.HTTPError, RuntimeError) as exc:
+            # RuntimeError: httpx refuses to send on a closed client.
+            failure = ExecutionFailure(
                 "PROVIDER_UNAVAILABLE", internal_message=f"http error: {type(exc).__name__}"
-            ) from None
-        latency_ms = int((time.monotonic() - started) * 1000)
-        if not 200 <= response.status_code < 300:
-            raise self._status_failure(response, request)
-        return self._parse_success(response, request, latency_ms)
+            )
+        raise failure
 
     def _status_failure(
         self, response: httpx.Response, request: ProviderRequest
@@ -237,7 +249,7 @@ class OpenAICompatibleProvider:
         try:
             data = response.json()
         except ValueError:
-            raise malformed from None
+            data = None  # raised below, outside the handler: no exception context attached
         if not isinstance(data, dict):
             raise malformed
         choices = data.get("choices")

@@ -193,9 +193,16 @@ def start_temporal(
     for name in SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{name}=Keyword"]
     args += extra_args or []
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    from runtime.procs import die_with_parent
+
     proc = subprocess.Popen(
-        args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        args,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+        start_new_session=True,
     )
     if log_path:
         out.close()  # type: ignore[union-attr]
@@ -209,7 +216,9 @@ def start_temporal(
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"temporal dev server exited with {proc.returncode} (log: {log_path})")
+            raise RuntimeError(
+                f"temporal dev server exited with {proc.returncode} (log: {log_path})"
+            )
         if _tcp_ready(port) and _frontend_ready(server.address):
             return server
         time.sleep(0.2)

@@ -1,0 +1,1 @@
+"""Temporal activities: the five stages, the relay and the reconciler."""

@@ -1,0 +1,72 @@
+"""Which provider and which key a job's EXECUTE uses. The decrypted key lives only in the
+EXECUTE activity's stack frame; it never reaches a return value, a log line or Temporal."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.credentials import CredentialRepository
+from engine.errors import ExecutionFailure
+from jobs.spec import JobType
+from providers.base import Provider
+from providers.crypto import CredentialCipher
+from providers.safety import ContentSafety, RuleBasedContentSafety
+from providers.synthetic import SyntheticProvider
+
+USER_KEY_PROVIDER = "deepseek"
+
+
+def credential_aad(user_id: str, provider: str) -> str:
+    return f"user_model_credential:{user_id}:{provider}"
+
+
+@dataclass
+class Gateway:
+    provider: Provider  # the configured provider (real, or synthetic when no key is set)
+    model: str
+    platform_api_key: str | None = field(default=None, repr=False)
+    cipher: CredentialCipher | None = None
+    safety: ContentSafety = field(default_factory=lambda: RuleBasedContentSafety([]))
+    synthetic: Provider = field(default_factory=SyntheticProvider)
+
+    def provider_for(self, jt: JobType) -> Provider:
+        return self.synthetic if jt.always_synthetic else self.provider
+
+    def model_for(self, jt: JobType) -> str:
+        return "synthetic" if self.provider_for(jt) is self.synthetic else self.model
+
+    async def credential_available(
+        self, session: AsyncSession, jt: JobType, user_id: str, mode: str
+    ) -> bool:
+        if mode == "user_deepseek_key":
+            repo = CredentialRepository()
+            return await repo.active_for_user(session, user_id, USER_KEY_PROVIDER) is not None
+        return True
+
+    async def api_key(
+        self, session: AsyncSession, jt: JobType, user_id: str, mode: str
+    ) -> str | None:
+        """Decrypt the job's key (EXECUTE only). Revoked or missing → CREDENTIAL_MISSING."""
+        if self.provider_for(jt) is self.synthetic:
+            return None
+        if mode == "platform_key":
+            if self.platform_api_key is None and self.provider.name != "synthetic":
+                # A custom AI_BASE_URL without a key: send none (local servers accept that).
+                return ""
+            return self.platform_api_key
+        repo = CredentialRepository()
+        row = await repo.active_for_user(session, user_id, USER_KEY_PROVIDER)
+        if row is None:
+            raise ExecutionFailure("CREDENTIAL_MISSING", internal_message="no active user key")
+        if self.cipher is None:
+            raise ExecutionFailure("CREDENTIAL_INVALID", internal_message="no encryption key set")
+        return self.cipher.decrypt(
+            row.key_id, row.ciphertext, aad=credential_aad(user_id, row.provider)
+        )
+
+
+def new_credential_id() -> uuid.UUID:
+    return uuid.uuid4()

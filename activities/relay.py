@@ -1,0 +1,220 @@
+"""The outbox relay (DESIGN §3, ADR §4.3-4.5): claim → start workflow → mark published.
+
+Runs as one long-lived activity of the singleton relay workflow on `ai-system` (heartbeating, so
+Temporal restarts it elsewhere if its worker dies), or standalone via `aijobs relay`. Several
+relays may run at once: claims are disjoint (SKIP LOCKED) and a workflow id is per job, so a row
+dispatched twice after a crash starts its workflow once ("already started" counts as success).
+Nothing is sent to Temporal while a transaction is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import (
+    Priority,
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from db.outbox import COMPLETED, ENQUEUE, FAILED, NOTIFY_CHANNEL, OutboxRepository, OutboxRow
+from db.session import SessionMaker, libpq_url
+from engine.contracts import RELAY_LOOP, JobWorkflowInput, RelayInput, workflow_id
+from engine.definition import priority_key
+from jobs.spec import Catalog
+
+log = logging.getLogger(__name__)
+CANCELLED_EVENT = "ai.job.cancelled"
+# Domain events with no subscriber in this process: published (acknowledged), not dispatched.
+KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED_EVENT})
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    database_url: str
+    task_queue_suffix: str = ""
+    poll_interval_s: float = 1.0
+    lock_ttl_s: float = 60.0
+    batch_size: int = 100
+    max_in_flight: int = 64
+    release_every_s: float = 5.0
+    owner: str = field(
+        default_factory=lambda: f"relay:{socket.gethostname()}:{os.getpid()}:{id(object())}"
+    )
+
+
+class Relay:
+    def __init__(
+        self, sessionmaker: SessionMaker, client: Client, catalog: Catalog, config: RelayConfig
+    ) -> None:
+        self._sm = sessionmaker
+        self._client = client
+        self._catalog = catalog
+        self.config = config
+        self._outbox = OutboxRepository()
+        self._sem = asyncio.Semaphore(config.max_in_flight)
+        self.started = 0  # workflows this relay started (tests and metrics)
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    @activity.defn(name=RELAY_LOOP)
+    async def relay_loop(self, inp: RelayInput) -> None:
+        await self.run(heartbeat=activity.heartbeat, budget_s=50 * 60)
+
+    async def run(
+        self,
+        *,
+        stop: asyncio.Event | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        budget_s: float | None = None,
+    ) -> None:
+        """Drain, then sleep until NOTIFY or the poll interval; release expired claims now and
+        then. Returns when `stop` is set or the time budget is used (the workflow then
+        continues-as-new)."""
+        deadline = time.monotonic() + budget_s if budget_s else None
+        last_release = 0.0
+        listener: psycopg.AsyncConnection[object] | None = None
+        try:
+            while not (stop and stop.is_set()):
+                if deadline and time.monotonic() > deadline:
+                    return
+                if heartbeat:
+                    heartbeat()
+                if listener is None or listener.closed:
+                    listener = await self._listen()
+                if time.monotonic() - last_release > self.config.release_every_s:
+                    last_release = time.monotonic()
+                    await self.release_expired()
+                while await self.run_once() >= self.config.batch_size:
+                    if heartbeat:
+                        heartbeat()
+                await self._wait(listener, stop)
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _listen(self) -> psycopg.AsyncConnection[object] | None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                libpq_url(self.config.database_url), autocommit=True
+            )
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            return conn
+        except Exception:
+            log.warning("relay could not LISTEN; polling only")
+            return None
+
+    async def _wait(
+        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event | None
+    ) -> None:
+        """NOTIFY is only a hint: wake on it or after the poll interval, whichever is first."""
+        timeout = self.config.poll_interval_s
+        if listener is None:
+            await asyncio.sleep(timeout)
+            return
+        try:
+            async for _ in listener.notifies(timeout=timeout, stop_after=1):
+                break
+        except Exception:
+            with contextlib.suppress(Exception):
+                await listener.close()
+
+    # ---- one batch -------------------------------------------------------------------
+
+    async def release_expired(self) -> int:
+        async with self._sm.begin() as s:
+            n = await self._outbox.release_expired(s, ttl_s=self.config.lock_ttl_s)
+        if n:
+            log.warning("released %d expired outbox claims", n)
+        return n
+
+    async def claim(self) -> list[OutboxRow]:
+        async with self._sm.begin() as s:
+            return await self._outbox.claim_batch(
+                s, owner=self.config.owner, limit=self.config.batch_size
+            )
+
+    async def run_once(self) -> int:
+        """Claim one batch and dispatch it; returns how many rows were claimed."""
+        rows = await self.claim()
+        if not rows:
+            return 0
+        results = await asyncio.gather(*(self._dispatch(r) for r in rows))
+        ok = [r.id for r, err in zip(rows, results, strict=True) if err is None]
+        failed = [(r, err) for r, err in zip(rows, results, strict=True) if err is not None]
+        async with self._sm.begin() as s:
+            await self._outbox.mark_published(s, ok, owner=self.config.owner)
+            for row, err in failed:
+                status = await self._outbox.mark_failed(
+                    s, row.id, owner=self.config.owner, error=err or "dispatch failed"
+                )
+                log.warning(
+                    "outbox dispatch failed",
+                    extra={"event_id": row.id, "job_id": row.aggregate_id, "status": status},
+                )
+        return len(rows)
+
+    async def _dispatch(self, row: OutboxRow) -> str | None:
+        """Start the row's workflow; None on success, else an error text (no payload data)."""
+        if row.event_type in KNOWN_DOMAIN_EVENTS:
+            return None
+        if row.event_type != ENQUEUE:
+            log.warning(
+                "unknown outbox event type; marked published, not dispatched",
+                extra={"event_id": row.id, "event_type": row.event_type[:64]},
+            )
+            return None
+        p = row.payload
+        job_type = str(p.get("jobType", ""))
+        if job_type not in self._catalog:
+            return f"unknown jobType {job_type[:64]!r}"
+        job_id = str(p["jobId"])
+        queue = str(p["queueName"])
+        async with self._sem:
+            try:
+                await self._client.start_workflow(
+                    job_type,
+                    JobWorkflowInput(
+                        jobId=job_id,
+                        jobType=job_type,
+                        idempotencyKey=row.dedupe_key,
+                        createdAt=row.created_at.isoformat(),
+                    ),
+                    id=workflow_id(queue, job_type, job_id),
+                    task_queue=f"{queue}{self.config.task_queue_suffix}",
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(SearchAttributeKey.for_keyword("JobId"), job_id),
+                            SearchAttributePair(
+                                SearchAttributeKey.for_keyword("JobType"), job_type
+                            ),
+                            SearchAttributePair(
+                                SearchAttributeKey.for_keyword("LifecycleStatus"), "queued"
+                            ),
+                        ]
+                    ),
+                    priority=Priority(priority_key=priority_key(int(p.get("priority", 50)))),
+                )
+                self.started += 1
+            except WorkflowAlreadyStartedError:
+                pass  # it ran already: at-least-once delivery, exactly-once start
+            except Exception as exc:
+                return f"{type(exc).__name__}: {str(exc)[:300]}"
+        return None

@@ -1,0 +1,1 @@
+"""FastAPI app: routes, auth, problem+json errors, response models (DESIGN §9)."""

@@ -1,0 +1,105 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from temporalio.client import Client
+
+from api import errors
+from api.routes import admin, health, jobs
+from api.state import AppState
+from db.credentials import CredentialRepository
+from db.session import make_engine, make_sessionmaker
+from engine.settings import Settings
+from jobs.service import CreatePolicy, JobService
+from jobs.spec import Catalog
+from jobs.types import default_catalog
+
+
+def create_app(
+    settings: Settings,
+    *,
+    policy: CreatePolicy,
+    catalog: Catalog | None = None,
+    temporal: Client | None = None,
+) -> FastAPI:
+    catalog = catalog or default_catalog()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
+        sm = make_sessionmaker(engine)
+        creds = CredentialRepository()
+
+        async def has_key(session: Any, user_id: str) -> bool:
+            return await creds.active_for_user(session, user_id, "deepseek") is not None
+
+        app.state.aijobs = AppState(
+            settings=settings,
+            sessionmaker=sm,
+            catalog=catalog,
+            jobs=JobService(sm, catalog, policy, credential_exists=has_key),
+            temporal=temporal,
+        )
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="ai-job-engine",
+        version="0.1.0",
+        description="Create, follow and cancel AI jobs; admins list, filter and retry them.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(jobs.router)
+    app.include_router(admin.router)
+    app.include_router(health.router)
+
+    def openapi() -> dict[str, Any]:
+        """Adds each public job type's input schema, so clients see what `input` takes."""
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        comps.setdefault("securitySchemes", None)
+        comps.pop("securitySchemes")
+        schema["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+        }
+        schema["security"] = [{"bearer": []}]
+        variants = []
+        for jt in catalog:
+            vis = jt.definition.visibility
+            if vis == "internal" or (vis == "dev" and not policy.synthetic_public):
+                continue
+            name = f"{jt.input_model.__name__}"
+            sub = jt.input_model.model_json_schema(
+                by_alias=True, ref_template="#/components/schemas/{model}"
+            )
+            for k, v in sub.pop("$defs", {}).items():
+                comps[k] = v
+            sub["description"] = (
+                f"`input` of jobType `{jt.job_type}`: {jt.definition.metadata.description}"
+            )
+            comps[name] = sub
+            variants.append({"$ref": f"#/components/schemas/{name}"})
+        schema.setdefault("x-job-types", [jt.job_type for jt in catalog])
+        create = schema["paths"]["/api/ai/jobs"]["post"]
+        body = create["requestBody"]["content"]["application/json"]["schema"]
+        ref = body.get("$ref", "").split("/")[-1]
+        if ref in comps and variants:
+            comps[ref]["properties"]["input"] = {"oneOf": variants, "title": "Input"}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,37 @@
+"""FastAPI dependencies as `Annotated` aliases (STYLE)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from api.auth import Principal, verify_token
+from api.state import AppState
+from engine.errors import Forbidden
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.aijobs
+    return state
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def get_principal(
+    state: State, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
+) -> Principal:
+    return verify_token(state.settings.jwt_secret.get_secret_value(), authorization)
+
+
+User = Annotated[Principal, Depends(get_principal)]
+
+
+def get_admin(principal: User) -> Principal:
+    if not principal.is_admin:
+        raise Forbidden("This route requires the SUPER_ADMIN role.")
+    return principal
+
+
+Admin = Annotated[Principal, Depends(get_admin)]

@@ -1,0 +1,103 @@
+"""One exception handler family: domain errors → application/problem+json with a `code`.
+
+Bodies never carry stack traces, SQL, hosts or provider bodies; unexpected errors are logged
+server-side (with the request path only) and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineError, ValidationFailed
+
+log = logging.getLogger(__name__)
+PROBLEM = "application/problem+json"
+
+
+def problem(
+    status: int,
+    code: str,
+    title: str,
+    detail: str | None = None,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status, "code": code}
+    body["detail"] = detail or title
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def _clean_errors(errors: Any) -> list[dict[str, Any]]:
+    out = []
+    for e in errors:
+        out.append(
+            {
+                "loc": [str(p) for p in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+        )
+    return out[:50]
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(EngineError)
+    async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        extra: dict[str, Any] = {}
+        if isinstance(exc, ValidationFailed) and exc.errors:
+            extra["errors"] = exc.errors
+        if exc.http_status == 401:
+            headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+        return problem(
+            exc.http_status, exc.code, exc.title, exc.public_message, headers=headers, **extra
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem(
+            422,
+            "VALIDATION_FAILED",
+            "Validation failed",
+            "The request is invalid.",
+            errors=_clean_errors(exc.errors()),
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "BAD_REQUEST"}
+        code = codes.get(exc.status_code, "HTTP_ERROR")
+        detail = exc.detail if isinstance(exc.detail, str) else None
+        return problem(
+            exc.status_code,
+            code,
+            detail or code.replace("_", " ").title(),
+            detail,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def db_down(request: Request, exc: DBAPIError) -> JSONResponse:
+        log.error("database unavailable on %s", request.url.path)
+        return problem(
+            503,
+            "SERVICE_UNAVAILABLE",
+            "Service unavailable",
+            "The service is temporarily unavailable.",
+            headers={"Retry-After": "5"},
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return problem(500, "INTERNAL_ERROR", "Internal error", "An internal error occurred.")

@@ -1,0 +1,110 @@
+"""SUPER_ADMIN routes: list/filter any job, see internals, retry failed or cancelled jobs."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from api.deps import Admin, State
+from api.schemas import (
+    AdminJobPage,
+    AdminJobResponse,
+    JobStatusResponse,
+    Queue,
+    Status,
+    decode_cursor,
+    encode_cursor,
+    status_response,
+)
+from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
+from engine.errors import JobNotFound
+
+router = APIRouter(prefix="/admin-api/ai/jobs", tags=["admin"])
+_jobs = JobQueries()
+
+
+def admin_json(state: State, row: JobRow, arts: list[ArtifactRef]) -> dict[str, Any]:
+    ui = state.settings.temporal_ui_url.rstrip("/")
+    ns = quote(state.settings.temporal_namespace, safe="")
+    data = status_response(row, arts)
+    data.update(
+        user_id=row.user_id,
+        target_type=row.target_type,
+        target_id=row.target_id,
+        internal_error_message=row.internal_error_message,
+        workflow_id=row.workflow_id,
+        temporal_ui_url=f"{ui}/namespaces/{ns}/workflows/{quote(row.workflow_id, safe='')}",
+        attempt_count=row.attempt_count,
+        cancel_requested_at=row.cancel_requested_at,
+        retried_from_job_id=row.retried_from_job_id,
+        output_hash=row.output_hash,
+    )
+    return AdminJobResponse(**data).model_dump(mode="json", by_alias=True)
+
+
+@router.get("", response_model=AdminJobPage, summary="List and filter all jobs")
+async def list_jobs(
+    state: State,
+    _admin: Admin,
+    job_type: Annotated[str | None, Query(alias="jobType", max_length=64)] = None,
+    status_: Annotated[Status | None, Query(alias="status")] = None,
+    queue_name: Annotated[Queue | None, Query(alias="queueName")] = None,
+    user_id: Annotated[str | None, Query(alias="userId", max_length=128)] = None,
+    created_from: Annotated[datetime | None, Query(alias="createdFrom")] = None,
+    created_to: Annotated[datetime | None, Query(alias="createdTo")] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    f = JobFilter(
+        user_id=user_id,
+        job_type=job_type,
+        status=status_,
+        queue_name=queue_name,
+        created_from=created_from,
+        created_to=created_to,
+    )
+    after = decode_cursor(cursor)
+    async with state.sessionmaker() as s:
+        rows = await _jobs.list(s, f, after=after, limit=limit + 1)
+        page = rows[:limit]
+        arts = await _jobs.artifacts(s, [r.id for r in page])
+    return {
+        "items": [admin_json(state, r, arts[r.id]) for r in page],
+        "nextCursor": encode_cursor(page[-1]) if len(rows) > limit else None,
+    }
+
+
+@router.get("/{job_id}", response_model=AdminJobResponse, summary="A job with its internals")
+async def get_job(job_id: uuid.UUID, state: State, _admin: Admin) -> dict[str, Any]:
+    async with state.sessionmaker() as s:
+        row = await _jobs.get(s, job_id)
+        if row is None:
+            raise JobNotFound("Job not found.")
+        arts = await _jobs.artifacts(s, [job_id])
+    return admin_json(state, row, arts[job_id])
+
+
+@router.post(
+    "/{job_id}/retry",
+    status_code=201,
+    response_model=JobStatusResponse,
+    summary="Retry a failed or cancelled job as a new job",
+)
+async def retry_job(job_id: uuid.UUID, state: State, _admin: Admin) -> JSONResponse:
+    result = await state.jobs.retry(job_id)
+    async with state.sessionmaker() as s:
+        arts = await _jobs.artifacts(s, [result.job.id])
+    body = JobStatusResponse(**status_response(result.job, arts[result.job.id])).model_dump(
+        mode="json", by_alias=True
+    )
+    body["retriedFromJobId"] = str(job_id)
+    return JSONResponse(
+        body,
+        status_code=201 if result.created else 200,
+        headers={"Location": f"/admin-api/ai/jobs/{result.job.id}"},
+    )

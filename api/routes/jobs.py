@@ -1,0 +1,136 @@
+"""User routes: create, get, list and cancel one's own jobs."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import JSONResponse
+
+from api.deps import State, User
+from api.schemas import (
+    CancelResponse,
+    CreateJobBody,
+    JobPage,
+    JobStatusResponse,
+    Status,
+    decode_cursor,
+    encode_cursor,
+    status_response,
+)
+from db.jobs import JobFilter, JobQueries
+from engine.errors import ValidationFailed
+from jobs.service import CreateJobRequest
+
+router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, 1..255 chars
+_jobs = JobQueries()
+
+
+def _check_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not _KEY.match(key):
+        raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
+    return key
+
+
+async def job_json(state: State, row: Any) -> dict[str, Any]:
+    async with state.sessionmaker() as s:
+        arts = await _jobs.artifacts(s, [row.id])
+    return JobStatusResponse(**status_response(row, arts[row.id])).model_dump(
+        mode="json", by_alias=True
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobStatusResponse,
+    responses={200: {"model": JobStatusResponse, "description": "Existing job (same key)"}},
+    summary="Create a job",
+    description=(
+        "Creates a job of a public job type; `input` is validated against that type's own input "
+        "schema (see the `*Input` schemas). With `Idempotency-Key`, the same key and body return "
+        "the existing job (200); the same key with another body is rejected (422)."
+    ),
+)
+async def create_job(
+    body: CreateJobBody,
+    state: State,
+    principal: User,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    result = await state.jobs.create(
+        CreateJobRequest(
+            user_id=principal.user_id,
+            job_type=body.job_type,
+            target_type=body.target_type,
+            target_id=body.target_id,
+            input=body.input,
+            priority=body.priority,
+            idempotency_key=_check_key(idempotency_key),
+            credential_mode=body.credential_mode,
+        )
+    )
+    payload = await job_json(state, result.job)
+    return JSONResponse(
+        payload,
+        status_code=202 if result.created else 200,
+        headers={"Location": f"/api/ai/jobs/{result.job.id}"},
+    )
+
+
+@router.get("/{job_id}", response_model=JobStatusResponse, summary="Get one of your jobs")
+async def get_job(job_id: uuid.UUID, state: State, principal: User) -> dict[str, Any]:
+    row = await state.jobs.get_visible(job_id, principal.user_id, admin=principal.is_admin)
+    return await job_json(state, row)
+
+
+@router.get("", response_model=JobPage, summary="List your jobs, newest first")
+async def list_jobs(
+    state: State,
+    principal: User,
+    status_: Annotated[Status | None, Query(alias="status")] = None,
+    job_type: Annotated[str | None, Query(alias="jobType", max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    after = decode_cursor(cursor)
+    f = JobFilter(user_id=principal.user_id, job_type=job_type, status=status_)
+    async with state.sessionmaker() as s:
+        rows = await _jobs.list(s, f, after=after, limit=limit + 1)
+        page = rows[:limit]
+        arts = await _jobs.artifacts(s, [r.id for r in page])
+    return {
+        "items": [
+            JobStatusResponse(**status_response(r, arts[r.id])).model_dump(
+                mode="json", by_alias=True
+            )
+            for r in page
+        ],
+        "nextCursor": encode_cursor(page[-1]) if len(rows) > limit else None,
+    }
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=CancelResponse,
+    responses={202: {"model": CancelResponse, "description": "Cancel requested (job running)"}},
+    summary="Cancel one of your jobs",
+)
+async def cancel_job(
+    job_id: uuid.UUID, state: State, principal: User, response: Response
+) -> JSONResponse:
+    result = await state.jobs.cancel(
+        job_id,
+        principal.user_id,
+        admin=False,
+        cancel_workflow=state.cancel_workflow,
+    )
+    row = await state.jobs.get_visible(job_id, principal.user_id, admin=False)
+    payload = await job_json(state, row)
+    payload["cancelOutcome"] = result.outcome
+    return JSONResponse(payload, status_code=200 if result.outcome == "cancelled" else 202)

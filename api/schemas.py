@@ -1,0 +1,127 @@
+"""Response and request models (JSON in camelCase). JobStatusResponse is the ADR's frozen shape."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from db.jobs import ArtifactRef, JobRow
+from engine.errors import ValidationFailed
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Queue = Literal["ai-interactive", "ai-background"]
+
+
+class Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class ArtifactOut(Camel):
+    artifact_type: str
+    artifact_id: str
+
+
+class ResultOut(Camel):
+    artifact_count: int
+    artifacts: list[ArtifactOut]
+
+
+class JobStatusResponse(Camel):
+    job_id: uuid.UUID
+    job_type: str
+    lifecycle_status: Status
+    queue_name: str
+    priority: int
+    progress: int
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error_code: str | None = None
+    public_error_message: str | None = None
+    result: ResultOut | None = None
+
+
+class CancelResponse(JobStatusResponse):
+    cancel_outcome: Literal["cancelled", "cancel_requested"]
+
+
+class AdminJobResponse(JobStatusResponse):
+    user_id: str
+    target_type: str
+    target_id: str
+    internal_error_message: str | None = None
+    workflow_id: str
+    temporal_ui_url: str
+    attempt_count: int
+    cancel_requested_at: datetime | None = None
+    retried_from_job_id: uuid.UUID | None = None
+    output_hash: str | None = None
+
+
+class JobPage(Camel):
+    items: list[JobStatusResponse]
+    next_cursor: str | None = None
+
+
+class AdminJobPage(Camel):
+    items: list[AdminJobResponse]
+    next_cursor: str | None = None
+
+
+class CreateJobBody(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    job_type: str = Field(min_length=1, max_length=64)
+    target_type: str = Field(min_length=1, max_length=64)
+    target_id: str = Field(min_length=1, max_length=128)
+    input: dict[str, Any] = Field(default_factory=dict)
+    priority: int | None = Field(default=None, ge=0, le=100)
+    credential_mode: Literal["platform_key", "user_deepseek_key"] | None = None
+
+
+def status_response(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "job_id": row.id,
+        "job_type": row.job_type,
+        "lifecycle_status": row.lifecycle_status,
+        "queue_name": row.queue_name,
+        "priority": row.priority,
+        "progress": row.progress,
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "error_code": row.error_code,
+        "public_error_message": row.public_error_message,
+        "result": None,
+    }
+    if artifacts or row.lifecycle_status == "succeeded":
+        data["result"] = ResultOut(
+            artifact_count=len(artifacts),
+            artifacts=[
+                ArtifactOut(artifact_type=a.artifact_type, artifact_id=a.artifact_id)
+                for a in artifacts
+            ],
+        )
+    return data
+
+
+def encode_cursor(row: JobRow) -> str:
+    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+    if not cursor:
+        return None
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created, _, job_id = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValidationFailed("The cursor is invalid.") from None

@@ -1,0 +1,42 @@
+"""What the app holds for its lifetime: settings, the session factory, the job service and a
+lazily connected Temporal client (the API starts, and reports not-ready, while Temporal is down)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from temporalio.client import Client
+
+from db.session import SessionMaker
+from engine.settings import Settings
+from jobs.service import JobService
+from jobs.spec import Catalog
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    sessionmaker: SessionMaker
+    catalog: Catalog
+    jobs: JobService
+    temporal: Client | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def temporal_client(self, timeout_s: float = 3.0) -> Client:
+        if self.temporal is not None:
+            return self.temporal
+        async with self._lock:
+            if self.temporal is None:
+                self.temporal = await asyncio.wait_for(
+                    Client.connect(
+                        self.settings.require_temporal_address(),
+                        namespace=self.settings.temporal_namespace,
+                    ),
+                    timeout_s,
+                )
+        return self.temporal
+
+    async def cancel_workflow(self, workflow_id: str) -> None:
+        client = await self.temporal_client()
+        await client.get_workflow_handle(workflow_id).cancel()

@@ -1,0 +1,1 @@
+"""Use cases (create, cancel, admin retry, quotas, snapshots) and the job types."""

@@ -1,0 +1,361 @@
+"""The job use cases: create (idempotent, quota-checked, transactional outbox), cancel, retry.
+
+Create writes the job, its snapshot and its `ai.job.enqueue` outbox row in ONE transaction and
+never talks to Temporal (DESIGN §2.3); the relay starts the workflow after commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.errors import is_unique_violation
+from db.jobs import JobQueries, JobRow
+from db.lifecycle import LifecycleRepository, NewJob
+from db.outbox import ENQUEUE, OutboxRepository
+from db.session import SessionMaker
+from db.usage import UsageRepository
+from engine.contracts import workflow_id
+from engine.errors import (
+    CredentialMissing,
+    IdempotencyKeyReused,
+    IllegalTransition,
+    JobAlreadyCancelled,
+    JobNotCancellable,
+    JobNotFound,
+    JobNotRetryable,
+    PlatformUnavailable,
+    QuotaExceeded,
+    TooManyJobs,
+    UnknownJobType,
+    ValidationFailed,
+)
+from engine.hashing import request_fingerprint
+from engine.lifecycle import LifecycleStatus
+from engine.redaction import REDACTION_VERSION, redact
+from jobs.spec import Catalog, JobType
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_CONSTRAINT = "uq_ai_job_user_id"
+
+
+@dataclass(frozen=True)
+class CreatePolicy:
+    max_active_jobs: int = 50  # 0 = unlimited
+    max_jobs_per_day: int = 1000  # 0 = unlimited
+    max_cost_usd_per_day: float = 0.0  # 0 = unlimited
+    synthetic_public: bool = True  # "dev" job types may be created over REST
+    platform_key_available: bool = True
+    snapshot_ttl_days: int = 30
+
+
+@dataclass(frozen=True)
+class CreateJobRequest:
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    input: dict[str, Any]
+    priority: int | None = None
+    idempotency_key: str | None = None
+    credential_mode: str | None = None
+    retried_from_job_id: uuid.UUID | None = None
+    # Admin retry and internal callers bypass visibility and quotas.
+    internal: bool = False
+
+
+@dataclass(frozen=True)
+class CreateJobResult:
+    job: JobRow
+    created: bool
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    job_id: uuid.UUID
+    outcome: Literal["cancelled", "cancel_requested"]
+
+
+WorkflowCanceller = Callable[[str], Awaitable[None]]
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
+    """Pydantic errors without the offending input values (they may be sensitive)."""
+    return [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type")}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+class JobService:
+    def __init__(
+        self,
+        sessionmaker: SessionMaker,
+        catalog: Catalog,
+        policy: CreatePolicy,
+        *,
+        credential_exists: Callable[[AsyncSession, str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self._sm = sessionmaker
+        self._catalog = catalog
+        self._policy = policy
+        self._lifecycle = LifecycleRepository(sessionmaker)
+        self._outbox = OutboxRepository()
+        self._jobs = JobQueries()
+        self._usage = UsageRepository()
+        self._credential_exists = credential_exists
+
+    # ---- create -------------------------------------------------------------------------
+
+    def job_type_for_create(self, job_type: str, *, internal: bool = False) -> JobType:
+        jt = self._catalog.get(job_type)
+        vis = jt.definition.visibility
+        if not internal and (
+            vis == "internal" or (vis == "dev" and not self._policy.synthetic_public)
+        ):
+            raise UnknownJobType(job_type)
+        return jt
+
+    def validate_input(self, jt: JobType, raw: Any) -> BaseModel:
+        try:
+            return jt.input_model.model_validate(raw if raw is not None else {})
+        except ValidationError as exc:
+            raise ValidationFailed(
+                "The input does not match the job type's input schema.",
+                errors=validation_errors(exc),
+            ) from None
+
+    async def create(self, req: CreateJobRequest) -> CreateJobResult:
+        jt = self.job_type_for_create(req.job_type, internal=req.internal)
+        d = jt.definition
+        model = self.validate_input(jt, req.input)
+        normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        priority = d.queue.default_priority if req.priority is None else req.priority
+        if not 0 <= priority <= 100:
+            raise ValidationFailed("priority must be between 0 and 100")
+        fingerprint = request_fingerprint(
+            d.job_type, req.target_type, req.target_id, normalized, req.priority
+        )
+        mode = req.credential_mode or d.credential.default_mode
+        if mode not in d.credential.allowed_modes:
+            raise ValidationFailed("credentialMode is not allowed for this job type")
+
+        if req.idempotency_key is not None:
+            async with self._sm.begin() as s:
+                existing = await self._jobs.find_by_idempotency_key(
+                    s, req.user_id, d.job_type, req.idempotency_key
+                )
+            if existing is not None:
+                return self._same_request(existing, fingerprint)
+
+        if mode == "platform_key" and not jt.always_synthetic:
+            if not self._policy.platform_key_available:
+                raise PlatformUnavailable()
+
+        job_id = uuid.uuid4()
+        new = NewJob(
+            id=job_id,
+            user_id=req.user_id,
+            job_type=d.job_type,
+            target_type=req.target_type,
+            target_id=req.target_id,
+            idempotency_key=req.idempotency_key,
+            request_fingerprint=fingerprint,
+            queue_name=d.queue.queue_name,
+            priority=priority,
+            input=normalized,
+            credential_mode=mode,
+            credential_id=None,
+            prompt_version=d.prompt_version,
+            input_schema_version=d.input.schema_version,
+            output_schema_version=d.output.schema_version,
+            max_retry_count=d.execution.max_retries,
+            workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
+            retried_from_job_id=req.retried_from_job_id,
+        )
+        try:
+            async with self._sm.begin() as s:
+                if not req.internal:
+                    winner = await self._enforce_quotas(s, req, fingerprint)
+                    if winner is not None:
+                        return winner
+                if mode == "user_deepseek_key":
+                    ok = self._credential_exists is not None and await self._credential_exists(
+                        s, req.user_id
+                    )
+                    if not ok:
+                        raise CredentialMissing("No active credential for user_deepseek_key.")
+                await self._lifecycle.create(s, new)
+                await self._jobs.insert_snapshot(
+                    s,
+                    job_id,
+                    {
+                        # Snapshots are always redacted; prompts are built from them.
+                        "input": redact(normalized),
+                        "targetType": req.target_type,
+                        "targetId": req.target_id,
+                    },
+                    REDACTION_VERSION,
+                    self._policy.snapshot_ttl_days,
+                )
+                await self._outbox.insert(
+                    s,
+                    event_type=ENQUEUE,
+                    aggregate_type="AiJob",
+                    aggregate_id=str(job_id),
+                    dedupe_key=f"{d.job_type}:{req.user_id}:{req.idempotency_key or job_id}",
+                    payload={
+                        "jobId": str(job_id),
+                        "jobType": d.job_type,
+                        "queueName": d.queue.queue_name,
+                        "priority": priority,
+                    },
+                )
+                row = await self._jobs.get(s, job_id)
+        except DBAPIError as exc:
+            # Two creates with one key raced past the lookup: the loser resolves to the winner.
+            if req.idempotency_key is not None and is_unique_violation(exc):
+                async with self._sm.begin() as s:
+                    existing = await self._jobs.find_by_idempotency_key(
+                        s, req.user_id, d.job_type, req.idempotency_key
+                    )
+                if existing is not None:
+                    return self._same_request(existing, fingerprint)
+            raise
+        assert row is not None
+        log.info("job created", extra={"job_id": str(job_id), "job_type": d.job_type})
+        return CreateJobResult(job=row, created=True)
+
+    @staticmethod
+    def _same_request(existing: JobRow, fingerprint: str) -> CreateJobResult:
+        if existing.request_fingerprint != fingerprint:
+            raise IdempotencyKeyReused(
+                "This Idempotency-Key was already used with a different request."
+            )
+        return CreateJobResult(job=existing, created=False)
+
+    async def _enforce_quotas(
+        self, s: AsyncSession, req: CreateJobRequest, fingerprint: str
+    ) -> CreateJobResult | None:
+        """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
+        creates, so count-then-insert cannot overshoot. Under the lock, a create with a key that
+        a concurrent create just committed is answered with that job instead of a quota error."""
+        p = self._policy
+        if not (p.max_active_jobs or p.max_jobs_per_day or p.max_cost_usd_per_day):
+            return None
+        await s.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended('ai_job_quota:' || :u, 0))"),
+            {"u": req.user_id},
+        )
+        if req.idempotency_key is not None:
+            existing = await self._jobs.find_by_idempotency_key(
+                s, req.user_id, req.job_type, req.idempotency_key
+            )
+            if existing is not None:
+                return self._same_request(existing, fingerprint)
+        if p.max_active_jobs and await self._jobs.count_active(s, req.user_id) >= p.max_active_jobs:
+            raise TooManyJobs(f"At most {p.max_active_jobs} active jobs per user.")
+        if (
+            p.max_jobs_per_day
+            and await self._jobs.count_today(s, req.user_id) >= p.max_jobs_per_day
+        ):
+            raise QuotaExceeded(
+                f"At most {p.max_jobs_per_day} jobs per user per day.",
+                retry_after_s=seconds_until_utc_midnight(),
+            )
+        if p.max_cost_usd_per_day:
+            spent = await self._usage.user_cost_today(s, req.user_id)
+            if spent >= Decimal(str(p.max_cost_usd_per_day)):
+                raise QuotaExceeded(
+                    "The daily AI cost budget is used up.",
+                    retry_after_s=seconds_until_utc_midnight(),
+                )
+        return None
+
+    # ---- read ---------------------------------------------------------------------------
+
+    async def get_visible(self, job_id: uuid.UUID, user_id: str, *, admin: bool) -> JobRow:
+        async with self._sm.begin() as s:
+            row = await self._jobs.get(s, job_id)
+        if row is None or (not admin and row.user_id != user_id):
+            raise JobNotFound("Job not found.")
+        return row
+
+    # ---- cancel -------------------------------------------------------------------------
+
+    async def cancel(
+        self,
+        job_id: uuid.UUID,
+        user_id: str,
+        *,
+        admin: bool = False,
+        cancel_workflow: WorkflowCanceller | None = None,
+    ) -> CancelResult:
+        """queued → cancelled at once (CAS); running → cancel requested, then the workflow is
+        cancelled (after commit, outside the transaction) and ends the job itself. If the
+        Temporal call fails, the request stays recorded: the EXECUTE heartbeat reads it and the
+        reconciler re-sends the cancel."""
+        row = await self.get_visible(job_id, user_id, admin=admin)
+        jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
+        try:
+            await self._lifecycle.mark_cancelled_if_queued(job_id)
+            return CancelResult(job_id, "cancelled")
+        except IllegalTransition as exc:
+            current = exc.from_status
+        if current == LifecycleStatus.RUNNING:
+            if jt is not None and not jt.definition.execution.cancellable:
+                raise JobNotCancellable("This job type cannot be cancelled while running.")
+            status = await self._lifecycle.request_cancel(job_id)
+            if status == LifecycleStatus.RUNNING:
+                if cancel_workflow is not None:
+                    try:
+                        await cancel_workflow(row.workflow_id)
+                    except Exception:  # recorded in SQL; the reconciler re-sends
+                        log.warning("workflow cancel failed", extra={"job_id": str(job_id)})
+                return CancelResult(job_id, "cancel_requested")
+            current = str(status)
+        if current == LifecycleStatus.CANCELLED:
+            raise JobAlreadyCancelled("The job is already cancelled.")
+        raise JobNotCancellable("The job has already finished.")
+
+    # ---- admin retry --------------------------------------------------------------------
+
+    async def retry(self, job_id: uuid.UUID) -> CreateJobResult:
+        async with self._sm.begin() as s:
+            row = await self._jobs.get(s, job_id)
+        if row is None:
+            raise JobNotFound("Job not found.")
+        if row.lifecycle_status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
+            raise JobNotRetryable("Only failed or cancelled jobs can be retried.")
+        return await self.create(
+            CreateJobRequest(
+                user_id=row.user_id,
+                job_type=row.job_type,
+                target_type=row.target_type,
+                target_id=row.target_id,
+                input=row.input,
+                priority=row.priority,
+                # One retry per original: a double-click returns the same new job.
+                idempotency_key=f"retry-of:{row.id}",
+                credential_mode=row.credential_mode,
+                retried_from_job_id=row.id,
+                internal=True,
+            )
+        )
+
+
+def seconds_until_utc_midnight() -> int:
+    now = dt.datetime.now(dt.UTC)
+    tomorrow = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1, int((tomorrow - now).total_seconds()))

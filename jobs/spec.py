@@ -1,0 +1,91 @@
+"""What a job type is: its frozen definition plus its input and output models, its prompt, its
+projector and the plausible output the synthetic provider answers with (STYLE: one module per
+job type, in `jobs/types/`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from engine.definition import JobDefinition, Registry
+from engine.errors import UnknownJobType
+from providers.base import SyntheticBehaviour
+
+
+@dataclass(frozen=True)
+class Prompt:
+    system: str
+    user: str
+
+
+@dataclass(frozen=True)
+class ProjectionContext:
+    job_id: uuid.UUID
+    user_id: str
+    target_type: str
+    target_id: str
+    output_hash: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    artifact_type: str
+    artifact_id: str
+    ordinal: int
+
+
+# A projector writes business rows for a validated output inside the PROJECT transaction and
+# returns the artifacts it wrote. It must be idempotent: ids derived from (job, ordinal) make a
+# second projection of the same output write nothing new.
+Projector = Callable[[AsyncSession, ProjectionContext, BaseModel], Awaitable[list[Artifact]]]
+
+
+@dataclass(frozen=True)
+class JobType:
+    definition: JobDefinition
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    build_prompt: Callable[[BaseModel, str | None], Prompt]
+    project: Projector
+    synthetic_output: Callable[[BaseModel], Mapping[str, Any]]
+    # Only the synthetic job type scripts its provider (delay, failures, hang...).
+    synthetic_behaviour: Callable[[BaseModel], SyntheticBehaviour] | None = None
+    # The synthetic job type never calls a real provider, even when a key is configured.
+    always_synthetic: bool = False
+
+    @property
+    def job_type(self) -> str:
+        return self.definition.job_type
+
+
+def artifact_uuid(job_id: uuid.UUID, kind: str, ordinal: int) -> uuid.UUID:
+    """Deterministic business-row id: the same (job, kind, ordinal) always maps to one row."""
+    return uuid.uuid5(job_id, f"{kind}:{ordinal}")
+
+
+class Catalog:
+    """The registry of definitions plus the job types' code, keyed by jobType."""
+
+    def __init__(self, types: list[JobType]) -> None:
+        self.registry = Registry()
+        self._types: dict[str, JobType] = {}
+        for t in types:
+            self.registry.register(t.definition)
+            self._types[t.job_type] = t
+
+    def get(self, job_type: str) -> JobType:
+        try:
+            return self._types[job_type]
+        except KeyError:
+            raise UnknownJobType(job_type) from None
+
+    def __iter__(self) -> Iterator[JobType]:
+        return iter(self._types.values())
+
+    def __contains__(self, job_type: object) -> bool:
+        return job_type in self._types

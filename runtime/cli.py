@@ -1,0 +1,250 @@
+"""`aijobs`: the commands a deployment runs, and `aijobs dev` for the whole stack on one machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from engine.settings import Settings
+
+log = logging.getLogger("aijobs")
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+def _install_stop(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from db.migrate import upgrade
+
+    upgrade(_settings().require_database_url())
+    print("migrations applied")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from api.auth import issue_token
+
+    s = _settings()
+    print(issue_token(s.jwt_secret.get_secret_value(), args.user, admin=args.admin, ttl_s=args.ttl))
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from runtime.logs import setup_logging
+    from runtime.wiring import create_policy
+
+    s = _settings()
+    setup_logging(s.log_level, process="api")
+    app = create_app(s, policy=create_policy(s))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+async def _worker_main(queues: list[str]) -> None:
+    from runtime.wiring import build_parts, connect_temporal
+    from runtime.worker import run_workers
+
+    s = _settings()
+    stop = asyncio.Event()
+    _install_stop(asyncio.get_running_loop(), stop)
+    parts = build_parts(s)
+    client = await connect_temporal(s)
+    try:
+        await run_workers(client, parts, queues, stop)
+    finally:
+        await parts.close()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from runtime.logs import setup_logging
+    from runtime.worker import ALL_QUEUES
+
+    queues = args.queue or list(ALL_QUEUES)
+    for q in queues:
+        if q not in ALL_QUEUES:
+            print(f"unknown queue {q!r}; expected one of {', '.join(ALL_QUEUES)}", file=sys.stderr)
+            return 2
+    setup_logging(_settings().log_level, process=f"worker[{','.join(queues)}]")
+    asyncio.run(_worker_main(queues))
+    return 0
+
+
+async def _relay_main() -> None:
+    from activities.relay import Relay
+    from runtime.wiring import build_parts, connect_temporal, relay_config
+
+    s = _settings()
+    stop = asyncio.Event()
+    _install_stop(asyncio.get_running_loop(), stop)
+    parts = build_parts(s)
+    client = await connect_temporal(s)
+    try:
+        await Relay(parts.sessionmaker, client, parts.catalog, relay_config(s)).run(stop=stop)
+    finally:
+        await parts.close()
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    from runtime.logs import setup_logging
+
+    setup_logging(_settings().log_level, process="relay")
+    asyncio.run(_relay_main())
+    return 0
+
+
+async def _reconcile_main() -> None:
+    from activities.reconciler import Reconciler
+    from runtime.wiring import build_parts, connect_temporal, reconciler_config
+
+    s = _settings()
+    parts = build_parts(s)
+    client = await connect_temporal(s)
+    try:
+        result = await Reconciler(parts.sessionmaker, client, reconciler_config(s)).run_once()
+        print(result)
+    finally:
+        await parts.close()
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    asyncio.run(_reconcile_main())
+    return 0
+
+
+async def _setup_temporal() -> None:
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+    from temporalio.service import RPCError
+
+    from engine.contracts import SEARCH_ATTRIBUTES
+    from runtime.wiring import connect_temporal
+
+    s = _settings()
+    client = await connect_temporal(s)
+    for name in SEARCH_ATTRIBUTES:
+        try:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(
+                    namespace=s.temporal_namespace,
+                    search_attributes={name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD},
+                )
+            )
+            print(f"registered search attribute {name}")
+        except RPCError as exc:
+            if "already" in str(exc).lower():
+                print(f"search attribute {name} already registered")
+            else:
+                raise
+
+
+def cmd_setup_temporal(args: argparse.Namespace) -> int:
+    asyncio.run(_setup_temporal())
+    return 0
+
+
+async def _outbox_dead(requeue: bool) -> None:
+    from db.outbox import OutboxRepository
+    from runtime.wiring import build_parts
+
+    parts = build_parts(_settings())
+    repo = OutboxRepository()
+    try:
+        async with parts.sessionmaker.begin() as s:
+            dead = await repo.list_dead(s, limit=1000)
+            for r in dead:
+                print(
+                    f"{r.id}\t{r.event_type}\t{r.aggregate_id}\tattempts={r.attempt_count}\t"
+                    f"{(r.last_error or '')[:120]}"
+                )
+            if requeue and dead:
+                n = await repo.requeue_dead(s, [r.id for r in dead])
+                print(f"requeued {n} dead events")
+    finally:
+        await parts.close()
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    asyncio.run(_outbox_dead(args.requeue))
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from runtime.devstack import run_dev
+
+    return run_dev(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aijobs", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("dev", help="run the whole stack on embedded PostgreSQL and Temporal")
+    d.add_argument("--data-dir", default=".aijobs")
+    d.add_argument("--api-port", type=int, default=8000)
+    d.add_argument("--temporal-port", type=int, default=7233)
+    d.add_argument("--ui-port", type=int, default=8233)
+    d.add_argument("--fresh", action="store_true", help="delete the data dir first")
+    d.set_defaults(func=cmd_dev)
+
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+
+    a = sub.add_parser("api", help="serve the HTTP API")
+    a.add_argument("--host", default=os.environ.get("API_HOST", "0.0.0.0"))
+    a.add_argument("--port", type=int, default=int(os.environ.get("API_PORT", "8000")))
+    a.set_defaults(func=cmd_api)
+
+    w = sub.add_parser("worker", help="run Temporal workers")
+    w.add_argument("--queue", action="append", help="ai-interactive | ai-background | ai-system")
+    w.set_defaults(func=cmd_worker)
+
+    sub.add_parser("relay", help="run a standalone outbox relay").set_defaults(func=cmd_relay)
+    sub.add_parser("reconcile", help="run the reconciler once").set_defaults(func=cmd_reconcile)
+
+    t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET")
+    t.add_argument("--user", required=True)
+    t.add_argument("--admin", action="store_true")
+    t.add_argument("--ttl", type=int, default=86_400, help="seconds")
+    t.set_defaults(func=cmd_token)
+
+    sub.add_parser(
+        "setup-temporal", help="register the search attributes on an external cluster"
+    ).set_defaults(func=cmd_setup_temporal)
+
+    o = sub.add_parser("outbox-dead", help="list dead outbox events")
+    o.add_argument("--requeue", action="store_true")
+    o.set_defaults(func=cmd_outbox)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    code = args.func(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit without interpreter teardown: the Temporal SDK's runtime can abort at exit
+    # (sdk-python#300) after all work is done, which would turn success into a crash code.
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(int(code or 0))
+
+
+if __name__ == "__main__":
+    main()

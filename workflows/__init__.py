@@ -1,0 +1,1 @@
+"""Temporal workflows: deterministic, sandbox-safe, importing only `engine` and temporalio."""

@@ -1,0 +1,224 @@
+"""The job workflow: one Temporal workflow type per job type, named after it, sharing one
+implementation of the five stages (DESIGN §3):
+
+    PREPARE (local)  lock queued → running, or end at once if the job already ended
+    RESOLVE (local)  snapshot, credential availability, prompt version, provider
+    EXECUTE          the provider call: heartbeats, cancellable, retried per the definition
+    PROJECT (local)  projector + markSucceeded + ai.job.completed, one transaction
+    COMPLETE (local) usage summary and the domain event log line
+
+Failures after retries → FINALIZE_FAILED; cancellation → FINALIZE_CANCELLED. Both finalizers are
+shielded from a (second) cancellation so that every job reaches exactly one terminal state, and
+both report the state that actually won a race (e.g. a cancel racing PROJECT's commit).
+
+Only ids, hashes and codes pass through here (DESIGN §2.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TimeoutError,
+    TimeoutType,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from engine.contracts import (
+        COMPLETE,
+        EXECUTE,
+        FINALIZE_CANCELLED,
+        FINALIZE_FAILED,
+        PREPARE,
+        PROJECT,
+        RESOLVE,
+        CompleteResult,
+        ExecuteInput,
+        ExecuteResult,
+        FinalizeFailedInput,
+        FinalizeResult,
+        JobWorkflowInput,
+        JobWorkflowResult,
+        PrepareResult,
+        ProjectInput,
+        ProjectResult,
+        ResolveResult,
+        StageInput,
+    )
+    from engine.errors import public_message_for
+
+T = TypeVar("T")
+
+JOB_ID = SearchAttributeKey.for_keyword("JobId")
+JOB_TYPE = SearchAttributeKey.for_keyword("JobType")
+LIFECYCLE = SearchAttributeKey.for_keyword("LifecycleStatus")
+
+# Bookkeeping stages retry until PostgreSQL answers again (a database restart must not lose a
+# job); domain errors are raised non-retryable by the activities themselves.
+BOOKKEEPING_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,
+)
+LOCAL_TIMEOUT = timedelta(seconds=30)
+# Codes that never retry (DESIGN §8); the activity also sets non_retryable on them.
+NON_RETRYABLE = ["CONTENT_SAFETY_BLOCKED", "CREDENTIAL_INVALID", "CREDENTIAL_MISSING", "CANCELLED"]
+
+
+def _error_code(err: BaseException) -> str:
+    """The DESIGN §8 code behind an activity failure."""
+    cause: BaseException | None = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError) and cause.type:
+        return cause.type
+    if isinstance(cause, TimeoutError):
+        if cause.type == TimeoutType.HEARTBEAT:
+            return "INTERNAL_WORKER_LOST"
+        return "TIMEOUT"
+    return "INTERNAL_ERROR"
+
+
+def _is_cancellation(err: BaseException) -> bool:
+    if isinstance(err, asyncio.CancelledError | CancelledError):
+        return True
+    if isinstance(err, ActivityError):
+        if isinstance(err.cause, CancelledError):
+            return True
+        if isinstance(err.cause, ApplicationError) and err.cause.type == "CANCELLED":
+            return True
+    return False
+
+
+class JobWorkflowBase:
+    async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        info = workflow.info()
+        stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id, run_id=info.run_id)
+        self._set_status(None, inp)
+
+        try:
+            prep = await self._local(PREPARE, stage, PrepareResult)
+            if not prep.run or prep.plan is None:
+                # Cancelled while queued (or already ended): nothing runs.
+                self._set_status(prep.lifecycle_status)
+                return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
+            plan = prep.plan
+            self._set_status("running")
+
+            await self._local(RESOLVE, stage, ResolveResult)
+            executed = await workflow.execute_activity(
+                EXECUTE,
+                ExecuteInput(
+                    job_id=inp.jobId,
+                    workflow_id=info.workflow_id,
+                    run_id=info.run_id,
+                    timeout_ms=plan.timeout_ms,
+                    abort_strategy=plan.abort_strategy,
+                ),
+                result_type=ExecuteResult,
+                # The activity enforces timeoutMs itself (→ TIMEOUT per abortStrategy); this
+                # is the backstop for a hung worker, with room for the bookkeeping around it.
+                start_to_close_timeout=timedelta(milliseconds=plan.timeout_ms + 15_000),
+                heartbeat_timeout=timedelta(milliseconds=plan.heartbeat_timeout_ms),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=max(plan.backoff_ms, 1)),
+                    backoff_coefficient=2.0,
+                    maximum_attempts=plan.max_attempts,
+                    non_retryable_error_types=NON_RETRYABLE,
+                ),
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            )
+            projected = await self._local(
+                PROJECT,
+                ProjectInput(
+                    job_id=inp.jobId, run_id=info.run_id, output_hash=executed.output_hash
+                ),
+                ProjectResult,
+            )
+            if projected.lifecycle_status != "succeeded":
+                self._set_status(projected.lifecycle_status)
+                return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
+            self._set_status("succeeded")
+            await self._local(COMPLETE, stage, CompleteResult)
+            return JobWorkflowResult(inp.jobId, "succeeded", output_hash=executed.output_hash)
+        except (ActivityError, asyncio.CancelledError, CancelledError) as err:
+            if _is_cancellation(err):
+                fin = await self._shielded(self._local(FINALIZE_CANCELLED, stage, FinalizeResult))
+                self._set_status(fin.lifecycle_status)
+                if fin.lifecycle_status == "cancelled":
+                    raise  # the execution shows as Canceled in the Temporal UI
+                return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
+            code = _error_code(err)
+            fin = await self._shielded(
+                self._local(
+                    FINALIZE_FAILED,
+                    FinalizeFailedInput(job_id=inp.jobId, run_id=info.run_id, code=code),
+                    FinalizeResult,
+                )
+            )
+            self._set_status(fin.lifecycle_status)
+            if fin.lifecycle_status == "failed":
+                raise ApplicationError(
+                    public_message_for(code), type=code, non_retryable=True
+                ) from None
+            return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
+
+    @staticmethod
+    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
+        return await workflow.execute_local_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=LOCAL_TIMEOUT,
+            retry_policy=BOOKKEEPING_RETRY,
+        )
+
+    @staticmethod
+    async def _shielded(aw: Awaitable[T]) -> T:
+        """Run a finalizer to completion even if the workflow is cancelled meanwhile."""
+        task = asyncio.ensure_future(aw)
+        while True:
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                continue
+
+    @staticmethod
+    def _set_status(status: str | None, inp: JobWorkflowInput | None = None) -> None:
+        updates = []
+        if inp is not None:
+            updates += [JOB_ID.value_set(inp.jobId), JOB_TYPE.value_set(inp.jobType)]
+        if status is not None:
+            updates.append(LIFECYCLE.value_set(status))
+        if updates:
+            workflow.upsert_search_attributes(updates)
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def workflow_class_for(job_type: str) -> type:
+    """The workflow class of one job type, created once and published as a module global so the
+    sandbox (which imports this module passed through) finds it by name."""
+    if job_type in _CLASSES:
+        return _CLASSES[job_type]
+    name = f"JobWorkflow_{job_type}"
+
+    async def run(self: JobWorkflowBase, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await self.execute_job(inp)
+
+    run.__qualname__ = f"{name}.run"
+    run.__annotations__ = {"inp": JobWorkflowInput, "return": JobWorkflowResult}
+    cls = type(name, (JobWorkflowBase,), {"run": workflow.run(run), "__module__": __name__})
+    cls.__qualname__ = name
+    cls = workflow.defn(name=job_type)(cls)
+    globals()[name] = cls
+    _CLASSES[job_type] = cls
+    return cls
