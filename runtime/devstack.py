@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from api.auth import issue_token
@@ -63,11 +64,11 @@ class Child:
             self.proc.wait(5)
 
 
-def _wait_http(url: str, timeout_s: float) -> bool:
+def _wait_http(url: str, timeout_s: float, stopping: Callable[[], bool]) -> bool:
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping():
         try:
             if httpx.get(url, timeout=1.0).status_code < 500:
                 return True
@@ -157,7 +158,9 @@ def run_dev(args: argparse.Namespace) -> int:
             c.start()
 
         api_url = f"http://127.0.0.1:{args.api_port}"
-        if not _wait_http(f"{api_url}/healthz", 60):
+        if not _wait_http(f"{api_url}/healthz", 60, lambda: stopping):
+            if stopping:
+                return 0
             print(f"the API did not start; see {logs / 'api.log'}", file=sys.stderr)
             return 1
         secret = settings.jwt_secret.get_secret_value()

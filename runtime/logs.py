@@ -35,4 +35,4 @@ def setup_logging(level: str = "INFO", *, process: str = "aijobs") -> None:
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "httpx", "temporalio.activity", "temporalio.workflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.getLogger("aijobs").info("logging ready", extra={"process": process})
+    logging.getLogger("aijobs").info("logging ready", extra={"component": process})
