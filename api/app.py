@@ -11,7 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
 from api import errors
-from api.routes import admin, health, jobs
+from api.routes import admin, credentials, health, jobs
 from api.state import AppState
 from db.credentials import CredentialRepository
 from db.session import make_engine, make_sessionmaker
@@ -60,6 +60,7 @@ def create_app(
     errors.install(app)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(credentials.router)
     app.include_router(health.router)
 
     def openapi() -> dict[str, Any]:
