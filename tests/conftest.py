@@ -53,8 +53,9 @@ def database_url() -> Iterator[str]:
     base = Path(tempfile.mkdtemp(prefix="aijobs-test-"))
     base.chmod(0o755)
     pg = start_postgres(base / "pg")
-    admin = create_engine(sqlalchemy_url(pg.uri), poolclass=pool.NullPool,
-                          isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        sqlalchemy_url(pg.uri), poolclass=pool.NullPool, isolation_level="AUTOCOMMIT"
+    )
     with admin.connect() as c:
         # Durability is not under test here; fast commits keep the suite quick.
         c.execute(text("ALTER SYSTEM SET synchronous_commit = off"))
@@ -163,9 +164,7 @@ class Stack:
         async with self.parts.sessionmaker() as s:
             return await JobQueries().get(s, job_id)
 
-    async def wait_status(
-        self, job_id: uuid.UUID, *statuses: str, timeout: float = 30.0
-    ) -> Any:
+    async def wait_status(self, job_id: uuid.UUID, *statuses: str, timeout: float = 30.0) -> Any:
         """Poll SQL (the source of truth) until the job reaches one of `statuses`."""
         wanted = set(statuses) or {"succeeded", "failed", "cancelled"}
         deadline = time.monotonic() + timeout
@@ -180,8 +179,9 @@ class Stack:
             f"{row.lifecycle_status if row else None}"
         )
 
-    def workflow_id(self, job_id: uuid.UUID, job_type: str = "synthetic",
-                    queue: str = "ai-interactive") -> str:
+    def workflow_id(
+        self, job_id: uuid.UUID, job_type: str = "synthetic", queue: str = "ai-interactive"
+    ) -> str:
         return f"{queue}:{job_type}:{job_id}"
 
 
@@ -222,6 +222,8 @@ async def running_stack(
 
 
 @pytest.fixture
-async def stack(db: SessionMaker, settings: Settings, temporal_client: Client) -> AsyncIterator[Stack]:
+async def stack(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> AsyncIterator[Stack]:
     async with running_stack(settings, temporal_client) as s:
         yield s

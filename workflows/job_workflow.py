@@ -172,13 +172,14 @@ class JobWorkflowBase:
 
     @staticmethod
     async def _local(name: str, arg: Any, result_type: type[T]) -> T:
-        return await workflow.execute_local_activity(
+        result: T = await workflow.execute_local_activity(
             name,
             arg,
             result_type=result_type,
             start_to_close_timeout=LOCAL_TIMEOUT,
             retry_policy=BOOKKEEPING_RETRY,
         )
+        return result
 
     @staticmethod
     async def _shielded(aw: Awaitable[T]) -> T:

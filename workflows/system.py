@@ -43,9 +43,10 @@ class RelayWorkflow:
 class ReconcilerWorkflow:
     @workflow.run
     async def run(self) -> ReconcileResult:
-        return await workflow.execute_activity(
+        result: ReconcileResult = await workflow.execute_activity(
             RECONCILE_ONCE,
             result_type=ReconcileResult,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
+        return result

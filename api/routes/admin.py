@@ -70,7 +70,7 @@ async def list_jobs(
     )
     after = decode_cursor(cursor)
     async with state.sessionmaker() as s:
-        rows = await _jobs.list(s, f, after=after, limit=limit + 1)
+        rows = await _jobs.list_jobs(s, f, after=after, limit=limit + 1)
         page = rows[:limit]
         arts = await _jobs.artifacts(s, [r.id for r in page])
     return {
