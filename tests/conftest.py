@@ -227,3 +227,24 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     async with running_stack(settings, temporal_client) as s:
         yield s
+
+
+# ---- exit code ---------------------------------------------------------------------------
+# The Temporal SDK's native runtime can abort the interpreter at exit after all work is done
+# (sdk-python#300, TEMPORAL_NOTES.md), turning a green run into a crash code. Once pytest has
+# finished (fixtures torn down, summary printed), leave with pytest's own exit status.
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _exit_status and os.environ.get("AIJOBS_PYTEST_HARD_EXIT", "1") == "1":
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[-1])
