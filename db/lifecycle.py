@@ -335,7 +335,11 @@ class LifecycleRepository:
             current = await self._current(s, job_id)
             if current is None:
                 raise JobNotFound()
-            raise IllegalTransition(str(job_id), current[0], to)
+            status, locked_by = current
+            if run_id and status in from_states:
+                # The state matched but the lock belongs to another run: not ours to finish.
+                raise LockConflict(str(job_id), locked_by)
+            raise IllegalTransition(str(job_id), status, to)
         return S(row.from_status)
 
     @staticmethod

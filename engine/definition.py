@@ -94,7 +94,7 @@ class JobDefinition(_Frozen):
 
 def validate_definition(d: JobDefinition) -> None:
     """The ADR's registration checks; raises InvalidJobDefinition naming the bad field."""
-    if not JOB_TYPE_PATTERN.match(d.job_type):
+    if not JOB_TYPE_PATTERN.fullmatch(d.job_type):
         raise InvalidJobDefinition(f"invalid jobType {d.job_type!r}")
     if d.queue.queue_name not in QUEUE_NAMES:
         raise InvalidJobDefinition(f"invalid queueName {d.queue.queue_name!r} for {d.job_type}")

@@ -47,8 +47,6 @@ from jobs.spec import Catalog, JobType
 
 log = logging.getLogger(__name__)
 
-IDEMPOTENCY_CONSTRAINT = "uq_ai_job_user_id"
-
 
 @dataclass(frozen=True)
 class CreatePolicy:

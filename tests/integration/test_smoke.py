@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from temporalio.client import WorkflowExecutionStatus
 
+from engine.contracts import JobWorkflowResult
 from tests.conftest import Stack
 
 
@@ -15,6 +16,11 @@ async def test_synthetic_job_succeeds_end_to_end(stack: Stack) -> None:
     assert row.progress == 100
     assert row.output == {"ok": True, "echo": {"n": 1}}
     assert row.output_hash and len(row.output_hash) == 64
-    desc = await stack.client.get_workflow_handle(stack.workflow_id(job_id)).describe()
+    handle = stack.client.get_workflow_handle(
+        stack.workflow_id(job_id), result_type=JobWorkflowResult
+    )
+    result = await handle.result()  # SQL says succeeded at PROJECT; COMPLETE may still run
+    assert result.lifecycle_status == "succeeded"
+    desc = await handle.describe()
     assert desc.status == WorkflowExecutionStatus.COMPLETED
     assert desc.workflow_type == "synthetic"

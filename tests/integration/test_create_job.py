@@ -1,0 +1,444 @@
+"""The job use cases on a real PostgreSQL (DESIGN §2.3, §2.4, §9; ADR §1, §4): create is one
+transaction (job + snapshot + outbox row + NOTIFY), idempotent under concurrency, quota-checked
+without overshoot; cancel and admin retry follow the lifecycle table."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+
+from db.jobs import JobQueries, JobRow
+from db.lifecycle import LifecycleRepository
+from db.session import SessionMaker, libpq_url
+from engine.errors import (
+    IdempotencyKeyReused,
+    JobAlreadyCancelled,
+    JobNotCancellable,
+    JobNotFound,
+    JobNotRetryable,
+    QuotaExceeded,
+    TooManyJobs,
+    UnknownJobType,
+)
+from engine.redaction import REDACTION_VERSION, redact
+from jobs.service import CreateJobRequest, CreatePolicy, JobService
+from jobs.types import default_catalog
+
+NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
+
+
+def service(sm: SessionMaker, policy: CreatePolicy = NO_QUOTAS) -> JobService:
+    return JobService(sm, default_catalog(), policy)
+
+
+def request(user_id: str = "u1", **kw: Any) -> CreateJobRequest:
+    values: dict[str, Any] = {
+        "user_id": user_id,
+        "job_type": "synthetic",
+        "target_type": "test",
+        "target_id": "t1",
+        "input": {"echo": {"n": 1}},
+    }
+    values.update(kw)
+    return CreateJobRequest(**values)
+
+
+async def counts(sm: SessionMaker) -> tuple[int, int, int]:
+    """(ai_job, ai_job_snapshot, outbox_event) rows."""
+    async with sm() as s:
+        row = (
+            await s.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM ai_job), (SELECT count(*) FROM ai_job_snapshot), "
+                    "(SELECT count(*) FROM outbox_event)"
+                )
+            )
+        ).one()
+    return (row[0], row[1], row[2])
+
+
+async def get(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
+    async with sm() as s:
+        row = await JobQueries().get(s, job_id)
+    assert row is not None
+    return row
+
+
+# ---- idempotency under concurrency ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [NO_QUOTAS, CreatePolicy(max_active_jobs=1, max_jobs_per_day=1)],
+    ids=["unique-violation-path", "advisory-lock-path"],
+)
+async def test_fifty_concurrent_creates_with_one_key_make_one_job(
+    db: SessionMaker, policy: CreatePolicy
+) -> None:
+    """With quotas off, the losers hit the unique constraint and resolve to the winner; with
+    quotas on (and tight: 1 active, 1 per day), the per-user advisory lock serialises them and
+    the losers find the winner under the lock instead of failing the quota."""
+    svc = service(db, policy)
+    req = request(idempotency_key="key-1")
+    results = await asyncio.gather(*(svc.create(req) for _ in range(50)))
+    assert len({r.job.id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert await counts(db) == (1, 1, 1)
+    # A later repeat returns the same job, too.
+    again = await svc.create(req)
+    assert (again.job.id, again.created) == (results[0].job.id, False)
+
+
+async def test_same_key_different_body_is_rejected(db: SessionMaker) -> None:
+    svc = service(db)
+    first = await svc.create(request(idempotency_key="key-1"))
+    with pytest.raises(IdempotencyKeyReused):
+        await svc.create(request(idempotency_key="key-1", input={"echo": {"n": 2}}))
+    with pytest.raises(IdempotencyKeyReused):
+        await svc.create(request(idempotency_key="key-1", priority=10))
+    assert await counts(db) == (1, 1, 1)
+    # The key is scoped to the user: another user may use it.
+    other = await svc.create(request("u2", idempotency_key="key-1", input={"echo": {"n": 2}}))
+    assert other.created and other.job.id != first.job.id
+
+
+async def test_same_key_different_bodies_racing(db: SessionMaker) -> None:
+    svc = service(db)
+    results = await asyncio.gather(
+        svc.create(request(idempotency_key="key-1", input={"echo": {"n": 1}})),
+        svc.create(request(idempotency_key="key-1", input={"echo": {"n": 2}})),
+        return_exceptions=True,
+    )
+    assert sorted(type(r).__name__ for r in results) == ["CreateJobResult", "IdempotencyKeyReused"]
+    assert await counts(db) == (1, 1, 1)
+
+
+async def test_unknown_job_type(db: SessionMaker) -> None:
+    with pytest.raises(UnknownJobType):
+        await service(db).create(request(job_type="no_such_type"))
+    assert await counts(db) == (0, 0, 0)
+
+
+# ---- quotas ---------------------------------------------------------------------------------
+
+
+async def test_active_job_quota_does_not_overshoot_under_concurrency(db: SessionMaker) -> None:
+    svc = service(db, CreatePolicy(max_active_jobs=5, max_jobs_per_day=0))
+    results = await asyncio.gather(
+        *(svc.create(request(target_id=f"t{i}")) for i in range(20)), return_exceptions=True
+    )
+    kinds = Counter(type(r).__name__ for r in results)
+    assert kinds == {"CreateJobResult": 5, "TooManyJobs": 15}, results
+    assert all(r.http_status == 429 for r in results if isinstance(r, TooManyJobs))
+    assert await counts(db) == (5, 5, 5)
+
+    assert (await svc.create(request("u2"))).created  # another user is unaffected
+    # Ending one active job frees a slot.
+    done = next(r for r in results if not isinstance(r, BaseException))
+    await LifecycleRepository(db).mark_cancelled(done.job.id)
+    assert (await svc.create(request(target_id="t-again"))).created
+    with pytest.raises(TooManyJobs):
+        await svc.create(request(target_id="t-over"))
+
+
+async def test_daily_quota(db: SessionMaker) -> None:
+    svc = service(db, CreatePolicy(max_active_jobs=0, max_jobs_per_day=3))
+    created = [await svc.create(request(target_id=f"t{i}")) for i in range(3)]
+    assert all(c.created for c in created)
+    # Cancelling does not give the day's quota back.
+    await LifecycleRepository(db).mark_cancelled(created[0].job.id)
+    with pytest.raises(QuotaExceeded) as info:
+        await svc.create(request(target_id="t4"))
+    assert info.value.retry_after_s is not None
+    assert 1 <= info.value.retry_after_s <= 86_400
+    assert info.value.code == "QUOTA_EXCEEDED"
+    assert (await svc.create(request("u2"))).created
+    assert await counts(db) == (4, 4, 4)
+
+
+# ---- the create transaction -----------------------------------------------------------------
+
+
+class InjectedFailure(Exception):
+    pass
+
+
+async def listener(database_url: str) -> psycopg.AsyncConnection[Any]:
+    conn = await psycopg.AsyncConnection.connect(libpq_url(database_url), autocommit=True)
+    await conn.execute("LISTEN ai_outbox")
+    return conn
+
+
+async def next_notify(conn: psycopg.AsyncConnection[Any]) -> psycopg.Notify:
+    async for n in conn.notifies(timeout=30, stop_after=1):
+        return n
+    raise AssertionError("no notification")
+
+
+async def test_create_writes_job_snapshot_and_outbox_in_one_transaction(
+    db: SessionMaker, database_url: str
+) -> None:
+    conn = await listener(database_url)
+    try:
+        inp = {"echo": {"contact": "ada@example.com", "n": 1}}
+        res = await service(db).create(request(input=inp, priority=7))
+        note = await next_notify(conn)
+    finally:
+        await conn.close()
+    assert note.channel == "ai_outbox"
+    job = res.job
+    assert res.created
+    assert (job.lifecycle_status, job.status, job.progress) == ("queued", "pending", 0)
+    assert job.workflow_id == f"ai-interactive:synthetic:{job.id}"
+    assert job.input["echo"] == inp["echo"]  # the job keeps the normalized input
+    assert job.priority == 7 and job.queue_name == "ai-interactive"
+    async with db() as s:
+        snap = (
+            await s.execute(
+                text("SELECT content, redaction_version FROM ai_job_snapshot WHERE job_id = :id"),
+                {"id": job.id},
+            )
+        ).one()
+        (event,) = (await s.execute(text("SELECT * FROM outbox_event"))).all()
+    assert snap.redaction_version == REDACTION_VERSION
+    assert snap.content == {"input": redact(job.input), "targetType": "test", "targetId": "t1"}
+    assert snap.content["input"]["echo"]["contact"] == "[email]"
+    assert event.payload == {
+        "jobId": str(job.id),
+        "jobType": "synthetic",
+        "queueName": "ai-interactive",
+        "priority": 7,
+    }
+    assert (event.event_type, event.aggregate_type, event.aggregate_id) == (
+        "ai.job.enqueue",
+        "AiJob",
+        str(job.id),
+    )
+    assert (event.status, event.attempt_count) == ("pending", 0)
+    assert event.dedupe_key == f"synthetic:u1:{job.id}"
+
+
+async def test_dedupe_key_uses_the_idempotency_key(db: SessionMaker) -> None:
+    await service(db).create(request(idempotency_key="click-1"))
+    async with db() as s:
+        keys = (await s.execute(text("SELECT dedupe_key FROM outbox_event"))).scalars().all()
+    assert keys == ["synthetic:u1:click-1"]
+
+
+STEPS = [
+    ("_lifecycle", "create"),
+    ("_jobs", "insert_snapshot"),
+    ("_outbox", "insert"),
+    ("_jobs", "get"),
+]
+
+
+@pytest.mark.parametrize(("repo_attr", "method"), STEPS, ids=[f"{a}.{m}" for a, m in STEPS])
+async def test_a_failure_at_any_step_leaves_nothing_behind(
+    db: SessionMaker,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    repo_attr: str,
+    method: str,
+) -> None:
+    """The step runs for real (its row and NOTIFY are in the transaction), then fails: the job,
+    the snapshot and the outbox row all roll back, and relays are not woken."""
+    svc = service(db)
+    target = getattr(svc, repo_attr)
+    real = getattr(target, method)
+    calls: list[str] = []
+
+    async def fail_after(*args: Any, **kw: Any) -> Any:
+        await real(*args, **kw)
+        calls.append(method)
+        raise InjectedFailure(method)
+
+    monkeypatch.setattr(target, method, fail_after)
+    conn = await listener(database_url)
+    try:
+        with pytest.raises(InjectedFailure):
+            await svc.create(request(idempotency_key="k"))
+        assert calls == [method]
+        assert await counts(db) == (0, 0, 0)
+        # Notifications arrive in commit order: if the failed create had notified, that would
+        # come before this marker.
+        async with db.begin() as s:
+            await s.execute(text("NOTIFY ai_outbox, 'marker'"))
+        assert (await next_notify(conn)).payload == "marker"
+    finally:
+        await conn.close()
+    monkeypatch.undo()
+    assert (await svc.create(request(idempotency_key="k"))).created  # the key is still free
+    assert await counts(db) == (1, 1, 1)
+
+
+# ---- cancel ---------------------------------------------------------------------------------
+
+
+class CancelRecorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    async def __call__(self, workflow_id: str) -> None:
+        self.calls.append(workflow_id)
+        if self.fail:
+            raise ConnectionError("temporal unreachable")
+
+
+async def test_cancel_a_queued_job(db: SessionMaker) -> None:
+    svc = service(db)
+    job = (await svc.create(request())).job
+    rec = CancelRecorder()
+    res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
+    assert (res.job_id, res.outcome) == (job.id, "cancelled")
+    assert rec.calls == []  # nothing runs yet; a later workflow ends at PREPARE
+    row = await get(db, job.id)
+    assert (row.lifecycle_status, row.status, row.error_code) == (
+        "cancelled",
+        "cancelled",
+        "CANCELLED",
+    )
+    assert row.finished_at is not None and row.cancel_requested_at is not None
+    with pytest.raises(JobAlreadyCancelled):
+        await svc.cancel(job.id, "u1", cancel_workflow=rec)
+
+
+async def test_concurrent_cancels_of_a_queued_job(db: SessionMaker) -> None:
+    svc = service(db)
+    job = (await svc.create(request())).job
+    results = await asyncio.gather(
+        *(svc.cancel(job.id, "u1") for _ in range(5)), return_exceptions=True
+    )
+    kinds = Counter(type(r).__name__ for r in results)
+    assert kinds == {"CancelResult": 1, "JobAlreadyCancelled": 4}, results
+
+
+async def test_cancel_a_finished_job(db: SessionMaker) -> None:
+    svc = service(db)
+    repo = LifecycleRepository(db)
+    done = (await svc.create(request(target_id="a"))).job
+    await repo.lock(done.id, run_id="run-1", identity="w", ttl_s=60)
+    await repo.mark_succeeded(done.id, run_id="run-1")
+    failed = (await svc.create(request(target_id="b"))).job
+    await repo.lock(failed.id, run_id="run-2", identity="w", ttl_s=60)
+    await repo.mark_failed(failed.id, "PROVIDER_UNAVAILABLE", "down")
+    for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
+        before = await get(db, job_id)
+        with pytest.raises(JobNotCancellable):
+            await svc.cancel(job_id, "u1", cancel_workflow=CancelRecorder())
+        after = await get(db, job_id)
+        assert after == before and after.lifecycle_status == status
+
+
+async def test_cancel_a_running_job_requests_it(db: SessionMaker) -> None:
+    svc = service(db)
+    job = (await svc.create(request())).job
+    await LifecycleRepository(db).lock(job.id, run_id="run-1", identity="w", ttl_s=60)
+    rec = CancelRecorder()
+    res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
+    assert res.outcome == "cancel_requested"
+    assert rec.calls == [job.workflow_id]
+    row = await get(db, job.id)
+    assert row.lifecycle_status == "running"  # the workflow ends it
+    assert row.cancel_requested_at is not None and row.finished_at is None
+    # Asking again re-sends the cancel; the first request time is kept. A failing Temporal call
+    # is not the caller's problem: the request is recorded in SQL.
+    failing = CancelRecorder(fail=True)
+    again = await svc.cancel(job.id, "u1", cancel_workflow=failing)
+    assert again.outcome == "cancel_requested"
+    assert failing.calls == [job.workflow_id]
+    assert (await get(db, job.id)).cancel_requested_at == row.cancel_requested_at
+
+
+async def test_cancel_someone_elses_job_is_not_found(db: SessionMaker) -> None:
+    svc = service(db)
+    job = (await svc.create(request("owner"))).job
+    rec = CancelRecorder()
+    with pytest.raises(JobNotFound):
+        await svc.cancel(job.id, "intruder", cancel_workflow=rec)
+    with pytest.raises(JobNotFound):
+        await svc.cancel(uuid.uuid4(), "owner", cancel_workflow=rec)
+    assert (await get(db, job.id)).lifecycle_status == "queued"
+    assert rec.calls == []
+    assert (await svc.cancel(job.id, "admin", admin=True)).outcome == "cancelled"
+
+
+# ---- admin retry ----------------------------------------------------------------------------
+
+
+async def failed_job(svc: JobService, sm: SessionMaker, **kw: Any) -> JobRow:
+    job = (await svc.create(request(**kw))).job
+    repo = LifecycleRepository(sm)
+    await repo.lock(job.id, run_id="run-1", identity="w", ttl_s=60)
+    await repo.mark_failed(job.id, "PROVIDER_UNAVAILABLE", "down")
+    return await get(sm, job.id)
+
+
+async def test_retry_a_failed_job_makes_one_new_job(db: SessionMaker) -> None:
+    svc = service(db)
+    old = await failed_job(svc, db, input={"echo": {"n": 5}}, priority=20, target_id="t9")
+    first = await svc.retry(old.id)
+    assert first.created and first.job.id != old.id
+    new = first.job
+    assert new.retried_from_job_id == old.id
+    assert (new.input, new.priority, new.target_type, new.target_id, new.job_type) == (
+        old.input,
+        old.priority,
+        old.target_type,
+        old.target_id,
+        old.job_type,
+    )
+    assert (new.lifecycle_status, new.user_id) == ("queued", old.user_id)
+    second = await svc.retry(old.id)
+    assert (second.job.id, second.created) == (new.id, False)
+    assert await counts(db) == (2, 2, 2)
+    assert (await get(db, old.id)).lifecycle_status == "failed"  # never a transition back
+
+
+async def test_concurrent_retries_make_one_new_job(db: SessionMaker) -> None:
+    svc = service(db)
+    old = await failed_job(svc, db)
+    results = await asyncio.gather(*(svc.retry(old.id) for _ in range(10)))
+    assert len({r.job.id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert await counts(db) == (2, 2, 2)
+
+
+async def test_retry_a_cancelled_job(db: SessionMaker) -> None:
+    svc = service(db)
+    job = (await svc.create(request())).job
+    await svc.cancel(job.id, "u1")
+    res = await svc.retry(job.id)
+    assert res.created and res.job.retried_from_job_id == job.id
+
+
+async def test_retry_bypasses_quotas(db: SessionMaker) -> None:
+    svc = service(db, CreatePolicy(max_active_jobs=1, max_jobs_per_day=1))
+    old = await failed_job(svc, db)
+    with pytest.raises(QuotaExceeded):
+        await svc.create(request(target_id="other"))
+    assert (await svc.retry(old.id)).created
+
+
+async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker) -> None:
+    svc = service(db)
+    repo = LifecycleRepository(db)
+    queued = (await svc.create(request(target_id="q"))).job
+    running = (await svc.create(request(target_id="r"))).job
+    await repo.lock(running.id, run_id="run-r", identity="w", ttl_s=60)
+    done = (await svc.create(request(target_id="s"))).job
+    await repo.lock(done.id, run_id="run-s", identity="w", ttl_s=60)
+    await repo.mark_succeeded(done.id)
+    for job_id in (queued.id, running.id, done.id):
+        with pytest.raises(JobNotRetryable):
+            await svc.retry(job_id)
+    with pytest.raises(JobNotFound):
+        await svc.retry(uuid.uuid4())
+    assert await counts(db) == (3, 3, 3)
