@@ -36,7 +36,9 @@ class Gateway:
         return self.synthetic if jt.always_synthetic else self.provider
 
     def model_for(self, jt: JobType) -> str:
-        return "synthetic" if self.provider_for(jt) is self.synthetic else self.model
+        # Any synthetic provider (also the offline default built when no key/base URL is set)
+        # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
+        return "synthetic" if self.provider_for(jt).name == "synthetic" else self.model
 
     async def credential_available(
         self, session: AsyncSession, jt: JobType, user_id: str, mode: str

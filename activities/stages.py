@@ -239,11 +239,17 @@ class JobActivities:
             if snapshot is None:
                 _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
             jt = self._catalog.get(row.job_type)
+            key_failure: ExecutionFailure | None = None
+            api_key: str | None = None
             try:
                 api_key = await self._gateway.api_key(s, jt, row.user_id, row.credential_mode)
             except ExecutionFailure as f:
-                await self._record_failure(row, attempt, f, provider="none", model="none")
-                _fail(f.code, attempt=attempt)
+                key_failure = f
+        # Recorded after the read transaction ended: it holds the row lock extend_lock took,
+        # and _record_failure updates the same row from another connection.
+        if key_failure is not None:
+            await self._record_failure(row, attempt, key_failure, provider="none", model="none")
+            _fail(key_failure.code, attempt=attempt)
 
         provider = self._gateway.provider_for(jt)
         model_name = self._gateway.model_for(jt)

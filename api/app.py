@@ -45,6 +45,7 @@ def create_app(
             catalog=catalog,
             jobs=JobService(sm, catalog, policy, credential_exists=has_key),
             temporal=temporal,
+            cipher=credentials.credential_cipher(settings),
         )
         try:
             yield
@@ -78,6 +79,7 @@ def create_app(
         }
         schema["security"] = [{"bearer": []}]
         variants = []
+        public_types: list[str] = []
         for jt in catalog:
             vis = jt.definition.visibility
             if vis == "internal" or (vis == "dev" and not policy.synthetic_public):
@@ -93,7 +95,9 @@ def create_app(
             )
             comps[name] = sub
             variants.append({"$ref": f"#/components/schemas/{name}"})
-        schema.setdefault("x-job-types", [jt.job_type for jt in catalog])
+            public_types.append(jt.job_type)
+        # Only the types a client may create: `synthetic` must not show up in production.
+        schema.setdefault("x-job-types", public_types)
         create = schema["paths"]["/api/ai/jobs"]["post"]
         body = create["requestBody"]["content"]["application/json"]["schema"]
         ref = body.get("$ref", "").split("/")[-1]

@@ -9,9 +9,13 @@ from providers.base import Provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.synthetic import SyntheticProvider
 
+# The longest job timeout a definition may declare (DESIGN §7): each job's own timeoutMs then
+# bounds its calls, instead of a provider-wide cap cutting long generations short.
+MAX_CALL_TIMEOUT_S = 600.0
+
 
 def build_provider(
-    *, api_key: str | None, base_url: str | None, timeout_s: float = 60.0
+    *, api_key: str | None, base_url: str | None, timeout_s: float = MAX_CALL_TIMEOUT_S
 ) -> Provider:
     """OpenAI-compatible provider when a key or a base URL is configured, else synthetic.
 

@@ -2,7 +2,9 @@
 
 Behaviour is scripted: `POST /_script` queues steps that the chat endpoint consumes one per call,
 in order; when the queue is empty the `default` step answers (itself defaulting to a valid `{}`).
-`GET /_calls` reports what the server saw, `POST /_reset` forgets everything.
+`GET /_calls` reports what the server saw, `GET /_messages` the chat `messages` of every call
+in order (to assert on prompts, e.g. a retry's corrective instruction), `POST /_reset` forgets
+everything.
 
 Step kinds (a step is a JSON object with `kind` and optional fields):
 - `valid`: 200 with `content` (an object, default `{}`) serialised as the message content,
@@ -85,12 +87,14 @@ class _FakeState:
         self.default: dict[str, Any] = dict(DEFAULT_STEP)
         self.authorizations: list[str | None] = []
         self.models: list[str | None] = []
+        self.messages: list[Any] = []  # each call's `messages` (prompts: fake data only)
 
     def reset(self) -> None:
         self.steps.clear()
         self.default = dict(DEFAULT_STEP)
         self.authorizations.clear()
         self.models.clear()
+        self.messages.clear()
 
     def next_step(self) -> dict[str, Any]:
         return self.steps.popleft() if self.steps else self.default
@@ -156,6 +160,7 @@ def create_fake_app() -> FastAPI:
         model = body.get("model") if isinstance(body, dict) else None
         state.authorizations.append(request.headers.get("authorization"))
         state.models.append(model if isinstance(model, str) else None)
+        state.messages.append(body.get("messages") if isinstance(body, dict) else None)
         if not isinstance(body, dict):
             return JSONResponse(
                 {"error": {"message": "invalid JSON body", "code": "invalid_request"}},
@@ -235,6 +240,10 @@ def create_fake_app() -> FastAPI:
             "authorizations": list(state.authorizations),
             "models": list(state.models),
         }
+
+    @app.get("/_messages")
+    async def messages() -> dict[str, Any]:
+        return {"messages": list(state.messages)}
 
     @app.post("/_reset")
     async def reset() -> dict[str, bool]:
@@ -380,6 +389,14 @@ class FakeOpenAIServer:
             response = await client.get(f"{self.root_url}/_calls")
             response.raise_for_status()
             result: dict[str, Any] = response.json()
+            return result
+
+    async def amessages(self) -> list[Any]:
+        """The `messages` list of every chat call so far, in order."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_messages")
+            response.raise_for_status()
+            result: list[Any] = response.json()["messages"]
             return result
 
     async def areset(self) -> None:

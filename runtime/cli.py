@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from engine.settings import Settings
 
@@ -186,6 +187,55 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     return 0
 
 
+async def rotate_credential_keys(sessionmaker: Any, cipher: Any) -> tuple[int, int, int]:
+    """Re-encrypt every active user credential whose key id is not the keyring's current one
+    (issue 6). One transaction; the rows are locked (`FOR UPDATE`), so a concurrent revoke
+    waits. Returns (rotated, already_current, undecryptable): a row that no key of the ring
+    opens is left as it is and reported, never fatal to the others."""
+    from activities.gateway import credential_aad
+    from db.credentials import CredentialRepository
+    from engine.errors import ExecutionFailure
+
+    repo = CredentialRepository()
+    rotated = current = failed = 0
+    async with sessionmaker.begin() as s:
+        for row in await repo.all_active(s):
+            if not cipher.needs_rotation(row.key_id):
+                current += 1
+                continue
+            aad = credential_aad(row.user_id, row.provider)
+            try:
+                key_id, blob = cipher.reencrypt(row.key_id, row.ciphertext, aad=aad)
+            except ExecutionFailure:
+                failed += 1
+                log.warning("credential not decryptable", extra={"credential_id": str(row.id)})
+                continue
+            await repo.replace_ciphertext(s, row.id, key_id, blob)
+            rotated += 1
+    return rotated, current, failed
+
+
+async def _rotate_keys_main() -> int:
+    from runtime.wiring import build_parts, cipher
+
+    s = _settings()
+    parts = build_parts(s)
+    try:
+        keyring = cipher(s)
+        rotated, current, failed = await rotate_credential_keys(parts.sessionmaker, keyring)
+    finally:
+        await parts.close()
+    print(
+        f"re-encrypted {rotated} credential(s) under key {keyring.current_key_id}; "
+        f"{current} already current; {failed} not decryptable"
+    )
+    return 1 if failed else 0
+
+
+def cmd_rotate_keys(args: argparse.Namespace) -> int:
+    return asyncio.run(_rotate_keys_main())
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from runtime.devstack import run_dev
 
@@ -227,6 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "setup-temporal", help="register the search attributes on an external cluster"
     ).set_defaults(func=cmd_setup_temporal)
+
+    sub.add_parser(
+        "rotate-keys",
+        help="re-encrypt user credentials under the current CREDENTIAL_ENCRYPTION_KEY key id",
+    ).set_defaults(func=cmd_rotate_keys)
 
     o = sub.add_parser("outbox-dead", help="list dead outbox events")
     o.add_argument("--requeue", action="store_true")

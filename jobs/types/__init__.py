@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from jobs.spec import Catalog, JobType
-from jobs.types import synthetic
+from jobs.types import flashcard_generation, quiz_generation, synthetic, weak_point_analysis
 
 ALL_TYPES: list[JobType] = [
     synthetic.JOB,
+    quiz_generation.JOB,
+    flashcard_generation.JOB,
+    weak_point_analysis.JOB,
 ]
 
 

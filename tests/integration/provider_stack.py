@@ -1,0 +1,156 @@
+"""Helpers of the issue-6 tests (job types, gateway errors, credentials, key sentinel).
+
+`engine_stack` is `tests.conftest.running_stack` with two differences: the catalog is chosen by
+the test (test-only job types with short timeouts are registered *before* the workers start,
+since the workers derive their workflow classes from it), and the job service knows whether a
+user has an active key, as the API's does (so `user_deepseek_key` jobs can be created).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+from temporalio.client import Client
+
+from activities.relay import Relay
+from api.app import create_app
+from api.auth import issue_token
+from db.credentials import CredentialRepository
+from db.session import make_engine, make_sessionmaker
+from engine.definition import RetryBackoff
+from engine.settings import Settings
+from jobs.service import JobService
+from jobs.spec import Catalog, JobType
+from jobs.types import ALL_TYPES
+from providers.fake_server import FakeOpenAIServer
+from runtime.wiring import Parts, create_policy, relay_config
+from runtime.worker import build_workers
+from tests.conftest import Stack
+
+FAKE_MODEL = "deepseek-chat"
+
+
+def variant(base: JobType, job_type: str, **execution: Any) -> JobType:
+    """A test-only copy of a job type under another name with other execution settings,
+    e.g. `variant(quiz.JOB, "quiz_fast", timeout_ms=1000, max_retries=0)`."""
+    if "backoff_ms" in execution:
+        execution["retry_backoff"] = RetryBackoff(delay=execution.pop("backoff_ms"))
+    d = base.definition
+    return dataclasses.replace(
+        base,
+        definition=d.model_copy(
+            update={"job_type": job_type, "execution": d.execution.model_copy(update=execution)}
+        ),
+    )
+
+
+def catalog_with(*extra: JobType) -> Catalog:
+    return Catalog([*ALL_TYPES, *extra])
+
+
+async def has_user_key(session: AsyncSession, user_id: str) -> bool:
+    return await CredentialRepository().active_for_user(session, user_id, "deepseek") is not None
+
+
+@contextlib.asynccontextmanager
+async def engine_stack(
+    settings: Settings,
+    client: Client,
+    *,
+    catalog: Catalog | None = None,
+    queues: tuple[str, ...] = ("ai-interactive", "ai-background"),
+) -> AsyncIterator[Stack]:
+    engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
+    parts = Parts(settings, engine, make_sessionmaker(engine), catalog or catalog_with())
+    svc = JobService(
+        parts.sessionmaker, parts.catalog, create_policy(settings), credential_exists=has_user_key
+    )
+    relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(settings))
+    stack = Stack(settings, parts, client, svc, relay)
+    stop = asyncio.Event()
+    relay_task: asyncio.Task[None] | None = None
+    try:
+        async with contextlib.AsyncExitStack() as es:
+            stack.workers = build_workers(client, parts, queues)
+            for w in stack.workers:
+                await es.enter_async_context(w)
+            relay_task = asyncio.create_task(relay.run(stop=stop))
+            yield stack
+            stop.set()
+            await asyncio.wait_for(relay_task, 10)
+    finally:
+        stop.set()
+        if relay_task is not None and not relay_task.done():
+            relay_task.cancel()
+            with contextlib.suppress(BaseException):
+                await relay_task
+        await parts.close()
+
+
+PLATFORM_KEY = "sk-platform-test-key-0000"
+
+
+def fake_env(fake: FakeOpenAIServer, **env: Any) -> dict[str, Any]:
+    """Settings overrides pointing the engine at the fake server with a platform key."""
+    values: dict[str, Any] = {
+        "AI_BASE_URL": fake.base_url,
+        "DEEPSEEK_API_KEY": PLATFORM_KEY,
+        "AI_MODEL": FAKE_MODEL,
+    }
+    values.update(env)
+    return values
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll `check` until it is true; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def usage_rows(stack: Stack, job_id: uuid.UUID) -> list[Any]:
+    async with stack.parts.sessionmaker() as s:
+        rows = await s.execute(
+            text("SELECT * FROM ai_usage_log WHERE job_id = :j ORDER BY attempt_no, id"),
+            {"j": job_id},
+        )
+        return list(rows)
+
+
+async def user_prompts(fake: FakeOpenAIServer) -> list[str]:
+    """The user message of every call the fake server saw, in order."""
+    return [
+        next(m["content"] for m in messages if m["role"] == "user")
+        for messages in await fake.amessages()
+    ]
+
+
+@contextlib.asynccontextmanager
+async def api_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The real app (its lifespan included) behind an in-process ASGI transport."""
+    app = create_app(settings, policy=create_policy(settings))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c,
+    ):
+        yield app, c
+
+
+def auth(settings: Settings, user_id: str, *, admin: bool = False) -> dict[str, str]:
+    token = issue_token(settings.jwt_secret.get_secret_value(), user_id, admin=admin)
+    return {"Authorization": f"Bearer {token}"}

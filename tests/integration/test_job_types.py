@@ -1,0 +1,451 @@
+"""Issue 6 job types end to end: quiz_generation, flashcard_generation, weak_point_analysis.
+
+Each runs through the real engine (relay → Temporal workflow → stages → projector) twice: on
+the synthetic provider (default settings, no key: the offline path) and against the fake
+OpenAI-compatible server with a platform key (the real HTTP path). The checks are what users
+depend on: business rows and artifacts with deterministic ids, the prompt version on the job,
+one usage row per call with its cost, the key sent as a bearer token.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import text
+from temporalio.client import Client
+
+from db.session import SessionMaker
+from jobs.spec import JobType, ProjectionContext, artifact_uuid
+from jobs.types import default_catalog
+from jobs.types import flashcard_generation as flashcards
+from jobs.types import quiz_generation as quiz
+from jobs.types import weak_point_analysis as weak
+from providers.fake_server import FakeOpenAIServer
+from providers.pricing import cost_usd
+from tests.conftest import Stack, make_settings
+from tests.integration.provider_stack import (
+    FAKE_MODEL,
+    PLATFORM_KEY,
+    api_client,
+    auth,
+    engine_stack,
+    fake_env,
+    usage_rows,
+    user_prompts,
+)
+
+SOURCE = (
+    "Photosynthesis converts light energy into chemical energy. It takes place in the "
+    "chloroplasts of plant cells. Chlorophyll absorbs mostly blue and red light.\n"
+    "Oxygen is released as a by-product of splitting water."
+)
+ANSWERS = [
+    {
+        "question": "Where does photosynthesis take place?",
+        "givenAnswer": "mitochondria",
+        "correctAnswer": "chloroplasts",
+        "isCorrect": False,
+        "topic": "cell biology",
+    },
+    {
+        "question": "Which gas is released by photosynthesis?",
+        "givenAnswer": "oxygen",
+        "correctAnswer": "oxygen",
+        "isCorrect": True,
+        "topic": "photosynthesis",
+    },
+    {
+        "question": "What does the cell membrane do?",
+        "givenAnswer": "",
+        "correctAnswer": "controls what enters and leaves the cell",
+        "isCorrect": False,
+        "topic": "cell biology",
+    },
+]
+INPUTS: dict[str, dict[str, Any]] = {
+    "quiz_generation": {"sourceText": SOURCE, "count": 3, "difficulty": "hard"},
+    "flashcard_generation": {"sourceText": SOURCE, "count": 2},
+    "weak_point_analysis": {"answers": ANSWERS},
+}
+TABLES = {
+    "quiz_generation": "quiz_question",
+    "flashcard_generation": "flashcard",
+    "weak_point_analysis": "weak_point_candidate",
+}
+# What the fake provider answers with: valid outputs that differ from the synthetic ones.
+SCRIPTED: dict[str, dict[str, Any]] = {
+    "quiz_generation": {
+        "questions": [
+            {
+                "question": "Where in plant cells does photosynthesis take place?",
+                "choices": ["Nucleus", "Chloroplasts", "Mitochondria", "Ribosomes"],
+                "answer_index": 1,
+                "explanation": "The text says it takes place in the chloroplasts.",
+            },
+            {
+                "question": "Which colours of light does chlorophyll mostly absorb?",
+                "choices": ["Green", "Yellow and orange", "Blue and red", "Infrared"],
+                "answer_index": 2,
+                "explanation": "Chlorophyll absorbs mostly blue and red light.",
+            },
+        ]
+    },
+    "flashcard_generation": {
+        "flashcards": [
+            {"front": "What does photosynthesis convert?", "back": "Light into chemical energy."},
+            {"front": "Where does it take place?", "back": "In the chloroplasts."},
+            {"front": "What is released?", "back": "Oxygen, from splitting water."},
+        ]
+    },
+    "weak_point_analysis": {
+        "weak_points": [
+            {
+                "topic": "Cell structures",
+                "evidence": ["#1: answered 'mitochondria', correct 'chloroplasts'"],
+                "recommended_action": "Review the organelles and their functions.",
+            },
+            {
+                "topic": "Membranes",
+                "evidence": ["#3: no answer, correct 'controls what enters and leaves'"],
+                "recommended_action": "Re-read the section on the cell membrane.",
+            },
+        ]
+    },
+}
+JOB_TYPES = list(INPUTS)
+
+
+def _jt(job_type: str) -> JobType:
+    return default_catalog().get(job_type)
+
+
+def _items(job_type: str, output: dict[str, Any]) -> list[dict[str, Any]]:
+    key = {
+        "quiz_generation": "questions",
+        "flashcard_generation": "flashcards",
+        "weak_point_analysis": "weak_points",
+    }[job_type]
+    items: list[dict[str, Any]] = output[key]
+    return items
+
+
+async def _business_rows(sm: SessionMaker, job_type: str, job_id: uuid.UUID) -> list[Any]:
+    async with sm() as s:
+        rows = await s.execute(
+            text(f"SELECT * FROM {TABLES[job_type]} WHERE job_id = :j ORDER BY ordinal"),
+            {"j": job_id},
+        )
+        return list(rows)
+
+
+async def _artifacts(sm: SessionMaker, job_id: uuid.UUID) -> list[tuple[str, str, int]]:
+    async with sm() as s:
+        rows = await s.execute(
+            text(
+                "SELECT artifact_type, artifact_id, ordinal FROM ai_job_artifact "
+                "WHERE job_id = :j ORDER BY ordinal"
+            ),
+            {"j": job_id},
+        )
+        return [(r.artifact_type, r.artifact_id, r.ordinal) for r in rows]
+
+
+async def _check_projection(
+    stack: Stack, job_type: str, job_id: uuid.UUID, output: dict[str, Any]
+) -> None:
+    """Business rows = the output's items, ids from artifact_uuid, one artifact per row."""
+    sm = stack.parts.sessionmaker
+    items = _items(job_type, output)
+    rows = await _business_rows(sm, job_type, job_id)
+    art_type = TABLES[job_type]
+    assert [r.ordinal for r in rows] == list(range(len(items)))
+    assert [r.id for r in rows] == [artifact_uuid(job_id, art_type, n) for n in range(len(items))]
+    assert all(r.user_id == "u1" for r in rows)
+    for r, item in zip(rows, items, strict=True):
+        if job_type == "quiz_generation":
+            assert (r.question, r.choices, r.answer_index, r.explanation) == (
+                item["question"],
+                item["choices"],
+                item["answer_index"],
+                item["explanation"],
+            )
+            assert r.difficulty == "hard"  # what the user asked for
+            assert (r.target_type, r.target_id) == ("lesson", "L-42")
+        elif job_type == "flashcard_generation":
+            assert (r.front, r.back) == (item["front"], item["back"])
+            assert (r.target_type, r.target_id) == ("lesson", "L-42")
+        else:
+            assert (r.topic, r.evidence, r.recommended_action) == (
+                item["topic"],
+                item["evidence"],
+                item["recommended_action"],
+            )
+    assert await _artifacts(sm, job_id) == [(art_type, str(r.id), r.ordinal) for r in rows]
+
+    # Idempotent projector: a second projection of the same output writes nothing new.
+    jt = _jt(job_type)
+    row = await stack.job(job_id)
+    ctx = ProjectionContext(job_id, "u1", "lesson", "L-42", row.output_hash)
+    async with sm.begin() as s:
+        again = await jt.project(s, ctx, jt.output_model.model_validate(output))
+    assert [(a.artifact_type, a.artifact_id, a.ordinal) for a in again] == await _artifacts(
+        sm, job_id
+    )
+    assert len(await _business_rows(sm, job_type, job_id)) == len(items)
+
+
+# ---- offline: the synthetic provider ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("job_type", JOB_TYPES)
+async def test_job_type_runs_offline_on_synthetic_provider(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    job_type: str,
+) -> None:
+    settings = make_settings(database_url, temporal_address)  # no key, no base URL
+    jt = _jt(job_type)
+    async with engine_stack(settings, temporal_client) as stack:
+        job_id = await stack.create(
+            job_type=job_type, target_type="lesson", target_id="L-42", input=INPUTS[job_type]
+        )
+        row = await stack.wait_status(job_id, "succeeded", "failed", timeout=30)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert row.prompt_version == jt.definition.prompt_version
+        assert row.prompt_version.startswith(f"{job_type}.v")
+        assert row.queue_name == jt.definition.queue.queue_name
+        expected = jt.output_model.model_validate(
+            jt.synthetic_output(jt.input_model.model_validate(INPUTS[job_type]))
+        ).model_dump(mode="json")
+        assert row.output == expected
+        assert _items(job_type, expected), "the synthetic output must not be empty here"
+        await _check_projection(stack, job_type, job_id, expected)
+        usage = await usage_rows(stack, job_id)
+        assert len(usage) == 1
+        u = usage[0]
+        assert (u.provider, u.model, u.error_code) == ("synthetic", "synthetic", None)
+        assert u.credential_mode == "platform_key"
+        assert u.tokens_in > 0 and u.tokens_out > 0
+        assert u.cost_usd == Decimal(0)  # offline calls are free, not priced as AI_MODEL
+
+
+# ---- the OpenAI-compatible path: fake server, platform key --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("job_type", JOB_TYPES)
+async def test_job_type_runs_against_openai_compatible_server(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+    job_type: str,
+) -> None:
+    await fake.areset()
+    content = SCRIPTED[job_type]
+    await fake.ascript(
+        [{"kind": "valid", "content": content, "tokens_in": 1234, "tokens_out": 567}]
+    )
+    settings = make_settings(database_url, temporal_address, **fake_env(fake))
+    jt = _jt(job_type)
+    async with engine_stack(settings, temporal_client) as stack:
+        job_id = await stack.create(
+            job_type=job_type, target_type="lesson", target_id="L-42", input=INPUTS[job_type]
+        )
+        row = await stack.wait_status(job_id, "succeeded", "failed", timeout=30)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert row.prompt_version == jt.definition.prompt_version
+        assert row.output == content
+        await _check_projection(stack, job_type, job_id, content)
+
+        calls = await fake.acalls()
+        assert calls["count"] == 1
+        assert calls["authorizations"] == [f"Bearer {PLATFORM_KEY}"]
+        assert calls["models"] == [FAKE_MODEL]
+        [messages] = await fake.amessages()
+        system = next(m["content"] for m in messages if m["role"] == "system")
+        assert (
+            system == jt.build_prompt(jt.input_model.model_validate(INPUTS[job_type]), None).system
+        )
+        assert "JSON" in system
+        [user] = await user_prompts(fake)
+        if job_type == "weak_point_analysis":
+            assert "mitochondria" in user and "chloroplasts" in user
+        else:
+            assert "Chlorophyll absorbs mostly blue and red light." in user
+        assert "Correction" not in user
+
+        usage = await usage_rows(stack, job_id)
+        assert len(usage) == 1
+        u = usage[0]
+        assert (u.provider, u.model, u.error_code) == ("openai_compatible", FAKE_MODEL, None)
+        assert (u.tokens_in, u.tokens_out) == (1234, 567)
+        assert u.cost_usd == cost_usd(FAKE_MODEL, 1234, 567)
+        assert u.cost_usd > 0
+
+
+# ---- the job types' contracts (no engine needed) -------------------------------------------------
+
+
+def test_definitions_follow_design_section_7() -> None:
+    catalog = default_catalog()
+    for job_type, queue, retries, backoff in (
+        ("quiz_generation", "ai-interactive", 1, 2000),
+        ("flashcard_generation", "ai-interactive", 1, 2000),
+        ("weak_point_analysis", "ai-background", 2, 5000),
+    ):
+        d = catalog.get(job_type).definition
+        assert d.visibility == "public"
+        assert d.queue.queue_name == queue
+        assert (d.execution.max_retries, d.execution.retry_backoff.delay) == (retries, backoff)
+        assert d.credential.allowed_modes == ("platform_key", "user_deepseek_key")
+        assert d.credential.default_mode == "platform_key"
+        assert d.security.content_safety_check is True
+        assert d.prompt_version == f"{job_type}.v1"
+
+
+@pytest.mark.parametrize(
+    ("module", "bad"),
+    [
+        (quiz, {"sourceText": ""}),
+        (quiz, {"sourceText": "   \n "}),
+        (quiz, {"sourceText": "x" * 20_001}),
+        (quiz, {"sourceText": "text", "count": 0}),
+        (quiz, {"sourceText": "text", "count": 21}),
+        (quiz, {"sourceText": "text", "difficulty": "impossible"}),
+        (quiz, {"sourceText": "text", "extra": 1}),
+        (flashcards, {"sourceText": "text", "count": 31}),
+        (flashcards, {}),
+        (weak, {"answers": []}),
+        (weak, {"answers": [{"question": "q", "correctAnswer": "a", "isCorrect": True}]}),
+        (weak, {"answers": [ANSWERS[0]] * 101}),
+    ],
+)
+def test_inputs_are_bounded(module: Any, bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        module.JOB.input_model.model_validate(bad)
+
+
+def _question(**over: Any) -> dict[str, Any]:
+    q = {"question": "Q?", "choices": ["a", "b", "c", "d"], "answer_index": 0, "explanation": "E"}
+    q.update(over)
+    return q
+
+
+@pytest.mark.parametrize(
+    ("module", "bad"),
+    [
+        (quiz, {"questions": []}),
+        (quiz, {"questions": [_question(choices=["a", "b", "c"])]}),
+        (quiz, {"questions": [_question(choices=["a", "b", "c", "d", "e"])]}),
+        (quiz, {"questions": [_question(choices=["a", "b", "A", "d"])]}),
+        (quiz, {"questions": [_question(answer_index=4)]}),
+        (quiz, {"questions": [_question(answer_index=-1)]}),
+        (quiz, {"questions": [_question(explanation="")]}),
+        (quiz, {"questions": [_question()] * 21}),
+        (quiz, {"questions": [_question(hint="x")]}),
+        (flashcards, {"flashcards": [{"front": " ", "back": "b"}]}),
+        (flashcards, {"flashcards": []}),
+        (weak, {"weak_points": [{"topic": "t", "evidence": [], "recommended_action": "a"}]}),
+        (weak, {}),
+        (weak, {"unexpected": True}),
+    ],
+)
+def test_outputs_are_validated_strictly(module: Any, bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        module.JOB.output_model.model_validate(bad)
+
+
+@pytest.mark.parametrize(
+    ("module", "inp"),
+    [
+        (quiz, {"sourceText": "!!!", "count": 20}),
+        (quiz, {"sourceText": "concept process structure principle example evidence"}),
+        (quiz, {"sourceText": "y" * 20_000, "count": 7, "difficulty": "easy"}),
+        (quiz, {"sourceText": "光合作用把光能转化为化学能。它发生在叶绿体中\uff01", "count": 4}),
+        (quiz, {"sourceText": SOURCE, "count": 20}),
+        (flashcards, {"sourceText": "?"}),
+        (flashcards, {"sourceText": SOURCE + " " + "z" * 19_000, "count": 30}),
+        (weak, {"answers": [{**ANSWERS[1]}]}),  # all correct: no weak point
+        (weak, {"answers": [{**ANSWERS[0], "topic": None}] * 100}),
+    ],
+)
+def test_synthetic_outputs_are_valid_and_deterministic(module: Any, inp: dict[str, Any]) -> None:
+    jt: JobType = module.JOB
+    model = jt.input_model.model_validate(inp)
+    first = jt.synthetic_output(model)
+    out = jt.output_model.model_validate(first)
+    assert isinstance(out, BaseModel)
+    assert jt.synthetic_output(jt.input_model.model_validate(inp)) == first
+    if module is quiz:
+        assert len(first["questions"]) == model.count  # type: ignore[attr-defined]
+
+
+def test_quiz_synthetic_questions_answer_from_the_text() -> None:
+    out = quiz.synthetic_output(quiz.QuizGenerationInput(source_text=SOURCE, count=4))
+    q = out["questions"][0]
+    answer = q["choices"][q["answer_index"]]
+    assert (
+        q["question"]
+        .replace("_____", answer)
+        .endswith('"Photosynthesis converts light energy into chemical energy."')
+    )
+    assert [q["answer_index"] for q in out["questions"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("module", [quiz, flashcards, weak])
+def test_prompts_state_the_json_shape_and_carry_the_correction(module: Any) -> None:
+    jt: JobType = module.JOB
+    inp = jt.input_model.model_validate(INPUTS[jt.job_type])
+    plain = jt.build_prompt(inp, None)
+    fixed = jt.build_prompt(inp, "questions.0.choices: List should have at least 4 items")
+    key = {"quiz_generation": "questions", "flashcard_generation": "flashcards"}.get(
+        jt.job_type, "weak_points"
+    )
+    assert f'{{"{key}": [' in plain.system and "JSON" in plain.system
+    assert "Correction" not in plain.user
+    assert fixed.system == plain.system
+    assert fixed.user.startswith(plain.user)
+    assert fixed.user.endswith("Correction: questions.0.choices: List should have at least 4 items")
+
+
+async def test_api_rejects_out_of_bounds_input(db: SessionMaker, settings: Any) -> None:
+    async with api_client(settings) as (_, client):
+        bad = await client.post(
+            "/api/ai/jobs",
+            json={
+                "jobType": "quiz_generation",
+                "targetType": "lesson",
+                "targetId": "L-1",
+                "input": {"sourceText": SOURCE, "count": 21},
+            },
+            headers=auth(settings, "u1"),
+        )
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["code"] == "VALIDATION_FAILED"
+        assert SOURCE not in bad.text
+        ok = await client.post(
+            "/api/ai/jobs",
+            json={
+                "jobType": "weak_point_analysis",
+                "targetType": "learner",
+                "targetId": "u1",
+                "input": {"answers": ANSWERS},
+            },
+            headers=auth(settings, "u1"),
+        )
+        assert ok.status_code == 202, ok.text
+        assert ok.json()["queueName"] == "ai-background"
