@@ -31,14 +31,21 @@ class Gateway:
     cipher: CredentialCipher | None = None
     safety: ContentSafety = field(default_factory=lambda: RuleBasedContentSafety([]))
     synthetic: Provider = field(default_factory=SyntheticProvider)
+    # A user's own DeepSeek key always goes to a real OpenAI-compatible endpoint (AI_BASE_URL or
+    # DeepSeek's), even when the platform runs offline on the synthetic provider.
+    user_provider: Provider | None = None
 
-    def provider_for(self, jt: JobType) -> Provider:
-        return self.synthetic if jt.always_synthetic else self.provider
+    def provider_for(self, jt: JobType, mode: str = "platform_key") -> Provider:
+        if jt.always_synthetic:
+            return self.synthetic
+        if mode == "user_deepseek_key" and self.user_provider is not None:
+            return self.user_provider
+        return self.provider
 
-    def model_for(self, jt: JobType) -> str:
+    def model_for(self, jt: JobType, mode: str = "platform_key") -> str:
         # Any synthetic provider (also the offline default built when no key/base URL is set)
         # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
-        return "synthetic" if self.provider_for(jt).name == "synthetic" else self.model
+        return "synthetic" if self.provider_for(jt, mode).name == "synthetic" else self.model
 
     async def credential_available(
         self, session: AsyncSession, jt: JobType, user_id: str, mode: str
@@ -52,7 +59,7 @@ class Gateway:
         self, session: AsyncSession, jt: JobType, user_id: str, mode: str
     ) -> str | None:
         """Decrypt the job's key (EXECUTE only). Revoked or missing → CREDENTIAL_MISSING."""
-        if self.provider_for(jt) is self.synthetic:
+        if self.provider_for(jt, mode).name == "synthetic":
             return None
         if mode == "platform_key":
             if self.platform_api_key is None and self.provider.name != "synthetic":

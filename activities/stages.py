@@ -63,7 +63,7 @@ from engine.errors import (
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.spec import Catalog, ProjectionContext
-from providers.base import ProviderRequest, ProviderResponse, SyntheticBehaviour
+from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 from providers.pricing import cost_usd
 
 log = logging.getLogger(__name__)
@@ -208,12 +208,12 @@ class JobActivities:
                 s, jt, row.user_id, row.credential_mode
             ):
                 _fail("CREDENTIAL_MISSING")
-        provider = self._gateway.provider_for(jt)
+        provider = self._gateway.provider_for(jt, row.credential_mode)
         return ResolveResult(
             prompt_version=row.prompt_version,
             credential_mode=row.credential_mode,
             provider=provider.name,
-            model=self._gateway.model_for(jt),
+            model=self._gateway.model_for(jt, row.credential_mode),
         )
 
     # ---- EXECUTE ----------------------------------------------------------------------
@@ -251,8 +251,8 @@ class JobActivities:
             await self._record_failure(row, attempt, key_failure, provider="none", model="none")
             _fail(key_failure.code, attempt=attempt)
 
-        provider = self._gateway.provider_for(jt)
-        model_name = self._gateway.model_for(jt)
+        provider = self._gateway.provider_for(jt, row.credential_mode)
+        model_name = self._gateway.model_for(jt, row.credential_mode)
         started = time.monotonic()
         response: ProviderResponse | None = None
         failure: ExecutionFailure | None = None
@@ -286,7 +286,7 @@ class JobActivities:
                 ),
             )
             del api_key
-            response = await self._call(job_id, inp, request, cfg)
+            response = await self._call(job_id, inp, provider, request, cfg)
             try:
                 validated = jt.output_model.model_validate(json.loads(response.content))
             except (ValueError, ValidationError) as exc:
@@ -357,12 +357,16 @@ class JobActivities:
         return ExecuteResult(output_hash=digest, attempt=attempt)
 
     async def _call(
-        self, job_id: uuid.UUID, inp: ExecuteInput, request: ProviderRequest, cfg: EngineConfig
+        self,
+        job_id: uuid.UUID,
+        inp: ExecuteInput,
+        provider: Provider,
+        request: ProviderRequest,
+        cfg: EngineConfig,
     ) -> ProviderResponse:
         """The provider call under the definition's timeout, heartbeating to Temporal (so a
         workflow cancel arrives within about the heartbeat timeout) and extending the SQL lock.
         A cancel recorded in SQL (e.g. the Temporal cancel RPC failed) aborts the call too."""
-        provider = self._gateway.provider_for(self._catalog.get(request.job_type))
         call = asyncio.ensure_future(provider.generate(request))
         self_cancelled = False
 

@@ -17,7 +17,8 @@ from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
 from providers.crypto import DEV_ENCRYPTION_KEY, CredentialCipher
-from providers.factory import build_provider
+from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
+from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.safety import RuleBasedContentSafety, parse_blocklist
 
 
@@ -50,6 +51,11 @@ def gateway(settings: Settings) -> Gateway:
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
     return Gateway(
         provider=build_provider(api_key=key, base_url=settings.ai_base_url),
+        user_provider=OpenAICompatibleProvider(
+            settings.ai_base_url or DEFAULT_BASE_URL,
+            name="deepseek",
+            timeout_s=MAX_CALL_TIMEOUT_S,
+        ),
         model=settings.ai_model,
         platform_api_key=key,
         cipher=cipher(settings),
