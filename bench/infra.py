@@ -1,0 +1,468 @@
+"""The embedded stack a benchmark run drives: servers, engine subprocesses, the engine database.
+
+Hazards handled here:
+- Every child process is registered in `PROCS` the moment it starts; `stop_all()` (called from
+  the runner's outermost `finally`) stops whatever is still running, and each child also gets the
+  kernel's parent-death signal, so even a SIGKILLed bench leaves no worker behind. Children are
+  spawned from the main thread only: PR_SET_PDEATHSIG fires when the spawning *thread* exits.
+- `pg_stat_database.xact_commit` counts every committed transaction on the engine database,
+  including the bench's own statements and read-only ones; `EngineDb` counts the bench's own so
+  they can be subtracted. An idle backend publishes its counters only up to ~10 s late
+  (PGSTAT_IDLE_INTERVAL), so readings are taken after `STATS_SETTLE_S` of quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import psycopg
+
+REPO = Path(__file__).resolve().parent.parent
+DB_NAME = "aijobs_bench"
+BENCH_JWT_SECRET = "bench-only-jwt-secret-not-for-production"
+# Tables a repetition starts from empty (same list as the test suite's truncate).
+TABLES = (
+    "ai_job_artifact, ai_usage_log, ai_job_snapshot, outbox_event, user_model_credential, "
+    "synthetic_result, quiz_question, flashcard, weak_point_candidate, ai_job"
+)
+# PGSTAT_IDLE_INTERVAL is 10 s: an idle backend that flushed less than 1 s before going idle
+# publishes its remaining counts only then.
+STATS_SETTLE_S = 11.5
+# Only these variables of the caller's environment reach the children; engine knobs come from
+# the bench's own parameters (or --env), so a stray DB_POOL_SIZE in a shell cannot skew a run.
+_INHERITED_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "TZ",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "XDG_RUNTIME_DIR",
+)
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- child processes ----------------------------------------------------------------------
+
+
+class Proc:
+    """A child process with its own log file; `peak_rss_kb` reads VmHWM while it runs."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak_rss_kb: int | None = None
+        self.cpu_s: float | None = None
+        self.cpu_by_thread: dict[str, float] = {}
+        self.exit_code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        from runtime.procs import die_with_parent
+
+        out = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+                start_new_session=True,  # a Ctrl-C reaches the bench only; it stops children
+            )
+        finally:
+            out.close()
+        PROCS.append(self)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def read_status(self) -> None:
+        """Remember peak RSS and CPU time (call while alive; kept after exit)."""
+        if not self.alive():
+            return
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_rss_kb = int(line.split()[1])
+            self.cpu_s = process_cpu_s(self.pid)
+            self.cpu_by_thread = thread_cpu_s(self.pid)
+
+    def signal_stop(self) -> None:
+        self.read_status()
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            progress(f"{self.name} did not stop in {timeout_s:.0f}s; killing it")
+            self.proc.kill()
+            self.proc.wait(5)
+        self.exit_code = self.proc.returncode
+        if self in PROCS:
+            PROCS.remove(self)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self.signal_stop()
+        self.wait_stopped(timeout_s)
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_levels(self) -> dict[str, int]:
+        """How many error / warning lines the child logged (JSON-lines logs, plus tracebacks)."""
+        out = {"error": 0, "warning": 0, "traceback": 0}
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return out
+        for line in text.splitlines():
+            if '"level": "error"' in line or '"level": "critical"' in line:
+                out["error"] += 1
+            elif '"level": "warning"' in line:
+                out["warning"] += 1
+            elif line.startswith("Traceback"):
+                out["traceback"] += 1
+        return out
+
+
+PROCS: list[Proc] = []
+
+
+def stop_all() -> None:
+    """Stop every child still running (SIGTERM all first, then wait for each)."""
+    procs = list(PROCS)
+    for p in procs:
+        p.signal_stop()
+    for p in procs:
+        p.wait_stopped()
+
+
+def stop_group(procs: list[Proc]) -> None:
+    for p in procs:
+        p.signal_stop()
+    for p in procs:
+        p.wait_stopped()
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of /proc/<pid>/stat (1-based, pid is field 1).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds per thread group: `main` (the asyncio loop: activities, SQL, HTTP), the other
+    Python threads (e.g. the SDK's workflow-task executor) and the SDK core's Rust threads, by
+    their thread names."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = "main" if task.name == str(pid) else comm
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def child_env(base: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(base)
+    return env
+
+
+# ---- servers ------------------------------------------------------------------------------
+
+
+@dataclass
+class Servers:
+    base: Path
+    pg: Any  # runtime.embedded.EmbeddedPostgres
+    temporal: Any  # runtime.embedded.TemporalDevServer
+    admin_uri: str  # libpq URI of the `postgres` database (reads stats without counting)
+    database_url: str  # libpq URI of the engine's database
+    log_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_dir = self.base / "logs"
+        self.log_dir.mkdir(exist_ok=True)
+
+    @property
+    def socket_dir(self) -> str:
+        return parse_qs(urlsplit(self.admin_uri).query)["host"][0]
+
+    @property
+    def temporal_address(self) -> str:
+        return str(self.temporal.address)
+
+
+@contextlib.contextmanager
+def servers(*, keep: bool) -> Iterator[Servers]:
+    """PostgreSQL (fresh data dir, default durability, max_connections raised for the pools of
+    up to five processes) and a headless in-memory Temporal dev server; both stopped on exit."""
+    from db.migrate import upgrade
+    from runtime.embedded import free_port, start_postgres, start_temporal
+
+    base = Path(tempfile.mkdtemp(prefix="aijobs-bench-"))
+    base.chmod(0o755)  # the embedded server may run as its own system user
+    pg = temporal = None
+    try:
+        progress(f"starting PostgreSQL in {base}")
+        pg = start_postgres(base / "pg")
+        with psycopg.connect(pg.uri, autocommit=True) as c:
+            # Connections, not durability: synchronous_commit and fsync stay at their defaults.
+            c.execute("ALTER SYSTEM SET max_connections = 300")
+            c.execute(f"CREATE DATABASE {DB_NAME}")
+        pg.stop()  # max_connections needs a restart
+        pg = start_postgres(base / "pg")
+        url = pg.uri.replace("/postgres?", f"/{DB_NAME}?")
+        upgrade(url)
+        progress("starting Temporal dev server (headless, in memory)")
+        temporal = start_temporal(
+            port=free_port(), ui_port=None, db_file=None, log_path=base / "temporal.log"
+        )
+        yield Servers(base=base, pg=pg, temporal=temporal, admin_uri=pg.uri, database_url=url)
+    finally:
+        stop_all()
+        if temporal is not None:
+            temporal.stop()
+        if pg is not None:
+            pg.stop()
+        if keep:
+            progress(f"kept {base} (logs in {base / 'logs'})")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- the engine's database, from the bench's side ------------------------------------------
+
+
+class EngineDb:
+    """One autocommit connection to the engine's database. Every statement on it is a committed
+    transaction that `pg_stat_database` charges to that database, so it keeps count (`commits`)
+    for the commits-per-job figure to subtract."""
+
+    def __init__(self, uri: str) -> None:
+        self._uri = uri
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.commits = 0
+
+    async def open(self) -> None:
+        self._conn = await psycopg.AsyncConnection.connect(self._uri, autocommit=True)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def fetchall(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        assert self._conn is not None
+        self.commits += 1
+        cur = await self._conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+    async def truncate(self) -> None:
+        await self.fetchall(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+
+    async def status_counts(self) -> tuple[int, int]:
+        """(succeeded, failed or cancelled) over all jobs."""
+        rows = await self.fetchall(
+            "SELECT count(*) FILTER (WHERE lifecycle_status = 'succeeded'), "
+            "count(*) FILTER (WHERE lifecycle_status IN ('failed', 'cancelled')) FROM ai_job"
+        )
+        return int(rows[0][0]), int(rows[0][1])
+
+
+class Admin:
+    """A connection to the `postgres` database: cluster-wide views, uncounted for the engine's."""
+
+    def __init__(self, uri: str) -> None:
+        self._uri = uri
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def open(self) -> None:
+        self._conn = await psycopg.AsyncConnection.connect(self._uri, autocommit=True)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def one(self, sql: str, params: Any = None) -> Any:
+        assert self._conn is not None
+        cur = await self._conn.execute(sql, params)
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+    async def xact_commit(self) -> int:
+        return int(
+            await self.one(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
+            )
+        )
+
+    async def listeners(self) -> int:
+        """Relay LISTEN connections open on the engine's database."""
+        return int(
+            await self.one(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = %s AND query ILIKE 'LISTEN%%'",
+                (DB_NAME,),
+            )
+        )
+
+
+# ---- engine processes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """What every engine child gets, beyond the per-stack task queue suffix."""
+
+    interactive_concurrency: int
+    log_level: str
+    extra_env: dict[str, str]
+
+
+def engine_env(sv: Servers, knobs: EngineKnobs, *, suffix: str, quotas: bool) -> dict[str, str]:
+    base = {
+        "DATABASE_URL": sv.database_url,
+        "TEMPORAL_ADDRESS": sv.temporal_address,
+        "TEMPORAL_NAMESPACE": "default",
+        "AIJOBS_ENV": "development",  # the synthetic job type is public here
+        "TASK_QUEUE_SUFFIX": suffix,
+        "AI_INTERACTIVE_CONCURRENCY": str(knobs.interactive_concurrency),
+        "LOG_LEVEL": knobs.log_level,
+        "JWT_SECRET": BENCH_JWT_SECRET,
+    }
+    if not quotas:
+        base["QUOTA_MAX_ACTIVE_JOBS"] = "0"
+        base["QUOTA_MAX_JOBS_PER_DAY"] = "0"
+    base.update(knobs.extra_env)
+    return child_env(base)
+
+
+class EngineStack:
+    """`aijobs relay` plus `workers` x `aijobs worker --queue ai-interactive`, on task queues of
+    their own (a fresh TASK_QUEUE_SUFFIX per stack)."""
+
+    def __init__(self, name: str, sv: Servers, knobs: EngineKnobs, *, workers: int) -> None:
+        self.name = name
+        self.suffix = f"-bench{uuid.uuid4().hex[:8]}"
+        self.queue = f"ai-interactive{self.suffix}"
+        env = engine_env(sv, knobs, suffix=self.suffix, quotas=False)
+        py = sys.executable
+        self.relay = Proc(f"{name}-relay", [py, "-m", "runtime.cli", "relay"], env, sv.log_dir)
+        self.workers = [
+            Proc(
+                f"{name}-worker{i + 1}",
+                [py, "-m", "runtime.cli", "worker", "--queue", "ai-interactive"],
+                env,
+                sv.log_dir,
+            )
+            for i in range(workers)
+        ]
+        self.procs = [self.relay, *self.workers]
+
+    async def start(self, client: Any, admin: Admin, timeout_s: float = 90.0) -> None:
+        before = await admin.listeners()
+        for p in self.procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        await wait_pollers(client, self.queue, len(self.workers), deadline, self.procs)
+        while await admin.listeners() <= before:
+            self.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.relay.name} did not LISTEN in {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+        progress(f"{self.name}: relay + {len(self.workers)} worker(s) ready on {self.queue}")
+
+    def check(self) -> None:
+        check_alive(self.procs)
+
+    def stop(self) -> None:
+        stop_group(self.procs)
+
+
+def check_alive(procs: list[Proc]) -> None:
+    for p in procs:
+        if not p.alive():
+            code = p.proc.returncode if p.proc else None
+            raise RuntimeError(f"{p.name} exited (code {code}); log tail:\n{p.tail()}")
+
+
+async def wait_pollers(
+    client: Any, queue: str, expected: int, deadline: float, procs: list[Proc]
+) -> None:
+    """Until `expected` distinct worker identities poll both the workflow and activity queue."""
+    from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    async def pollers(kind: int) -> int:
+        resp = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+                task_queue_type=kind,  # type: ignore[arg-type]
+            )
+        )
+        return len({p.identity for p in resp.pollers})
+
+    while True:
+        check_alive(procs)
+        wf = await pollers(TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+        act = await pollers(TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        if wf >= expected and act >= expected:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{expected} worker(s) not polling {queue} ({wf}/{act})")
+        await asyncio.sleep(0.2)
+
+
+def pgbench_path() -> Path:
+    from runtime.embedded import pg_bin
+
+    return pg_bin("pgbench")

