@@ -34,7 +34,10 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Asy
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip and a counted transaction on every checkout.
+        # A connection lost to a database restart fails its statement instead, SQLAlchemy then
+        # invalidates the pool, and the caller's retry (activity retry, HTTP 503) reconnects.
+        pool_pre_ping=False,
         pool_recycle=1800,
     )
 
