@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import jwt
 
+from api.schemas import storable_text
 from engine.errors import Unauthenticated
 
 ADMIN_ROLE = "SUPER_ADMIN"
@@ -50,7 +51,8 @@ def verify_token(secret: str, authorization: str | None) -> Principal:
         raise Unauthenticated("The bearer token is invalid or expired.") from None
     sub = claims.get("sub")
     roles = claims.get("roles", [])
-    if not isinstance(sub, str) or not sub or len(sub) > 128:
+    # `sub` is compared with a text column: NUL or an unpaired surrogate would fail in the driver.
+    if not isinstance(sub, str) or not sub or len(sub) > 128 or not storable_text(sub):
         raise Unauthenticated("The bearer token is invalid or expired.")
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise Unauthenticated("The bearer token is invalid or expired.")

@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from db.jobs import ArtifactRef, JobRow
@@ -16,6 +16,43 @@ from engine.errors import ValidationFailed
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Queue = Literal["ai-interactive", "ai-background"]
+# Deeper `input` documents fail pydantic's serializer (depth ~255) inside create: refuse them here.
+MAX_INPUT_DEPTH = 64
+# A query filter that PostgreSQL can compare: text columns cannot hold NUL (driver DataError).
+NO_NUL = r"^[^\x00]*$"
+JOB_TYPE_PATTERN = r"^[a-z][a-z0-9_]{1,63}$"  # DESIGN §7; a filter that cannot match is a 422
+
+
+def storable_text(value: str) -> bool:
+    """PostgreSQL text and jsonb reject NUL and unpaired surrogates (JSON `\\ud800` parses into
+    one); the driver then raises deep inside a write, which would surface as a 500."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_storable_json(value: Any, *, max_depth: int = MAX_INPUT_DEPTH) -> None:
+    """Raises ValueError (without echoing the value) when a JSON document cannot be stored.
+    Iterative on purpose: a recursive walk could itself hit Python's recursion limit."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise ValueError(f"must not be nested more than {max_depth} levels deep")
+        if isinstance(item, str):
+            if not storable_text(item):
+                raise ValueError("must not contain NUL characters or unpaired surrogates")
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str) and not storable_text(k):
+                    raise ValueError("must not contain NUL characters or unpaired surrogates")
+                stack.append((v, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
 
 
 class Camel(BaseModel):
@@ -83,6 +120,19 @@ class CreateJobBody(Camel):
     input: dict[str, Any] = Field(default_factory=dict)
     priority: int | None = Field(default=None, ge=0, le=100)
     credential_mode: Literal["platform_key", "user_deepseek_key"] | None = None
+
+    @field_validator("job_type", "target_type", "target_id")
+    @classmethod
+    def _storable_str(cls, v: str) -> str:
+        if not storable_text(v):
+            raise ValueError("must not contain NUL characters or unpaired surrogates")
+        return v
+
+    @field_validator("input")
+    @classmethod
+    def _storable_input(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_storable_json(v)
+        return v
 
 
 def status_response(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse
 
 from api.deps import Admin, State
 from api.schemas import (
+    JOB_TYPE_PATTERN,
+    NO_NUL,
     AdminJobPage,
     AdminJobResponse,
     JobStatusResponse,
@@ -51,10 +53,12 @@ def admin_json(state: State, row: JobRow, arts: list[ArtifactRef]) -> dict[str, 
 async def list_jobs(
     state: State,
     _admin: Admin,
-    job_type: Annotated[str | None, Query(alias="jobType", max_length=64)] = None,
+    job_type: Annotated[
+        str | None, Query(alias="jobType", max_length=64, pattern=JOB_TYPE_PATTERN)
+    ] = None,
     status_: Annotated[Status | None, Query(alias="status")] = None,
     queue_name: Annotated[Queue | None, Query(alias="queueName")] = None,
-    user_id: Annotated[str | None, Query(alias="userId", max_length=128)] = None,
+    user_id: Annotated[str | None, Query(alias="userId", max_length=128, pattern=NO_NUL)] = None,
     created_from: Annotated[datetime | None, Query(alias="createdFrom")] = None,
     created_to: Annotated[datetime | None, Query(alias="createdTo")] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,

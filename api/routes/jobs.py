@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from api.deps import State, User
 from api.schemas import (
+    JOB_TYPE_PATTERN,
     CancelResponse,
     CreateJobBody,
     JobPage,
@@ -94,7 +95,9 @@ async def list_jobs(
     state: State,
     principal: User,
     status_: Annotated[Status | None, Query(alias="status")] = None,
-    job_type: Annotated[str | None, Query(alias="jobType", max_length=64)] = None,
+    job_type: Annotated[
+        str | None, Query(alias="jobType", max_length=64, pattern=JOB_TYPE_PATTERN)
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
