@@ -59,9 +59,10 @@ class Settings(BaseSettings):
 
     @property
     def platform_key_configured(self) -> bool:
-        """A platform credential exists: a real key, a custom base URL, or the synthetic provider
-        (used when neither is set, so the stack works offline)."""
-        return True
+        """A platform credential exists: a real key or a custom base URL; outside production the
+        synthetic provider stands in when neither is set, so the stack works offline. In
+        production without either, platform-key jobs are refused (503 PLATFORM_UNAVAILABLE)."""
+        return bool(self.deepseek_api_key or self.ai_base_url) or self.environment != "production"
 
     def task_queue(self, queue_name: str) -> str:
         return f"{queue_name}{self.task_queue_suffix}"

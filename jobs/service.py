@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ class JobService:
         return jt
 
     def validate_input(self, jt: JobType, raw: Any) -> BaseModel:
+        if not _finite(raw):
+            # JSON has no NaN/Infinity; PostgreSQL jsonb would silently change them.
+            raise ValidationFailed("The input contains a non-finite number.")
         try:
             return jt.input_model.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
@@ -142,8 +146,9 @@ class JobService:
         priority = d.queue.default_priority if req.priority is None else req.priority
         if not 0 <= priority <= 100:
             raise ValidationFailed("priority must be between 0 and 100")
+        # The effective priority: omitting it and sending the default are the same request.
         fingerprint = request_fingerprint(
-            d.job_type, req.target_type, req.target_id, normalized, req.priority
+            d.job_type, req.target_type, req.target_id, normalized, priority
         )
         mode = req.credential_mode or d.credential.default_mode
         if mode not in d.credential.allowed_modes:
@@ -351,6 +356,18 @@ class JobService:
                 internal=True,
             )
         )
+
+
+def _finite(value: Any, depth: int = 0) -> bool:
+    if depth > 64:
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v, depth + 1) for v in value)
+    return True
 
 
 def seconds_until_utc_midnight() -> int:

@@ -1,0 +1,60 @@
+"""Create-path edge cases found by review and fuzzing: what counts as "the same request", numbers
+JSON cannot carry, and a production deployment without any provider credential."""
+
+from __future__ import annotations
+
+import pytest
+
+from db.session import SessionMaker
+from engine.errors import PlatformUnavailable, ValidationFailed
+from engine.settings import Settings
+from jobs.service import CreateJobRequest, CreatePolicy, JobService
+from jobs.types import default_catalog
+from runtime.wiring import create_policy
+
+NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
+
+
+def _req(**kw: object) -> CreateJobRequest:
+    values: dict[str, object] = {
+        "user_id": "u1",
+        "job_type": "synthetic",
+        "target_type": "t",
+        "target_id": "1",
+        "input": {},
+        "idempotency_key": "k1",
+    }
+    values.update(kw)
+    return CreateJobRequest(**values)  # type: ignore[arg-type]
+
+
+async def test_omitted_priority_and_the_default_priority_are_the_same_request(
+    db: SessionMaker,
+) -> None:
+    svc = JobService(db, default_catalog(), NO_QUOTAS)
+    first = await svc.create(_req(priority=None))
+    default = default_catalog().get("synthetic").definition.queue.default_priority
+    second = await svc.create(_req(priority=default))
+    assert second.job.id == first.job.id and not second.created
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+async def test_non_finite_numbers_are_rejected_not_rewritten(db: SessionMaker, bad: float) -> None:
+    svc = JobService(db, default_catalog(), NO_QUOTAS)
+    with pytest.raises(ValidationFailed):
+        await svc.create(_req(input={"echo": {"x": [1, {"y": bad}]}}, idempotency_key=None))
+
+
+async def test_production_without_a_provider_refuses_platform_key_jobs(db: SessionMaker) -> None:
+    prod = Settings.model_validate({"AIJOBS_ENV": "production"})
+    assert not prod.platform_key_configured
+    svc = JobService(db, default_catalog(), create_policy(prod))
+    with pytest.raises(PlatformUnavailable):
+        await svc.create(
+            _req(
+                job_type="flashcard_generation",
+                input={"sourceText": "Photosynthesis turns light into chemical energy."},
+            )
+        )
+    keyed = Settings.model_validate({"AIJOBS_ENV": "production", "DEEPSEEK_API_KEY": "sk-x"})
+    assert keyed.platform_key_configured
