@@ -22,7 +22,7 @@ from api.schemas import (
     status_response,
 )
 from db.jobs import JobFilter, JobQueries
-from engine.errors import ValidationFailed
+from engine.errors import JobNotFound, ValidationFailed
 from jobs.service import CreateJobRequest
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
@@ -39,11 +39,13 @@ def _check_key(key: str | None) -> str | None:
 
 
 async def job_json(state: State, row: Any) -> dict[str, Any]:
-    async with state.sessionmaker() as s:
-        arts = await _jobs.artifacts(s, [row.id])
-    return JobStatusResponse(**status_response(row, arts[row.id])).model_dump(
-        mode="json", by_alias=True
-    )
+    # Artifacts are written in the same transaction that marks a job succeeded: no other job
+    # has any, so only a succeeded job costs the second query.
+    arts: list[Any] = []
+    if row.lifecycle_status == "succeeded":
+        async with state.sessionmaker() as s:
+            arts = (await _jobs.artifacts(s, [row.id]))[row.id]
+    return JobStatusResponse(**status_response(row, arts)).model_dump(mode="json", by_alias=True)
 
 
 @router.post(
@@ -85,9 +87,21 @@ async def create_job(
 
 
 @router.get("/{job_id}", response_model=JobStatusResponse, summary="Get one of your jobs")
-async def get_job(job_id: uuid.UUID, state: State, principal: User) -> dict[str, Any]:
-    row = await state.jobs.get_visible(job_id, principal.user_id, admin=principal.is_admin)
-    return await job_json(state, row)
+async def get_job(job_id: uuid.UUID, state: State, principal: User) -> JSONResponse:
+    # One pooled session for the job and its artifacts; the body is built once (no second
+    # validation against response_model, which only documents the shape).
+    async with state.sessionmaker() as s:
+        row = await _jobs.get(s, job_id)
+        if row is None or (not principal.is_admin and row.user_id != principal.user_id):
+            raise JobNotFound("Job not found.")
+        arts = (
+            (await _jobs.artifacts(s, [job_id]))[job_id]
+            if row.lifecycle_status == "succeeded"
+            else []
+        )
+    return JSONResponse(
+        JobStatusResponse(**status_response(row, arts)).model_dump(mode="json", by_alias=True)
+    )
 
 
 @router.get("", response_model=JobPage, summary="List your jobs, newest first")
