@@ -56,6 +56,7 @@ from engine.errors import (
     EngineError,
     ExecutionFailure,
     IllegalTransition,
+    JobNotFound,
     LockConflict,
     is_retryable,
     public_message_for,
@@ -575,6 +576,10 @@ class JobActivities:
             return FinalizeResult("failed")
         except IllegalTransition as exc:
             return FinalizeResult(str(exc.from_status))
+        except JobNotFound:
+            # The job row is gone (deleted): nothing to mark, and retrying cannot change that.
+            # The execution still failed.
+            return FinalizeResult("failed")
 
     @activity.defn(name=FINALIZE_CANCELLED)
     async def finalize_cancelled(self, inp: StageInput) -> FinalizeResult:
@@ -594,6 +599,8 @@ class JobActivities:
             return FinalizeResult("cancelled")
         except IllegalTransition as exc:
             return FinalizeResult(str(exc.from_status))
+        except JobNotFound:
+            return FinalizeResult("cancelled")  # the job row is gone: nothing left to mark
 
 
 class _SelfCancelled(Exception):

@@ -27,6 +27,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
+    FailureError,
     TimeoutError,
     TimeoutType,
 )
@@ -148,12 +149,22 @@ class JobWorkflowBase:
             self._set_status("succeeded")
             await self._local(COMPLETE, stage, CompleteResult)
             return JobWorkflowResult(inp.jobId, "succeeded", output_hash=executed.output_hash)
-        except (ActivityError, asyncio.CancelledError, CancelledError) as err:
+        # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
+        # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
+        # the workflow fails without finalizing and the job stays `running`.
+        except (FailureError, asyncio.CancelledError) as err:
             if _is_cancellation(err):
                 fin = await self._shielded(self._local(FINALIZE_CANCELLED, stage, FinalizeResult))
                 self._set_status(fin.lifecycle_status)
-                if fin.lifecycle_status == "cancelled":
-                    raise  # the execution shows as Canceled in the Temporal UI
+                if (
+                    fin.lifecycle_status == "cancelled"
+                    and workflow.cancellation_reason() is not None
+                ):
+                    # Shows as Canceled in the Temporal UI. Not a re-raise: when EXECUTE saw the
+                    # cancel in SQL first it failed with ApplicationError(CANCELLED), which would
+                    # mark the execution Failed while the job is cancelled.
+                    raise CancelledError("The job was cancelled.") from None
+                # Cancelled through SQL only (no Temporal cancel request), or a finish won.
                 return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
             code = _error_code(err)
             fin = await self._shielded(

@@ -1,0 +1,305 @@
+"""Helpers for the engine integration tests (issue 4), shared by the `test_engine_*`, relay,
+crash/reconcile and privacy modules.
+
+- `engine_stack`: like `tests.conftest.running_stack`, plus a catalog extended with test-only job
+  types (short timeouts and backoffs, scripted projectors) and a relay whose claim-release period
+  can be shortened;
+- `scripted_job_type`: a copy of the synthetic job type with another name and execution policy;
+- polling with deadlines of SQL and Temporal state (never a bare sleep as synchronisation);
+- small SQL readers for the facts the tests assert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import text
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.history.v1 import History
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.relay import Relay
+from db.session import SessionMaker
+from engine.definition import Execution, RetryBackoff
+from engine.settings import Settings
+from jobs.service import CreatePolicy, JobService
+from jobs.spec import Catalog, JobType, Projector
+from jobs.types import ALL_TYPES, synthetic
+from runtime.wiring import build_parts, create_policy, relay_config
+from runtime.worker import build_workers
+from tests.conftest import Stack
+
+T = TypeVar("T")
+
+JOB_ID_SA = SearchAttributeKey.for_keyword("JobId")
+JOB_TYPE_SA = SearchAttributeKey.for_keyword("JobType")
+LIFECYCLE_SA = SearchAttributeKey.for_keyword("LifecycleStatus")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+# ---- test-only job types -------------------------------------------------------------------
+
+
+def scripted_job_type(
+    name: str,
+    *,
+    timeout_ms: int = 30_000,
+    max_retries: int = 1,
+    backoff_ms: int = 1000,
+    abort_strategy: str = "retry",
+    project: Projector | None = None,
+) -> JobType:
+    """The synthetic job type under another name, with its own execution policy and projector.
+
+    Its workflow type is `name` and its jobs run on `ai-interactive`, like synthetic's."""
+    definition = synthetic.DEFINITION.model_copy(
+        update={
+            "job_type": name,
+            "execution": Execution(
+                timeout_ms=timeout_ms,
+                max_retries=max_retries,
+                retry_backoff=RetryBackoff(delay=backoff_ms),
+                cancellable=True,
+                abort_strategy=abort_strategy,  # type: ignore[arg-type]
+            ),
+        }
+    )
+    return dataclasses.replace(
+        synthetic.JOB, definition=definition, project=project or synthetic.project
+    )
+
+
+# ---- the stack -----------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def engine_stack(
+    settings: Settings,
+    client: Client,
+    *,
+    extra_types: Sequence[JobType] = (),
+    queues: tuple[str, ...] = ("ai-interactive",),
+    relay: bool = True,
+    relay_release_every_s: float | None = None,
+    policy: CreatePolicy | None = None,
+) -> AsyncIterator[Stack]:
+    """In-process workers for `queues` plus a relay task, on a catalog with `extra_types`."""
+    parts = build_parts(settings)
+    parts.catalog = Catalog([*ALL_TYPES, *extra_types])  # before any worker is built
+    svc = JobService(parts.sessionmaker, parts.catalog, policy or create_policy(settings))
+    rc = relay_config(settings)
+    if relay_release_every_s is not None:
+        rc = dataclasses.replace(rc, release_every_s=relay_release_every_s)
+    r = Relay(parts.sessionmaker, client, parts.catalog, rc)
+    stack = Stack(settings, parts, client, svc, r)
+    stop = asyncio.Event()
+    relay_task: asyncio.Task[None] | None = None
+    try:
+        async with contextlib.AsyncExitStack() as es:
+            if queues:
+                stack.workers = build_workers(client, parts, queues)
+                for w in stack.workers:
+                    await es.enter_async_context(w)
+            if relay:
+                relay_task = asyncio.create_task(r.run(stop=stop))
+            yield stack
+            stop.set()
+            if relay_task is not None:
+                await asyncio.wait_for(relay_task, 10)
+    finally:
+        stop.set()
+        if relay_task is not None and not relay_task.done():
+            relay_task.cancel()
+            with contextlib.suppress(BaseException):
+                await relay_task
+        await parts.close()
+
+
+def new_relay(stack: Stack, **config: Any) -> Relay:
+    """Another relay over the stack's database, client and catalog (e.g. a second relay, or
+    one that "dies" after claiming)."""
+    rc = dataclasses.replace(relay_config(stack.settings), **config)
+    return Relay(stack.parts.sessionmaker, stack.client, stack.parts.catalog, rc)
+
+
+@contextlib.asynccontextmanager
+async def relay_running(relay: Relay) -> AsyncIterator[Relay]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop=stop))
+    try:
+        yield relay
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 10)
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+# ---- polling -------------------------------------------------------------------------------
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+) -> T:
+    """Call `probe` until it returns a truthy value (returned) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = await probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+async def describe_or_none(client: Client, wid: str) -> WorkflowExecutionDescription | None:
+    try:
+        return await client.get_workflow_handle(wid).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def wait_workflow_closed(
+    client: Client, wid: str, timeout: float = 30.0
+) -> WorkflowExecutionDescription:
+    async def probe() -> WorkflowExecutionDescription | None:
+        d = await describe_or_none(client, wid)
+        return d if d is not None and d.status != WorkflowExecutionStatus.RUNNING else None
+
+    return await eventually(probe, timeout=timeout, what=f"workflow {wid} to close", interval=0.1)
+
+
+async def wait_activity_started(
+    client: Client, wid: str, activity: str = "execute", timeout: float = 30.0
+) -> WorkflowExecutionDescription:
+    """Until `activity` is a pending activity of the workflow in state STARTED (a worker runs
+    it). Local activities never show here; EXECUTE is a regular activity."""
+
+    async def probe() -> WorkflowExecutionDescription | None:
+        d = await describe_or_none(client, wid)
+        if d is None:
+            return None
+        for pa in d.raw_description.pending_activities:
+            if (
+                pa.activity_type.name == activity
+                and pa.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            ):
+                return d
+        return None
+
+    return await eventually(
+        probe, timeout=timeout, what=f"{activity} of {wid} to be started", interval=0.1
+    )
+
+
+async def wait_jobs(
+    sm: SessionMaker, job_ids: Sequence[uuid.UUID], *statuses: str, timeout: float = 60.0
+) -> dict[uuid.UUID, str]:
+    """Poll SQL until every job is in one of `statuses` (default: terminal)."""
+    wanted = list(statuses or TERMINAL)
+
+    async def probe() -> dict[uuid.UUID, str] | None:
+        got = {
+            r.id: r.lifecycle_status
+            for r in await rows(
+                sm, "SELECT id, lifecycle_status FROM ai_job WHERE id = ANY(:ids)", ids=job_ids
+            )
+        }
+        done = sum(1 for j in job_ids if got.get(j) in wanted)
+        return got if done == len(job_ids) else None
+
+    return await eventually(
+        probe, timeout=timeout, what=f"{len(job_ids)} jobs to reach {wanted}", interval=0.2
+    )
+
+
+def workflow_canceller(client: Client) -> Callable[[str], Awaitable[None]]:
+    """What the API passes to `JobService.cancel`: cancel the job's Temporal workflow."""
+
+    async def cancel(wid: str) -> None:
+        await client.get_workflow_handle(wid).cancel()
+
+    return cancel
+
+
+# ---- SQL readers ---------------------------------------------------------------------------
+
+
+async def rows(sm: SessionMaker, sql: str, **params: Any) -> list[Any]:
+    async with sm() as s:
+        return list((await s.execute(text(sql), params)).all())
+
+
+async def scalar(sm: SessionMaker, sql: str, **params: Any) -> Any:
+    async with sm() as s:
+        return (await s.execute(text(sql), params)).scalar_one()
+
+
+async def execute(sm: SessionMaker, sql: str, **params: Any) -> int:
+    async with sm.begin() as s:
+        return int((await s.execute(text(sql), params)).rowcount)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFacts:
+    """Everything a job left in PostgreSQL besides its own row."""
+
+    artifacts: list[tuple[str, str]]  # (artifact_type, artifact_id)
+    synthetic_results: list[tuple[str, str]]  # (id, output_hash)
+    usage: list[tuple[int, str | None]]  # (attempt_no, error_code) in attempt order
+    events: dict[str, int]  # outbox event_type -> rows for this job
+
+
+async def job_facts(sm: SessionMaker, job_id: uuid.UUID) -> JobFacts:
+    arts = await rows(
+        sm,
+        "SELECT artifact_type, artifact_id FROM ai_job_artifact WHERE job_id = :j ORDER BY id",
+        j=job_id,
+    )
+    results = await rows(
+        sm, "SELECT id, output_hash FROM synthetic_result WHERE job_id = :j", j=job_id
+    )
+    usage = await rows(
+        sm,
+        "SELECT attempt_no, error_code FROM ai_usage_log WHERE job_id = :j ORDER BY attempt_no, id",
+        j=job_id,
+    )
+    events = await rows(
+        sm,
+        "SELECT event_type, count(*) AS n FROM outbox_event WHERE aggregate_id = :j "
+        "GROUP BY event_type",
+        j=str(job_id),
+    )
+    return JobFacts(
+        artifacts=[(a.artifact_type, a.artifact_id) for a in arts],
+        synthetic_results=[(str(r.id), r.output_hash) for r in results],
+        usage=[(u.attempt_no, u.error_code) for u in usage],
+        events={e.event_type: int(e.n) for e in events},
+    )
+
+
+# ---- Temporal history ----------------------------------------------------------------------
+
+
+async def history_blobs(client: Client, wid: str) -> tuple[bytes, str]:
+    """A workflow's full history as protobuf bytes (payload data verbatim) and as JSON."""
+    h = await client.get_workflow_handle(wid).fetch_history()
+    return History(events=h.events).SerializeToString(), h.to_json()

@@ -1,0 +1,132 @@
+"""Issue 4 (engine), DESIGN §2.5 on the real stack: nothing of a job's input or output reaches
+Temporal. A sentinel string travels in the job's input (`echo`) and so in its output; the full
+history of every workflow involved is searched for it, as protobuf bytes (payload data verbatim)
+and as JSON."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from db.session import SessionMaker
+from engine.contracts import (
+    RECONCILER_SCHEDULE_ID,
+    RECONCILER_WORKFLOW,
+    RELAY_WORKFLOW_ID,
+    ReconcileResult,
+)
+from engine.settings import Settings
+from runtime.worker import ensure_system_workflows
+from tests.conftest import Stack
+from tests.integration.conftest_engine import (
+    engine_stack,
+    execute,
+    history_blobs,
+    wait_activity_started,
+    wait_workflow_closed,
+)
+
+
+def sentinel() -> str:
+    return f"SENTINEL-{uuid.uuid4().hex}"
+
+
+async def assert_absent(client: Client, wid: str, secret: str, *, present: str) -> None:
+    """`secret` is nowhere in the workflow's history; `present` (an id that must be there)
+    is, which shows the search looks inside payloads."""
+    raw, as_json = await history_blobs(client, wid)
+    assert present.encode() in raw, f"{present} not found in {wid}: the search is blind"
+    assert secret.encode() not in raw, f"{secret} leaked into the history of {wid}"
+    assert secret not in as_json
+    assert secret.lower() not in as_json.lower()
+
+
+async def job_with_secret(st: Stack, secret: str, **extra: object) -> uuid.UUID:
+    return await st.create(
+        input={"echo": {"note": secret, "nested": [secret, {"k": secret}]}, **extra}
+    )
+
+
+async def test_succeeded_job_keeps_input_and_output_out_of_temporal(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    secret = sentinel()
+    async with engine_stack(settings, temporal_client) as st:
+        job_id = await job_with_secret(st, secret)
+        row = await st.wait_status(job_id, timeout=30)
+        assert row.lifecycle_status == "succeeded"
+        assert secret in str(row.output) and secret in str(row.input)  # it did flow through
+        wid = st.workflow_id(job_id)
+        await wait_workflow_closed(temporal_client, wid)
+        await assert_absent(temporal_client, wid, secret, present=str(job_id))
+
+
+async def test_failed_jobs_keep_input_out_of_temporal(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """Failure messages carry codes and public messages only, not input or provider detail."""
+    secret = sentinel()
+    async with engine_stack(settings, temporal_client) as st:
+        blocked = await job_with_secret(st, secret, failTimes=1, failCode="CONTENT_SAFETY_BLOCKED")
+        invalid = await job_with_secret(st, secret, invalidOutput=True)
+        for job_id, code in (
+            (blocked, "CONTENT_SAFETY_BLOCKED"),
+            (invalid, "VALIDATION_OUTPUT_INVALID"),
+        ):
+            row = await st.wait_status(job_id, timeout=30)
+            assert row.lifecycle_status == "failed" and row.error_code == code
+            wid = st.workflow_id(job_id)
+            desc = await wait_workflow_closed(temporal_client, wid)
+            assert desc.status == WorkflowExecutionStatus.FAILED
+            await assert_absent(temporal_client, wid, secret, present=code)
+            # Details meant for operators stay in SQL too.
+            internal = row.internal_error_message or ""
+            assert internal
+            raw, _ = await history_blobs(temporal_client, wid)
+            assert internal.encode() not in raw
+
+
+async def test_relay_and_reconciler_histories_carry_no_job_data(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    secret = sentinel()
+    async with engine_stack(
+        settings, temporal_client, queues=("ai-interactive", "ai-system"), relay=False
+    ) as st:
+        relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
+        await ensure_system_workflows(temporal_client, settings)
+        try:
+            await wait_activity_started(temporal_client, relay_wid, "relay_loop")
+            done = await job_with_secret(st, secret)
+            assert (await st.wait_status(done, timeout=30)).lifecycle_status == "succeeded"
+
+            # A job the reconciler has to end: running, workflow gone, lock expired.
+            stuck = await job_with_secret(st, secret, hang=True)
+            await st.wait_status(stuck, "running", timeout=30)
+            await wait_activity_started(temporal_client, st.workflow_id(stuck), "execute")
+            await temporal_client.get_workflow_handle(st.workflow_id(stuck)).terminate("test")
+            await execute(
+                db,
+                "UPDATE ai_job SET lock_until = now() - interval '10 minutes' WHERE id = :j",
+                j=stuck,
+            )
+            rec_wid = f"reconcile-{uuid.uuid4().hex[:8]}{settings.task_queue_suffix}"
+            result = await temporal_client.execute_workflow(
+                RECONCILER_WORKFLOW,
+                id=rec_wid,
+                task_queue=settings.task_queue("ai-system"),
+                result_type=ReconcileResult,
+            )
+            assert result.expired_locks_failed == 1
+            assert (await st.job(stuck)).error_code == "INTERNAL_LOCK_EXPIRED"
+
+            await assert_absent(temporal_client, rec_wid, secret, present=str(stuck))
+            await assert_absent(temporal_client, relay_wid, secret, present="relay_loop")
+            for j in (done, stuck):
+                await assert_absent(temporal_client, st.workflow_id(j), secret, present=str(j))
+        finally:
+            await temporal_client.get_workflow_handle(relay_wid).terminate("test over")
+            await temporal_client.get_schedule_handle(
+                RECONCILER_SCHEDULE_ID + settings.task_queue_suffix
+            ).delete()
