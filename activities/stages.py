@@ -10,6 +10,7 @@ by the workflow. Failure messages carry the public message only; details go to
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from engine.contracts import (
     PREPARE,
     PROJECT,
     RESOLVE,
+    CompleteInput,
     CompleteResult,
     ExecuteInput,
     ExecuteResult,
@@ -73,7 +75,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineConfig:
     lock_ttl_s: int = 60
-    heartbeat_timeout_ms: int = 2000
+    heartbeat_timeout_ms: int = 10_000
     # How often EXECUTE extends lock_until in SQL (DESIGN §6: TTL 60 s, every 30 s).
     lock_extend_every_s: float = 30.0
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -277,7 +279,7 @@ class JobActivities:
                 model=model_name,
                 system_prompt=prompt.system,
                 user_prompt=prompt.user,
-                output_schema=jt.output_model.model_json_schema(),
+                output_schema=_output_schema(jt.output_model),
                 timeout_s=inp.timeout_ms / 1000,
                 api_key=api_key,
                 synthetic=(
@@ -374,7 +376,7 @@ class JobActivities:
         async def beat() -> None:
             nonlocal self_cancelled
             last_extend = time.monotonic()
-            interval = max(0.2, min(1.0, cfg.heartbeat_timeout_ms / 4000))
+            interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
             while not call.done():
                 activity.heartbeat()
                 await asyncio.sleep(interval)
@@ -506,9 +508,25 @@ class JobActivities:
                     },
                     notify=False,
                 )
-                return ProjectResult("succeeded", len(artifacts))
+                usage = await self._usage.summary(s, job_id)
+                return ProjectResult(
+                    "succeeded",
+                    len(artifacts),
+                    calls=usage.calls,
+                    tokens_in=usage.tokens_in,
+                    tokens_out=usage.tokens_out,
+                    cost_micros=int(usage.cost_usd * 1_000_000),
+                )
         except ApplicationError:
             raise
+        except (IllegalTransition, LockConflict):
+            # A concurrent PROJECT (or a cancel) won the row: report what the job is now.
+            async with self._sm.begin() as s:
+                row = await self._jobs.get(s, job_id)
+                arts = await self._jobs.artifacts(s, [job_id])
+            if row is None:
+                _fail("INTERNAL_JOB_MISSING", attempt=99)
+            return ProjectResult(row.lifecycle_status, len(arts[job_id]))
         except EngineError as exc:
             _domain(exc)
         except Exception as exc:
@@ -527,26 +545,25 @@ class JobActivities:
     # ---- COMPLETE ---------------------------------------------------------------------
 
     @activity.defn(name=COMPLETE)
-    async def complete(self, inp: StageInput) -> CompleteResult:
-        """Usage summary and the domain event. The durable parts (outbox event, progress 100)
-        were committed with PROJECT (ADR §6.2); this stage reads and reports."""
-        job_id = uuid.UUID(inp.job_id)
-        async with self._sm.begin() as s:
-            summary = await self._usage.summary(s, job_id)
+    async def complete(self, inp: CompleteInput) -> CompleteResult:
+        """Usage summary and the domain event. The durable parts (ai.job.completed in the outbox,
+        progress 100, the usage figures) were committed by PROJECT in its transaction
+        (ADR §6.2); this stage reports them and touches no table."""
         activity.logger.info(
             "job completed",
             extra={
                 "job_id": inp.job_id,
-                "calls": summary.calls,
-                "tokens_in": summary.tokens_in,
-                "tokens_out": summary.tokens_out,
+                "calls": inp.calls,
+                "tokens_in": inp.tokens_in,
+                "tokens_out": inp.tokens_out,
+                "cost_micros": inp.cost_micros,
             },
         )
         return CompleteResult(
-            calls=summary.calls,
-            tokens_in=summary.tokens_in,
-            tokens_out=summary.tokens_out,
-            cost_micros=int(summary.cost_usd * 1_000_000),
+            calls=inp.calls,
+            tokens_in=inp.tokens_in,
+            tokens_out=inp.tokens_out,
+            cost_micros=inp.cost_micros,
         )
 
     # ---- finalizers -------------------------------------------------------------------
@@ -601,6 +618,12 @@ class JobActivities:
             return FinalizeResult(str(exc.from_status))
         except JobNotFound:
             return FinalizeResult("cancelled")  # the job row is gone: nothing left to mark
+
+
+@functools.cache
+def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """JSON schema of an output model; built once per job type, not per call."""
+    return model.model_json_schema()
 
 
 class _SelfCancelled(Exception):

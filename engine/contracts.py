@@ -105,6 +105,20 @@ class ProjectInput:
 class ProjectResult:
     lifecycle_status: str
     artifact_count: int
+    # The job's usage, summed in PROJECT's transaction (COMPLETE reports it without a query).
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_micros: int = 0
+
+
+@dataclass(frozen=True)
+class CompleteInput:
+    job_id: str
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cost_micros: int
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,9 @@ class Settings(BaseSettings):
     task_queue_suffix: str = Field(default="", alias="TASK_QUEUE_SUFFIX")
     interactive_concurrency: int = Field(default=2, ge=1, alias="AI_INTERACTIVE_CONCURRENCY")
     background_concurrency: int = Field(default=1, ge=1, alias="AI_BACKGROUND_CONCURRENCY")
-    heartbeat_timeout_ms: int = Field(default=2000, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
+    # How long EXECUTE may go silent before Temporal retries it elsewhere (a dead worker). Not
+    # the cancel latency: heartbeats are flushed every second (runtime/worker.py).
+    heartbeat_timeout_ms: int = Field(default=10_000, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
     lock_ttl_s: int = Field(default=60, ge=1, alias="AI_LOCK_TTL_S")
     lock_grace_s: int = Field(default=30, ge=0, alias="AI_LOCK_GRACE_S")
     outbox_lock_ttl_s: int = Field(default=60, ge=1, alias="OUTBOX_LOCK_TTL_S")

@@ -85,6 +85,10 @@ def build_workers(
                     max_concurrent_activities=concurrency,
                     max_concurrent_local_activities=200,
                     max_concurrent_workflow_tasks=100,
+                    # Heartbeats reach the server at least every second whatever the heartbeat
+                    # timeout, so a workflow cancel reaches EXECUTE within about a second while
+                    # the timeout itself can tolerate a busy event loop.
+                    max_heartbeat_throttle_interval=timedelta(seconds=1),
                     workflow_runner=sandbox_runner(),
                 )
             )

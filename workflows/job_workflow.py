@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         PREPARE,
         PROJECT,
         RESOLVE,
+        CompleteInput,
         CompleteResult,
         ExecuteInput,
         ExecuteResult,
@@ -147,7 +148,17 @@ class JobWorkflowBase:
                 self._set_status(projected.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
             self._set_status("succeeded")
-            await self._local(COMPLETE, stage, CompleteResult)
+            await self._local(
+                COMPLETE,
+                CompleteInput(
+                    job_id=inp.jobId,
+                    calls=projected.calls,
+                    tokens_in=projected.tokens_in,
+                    tokens_out=projected.tokens_out,
+                    cost_micros=projected.cost_micros,
+                ),
+                CompleteResult,
+            )
             return JobWorkflowResult(inp.jobId, "succeeded", output_hash=executed.output_hash)
         # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
         # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
