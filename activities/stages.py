@@ -152,31 +152,23 @@ class JobActivities:
     async def prepare(self, inp: StageInput) -> PrepareResult:
         job_id = uuid.UUID(inp.job_id)
         try:
-            async with self._sm.begin() as s:
-                row = await self._jobs.get(s, job_id)
-                if row is None:
-                    _fail("INTERNAL_JOB_MISSING", attempt=99)
-                if row.lifecycle_status in (
-                    LifecycleStatus.SUCCEEDED,
-                    LifecycleStatus.FAILED,
-                    LifecycleStatus.CANCELLED,
-                ):
-                    return PrepareResult(run=False, lifecycle_status=row.lifecycle_status)
-                await self._lifecycle.lock(
-                    job_id,
-                    run_id=inp.run_id,
-                    identity=self._config.identity,
-                    ttl_s=self._config.lock_ttl_s,
-                    session=s,
-                )
+            # The CAS itself is the check: it matches a queued job (or our own lock after a
+            # retry) and names the state it found otherwise.
+            locked = await self._lifecycle.lock(
+                job_id,
+                run_id=inp.run_id,
+                identity=self._config.identity,
+                ttl_s=self._config.lock_ttl_s,
+            )
+        except JobNotFound:
+            _fail("INTERNAL_JOB_MISSING", attempt=99)
         except (IllegalTransition, LockConflict) as exc:
-            # Lost a race (e.g. cancelled between our read and the CAS): report what won.
-            async with self._sm.begin() as s:
-                row = await self._jobs.get(s, job_id)
-            if row is not None and row.lifecycle_status != LifecycleStatus.RUNNING:
-                return PrepareResult(run=False, lifecycle_status=row.lifecycle_status)
+            # Already ended (e.g. cancelled while queued): nothing runs; report what won.
+            found = exc.from_status if isinstance(exc, IllegalTransition) else "running"
+            if found in TERMINAL_STATES:
+                return PrepareResult(run=False, lifecycle_status=str(found))
             _domain(exc)
-        jt = self._catalog.get(row.job_type)
+        jt = self._catalog.get(locked.job_type)
         d = jt.definition
         activity.logger.info("job locked", extra={"job_id": inp.job_id})
         return PrepareResult(
@@ -201,11 +193,11 @@ class JobActivities:
         provider, model and prompt version. Only references leave this activity."""
         job_id = uuid.UUID(inp.job_id)
         async with self._sm.begin() as s:
-            row = await self._jobs.get(s, job_id)
+            row = await self._jobs.resolve_refs(s, job_id)
             if row is None:
                 _fail("INTERNAL_JOB_MISSING", attempt=99)
             jt = self._catalog.get(row.job_type)
-            if await self._jobs.get_snapshot(s, job_id) is None:
+            if not row.has_snapshot:
                 _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
             if not await self._gateway.credential_available(
                 s, jt, row.user_id, row.credential_mode
@@ -624,6 +616,11 @@ class JobActivities:
 def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
     """JSON schema of an output model; built once per job type, not per call."""
     return model.model_json_schema()
+
+
+TERMINAL_STATES = frozenset(
+    {LifecycleStatus.SUCCEEDED, LifecycleStatus.FAILED, LifecycleStatus.CANCELLED}
+)
 
 
 class _SelfCancelled(Exception):

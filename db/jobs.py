@@ -69,6 +69,15 @@ class ArtifactRef:
 
 
 @dataclass(frozen=True)
+class ResolveRefs:
+    job_type: str
+    user_id: str
+    credential_mode: str
+    prompt_version: str
+    has_snapshot: bool
+
+
+@dataclass(frozen=True)
 class JobFilter:
     user_id: str | None = None
     job_type: str | None = None
@@ -86,6 +95,24 @@ class JobQueries:
             )
         ).first()
         return JobRow(**row._mapping) if row else None
+
+    async def resolve_refs(self, session: AsyncSession, job_id: uuid.UUID) -> ResolveRefs | None:
+        """What RESOLVE needs, in one narrow query (no input/output JSON decoded)."""
+        row = (
+            await session.execute(
+                text(
+                    """
+                    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
+                           EXISTS (SELECT 1 FROM ai_job_snapshot s
+                                   WHERE s.job_id = j.id AND s.expires_at > now())
+                               AS has_snapshot
+                    FROM ai_job j WHERE j.id = :id
+                    """
+                ),
+                {"id": job_id},
+            )
+        ).first()
+        return ResolveRefs(**row._mapping) if row else None
 
     async def find_by_idempotency_key(
         self, session: AsyncSession, user_id: str, job_type: str, key: str
