@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from db.migrate import upgrade
 from db.session import SessionMaker, make_engine, make_sessionmaker, sqlalchemy_url
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
+from jobs.spec import Catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.wiring import Parts, build_parts, create_policy, relay_config
 from runtime.worker import build_workers
@@ -193,10 +195,15 @@ async def running_stack(
     queues: tuple[str, ...] = ("ai-interactive", "ai-background"),
     relay: bool = True,
     policy: CreatePolicy | None = None,
+    catalog: Catalog | None = None,
+    relay_overrides: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stack]:
     parts = build_parts(settings)
+    if catalog is not None:
+        parts.catalog = catalog  # before any worker is built
     svc = JobService(parts.sessionmaker, parts.catalog, policy or create_policy(settings))
-    r = Relay(parts.sessionmaker, client, parts.catalog, relay_config(settings))
+    rc = dataclasses.replace(relay_config(settings), **(relay_overrides or {}))
+    r = Relay(parts.sessionmaker, client, parts.catalog, rc)
     stack = Stack(settings, parts, client, svc, r)
     stop = asyncio.Event()
     relay_task: asyncio.Task[None] | None = None

@@ -30,12 +30,11 @@ from activities.relay import Relay
 from db.session import SessionMaker
 from engine.definition import Execution, RetryBackoff
 from engine.settings import Settings
-from jobs.service import CreatePolicy, JobService
+from jobs.service import CreatePolicy
 from jobs.spec import Catalog, JobType, Projector
 from jobs.types import ALL_TYPES, synthetic
-from runtime.wiring import build_parts, create_policy, relay_config
-from runtime.worker import build_workers
-from tests.conftest import Stack
+from runtime.wiring import relay_config
+from tests.conftest import Stack, running_stack
 
 T = TypeVar("T")
 
@@ -92,35 +91,17 @@ async def engine_stack(
     policy: CreatePolicy | None = None,
 ) -> AsyncIterator[Stack]:
     """In-process workers for `queues` plus a relay task, on a catalog with `extra_types`."""
-    parts = build_parts(settings)
-    parts.catalog = Catalog([*ALL_TYPES, *extra_types])  # before any worker is built
-    svc = JobService(parts.sessionmaker, parts.catalog, policy or create_policy(settings))
-    rc = relay_config(settings)
-    if relay_release_every_s is not None:
-        rc = dataclasses.replace(rc, release_every_s=relay_release_every_s)
-    r = Relay(parts.sessionmaker, client, parts.catalog, rc)
-    stack = Stack(settings, parts, client, svc, r)
-    stop = asyncio.Event()
-    relay_task: asyncio.Task[None] | None = None
-    try:
-        async with contextlib.AsyncExitStack() as es:
-            if queues:
-                stack.workers = build_workers(client, parts, queues)
-                for w in stack.workers:
-                    await es.enter_async_context(w)
-            if relay:
-                relay_task = asyncio.create_task(r.run(stop=stop))
-            yield stack
-            stop.set()
-            if relay_task is not None:
-                await asyncio.wait_for(relay_task, 10)
-    finally:
-        stop.set()
-        if relay_task is not None and not relay_task.done():
-            relay_task.cancel()
-            with contextlib.suppress(BaseException):
-                await relay_task
-        await parts.close()
+    overrides = {} if relay_release_every_s is None else {"release_every_s": relay_release_every_s}
+    async with running_stack(
+        settings,
+        client,
+        queues=queues,
+        relay=relay,
+        policy=policy,
+        catalog=Catalog([*ALL_TYPES, *extra_types]),
+        relay_overrides=overrides,
+    ) as stack:
+        yield stack
 
 
 def new_relay(stack: Stack, **config: Any) -> Relay:
