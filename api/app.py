@@ -13,7 +13,7 @@ from temporalio.client import Client
 from api import errors
 from api.routes import admin, credentials, health, jobs
 from api.state import AppState
-from db.credentials import CredentialRepository
+from db.credentials import has_active_user_key
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
 from jobs.service import CreatePolicy, JobService
@@ -34,16 +34,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
         sm = make_sessionmaker(engine)
-        creds = CredentialRepository()
-
-        async def has_key(session: Any, user_id: str) -> bool:
-            return await creds.active_for_user(session, user_id, "deepseek") is not None
-
         app.state.aijobs = AppState(
             settings=settings,
             sessionmaker=sm,
             catalog=catalog,
-            jobs=JobService(sm, catalog, policy, credential_exists=has_key),
+            jobs=JobService(sm, catalog, policy, credential_exists=has_active_user_key),
             temporal=temporal,
             cipher=credentials.credential_cipher(settings),
         )

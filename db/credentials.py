@@ -25,6 +25,11 @@ class CredentialRow:
 _COLS = "id, user_id, provider, key_id, ciphertext, key_hint, created_at, revoked_at"
 
 
+async def has_active_user_key(session: AsyncSession, user_id: str) -> bool:
+    """Whether a user has a usable own DeepSeek key (the create use case's credential check)."""
+    return await CredentialRepository().active_for_user(session, user_id, "deepseek") is not None
+
+
 class CredentialRepository:
     async def add(
         self,

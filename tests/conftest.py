@@ -27,6 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.relay import Relay
+from db.credentials import has_active_user_key
 from db.migrate import upgrade
 from db.session import SessionMaker, make_engine, make_sessionmaker, sqlalchemy_url
 from engine.settings import Settings
@@ -201,7 +202,12 @@ async def running_stack(
     parts = build_parts(settings)
     if catalog is not None:
         parts.catalog = catalog  # before any worker is built
-    svc = JobService(parts.sessionmaker, parts.catalog, policy or create_policy(settings))
+    svc = JobService(
+        parts.sessionmaker,
+        parts.catalog,
+        policy or create_policy(settings),
+        credential_exists=has_active_user_key,
+    )
     rc = dataclasses.replace(relay_config(settings), **(relay_overrides or {}))
     r = Relay(parts.sessionmaker, client, parts.catalog, rc)
     stack = Stack(settings, parts, client, svc, r)

@@ -19,23 +19,18 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client
 
-from activities.relay import Relay
 from api.app import create_app
 from api.auth import issue_token
-from db.credentials import CredentialRepository
-from db.session import make_engine, make_sessionmaker
+from db.credentials import has_active_user_key
 from engine.definition import RetryBackoff
 from engine.settings import Settings
-from jobs.service import JobService
 from jobs.spec import Catalog, JobType
 from jobs.types import ALL_TYPES
 from providers.fake_server import FakeOpenAIServer
-from runtime.wiring import Parts, create_policy, relay_config
-from runtime.worker import build_workers
-from tests.conftest import Stack
+from runtime.wiring import create_policy
+from tests.conftest import Stack, running_stack
 
 FAKE_MODEL = "deepseek-chat"
 
@@ -58,8 +53,7 @@ def catalog_with(*extra: JobType) -> Catalog:
     return Catalog([*ALL_TYPES, *extra])
 
 
-async def has_user_key(session: AsyncSession, user_id: str) -> bool:
-    return await CredentialRepository().active_for_user(session, user_id, "deepseek") is not None
+has_user_key = has_active_user_key
 
 
 @contextlib.asynccontextmanager
@@ -70,31 +64,10 @@ async def engine_stack(
     catalog: Catalog | None = None,
     queues: tuple[str, ...] = ("ai-interactive", "ai-background"),
 ) -> AsyncIterator[Stack]:
-    engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
-    parts = Parts(settings, engine, make_sessionmaker(engine), catalog or catalog_with())
-    svc = JobService(
-        parts.sessionmaker, parts.catalog, create_policy(settings), credential_exists=has_user_key
-    )
-    relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(settings))
-    stack = Stack(settings, parts, client, svc, relay)
-    stop = asyncio.Event()
-    relay_task: asyncio.Task[None] | None = None
-    try:
-        async with contextlib.AsyncExitStack() as es:
-            stack.workers = build_workers(client, parts, queues)
-            for w in stack.workers:
-                await es.enter_async_context(w)
-            relay_task = asyncio.create_task(relay.run(stop=stop))
-            yield stack
-            stop.set()
-            await asyncio.wait_for(relay_task, 10)
-    finally:
-        stop.set()
-        if relay_task is not None and not relay_task.done():
-            relay_task.cancel()
-            with contextlib.suppress(BaseException):
-                await relay_task
-        await parts.close()
+    async with running_stack(
+        settings, client, queues=queues, catalog=catalog or catalog_with()
+    ) as stack:
+        yield stack
 
 
 PLATFORM_KEY = "sk-platform-test-key-0000"
