@@ -87,6 +87,7 @@ class Relay:
         continues-as-new)."""
         deadline = time.monotonic() + budget_s if budget_s else None
         last_release = 0.0
+        failures = 0
         listener: psycopg.AsyncConnection[object] | None = None
         try:
             while not (stop and stop.is_set()):
@@ -96,12 +97,22 @@ class Relay:
                     heartbeat()
                 if listener is None or listener.closed:
                     listener = await self._listen()
-                if time.monotonic() - last_release > self.config.release_every_s:
-                    last_release = time.monotonic()
-                    await self.release_expired()
-                while await self.run_once() >= self.config.batch_size:
-                    if heartbeat:
-                        heartbeat()
+                try:
+                    if time.monotonic() - last_release > self.config.release_every_s:
+                        last_release = time.monotonic()
+                        await self.release_expired()
+                    while await self.run_once() >= self.config.batch_size:
+                        if heartbeat:
+                            heartbeat()
+                    failures = 0
+                except Exception:
+                    # PostgreSQL restarting, a network blip...: keep the relay alive and back
+                    # off. Rows claimed but not marked stay `processing` until their TTL, then
+                    # go out again; starting a workflow twice is a no-op.
+                    failures += 1
+                    log.warning("relay iteration failed (%d in a row); backing off", failures)
+                    await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+                    continue
                 await self._wait(listener, stop)
         finally:
             if listener is not None:

@@ -17,10 +17,11 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -65,11 +66,12 @@ from engine.errors import (
 )
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
-from jobs.spec import Catalog, ProjectionContext
+from jobs.spec import Catalog, JobType, ProjectionContext
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 from providers.pricing import cost_usd
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -221,25 +223,29 @@ class JobActivities:
         cfg = self._config
 
         # 1. Read what the call needs; extend the lock (proves we still own the job).
-        async with self._sm.begin() as s:
-            ext = await self._lifecycle.extend_lock(
-                job_id, run_id=inp.run_id, ttl_s=cfg.lock_ttl_s, session=s
-            )
-            row = await self._jobs.get(s, job_id)
-            snapshot = await self._jobs.get_snapshot(s, job_id)
-            if row is None or not ext.extended:
-                _fail("INTERNAL_NOT_LOCK_OWNER", attempt=99)
-            if ext.cancel_requested:
-                _fail("CANCELLED")
-            if snapshot is None:
-                _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
-            jt = self._catalog.get(row.job_type)
-            key_failure: ExecutionFailure | None = None
-            api_key: str | None = None
-            try:
-                api_key = await self._gateway.api_key(s, jt, row.user_id, row.credential_mode)
-            except ExecutionFailure as f:
-                key_failure = f
+        async def load() -> tuple[
+            JobRow, dict[str, Any], JobType, str | None, ExecutionFailure | None
+        ]:
+            async with self._sm.begin() as s:
+                ext = await self._lifecycle.extend_lock(
+                    job_id, run_id=inp.run_id, ttl_s=cfg.lock_ttl_s, session=s
+                )
+                row = await self._jobs.get(s, job_id)
+                snapshot = await self._jobs.get_snapshot(s, job_id)
+                if row is None or not ext.extended:
+                    _fail("INTERNAL_NOT_LOCK_OWNER", attempt=99)
+                if ext.cancel_requested:
+                    _fail("CANCELLED")
+                if snapshot is None:
+                    _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
+                jt = self._catalog.get(row.job_type)
+                try:
+                    key = await self._gateway.api_key(s, jt, row.user_id, row.credential_mode)
+                except ExecutionFailure as f:
+                    return row, snapshot, jt, None, f
+                return row, snapshot, jt, key, None
+
+        row, snapshot, jt, api_key, key_failure = await _db_retry(load)
         # Recorded after the read transaction ended: it holds the row lock extend_lock took,
         # and _record_failure updates the same row from another connection.
         if key_failure is not None:
@@ -341,14 +347,20 @@ class JobActivities:
         assert validated is not None and response is not None
         out = validated.model_dump(mode="json")
         digest = output_hash(out)
-        async with self._sm.begin() as s:
-            await self._usage.insert(s, self._usage_row(row, attempt, response, None, latency_ms))
-            stored = await self._jobs.store_output(
-                s, job_id, run_id=inp.run_id, output=out, output_hash=digest, progress=60
-            )
-            if not stored:
-                _fail("INTERNAL_NOT_LOCK_OWNER", attempt=99)
-            await self._jobs.record_attempt(s, job_id, attempt=attempt, internal_error=None)
+        resp = response
+
+        async def store() -> None:
+            async with self._sm.begin() as s:
+                await self._usage.insert(s, self._usage_row(row, attempt, resp, None, latency_ms))
+                stored = await self._jobs.store_output(
+                    s, job_id, run_id=inp.run_id, output=out, output_hash=digest, progress=60
+                )
+                if not stored:
+                    _fail("INTERNAL_NOT_LOCK_OWNER", attempt=99)
+                await self._jobs.record_attempt(s, job_id, attempt=attempt, internal_error=None)
+
+        # The provider answered: a database outage now must not cost another provider call.
+        await _db_retry(store)
         return ExecuteResult(output_hash=digest, attempt=attempt)
 
     async def _call(
@@ -616,6 +628,23 @@ class JobActivities:
 def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
     """JSON schema of an output model; built once per job type, not per call."""
     return model.model_json_schema()
+
+
+async def _db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float = 120.0) -> T:
+    """EXECUTE's own transactions ride out a database outage (heartbeating meanwhile) instead of
+    failing the attempt: a lost connection must not spend one of the job's provider attempts."""
+    delay = 0.5
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            return await op()
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("database unavailable in EXECUTE; retrying in %.1fs", delay)
+            activity.heartbeat()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 4.0)
 
 
 TERMINAL_STATES = frozenset(

@@ -8,6 +8,7 @@ dev server keeps none).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -248,4 +249,6 @@ def _frontend_ready(address: str) -> bool:
         except Exception:
             return False
 
-    return asyncio.run(probe())
+    # A fresh loop in a thread: callers may themselves be inside a running event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, probe()).result()
