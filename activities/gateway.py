@@ -12,15 +12,11 @@ from db.credentials import CredentialRepository
 from engine.errors import ExecutionFailure
 from jobs.spec import JobType
 from providers.base import Provider
-from providers.crypto import CredentialCipher
+from providers.crypto import CredentialCipher, credential_aad
 from providers.safety import ContentSafety, RuleBasedContentSafety
 from providers.synthetic import SyntheticProvider
 
 USER_KEY_PROVIDER = "deepseek"
-
-
-def credential_aad(user_id: str, provider: str) -> str:
-    return f"user_model_credential:{user_id}:{provider}"
 
 
 @dataclass

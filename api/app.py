@@ -16,6 +16,7 @@ from api.state import AppState
 from db.credentials import has_active_user_key
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
+from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
 from jobs.types import default_catalog
@@ -40,7 +41,7 @@ def create_app(
             catalog=catalog,
             jobs=JobService(sm, catalog, policy, credential_exists=has_active_user_key),
             temporal=temporal,
-            cipher=credentials.credential_cipher(settings),
+            credentials=CredentialService(sm, credential_cipher(settings)),
         )
         try:
             yield

@@ -10,9 +10,9 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.settings import Settings
+from jobs.credentials import CredentialService
 from jobs.service import JobService
 from jobs.spec import Catalog
-from providers.crypto import CredentialCipher
 
 
 @dataclass
@@ -21,9 +21,9 @@ class AppState:
     sessionmaker: SessionMaker
     catalog: Catalog
     jobs: JobService
+    credentials: CredentialService
     temporal: Client | None = None
     # Issue 6: encrypts users' provider keys (api/routes/credentials.py); None = not configured.
-    cipher: CredentialCipher | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def temporal_client(self, timeout_s: float = 3.0) -> Client:

@@ -177,6 +177,18 @@ class CredentialMissing(EngineError):
     title = "No usable credential"
 
 
+class CredentialNotFound(EngineError):
+    code = "CREDENTIAL_NOT_FOUND"
+    http_status = 404
+    title = "Credential not found"
+
+
+class CredentialStorageUnavailable(EngineError):
+    code = "CREDENTIAL_STORAGE_UNAVAILABLE"
+    http_status = 503
+    title = "Credential storage is not configured"
+
+
 class Unauthenticated(EngineError):
     code = "UNAUTHENTICATED"
     http_status = 401

@@ -115,6 +115,12 @@ class CredentialCipher:
         )
 
 
+def credential_aad(user_id: str, provider: str) -> str:
+    """Associated data binding a stored key's ciphertext to its owner and provider: a blob copied
+    to another row does not decrypt."""
+    return f"user_model_credential:{user_id}:{provider}"
+
+
 def generate_key_setting(kid: str = "k1") -> str:
     """A fresh single-key setting string `"kid:BASE64KEY"` (urlsafe base64 of 32 random bytes)."""
     if not kid or ":" in kid or "," in kid:

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from engine.settings import Settings
 
@@ -187,35 +186,8 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     return 0
 
 
-async def rotate_credential_keys(sessionmaker: Any, cipher: Any) -> tuple[int, int, int]:
-    """Re-encrypt every active user credential whose key id is not the keyring's current one
-    (issue 6). One transaction; the rows are locked (`FOR UPDATE`), so a concurrent revoke
-    waits. Returns (rotated, already_current, undecryptable): a row that no key of the ring
-    opens is left as it is and reported, never fatal to the others."""
-    from activities.gateway import credential_aad
-    from db.credentials import CredentialRepository
-    from engine.errors import ExecutionFailure
-
-    repo = CredentialRepository()
-    rotated = current = failed = 0
-    async with sessionmaker.begin() as s:
-        for row in await repo.all_active(s):
-            if not cipher.needs_rotation(row.key_id):
-                current += 1
-                continue
-            aad = credential_aad(row.user_id, row.provider)
-            try:
-                key_id, blob = cipher.reencrypt(row.key_id, row.ciphertext, aad=aad)
-            except ExecutionFailure:
-                failed += 1
-                log.warning("credential not decryptable", extra={"credential_id": str(row.id)})
-                continue
-            await repo.replace_ciphertext(s, row.id, key_id, blob)
-            rotated += 1
-    return rotated, current, failed
-
-
 async def _rotate_keys_main() -> int:
+    from jobs.credentials import rotate_credential_keys
     from runtime.wiring import build_parts, cipher
 
     s = _settings()

@@ -20,40 +20,12 @@ from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, SecretStr, field_validator
 
-from activities.gateway import credential_aad
 from api.deps import State, User
 from api.schemas import Camel
-from db.credentials import CredentialRepository, CredentialRow
-from engine.errors import EngineError
-from engine.settings import Settings
-from providers.crypto import DEV_ENCRYPTION_KEY, CredentialCipher, mask_key
+from db.credentials import CredentialRow
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/ai/credentials", tags=["credentials"])
-_repo = CredentialRepository()
-
-
-def credential_cipher(settings: Settings) -> CredentialCipher | None:
-    """The keyring from CREDENTIAL_ENCRYPTION_KEY; the public development key outside
-    production; None in production without a key (adding keys then answers 503)."""
-    raw = settings.credential_encryption_key
-    if raw is not None:
-        return CredentialCipher.from_setting(raw.get_secret_value())
-    if settings.environment == "production":
-        return None
-    return CredentialCipher.from_setting(DEV_ENCRYPTION_KEY)
-
-
-class CredentialNotFound(EngineError):
-    code = "CREDENTIAL_NOT_FOUND"
-    http_status = 404
-    title = "Credential not found"
-
-
-class CredentialStorageUnavailable(EngineError):
-    code = "CREDENTIAL_STORAGE_UNAVAILABLE"
-    http_status = 503
-    title = "Credential storage is not configured"
 
 
 class AddCredentialBody(Camel):
@@ -107,25 +79,9 @@ def _out(row: CredentialRow) -> CredentialOut:
     ),
 )
 async def add_credential(body: AddCredentialBody, state: State, principal: User) -> JSONResponse:
-    cipher = state.cipher
-    if cipher is None:
-        raise CredentialStorageUnavailable("User keys cannot be stored: no encryption key is set.")
-    secret = body.api_key.get_secret_value()
-    key_id, blob = cipher.encrypt(secret, aad=credential_aad(principal.user_id, body.provider))
-    async with state.sessionmaker.begin() as s:
-        for old in await _repo.list_for_user(s, principal.user_id):
-            if old.provider == body.provider and old.revoked_at is None:
-                await _repo.revoke(s, principal.user_id, old.id)
-        row = await _repo.add(
-            s,
-            user_id=principal.user_id,
-            provider=body.provider,
-            key_id=key_id,
-            ciphertext=blob,
-            key_hint=mask_key(secret),
-        )
-    del secret
-    log.info("credential added", extra={"credential_id": str(row.id)})
+    row = await state.credentials.add(
+        principal.user_id, body.provider, body.api_key.get_secret_value()
+    )
     return JSONResponse(
         _out(row).model_dump(mode="json", by_alias=True),
         status_code=201,
@@ -135,8 +91,7 @@ async def add_credential(body: AddCredentialBody, state: State, principal: User)
 
 @router.get("", response_model=CredentialList, summary="List your provider keys (masked)")
 async def list_credentials(state: State, principal: User) -> CredentialList:
-    async with state.sessionmaker() as s:
-        rows = await _repo.list_for_user(s, principal.user_id)
+    rows = await state.credentials.list(principal.user_id)
     return CredentialList(items=[_out(r) for r in rows])
 
 
@@ -147,10 +102,5 @@ async def list_credentials(state: State, principal: User) -> CredentialList:
     description="Idempotent for your own keys; someone else's or a missing key → 404.",
 )
 async def revoke_credential(credential_id: uuid.UUID, state: State, principal: User) -> Response:
-    async with state.sessionmaker.begin() as s:
-        if not await _repo.revoke(s, principal.user_id, credential_id):
-            row = await _repo.get(s, credential_id)
-            if row is None or row.user_id != principal.user_id:
-                raise CredentialNotFound("Credential not found.")
-    log.info("credential revoked", extra={"credential_id": str(credential_id)})
+    await state.credentials.revoke(principal.user_id, credential_id)
     return Response(status_code=204)

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from activities.gateway import credential_aad
 from db.session import SessionMaker
 from engine.errors import ExecutionFailure
 from engine.settings import Settings
-from providers.crypto import CredentialCipher, generate_key_setting
+from jobs.credentials import rotate_credential_keys
+from providers.crypto import CredentialCipher, credential_aad, generate_key_setting
 from providers.fake_server import FakeOpenAIServer
 from runtime import cli
 from tests.conftest import make_settings
@@ -263,7 +263,7 @@ async def test_rotation_reencrypts_active_keys_under_the_new_key_id(
     assert {r.key_id for r in await _credential_rows(db)} == {"k1"}
 
     rotated_ring = CredentialCipher.from_setting(f"{K2},{K1}")
-    assert await cli.rotate_credential_keys(db, rotated_ring) == (2, 0, 0)
+    assert await rotate_credential_keys(db, rotated_ring) == (2, 0, 0)
     rows = {r.user_id: r for r in await _credential_rows(db)}
     old_ring = CredentialCipher.from_setting(K1)
     only_k2 = CredentialCipher.from_setting(K2)
@@ -275,7 +275,7 @@ async def test_rotation_reencrypts_active_keys_under_the_new_key_id(
         with pytest.raises(ExecutionFailure):
             old_ring.decrypt(row.key_id, bytes(row.ciphertext), aad=aad)
     assert rows["u3"].key_id == "k1"  # revoked keys are left alone
-    assert await cli.rotate_credential_keys(db, rotated_ring) == (0, 2, 0)  # idempotent
+    assert await rotate_credential_keys(db, rotated_ring) == (0, 2, 0)  # idempotent
 
     # The `aijobs rotate-keys` command, configured from the environment like in production.
     monkeypatch.setenv("DATABASE_URL", database_url)

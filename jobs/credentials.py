@@ -1,0 +1,98 @@
+"""Users' own provider keys: add (encrypt + store), list, revoke, and key rotation.
+
+The plaintext key exists only inside `add` long enough to be encrypted (AES-GCM under the current
+key of CREDENTIAL_ENCRYPTION_KEY, AAD bound to owner and provider, exactly as EXECUTE decrypts
+it). One active key per user and provider: adding a key revokes the previous one in the same
+transaction, so a job never silently falls back to a key the user meant to replace.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from db.credentials import CredentialRepository, CredentialRow
+from db.session import SessionMaker
+from engine.errors import CredentialNotFound, CredentialStorageUnavailable, ExecutionFailure
+from engine.settings import Settings
+from providers.crypto import DEV_ENCRYPTION_KEY, CredentialCipher, credential_aad, mask_key
+
+log = logging.getLogger(__name__)
+
+
+def credential_cipher(settings: Settings) -> CredentialCipher | None:
+    """The keyring from CREDENTIAL_ENCRYPTION_KEY; the public development key outside
+    production; None in production without a key (adding keys then answers 503)."""
+    raw = settings.credential_encryption_key
+    if raw is not None:
+        return CredentialCipher.from_setting(raw.get_secret_value())
+    if settings.environment == "production":
+        return None
+    return CredentialCipher.from_setting(DEV_ENCRYPTION_KEY)
+
+
+class CredentialService:
+    def __init__(self, sessionmaker: SessionMaker, cipher: CredentialCipher | None) -> None:
+        self._sm = sessionmaker
+        self._cipher = cipher
+        self._repo = CredentialRepository()
+
+    async def add(self, user_id: str, provider: str, secret: str) -> CredentialRow:
+        if self._cipher is None:
+            raise CredentialStorageUnavailable(
+                "User keys cannot be stored: no encryption key is set."
+            )
+        key_id, blob = self._cipher.encrypt(secret, aad=credential_aad(user_id, provider))
+        async with self._sm.begin() as s:
+            for old in await self._repo.list_for_user(s, user_id):
+                if old.provider == provider and old.revoked_at is None:
+                    await self._repo.revoke(s, user_id, old.id)
+            row = await self._repo.add(
+                s,
+                user_id=user_id,
+                provider=provider,
+                key_id=key_id,
+                ciphertext=blob,
+                key_hint=mask_key(secret),
+            )
+        log.info("credential added", extra={"credential_id": str(row.id)})
+        return row
+
+    async def list(self, user_id: str) -> list[CredentialRow]:
+        async with self._sm() as s:
+            return await self._repo.list_for_user(s, user_id)
+
+    async def revoke(self, user_id: str, credential_id: uuid.UUID) -> None:
+        """Idempotent for the owner; someone else's or a missing key → CredentialNotFound."""
+        async with self._sm.begin() as s:
+            if not await self._repo.revoke(s, user_id, credential_id):
+                row = await self._repo.get(s, credential_id)
+                if row is None or row.user_id != user_id:
+                    raise CredentialNotFound("Credential not found.")
+        log.info("credential revoked", extra={"credential_id": str(credential_id)})
+
+
+async def rotate_credential_keys(
+    sessionmaker: SessionMaker, cipher: CredentialCipher
+) -> tuple[int, int, int]:
+    """Re-encrypt every active user credential whose key id is not the keyring's current one.
+    One transaction; the rows are locked (`FOR UPDATE`), so a concurrent revoke waits. Returns
+    (rotated, already_current, undecryptable): a row that no key of the ring opens is left as it
+    is and reported, never fatal to the others."""
+    repo = CredentialRepository()
+    rotated = current = failed = 0
+    async with sessionmaker.begin() as s:
+        for row in await repo.all_active(s):
+            if not cipher.needs_rotation(row.key_id):
+                current += 1
+                continue
+            aad = credential_aad(row.user_id, row.provider)
+            try:
+                key_id, blob = cipher.reencrypt(row.key_id, row.ciphertext, aad=aad)
+            except ExecutionFailure:
+                failed += 1
+                log.warning("credential not decryptable", extra={"credential_id": str(row.id)})
+                continue
+            await repo.replace_ciphertext(s, row.id, key_id, blob)
+            rotated += 1
+    return rotated, current, failed
