@@ -1,0 +1,82 @@
+"""The relay runs as a heartbeating activity of the singleton relay workflow on ai-system: when
+its worker dies, Temporal restarts it on another worker and enqueued jobs keep flowing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from db.session import SessionMaker
+from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
+from tests.conftest import make_settings, running_stack
+from tests.integration.test_crash_and_reconcile import worker_processes
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_system_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "worker", "--queue", "ai-system"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+async def test_relay_survives_the_death_of_its_worker(
+    db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
+) -> None:
+    settings = make_settings(database_url, temporal_address)
+    suffix = settings.task_queue_suffix
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "TEMPORAL_ADDRESS": temporal_address,
+        "TASK_QUEUE_SUFFIX": suffix,
+        "AIJOBS_ENV": "test",
+        "LOG_LEVEL": "WARNING",
+        "RELAY_POLL_INTERVAL_S": "0.2",
+    }
+    logs = tempfile.TemporaryDirectory(prefix="aijobs-relay-")
+    log = Path(logs.name) / "system.log"
+    # Job workers in process; the relay only in the ai-system worker subprocesses.
+    async with running_stack(
+        settings, temporal_client, queues=("ai-interactive",), relay=False
+    ) as st:
+        try:
+            with logs, worker_processes() as ps:
+                ps.append(start_system_worker(env, log))
+                first = await st.create(input={"echo": {"n": 1}})
+                row = await st.wait_status(first, "succeeded", "failed", timeout=60)
+                assert row.lifecycle_status == "succeeded", log.read_text()[-2000:]
+
+                ps[0].kill()  # the relay activity dies with its worker
+                assert ps[0].wait(timeout=10) == -signal.SIGKILL
+                second = await st.create(input={"echo": {"n": 2}})
+                ps.append(start_system_worker(env, log))
+
+                # Temporal notices the silent relay (heartbeat timeout 15 s) and restarts it on
+                # the new worker, which relays the job created while no relay was alive.
+                row = await st.wait_status(second, "succeeded", "failed", timeout=90)
+                assert row.lifecycle_status == "succeeded", log.read_text()[-2000:]
+                desc = await temporal_client.get_workflow_handle(
+                    RELAY_WORKFLOW_ID + suffix
+                ).describe()
+                assert desc.status is not None and desc.status.name == "RUNNING"
+        finally:
+            with contextlib.suppress(Exception):
+                await temporal_client.get_workflow_handle(RELAY_WORKFLOW_ID + suffix).terminate()
+            with contextlib.suppress(Exception):
+                await temporal_client.get_schedule_handle(RECONCILER_SCHEDULE_ID + suffix).delete()
