@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine.definition import JobDefinition, Registry
@@ -66,6 +67,36 @@ class JobType:
 def artifact_uuid(job_id: uuid.UUID, kind: str, ordinal: int) -> uuid.UUID:
     """Deterministic business-row id: the same (job, kind, ordinal) always maps to one row."""
     return uuid.uuid5(job_id, f"{kind}:{ordinal}")
+
+
+async def project_rows(
+    session: AsyncSession,
+    table: type[Any],
+    artifact_type: str,
+    ctx: ProjectionContext,
+    items: list[dict[str, Any]],
+    *,
+    with_target: bool = True,
+) -> list[Artifact]:
+    """The common projector: one business row per output item, keyed by (job, ordinal) with
+    `artifact_uuid`, inserted with ON CONFLICT DO NOTHING, so projecting the same output twice
+    writes nothing new. Adds the owner columns to each item; returns one Artifact per row."""
+    rows = []
+    for n, item in enumerate(items):
+        row = {
+            "id": artifact_uuid(ctx.job_id, artifact_type, n),
+            "job_id": ctx.job_id,
+            "user_id": ctx.user_id,
+            "ordinal": n,
+            **item,
+        }
+        if with_target:
+            row["target_type"] = ctx.target_type
+            row["target_id"] = ctx.target_id
+        rows.append(row)
+    if rows:
+        await session.execute(pg_insert(table).values(rows).on_conflict_do_nothing())
+    return [Artifact(artifact_type, str(r["id"]), n) for n, r in enumerate(rows)]
 
 
 class Catalog:

@@ -62,10 +62,6 @@ class EmbeddedPostgres:
     uri: str  # libpq URI over the unix socket in the data dir
     pid: int
 
-    @property
-    def sqlalchemy_url(self) -> str:
-        return to_sqlalchemy_url(self.uri)
-
     def stop(self, timeout_s: float = 20.0) -> None:
         """Fast shutdown (SIGINT): rolls back open transactions and exits cleanly."""
         with contextlib.suppress(ProcessLookupError):
@@ -91,13 +87,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def to_sqlalchemy_url(uri: str) -> str:
-    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
-        if uri.startswith(prefix):
-            return "postgresql+psycopg://" + uri[len(prefix) :]
-    return uri
 
 
 def start_postgres(data_dir: Path) -> EmbeddedPostgres:

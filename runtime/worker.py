@@ -93,9 +93,7 @@ def build_workers(
                 )
             )
         elif q == SYSTEM_QUEUE:
-            from runtime.wiring import relay_config as _rc
-
-            relay = relay or Relay(parts.sessionmaker, client, parts.catalog, _rc(s))
+            relay = relay or Relay(parts.sessionmaker, client, parts.catalog, relay_config(s))
             reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s))
             workers.append(
                 Worker(

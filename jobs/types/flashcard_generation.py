@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import Flashcard
@@ -27,7 +26,7 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, artifact_uuid
+from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
 
 ARTIFACT_TYPE = "flashcard"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -166,21 +165,13 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
 async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Artifact]:
     """One `flashcard` row per card; ids from (job, ordinal), conflicts write nothing."""
     assert isinstance(out, FlashcardGenerationOutput)
-    rows = [
-        {
-            "id": artifact_uuid(ctx.job_id, ARTIFACT_TYPE, n),
-            "job_id": ctx.job_id,
-            "user_id": ctx.user_id,
-            "target_type": ctx.target_type,
-            "target_id": ctx.target_id,
-            "ordinal": n,
-            "front": card.front,
-            "back": card.back,
-        }
-        for n, card in enumerate(out.flashcards)
-    ]
-    await session.execute(insert(Flashcard).values(rows).on_conflict_do_nothing())
-    return [Artifact(ARTIFACT_TYPE, str(r["id"]), n) for n, r in enumerate(rows)]
+    return await project_rows(
+        session,
+        Flashcard,
+        ARTIFACT_TYPE,
+        ctx,
+        [{"front": c.front, "back": c.back} for c in out.flashcards],
+    )
 
 
 JOB = JobType(

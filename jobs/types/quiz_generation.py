@@ -14,7 +14,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import AiJob, QuizQuestion
@@ -29,7 +28,7 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, artifact_uuid
+from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
 
 ARTIFACT_TYPE = "quiz_question"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -239,24 +238,17 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
         select(AiJob.input["difficulty"].astext).where(AiJob.id == ctx.job_id)
     )
     difficulty = requested if requested in _DIFFICULTY_HINT else "medium"
-    rows = [
+    items = [
         {
-            "id": artifact_uuid(ctx.job_id, ARTIFACT_TYPE, n),
-            "job_id": ctx.job_id,
-            "user_id": ctx.user_id,
-            "target_type": ctx.target_type,
-            "target_id": ctx.target_id,
-            "ordinal": n,
             "question": q.question,
             "choices": q.choices,
             "answer_index": q.answer_index,
             "explanation": q.explanation,
             "difficulty": difficulty,
         }
-        for n, q in enumerate(out.questions)
+        for q in out.questions
     ]
-    await session.execute(insert(QuizQuestion).values(rows).on_conflict_do_nothing())
-    return [Artifact(ARTIFACT_TYPE, str(r["id"]), n) for n, r in enumerate(rows)]
+    return await project_rows(session, QuizQuestion, ARTIFACT_TYPE, ctx, items)
 
 
 JOB = JobType(

@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import WeakPointCandidate
@@ -29,7 +28,7 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, artifact_uuid
+from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
 
 ARTIFACT_TYPE = "weak_point_candidate"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -200,21 +199,17 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
     """One `weak_point_candidate` row per weak point; ids from (job, ordinal), conflicts write
     nothing."""
     assert isinstance(out, WeakPointAnalysisOutput)
-    rows = [
-        {
-            "id": artifact_uuid(ctx.job_id, ARTIFACT_TYPE, n),
-            "job_id": ctx.job_id,
-            "user_id": ctx.user_id,
-            "ordinal": n,
-            "topic": wp.topic,
-            "evidence": wp.evidence,
-            "recommended_action": wp.recommended_action,
-        }
-        for n, wp in enumerate(out.weak_points)
-    ]
-    if rows:
-        await session.execute(insert(WeakPointCandidate).values(rows).on_conflict_do_nothing())
-    return [Artifact(ARTIFACT_TYPE, str(r["id"]), n) for n, r in enumerate(rows)]
+    return await project_rows(
+        session,
+        WeakPointCandidate,
+        ARTIFACT_TYPE,
+        ctx,
+        [
+            {"topic": w.topic, "evidence": w.evidence, "recommended_action": w.recommended_action}
+            for w in out.weak_points
+        ],
+        with_target=False,
+    )
 
 
 JOB = JobType(
