@@ -3,7 +3,6 @@ EXECUTE activity's stack frame; it never reaches a return value, a log line or T
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -71,7 +70,3 @@ class Gateway:
         return self.cipher.decrypt(
             row.key_id, row.ciphertext, aad=credential_aad(user_id, row.provider)
         )
-
-
-def new_credential_id() -> uuid.UUID:
-    return uuid.uuid4()

@@ -299,15 +299,6 @@ class JobQueries:
             {"id": job_id, "a": attempt, "e": internal_error},
         )
 
-    async def set_progress(self, session: AsyncSession, job_id: uuid.UUID, progress: int) -> None:
-        await session.execute(
-            text(
-                "UPDATE ai_job SET progress = greatest(progress, :p), updated_at = now() "
-                "WHERE id = :id AND lifecycle_status = 'running'"
-            ),
-            {"id": job_id, "p": progress},
-        )
-
     async def insert_artifact(
         self,
         session: AsyncSession,

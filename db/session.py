@@ -39,6 +39,9 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Asy
         # invalidates the pool, and the caller's retry (activity retry, HTTP 503) reconnects.
         pool_pre_ping=False,
         pool_recycle=1800,
+        # Statement parameters (job input, outputs, key ciphertext) never appear in exception
+        # messages, hence never in logs, internal error messages or outbox last_error.
+        hide_parameters=True,
     )
 
 
