@@ -3,15 +3,16 @@ EXECUTE activity's stack frame; it never reaches a return value, a log line or T
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.credentials import CredentialRepository
+from db.credentials import CredentialRepository, CredentialRow
 from engine.errors import ExecutionFailure
 from jobs.spec import JobType
 from providers.base import Provider
-from providers.crypto import CredentialCipher, credential_aad
+from providers.crypto import CredentialCipher, decrypt_credential
 from providers.safety import ContentSafety, RuleBasedContentSafety
 from providers.synthetic import SyntheticProvider
 
@@ -42,16 +43,38 @@ class Gateway:
         # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
         return "synthetic" if self.provider_for(jt, mode).name == "synthetic" else self.model
 
+    async def _user_key_row(
+        self, session: AsyncSession, user_id: str, credential_id: uuid.UUID | None
+    ) -> CredentialRow | None:
+        """The key pinned on the job at create (revoked or someone else's → None); jobs created
+        before keys were pinned use the user's current key."""
+        repo = CredentialRepository()
+        if credential_id is None:
+            return await repo.active_for_user(session, user_id, USER_KEY_PROVIDER)
+        row = await repo.get(session, credential_id)
+        if row is None or row.user_id != user_id or row.revoked_at is not None:
+            return None
+        return row
+
     async def credential_available(
-        self, session: AsyncSession, jt: JobType, user_id: str, mode: str
+        self,
+        session: AsyncSession,
+        jt: JobType,
+        user_id: str,
+        mode: str,
+        credential_id: uuid.UUID | None = None,
     ) -> bool:
         if mode == "user_deepseek_key":
-            repo = CredentialRepository()
-            return await repo.active_for_user(session, user_id, USER_KEY_PROVIDER) is not None
+            return await self._user_key_row(session, user_id, credential_id) is not None
         return True
 
     async def api_key(
-        self, session: AsyncSession, jt: JobType, user_id: str, mode: str
+        self,
+        session: AsyncSession,
+        jt: JobType,
+        user_id: str,
+        mode: str,
+        credential_id: uuid.UUID | None = None,
     ) -> str | None:
         """Decrypt the job's key (EXECUTE only). Revoked or missing → CREDENTIAL_MISSING."""
         if self.provider_for(jt, mode).name == "synthetic":
@@ -61,12 +84,17 @@ class Gateway:
                 # A custom AI_BASE_URL without a key: send none (local servers accept that).
                 return ""
             return self.platform_api_key
-        repo = CredentialRepository()
-        row = await repo.active_for_user(session, user_id, USER_KEY_PROVIDER)
+        row = await self._user_key_row(session, user_id, credential_id)
         if row is None:
             raise ExecutionFailure("CREDENTIAL_MISSING", internal_message="no active user key")
         if self.cipher is None:
             raise ExecutionFailure("CREDENTIAL_INVALID", internal_message="no encryption key set")
-        return self.cipher.decrypt(
-            row.key_id, row.ciphertext, aad=credential_aad(user_id, row.provider)
+        plain, _ = decrypt_credential(
+            self.cipher,
+            credential_id=row.id,
+            user_id=user_id,
+            provider=row.provider,
+            key_id=row.key_id,
+            blob=bytes(row.ciphertext),
         )
+        return plain

@@ -15,8 +15,10 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import psycopg
 from temporalio import activity
@@ -30,17 +32,26 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
-from db.outbox import COMPLETED, ENQUEUE, FAILED, NOTIFY_CHANNEL, OutboxRepository, OutboxRow
+from db.outbox import (
+    CANCELLED,
+    COMPLETED,
+    ENQUEUE,
+    FAILED,
+    NOTIFY_CHANNEL,
+    OutboxRepository,
+    OutboxRow,
+    enqueue_dedupe_key,
+)
 from db.session import SessionMaker, libpq_url
 from engine.contracts import RELAY_LOOP, JobWorkflowInput, RelayInput, workflow_id
-from engine.definition import priority_key
+from engine.definition import QUEUE_NAMES, priority_key
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
-CANCELLED_EVENT = "ai.job.cancelled"
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
-KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED_EVENT})
+KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,7 @@ class Relay:
         self._outbox = OutboxRepository()
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)
+        self.unavailable_streak = 0
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -161,27 +173,55 @@ class Relay:
             )
 
     async def run_once(self) -> int:
-        """Claim one batch and dispatch it; returns how many rows were claimed."""
+        """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
+        alone: every row gets its own outcome, whatever happens to the others."""
         rows = await self.claim()
         if not rows:
             return 0
         results = await asyncio.gather(*(self._dispatch(r) for r in rows))
-        ok = [r.id for r, err in zip(rows, results, strict=True) if err is None]
-        failed = [(r, err) for r, err in zip(rows, results, strict=True) if err is not None]
+        ok = [r.id for r, res in zip(rows, results, strict=True) if res is None]
+        failed = [(r, res) for r, res in zip(rows, results, strict=True) if res is not None]
         async with self._sm.begin() as s:
             await self._outbox.mark_published(s, ok, owner=self.config.owner)
-            for row, err in failed:
-                status = await self._outbox.mark_failed(
-                    s, row.id, owner=self.config.owner, error=err or "dispatch failed"
-                )
+            for row, res in failed:
+                if res.kind == "malformed":
+                    await self._outbox.mark_dead(
+                        s, row.id, owner=self.config.owner, error=res.error
+                    )
+                    status: str | None = "dead"
+                else:
+                    status = await self._outbox.mark_failed(
+                        s,
+                        row.id,
+                        owner=self.config.owner,
+                        error=res.error,
+                        count_attempt=res.kind == "retry",
+                    )
                 log.warning(
                     "outbox dispatch failed",
-                    extra={"event_id": row.id, "job_id": row.aggregate_id, "status": status},
+                    extra={
+                        "event_id": row.id,
+                        "job_id": row.aggregate_id[:64],
+                        "status": status,
+                        "failure": res.kind,
+                    },
                 )
+        if failed and all(res.kind == "unavailable" for _, res in failed):
+            # Temporal is unreachable: slow the whole relay down, not only these rows.
+            self.unavailable_streak += 1
+            await asyncio.sleep(min(5.0, 0.25 * 2**self.unavailable_streak))
+        else:
+            self.unavailable_streak = 0
         return len(rows)
 
-    async def _dispatch(self, row: OutboxRow) -> str | None:
-        """Start the row's workflow; None on success, else an error text (no payload data)."""
+    async def _dispatch(self, row: OutboxRow) -> DispatchFailure | None:
+        """Start the row's workflow; None on success. Never raises: the outcome is per row."""
+        try:
+            return await self._dispatch_row(row)
+        except Exception as exc:  # a bug must not take the batch down with it
+            return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    async def _dispatch_row(self, row: OutboxRow) -> DispatchFailure | None:
         if row.event_type in KNOWN_DOMAIN_EVENTS:
             return None
         if row.event_type != ENQUEUE:
@@ -190,12 +230,20 @@ class Relay:
                 extra={"event_id": row.id, "event_type": row.event_type[:64]},
             )
             return None
-        p = row.payload
-        job_type = str(p.get("jobType", ""))
+        p = row.payload if isinstance(row.payload, dict) else {}
+        try:
+            job_id = str(uuid.UUID(str(p["jobId"])))
+            job_type = str(p["jobType"])
+            queue = str(p["queueName"])
+            priority = int(p.get("priority", 50))
+        except (KeyError, TypeError, ValueError):
+            return DispatchFailure("malformed", "malformed enqueue payload")
+        if queue not in QUEUE_NAMES:
+            return DispatchFailure("malformed", f"unknown queueName {queue[:64]!r}")
         if job_type not in self._catalog:
-            return f"unknown jobType {job_type[:64]!r}"
-        job_id = str(p["jobId"])
-        queue = str(p["queueName"])
+            # Possibly a newer job type than this relay knows (a rolling deploy): retried, and
+            # revived by the reconciler while the job waits.
+            return DispatchFailure("retry", f"unknown jobType {job_type[:64]!r}")
         async with self._sem:
             try:
                 await self._client.start_workflow(
@@ -203,29 +251,48 @@ class Relay:
                     JobWorkflowInput(
                         jobId=job_id,
                         jobType=job_type,
-                        idempotencyKey=row.dedupe_key,
+                        # Derived from the job id: no user id or client key reaches Temporal.
+                        idempotencyKey=enqueue_dedupe_key(job_id),
                         createdAt=row.created_at.isoformat(),
                     ),
                     id=workflow_id(queue, job_type, job_id),
                     task_queue=f"{queue}{self.config.task_queue_suffix}",
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    # A closed run that failed, was terminated or timed out may be replaced by a
+                    # fresh one (the reconciler re-enqueues a queued job whose run died); a
+                    # completed run is never started twice, a running one is reused.
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                     search_attributes=TypedSearchAttributes(
                         [
-                            SearchAttributePair(SearchAttributeKey.for_keyword("JobId"), job_id),
-                            SearchAttributePair(
-                                SearchAttributeKey.for_keyword("JobType"), job_type
-                            ),
-                            SearchAttributePair(
-                                SearchAttributeKey.for_keyword("LifecycleStatus"), "queued"
-                            ),
+                            SearchAttributePair(JOB_ID_ATTR, job_id),
+                            SearchAttributePair(JOB_TYPE_ATTR, job_type),
+                            SearchAttributePair(LIFECYCLE_ATTR, "queued"),
                         ]
                     ),
-                    priority=Priority(priority_key=priority_key(int(p.get("priority", 50)))),
+                    priority=Priority(priority_key=priority_key(priority)),
                 )
                 self.started += 1
             except WorkflowAlreadyStartedError:
                 pass  # it ran already: at-least-once delivery, exactly-once start
+            except RPCError as exc:
+                kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
+                return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
             except Exception as exc:
-                return f"{type(exc).__name__}: {str(exc)[:300]}"
+                return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
         return None
+
+
+FailureKind = Literal["unavailable", "retry", "malformed"]
+# The server did not answer: not the row's fault, so the claim does not count as an attempt.
+_UNREACHABLE = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
+)
+JOB_ID_ATTR = SearchAttributeKey.for_keyword("JobId")
+JOB_TYPE_ATTR = SearchAttributeKey.for_keyword("JobType")
+LIFECYCLE_ATTR = SearchAttributeKey.for_keyword("LifecycleStatus")
+
+
+@dataclass(frozen=True)
+class DispatchFailure:
+    kind: FailureKind
+    error: str

@@ -66,6 +66,7 @@ from engine.errors import (
 )
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
+from engine.redaction import redact
 from jobs.spec import Catalog, JobType, ProjectionContext
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 from providers.pricing import cost_usd
@@ -158,7 +159,8 @@ class JobActivities:
             # retry) and names the state it found otherwise.
             locked = await self._lifecycle.lock(
                 job_id,
-                run_id=inp.run_id,
+                owner=_owner(),
+                run_id=activity.info().workflow_run_id,
                 identity=self._config.identity,
                 ttl_s=self._config.lock_ttl_s,
             )
@@ -202,7 +204,7 @@ class JobActivities:
             if not row.has_snapshot:
                 _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
             if not await self._gateway.credential_available(
-                s, jt, row.user_id, row.credential_mode
+                s, jt, row.user_id, row.credential_mode, row.credential_id
             ):
                 _fail("CREDENTIAL_MISSING")
         provider = self._gateway.provider_for(jt, row.credential_mode)
@@ -221,6 +223,7 @@ class JobActivities:
         attempt = info.attempt
         job_id = uuid.UUID(inp.job_id)
         cfg = self._config
+        owner = _owner()
 
         # 1. Read what the call needs; extend the lock (proves we still own the job).
         async def load() -> tuple[
@@ -228,7 +231,7 @@ class JobActivities:
         ]:
             async with self._sm.begin() as s:
                 ext = await self._lifecycle.extend_lock(
-                    job_id, run_id=inp.run_id, ttl_s=cfg.lock_ttl_s, session=s
+                    job_id, owner=owner, ttl_s=cfg.lock_ttl_s, session=s
                 )
                 row = await self._jobs.get(s, job_id)
                 snapshot = await self._jobs.get_snapshot(s, job_id)
@@ -240,7 +243,9 @@ class JobActivities:
                     _fail("INTERNAL_SNAPSHOT_MISSING", attempt=99)
                 jt = self._catalog.get(row.job_type)
                 try:
-                    key = await self._gateway.api_key(s, jt, row.user_id, row.credential_mode)
+                    key = await self._gateway.api_key(
+                        s, jt, row.user_id, row.credential_mode, row.credential_id
+                    )
                 except ExecutionFailure as f:
                     return row, snapshot, jt, None, f
                 return row, snapshot, jt, key, None
@@ -346,6 +351,10 @@ class JobActivities:
 
         assert validated is not None and response is not None
         out = validated.model_dump(mode="json")
+        if jt.definition.security.output_redaction:
+            # Redacted before it is stored: the stored output, the projected rows and the hash
+            # all see the masked text. Still the output model's shape (masks are plain text).
+            out = jt.output_model.model_validate(redact(out)).model_dump(mode="json")
         digest = output_hash(out)
         resp = response
 
@@ -353,7 +362,7 @@ class JobActivities:
             async with self._sm.begin() as s:
                 await self._usage.insert(s, self._usage_row(row, attempt, resp, None, latency_ms))
                 stored = await self._jobs.store_output(
-                    s, job_id, run_id=inp.run_id, output=out, output_hash=digest, progress=60
+                    s, job_id, owner=owner, output=out, output_hash=digest, progress=60
                 )
                 if not stored:
                     _fail("INTERNAL_NOT_LOCK_OWNER", attempt=99)
@@ -376,6 +385,7 @@ class JobActivities:
         A cancel recorded in SQL (e.g. the Temporal cancel RPC failed) aborts the call too."""
         call = asyncio.ensure_future(provider.generate(request))
         self_cancelled = False
+        owner = _owner()
 
         async def beat() -> None:
             nonlocal self_cancelled
@@ -388,7 +398,7 @@ class JobActivities:
                     last_extend = time.monotonic()
                     try:
                         ext = await self._lifecycle.extend_lock(
-                            job_id, run_id=inp.run_id, ttl_s=cfg.lock_ttl_s
+                            job_id, owner=owner, ttl_s=cfg.lock_ttl_s
                         )
                     except Exception:
                         continue  # a lost extension is survivable; the TTL has slack
@@ -497,7 +507,7 @@ class JobActivities:
                     await self._jobs.insert_artifact(
                         s, job_id, a.artifact_type, a.artifact_id, a.ordinal
                     )
-                await self._lifecycle.mark_succeeded(job_id, run_id=inp.run_id, session=s)
+                await self._lifecycle.mark_succeeded(job_id, owner=_owner(), session=s)
                 await self._outbox.insert(
                     s,
                     event_type=COMPLETED,
@@ -513,7 +523,7 @@ class JobActivities:
                     notify=False,
                 )
                 usage = await self._usage.summary(s, job_id)
-                return ProjectResult(
+                result = ProjectResult(
                     "succeeded",
                     len(artifacts),
                     calls=usage.calls,
@@ -521,6 +531,19 @@ class JobActivities:
                     tokens_out=usage.tokens_out,
                     cost_micros=int(usage.cost_usd * 1_000_000),
                 )
+            # Committed: the job's one "completed" line (the COMPLETE stage no longer runs for
+            # new workflows; it stays registered for workflows started before).
+            activity.logger.info(
+                "job completed",
+                extra={
+                    "job_id": inp.job_id,
+                    "calls": result.calls,
+                    "tokens_in": result.tokens_in,
+                    "tokens_out": result.tokens_out,
+                    "cost_micros": result.cost_micros,
+                },
+            )
+            return result
         except ApplicationError:
             raise
         except (IllegalTransition, LockConflict):
@@ -650,6 +673,15 @@ async def _db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float = 120.0) 
 TERMINAL_STATES = frozenset(
     {LifecycleStatus.SUCCEEDED, LifecycleStatus.FAILED, LifecycleStatus.CANCELLED}
 )
+
+
+def _owner() -> str:
+    """The lock owner of the job this activity works on: its workflow id, one per job and the
+    same across runs (a Temporal Reset keeps the lock)."""
+    workflow_id = activity.info().workflow_id
+    if not workflow_id:
+        raise RuntimeError("a job stage runs only inside its job's workflow")
+    return workflow_id
 
 
 class _SelfCancelled(Exception):

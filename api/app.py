@@ -10,10 +10,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
-from api import errors
-from api.routes import admin, credentials, health, jobs
+from api import errors, limits
+from api.routes import admin, credentials, health, jobs, outbox
 from api.state import AppState
-from db.credentials import has_active_user_key
+from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
 from jobs.credentials import CredentialService, credential_cipher
@@ -39,7 +39,7 @@ def create_app(
             settings=settings,
             sessionmaker=sm,
             catalog=catalog,
-            jobs=JobService(sm, catalog, policy, credential_exists=has_active_user_key),
+            jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
             credentials=CredentialService(sm, credential_cipher(settings)),
         )
@@ -55,8 +55,10 @@ def create_app(
         lifespan=lifespan,
     )
     errors.install(app)
+    limits.install(app, max_bytes=settings.max_request_bytes)
     app.include_router(jobs.router)
     app.include_router(admin.router)
+    app.include_router(outbox.router)
     app.include_router(credentials.router)
     app.include_router(health.router)
 

@@ -1,16 +1,20 @@
-"""Bearer JWT (HS256): `sub` is the user id, `roles` may hold SUPER_ADMIN, `exp` is required."""
+"""Bearer JWT (HS256): `sub` is the user id, `roles` may hold SUPER_ADMIN; `iat` and `exp` are
+required, the lifetime `exp - iat` is bounded, and `iss`/`aud` are checked when configured."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import jwt
 
 from api.schemas import storable_text
 from engine.errors import Unauthenticated
+from engine.settings import Settings
 
 ADMIN_ROLE = "SUPER_ADMIN"
+_INVALID = "The bearer token is invalid or expired."
 
 
 @dataclass(frozen=True)
@@ -23,37 +27,90 @@ class Principal:
         return ADMIN_ROLE in self.roles
 
 
-def issue_token(secret: str, user_id: str, *, admin: bool = False, ttl_s: int = 86_400) -> str:
+@dataclass(frozen=True)
+class JwtConfig:
+    """What signing and verifying a token needs; built from Settings by the entry points."""
+
+    secret: str = field(repr=False)
+    issuer: str | None = None
+    audience: str | None = None
+    max_ttl_s: int = 30 * 86_400
+    leeway_s: int = 30
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JwtConfig:
+        return cls(
+            secret=settings.jwt_signing_secret,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+            max_ttl_s=settings.jwt_max_ttl_s,
+            leeway_s=settings.jwt_leeway_s,
+        )
+
+
+def _config(config: JwtConfig | str) -> JwtConfig:
+    return config if isinstance(config, JwtConfig) else JwtConfig(secret=config)
+
+
+def issue_token(
+    config: JwtConfig | str, user_id: str, *, admin: bool = False, ttl_s: int = 86_400
+) -> str:
+    """Sign a token for `user_id`; a bare string is a secret with no issuer or audience. A
+    lifetime over `max_ttl_s` is refused (verification would refuse the token); a negative one
+    makes an already expired token."""
+    cfg = _config(config)
+    if ttl_s > cfg.max_ttl_s:
+        raise ValueError(f"a token's lifetime must be at most {cfg.max_ttl_s} seconds")
     now = int(time.time())
-    claims = {
+    claims: dict[str, Any] = {
         "sub": user_id,
         "roles": [ADMIN_ROLE] if admin else [],
         "iat": now,
         "exp": now + ttl_s,
     }
-    return jwt.encode(claims, secret, algorithm="HS256")
+    if cfg.issuer:
+        claims["iss"] = cfg.issuer
+    if cfg.audience:
+        claims["aud"] = cfg.audience
+    return jwt.encode(claims, cfg.secret, algorithm="HS256")
 
 
-def verify_token(secret: str, authorization: str | None) -> Principal:
+def verify_token(config: JwtConfig | str, authorization: str | None) -> Principal:
+    cfg = _config(config)
     if not authorization:
         raise Unauthenticated("A bearer token is required.")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("A bearer token is required.")
+    required = ["sub", "iat", "exp"]
+    if cfg.issuer:
+        required.append("iss")
+    if cfg.audience:
+        required.append("aud")
     try:
+        # Without a configured audience PyJWT refuses any token that carries one.
         claims = jwt.decode(
             token.strip(),
-            secret,
+            cfg.secret,
             algorithms=["HS256"],
-            options={"require": ["sub", "exp"]},
+            options={"require": required, "verify_iat": True},
+            issuer=cfg.issuer,
+            audience=cfg.audience,
+            leeway=cfg.leeway_s,
         )
     except jwt.PyJWTError:
-        raise Unauthenticated("The bearer token is invalid or expired.") from None
+        raise Unauthenticated(_INVALID) from None
+    iat, exp = claims["iat"], claims["exp"]
+    if not isinstance(iat, int | float) or not isinstance(exp, int | float):
+        raise Unauthenticated(_INVALID)
+    # Issued in the future (beyond the clock-skew leeway), or valid for longer than allowed.
+    if iat > time.time() + cfg.leeway_s or exp - iat > cfg.max_ttl_s:
+        raise Unauthenticated(_INVALID)
     sub = claims.get("sub")
     roles = claims.get("roles", [])
     # `sub` is compared with a text column: NUL or an unpaired surrogate would fail in the driver.
     if not isinstance(sub, str) or not sub or len(sub) > 128 or not storable_text(sub):
-        raise Unauthenticated("The bearer token is invalid or expired.")
+        raise Unauthenticated(_INVALID)
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-        raise Unauthenticated("The bearer token is invalid or expired.")
+        raise Unauthenticated(_INVALID)
     return Principal(user_id=sub, roles=frozenset(roles))

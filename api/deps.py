@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.auth import Principal, verify_token
+from api.auth import JwtConfig, Principal, verify_token
 from api.state import AppState
 from engine.errors import Forbidden
 
@@ -22,7 +22,7 @@ State = Annotated[AppState, Depends(get_state)]
 def get_principal(
     state: State, authorization: Annotated[str | None, Header(include_in_schema=False)] = None
 ) -> Principal:
-    return verify_token(state.settings.jwt_secret.get_secret_value(), authorization)
+    return verify_token(JwtConfig.from_settings(state.settings), authorization)
 
 
 User = Annotated[Principal, Depends(get_principal)]

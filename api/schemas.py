@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import uuid
 from datetime import datetime
 from typing import Any, Literal
@@ -18,6 +19,9 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Queue = Literal["ai-interactive", "ai-background"]
 # Deeper `input` documents fail pydantic's serializer (depth ~255) inside create: refuse them here.
 MAX_INPUT_DEPTH = 64
+# A job's `input` is kept (jsonb) and turned into provider prompts: bound it well below
+# MAX_REQUEST_BYTES, measured as compact UTF-8 JSON (close to what the jsonb column holds).
+MAX_INPUT_BYTES = 256 * 1024
 # A query filter that PostgreSQL can compare: text columns cannot hold NUL (driver DataError).
 NO_NUL = r"^[^\x00]*$"
 JOB_TYPE_PATTERN = r"^[a-z][a-z0-9_]{1,63}$"  # DESIGN §7; a filter that cannot match is a 422
@@ -53,6 +57,12 @@ def check_storable_json(value: Any, *, max_depth: int = MAX_INPUT_DEPTH) -> None
                 stack.append((v, depth + 1))
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
+
+
+def compact_json_size(value: Any) -> int:
+    """Bytes of `value` as compact UTF-8 JSON. Call it after `check_storable_json`: unpaired
+    surrogates cannot be encoded, and that check refuses them with a clear message."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
 class Camel(BaseModel):
@@ -132,6 +142,9 @@ class CreateJobBody(Camel):
     @classmethod
     def _storable_input(cls, v: dict[str, Any]) -> dict[str, Any]:
         check_storable_json(v)
+        if compact_json_size(v) > MAX_INPUT_BYTES:
+            # The message states the bound, never the value.
+            raise ValueError(f"must not exceed {MAX_INPUT_BYTES} bytes as compact JSON")
         return v
 
 
@@ -175,3 +188,51 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
         return datetime.fromisoformat(created), uuid.UUID(job_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ValidationFailed("The cursor is invalid.") from None
+
+
+# ---- admin: the outbox and stuck jobs ---------------------------------------------------
+
+OutboxStatus = Literal["pending", "processing", "published", "failed", "dead"]
+# outbox_event.event_type is varchar(64); a filter that cannot match is a 422.
+EVENT_TYPE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+StuckReason = Literal[
+    "DEAD_ENQUEUE",
+    "ENQUEUE_BACKING_OFF",
+    "WORKFLOW_TASK_FAILING",
+    "WORKFLOW_MISSING",
+    "WORKFLOW_CLOSED",
+]
+
+
+class OutboxEventOut(Camel):
+    """An outbox row without its payload: of the payload only `jobId` is shown."""
+
+    id: int
+    event_type: str
+    aggregate_id: str
+    status: OutboxStatus
+    attempt_count: int
+    available_at: datetime
+    locked_by: str | None = None
+    last_error: str | None = Field(default=None, description="Truncated to 500 characters.")
+    published_at: datetime | None = None
+    created_at: datetime
+    job_id: str | None = None
+
+
+class OutboxPage(Camel):
+    items: list[OutboxEventOut]
+    next_cursor: str | None = None
+
+
+class StuckOut(Camel):
+    reason: StuckReason
+    detail: str
+    since: datetime | None = None
+
+
+class AdminJobDetailResponse(AdminJobResponse):
+    stuck: StuckOut | None = Field(
+        default=None,
+        description="Why a queued or running job is not progressing; null when nothing is wrong.",
+    )

@@ -25,9 +25,14 @@ class CredentialRow:
 _COLS = "id, user_id, provider, key_id, ciphertext, key_hint, created_at, revoked_at"
 
 
+async def active_user_key_id(session: AsyncSession, user_id: str) -> uuid.UUID | None:
+    """The id of a user's usable own DeepSeek key, pinned on a job when it is created."""
+    row = await CredentialRepository().active_for_user(session, user_id, "deepseek")
+    return row.id if row else None
+
+
 async def has_active_user_key(session: AsyncSession, user_id: str) -> bool:
-    """Whether a user has a usable own DeepSeek key (the create use case's credential check)."""
-    return await CredentialRepository().active_for_user(session, user_id, "deepseek") is not None
+    return await active_user_key_id(session, user_id) is not None
 
 
 class CredentialRepository:
@@ -40,6 +45,7 @@ class CredentialRepository:
         key_id: str,
         ciphertext: bytes,
         key_hint: str,
+        credential_id: uuid.UUID | None = None,
     ) -> CredentialRow:
         row = (
             await session.execute(
@@ -52,7 +58,7 @@ class CredentialRepository:
                     """
                 ),
                 {
-                    "id": uuid.uuid4(),
+                    "id": credential_id or uuid.uuid4(),
                     "u": user_id,
                     "p": provider,
                     "k": key_id,

@@ -18,7 +18,7 @@ JOB_COLUMNS = (
     "credential_id, prompt_version, input_schema_version, output_schema_version, attempt_count, "
     "max_retry_count, locked_by, locked_at, lock_until, cancel_requested_at, started_at, "
     "finished_at, error_code, public_error_message, internal_error_message, output, output_hash, "
-    "workflow_id, retried_from_job_id, created_at, updated_at"
+    "workflow_id, retried_from_job_id, created_at, updated_at, private_data_purged_at"
 )
 
 
@@ -59,6 +59,7 @@ class JobRow:
     retried_from_job_id: uuid.UUID | None
     created_at: datetime
     updated_at: datetime
+    private_data_purged_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class ResolveRefs:
     credential_mode: str
     prompt_version: str
     has_snapshot: bool
+    credential_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class JobQueries:
                 text(
                     """
                     SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
+                           j.credential_id,
                            EXISTS (SELECT 1 FROM ai_job_snapshot s
                                    WHERE s.job_id = j.id AND s.expires_at > now())
                                AS has_snapshot
@@ -196,18 +199,27 @@ class JobQueries:
             ).scalar_one()
         )
 
-    async def count_today(self, session: AsyncSession, user_id: str) -> int:
+    async def count_created_since(
+        self, session: AsyncSession, user_id: str, since: datetime
+    ) -> int:
+        """Jobs a user created since `since` (a UTC day or month start from the caller)."""
         return int(
             (
                 await session.execute(
-                    text(
-                        "SELECT count(*) FROM ai_job WHERE user_id = :u "
-                        "AND created_at >= date_trunc('day', now())"
-                    ),
-                    {"u": user_id},
+                    text("SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :since"),
+                    {"u": user_id, "since": since},
                 )
             ).scalar_one()
         )
+
+    async def find_retry_of(self, session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
+        row = (
+            await session.execute(
+                text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE retried_from_job_id = :id"),
+                {"id": job_id},
+            )
+        ).first()
+        return JobRow(**row._mapping) if row else None
 
     # ---- snapshots ----------------------------------------------------------------------
 
@@ -241,6 +253,29 @@ class JobQueries:
         ).first()
         return dict(row.content) if row else None
 
+    async def purge_private_data(
+        self, session: AsyncSession, *, retention_days: int, limit: int = 1000
+    ) -> int:
+        """The retention rule for the job row's copies of private data: a terminal job created
+        more than `retention_days` ago keeps its status, codes, hashes and artifacts, but its
+        input and validated output are removed (snapshots expire on the same clock)."""
+        result = await session.execute(
+            text(
+                """
+                UPDATE ai_job SET input = '{}'::jsonb, output = NULL,
+                       private_data_purged_at = now(), updated_at = now()
+                WHERE id IN (
+                    SELECT id FROM ai_job
+                    WHERE private_data_purged_at IS NULL
+                      AND lifecycle_status IN ('succeeded', 'failed', 'cancelled')
+                      AND created_at < now() - make_interval(days => :d)
+                    ORDER BY created_at LIMIT :lim)
+                """
+            ),
+            {"d": retention_days, "lim": limit},
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
     async def delete_expired_snapshots(self, session: AsyncSession, *, limit: int = 1000) -> int:
         result = await session.execute(
             text(
@@ -260,7 +295,7 @@ class JobQueries:
         session: AsyncSession,
         job_id: uuid.UUID,
         *,
-        run_id: str,
+        owner: str,
         output: dict[str, Any],
         output_hash: str,
         progress: int,
@@ -272,10 +307,10 @@ class JobQueries:
                 UPDATE ai_job SET output = :out, output_hash = :h,
                        progress = greatest(progress, :p), updated_at = now()
                 WHERE id = :id AND lifecycle_status = 'running'
-                  AND split_part(locked_by, '/', 1) = :run
+                  AND split_part(locked_by, '/', 1) = :owner
                 """
             ).bindparams(bindparam("out", type_=JSONB)),
-            {"id": job_id, "out": output, "h": output_hash, "p": progress, "run": run_id},
+            {"id": job_id, "out": output, "h": output_hash, "p": progress, "owner": owner},
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -325,21 +360,23 @@ class JobQueries:
         return row is not None
 
     async def published_enqueues_of_queued_jobs(
-        self, session: AsyncSession, *, older_than_s: float, limit: int = 100
+        self, session: AsyncSession, *, older_than_s: float, after_id: int = 0, limit: int = 100
     ) -> list[tuple[int, uuid.UUID, str]]:
-        """Reconciler: enqueue events marked published while their job is still queued."""
+        """Reconciler: enqueue events marked published while their job is still queued, paged by
+        event id."""
         rows = await session.execute(
             text(
                 """
                 SELECT o.id AS event_id, j.id AS job_id, j.workflow_id
-                FROM outbox_event o JOIN ai_job j ON j.id = CAST(o.aggregate_id AS uuid)
+                FROM outbox_event o JOIN ai_job j ON j.id::text = o.aggregate_id
                 WHERE o.event_type = 'ai.job.enqueue' AND o.status = 'published'
                   AND j.lifecycle_status = 'queued'
                   AND o.published_at < now() - make_interval(secs => :age)
+                  AND o.id > :after
                 ORDER BY o.id LIMIT :lim
                 """
             ),
-            {"age": older_than_s, "lim": limit},
+            {"age": older_than_s, "lim": limit, "after": after_id},
         )
         return [(r.event_id, r.job_id, r.workflow_id) for r in rows]
 

@@ -78,10 +78,12 @@ class JobLockRow:
     cancel_requested_at: datetime | None
 
 
-def owner_token(run_id: str, identity: str) -> str:
-    """`locked_by` = workflow run + worker identity; ownership is decided by the run alone, so a
-    PREPARE retried on another worker still recognises its own lock."""
-    return f"{run_id}/{identity}"[:255]
+def owner_token(owner: str, identity: str, run_id: str | None = None) -> str:
+    """`locked_by` = workflow id / run id / worker identity. Ownership is decided by the workflow
+    id alone (the part before the first "/"): a stage retried on another worker, or a new run
+    after an operator's Temporal Reset, still recognises the job's lock; the run id and the
+    worker identity are kept for diagnostics. Workflow ids never contain "/"."""
+    return f"{owner}/{run_id or '-'}/{identity}"[:255]
 
 
 _INSERT = text(
@@ -125,14 +127,16 @@ class LifecycleRepository:
         self,
         job_id: uuid.UUID,
         *,
-        run_id: str,
+        owner: str,
         identity: str,
         ttl_s: int,
+        run_id: str | None = None,
         session: AsyncSession | None = None,
     ) -> LockedJob:
-        """CAS queued → running. A retry by the same workflow run finds its own lock and succeeds
-        (the UPDATE matches `running` rows it owns); anyone else gets `LockConflict`."""
-        owner = owner_token(run_id, identity)
+        """CAS queued → running. A retry by the same workflow (any run of it) finds its own lock
+        and succeeds (the UPDATE matches `running` rows it owns); anyone else gets
+        `LockConflict`."""
+        token = owner_token(owner, identity, run_id)
         async with self._tx(session) as s:
             row = (
                 await s.execute(
@@ -140,19 +144,19 @@ class LifecycleRepository:
                         """
                         UPDATE ai_job SET
                             lifecycle_status = 'running', status = 'processing',
-                            locked_by = :owner, locked_at = now(),
+                            locked_by = :token, locked_at = now(),
                             lock_until = now() + make_interval(secs => :ttl),
                             started_at = coalesce(started_at, now()),
                             progress = greatest(progress, 10), updated_at = now()
                         WHERE id = :id AND (
                             lifecycle_status = 'queued'
                             OR (lifecycle_status = 'running'
-                                AND split_part(locked_by, '/', 1) = :run_id))
+                                AND split_part(locked_by, '/', 1) = :owner))
                         RETURNING id, job_type, queue_name, locked_by, lock_until,
                                   (started_at < now()) AS reacquired
                         """
                     ),
-                    {"id": job_id, "owner": owner, "ttl": ttl_s, "run_id": run_id},
+                    {"id": job_id, "token": token, "ttl": ttl_s, "owner": owner},
                 )
             ).first()
             if row is None:
@@ -173,7 +177,7 @@ class LifecycleRepository:
             )
 
     async def extend_lock(
-        self, job_id: uuid.UUID, *, run_id: str, ttl_s: int, session: AsyncSession | None = None
+        self, job_id: uuid.UUID, *, owner: str, ttl_s: int, session: AsyncSession | None = None
     ) -> ExtendResult:
         """The heartbeat: only the owner, only while running. Also reports a pending cancel."""
         async with self._tx(session) as s:
@@ -184,11 +188,11 @@ class LifecycleRepository:
                         UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl),
                                           updated_at = now()
                         WHERE id = :id AND lifecycle_status = 'running'
-                          AND split_part(locked_by, '/', 1) = :run_id
+                          AND split_part(locked_by, '/', 1) = :owner
                         RETURNING cancel_requested_at
                         """
                     ),
-                    {"id": job_id, "ttl": ttl_s, "run_id": run_id},
+                    {"id": job_id, "ttl": ttl_s, "owner": owner},
                 )
             ).first()
             if row is None:
@@ -201,12 +205,12 @@ class LifecycleRepository:
         self,
         job_id: uuid.UUID,
         *,
-        run_id: str | None = None,
+        owner: str | None = None,
         session: AsyncSession | None = None,
     ) -> None:
         async with self._tx(session) as s:
             await self._transition(
-                s, job_id, (S.RUNNING,), S.SUCCEEDED, run_id=run_id, extra="progress = 100"
+                s, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra="progress = 100"
             )
 
     async def mark_failed(
@@ -216,7 +220,7 @@ class LifecycleRepository:
         public_message: str,
         internal_message: str | None = None,
         *,
-        run_id: str | None = None,
+        owner: str | None = None,
         session: AsyncSession | None = None,
     ) -> None:
         """running → failed. `internal_message=None` keeps what an attempt already recorded."""
@@ -226,7 +230,7 @@ class LifecycleRepository:
                 job_id,
                 (S.RUNNING,),
                 S.FAILED,
-                run_id=run_id,
+                owner=owner,
                 extra=(
                     "error_code = :code, public_error_message = :public, "
                     "internal_error_message = coalesce(:internal, internal_error_message)"
@@ -300,13 +304,13 @@ class LifecycleRepository:
         from_states: Sequence[LifecycleStatus],
         to: LifecycleStatus,
         *,
-        run_id: str | None = None,
+        owner: str | None = None,
         extra: str = "",
         params: dict[str, Any] | None = None,
     ) -> LifecycleStatus:
         for f in from_states:
             assert is_legal(f, to), f"{f} -> {to} is not in the transition table"
-        owner_clause = " AND split_part(locked_by, '/', 1) = :run_id" if run_id else ""
+        owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if owner else ""
         sets = f", {extra}" if extra else ""
         stmt = text(
             f"""
@@ -326,7 +330,7 @@ class LifecycleRepository:
                     "to": str(to),
                     "legacy": LEGACY_STATUS[to],
                     "from_states": [str(f) for f in from_states],
-                    "run_id": run_id,
+                    "owner": owner,
                     **(params or {}),
                 },
             )
@@ -336,8 +340,8 @@ class LifecycleRepository:
             if current is None:
                 raise JobNotFound()
             status, locked_by = current
-            if run_id and status in from_states:
-                # The state matched but the lock belongs to another run: not ours to finish.
+            if owner and status in from_states:
+                # The state matched but the lock belongs to another workflow: not ours to finish.
                 raise LockConflict(str(job_id), locked_by)
             raise IllegalTransition(str(job_id), status, to)
         return S(row.from_status)
@@ -377,9 +381,15 @@ class LifecycleRepository:
             return [r.id for r in rows]
 
     async def find_expired_locks(
-        self, threshold_s: float, *, limit: int = 100, session: AsyncSession | None = None
+        self,
+        threshold_s: float,
+        *,
+        after: tuple[datetime | None, uuid.UUID] | None = None,
+        limit: int = 100,
+        session: AsyncSession | None = None,
     ) -> list[JobLockRow]:
-        """Running jobs whose lock_until lies more than `threshold_s` in the past."""
+        """Running jobs whose lock_until lies more than `threshold_s` in the past, in
+        (lock_until, id) order, after the keyset `after`: callers page through all of them."""
         async with self._tx(session) as s:
             rows = await s.execute(
                 text(
@@ -389,9 +399,15 @@ class LifecycleRepository:
                     FROM ai_job
                     WHERE lifecycle_status = 'running'
                       AND lock_until < now() - make_interval(secs => :th)
-                    ORDER BY lock_until LIMIT :lim
+                      AND (CAST(:al AS timestamptz) IS NULL OR (lock_until, id) > (:al, :ai))
+                    ORDER BY lock_until, id LIMIT :lim
                     """
                 ),
-                {"th": threshold_s, "lim": limit},
+                {
+                    "th": threshold_s,
+                    "lim": limit,
+                    "al": after[0] if after else None,
+                    "ai": after[1] if after else None,
+                },
             )
             return [JobLockRow(**r._mapping) for r in rows]

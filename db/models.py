@@ -75,6 +75,20 @@ class AiJob(Base):
             "user_id",
             postgresql_where=text("lifecycle_status IN ('queued','running')"),
         ),
+        Index(
+            "ix_ai_job_retention",
+            "created_at",
+            postgresql_where=text(
+                "private_data_purged_at IS NULL "
+                "AND lifecycle_status IN ('succeeded','failed','cancelled')"
+            ),
+        ),
+        Index(
+            "ux_ai_job_retried_from",
+            "retried_from_job_id",
+            unique=True,
+            postgresql_where=text("retried_from_job_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -110,6 +124,7 @@ class AiJob(Base):
     output_hash: Mapped[str | None] = mapped_column(String(64))
     workflow_id: Mapped[str] = mapped_column(String(255))
     retried_from_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    private_data_purged_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
@@ -156,6 +171,12 @@ class OutboxEvent(Base):
             "locked_at",
             postgresql_where=text("status = 'processing'"),
         ),
+        Index(
+            "ix_outbox_event_stalled",
+            "status",
+            "id",
+            postgresql_where=text("status IN ('dead','failed')"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -166,6 +187,7 @@ class OutboxEvent(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
     status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
     attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    revive_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     available_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     locked_by: Mapped[str | None] = mapped_column(String(255))
     locked_at: Mapped[datetime | None] = mapped_column(TS)

@@ -24,7 +24,17 @@ COMPLETED = "ai.job.completed"
 FAILED = "ai.job.failed"
 CANCELLED = "ai.job.cancelled"
 NOTIFY_CHANNEL = "ai_outbox"
+# Claims before a row is parked as `failed`; the reconciler revives a failed enqueue whose job
+# still waits. `dead` is only for rows that can never succeed (a malformed payload).
 MAX_ATTEMPTS = 3
+MAX_BACKOFF_S = 300.0
+
+
+def enqueue_dedupe_key(job_id: object) -> str:
+    """The enqueue row's unique key: derived from the job id alone, so no client-chosen
+    Idempotency-Key (or user id) can ever collide with another job's enqueue. Idempotency of
+    creation lives on `ai_job` (user, job type, key)."""
+    return f"{ENQUEUE}:{job_id}"
 
 
 @dataclass(frozen=True)
@@ -43,11 +53,12 @@ class OutboxRow:
     last_error: str | None
     published_at: datetime | None
     created_at: datetime
+    revive_count: int = 0
 
 
 _COLUMNS = (
     "id, event_type, aggregate_type, aggregate_id, dedupe_key, payload, status, attempt_count, "
-    "available_at, locked_by, locked_at, last_error, published_at, created_at"
+    "available_at, locked_by, locked_at, last_error, published_at, created_at, revive_count"
 )
 
 _INSERT = text(
@@ -142,17 +153,24 @@ class OutboxRepository:
         error: str,
         base_backoff_s: float = 1.0,
         max_attempts: int = MAX_ATTEMPTS,
+        max_backoff_s: float = MAX_BACKOFF_S,
+        count_attempt: bool = True,
     ) -> str | None:
-        """Back to pending with exponential backoff, or `dead` after `max_attempts` claims.
+        """Back to pending with capped exponential backoff, or `failed` after `max_attempts`
+        claims. `count_attempt=False` (the dispatch target was unreachable, e.g. Temporal is
+        down) gives the claim back: an outage of any length never exhausts a row.
         Returns the new status (None if the row was no longer ours)."""
         row = (
             await session.execute(
                 text(
                     """
                     UPDATE outbox_event SET
-                        status = CASE WHEN attempt_count >= :max THEN 'dead' ELSE 'pending' END,
-                        available_at = now() + make_interval(
-                            secs => :base * power(2, greatest(attempt_count - 1, 0))),
+                        attempt_count = CASE WHEN :counted THEN attempt_count
+                                             ELSE greatest(attempt_count - 1, 0) END,
+                        status = CASE WHEN :counted AND attempt_count >= :max THEN 'failed'
+                                      ELSE 'pending' END,
+                        available_at = now() + make_interval(secs => least(:cap,
+                            :base * power(2, least(greatest(attempt_count - 1, 0), 20)))),
                         last_error = left(:err, 2000), locked_by = NULL, locked_at = NULL
                     WHERE id = :id AND status = 'processing' AND locked_by = :owner
                     RETURNING status
@@ -164,10 +182,65 @@ class OutboxRepository:
                     "err": error,
                     "base": base_backoff_s,
                     "max": max_attempts,
+                    "cap": max_backoff_s,
+                    "counted": count_attempt,
                 },
             )
         ).first()
         return str(row.status) if row else None
+
+    async def mark_dead(
+        self, session: AsyncSession, event_id: int, *, owner: str, error: str
+    ) -> bool:
+        """A row that can never succeed (malformed payload): parked for an operator, alone; the
+        rest of its batch goes on."""
+        result = await session.execute(
+            text(
+                """
+                UPDATE outbox_event SET status = 'dead', last_error = left(:err, 2000),
+                       locked_by = NULL, locked_at = NULL
+                WHERE id = :id AND status = 'processing' AND locked_by = :owner
+                """
+            ),
+            {"id": event_id, "owner": owner, "err": error},
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def revive_stalled_enqueues(
+        self,
+        session: AsyncSession,
+        *,
+        base_s: float = 30.0,
+        cap_s: float = MAX_BACKOFF_S,
+        limit: int = 500,
+    ) -> list[tuple[int, str]]:
+        """Reconciler: an enqueue row parked as `failed` (or `dead` by an older relay) whose job
+        is still queued goes out again, after a capped backoff that grows with each revival
+        (`available_at` is when the row was parked plus its last backoff). Rows whose payload
+        does not name their job are left dead. Returns (event id, job id) of revived rows."""
+        rows = await session.execute(
+            text(
+                """
+                UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
+                       revive_count = o.revive_count + 1, available_at = now()
+                FROM ai_job j
+                WHERE o.status IN ('failed', 'dead') AND o.event_type = :ev
+                  AND j.id::text = o.aggregate_id AND j.lifecycle_status = 'queued'
+                  AND o.payload->>'jobId' = o.aggregate_id
+                  AND o.payload ? 'jobType' AND o.payload ? 'queueName'
+                  AND o.available_at + make_interval(secs => least(:cap,
+                        :base * power(2, least(o.revive_count, 20)))) <= now()
+                  AND o.id IN (SELECT id FROM outbox_event
+                               WHERE status IN ('failed', 'dead') ORDER BY id LIMIT :lim)
+                RETURNING o.id, o.aggregate_id
+                """
+            ),
+            {"ev": ENQUEUE, "base": base_s, "cap": cap_s, "lim": limit},
+        )
+        revived = [(int(r.id), str(r.aggregate_id)) for r in rows]
+        if revived:
+            await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+        return revived
 
     async def release_expired(self, session: AsyncSession, *, ttl_s: float) -> int:
         """`processing` rows whose claimer went silent for `ttl_s` go back to pending."""
@@ -183,9 +256,11 @@ class OutboxRepository:
         return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def list_dead(self, session: AsyncSession, *, limit: int = 100) -> list[OutboxRow]:
+        """Rows an operator may need to look at: `dead` and `failed`."""
         rows = await session.execute(
             text(
-                f"SELECT {_COLUMNS} FROM outbox_event WHERE status = 'dead' ORDER BY id LIMIT :lim"
+                f"SELECT {_COLUMNS} FROM outbox_event WHERE status IN ('dead', 'failed') "
+                "ORDER BY id LIMIT :lim"
             ),
             {"lim": limit},
         )
@@ -198,7 +273,7 @@ class OutboxRepository:
                 """
                 UPDATE outbox_event SET status = 'pending', attempt_count = 0,
                        available_at = now(), last_error = NULL
-                WHERE id = ANY(:ids) AND status = 'dead'
+                WHERE id = ANY(:ids) AND status IN ('dead', 'failed')
                 """
             ),
             {"ids": list(ids)},
@@ -222,3 +297,115 @@ class OutboxRepository:
         if result.rowcount:  # type: ignore[attr-defined]
             await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ---- operator views and repair (admin API) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutboxSummary:
+    """An outbox row as operators see it: the payload stays in the database, only its `jobId`
+    leaves (payloads may one day carry more than ids; an admin page must never echo them)."""
+
+    id: int
+    event_type: str
+    aggregate_id: str
+    status: str
+    attempt_count: int
+    available_at: datetime
+    locked_by: str | None
+    last_error: str | None
+    published_at: datetime | None
+    created_at: datetime
+    job_id: str | None
+
+
+_SUMMARY = (
+    "id, event_type, aggregate_id, status, attempt_count, available_at, locked_by, last_error, "
+    "published_at, created_at, payload->>'jobId' AS job_id"
+)
+# `pending` is requeueable too: a row backing off (available_at in the future) becomes
+# available now, which also makes a repeated requeue harmless.
+REQUEUEABLE = ("dead", "failed", "pending")
+
+
+async def list_page(
+    session: AsyncSession,
+    *,
+    status: str | None = None,
+    event_type: str | None = None,
+    before_id: int | None = None,
+    limit: int = 20,
+) -> list[OutboxSummary]:
+    """Newest first, keyset on id (the primary key): a page never shifts under inserts, since
+    new rows have larger ids than any cursor already handed out."""
+    rows = await session.execute(
+        text(
+            f"""
+            SELECT {_SUMMARY} FROM outbox_event
+            WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+              AND (CAST(:etype AS text) IS NULL OR event_type = CAST(:etype AS text))
+              AND (CAST(:before AS bigint) IS NULL OR id < CAST(:before AS bigint))
+            ORDER BY id DESC
+            LIMIT :lim
+            """
+        ),
+        {"status": status, "etype": event_type, "before": before_id, "lim": limit},
+    )
+    return [OutboxSummary(**r._mapping) for r in rows]
+
+
+async def get_summary(session: AsyncSession, event_id: int) -> OutboxSummary | None:
+    row = (
+        await session.execute(
+            text(f"SELECT {_SUMMARY} FROM outbox_event WHERE id = :id"), {"id": event_id}
+        )
+    ).first()
+    return OutboxSummary(**row._mapping) if row else None
+
+
+async def requeue(session: AsyncSession, event_id: int) -> OutboxSummary | None:
+    """Admin: a dead, failed or pending row goes (back) to `pending` with a fresh set of
+    attempts, available now, and the relays are woken (NOTIFY, delivered at commit). None when
+    the row is missing or not requeueable; the caller tells which with `get_summary`.
+
+    `last_error` is kept: it is why the row needed an operator, and the next failure overwrites
+    it anyway. Races with a relay: a claim holds the row lock (`FOR UPDATE SKIP LOCKED`) until
+    its transaction commits; this UPDATE then re-checks the status on the committed version,
+    finds `processing` and changes nothing, so a row being dispatched is never reset under it.
+    """
+    row = (
+        await session.execute(
+            text(
+                f"""
+                UPDATE outbox_event SET status = 'pending', attempt_count = 0,
+                       available_at = now(),
+                       locked_by = NULL, locked_at = NULL
+                WHERE id = :id AND status = ANY(:ok)
+                RETURNING {_SUMMARY}
+                """
+            ),
+            {"id": event_id, "ok": list(REQUEUEABLE)},
+        )
+    ).first()
+    if row is None:
+        return None
+    await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    return OutboxSummary(**row._mapping)
+
+
+async def enqueue_row_for_job(session: AsyncSession, job_id: str) -> OutboxRow | None:
+    """The job's `ai.job.enqueue` event (one per job, written in its create transaction)."""
+    row = (
+        await session.execute(
+            text(
+                f"""
+                SELECT {_COLUMNS} FROM outbox_event
+                WHERE aggregate_id = :aid AND event_type = :etype
+                ORDER BY id DESC LIMIT 1
+                """
+            ),
+            {"aid": job_id, "etype": ENQUEUE},
+        )
+    ).first()
+    return OutboxRow(**row._mapping) if row else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import text
@@ -63,16 +64,20 @@ class UsageRepository:
         ).one()
         return UsageSummary(int(r.calls), int(r.tin), int(r.tout), Decimal(r.cost))
 
-    async def user_cost_today(self, session: AsyncSession, user_id: str) -> Decimal:
+    async def user_cost_since(
+        self, session: AsyncSession, user_id: str, since: datetime
+    ) -> Decimal:
+        """A user's provider cost since `since` (a UTC day or month start, computed by the
+        caller, so the database's time zone never moves the boundary)."""
         r = (
             await session.execute(
                 text(
                     """
                     SELECT coalesce(sum(cost_usd), 0) AS cost FROM ai_usage_log
-                    WHERE user_id = :u AND created_at >= date_trunc('day', now())
+                    WHERE user_id = :u AND created_at >= :since
                     """
                 ),
-                {"u": user_id},
+                {"u": user_id, "since": since},
             )
         ).one()
         return Decimal(r.cost)

@@ -163,3 +163,7 @@ class ReconcileResult:
     snapshots_deleted: int = 0
     cancels_resent: int = 0
     details: list[str] = field(default_factory=list)
+    stuck_workflows: int = 0
+    enqueues_revived: int = 0
+    relay_restarted: bool = False
+    private_data_purged: int = 0

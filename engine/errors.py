@@ -69,6 +69,7 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "CREDENTIAL_MISSING": "No usable AI provider credential is configured for this job.",
     "CANCELLED": "The job was cancelled.",
     "INTERNAL_ERROR": "The job failed because of an internal error.",
+    "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
     "INTERNAL_LOCK_EXPIRED": "The job's worker stopped responding and the job was abandoned.",
 }
 
@@ -165,6 +166,12 @@ class QuotaExceeded(EngineError):
     title = "Job quota exceeded"
 
 
+class PayloadTooLarge(EngineError):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+    title = "Request body too large"
+
+
 class PlatformUnavailable(EngineError):
     code = "PLATFORM_UNAVAILABLE"
     http_status = 503
@@ -257,3 +264,15 @@ class ExecutionFailure(EngineError):
         self.code = code
         super().__init__(public_message_for(code), internal_message=internal_message)
         self.retry_after_float = retry_after_s
+
+
+class OutboxEventNotFound(EngineError):
+    code = "OUTBOX_EVENT_NOT_FOUND"
+    http_status = 404
+    title = "Outbox event not found"
+
+
+class OutboxNotRequeueable(EngineError):
+    code = "OUTBOX_NOT_REQUEUEABLE"
+    http_status = 409
+    title = "Only dead, failed or pending outbox events can be requeued"

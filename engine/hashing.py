@@ -18,9 +18,15 @@ def output_hash(validated_output: Any) -> str:
 
 
 def request_fingerprint(
-    job_type: str, target_type: str, target_id: str, input_: Any, priority: int | None
+    job_type: str,
+    target_type: str,
+    target_id: str,
+    input_: Any,
+    priority: int | None,
+    credential_mode: str | None = None,
 ) -> str:
-    """Hash of the normalized create request: same key + different body is detected with it."""
+    """Hash of the normalized create request: same key + different body is detected with it.
+    The effective credential mode is part of the request (who pays is not a detail)."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -28,4 +34,6 @@ def request_fingerprint(
         "input": input_,
         "priority": priority,
     }
+    if credential_mode is not None:
+        body["credentialMode"] = credential_mode
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -6,24 +6,84 @@ It lives in `engine` so every layer can type its parameter, but it is only *buil
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.definition import QUEUE_NAMES
+
 # Clearly labelled development defaults: `aijobs dev` and `aijobs token` agree on them when unset.
+# Both are public, so a production process refuses to start with either.
 DEV_JWT_SECRET = "dev-only-insecure-jwt-secret-change-me"
+# The key is the ASCII text "DEVELOPMENT-ONLY-KEY-DO-NOT-USE!": anything encrypted with it is
+# effectively plaintext. Keyring format as in providers/crypto.py ("kid:BASE64KEY").
+DEV_ENCRYPTION_KEY = "dev:REVWRUxPUE1FTlQtT05MWS1LRVktRE8tTk9ULVVTRSE="
+
+MIN_JWT_SECRET_BYTES = 32
+
+# The process kinds a startup check knows; each names what that process needs in production.
+Role = Literal[
+    "api",
+    "worker",
+    "relay",
+    "reconcile",
+    "token",
+    "migrate",
+    "setup-temporal",
+    "outbox-dead",
+    "rotate-keys",
+]
+_SIGNS_OR_VERIFIES_TOKENS: frozenset[str] = frozenset({"api", "token"})
+_HOLDS_THE_KEYRING: frozenset[str] = frozenset({"api", "worker", "rotate-keys"})
+
+
+class ConfigurationError(Exception):
+    """A process must not start with this configuration; the message is one line naming the
+    setting(s) and never contains a secret."""
+
+
+def _key_bytes(encoded: str) -> bytes | None:
+    text = encoded.strip().replace("-", "+").replace("_", "/")
+    text += "=" * (-len(text) % 4)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+_DEV_KEY_BYTES = _key_bytes(DEV_ENCRYPTION_KEY.partition(":")[2])
+
+
+def current_key_is_development(keyring: str) -> bool:
+    """Whether the current (first) key of a CREDENTIAL_ENCRYPTION_KEY setting is the public
+    development key, whatever its key id. A retired development key further down the ring is
+    allowed: `aijobs rotate-keys` needs it to re-encrypt what it protected."""
+    first = next((e.strip() for e in keyring.split(",") if e.strip()), "")
+    return _key_bytes(first.partition(":")[2]) == _DEV_KEY_BYTES
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="", extra="ignore", case_sensitive=False)
+    # An empty variable is unset: compose's `${X:-}` must not read as an empty secret.
+    model_config = SettingsConfigDict(
+        env_prefix="", extra="ignore", case_sensitive=False, env_ignore_empty=True
+    )
 
     # ---- contract names (DESIGN §10) ----
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
     temporal_address: str | None = Field(default=None, alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="TEMPORAL_NAMESPACE")
     temporal_ui_url: str = Field(default="http://127.0.0.1:8233", alias="TEMPORAL_UI_URL")
-    jwt_secret: SecretStr = Field(default=SecretStr(DEV_JWT_SECRET), alias="JWT_SECRET")
+    # Unset means "the development secret" outside production; production refuses to start.
+    jwt_secret: SecretStr | None = Field(default=None, alias="JWT_SECRET")
+    jwt_issuer: str | None = Field(default=None, alias="JWT_ISSUER")
+    jwt_audience: str | None = Field(default=None, alias="JWT_AUDIENCE")
+    # Tokens whose lifetime (exp - iat) exceeds this are refused; `aijobs token --ttl` too.
+    jwt_max_ttl_s: int = Field(default=30 * 86_400, ge=60, alias="JWT_MAX_TTL_S")
+    jwt_leeway_s: int = Field(default=30, ge=0, le=300, alias="JWT_LEEWAY_S")
     deepseek_api_key: SecretStr | None = Field(default=None, alias="DEEPSEEK_API_KEY")
     ai_base_url: str | None = Field(default=None, alias="AI_BASE_URL")
     ai_model: str = Field(default="deepseek-chat", alias="AI_MODEL")
@@ -32,12 +92,20 @@ class Settings(BaseSettings):
     )
     quota_max_active_jobs: int = Field(default=50, ge=0, alias="QUOTA_MAX_ACTIVE_JOBS")
     quota_max_jobs_per_day: int = Field(default=1000, ge=0, alias="QUOTA_MAX_JOBS_PER_DAY")
+    quota_max_jobs_per_month: int = Field(default=20_000, ge=0, alias="QUOTA_MAX_JOBS_PER_MONTH")
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
 
     # ---- engine knobs (documented in the README) ----
     environment: Literal["development", "test", "production"] = Field(
-        default="development", alias="AIJOBS_ENV"
+        default="production", alias="AIJOBS_ENV"
     )
     quota_max_cost_usd_per_day: float = Field(default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_DAY")
+    quota_max_cost_usd_per_month: float = Field(
+        default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_MONTH"
+    )
+    # A user's own DeepSeek key is only ever sent to DeepSeek's endpoint or to one of these
+    # (comma-separated base URLs an operator trusts); never to AI_BASE_URL by accident.
+    user_key_allowed_base_urls: str = Field(default="", alias="USER_KEY_ALLOWED_BASE_URLS")
     # Appended to every task queue name; lets tests or tenants share one Temporal namespace.
     task_queue_suffix: str = Field(default="", alias="TASK_QUEUE_SUFFIX")
     interactive_concurrency: int = Field(default=2, ge=1, alias="AI_INTERACTIVE_CONCURRENCY")
@@ -50,10 +118,26 @@ class Settings(BaseSettings):
     outbox_lock_ttl_s: int = Field(default=60, ge=1, alias="OUTBOX_LOCK_TTL_S")
     relay_poll_interval_s: float = Field(default=1.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
     reconcile_interval_s: int = Field(default=30, ge=1, alias="RECONCILE_INTERVAL_S")
-    snapshot_ttl_days: int = Field(default=30, ge=1, alias="SNAPSHOT_TTL_DAYS")
+    # One retention rule for every copy of a job's private data (input, output, snapshot):
+    # removed this many days after the job was created (projected rows are the product's).
+    data_retention_days: int = Field(
+        default=30,
+        ge=1,
+        validation_alias=AliasChoices("DATA_RETENTION_DAYS", "SNAPSHOT_TTL_DAYS"),
+    )
     content_safety_blocklist: str = Field(default="", alias="CONTENT_SAFETY_BLOCKLIST")
     db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
+
+    @property
+    def jwt_signing_secret(self) -> str:
+        """The HS256 secret: JWT_SECRET, or the labelled development secret when it is unset
+        outside production (production refuses to start without one)."""
+        if self.jwt_secret is not None:
+            return self.jwt_secret.get_secret_value()
+        if self.environment == "production":
+            raise RuntimeError("JWT_SECRET must be set in production")
+        return DEV_JWT_SECRET
 
     @property
     def synthetic_public(self) -> bool:
@@ -65,6 +149,48 @@ class Settings(BaseSettings):
         synthetic provider stands in when neither is set, so the stack works offline. In
         production without either, platform-key jobs are refused (503 PLATFORM_UNAVAILABLE)."""
         return bool(self.deepseek_api_key or self.ai_base_url) or self.environment != "production"
+
+    def production_problems(self, role: Role, *, queues: Sequence[str] = ()) -> list[str]:
+        """What stops a process of this role from starting in production, one phrase per
+        problem, each naming its setting; empty outside production. `queues` are a worker's
+        task queues (empty: all of them, like `aijobs worker` without --queue)."""
+        if self.environment != "production":
+            return []
+        problems: list[str] = []
+        if role in _SIGNS_OR_VERIFIES_TOKENS:
+            secret = self.jwt_secret.get_secret_value() if self.jwt_secret else None
+            if secret is None:
+                problems.append("JWT_SECRET is not set")
+            elif secret == DEV_JWT_SECRET:
+                problems.append("JWT_SECRET is the public development secret")
+            elif len(secret.encode()) < MIN_JWT_SECRET_BYTES:
+                problems.append(f"JWT_SECRET is shorter than {MIN_JWT_SECRET_BYTES} bytes")
+        if role in _HOLDS_THE_KEYRING:
+            # Unset is allowed for the API and workers: users' own keys are then refused (503)
+            # and never decrypted. Rotation without a keyring has nothing to rotate to.
+            keyring = self.credential_encryption_key
+            if keyring is None:
+                if role == "rotate-keys":
+                    problems.append("CREDENTIAL_ENCRYPTION_KEY is not set")
+            elif current_key_is_development(keyring.get_secret_value()):
+                problems.append("CREDENTIAL_ENCRYPTION_KEY is the public development key")
+        if role == "worker" and not (self.deepseek_api_key or self.ai_base_url):
+            provider_queues = [q for q in (queues or QUEUE_NAMES) if q in QUEUE_NAMES]
+            if provider_queues:
+                problems.append(
+                    "neither DEEPSEEK_API_KEY nor AI_BASE_URL is set (a worker for "
+                    f"{', '.join(provider_queues)} would answer with the synthetic provider)"
+                )
+        return problems
+
+    def check_startup(self, role: Role, *, queues: Sequence[str] = ()) -> None:
+        """Raise ConfigurationError (one line) when `production_problems` finds any."""
+        problems = self.production_problems(role, queues=queues)
+        if problems:
+            raise ConfigurationError(
+                f"refusing to start in production: {'; '.join(problems)} "
+                "(set AIJOBS_ENV=development for a local stack)"
+            )
 
     def task_queue(self, queue_name: str) -> str:
         return f"{queue_name}{self.task_queue_suffix}"

@@ -14,18 +14,28 @@ import uuid
 from db.credentials import CredentialRepository, CredentialRow
 from db.session import SessionMaker
 from engine.errors import CredentialNotFound, CredentialStorageUnavailable, ExecutionFailure
-from engine.settings import Settings
-from providers.crypto import DEV_ENCRYPTION_KEY, CredentialCipher, credential_aad, mask_key
+from engine.settings import Settings, current_key_is_development
+from providers.crypto import (
+    DEV_ENCRYPTION_KEY,
+    CredentialCipher,
+    credential_aad,
+    decrypt_credential,
+    mask_key,
+)
 
 log = logging.getLogger(__name__)
 
 
 def credential_cipher(settings: Settings) -> CredentialCipher | None:
     """The keyring from CREDENTIAL_ENCRYPTION_KEY; the public development key outside
-    production; None in production without a key (adding keys then answers 503)."""
+    production; None in production without a key (adding keys then answers 503). Production
+    never encrypts under the development key (ValueError, like a malformed setting)."""
     raw = settings.credential_encryption_key
     if raw is not None:
-        return CredentialCipher.from_setting(raw.get_secret_value())
+        keyring = raw.get_secret_value()
+        if settings.environment == "production" and current_key_is_development(keyring):
+            raise ValueError("CREDENTIAL_ENCRYPTION_KEY is the public development key")
+        return CredentialCipher.from_setting(keyring)
     if settings.environment == "production":
         return None
     return CredentialCipher.from_setting(DEV_ENCRYPTION_KEY)
@@ -42,7 +52,10 @@ class CredentialService:
             raise CredentialStorageUnavailable(
                 "User keys cannot be stored: no encryption key is set."
             )
-        key_id, blob = self._cipher.encrypt(secret, aad=credential_aad(user_id, provider))
+        credential_id = uuid.uuid4()
+        key_id, blob = self._cipher.encrypt(
+            secret, aad=credential_aad(user_id, provider, credential_id)
+        )
         async with self._sm.begin() as s:
             for old in await self._repo.list_for_user(s, user_id):
                 if old.provider == provider and old.revoked_at is None:
@@ -54,6 +67,7 @@ class CredentialService:
                 key_id=key_id,
                 ciphertext=blob,
                 key_hint=mask_key(secret),
+                credential_id=credential_id,
             )
         log.info("credential added", extra={"credential_id": str(row.id)})
         return row
@@ -83,16 +97,27 @@ async def rotate_credential_keys(
     rotated = current = failed = 0
     async with sessionmaker.begin() as s:
         for row in await repo.all_active(s):
-            if not cipher.needs_rotation(row.key_id):
-                current += 1
-                continue
-            aad = credential_aad(row.user_id, row.provider)
             try:
-                key_id, blob = cipher.reencrypt(row.key_id, row.ciphertext, aad=aad)
+                plain, bound = decrypt_credential(
+                    cipher,
+                    credential_id=row.id,
+                    user_id=row.user_id,
+                    provider=row.provider,
+                    key_id=row.key_id,
+                    blob=bytes(row.ciphertext),
+                )
             except ExecutionFailure:
                 failed += 1
                 log.warning("credential not decryptable", extra={"credential_id": str(row.id)})
                 continue
+            if bound and not cipher.needs_rotation(row.key_id):
+                current += 1
+                continue
+            # New key id and/or the row binding of the AAD, with a fresh nonce.
+            key_id, blob = cipher.encrypt(
+                plain, aad=credential_aad(row.user_id, row.provider, row.id)
+            )
+            del plain
             await repo.replace_ciphertext(s, row.id, key_id, blob)
             rotated += 1
     return rotated, current, failed

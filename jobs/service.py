@@ -6,6 +6,7 @@ never talks to Temporal (DESIGN §2.3); the relay starts the workflow after comm
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -23,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
-from db.outbox import ENQUEUE, OutboxRepository
+from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import workflow_id
@@ -43,17 +44,20 @@ from engine.errors import (
 )
 from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
-from engine.redaction import REDACTION_VERSION, redact
 from jobs.spec import Catalog, JobType
 
 log = logging.getLogger(__name__)
+# `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
+SNAPSHOT_VERBATIM = "none"
 
 
 @dataclass(frozen=True)
 class CreatePolicy:
     max_active_jobs: int = 50  # 0 = unlimited
     max_jobs_per_day: int = 1000  # 0 = unlimited
+    max_jobs_per_month: int = 20_000  # 0 = unlimited
     max_cost_usd_per_day: float = 0.0  # 0 = unlimited
+    max_cost_usd_per_month: float = 0.0  # 0 = unlimited
     synthetic_public: bool = True  # "dev" job types may be created over REST
     platform_key_available: bool = True
     snapshot_ttl_days: int = 30
@@ -104,7 +108,7 @@ class JobService:
         catalog: Catalog,
         policy: CreatePolicy,
         *,
-        credential_exists: Callable[[AsyncSession, str], Awaitable[bool]] | None = None,
+        credential_lookup: Callable[[AsyncSession, str], Awaitable[uuid.UUID | None]] | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._catalog = catalog
@@ -113,7 +117,7 @@ class JobService:
         self._outbox = OutboxRepository()
         self._jobs = JobQueries()
         self._usage = UsageRepository()
-        self._credential_exists = credential_exists
+        self._credential_lookup = credential_lookup
 
     # ---- create -------------------------------------------------------------------------
 
@@ -146,13 +150,19 @@ class JobService:
         priority = d.queue.default_priority if req.priority is None else req.priority
         if not 0 <= priority <= 100:
             raise ValidationFailed("priority must be between 0 and 100")
-        # The effective priority: omitting it and sending the default are the same request.
-        fingerprint = request_fingerprint(
-            d.job_type, req.target_type, req.target_id, normalized, priority
-        )
         mode = req.credential_mode or d.credential.default_mode
         if mode not in d.credential.allowed_modes:
             raise ValidationFailed("credentialMode is not allowed for this job type")
+        if jt.target_types is not None and req.target_type not in jt.target_types:
+            raise ValidationFailed(
+                f"targetType must be one of: {', '.join(jt.target_types)}",
+                errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
+            )
+        # The effective priority and credential mode: omitting them and sending the defaults
+        # are the same request.
+        fingerprint = request_fingerprint(
+            d.job_type, req.target_type, req.target_id, normalized, priority, mode
+        )
 
         if req.idempotency_key is not None:
             async with self._sm.begin() as s:
@@ -193,31 +203,40 @@ class JobService:
                     winner = await self._enforce_quotas(s, req, fingerprint)
                     if winner is not None:
                         return winner
+                if jt.check_target is not None and not req.internal:
+                    await jt.check_target(s, req.user_id, req.target_type, req.target_id)
                 if mode == "user_deepseek_key":
-                    ok = self._credential_exists is not None and await self._credential_exists(
-                        s, req.user_id
+                    # The key chosen now is the key the job uses: pinned on the row, so a key
+                    # added later never silently replaces it (a revoked one fails the job).
+                    credential_id = (
+                        await self._credential_lookup(s, req.user_id)
+                        if self._credential_lookup is not None
+                        else None
                     )
-                    if not ok:
+                    if credential_id is None:
                         raise CredentialMissing("No active credential for user_deepseek_key.")
+                    new = dataclasses.replace(new, credential_id=credential_id)
                 await self._lifecycle.create(s, new)
                 await self._jobs.insert_snapshot(
                     s,
                     job_id,
                     {
-                        # Snapshots are always redacted; prompts are built from them.
-                        "input": redact(normalized),
+                        # What the user wrote: prompts are built from it, so it must keep its
+                        # meaning (a redacted "[phone]" inside a prompt would not). It is private
+                        # data under the retention rule, never logged, never sent to Temporal.
+                        "input": normalized,
                         "targetType": req.target_type,
                         "targetId": req.target_id,
                     },
-                    REDACTION_VERSION,
+                    SNAPSHOT_VERBATIM,
                     self._policy.snapshot_ttl_days,
                 )
-                await self._outbox.insert(
+                enqueued = await self._outbox.insert(
                     s,
                     event_type=ENQUEUE,
                     aggregate_type="AiJob",
                     aggregate_id=str(job_id),
-                    dedupe_key=f"{d.job_type}:{req.user_id}:{req.idempotency_key or job_id}",
+                    dedupe_key=enqueue_dedupe_key(job_id),
                     payload={
                         "jobId": str(job_id),
                         "jobType": d.job_type,
@@ -225,6 +244,9 @@ class JobService:
                         "priority": priority,
                     },
                 )
+                if enqueued is None:
+                    # A job without its enqueue row would wait forever: roll the create back.
+                    raise EnqueueNotWritten(str(job_id))
                 row = await self._jobs.get(s, job_id)
         except DBAPIError as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
@@ -255,7 +277,13 @@ class JobService:
         creates, so count-then-insert cannot overshoot. Under the lock, a create with a key that
         a concurrent create just committed is answered with that job instead of a quota error."""
         p = self._policy
-        if not (p.max_active_jobs or p.max_jobs_per_day or p.max_cost_usd_per_day):
+        if not (
+            p.max_active_jobs
+            or p.max_jobs_per_day
+            or p.max_jobs_per_month
+            or p.max_cost_usd_per_day
+            or p.max_cost_usd_per_month
+        ):
             return None
         await s.execute(
             text("SELECT pg_advisory_xact_lock(hashtextextended('ai_job_quota:' || :u, 0))"),
@@ -269,20 +297,38 @@ class JobService:
                 return self._same_request(existing, fingerprint)
         if p.max_active_jobs and await self._jobs.count_active(s, req.user_id) >= p.max_active_jobs:
             raise TooManyJobs(f"At most {p.max_active_jobs} active jobs per user.")
-        if (
-            p.max_jobs_per_day
-            and await self._jobs.count_today(s, req.user_id) >= p.max_jobs_per_day
-        ):
-            raise QuotaExceeded(
-                f"At most {p.max_jobs_per_day} jobs per user per day.",
-                retry_after_s=seconds_until_utc_midnight(),
-            )
+        now = dt.datetime.now(dt.UTC)
+        day, month = utc_day_start(now), utc_month_start(now)
+        if p.max_jobs_per_day or p.max_jobs_per_month:
+            # Counted from the month start only when a monthly limit exists: the day count is
+            # served by the (user_id, created_at) index either way.
+            if p.max_jobs_per_day and (
+                await self._jobs.count_created_since(s, req.user_id, day) >= p.max_jobs_per_day
+            ):
+                raise QuotaExceeded(
+                    f"At most {p.max_jobs_per_day} jobs per user per day.",
+                    retry_after_s=seconds_until(next_utc_day(now), now),
+                )
+            if p.max_jobs_per_month and (
+                await self._jobs.count_created_since(s, req.user_id, month) >= p.max_jobs_per_month
+            ):
+                raise QuotaExceeded(
+                    f"At most {p.max_jobs_per_month} jobs per user per month.",
+                    retry_after_s=seconds_until(next_utc_month(now), now),
+                )
         if p.max_cost_usd_per_day:
-            spent = await self._usage.user_cost_today(s, req.user_id)
+            spent = await self._usage.user_cost_since(s, req.user_id, day)
             if spent >= Decimal(str(p.max_cost_usd_per_day)):
                 raise QuotaExceeded(
                     "The daily AI cost budget is used up.",
-                    retry_after_s=seconds_until_utc_midnight(),
+                    retry_after_s=seconds_until(next_utc_day(now), now),
+                )
+        if p.max_cost_usd_per_month:
+            spent = await self._usage.user_cost_since(s, req.user_id, month)
+            if spent >= Decimal(str(p.max_cost_usd_per_month)):
+                raise QuotaExceeded(
+                    "The monthly AI cost budget is used up.",
+                    retry_after_s=seconds_until(next_utc_month(now), now),
                 )
         return None
 
@@ -335,27 +381,45 @@ class JobService:
     # ---- admin retry --------------------------------------------------------------------
 
     async def retry(self, job_id: uuid.UUID) -> CreateJobResult:
+        """One new job per original, found by `retried_from_job_id` (unique), never by an
+        idempotency key a user could have claimed first. A double-click returns the same job."""
         async with self._sm.begin() as s:
             row = await self._jobs.get(s, job_id)
+            existing = await self._jobs.find_retry_of(s, job_id) if row is not None else None
         if row is None:
             raise JobNotFound("Job not found.")
         if row.lifecycle_status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
             raise JobNotRetryable("Only failed or cancelled jobs can be retried.")
-        return await self.create(
-            CreateJobRequest(
-                user_id=row.user_id,
-                job_type=row.job_type,
-                target_type=row.target_type,
-                target_id=row.target_id,
-                input=row.input,
-                priority=row.priority,
-                # One retry per original: a double-click returns the same new job.
-                idempotency_key=f"retry-of:{row.id}",
-                credential_mode=row.credential_mode,
-                retried_from_job_id=row.id,
-                internal=True,
+        if existing is not None:
+            return CreateJobResult(job=existing, created=False)
+        if row.private_data_purged_at is not None:
+            raise JobNotRetryable("The job's input has expired under the retention rule.")
+        try:
+            return await self.create(
+                CreateJobRequest(
+                    user_id=row.user_id,
+                    job_type=row.job_type,
+                    target_type=row.target_type,
+                    target_id=row.target_id,
+                    input=row.input,
+                    priority=row.priority,
+                    credential_mode=row.credential_mode,
+                    retried_from_job_id=row.id,
+                    internal=True,
+                )
             )
-        )
+        except DBAPIError as exc:
+            if not is_unique_violation(exc):
+                raise
+            async with self._sm.begin() as s:
+                existing = await self._jobs.find_retry_of(s, job_id)
+            if existing is None:
+                raise
+            return CreateJobResult(job=existing, created=False)
+
+
+class EnqueueNotWritten(RuntimeError):
+    """The create transaction could not write its job's enqueue row (an invariant broke)."""
 
 
 def _finite(value: Any, depth: int = 0) -> bool:
@@ -370,7 +434,31 @@ def _finite(value: Any, depth: int = 0) -> bool:
     return True
 
 
+def utc_day_start(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def utc_month_start(now: dt.datetime) -> dt.datetime:
+    return utc_day_start(now).replace(day=1)
+
+
+def next_utc_day(now: dt.datetime) -> dt.datetime:
+    return utc_day_start(now) + dt.timedelta(days=1)
+
+
+def next_utc_month(now: dt.datetime) -> dt.datetime:
+    start = utc_month_start(now)
+    return (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+
+
+def seconds_until(moment: dt.datetime, now: dt.datetime) -> int:
+    return max(1, int((moment - now).total_seconds()))
+
+
 def seconds_until_utc_midnight() -> int:
     now = dt.datetime.now(dt.UTC)
-    tomorrow = (now + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return max(1, int((tomorrow - now).total_seconds()))
+    return seconds_until(next_utc_day(now), now)

@@ -40,6 +40,10 @@ class Artifact:
     ordinal: int
 
 
+# A target check runs inside the create transaction with the creating user's id: a job type uses
+# it to refuse targets that do not exist or do not belong to that user (raise ValidationFailed).
+TargetCheck = Callable[[AsyncSession, str, str, str], Awaitable[None]]
+
 # A projector writes business rows for a validated output inside the PROJECT transaction and
 # returns the artifacts it wrote. It must be idempotent: ids derived from (job, ordinal) make a
 # second projection of the same output write nothing new.
@@ -58,6 +62,9 @@ class JobType:
     synthetic_behaviour: Callable[[BaseModel], SyntheticBehaviour] | None = None
     # The synthetic job type never calls a real provider, even when a key is configured.
     always_synthetic: bool = False
+    # The targetTypes this job type accepts (None: any) and an optional ownership check.
+    target_types: tuple[str, ...] | None = None
+    check_target: TargetCheck | None = None
 
     @property
     def job_type(self) -> str:

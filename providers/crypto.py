@@ -22,13 +22,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from engine.errors import ExecutionFailure
 
+# DEVELOPMENT ONLY, and public: anything encrypted with it is effectively plaintext. It lives
+# beside the settings so a production process can refuse it at start-up.
+from engine.settings import DEV_ENCRYPTION_KEY as DEV_ENCRYPTION_KEY
+
 NONCE_BYTES = 12
 KEY_BYTES = 32
 _TAG_BYTES = 16
-
-# DEVELOPMENT ONLY. The key is the ASCII text "DEVELOPMENT-ONLY-KEY-DO-NOT-USE!": it is public,
-# so anything encrypted with it is effectively plaintext. Never configure it in production.
-DEV_ENCRYPTION_KEY = "dev:REVWRUxPUE1FTlQtT05MWS1LRVktRE8tTk9ULVVTRSE="
 
 
 def _decode_key(kid: str, encoded: str) -> bytes:
@@ -115,10 +115,33 @@ class CredentialCipher:
         )
 
 
-def credential_aad(user_id: str, provider: str) -> str:
-    """Associated data binding a stored key's ciphertext to its owner and provider: a blob copied
-    to another row does not decrypt."""
-    return f"user_model_credential:{user_id}:{provider}"
+def credential_aad(user_id: str, provider: str, credential_id: object | None = None) -> str:
+    """Associated data binding a stored key's ciphertext to its row (id), owner and provider: a
+    blob copied to another row, even one of the same user, does not decrypt. Without an id it
+    is the older owner-and-provider binding, still accepted for decryption (rotate-keys moves
+    such rows to the row binding)."""
+    if credential_id is None:
+        return f"user_model_credential:{user_id}:{provider}"
+    return f"user_model_credential:{credential_id}:{user_id}:{provider}"
+
+
+def decrypt_credential(
+    cipher: CredentialCipher,
+    *,
+    credential_id: object,
+    user_id: str,
+    provider: str,
+    key_id: str,
+    blob: bytes,
+) -> tuple[str, bool]:
+    """Decrypt a stored key; returns (plaintext, bound_to_row). Tries the row binding first,
+    then the older owner-and-provider binding."""
+    try:
+        return cipher.decrypt(
+            key_id, blob, aad=credential_aad(user_id, provider, credential_id)
+        ), True
+    except ExecutionFailure:
+        return cipher.decrypt(key_id, blob, aad=credential_aad(user_id, provider)), False
 
 
 def generate_key_setting(kid: str = "k1") -> str:

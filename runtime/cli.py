@@ -11,13 +11,40 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from engine.settings import Settings
+from pydantic import ValidationError
+
+from engine.settings import ConfigurationError, Role, Settings
 
 log = logging.getLogger("aijobs")
 
 
-def _settings() -> Settings:
-    return Settings()
+def _refuse(command: str, line: str) -> SystemExit:
+    print(f"aijobs {command}: {line}", file=sys.stderr, flush=True)
+    return SystemExit(2)
+
+
+def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
+    """Settings from the environment, checked for `role` before anything connects anywhere:
+    a configuration that must not run exits with code 2 and one line on stderr."""
+    try:
+        s = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "settings"
+        raise _refuse(role, f"invalid configuration: {where}: {first['msg']}") from None
+    try:
+        s.check_startup(role, queues=queues)
+    except ConfigurationError as exc:
+        raise _refuse(role, str(exc)) from None
+    keyring = s.credential_encryption_key
+    if keyring is not None and role in ("api", "worker", "rotate-keys"):
+        from providers.crypto import CredentialCipher
+
+        try:
+            CredentialCipher.from_setting(keyring.get_secret_value())
+        except ValueError as exc:  # the message names the key id, never key material
+            raise _refuse(role, f"refusing to start: CREDENTIAL_ENCRYPTION_KEY: {exc}") from None
+    return s
 
 
 def _install_stop(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -29,40 +56,44 @@ def _install_stop(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    s = _settings("migrate")
     from db.migrate import upgrade
 
-    upgrade(_settings().require_database_url())
+    upgrade(s.require_database_url())
     print("migrations applied")
     return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from api.auth import issue_token
+    s = _settings("token")
+    from api.auth import JwtConfig, issue_token
 
-    s = _settings()
-    print(issue_token(s.jwt_secret.get_secret_value(), args.user, admin=args.admin, ttl_s=args.ttl))
+    if not 1 <= args.ttl <= s.jwt_max_ttl_s:
+        raise _refuse(
+            "token", f"--ttl must be between 1 and {s.jwt_max_ttl_s} seconds (JWT_MAX_TTL_S)"
+        )
+    print(issue_token(JwtConfig.from_settings(s), args.user, admin=args.admin, ttl_s=args.ttl))
     return 0
 
 
 def cmd_api(args: argparse.Namespace) -> int:
+    s = _settings("api")
     import uvicorn
 
     from api.app import create_app
     from runtime.logs import setup_logging
     from runtime.wiring import create_policy
 
-    s = _settings()
     setup_logging(s.log_level, process="api")
     app = create_app(s, policy=create_policy(s))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
 
-async def _worker_main(queues: list[str]) -> None:
+async def _worker_main(s: Settings, queues: list[str]) -> None:
     from runtime.wiring import build_parts, connect_temporal
     from runtime.worker import run_workers
 
-    s = _settings()
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
     parts = build_parts(s)
@@ -74,6 +105,7 @@ async def _worker_main(queues: list[str]) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    s = _settings("worker", queues=args.queue or ())  # no --queue: every queue
     from runtime.logs import setup_logging
     from runtime.worker import ALL_QUEUES
 
@@ -82,16 +114,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if q not in ALL_QUEUES:
             print(f"unknown queue {q!r}; expected one of {', '.join(ALL_QUEUES)}", file=sys.stderr)
             return 2
-    setup_logging(_settings().log_level, process=f"worker[{','.join(queues)}]")
-    asyncio.run(_worker_main(queues))
+    setup_logging(s.log_level, process=f"worker[{','.join(queues)}]")
+    asyncio.run(_worker_main(s, queues))
     return 0
 
 
-async def _relay_main() -> None:
+async def _relay_main(s: Settings) -> None:
     from activities.relay import Relay
     from runtime.wiring import build_parts, connect_temporal, relay_config
 
-    s = _settings()
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
     parts = build_parts(s)
@@ -103,18 +134,18 @@ async def _relay_main() -> None:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
+    s = _settings("relay")
     from runtime.logs import setup_logging
 
-    setup_logging(_settings().log_level, process="relay")
-    asyncio.run(_relay_main())
+    setup_logging(s.log_level, process="relay")
+    asyncio.run(_relay_main(s))
     return 0
 
 
-async def _reconcile_main() -> None:
+async def _reconcile_main(s: Settings) -> None:
     from activities.reconciler import Reconciler
     from runtime.wiring import build_parts, connect_temporal, reconciler_config
 
-    s = _settings()
     parts = build_parts(s)
     client = await connect_temporal(s)
     try:
@@ -125,11 +156,11 @@ async def _reconcile_main() -> None:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    asyncio.run(_reconcile_main())
+    asyncio.run(_reconcile_main(_settings("reconcile")))
     return 0
 
 
-async def _setup_temporal() -> None:
+async def _setup_temporal(s: Settings) -> None:
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
     from temporalio.service import RPCError
@@ -137,7 +168,6 @@ async def _setup_temporal() -> None:
     from engine.contracts import SEARCH_ATTRIBUTES
     from runtime.wiring import connect_temporal
 
-    s = _settings()
     client = await connect_temporal(s)
     for name in SEARCH_ATTRIBUTES:
         try:
@@ -156,15 +186,15 @@ async def _setup_temporal() -> None:
 
 
 def cmd_setup_temporal(args: argparse.Namespace) -> int:
-    asyncio.run(_setup_temporal())
+    asyncio.run(_setup_temporal(_settings("setup-temporal")))
     return 0
 
 
-async def _outbox_dead(requeue: bool) -> None:
+async def _outbox_dead(settings: Settings, requeue: bool) -> None:
     from db.outbox import OutboxRepository
     from runtime.wiring import build_parts
 
-    parts = build_parts(_settings())
+    parts = build_parts(settings)
     repo = OutboxRepository()
     try:
         async with parts.sessionmaker.begin() as s:
@@ -182,18 +212,20 @@ async def _outbox_dead(requeue: bool) -> None:
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:
-    asyncio.run(_outbox_dead(args.requeue))
+    asyncio.run(_outbox_dead(_settings("outbox-dead"), args.requeue))
     return 0
 
 
-async def _rotate_keys_main() -> int:
+async def _rotate_keys_main(s: Settings) -> int:
     from jobs.credentials import rotate_credential_keys
     from runtime.wiring import build_parts, cipher
 
-    s = _settings()
+    keyring = cipher(s)
+    if keyring is None:  # production without a keyring: the startup check refuses it first
+        print("aijobs rotate-keys: CREDENTIAL_ENCRYPTION_KEY is not set", file=sys.stderr)
+        return 2
     parts = build_parts(s)
     try:
-        keyring = cipher(s)
         rotated, current, failed = await rotate_credential_keys(parts.sessionmaker, keyring)
     finally:
         await parts.close()
@@ -205,7 +237,7 @@ async def _rotate_keys_main() -> int:
 
 
 def cmd_rotate_keys(args: argparse.Namespace) -> int:
-    return asyncio.run(_rotate_keys_main())
+    return asyncio.run(_rotate_keys_main(_settings("rotate-keys")))
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -243,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET")
     t.add_argument("--user", required=True)
     t.add_argument("--admin", action="store_true")
-    t.add_argument("--ttl", type=int, default=86_400, help="seconds")
+    t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most JWT_MAX_TTL_S")
     t.set_defaults(func=cmd_token)
 
     sub.add_parser(

@@ -15,10 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
-from api.auth import issue_token
+from api.auth import JwtConfig, issue_token
 from engine.settings import Settings
 from runtime.embedded import (
     EmbeddedPostgres,
@@ -31,7 +31,8 @@ from runtime.embedded import (
 from runtime.procs import die_with_parent
 from runtime.worker import ALL_QUEUES
 
-TOKEN_TTL_S = 30 * 86_400
+TOKEN_TTL_S = 30 * 86_400  # capped by JWT_MAX_TTL_S
+DEV_ENVIRONMENTS = ("development", "test")
 
 
 class Child:
@@ -78,7 +79,23 @@ def _wait_http(url: str, timeout_s: float, stopping: Callable[[], bool]) -> bool
     return False
 
 
+def use_development_environment(environ: MutableMapping[str, str]) -> str | None:
+    """`aijobs dev` is a local stack: it runs as development (or test, when asked) whatever
+    AIJOBS_ENV says, for itself and for its children. Returns a note when it overrode a value."""
+    current = environ.get("AIJOBS_ENV", "").strip()
+    if current.lower() in DEV_ENVIRONMENTS:
+        environ["AIJOBS_ENV"] = current.lower()
+        return None
+    environ["AIJOBS_ENV"] = "development"
+    if current:
+        return f"aijobs dev: AIJOBS_ENV={current} ignored; the local stack runs as development"
+    return None
+
+
 def run_dev(args: argparse.Namespace) -> int:
+    note = use_development_environment(os.environ)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     settings = Settings()
     data_dir = Path(args.data_dir).resolve()
     external_db = bool(settings.database_url)
@@ -163,9 +180,10 @@ def run_dev(args: argparse.Namespace) -> int:
                 return 0
             print(f"the API did not start; see {logs / 'api.log'}", file=sys.stderr)
             return 1
-        secret = settings.jwt_secret.get_secret_value()
-        user_token = issue_token(secret, "demo-user", ttl_s=TOKEN_TTL_S)
-        admin_token = issue_token(secret, "demo-admin", admin=True, ttl_s=TOKEN_TTL_S)
+        jwt_config = JwtConfig.from_settings(settings)
+        ttl_s = min(TOKEN_TTL_S, settings.jwt_max_ttl_s)
+        user_token = issue_token(jwt_config, "demo-user", ttl_s=ttl_s)
+        admin_token = issue_token(jwt_config, "demo-admin", admin=True, ttl_s=ttl_s)
         print(
             f"""
 ai-job-engine is running (data in {data_dir}, logs in {logs})

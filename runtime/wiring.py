@@ -12,11 +12,14 @@ from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.stages import EngineConfig
 from db.session import SessionMaker, make_engine, make_sessionmaker
+from engine.contracts import RELAY_WORKFLOW_ID
+from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
+from jobs.credentials import credential_cipher
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
-from providers.crypto import DEV_ENCRYPTION_KEY, CredentialCipher
+from providers.crypto import CredentialCipher
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.safety import RuleBasedContentSafety, parse_blocklist
@@ -38,13 +41,10 @@ def build_parts(settings: Settings) -> Parts:
     return Parts(settings, engine, make_sessionmaker(engine), default_catalog())
 
 
-def cipher(settings: Settings) -> CredentialCipher:
-    raw = settings.credential_encryption_key
-    if raw is None:
-        if settings.environment == "production":
-            raise RuntimeError("CREDENTIAL_ENCRYPTION_KEY must be set in production")
-        return CredentialCipher.from_setting(DEV_ENCRYPTION_KEY)
-    return CredentialCipher.from_setting(raw.get_secret_value())
+def cipher(settings: Settings) -> CredentialCipher | None:
+    """The same keyring the API encrypts with (see `credential_cipher`): None in production
+    without CREDENTIAL_ENCRYPTION_KEY, and then EXECUTE refuses user-key jobs."""
+    return credential_cipher(settings)
 
 
 def gateway(settings: Settings) -> Gateway:
@@ -52,7 +52,7 @@ def gateway(settings: Settings) -> Gateway:
     return Gateway(
         provider=build_provider(api_key=key, base_url=settings.ai_base_url),
         user_provider=OpenAICompatibleProvider(
-            settings.ai_base_url or DEFAULT_BASE_URL,
+            user_key_base_url(settings),
             name="deepseek",
             timeout_s=MAX_CALL_TIMEOUT_S,
         ),
@@ -63,14 +63,28 @@ def gateway(settings: Settings) -> Gateway:
     )
 
 
+def user_key_base_url(settings: Settings) -> str:
+    """Where a user's own DeepSeek key may be sent: DeepSeek's endpoint, or AI_BASE_URL only
+    when an operator listed it in USER_KEY_ALLOWED_BASE_URLS. A generic AI_BASE_URL (a local
+    model server, a proxy) never receives users' keys by accident."""
+    allowed = {
+        u.strip().rstrip("/") for u in settings.user_key_allowed_base_urls.split(",") if u.strip()
+    }
+    if settings.ai_base_url and settings.ai_base_url.rstrip("/") in allowed:
+        return settings.ai_base_url
+    return DEFAULT_BASE_URL
+
+
 def create_policy(settings: Settings) -> CreatePolicy:
     return CreatePolicy(
         max_active_jobs=settings.quota_max_active_jobs,
         max_jobs_per_day=settings.quota_max_jobs_per_day,
+        max_jobs_per_month=settings.quota_max_jobs_per_month,
         max_cost_usd_per_day=settings.quota_max_cost_usd_per_day,
+        max_cost_usd_per_month=settings.quota_max_cost_usd_per_month,
         synthetic_public=settings.synthetic_public,
         platform_key_available=settings.platform_key_configured,
-        snapshot_ttl_days=settings.snapshot_ttl_days,
+        snapshot_ttl_days=settings.data_retention_days,
     )
 
 
@@ -92,7 +106,12 @@ def relay_config(settings: Settings) -> RelayConfig:
 
 
 def reconciler_config(settings: Settings) -> ReconcilerConfig:
-    return ReconcilerConfig(lock_grace_s=settings.lock_grace_s)
+    return ReconcilerConfig(
+        lock_grace_s=settings.lock_grace_s,
+        retention_days=settings.data_retention_days,
+        relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
+        relay_task_queue=settings.task_queue(SYSTEM_QUEUE),
+    )
 
 
 async def connect_temporal(settings: Settings) -> Client:

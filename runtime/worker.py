@@ -28,6 +28,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.failures import PublicFailureInterceptor
 from activities.reconciler import Reconciler
 from activities.relay import Relay
 from activities.stages import JobActivities
@@ -90,6 +91,7 @@ def build_workers(
                     # the timeout itself can tolerate a busy event loop.
                     max_heartbeat_throttle_interval=timedelta(seconds=1),
                     workflow_runner=sandbox_runner(),
+                    interceptors=[PublicFailureInterceptor()],
                 )
             )
         elif q == SYSTEM_QUEUE:
@@ -103,6 +105,7 @@ def build_workers(
                     activities=[relay.relay_loop, reconciler.reconcile_once],
                     max_concurrent_activities=8,
                     workflow_runner=sandbox_runner(),
+                    interceptors=[PublicFailureInterceptor()],
                 )
             )
         else:

@@ -27,7 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.relay import Relay
-from db.credentials import has_active_user_key
+from db.credentials import active_user_key_id
 from db.migrate import upgrade
 from db.session import SessionMaker, make_engine, make_sessionmaker, sqlalchemy_url
 from engine.settings import Settings
@@ -206,7 +206,7 @@ async def running_stack(
         parts.sessionmaker,
         parts.catalog,
         policy or create_policy(settings),
-        credential_exists=has_active_user_key,
+        credential_lookup=active_user_key_id,
     )
     rc = dataclasses.replace(relay_config(settings), **(relay_overrides or {}))
     r = Relay(parts.sessionmaker, client, parts.catalog, rc)

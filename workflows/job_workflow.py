@@ -1,17 +1,34 @@
 """The job workflow: one Temporal workflow type per job type, named after it, sharing one
-implementation of the five stages (DESIGN §3):
+implementation of the stages:
 
     PREPARE (local)  lock queued → running, or end at once if the job already ended
     RESOLVE (local)  snapshot, credential availability, prompt version, provider
     EXECUTE          the provider call: heartbeats, cancellable, retried per the definition
     PROJECT (local)  projector + markSucceeded + ai.job.completed, one transaction
-    COMPLETE (local) usage summary and the domain event log line
 
 Failures after retries → FINALIZE_FAILED; cancellation → FINALIZE_CANCELLED. Both finalizers are
 shielded from a (second) cancellation so that every job reaches exactly one terminal state, and
 both report the state that actually won a race (e.g. a cancel racing PROJECT's commit).
 
-Only ids, hashes and codes pass through here (DESIGN §2.5).
+Runs recorded before the `skip-complete-stage` patch ran a fifth stage, COMPLETE (local), after
+PROJECT; it only logged the usage summary. Replaying such a history still takes that branch, so
+the `complete` activity stays registered until the patch is retired.
+
+Only ids, hashes and codes pass through here.
+
+Versioning (docs/versioning.md). Workers replay open runs from their history, so a deploy must
+not change the commands an already-recorded run issues (activities and their order, timers,
+search-attribute upserts, child workflows, continue-as-new):
+
+- Gate such a change with `if workflow.patched("<id>"):` new code, `else:` old code. New runs
+  record the patch marker and take the new branch; old runs replay through the old one.
+- Once no run started before the patch can still be open (a visibility query; jobs end within
+  their timeout and retries), replace the gate by `workflow.deprecate_patch("<id>")` before the
+  new code, and drop the old branch with whatever only it used (an activity, a contract) and
+  the histories recorded before the patch. Once no run started before that deploy is open,
+  remove the `deprecate_patch` call.
+- After each such change record new histories (`python -m tests.replay.record --tag vN`) and
+  keep every older tag whose runs can still be open: `tests/replay` replays all of them.
 """
 
 from __future__ import annotations
@@ -72,12 +89,15 @@ BOOKKEEPING_RETRY = RetryPolicy(
     maximum_attempts=0,
 )
 LOCAL_TIMEOUT = timedelta(seconds=30)
-# Codes that never retry (DESIGN §8); the activity also sets non_retryable on them.
+# Codes that never retry; the activity also sets non_retryable on them.
 NON_RETRYABLE = ["CONTENT_SAFETY_BLOCKED", "CREDENTIAL_INVALID", "CREDENTIAL_MISSING", "CANCELLED"]
+
+# Patch ids: each one gates a change of the commands a run issues (see the module docstring).
+SKIP_COMPLETE_STAGE = "skip-complete-stage"
 
 
 def _error_code(err: BaseException) -> str:
-    """The DESIGN §8 code behind an activity failure."""
+    """The public error code behind an activity failure."""
     cause: BaseException | None = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError) and cause.type:
         return cause.type
@@ -148,17 +168,20 @@ class JobWorkflowBase:
                 self._set_status(projected.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
             self._set_status("succeeded")
-            await self._local(
-                COMPLETE,
-                CompleteInput(
-                    job_id=inp.jobId,
-                    calls=projected.calls,
-                    tokens_in=projected.tokens_in,
-                    tokens_out=projected.tokens_out,
-                    cost_micros=projected.cost_micros,
-                ),
-                CompleteResult,
-            )
+            if not workflow.patched(SKIP_COMPLETE_STAGE):
+                # Histories from before the patch. COMPLETE only logged the usage summary that
+                # PROJECT had committed, at the price of one more command per job.
+                await self._local(
+                    COMPLETE,
+                    CompleteInput(
+                        job_id=inp.jobId,
+                        calls=projected.calls,
+                        tokens_in=projected.tokens_in,
+                        tokens_out=projected.tokens_out,
+                        cost_micros=projected.cost_micros,
+                    ),
+                    CompleteResult,
+                )
             return JobWorkflowResult(inp.jobId, "succeeded", output_hash=executed.output_hash)
         # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
         # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or

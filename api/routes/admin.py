@@ -1,4 +1,5 @@
-"""SUPER_ADMIN routes: list/filter any job, see internals, retry failed or cancelled jobs."""
+"""SUPER_ADMIN routes: list/filter any job, see internals (and why it is stuck), retry failed or
+cancelled jobs."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from api.deps import Admin, State
 from api.schemas import (
     JOB_TYPE_PATTERN,
     NO_NUL,
+    AdminJobDetailResponse,
     AdminJobPage,
     AdminJobResponse,
     JobStatusResponse,
     Queue,
     Status,
+    StuckOut,
     decode_cursor,
     encode_cursor,
     status_response,
 )
+from api.stuck import stuck_for
 from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
 from engine.errors import JobNotFound
 
@@ -83,14 +87,33 @@ async def list_jobs(
     }
 
 
-@router.get("/{job_id}", response_model=AdminJobResponse, summary="A job with its internals")
+@router.get(
+    "/{job_id}",
+    response_model=AdminJobDetailResponse,
+    summary="A job with its internals",
+    description=(
+        "`stuck` says why a queued or running job is not progressing (its enqueue event is dead "
+        "or backing off; its workflow is missing, closed, or its workflow task keeps failing), "
+        "computed live; null when nothing is wrong or Temporal cannot be asked in time."
+    ),
+)
 async def get_job(job_id: uuid.UUID, state: State, _admin: Admin) -> dict[str, Any]:
     async with state.sessionmaker() as s:
         row = await _jobs.get(s, job_id)
         if row is None:
             raise JobNotFound("Job not found.")
         arts = await _jobs.artifacts(s, [job_id])
-    return admin_json(state, row, arts[job_id])
+    # After the session is returned: the stuck check may wait on Temporal for up to 2 s.
+    stuck = await stuck_for(state, row)
+    body = admin_json(state, row, arts[job_id])
+    body["stuck"] = (
+        StuckOut(reason=stuck.reason, detail=stuck.detail, since=stuck.since).model_dump(
+            mode="json", by_alias=True
+        )
+        if stuck
+        else None
+    )
+    return body
 
 
 @router.post(

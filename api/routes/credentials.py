@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, SecretStr, field_validator
 
 from api.deps import State, User
+from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
 from db.credentials import CredentialRow
 
@@ -71,6 +72,7 @@ def _out(row: CredentialRow) -> CredentialOut:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=CredentialOut,
+    responses=TOO_LARGE_RESPONSE,
     summary="Add your own provider key",
     description=(
         "Stores the key encrypted; it is used by jobs created with "

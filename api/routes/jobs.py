@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from api.deps import State, User
+from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import (
     JOB_TYPE_PATTERN,
     CancelResponse,
@@ -52,7 +53,10 @@ async def job_json(state: State, row: Any) -> dict[str, Any]:
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobStatusResponse,
-    responses={200: {"model": JobStatusResponse, "description": "Existing job (same key)"}},
+    responses={
+        200: {"model": JobStatusResponse, "description": "Existing job (same key)"},
+        **TOO_LARGE_RESPONSE,
+    },
     summary="Create a job",
     description=(
         "Creates a job of a public job type; `input` is validated against that type's own input "

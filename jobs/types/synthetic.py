@@ -6,9 +6,10 @@ the synthetic provider and projects one `synthetic_result` artifact.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -27,6 +28,10 @@ from engine.definition import (
 from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, artifact_uuid
 from providers.base import SyntheticBehaviour
 
+# `echo` is copied into the job's output (and its hash): a scripted test payload never needs more
+# than this, measured as compact UTF-8 JSON.
+MAX_ECHO_BYTES = 16 * 1024
+
 
 class SyntheticInput(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
@@ -37,6 +42,20 @@ class SyntheticInput(BaseModel):
     hang: bool = False
     invalid_output: bool = False
     echo: dict[str, Any] | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _bounded_echo(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        try:
+            size = len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        except (TypeError, ValueError, UnicodeEncodeError):
+            raise ValueError("echo must be encodable as UTF-8 JSON") from None
+        if size > MAX_ECHO_BYTES:
+            # The message states the bound, never the value.
+            raise ValueError(f"echo must not exceed {MAX_ECHO_BYTES} bytes as compact JSON")
+        return v
 
 
 class SyntheticOutput(BaseModel):

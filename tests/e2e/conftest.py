@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from temporalio.client import Client
 
 from api.app import create_app
-from api.auth import issue_token
+from api.auth import JwtConfig, issue_token
 from db.session import SessionMaker
 from engine.settings import Settings
 from jobs.service import CreatePolicy
@@ -144,7 +144,7 @@ class Api:
 
     def token(self, user_id: str, *, admin: bool = False, ttl_s: int = 3600) -> str:
         return issue_token(
-            self.settings.jwt_secret.get_secret_value(), user_id, admin=admin, ttl_s=ttl_s
+            JwtConfig.from_settings(self.settings), user_id, admin=admin, ttl_s=ttl_s
         )
 
     def as_user(self, user_id: str = "alice") -> dict[str, str]:

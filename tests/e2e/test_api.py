@@ -669,7 +669,7 @@ async def test_openapi_shows_every_public_input_schema(api: Api) -> None:
 
 
 async def test_production_hides_synthetic(db: SessionMaker, env: Any) -> None:
-    async with start_api(env(AIJOBS_ENV="production")) as prod:
+    async with start_api(env(AIJOBS_ENV="production", JWT_SECRET="e2e-" + "s" * 40)) as prod:
         spec = await prod.http.get("/openapi.json")
         assert spec.status_code == 200
         assert "synthetic" not in spec.text.lower()

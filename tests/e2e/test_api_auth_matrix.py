@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from db.session import SessionMaker
-from tests.e2e.conftest import Api, assert_problem, bearer
+from tests.e2e.conftest import Api, assert_problem, bearer, start_api
 
 OWNER, OTHER, ADMIN = "alice", "bob", "root"
 WHO = ("none", "bad", "expired", "other", "owner", "admin")
@@ -149,7 +149,7 @@ def _token(secret: str, claims: dict[str, Any], *, alg: str = "HS256") -> str:
 
 def bad_authorizations(api: Api) -> dict[str, str]:
     """Authorization values that must all be refused with 401, whatever the route."""
-    secret = api.settings.jwt_secret.get_secret_value()
+    secret = api.settings.jwt_signing_secret
     now = int(time.time())
     ok = {"sub": OWNER, "roles": ["SUPER_ADMIN"], "iat": now, "exp": now + 600}
     unsigned = jwt.encode(ok, key=None, algorithm="none")  # type: ignore[arg-type]
@@ -168,6 +168,11 @@ def bad_authorizations(api: Api) -> dict[str, str]:
         "roles-not-a-list": _token(secret, {**ok, "roles": "SUPER_ADMIN"}),
         "expired": _token(secret, {**ok, "exp": now - 60}),
         "not-yet-valid": _token(secret, {**ok, "nbf": now + 600}),
+        "no-iat": _token(secret, {"sub": OWNER, "roles": [], "exp": now + 600}),
+        "string-iat": _token(secret, {**ok, "iat": str(now)}),
+        "future-iat": _token(secret, {**ok, "iat": now + 3600, "exp": now + 4200}),
+        "too-long-lifetime": _token(secret, {**ok, "exp": now + api.settings.jwt_max_ttl_s + 60}),
+        "unexpected-aud": _token(secret, {**ok, "aud": "another-service"}),
     }
     return {
         "empty-bearer": "Bearer",
@@ -212,3 +217,28 @@ async def test_admin_can_read_any_job_on_the_user_route_but_lists_only_its_own(
     assert r.status_code == 200 and r.json()["jobId"] == job
     r = await api.http.get("/api/ai/jobs", headers=api.as_admin(ADMIN))
     assert [i["jobId"] for i in r.json()["items"]] == [mine]
+
+
+async def test_issuer_and_audience_are_checked_when_configured(db: SessionMaker, env: Any) -> None:
+    settings = env(JWT_ISSUER="https://auth.example", JWT_AUDIENCE="ai-jobs")
+    async with start_api(settings) as api:
+        # Tokens from `issue_token` carry the configured issuer and audience.
+        r = await api.http.get("/api/ai/jobs", headers=api.as_user(OWNER))
+        assert r.status_code == 200, r.text
+        secret = settings.jwt_signing_secret
+        now = int(time.time())
+        base = {"sub": OWNER, "roles": [], "iat": now, "exp": now + 600}
+        iss, aud = {"iss": "https://auth.example"}, {"aud": "ai-jobs"}
+        refused = {
+            "neither": base,
+            "no-aud": {**base, **iss},
+            "no-iss": {**base, **aud},
+            "other-iss": {**base, **aud, "iss": "https://evil.example"},
+            "other-aud": {**base, **iss, "aud": "another-service"},
+        }
+        for name, claims in refused.items():
+            r = await api.http.get("/api/ai/jobs", headers=bearer(_token(secret, claims)))
+            assert r.status_code == 401, name
+            assert_problem(r, 401, "UNAUTHENTICATED")
+        both = bearer(_token(secret, {**base, **iss, **aud}))
+        assert (await api.http.get("/api/ai/jobs", headers=both)).status_code == 200

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from api.app import create_app
-from api.auth import issue_token
+from api.auth import JwtConfig, issue_token
 from db.credentials import has_active_user_key
 from engine.definition import RetryBackoff
 from engine.settings import Settings
@@ -77,6 +77,8 @@ def fake_env(fake: FakeOpenAIServer, **env: Any) -> dict[str, Any]:
     """Settings overrides pointing the engine at the fake server with a platform key."""
     values: dict[str, Any] = {
         "AI_BASE_URL": fake.base_url,
+        # Users' own keys may go to the fake server only because it is allowlisted.
+        "USER_KEY_ALLOWED_BASE_URLS": fake.base_url,
         "DEEPSEEK_API_KEY": PLATFORM_KEY,
         "AI_MODEL": FAKE_MODEL,
     }
@@ -125,5 +127,5 @@ async def api_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.A
 
 
 def auth(settings: Settings, user_id: str, *, admin: bool = False) -> dict[str, str]:
-    token = issue_token(settings.jwt_secret.get_secret_value(), user_id, admin=admin)
+    token = issue_token(JwtConfig.from_settings(settings), user_id, admin=admin)
     return {"Authorization": f"Bearer {token}"}

@@ -4,6 +4,7 @@ right again when it and Temporal disagree (real PostgreSQL, real Temporal dev se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from activities.reconciler import Reconciler
+from activities.reconciler import Reconciler, ReconcilerConfig
 from db.session import SessionMaker
 from runtime.wiring import reconciler_config
 from tests.conftest import make_settings
@@ -109,7 +110,7 @@ async def test_worker_killed_during_execute_job_still_succeeds_once(
             assert f.events.get(COMPLETED) == 1
             # The killed attempt never reached its write; the retry on the new worker did.
             assert f.usage == [(2, None)]
-            assert row.locked_by.split("/")[0] == desc.run_id  # one run, locked once
+            assert row.locked_by.split("/")[1] == desc.run_id  # one run, locked once
             assert ps[1].poll() is None
 
 
@@ -143,7 +144,7 @@ async def test_reconciler_fails_expired_lock_of_a_gone_workflow_only(
             j=lost_cancel,
         )
 
-        rec = Reconciler(db, temporal_client, reconciler_config(settings))
+        rec = Reconciler(db, temporal_client, no_relay(reconciler_config(settings)))
         result = await rec.run_once()
 
         assert result.expired_locks_failed == 1
@@ -211,7 +212,9 @@ async def test_reconciler_requeues_lost_enqueue_and_deletes_expired_snapshots(
         assert await describe_or_none(temporal_client, st.workflow_id(lost)) is None
         assert await describe_or_none(temporal_client, st.workflow_id(started)) is not None
 
-        result = await Reconciler(db, temporal_client, reconciler_config(settings)).run_once()
+        result = await Reconciler(
+            db, temporal_client, no_relay(reconciler_config(settings))
+        ).run_once()
 
         assert result.outbox_requeued == 1
         assert result.details == [f"requeued {lost}"]
@@ -244,3 +247,8 @@ async def test_reconciler_requeues_lost_enqueue_and_deletes_expired_snapshots(
 
         for j in (lost, started):
             await temporal_client.get_workflow_handle(st.workflow_id(j)).terminate("test over")
+
+
+def no_relay(cfg: ReconcilerConfig) -> ReconcilerConfig:
+    """These tests run their relay in-process: the reconciler must not start the workflow one."""
+    return dataclasses.replace(cfg, relay_workflow_id=None)

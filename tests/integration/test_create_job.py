@@ -5,6 +5,7 @@ without overshoot; cancel and admin retry follow the lifecycle table."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import uuid
 from collections import Counter
 from typing import Any
@@ -26,8 +27,7 @@ from engine.errors import (
     TooManyJobs,
     UnknownJobType,
 )
-from engine.redaction import REDACTION_VERSION, redact
-from jobs.service import CreateJobRequest, CreatePolicy, JobService
+from jobs.service import SNAPSHOT_VERBATIM, CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
 
 NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
@@ -206,9 +206,11 @@ async def test_create_writes_job_snapshot_and_outbox_in_one_transaction(
             )
         ).one()
         (event,) = (await s.execute(text("SELECT * FROM outbox_event"))).all()
-    assert snap.redaction_version == REDACTION_VERSION
-    assert snap.content == {"input": redact(job.input), "targetType": "test", "targetId": "t1"}
-    assert snap.content["input"]["echo"]["contact"] == "[email]"
+    # The snapshot keeps what the user wrote: prompts are built from it (a "[email]" would
+    # change their meaning); it is private data under the retention rule.
+    assert snap.redaction_version == SNAPSHOT_VERBATIM
+    assert snap.content == {"input": job.input, "targetType": "test", "targetId": "t1"}
+    assert snap.content["input"]["echo"]["contact"] == "ada@example.com"
     assert event.payload == {
         "jobId": str(job.id),
         "jobType": "synthetic",
@@ -221,14 +223,20 @@ async def test_create_writes_job_snapshot_and_outbox_in_one_transaction(
         str(job.id),
     )
     assert (event.status, event.attempt_count) == ("pending", 0)
-    assert event.dedupe_key == f"synthetic:u1:{job.id}"
+    assert event.dedupe_key == f"ai.job.enqueue:{job.id}"
 
 
-async def test_dedupe_key_uses_the_idempotency_key(db: SessionMaker) -> None:
-    await service(db).create(request(idempotency_key="click-1"))
+async def test_the_enqueue_dedupe_key_is_the_job_id_alone(db: SessionMaker) -> None:
+    """No client-chosen key, user id or job type goes into it: nothing can collide."""
+    a = (await service(db).create(request(idempotency_key="click-1"))).job
+    b = (await service(db).create(request(idempotency_key=f"ai.job.enqueue:{a.id}"))).job
     async with db() as s:
-        keys = (await s.execute(text("SELECT dedupe_key FROM outbox_event"))).scalars().all()
-    assert keys == ["synthetic:u1:click-1"]
+        keys = (
+            (await s.execute(text("SELECT dedupe_key FROM outbox_event ORDER BY id")))
+            .scalars()
+            .all()
+        )
+    assert keys == [f"ai.job.enqueue:{a.id}", f"ai.job.enqueue:{b.id}"]
 
 
 STEPS = [
@@ -324,10 +332,10 @@ async def test_cancel_a_finished_job(db: SessionMaker) -> None:
     svc = service(db)
     repo = LifecycleRepository(db)
     done = (await svc.create(request(target_id="a"))).job
-    await repo.lock(done.id, run_id="run-1", identity="w", ttl_s=60)
-    await repo.mark_succeeded(done.id, run_id="run-1")
+    await repo.lock(done.id, owner="run-1", identity="w", ttl_s=60)
+    await repo.mark_succeeded(done.id, owner="run-1")
     failed = (await svc.create(request(target_id="b"))).job
-    await repo.lock(failed.id, run_id="run-2", identity="w", ttl_s=60)
+    await repo.lock(failed.id, owner="run-2", identity="w", ttl_s=60)
     await repo.mark_failed(failed.id, "PROVIDER_UNAVAILABLE", "down")
     for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
         before = await get(db, job_id)
@@ -340,7 +348,7 @@ async def test_cancel_a_finished_job(db: SessionMaker) -> None:
 async def test_cancel_a_running_job_requests_it(db: SessionMaker) -> None:
     svc = service(db)
     job = (await svc.create(request())).job
-    await LifecycleRepository(db).lock(job.id, run_id="run-1", identity="w", ttl_s=60)
+    await LifecycleRepository(db).lock(job.id, owner="run-1", identity="w", ttl_s=60)
     rec = CancelRecorder()
     res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
     assert res.outcome == "cancel_requested"
@@ -376,7 +384,7 @@ async def test_cancel_someone_elses_job_is_not_found(db: SessionMaker) -> None:
 async def failed_job(svc: JobService, sm: SessionMaker, **kw: Any) -> JobRow:
     job = (await svc.create(request(**kw))).job
     repo = LifecycleRepository(sm)
-    await repo.lock(job.id, run_id="run-1", identity="w", ttl_s=60)
+    await repo.lock(job.id, owner="run-1", identity="w", ttl_s=60)
     await repo.mark_failed(job.id, "PROVIDER_UNAVAILABLE", "down")
     return await get(sm, job.id)
 
@@ -432,9 +440,9 @@ async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker)
     repo = LifecycleRepository(db)
     queued = (await svc.create(request(target_id="q"))).job
     running = (await svc.create(request(target_id="r"))).job
-    await repo.lock(running.id, run_id="run-r", identity="w", ttl_s=60)
+    await repo.lock(running.id, owner="run-r", identity="w", ttl_s=60)
     done = (await svc.create(request(target_id="s"))).job
-    await repo.lock(done.id, run_id="run-s", identity="w", ttl_s=60)
+    await repo.lock(done.id, owner="run-s", identity="w", ttl_s=60)
     await repo.mark_succeeded(done.id)
     for job_id in (queued.id, running.id, done.id):
         with pytest.raises(JobNotRetryable):
@@ -442,3 +450,84 @@ async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker)
     with pytest.raises(JobNotFound):
         await svc.retry(uuid.uuid4())
     assert await counts(db) == (3, 3, 3)
+
+
+async def _backdate(sm: SessionMaker, job_ids: list[uuid.UUID], when: dt.datetime) -> None:
+    async with sm.begin() as s:
+        await s.execute(
+            text("UPDATE ai_job SET created_at = :w WHERE id = ANY(:ids)"),
+            {"w": when, "ids": job_ids},
+        )
+
+
+async def test_monthly_quota_counts_the_utc_month(db: SessionMaker) -> None:
+    svc = service(db, CreatePolicy(max_active_jobs=0, max_jobs_per_day=0, max_jobs_per_month=2))
+    now = dt.datetime.now(dt.UTC)
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    first = [(await svc.create(request(target_id=f"t{i}"))).job.id for i in range(2)]
+    # One second into this UTC month counts; one second before it does not.
+    await _backdate(db, first[:1], month_start + dt.timedelta(seconds=1))
+    await _backdate(db, first[1:], month_start - dt.timedelta(seconds=1))
+    assert (await svc.create(request(target_id="t3"))).created
+    with pytest.raises(QuotaExceeded) as info:
+        await svc.create(request(target_id="t4"))
+    assert "per month" in info.value.public_message
+    next_month = (month_start + dt.timedelta(days=32)).replace(day=1)
+    expected = (next_month - dt.datetime.now(dt.UTC)).total_seconds()
+    assert info.value.retry_after_s is not None
+    assert abs(info.value.retry_after_s - expected) <= 5
+    assert (await svc.create(request("u2"))).created  # per user
+
+
+async def test_the_daily_quota_starts_at_utc_midnight(db: SessionMaker) -> None:
+    svc = service(db, CreatePolicy(max_active_jobs=0, max_jobs_per_day=1))
+    job = (await svc.create(request())).job.id
+    midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    await _backdate(db, [job], midnight - dt.timedelta(seconds=1))
+    # One second before UTC midnight is yesterday: the boundary is computed in UTC by the
+    # service, not by the database's time zone.
+    assert (await svc.create(request(target_id="t2"))).created
+    with pytest.raises(QuotaExceeded):
+        await svc.create(request(target_id="t3"))
+
+
+async def test_monthly_cost_budget(db: SessionMaker) -> None:
+    svc = service(
+        db, CreatePolicy(max_active_jobs=0, max_jobs_per_day=0, max_cost_usd_per_month=1.0)
+    )
+    job = (await svc.create(request())).job
+    async with db.begin() as s:
+        await s.execute(
+            text(
+                "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
+                "model, tokens_in, tokens_out, cost_usd, latency_ms, created_at) VALUES "
+                "(:j, 'u1', 1, 'platform_key', 'deepseek', 'deepseek-chat', 1, 1, 1.5, 1, "
+                ":at)"
+            ),
+            {"j": job.id, "at": dt.datetime.now(dt.UTC).replace(day=1, hour=0, minute=0)},
+        )
+    with pytest.raises(QuotaExceeded) as info:
+        await svc.create(request(target_id="t2"))
+    assert "monthly" in info.value.public_message
+
+
+async def test_the_fingerprint_includes_the_credential_mode(db: SessionMaker) -> None:
+    """Same key, same body, another payer: a different request."""
+    svc = JobService(db, default_catalog(), NO_QUOTAS, credential_lookup=lambda _s, _u: _some_key())
+    await svc.create(request(job_type="quiz_generation", idempotency_key="k", input=QUIZ_INPUT))
+    with pytest.raises(IdempotencyKeyReused):
+        await svc.create(
+            request(
+                job_type="quiz_generation",
+                idempotency_key="k",
+                input=QUIZ_INPUT,
+                credential_mode="user_deepseek_key",
+            )
+        )
+
+
+QUIZ_INPUT = {"sourceText": "Photosynthesis happens in chloroplasts.", "count": 1}
+
+
+async def _some_key() -> uuid.UUID:
+    return uuid.uuid4()

@@ -104,15 +104,20 @@ async def test_add_list_revoke_own_keys_masked(db: SessionMaker, fake_settings: 
         assert created["keyHint"] == f"sk-…{USER_KEY[-4:]}"
         assert (created["status"], created["revokedAt"]) == ("active", None)
 
-        # Stored encrypted under the current key id, bound to its owner and provider.
+        # Stored encrypted under the current key id, bound to its row, owner and provider.
         [row] = await _credential_rows(db)
         assert (str(row.id), row.user_id, row.key_id) == (created["id"], "u1", "k1")
         assert USER_KEY.encode() not in bytes(row.ciphertext)
         cipher = CredentialCipher.from_setting(K1)
-        aad = credential_aad("u1", "deepseek")
+        aad = credential_aad("u1", "deepseek", row.id)
         assert cipher.decrypt(row.key_id, bytes(row.ciphertext), aad=aad) == USER_KEY
-        with pytest.raises(ExecutionFailure):
-            cipher.decrypt(row.key_id, bytes(row.ciphertext), aad=credential_aad("u2", "deepseek"))
+        for wrong in (
+            credential_aad("u2", "deepseek", row.id),  # another owner
+            credential_aad("u1", "deepseek", uuid.uuid4()),  # another row of the same owner
+            credential_aad("u1", "deepseek"),  # the older, row-less binding
+        ):
+            with pytest.raises(ExecutionFailure):
+                cipher.decrypt(row.key_id, bytes(row.ciphertext), aad=wrong)
 
         listed = await c.get("/api/ai/credentials", headers=auth(s, "u1"))
         assert listed.status_code == 200
@@ -270,7 +275,7 @@ async def test_rotation_reencrypts_active_keys_under_the_new_key_id(
     for user, key in plain.items():
         row = rows[user]
         assert row.key_id == "k2"
-        aad = credential_aad(user, "deepseek")
+        aad = credential_aad(user, "deepseek", row.id)
         assert only_k2.decrypt(row.key_id, bytes(row.ciphertext), aad=aad) == key
         with pytest.raises(ExecutionFailure):
             old_ring.decrypt(row.key_id, bytes(row.ciphertext), aad=aad)
@@ -286,7 +291,7 @@ async def test_rotation_reencrypts_active_keys_under_the_new_key_id(
     rows = {r.user_id: r for r in await _credential_rows(db)}
     k3_ring = CredentialCipher.from_setting(k3)
     for user, key in plain.items():
-        aad = credential_aad(user, "deepseek")
+        aad = credential_aad(user, "deepseek", rows[user].id)
         assert rows[user].key_id == "k3"
         assert k3_ring.decrypt("k3", bytes(rows[user].ciphertext), aad=aad) == key
 

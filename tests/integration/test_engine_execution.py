@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import uuid
 
 import pytest
@@ -353,8 +354,10 @@ async def test_concurrent_duplicate_projection_writes_once(
         row = await st.job(job_id)
         assert row.lifecycle_status == "running" and row.output_hash is not None
         acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, workflow_id=row.workflow_id)
         duplicate = asyncio.ensure_future(
-            ActivityEnvironment().run(
+            env.run(
                 acts.project,
                 ProjectInput(
                     job_id=str(job_id),

@@ -63,7 +63,7 @@ async def get(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
 
 async def running_job(sm: SessionMaker, run_id: str = "run-1") -> uuid.UUID:
     job_id = await insert_job(sm)
-    await LifecycleRepository(sm).lock(job_id, run_id=run_id, identity="w1", ttl_s=TTL)
+    await LifecycleRepository(sm).lock(job_id, owner=run_id, identity="w1", ttl_s=TTL)
     return job_id
 
 
@@ -134,7 +134,7 @@ async def apply(
 
     if name == "lock":
         run = op[1]
-        call = repo.lock(job_id, run_id=run, identity="w", ttl_s=TTL)
+        call = repo.lock(job_id, owner=run, identity="w", ttl_s=TTL)
         if m.status == S.QUEUED or (m.status == S.RUNNING and m.owner == run):
             locked = await call
             assert locked.reacquired is (m.status == S.RUNNING), m.log
@@ -146,7 +146,7 @@ async def apply(
             await expect_illegal(S.RUNNING, call)
     elif name == "extend":
         run = op[1]
-        res = await repo.extend_lock(job_id, run_id=run, ttl_s=TTL * 2)
+        res = await repo.extend_lock(job_id, owner=run, ttl_s=TTL * 2)
         if m.status == S.RUNNING and m.owner == run:
             assert res.extended and res.cancel_requested is m.cancel_requested, m.log
             after = await get(sm, job_id)
@@ -159,11 +159,9 @@ async def apply(
         run = op[1]
         to = S.SUCCEEDED if name == "succeed" else S.FAILED
         if name == "succeed":
-            call = repo.mark_succeeded(job_id, run_id=run)
+            call = repo.mark_succeeded(job_id, owner=run)
         else:
-            call = repo.mark_failed(
-                job_id, "PROVIDER_UNAVAILABLE", "public text", op[2], run_id=run
-            )
+            call = repo.mark_failed(job_id, "PROVIDER_UNAVAILABLE", "public text", op[2], owner=run)
         if m.status == S.RUNNING and run is not None and run != m.owner:
             await expect_lock_conflict(call)
         elif m.status == S.RUNNING:
@@ -237,7 +235,7 @@ async def test_concurrent_lockers_exactly_one_wins(db: SessionMaker) -> None:
 
     async def attempt(job_id: uuid.UUID, run: str) -> tuple[uuid.UUID, str, object]:
         try:
-            return job_id, run, await repo.lock(job_id, run_id=run, identity=f"w-{run}", ttl_s=TTL)
+            return job_id, run, await repo.lock(job_id, owner=run, identity=f"w-{run}", ttl_s=TTL)
         except LockConflict as exc:
             return job_id, run, exc
 
@@ -258,31 +256,31 @@ async def test_same_run_relock_is_reacquired(db: SessionMaker) -> None:
     """A retried PREPARE (possibly on another worker) finds its own lock and succeeds."""
     repo = LifecycleRepository(db)
     job_id = await insert_job(db)
-    first = await repo.lock(job_id, run_id="run-1", identity="w1", ttl_s=TTL)
+    first = await repo.lock(job_id, owner="run-1", identity="w1", ttl_s=TTL)
     assert not first.reacquired
     started = (await get(db, job_id)).started_at
-    again = await repo.lock(job_id, run_id="run-1", identity="w2", ttl_s=TTL)
+    again = await repo.lock(job_id, owner="run-1", identity="w2", ttl_s=TTL)
     assert again.reacquired
     assert again.locked_by == owner_token("run-1", "w2")
     assert again.lock_until >= first.lock_until
     row = await get(db, job_id)
     assert row.started_at == started  # the first start is kept
     with pytest.raises(LockConflict):
-        await repo.lock(job_id, run_id="run-2", identity="w1", ttl_s=TTL)
+        await repo.lock(job_id, owner="run-2", identity="w1", ttl_s=TTL)
 
 
 async def test_missing_job_is_not_found(db: SessionMaker) -> None:
     repo = LifecycleRepository(db)
     missing = uuid.uuid4()
     with pytest.raises(JobNotFound):
-        await repo.lock(missing, run_id="r", identity="w", ttl_s=TTL)
+        await repo.lock(missing, owner="r", identity="w", ttl_s=TTL)
     with pytest.raises(JobNotFound):
         await repo.mark_succeeded(missing)
     with pytest.raises(JobNotFound):
         await repo.mark_cancelled(missing)
     with pytest.raises(JobNotFound):
         await repo.request_cancel(missing)
-    assert not (await repo.extend_lock(missing, run_id="r", ttl_s=TTL)).extended
+    assert not (await repo.extend_lock(missing, owner="r", ttl_s=TTL)).extended
 
 
 # ---- heartbeat and expired locks ------------------------------------------------------------
@@ -291,26 +289,26 @@ async def test_missing_job_is_not_found(db: SessionMaker) -> None:
 async def test_extend_lock_only_for_the_owner_while_running(db: SessionMaker) -> None:
     repo = LifecycleRepository(db)
     queued = await insert_job(db)
-    assert not (await repo.extend_lock(queued, run_id="run-1", ttl_s=TTL)).extended
+    assert not (await repo.extend_lock(queued, owner="run-1", ttl_s=TTL)).extended
 
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
-    other = await repo.extend_lock(job_id, run_id="run-2", ttl_s=3600)
+    other = await repo.extend_lock(job_id, owner="run-2", ttl_s=3600)
     assert not other.extended
     assert await get(db, job_id) == before
 
-    mine = await repo.extend_lock(job_id, run_id="run-1", ttl_s=3600)
+    mine = await repo.extend_lock(job_id, owner="run-1", ttl_s=3600)
     assert mine.extended and not mine.cancel_requested
     after = await get(db, job_id)
     assert after.lock_until is not None and before.lock_until is not None
     assert after.lock_until > before.lock_until
 
     assert await repo.request_cancel(job_id) == S.RUNNING
-    assert (await repo.extend_lock(job_id, run_id="run-1", ttl_s=TTL)).cancel_requested
+    assert (await repo.extend_lock(job_id, owner="run-1", ttl_s=TTL)).cancel_requested
 
-    await repo.mark_succeeded(job_id, run_id="run-1")
+    await repo.mark_succeeded(job_id, owner="run-1")
     done = await get(db, job_id)
-    assert not (await repo.extend_lock(job_id, run_id="run-1", ttl_s=TTL)).extended
+    assert not (await repo.extend_lock(job_id, owner="run-1", ttl_s=TTL)).extended
     assert await get(db, job_id) == done
 
 
@@ -359,7 +357,7 @@ async def test_mark_failed_keeps_codes_and_an_earlier_internal_message(db: Sessi
     job_id = await running_job(db, "run-1")
     async with db.begin() as s:
         await JobQueries().record_attempt(s, job_id, attempt=2, internal_error="attempt 2: 502")
-    await repo.mark_failed(job_id, "PROVIDER_UNAVAILABLE", "Provider down.", None, run_id="run-1")
+    await repo.mark_failed(job_id, "PROVIDER_UNAVAILABLE", "Provider down.", None, owner="run-1")
     row = await get(db, job_id)
     assert (row.lifecycle_status, row.status) == ("failed", "failed")
     assert row.error_code == "PROVIDER_UNAVAILABLE"
@@ -387,7 +385,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     job_id = await running_job(db, "run-1")
     with pytest.raises(Rollback):
         async with db.begin() as s:
-            await repo.mark_succeeded(job_id, run_id="run-1", session=s)
+            await repo.mark_succeeded(job_id, owner="run-1", session=s)
             inside = (
                 await s.execute(
                     text("SELECT lifecycle_status FROM ai_job WHERE id = :id"), {"id": job_id}
@@ -401,7 +399,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     assert (row.lifecycle_status, row.status, row.finished_at) == ("running", "processing", None)
 
     async with db.begin() as s:
-        await repo.mark_succeeded(job_id, run_id="run-1", session=s)
+        await repo.mark_succeeded(job_id, owner="run-1", session=s)
     row = await get(db, job_id)
     assert (row.lifecycle_status, row.status, row.progress) == ("succeeded", "completed", 100)
 
@@ -420,9 +418,9 @@ async def test_mark_succeeded_by_another_run_is_a_lock_conflict(db: SessionMaker
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
     with pytest.raises(LockConflict):
-        await repo.mark_succeeded(job_id, run_id="run-2")
+        await repo.mark_succeeded(job_id, owner="run-2")
     with pytest.raises(LockConflict):
-        await repo.mark_failed(job_id, "INTERNAL_ERROR", "x", run_id="run-2")
+        await repo.mark_failed(job_id, "INTERNAL_ERROR", "x", owner="run-2")
     assert await get(db, job_id) == before
 
 
@@ -435,7 +433,7 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(db: SessionMak
         *(
             call
             for i, j in enumerate(jobs)
-            for call in (repo.mark_cancelled(j), repo.mark_succeeded(j, run_id=f"run-{i}"))
+            for call in (repo.mark_cancelled(j), repo.mark_succeeded(j, owner=f"run-{i}"))
         ),
         return_exceptions=True,
     )

@@ -141,7 +141,7 @@ async def test_mark_published_only_touches_the_claimers_processing_rows(db: Sess
     assert await rows(db, mine) == {i: after[i] for i in mine}
 
 
-async def test_mark_failed_backs_off_then_dead_then_requeued(db: SessionMaker) -> None:
+async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: SessionMaker) -> None:
     (event_id,) = await seed(db, 1)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         (row,) = await claim(db, "relay-a", 10)
@@ -163,10 +163,10 @@ async def test_mark_failed_backs_off_then_dead_then_requeued(db: SessionMaker) -
             assert await claim(db, "relay-a", 10) == []  # not due yet
             await make_claimable(db, [event_id])
         else:
-            assert status == r.status == "dead"
+            assert status == r.status == "failed"
 
     await make_claimable(db, [event_id])
-    assert await claim(db, "relay-a", 10) == []  # dead rows are never claimed
+    assert await claim(db, "relay-a", 10) == []  # parked rows are never claimed
     async with db() as s:
         dead = await repo.list_dead(s)
     assert [(d.id, d.attempt_count, d.last_error) for d in dead] == [
@@ -175,7 +175,7 @@ async def test_mark_failed_backs_off_then_dead_then_requeued(db: SessionMaker) -
 
     async with db.begin() as s:
         assert await repo.requeue_dead(s, [event_id]) == 1
-        assert await repo.requeue_dead(s, [event_id]) == 0  # no longer dead
+        assert await repo.requeue_dead(s, [event_id]) == 0  # no longer parked
     r = (await rows(db, [event_id]))[event_id]
     assert (r.status, r.attempt_count, r.last_error) == ("pending", 0, None)
     async with db() as s:
@@ -269,3 +269,50 @@ async def test_published_and_pending_rows_are_not_released(db: SessionMaker) -> 
         assert await repo.release_expired(s, ttl_s=0) == 0
     assert await rows(db) == before
     assert [before[i].status for i in ids] == ["published", "pending"]
+
+
+async def test_an_unreachable_target_never_exhausts_a_row(db: SessionMaker) -> None:
+    """Temporal down for as long as it takes: the claim is given back each time."""
+    (event_id,) = await seed(db, 1)
+    for _ in range(MAX_ATTEMPTS * 3):
+        (row,) = await claim(db, "relay-a", 10)
+        assert row.attempt_count == 1
+        async with db.begin() as s:
+            status = await repo.mark_failed(
+                s, event_id, owner="relay-a", error="RPCError UNAVAILABLE", count_attempt=False
+            )
+        assert status == "pending"
+        await make_claimable(db, [event_id])
+    r = (await rows(db, [event_id]))[event_id]
+    assert (r.status, r.attempt_count) == ("pending", 0)
+
+
+async def test_backoff_is_capped(db: SessionMaker) -> None:
+    (event_id,) = await seed(db, 1)
+    async with db.begin() as s:
+        await s.execute(
+            text("UPDATE outbox_event SET attempt_count = 40 WHERE id = :id"), {"id": event_id}
+        )
+        await s.execute(
+            text(
+                "UPDATE outbox_event SET status = 'processing', locked_by = 'relay-a' "
+                "WHERE id = :id"
+            ),
+            {"id": event_id},
+        )
+        await repo.mark_failed(
+            s, event_id, owner="relay-a", error="x", max_attempts=100, max_backoff_s=300
+        )
+        now = (await s.execute(text("SELECT now()"))).scalar_one()
+    r = (await rows(db, [event_id]))[event_id]
+    assert r.available_at - now == dt.timedelta(seconds=300)
+
+
+async def test_mark_dead_touches_only_the_claimers_row(db: SessionMaker) -> None:
+    a, b = await seed(db, 2)
+    await claim(db, "relay-a", 10)
+    async with db.begin() as s:
+        assert not await repo.mark_dead(s, a, owner="relay-b", error="malformed")
+        assert await repo.mark_dead(s, a, owner="relay-a", error="malformed")
+    got = await rows(db, [a, b])
+    assert got[a].status == "dead" and got[b].status == "processing"

@@ -6,7 +6,11 @@ and as JSON."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+from pydantic import BaseModel
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.session import SessionMaker
@@ -17,12 +21,14 @@ from engine.contracts import (
     ReconcileResult,
 )
 from engine.settings import Settings
+from jobs.spec import ProjectionContext
 from runtime.worker import ensure_system_workflows
 from tests.conftest import Stack
 from tests.integration.conftest_engine import (
     engine_stack,
     execute,
     history_blobs,
+    scripted_job_type,
     wait_activity_started,
     wait_workflow_closed,
 )
@@ -130,3 +136,52 @@ async def test_relay_and_reconciler_histories_carry_no_job_data(
             await temporal_client.get_schedule_handle(
                 RECONCILER_SCHEDULE_ID + settings.task_queue_suffix
             ).delete()
+
+
+async def test_no_user_id_or_client_key_reaches_temporal(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """The workflow input names the job only: not its owner, not the client's Idempotency-Key."""
+    user, key = sentinel(), sentinel()
+    async with engine_stack(settings, temporal_client) as st:
+        job_id = await st.create(user_id=user, idempotency_key=key)
+        assert (await st.wait_status(job_id, timeout=30)).lifecycle_status == "succeeded"
+        wid = st.workflow_id(job_id)
+        await wait_workflow_closed(temporal_client, wid)
+        await assert_absent(temporal_client, wid, user, present=str(job_id))
+        await assert_absent(temporal_client, wid, key, present=str(job_id))
+
+
+async def test_an_unexpected_error_reaches_temporal_as_a_code_only(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """A projector that fails with a driver error (whose text carries the failing row, job data
+    included) or any other exception: Temporal records INTERNAL_* and the public message; the
+    exception's own text stays out of the history, also as a failure's cause."""
+    secret = sentinel()
+
+    async def leaky(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+        # The driver's message repeats the offending value: "invalid input syntax for type
+        # uuid: "SENTINEL-..."".
+        await session.execute(text("SELECT CAST(:v AS uuid)"), {"v": secret})
+        return []
+
+    async def plain(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+        raise RuntimeError(f"projector bug near {secret}")
+
+    types = [
+        scripted_job_type("leaky_projection", max_retries=0, project=leaky),
+        scripted_job_type("buggy_projection", max_retries=0, project=plain),
+    ]
+    async with engine_stack(settings, temporal_client, extra_types=types) as st:
+        for jt in types:
+            job_id = await st.create(job_type=jt.job_type)
+            row = await st.wait_status(job_id, timeout=60)
+            assert row.lifecycle_status == "failed"
+            assert row.error_code == "INTERNAL_PROJECTION_FAILED"
+            wid = st.workflow_id(job_id, jt.job_type)
+            await wait_workflow_closed(temporal_client, wid)
+            await assert_absent(temporal_client, wid, secret, present="INTERNAL_PROJECTION_FAILED")
+            _, as_json = await history_blobs(temporal_client, wid)
+            for leak in ("invalid input syntax", "RuntimeError", "DataError", "psycopg"):
+                assert leak not in as_json, f"{leak} reached the history of {wid}"

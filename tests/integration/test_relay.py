@@ -95,7 +95,7 @@ async def test_relay_crash_between_claim_and_publish_starts_each_workflow_once(
             assert desc.status == WorkflowExecutionStatus.COMPLETED
             # The run that locked the job in PREPARE is the only run of its workflow id.
             row = await st.job(j)
-            assert row.locked_by.split("/")[0] == desc.run_id
+            assert row.locked_by.split("/")[1] == desc.run_id
             runs = await eventually(
                 lambda wid=wid: runs_of(temporal_client, wid), timeout=15, what=f"{wid} visible"
             )

@@ -1,0 +1,128 @@
+"""SUPER_ADMIN routes over the transactional outbox: see its rows, requeue the stuck ones.
+
+Rows are shown without their payload (only its `jobId`): what an operator needs to find and
+repair a row, nothing a job carried.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from api.deps import Admin, State
+from api.schemas import EVENT_TYPE_PATTERN, OutboxEventOut, OutboxPage, OutboxStatus
+from db import outbox
+from db.outbox import OutboxSummary
+from engine.errors import OutboxEventNotFound, OutboxNotRequeueable, ValidationFailed
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/admin-api/ai/outbox", tags=["admin"])
+
+LAST_ERROR_CHARS = 500
+_MAX_ID = 2**63 - 1  # outbox_event.id is a bigint: larger ids would be a driver error
+_CURSOR_PREFIX = "outbox:"
+
+
+def event_json(row: OutboxSummary) -> dict[str, Any]:
+    return OutboxEventOut(
+        id=row.id,
+        event_type=row.event_type,
+        aggregate_id=row.aggregate_id,
+        status=row.status,  # the CHECK constraint keeps it one of OutboxStatus
+        attempt_count=row.attempt_count,
+        available_at=row.available_at,
+        locked_by=row.locked_by,
+        last_error=row.last_error[:LAST_ERROR_CHARS] if row.last_error else row.last_error,
+        published_at=row.published_at,
+        created_at=row.created_at,
+        job_id=row.job_id,
+    ).model_dump(mode="json", by_alias=True)
+
+
+def encode_cursor(row: OutboxSummary) -> str:
+    raw = f"{_CURSOR_PREFIX}{row.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int | None:
+    if not cursor:
+        return None
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = base64.urlsafe_b64decode(padded.encode()).decode()
+        if raw.startswith(_CURSOR_PREFIX):
+            value = raw.removeprefix(_CURSOR_PREFIX)
+            if value.isascii() and value.isdigit() and 0 < int(value) <= _MAX_ID:
+                return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        pass
+    raise ValidationFailed("The cursor is invalid.")
+
+
+@router.get(
+    "",
+    response_model=OutboxPage,
+    summary="List outbox events, newest first",
+    description=(
+        "Newest first (descending id), filtered by `status` and `eventType`; `nextCursor` "
+        "continues after the last item and is stable under inserts. Payloads are not shown, "
+        "except their `jobId`; `lastError` is cut to 500 characters."
+    ),
+)
+async def list_events(
+    state: State,
+    _admin: Admin,
+    status_: Annotated[OutboxStatus | None, Query(alias="status")] = None,
+    event_type: Annotated[str | None, Query(alias="eventType", pattern=EVENT_TYPE_PATTERN)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    before = decode_cursor(cursor)
+    async with state.sessionmaker() as s:
+        rows = await outbox.list_page(
+            s, status=status_, event_type=event_type, before_id=before, limit=limit + 1
+        )
+    page = rows[:limit]
+    return {
+        "items": [event_json(r) for r in page],
+        "nextCursor": encode_cursor(page[-1]) if len(rows) > limit else None,
+    }
+
+
+@router.post(
+    "/{event_id}/requeue",
+    response_model=OutboxEventOut,
+    summary="Requeue a dead, failed or backing-off outbox event",
+    description=(
+        "The event goes back to `pending` with `attemptCount` 0, available now, and the relays "
+        "are woken. `lastError` is kept until the next failure replaces it. A `published` or "
+        "`processing` event is refused (409 `OUTBOX_NOT_REQUEUEABLE`); an unknown id is 404 "
+        "`OUTBOX_EVENT_NOT_FOUND`."
+    ),
+    responses={
+        404: {"description": "No such event (problem+json, `OUTBOX_EVENT_NOT_FOUND`)"},
+        409: {"description": "Published or being dispatched (`OUTBOX_NOT_REQUEUEABLE`)"},
+    },
+)
+async def requeue_event(
+    event_id: Annotated[int, Path(ge=1, le=_MAX_ID)], state: State, admin: Admin
+) -> dict[str, Any]:
+    async with state.sessionmaker.begin() as s:
+        row = await outbox.requeue(s, event_id)
+        if row is None:
+            current = await outbox.get_summary(s, event_id)
+            if current is None:
+                raise OutboxEventNotFound("No outbox event has this id.")
+            raise OutboxNotRequeueable(
+                f"The event is {current.status}: only dead, failed or pending events can be "
+                "requeued."
+            )
+    log.info(
+        "outbox event requeued",
+        extra={"event_id": row.id, "job_id": row.job_id, "admin": admin.user_id},
+    )
+    return event_json(row)

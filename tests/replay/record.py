@@ -1,0 +1,294 @@
+"""Record the workflow histories that `test_replay.py` replays.
+
+    .venv/bin/python -m tests.replay.record --tag v2
+
+Starts what the test session starts (embedded PostgreSQL and a Temporal dev server from the pip
+wheels, `running_stack` workers and relay on `make_settings` test settings), runs real jobs and
+writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<case>.json`:
+
+- every job type of the default catalog, succeeding (the non-synthetic ones on the synthetic
+  provider, as everywhere in test settings without a key);
+- synthetic: a retry then success (`failTimes: 1`), a failure after its retries (`failTimes: 5`)
+  and a cancel while EXECUTE runs (a long `delayMs`, cancelled through `JobService.cancel`);
+- the relay workflow's first run up to its continue-as-new, and one reconciler run.
+
+Record under a new tag whenever workflow code changes and commit the files next to the older
+tags: a tag's histories stay for as long as runs started by that code can still be open
+(docs/versioning.md). Recording a tag again replaces that tag's files.
+
+Every job input carries `SENTINEL`; the script checks that PostgreSQL got it and the replay test
+checks that no history contains it (only ids, hashes and codes may pass through Temporal).
+Takes about 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from activities.reconciler import Reconciler
+from activities.relay import Relay
+from db.migrate import upgrade
+from engine.contracts import (
+    RECONCILER_WORKFLOW,
+    RELAY_LOOP,
+    RELAY_WORKFLOW,
+    RELAY_WORKFLOW_ID,
+    ReconcileResult,
+    RelayInput,
+)
+from engine.definition import SYSTEM_QUEUE
+from engine.settings import Settings
+from jobs.types import default_catalog
+from runtime.embedded import free_port, start_postgres, start_temporal
+from runtime.wiring import reconciler_config, relay_config
+from runtime.worker import sandbox_runner
+from tests.conftest import Stack, make_settings, running_stack
+from tests.integration.conftest_engine import (
+    wait_activity_started,
+    wait_jobs,
+    wait_workflow_closed,
+    workflow_canceller,
+)
+from tests.replay import HISTORIES, SENTINEL
+from workflows.system import ReconcilerWorkflow, RelayWorkflow
+
+TAG = re.compile(r"^v[0-9]+$")
+SOURCE = f"Photosynthesis converts light into chemical energy ({SENTINEL}). It needs water."
+
+
+@dataclass(frozen=True)
+class Case:
+    job_type: str
+    case: str
+    input: dict[str, Any]
+    expect: str  # the job's lifecycle status at the end
+
+
+def cases() -> list[Case]:
+    echo = {"note": SENTINEL}
+    out = [
+        Case("synthetic", "success", {"echo": echo}, "succeeded"),
+        Case("synthetic", "retry", {"failTimes": 1, "echo": echo}, "succeeded"),
+        Case("synthetic", "fail", {"failTimes": 5, "echo": echo}, "failed"),
+        Case("synthetic", "cancel", {"delayMs": 120_000, "echo": echo}, "cancelled"),
+    ]
+    inputs: dict[str, dict[str, Any]] = {
+        "quiz_generation": {"sourceText": SOURCE, "count": 2},
+        "flashcard_generation": {"sourceText": SOURCE, "count": 2},
+        "weak_point_analysis": {
+            "answers": [
+                {
+                    "question": f"Where does photosynthesis happen? {SENTINEL}",
+                    "givenAnswer": "mitochondria",
+                    "correctAnswer": "chloroplasts",
+                    "isCorrect": False,
+                    "topic": "cell biology",
+                }
+            ]
+        },
+    }
+    for jt in default_catalog():
+        if jt.job_type != "synthetic":
+            # A job type added to the catalog without an input here fails loudly.
+            out.append(Case(jt.job_type, "success", inputs[jt.job_type], "succeeded"))
+    return out
+
+
+# ---- jobs ----------------------------------------------------------------------------------
+
+
+async def run_jobs(st: Stack) -> dict[str, WorkflowHistory]:
+    """Every case as a real job through relay, workflow and stages; the closed histories."""
+    all_cases = cases()
+    job_ids = [await st.create(job_type=c.job_type, input=c.input) for c in all_cases]
+    for c, job_id in zip(all_cases, job_ids, strict=True):
+        if c.case == "cancel":
+            row = await st.wait_status(job_id, "running")
+            await wait_activity_started(st.client, row.workflow_id, "execute")
+            res = await st.service.cancel(
+                job_id, "u1", cancel_workflow=workflow_canceller(st.client)
+            )
+            assert res.outcome == "cancel_requested", res
+    final = await wait_jobs(st.parts.sessionmaker, job_ids, timeout=60)
+
+    out: dict[str, WorkflowHistory] = {}
+    for c, job_id in zip(all_cases, job_ids, strict=True):
+        row = await st.job(job_id)
+        assert final[job_id] == c.expect, (c, row.error_code, row.internal_error_message)
+        if c.case == "retry":
+            assert row.attempt_count == 2, row.attempt_count
+        # The sentinel really went in, so its absence from the histories means something.
+        assert SENTINEL in json.dumps(row.input), row.input
+        await wait_workflow_closed(st.client, row.workflow_id)
+        history = await st.client.get_workflow_handle(row.workflow_id).fetch_history()
+        out[f"{c.job_type}-{{tag}}-{c.case}"] = history
+    return out
+
+
+# ---- system workflows ----------------------------------------------------------------------
+
+
+class ShortRelay(Relay):
+    """The relay with a 1 s budget instead of 50 min, so that its workflow reaches
+    continue-as-new while we wait. The workflow cannot tell the difference."""
+
+    @activity.defn(name=RELAY_LOOP)
+    async def relay_loop(self, inp: RelayInput) -> None:
+        await self.run(heartbeat=activity.heartbeat, budget_s=1.0)
+
+
+@contextlib.asynccontextmanager
+async def system_worker(st: Stack) -> AsyncIterator[Worker]:
+    s = st.settings
+    relay = ShortRelay(st.parts.sessionmaker, st.client, st.parts.catalog, relay_config(s))
+    reconciler = Reconciler(st.parts.sessionmaker, st.client, reconciler_config(s))
+    async with Worker(
+        st.client,
+        task_queue=s.task_queue(SYSTEM_QUEUE),
+        workflows=[RelayWorkflow, ReconcilerWorkflow],
+        activities=[relay.relay_loop, reconciler.reconcile_once],
+        workflow_runner=sandbox_runner(),
+    ) as worker:
+        yield worker
+
+
+async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
+    s = st.settings
+    queue = s.task_queue(SYSTEM_QUEUE)
+    out: dict[str, WorkflowHistory] = {}
+    async with system_worker(st):
+        rec = await st.client.start_workflow(
+            RECONCILER_WORKFLOW,
+            id=f"ai-system:reconcile{s.task_queue_suffix}",
+            task_queue=queue,
+            result_type=ReconcileResult,
+        )
+        await rec.result()
+        out["reconciler-{tag}-run"] = await rec.fetch_history()
+
+        # As `ensure_system_workflows` starts it; the reconciler may have started it already.
+        relay = await st.client.start_workflow(
+            RELAY_WORKFLOW,
+            RelayInput(),
+            id=RELAY_WORKFLOW_ID + s.task_queue_suffix,
+            task_queue=queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        first = st.client.get_workflow_handle(relay.id, run_id=relay.result_run_id)
+        deadline = time.monotonic() + 30
+        while (await first.describe()).status != WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            assert time.monotonic() < deadline, "the relay workflow did not continue-as-new"
+            await asyncio.sleep(0.2)
+        out["relay-{tag}-continue"] = await first.fetch_history()
+        await st.client.get_workflow_handle(relay.id).terminate("recording done")
+    return out
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+
+def summary(history: WorkflowHistory) -> str:
+    markers = [
+        e.marker_recorded_event_attributes.marker_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    ]
+    acts = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    return f"{len(history.events)} events, activities {acts}, markers {markers}"
+
+
+async def record(tag: str, out_dir: Path) -> list[Path]:
+    with tempfile.TemporaryDirectory(prefix="aijobs-replay-") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)  # the embedded server may run as its own user
+        pg = start_postgres(base / "pg")
+        temporal = None
+        try:
+            upgrade(pg.uri)
+            temporal = start_temporal(
+                port=free_port(),
+                ui_port=None,
+                db_file=None,
+                extra_args=[
+                    "--dynamic-config-value",
+                    "frontend.enableUpdateWorkflowExecution=true",
+                ],
+            )
+            client = await Client.connect(temporal.address, namespace="default")
+            settings: Settings = make_settings(pg.uri, temporal.address)
+            async with running_stack(settings, client) as st:
+                histories = await run_jobs(st)
+                histories.update(await run_system(st))
+        finally:
+            if temporal is not None:
+                temporal.stop()
+            pg.stop()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(f"*-{tag}-*.json"):
+        stale.unlink()
+    written = []
+    for name, history in sorted(histories.items()):
+        path = out_dir / f"{name.format(tag=tag)}.json"
+        path.write_text(history.to_json() + "\n")
+        written.append(path)
+        print(f"{path.name}: {summary(history)}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tag", required=True, help="version tag of the workflow code, e.g. v2")
+    parser.add_argument("--out", type=Path, default=HISTORIES)
+    args = parser.parse_args(argv)
+    if not TAG.match(args.tag):
+        parser.error("--tag must look like v1, v2, ...")
+    # The fail and retry cases fail EXECUTE on purpose; the SDK logs each such attempt.
+    logging.getLogger("temporalio.activity").setLevel(logging.ERROR)
+    t0 = time.monotonic()
+    written = asyncio.run(record(args.tag, args.out))
+    size = sum(p.stat().st_size for p in args.out.glob("*.json"))
+    print(
+        f"{len(written)} histories for {args.tag} in {time.monotonic() - t0:.1f}s; "
+        f"all histories: {size / 1024:.0f} KiB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # The SDK's native runtime can abort the interpreter at exit after all work is done; leave
+    # with our own status instead.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

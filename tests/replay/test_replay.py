@@ -1,0 +1,280 @@
+"""Every recorded workflow history replays against today's workflow code.
+
+Workers rebuild an open run by replaying its history through the code they run, so a deploy
+that changes the commands a recorded run issued breaks every run in flight with a
+non-determinism error. These tests replay the histories that `tests.replay.record` recorded
+from real runs of each version of the code (`<workflow>-<tag>-<case>.json`) through the workflow
+classes and the sandbox runner the workers use. No server is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import History
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+from engine.contracts import (
+    COMPLETE,
+    RECONCILER_WORKFLOW,
+    RELAY_WORKFLOW,
+    RESOLVE,
+    CompleteResult,
+    JobWorkflowInput,
+    JobWorkflowResult,
+)
+from jobs.types import default_catalog
+from runtime.worker import sandbox_runner
+from tests.replay import HISTORIES, SENTINEL
+from workflows.job_workflow import SKIP_COMPLETE_STAGE, JobWorkflowBase, workflow_class_for
+from workflows.system import ReconcilerWorkflow, RelayWorkflow
+
+T = TypeVar("T")
+
+NAME = re.compile(r"^(?P<workflow>[a-z_]+)-v(?P<tag>[0-9]+)-(?P<case>[a-z_]+)\.json$")
+SYSTEM_TYPES = {"relay": RELAY_WORKFLOW, "reconciler": RECONCILER_WORKFLOW}
+# The first tag recorded with the `skip-complete-stage` patch.
+PATCH_TAG = 2
+
+
+@dataclass(frozen=True)
+class Recorded:
+    path: Path
+    workflow: str  # job type, or "relay" / "reconciler"
+    tag: int
+    case: str
+    text: str
+
+    @cached_property
+    def history(self) -> WorkflowHistory:
+        # The file does not hold the workflow id. Replay does not depend on it: the workflow
+        # only passes it on to activities.
+        return WorkflowHistory.from_json(self.path.stem, self.text)
+
+
+@cache
+def recorded() -> tuple[Recorded, ...]:
+    out = []
+    for path in sorted(HISTORIES.glob("*.json")):
+        m = NAME.match(path.name)
+        assert m, f"{path.name}: expected <workflow>-v<N>-<case>.json"
+        out.append(Recorded(path, m["workflow"], int(m["tag"]), m["case"], path.read_text("utf-8")))
+    return tuple(out)
+
+
+def current_workflows() -> list[type]:
+    """What the workers register: a workflow per job type, the relay and the reconciler."""
+    jobs = [workflow_class_for(jt.job_type) for jt in default_catalog()]
+    return [*jobs, RelayWorkflow, ReconcilerWorkflow]
+
+
+async def replay(workflows: list[type], records: Sequence[Recorded]) -> dict[str, Exception]:
+    """Replay failures by file name (empty: every history replayed)."""
+    return await replay_with(workflows, records, sandbox_runner())
+
+
+async def replay_with(
+    workflows: list[type], records: Sequence[Recorded], runner: SandboxedWorkflowRunner
+) -> dict[str, Exception]:
+    by_run = {r.history.run_id: r.path.name for r in records}
+    histories = [r.history for r in records]
+
+    async def each() -> AsyncIterator[WorkflowHistory]:
+        for h in histories:
+            yield h
+
+    results = await Replayer(workflows=workflows, workflow_runner=runner).replay_workflows(
+        each(), raise_on_replay_failure=False
+    )
+    assert len(by_run) == len(histories)  # run ids are unique, so no failure hides another
+    return {by_run[run_id]: exc for run_id, exc in results.replay_failures.items()}
+
+
+def workflow_type(r: Recorded) -> str:
+    first = r.history.events[0]
+    return str(first.workflow_execution_started_event_attributes.workflow_type.name)
+
+
+def local_activities(r: Recorded) -> list[str]:
+    return [
+        json.loads(marker_detail(e, "data"))["activity_type"]
+        for e in markers(r, "core_local_activity")
+    ]
+
+
+def patches(r: Recorded) -> list[str]:
+    return [json.loads(marker_detail(e, "patch-data"))["id"] for e in markers(r, "core_patch")]
+
+
+def markers(r: Recorded, name: str) -> list[Any]:
+    return [
+        e
+        for e in r.history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == name
+    ]
+
+
+def marker_detail(event: Any, key: str) -> bytes:
+    return bytes(event.marker_recorded_event_attributes.details[key].payloads[0].data)
+
+
+def holds(needle: str, history_json: str) -> bool:
+    """Whether a history holds `needle`: in its JSON text, or inside a payload (the JSON holds
+    payload data base64-encoded, the protobuf encoding holds it verbatim)."""
+    raw = History(events=WorkflowHistory.from_json("x", history_json).events).SerializeToString()
+    return needle in history_json or needle.encode() in raw
+
+
+# ---- what was recorded ---------------------------------------------------------------------
+
+
+def test_histories_cover_every_workflow_and_case() -> None:
+    """The newest tag covers every job type of the catalog and each path through the job
+    workflow; a job type added later fails here until histories are recorded again."""
+    records = recorded()
+    tags = sorted({r.tag for r in records})
+    newest = {(r.workflow, r.case) for r in records if r.tag == tags[-1]}
+    expected = {(jt.job_type, "success") for jt in default_catalog()}
+    expected |= {("synthetic", c) for c in ("retry", "fail", "cancel")}
+    expected |= {("relay", "continue"), ("reconciler", "run")}
+    assert expected <= newest, sorted(expected - newest)
+    for r in records:
+        assert workflow_type(r) == SYSTEM_TYPES.get(r.workflow, r.workflow), r.path.name
+    size = sum(r.path.stat().st_size for r in records)
+    assert size < 2_000_000, f"histories take {size} bytes; retire old tags"
+
+
+def test_histories_before_the_patch_ran_complete_and_after_it_do_not() -> None:
+    """Both branches of the `skip-complete-stage` gate are covered by recorded histories."""
+    succeeded = [
+        r for r in recorded() if r.workflow not in SYSTEM_TYPES and r.case in ("success", "retry")
+    ]
+    assert {r.tag for r in succeeded} >= {PATCH_TAG - 1, PATCH_TAG}
+    for r in succeeded:
+        stages = local_activities(r)
+        if r.tag < PATCH_TAG:
+            assert stages == ["prepare", "resolve", "project", COMPLETE], r.path.name
+            assert patches(r) == [], r.path.name
+        else:
+            assert COMPLETE not in stages, r.path.name
+        if r.tag == PATCH_TAG:
+            assert patches(r) == [SKIP_COMPLETE_STAGE], r.path.name
+
+
+def test_histories_hold_no_job_input() -> None:
+    """Job inputs (and outputs, which echo them) stay in PostgreSQL. Every recorded input
+    carried SENTINEL (the recorder checked that PostgreSQL got it)."""
+    leaking = [r.path.name for r in recorded() if holds(SENTINEL, r.text)]
+    assert leaking == []
+
+
+def test_input_check_finds_a_string_inside_a_payload() -> None:
+    """The check above looks inside payloads, where the JSON text alone would hide it."""
+    r = next(x for x in recorded() if x.workflow == "synthetic" and x.case == "success")
+    doc = json.loads(r.text)
+    started = doc["events"][0]["workflowExecutionStartedEventAttributes"]
+    payload = started["input"]["payloads"][0]
+    arg = json.loads(base64.b64decode(payload["data"]))
+    payload["data"] = base64.b64encode(json.dumps({**arg, "note": SENTINEL}).encode()).decode()
+    tampered = json.dumps(doc)
+    assert SENTINEL not in tampered
+    assert holds(SENTINEL, tampered)
+    assert not holds(SENTINEL, r.text)
+
+
+# ---- replay --------------------------------------------------------------------------------
+
+
+async def test_every_history_replays_against_current_code() -> None:
+    records = recorded()
+    assert records
+    failures = await replay(current_workflows(), records)
+    assert failures == {}
+
+
+# ---- the replay can fail -------------------------------------------------------------------
+# Two changed copies of the job workflow (workflow type `synthetic`), deployed without a
+# patch: replaying must report non-determinism for histories the change contradicts.
+
+
+class _WithoutComplete(JobWorkflowBase):
+    """The `skip-complete-stage` change made without `workflow.patched`."""
+
+    @staticmethod
+    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
+        if name == COMPLETE:
+            return cast(T, CompleteResult(calls=0, tokens_in=0, tokens_out=0, cost_micros=0))
+        return await JobWorkflowBase._local(name, arg, result_type)
+
+
+class _ExtraResolve(JobWorkflowBase):
+    """A second RESOLVE added before EXECUTE without `workflow.patched`."""
+
+    @staticmethod
+    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
+        result = await JobWorkflowBase._local(name, arg, result_type)
+        if name == RESOLVE:
+            await JobWorkflowBase._local(name, arg, result_type)
+        return result
+
+
+@workflow.defn(name="synthetic")
+class SyntheticWithoutComplete(_WithoutComplete):
+    @workflow.run
+    async def run(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await self.execute_job(inp)
+
+
+@workflow.defn(name="synthetic")
+class SyntheticExtraResolve(_ExtraResolve):
+    @workflow.run
+    async def run(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await self.execute_job(inp)
+
+
+def changed_runner() -> SandboxedWorkflowRunner:
+    """The workers' sandbox, which must also pass this test module through: it defines the
+    changed classes and imports pytest."""
+    return SandboxedWorkflowRunner(
+        restrictions=sandbox_runner().restrictions.with_passthrough_modules("tests")
+    )
+
+
+def synthetic(*cases: str) -> list[Recorded]:
+    return [r for r in recorded() if r.workflow == "synthetic" and r.case in cases]
+
+
+def assert_non_determinism(failures: dict[str, Exception], names: list[str]) -> None:
+    assert sorted(failures) == sorted(names)
+    for name, exc in failures.items():
+        assert isinstance(exc, workflow.NondeterminismError), (name, repr(exc))
+
+
+async def test_removing_a_stage_without_a_patch_breaks_replay() -> None:
+    """Exactly the histories that ran COMPLETE (succeeded before the patch) contradict the
+    change; the others, which the copy replays like the real workflow, show that the failures
+    come from the change and not from the copy."""
+    records = synthetic("success", "retry", "fail", "cancel")
+    failures = await replay_with([SyntheticWithoutComplete], records, changed_runner())
+    ran_complete = [r.path.name for r in records if COMPLETE in local_activities(r)]
+    assert ran_complete and len(ran_complete) < len(records)
+    assert_non_determinism(failures, ran_complete)
+
+
+async def test_adding_an_activity_without_a_patch_breaks_replay() -> None:
+    """Every synthetic history that went past RESOLVE contradicts an extra stage."""
+    records = synthetic("success", "retry", "fail", "cancel")
+    failures = await replay_with([SyntheticExtraResolve], records, changed_runner())
+    assert_non_determinism(failures, [r.path.name for r in records])

@@ -1,0 +1,137 @@
+"""Bearer tokens signed and verified without a server: issuer, audience, `iat`, lifetime, leeway."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jwt
+import pytest
+
+from api.auth import JwtConfig, issue_token, verify_token
+from engine.errors import Unauthenticated
+from engine.settings import Settings
+
+SECRET = "unit-test-jwt-secret-of-at-least-32-bytes"
+CFG = JwtConfig(secret=SECRET, max_ttl_s=3600, leeway_s=30)
+SCOPED = JwtConfig(
+    secret=SECRET, issuer="https://auth.example", audience="ai-jobs", max_ttl_s=3600, leeway_s=30
+)
+
+
+def _raw(claims: dict[str, Any], secret: str = SECRET) -> str:
+    return "Bearer " + jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _claims(**over: Any) -> dict[str, Any]:
+    now = int(time.time())
+    return {"sub": "alice", "roles": [], "iat": now, "exp": now + 600, **over}
+
+
+def _refused(config: JwtConfig, authorization: str) -> None:
+    with pytest.raises(Unauthenticated) as info:
+        verify_token(config, authorization)
+    assert "invalid or expired" in str(info.value)
+
+
+def test_issue_and_verify_round_trip() -> None:
+    p = verify_token(CFG, "Bearer " + issue_token(CFG, "alice", admin=True, ttl_s=600))
+    assert p.user_id == "alice" and p.is_admin
+    claims = jwt.decode(issue_token(CFG, "bob", ttl_s=60), options={"verify_signature": False})
+    assert claims.keys() == {"sub", "roles", "iat", "exp"}  # no iss/aud unless configured
+
+
+def test_issue_sets_issuer_and_audience_when_configured() -> None:
+    token = issue_token(SCOPED, "alice", ttl_s=600)
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["iss"] == "https://auth.example" and claims["aud"] == "ai-jobs"
+    assert claims["exp"] - claims["iat"] == 600
+    assert verify_token(SCOPED, "Bearer " + token).user_id == "alice"
+
+
+def test_a_bare_secret_is_a_config_without_issuer_or_audience() -> None:
+    token = issue_token(SECRET, "alice")  # one day, within the default 30-day maximum
+    assert verify_token(SECRET, f"Bearer {token}").user_id == "alice"
+    _refused(CFG, f"Bearer {token}")  # over this config's one-hour maximum
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},  # neither
+        {"iss": "https://auth.example"},  # no aud
+        {"aud": "ai-jobs"},  # no iss
+        {"iss": "https://evil.example", "aud": "ai-jobs"},
+        {"iss": "https://auth.example", "aud": "another-service"},
+        {"iss": "https://auth.example", "aud": ["another-service"]},
+    ],
+)
+def test_issuer_and_audience_mismatch_is_refused(over: dict[str, Any]) -> None:
+    _refused(SCOPED, _raw(_claims(**over)))
+
+
+def test_audience_list_containing_ours_is_accepted() -> None:
+    claims = _claims(iss="https://auth.example", aud=["other", "ai-jobs"])
+    assert verify_token(SCOPED, _raw(claims)).user_id == "alice"
+
+
+def test_a_token_scoped_to_an_audience_is_refused_by_a_server_without_one() -> None:
+    _refused(CFG, _raw(_claims(aud="ai-jobs")))
+    # ... and a token from our issuer is fine where no issuer is configured.
+    assert verify_token(CFG, _raw(_claims(iss="https://auth.example"))).user_id == "alice"
+
+
+def test_iat_is_required_and_numeric() -> None:
+    claims = _claims()
+    del claims["iat"]
+    _refused(CFG, _raw(claims))
+    _refused(CFG, _raw(_claims(iat=None)))
+    _refused(CFG, _raw(_claims(iat="yesterday")))
+    _refused(CFG, _raw(_claims(iat=str(int(time.time())))))
+
+
+def test_a_lifetime_over_the_maximum_is_refused() -> None:
+    now = int(time.time())
+    _refused(CFG, _raw(_claims(iat=now, exp=now + 3601)))
+    assert verify_token(CFG, _raw(_claims(iat=now, exp=now + 3600))).user_id == "alice"
+    # Backdating iat does not buy a longer lifetime either.
+    _refused(CFG, _raw(_claims(iat=now - 3000, exp=now + 1000)))
+    with pytest.raises(ValueError, match="at most 3600 seconds"):
+        issue_token(CFG, "alice", ttl_s=3601)
+
+
+def test_iat_in_the_future_beyond_leeway_is_refused() -> None:
+    now = int(time.time())
+    _refused(CFG, _raw(_claims(iat=now + 120, exp=now + 600)))
+
+
+def test_leeway_accepts_small_clock_skew() -> None:
+    now = int(time.time())
+    # Issued by a clock 10 s ahead of ours.
+    assert verify_token(CFG, _raw(_claims(iat=now + 10, exp=now + 600))).user_id == "alice"
+    # Expired 10 s ago by our clock: still inside the leeway...
+    assert verify_token(CFG, _raw(_claims(iat=now - 300, exp=now - 10))).user_id == "alice"
+    # ... but not 60 s ago, and not with no leeway at all.
+    _refused(CFG, _raw(_claims(iat=now - 300, exp=now - 60)))
+    strict = JwtConfig(secret=SECRET, max_ttl_s=3600, leeway_s=0)
+    _refused(strict, _raw(_claims(iat=now - 300, exp=now - 10)))
+    _refused(strict, _raw(_claims(iat=now + 10, exp=now + 600)))
+
+
+def test_config_from_settings() -> None:
+    s = Settings.model_validate(
+        {
+            "AIJOBS_ENV": "production",
+            "JWT_SECRET": SECRET,
+            "JWT_ISSUER": "https://auth.example",
+            "JWT_AUDIENCE": "ai-jobs",
+            "JWT_MAX_TTL_S": 7200,
+            "JWT_LEEWAY_S": 5,
+        }
+    )
+    cfg = JwtConfig.from_settings(s)
+    assert cfg == JwtConfig(SECRET, "https://auth.example", "ai-jobs", 7200, 5)
+    assert SECRET not in repr(cfg)
+    defaults = JwtConfig.from_settings(Settings.model_validate({"AIJOBS_ENV": "test"}))
+    assert (defaults.issuer, defaults.audience) == (None, None)
+    assert (defaults.max_ttl_s, defaults.leeway_s) == (30 * 86_400, 30)
