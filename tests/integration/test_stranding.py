@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import subprocess
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import text
+from temporalio import workflow
 from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.reconciler import Reconciler
 from db.outbox import OutboxRepository, enqueue_dedupe_key
@@ -330,3 +335,64 @@ async def test_a_reset_workflow_keeps_its_lock_and_the_job_succeeds(
 async def _has_activity_started(client: Client, workflow_id: str) -> bool:
     desc = await client.get_workflow_handle(workflow_id).describe()
     return any(p.activity_type.name == "execute" for p in desc.raw_description.pending_activities)
+
+
+# ---- a workflow whose task keeps failing ---------------------------------------------------
+
+
+@workflow.defn(name="synthetic")
+class BrokenDeploySynthetic:
+    """A bad deploy of the job's workflow: a plain exception fails the workflow task, which
+    Temporal retries forever while the job sits in SQL."""
+
+    @workflow.run
+    async def run(self, inp: Any) -> None:
+        raise RuntimeError("simulated non-determinism after a deploy")
+
+
+async def test_a_workflow_whose_task_keeps_failing_is_reported(
+    db: SessionMaker, settings: Settings, temporal_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
+        job = await st.create()
+        async with db.begin() as s:
+            await s.execute(
+                text(
+                    "UPDATE outbox_event SET status = 'published', published_at = now() "
+                    "WHERE aggregate_id = :j"
+                ),
+                {"j": str(job)},
+            )
+        queue = f"broken-{uuid.uuid4().hex[:10]}"
+        async with Worker(
+            temporal_client,
+            task_queue=queue,
+            workflows=[BrokenDeploySynthetic],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
+            handle = await temporal_client.start_workflow(
+                "synthetic", {"jobId": str(job)}, id=st.workflow_id(job), task_queue=queue
+            )
+            try:
+
+                async def failing_attempts() -> int:
+                    desc = await handle.describe()
+                    return desc.raw_description.pending_workflow_task.attempt
+
+                await eventually(
+                    lambda: _at_least(failing_attempts, 4), timeout=30, what="task retries"
+                )
+                with caplog.at_level(logging.ERROR, logger="activities.reconciler"):
+                    result = await reconciler(st.settings, db, temporal_client).run_once()
+                assert result.stuck_workflows == 1
+                assert result.outbox_requeued == 0  # a running workflow is not replaced
+                assert any(
+                    getattr(r, "alert", None) == "AIJOBS_STUCK_WORKFLOW" for r in caplog.records
+                )
+            finally:
+                await handle.terminate(reason="test over")
+        assert (await st.job(job)).lifecycle_status == "queued"
+
+
+async def _at_least(probe: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await probe() >= n
