@@ -11,7 +11,8 @@ machinery running. One pass (a Temporal schedule runs it every RECONCILE_INTERVA
   revived with a capped backoff;
 - lost cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
 - the relay: if the singleton relay workflow is not running, it is started again;
-- retention: expired snapshots deleted; input and output of old terminal jobs removed.
+- retention: expired snapshots deleted; input and output of old terminal jobs removed;
+  published outbox rows deleted after OUTBOX_RETENTION_DAYS.
 
 Every pass pages through all its candidates (keyset), so live jobs never hide real orphans.
 """
@@ -60,6 +61,7 @@ class ReconcilerConfig:
     revive_base_s: float = 30.0
     revive_cap_s: float = 300.0
     retention_days: int = 30
+    outbox_retention_days: int = 7
     # The singleton relay workflow this reconciler keeps alive (None: not its job).
     relay_workflow_id: str | None = None
     relay_task_queue: str | None = None
@@ -227,6 +229,10 @@ class Reconciler:
             deleted = await self._jobs.delete_expired_snapshots(s)
         async with self._sm.begin() as s:
             purged = await self._jobs.purge_private_data(s, retention_days=cfg.retention_days)
+        async with self._sm.begin() as s:
+            outbox_deleted = await self._outbox.delete_published(
+                s, older_than_days=cfg.outbox_retention_days
+            )
 
         return ReconcileResult(
             expired_locks_failed=failed,
@@ -238,6 +244,7 @@ class Reconciler:
             enqueues_revived=revived,
             relay_restarted=relay_restarted,
             private_data_purged=purged,
+            outbox_deleted=outbox_deleted,
         )
 
     async def _fail_abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:

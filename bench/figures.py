@@ -171,7 +171,7 @@ async def engine_latency(ctx: Ctx, rate: float, duration_s: float, tag: str) -> 
         "SELECT extract(epoch FROM finished_at - created_at) FROM ai_job "
         "WHERE lifecycle_status = 'succeeded'"
     )
-    out = summary_ms([float(r[0]) for r in rows])
+    out: dict[str, Any] = summary_ms([float(r[0]) for r in rows])
     out.update(
         {
             "jobs": n,

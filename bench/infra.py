@@ -190,6 +190,23 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a server and its children (PostgreSQL: postmaster + backends): its own
+    utime + stime, the cutime + cstime of the children it reaped, and its live children's."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            f = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(f[1]) == pid:  # field 4, the parent pid
+            ticks += int(f[11]) + int(f[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds per thread group: `main` (the asyncio loop: activities, SQL, HTTP), the other
     Python threads (e.g. the SDK's workflow-task executor) and the SDK core's Rust threads, by

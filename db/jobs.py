@@ -18,7 +18,16 @@ JOB_COLUMNS = (
     "credential_id, prompt_version, input_schema_version, output_schema_version, attempt_count, "
     "max_retry_count, locked_by, locked_at, lock_until, cancel_requested_at, started_at, "
     "finished_at, error_code, public_error_message, internal_error_message, output, output_hash, "
-    "workflow_id, retried_from_job_id, created_at, updated_at, private_data_purged_at"
+    "workflow_id, retried_from_job_id, created_at, updated_at, private_data_purged_at, "
+    "correction_hint"
+)
+
+
+# What a list page returns: every column but the job's input and output, which can be large
+# and are private (a list never shows them; JobRow keeps its shape with empty stand-ins).
+LIST_COLUMNS = ", ".join(
+    "'{}'::jsonb AS input" if c == "input" else "NULL::jsonb AS output" if c == "output" else c
+    for c in (col.strip() for col in JOB_COLUMNS.split(","))
 )
 
 
@@ -60,6 +69,7 @@ class JobRow:
     created_at: datetime
     updated_at: datetime
     private_data_purged_at: datetime | None = None
+    correction_hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,10 @@ class JobQueries:
         after: tuple[datetime, uuid.UUID] | None,
         limit: int,
     ) -> list[JobRow]:
-        """Newest first; keyset pagination on (created_at, id) is stable under inserts."""
+        """Newest first; keyset pagination on (created_at, id) is stable under inserts. Each
+        filter has an index on (filter, created_at, id) (a user's own list: (user_id, filter,
+        created_at, id)), so a page costs the same at any table size. Input and output are not
+        read."""
         where = ["TRUE"]
         params: dict[str, Any] = {"lim": limit}
         for col, value in (
@@ -179,7 +192,7 @@ class JobQueries:
             params["ac"], params["ai"] = after
         rows = await session.execute(
             text(
-                f"SELECT {JOB_COLUMNS} FROM ai_job WHERE {' AND '.join(where)} "
+                f"SELECT {LIST_COLUMNS} FROM ai_job WHERE {' AND '.join(where)} "
                 "ORDER BY created_at DESC, id DESC LIMIT :lim"
             ),
             params,
@@ -321,17 +334,20 @@ class JobQueries:
         *,
         attempt: int,
         internal_error: str | None,
+        correction_hint: str | None = None,
     ) -> None:
+        """An attempt's bookkeeping; `correction_hint` is what the next attempt's prompt is told
+        was wrong with this one (None clears it)."""
         await session.execute(
             text(
                 """
                 UPDATE ai_job SET attempt_count = greatest(attempt_count, :a),
                        internal_error_message = coalesce(:e, internal_error_message),
-                       updated_at = now()
+                       correction_hint = :c, updated_at = now()
                 WHERE id = :id
                 """
             ),
-            {"id": job_id, "a": attempt, "e": internal_error},
+            {"id": job_id, "a": attempt, "e": internal_error, "c": correction_hint},
         )
 
     async def insert_artifact(

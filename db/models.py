@@ -83,6 +83,11 @@ class AiJob(Base):
                 "AND lifecycle_status IN ('succeeded','failed','cancelled')"
             ),
         ),
+        Index("ix_ai_job_user_status_created", "user_id", "lifecycle_status", "created_at", "id"),
+        Index("ix_ai_job_user_type_created", "user_id", "job_type", "created_at", "id"),
+        Index("ix_ai_job_status_created", "lifecycle_status", "created_at", "id"),
+        Index("ix_ai_job_type_created", "job_type", "created_at", "id"),
+        Index("ix_ai_job_queue_created", "queue_name", "created_at", "id"),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -125,6 +130,7 @@ class AiJob(Base):
     workflow_id: Mapped[str] = mapped_column(String(255))
     retried_from_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     private_data_purged_at: Mapped[datetime | None] = mapped_column(TS)
+    correction_hint: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
@@ -170,6 +176,11 @@ class OutboxEvent(Base):
             "ix_outbox_event_processing",
             "locked_at",
             postgresql_where=text("status = 'processing'"),
+        ),
+        Index(
+            "ix_outbox_event_published",
+            "published_at",
+            postgresql_where=text("status = 'published'"),
         ),
         Index(
             "ix_outbox_event_stalled",

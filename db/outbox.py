@@ -282,6 +282,25 @@ class OutboxRepository:
             await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
+    async def delete_published(
+        self, session: AsyncSession, *, older_than_days: int, limit: int = 5000
+    ) -> int:
+        """Retention: published rows are history once their effect is done. A page at a time
+        (the partial index on published_at serves it), so a pass never holds long locks."""
+        result = await session.execute(
+            text(
+                """
+                DELETE FROM outbox_event WHERE id IN (
+                    SELECT id FROM outbox_event
+                    WHERE status = 'published'
+                      AND published_at < now() - make_interval(days => :d)
+                    ORDER BY published_at LIMIT :lim)
+                """
+            ),
+            {"d": older_than_days, "lim": limit},
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
     async def requeue_published(self, session: AsyncSession, event_id: int) -> bool:
         """Reconciler: a published enqueue whose workflow does not exist goes out again."""
         result = await session.execute(

@@ -60,6 +60,8 @@ class ExecutionPlan:
     abort_strategy: str
     cancellable: bool
     heartbeat_timeout_ms: int
+    # EXECUTE's start-to-close: the job's timeout plus room for its own database retries.
+    start_to_close_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class ExecuteInput:
 class ExecuteResult:
     output_hash: str
     attempt: int
+    # Set when EXECUTE ended the job itself: "succeeded" (it projected the output before it let
+    # its slot go), or the state a job had already reached (cancelled while it waited).
+    lifecycle_status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,3 +172,4 @@ class ReconcileResult:
     enqueues_revived: int = 0
     relay_restarted: bool = False
     private_data_purged: int = 0
+    outbox_deleted: int = 0

@@ -260,10 +260,13 @@ class ExecutionFailure(EngineError):
         *,
         internal_message: str | None = None,
         retry_after_s: float | None = None,
+        correction_hint: str | None = None,
     ) -> None:
         self.code = code
         super().__init__(public_message_for(code), internal_message=internal_message)
         self.retry_after_float = retry_after_s
+        # What the next attempt's prompt should be told was wrong (no user data).
+        self.correction_hint = correction_hint
 
 
 class OutboxEventNotFound(EngineError):

@@ -114,6 +114,14 @@ class Settings(BaseSettings):
     # the cancel latency: heartbeats are flushed every second (runtime/worker.py).
     heartbeat_timeout_ms: int = Field(default=10_000, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
     lock_ttl_s: int = Field(default=60, ge=1, alias="AI_LOCK_TTL_S")
+    # A stopping worker finishes its in-flight provider calls for up to this long (the longest
+    # job timeout, 600 s, plus room) before it cancels them: a deploy never throws away a paid
+    # attempt. Compose's stop_grace_period must be longer.
+    worker_drain_s: float = Field(default=630.0, ge=0, alias="WORKER_DRAIN_S")
+    # A provider's Retry-After is honoured up to this many seconds.
+    retry_after_max_s: float = Field(default=300.0, ge=1, alias="RETRY_AFTER_MAX_S")
+    # Published outbox rows are deleted after this many days.
+    outbox_retention_days: int = Field(default=7, ge=1, alias="OUTBOX_RETENTION_DAYS")
     lock_grace_s: int = Field(default=30, ge=0, alias="AI_LOCK_GRACE_S")
     outbox_lock_ttl_s: int = Field(default=60, ge=1, alias="OUTBOX_LOCK_TTL_S")
     relay_poll_interval_s: float = Field(default=1.0, gt=0, alias="RELAY_POLL_INTERVAL_S")

@@ -359,9 +359,17 @@ class JobService:
         jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
         try:
             await self._lifecycle.mark_cancelled_if_queued(job_id)
-            return CancelResult(job_id, "cancelled")
         except IllegalTransition as exc:
             current = exc.from_status
+        else:
+            # Its workflow may already wait for an EXECUTE slot: let it end now instead of
+            # when a slot frees (best effort; EXECUTE would find the job cancelled anyway).
+            if cancel_workflow is not None:
+                try:
+                    await cancel_workflow(row.workflow_id)
+                except Exception:
+                    log.info("no workflow to cancel yet", extra={"job_id": str(job_id)})
+            return CancelResult(job_id, "cancelled")
         if current == LifecycleStatus.RUNNING:
             if jt is not None and not jt.definition.execution.cancellable:
                 raise JobNotCancellable("This job type cannot be cancelled while running.")

@@ -54,6 +54,10 @@ class Child:
         )
         out.close()
 
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -219,8 +223,12 @@ Ctrl-C stops everything.
         return 0
     finally:
         print("stopping ...", flush=True)
+        # SIGTERM all at once, then wait: workers finish their in-flight provider calls (up to
+        # WORKER_DRAIN_S) while the API is already gone.
         for c in reversed(children):
-            c.stop()
+            c.terminate()
+        for c in reversed(children):
+            c.stop(settings.worker_drain_s + 15 if c.name.startswith("worker") else 15.0)
         if temporal is not None:
             temporal.stop()
         if pg is not None:

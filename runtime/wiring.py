@@ -93,6 +93,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         lock_ttl_s=settings.lock_ttl_s,
         heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
         lock_extend_every_s=settings.lock_ttl_s / 2,
+        retry_after_max_s=settings.retry_after_max_s,
     )
 
 
@@ -109,6 +110,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
     return ReconcilerConfig(
         lock_grace_s=settings.lock_grace_s,
         retention_days=settings.data_retention_days,
+        outbox_retention_days=settings.outbox_retention_days,
         relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
         relay_task_queue=settings.task_queue(SYSTEM_QUEUE),
     )

@@ -92,6 +92,8 @@ def build_workers(
                     max_heartbeat_throttle_interval=timedelta(seconds=1),
                     workflow_runner=sandbox_runner(),
                     interceptors=[PublicFailureInterceptor()],
+                    # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
+                    graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
                 )
             )
         elif q == SYSTEM_QUEUE:

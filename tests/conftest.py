@@ -129,6 +129,8 @@ def make_settings(database_url: str, temporal_address: str, **overrides: Any) ->
         "QUOTA_MAX_JOBS_PER_DAY": 0,
         "RELAY_POLL_INTERVAL_S": 0.2,
         "DB_POOL_SIZE": 10,
+        # In-process workers stop at the end of each test: a hung job must not hold them.
+        "WORKER_DRAIN_S": 0,
     }
     values.update(overrides)
     return Settings.model_validate(values)

@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         CompleteResult,
         ExecuteInput,
         ExecuteResult,
+        ExecutionPlan,
         FinalizeFailedInput,
         FinalizeResult,
         JobWorkflowInput,
@@ -94,6 +95,8 @@ NON_RETRYABLE = ["CONTENT_SAFETY_BLOCKED", "CREDENTIAL_INVALID", "CREDENTIAL_MIS
 
 # Patch ids: each one gates a change of the commands a run issues (see the module docstring).
 SKIP_COMPLETE_STAGE = "skip-complete-stage"
+# EXECUTE does the CAS queued -> running when a worker slot starts it; RESOLVE no longer runs.
+EXECUTE_OWNS_RUNNING = "execute-owns-running"
 
 
 def _error_code(err: BaseException) -> str:
@@ -132,31 +135,25 @@ class JobWorkflowBase:
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
             plan = prep.plan
-            self._set_status("running")
-
-            await self._local(RESOLVE, stage, ResolveResult)
-            executed = await workflow.execute_activity(
-                EXECUTE,
-                ExecuteInput(
-                    job_id=inp.jobId,
-                    workflow_id=info.workflow_id,
-                    run_id=info.run_id,
-                    timeout_ms=plan.timeout_ms,
-                    abort_strategy=plan.abort_strategy,
-                ),
-                result_type=ExecuteResult,
-                # The activity enforces timeoutMs itself (→ TIMEOUT per abortStrategy); this
-                # is the backstop for a hung worker, with room for the bookkeeping around it.
-                start_to_close_timeout=timedelta(milliseconds=plan.timeout_ms + 15_000),
-                heartbeat_timeout=timedelta(milliseconds=plan.heartbeat_timeout_ms),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(milliseconds=max(plan.backoff_ms, 1)),
-                    backoff_coefficient=2.0,
-                    maximum_attempts=plan.max_attempts,
-                    non_retryable_error_types=NON_RETRYABLE,
-                ),
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            )
+            if workflow.patched(EXECUTE_OWNS_RUNNING):
+                # EXECUTE takes the job (queued -> running) when a worker slot starts it and
+                # projects it before it lets the slot go, so `running` means a slot works on
+                # it; it also finds a job that ended while it waited, before any provider call.
+                # PROJECT runs only when the projection inside EXECUTE failed.
+                executed = await self._execute(inp, plan)
+                if executed.lifecycle_status is not None:
+                    # Projected inside EXECUTE (succeeded), or ended before it ran.
+                    self._set_status(executed.lifecycle_status)
+                    return JobWorkflowResult(
+                        inp.jobId,
+                        executed.lifecycle_status,
+                        output_hash=executed.output_hash or None,
+                    )
+            else:
+                # Histories from before the patch: PREPARE locked the job, RESOLVE read it.
+                self._set_status("running")
+                await self._local(RESOLVE, stage, ResolveResult)
+                executed = await self._execute(inp, plan)
             projected = await self._local(
                 PROJECT,
                 ProjectInput(
@@ -214,6 +211,35 @@ class JobWorkflowBase:
                     public_message_for(code), type=code, non_retryable=True
                 ) from None
             return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
+
+    @staticmethod
+    async def _execute(inp: JobWorkflowInput, plan: ExecutionPlan) -> ExecuteResult:
+        info = workflow.info()
+        executed: ExecuteResult = await workflow.execute_activity(
+            EXECUTE,
+            ExecuteInput(
+                job_id=inp.jobId,
+                workflow_id=info.workflow_id,
+                run_id=info.run_id,
+                timeout_ms=plan.timeout_ms,
+                abort_strategy=plan.abort_strategy,
+            ),
+            result_type=ExecuteResult,
+            # The activity enforces timeoutMs itself (-> TIMEOUT per abortStrategy); this is
+            # the backstop for a hung worker, with room for EXECUTE's own database retries.
+            start_to_close_timeout=timedelta(
+                milliseconds=plan.start_to_close_ms or plan.timeout_ms + 15_000
+            ),
+            heartbeat_timeout=timedelta(milliseconds=plan.heartbeat_timeout_ms),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(milliseconds=max(plan.backoff_ms, 1)),
+                backoff_coefficient=2.0,
+                maximum_attempts=plan.max_attempts,
+                non_retryable_error_types=NON_RETRYABLE,
+            ),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        return executed
 
     @staticmethod
     async def _local(name: str, arg: Any, result_type: type[T]) -> T:

@@ -306,7 +306,9 @@ async def test_cancel_a_queued_job(db: SessionMaker) -> None:
     rec = CancelRecorder()
     res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
     assert (res.job_id, res.outcome) == (job.id, "cancelled")
-    assert rec.calls == []  # nothing runs yet; a later workflow ends at PREPARE
+    # Its workflow (if the relay already started it, waiting for an EXECUTE slot) is told to
+    # end now; one started later finds the job cancelled in EXECUTE's first transaction.
+    assert rec.calls == [job.workflow_id]
     row = await get(db, job.id)
     assert (row.lifecycle_status, row.status, row.error_code) == (
         "cancelled",

@@ -218,7 +218,10 @@ async def test_key_revoked_between_creation_and_execution_fails_credential_missi
         row = await stack.wait_status(job_id, "succeeded", "failed", timeout=30)
         assert (row.lifecycle_status, row.error_code) == ("failed", "CREDENTIAL_MISSING")
         assert (await fake.acalls())["count"] == 0
-        assert row.attempt_count == 0  # not retried: no EXECUTE attempt at all
+        # EXECUTE's first transaction found no usable key: one attempt, no call, no retry.
+        assert row.attempt_count == 1
+        [u] = await usage_rows(stack, job_id)
+        assert (u.attempt_no, u.error_code, u.tokens_in) == (1, "CREDENTIAL_MISSING", 0)
 
 
 async def test_key_revoked_during_a_retry_fails_non_retryable_at_execute(

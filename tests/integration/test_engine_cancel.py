@@ -49,7 +49,8 @@ async def test_queued_job_cancelled_never_runs(
         with pytest.raises(JobAlreadyCancelled):
             await st.service.cancel(job_id, "u1")
 
-    # Now the relay starts its workflow and a worker runs it: PREPARE ends it.
+    # Now the relay starts its workflow and a worker runs it: EXECUTE's CAS finds the job
+    # cancelled and ends it before any provider call.
     async with engine_stack(settings, temporal_client) as st:
         wid = st.workflow_id(job_id)
         desc = await wait_workflow_closed(temporal_client, wid)
@@ -59,12 +60,12 @@ async def test_queued_job_cancelled_never_runs(
         assert desc.typed_search_attributes.get(LIFECYCLE_SA) == "cancelled"
 
         history = await temporal_client.get_workflow_handle(wid).fetch_history()
-        scheduled = [
+        completed = [
             e
             for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
         ]
-        assert scheduled == []  # EXECUTE was never scheduled
+        assert len(completed) == 1  # one EXECUTE attempt, which found the job ended
 
         row = await st.job(job_id)
         assert row.lifecycle_status == "cancelled"

@@ -341,8 +341,11 @@ async def test_concurrent_duplicate_projection_writes_once(
         session: AsyncSession, ctx: ProjectionContext, out: BaseModel
     ) -> list[Artifact]:
         calls[ctx.job_id] += 1
-        arts = await synthetic.project(session, ctx, out)  # holds the business row's key
         if calls[ctx.job_id] == 1:
+            # The projection inside EXECUTE fails: the PROJECT stage takes over.
+            raise RuntimeError("projector failure inside EXECUTE")
+        arts = await synthetic.project(session, ctx, out)  # holds the business row's key
+        if calls[ctx.job_id] == 2:
             entered.set()
             await release.wait()
         return arts
@@ -372,7 +375,7 @@ async def test_concurrent_duplicate_projection_writes_once(
             timeout=15,
             what="the duplicate projection to wait for the first",
         )
-        assert calls[job_id] == 2 and not duplicate.done()
+        assert calls[job_id] == 3 and not duplicate.done()
         release.set()
 
         row, desc = await finished(st, job_id, jt.job_type)
@@ -400,9 +403,10 @@ async def test_projector_always_failing_fails_job_after_two_tries(
         assert row.lifecycle_status == "failed"
         assert row.error_code == "INTERNAL_PROJECTION_FAILED"
         assert_public_message_clean(row, "INTERNAL_PROJECTION_FAILED")
-        assert calls[job_id] == 2
+        # Once inside EXECUTE (its savepoint rolled back), then the PROJECT stage's two tries.
+        assert calls[job_id] == 3
         f = await job_facts(db, job_id)
-        assert f.artifacts == [] and f.synthetic_results == []  # both attempts rolled back
+        assert f.artifacts == [] and f.synthetic_results == []  # every attempt rolled back
         assert COMPLETED not in f.events and f.events.get(FAILED) == 1
         assert f.usage == [(1, None)]
         assert desc.status == WorkflowExecutionStatus.FAILED

@@ -9,6 +9,7 @@ classes and the sandbox runner the workers use. No server is needed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -27,9 +28,9 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from engine.contracts import (
     COMPLETE,
+    PREPARE,
     RECONCILER_WORKFLOW,
     RELAY_WORKFLOW,
-    RESOLVE,
     CompleteResult,
     JobWorkflowInput,
     JobWorkflowResult,
@@ -37,7 +38,12 @@ from engine.contracts import (
 from jobs.types import default_catalog
 from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
-from workflows.job_workflow import SKIP_COMPLETE_STAGE, JobWorkflowBase, workflow_class_for
+from workflows.job_workflow import (
+    EXECUTE_OWNS_RUNNING,
+    SKIP_COMPLETE_STAGE,
+    JobWorkflowBase,
+    workflow_class_for,
+)
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 T = TypeVar("T")
@@ -46,6 +52,8 @@ NAME = re.compile(r"^(?P<workflow>[a-z_]+)-v(?P<tag>[0-9]+)-(?P<case>[a-z_]+)\.j
 SYSTEM_TYPES = {"relay": RELAY_WORKFLOW, "reconciler": RECONCILER_WORKFLOW}
 # The first tag recorded with the `skip-complete-stage` patch.
 PATCH_TAG = 2
+# The first tag recorded with the `execute-owns-running` patch.
+EXECUTE_TAG = 3
 
 
 @dataclass(frozen=True)
@@ -220,13 +228,13 @@ class _WithoutComplete(JobWorkflowBase):
 
 
 class _ExtraResolve(JobWorkflowBase):
-    """A second RESOLVE added before EXECUTE without `workflow.patched`."""
+    """A pause (a timer) added after PREPARE without `workflow.patched`."""
 
     @staticmethod
     async def _local(name: str, arg: Any, result_type: type[T]) -> T:
         result = await JobWorkflowBase._local(name, arg, result_type)
-        if name == RESOLVE:
-            await JobWorkflowBase._local(name, arg, result_type)
+        if name == PREPARE:
+            await asyncio.sleep(1)  # a durable timer in workflow code: a new command
         return result
 
 
@@ -274,7 +282,23 @@ async def test_removing_a_stage_without_a_patch_breaks_replay() -> None:
 
 
 async def test_adding_an_activity_without_a_patch_breaks_replay() -> None:
-    """Every synthetic history that went past RESOLVE contradicts an extra stage."""
+    """Every synthetic history (each went past PREPARE) contradicts an extra stage."""
     records = synthetic("success", "retry", "fail", "cancel")
     failures = await replay_with([SyntheticExtraResolve], records, changed_runner())
     assert_non_determinism(failures, [r.path.name for r in records])
+
+
+def test_histories_after_execute_took_the_lock_run_prepare_then_execute_only() -> None:
+    """From tag 3 on (`execute-owns-running`): no RESOLVE, and PROJECT only when the projection
+    inside EXECUTE failed; histories before it keep their five-stage shape."""
+    succeeded = [
+        r for r in recorded() if r.workflow not in SYSTEM_TYPES and r.case in ("success", "retry")
+    ]
+    assert {r.tag for r in succeeded} >= {EXECUTE_TAG - 1, EXECUTE_TAG}
+    for r in succeeded:
+        if r.tag >= EXECUTE_TAG:
+            assert local_activities(r) == ["prepare"], r.path.name
+            assert EXECUTE_OWNS_RUNNING in patches(r), r.path.name
+        else:
+            assert "resolve" in local_activities(r), r.path.name
+            assert EXECUTE_OWNS_RUNNING not in patches(r), r.path.name

@@ -1,0 +1,238 @@
+"""The cheap stages around EXECUTE, run as local activities: PREPARE (the plan), PROJECT (the
+business rows and `succeeded`, one transaction) and the two finalizers. RESOLVE and COMPLETE
+stay registered for workflows started by earlier versions (they no longer run in new ones)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.stage_support import (
+    StageDeps,
+    fail_attempt,
+    fail_domain,
+    fail_final,
+    is_transient,
+    lock_owner,
+    log,
+    log_completed,
+)
+from db.outbox import CANCELLED, FAILED
+from engine.contracts import (
+    COMPLETE,
+    FINALIZE_CANCELLED,
+    FINALIZE_FAILED,
+    PREPARE,
+    PROJECT,
+    RESOLVE,
+    CompleteInput,
+    CompleteResult,
+    ExecutionPlan,
+    FinalizeFailedInput,
+    FinalizeResult,
+    PrepareResult,
+    ProjectInput,
+    ProjectResult,
+    ResolveResult,
+    StageInput,
+)
+from engine.errors import (
+    EngineError,
+    IllegalTransition,
+    JobNotFound,
+    LockConflict,
+    public_message_for,
+)
+from engine.lifecycle import LifecycleStatus
+
+
+class BookkeepingStages(StageDeps):
+    # ---- PREPARE ----------------------------------------------------------------------
+
+    @activity.defn(name=PREPARE)
+    async def prepare(self, inp: StageInput) -> PrepareResult:
+        """The execution plan from the job type's definition (the workflow type is the job
+        type). No SQL: the job is locked by EXECUTE when a worker slot starts it, and a job that
+        ended while it waited is found there, before any provider call."""
+        jt = self._catalog.get(activity.info().workflow_type or "")
+        d = jt.definition
+        cfg = self._config
+        return PrepareResult(
+            run=True,
+            lifecycle_status="queued",
+            plan=ExecutionPlan(
+                queue_name=d.queue.queue_name,
+                timeout_ms=d.execution.timeout_ms,
+                max_attempts=d.max_attempts,
+                backoff_ms=d.execution.retry_backoff.delay,
+                abort_strategy=d.execution.abort_strategy,
+                cancellable=d.execution.cancellable,
+                heartbeat_timeout_ms=cfg.heartbeat_timeout_ms,
+                start_to_close_ms=d.execution.timeout_ms + cfg.execute_margin_ms,
+            ),
+        )
+
+    # ---- RESOLVE (workflows started before EXECUTE took the lock) -----------------------
+
+    @activity.defn(name=RESOLVE)
+    async def resolve(self, inp: StageInput) -> ResolveResult:
+        """Check that everything EXECUTE needs exists (snapshot, credential) and name the
+        provider, model and prompt version. Only references leave this activity."""
+        job_id = uuid.UUID(inp.job_id)
+        async with self._sm.begin() as s:
+            row = await self._jobs.resolve_refs(s, job_id)
+            if row is None:
+                fail_final("INTERNAL_JOB_MISSING")
+            jt = self._catalog.get(row.job_type)
+            if not row.has_snapshot:
+                fail_final("INTERNAL_SNAPSHOT_MISSING")
+            if not await self._gateway.credential_available(
+                s, jt, row.user_id, row.credential_mode, row.credential_id
+            ):
+                fail_final("CREDENTIAL_MISSING")
+        provider = self._gateway.provider_for(jt, row.credential_mode)
+        return ResolveResult(
+            prompt_version=row.prompt_version,
+            credential_mode=row.credential_mode,
+            provider=provider.name,
+            model=self._gateway.model_for(jt, row.credential_mode),
+        )
+
+    # ---- PROJECT ----------------------------------------------------------------------
+
+    @activity.defn(name=PROJECT)
+    async def project(self, inp: ProjectInput) -> ProjectResult:
+        """Projector + markSucceeded + `ai.job.completed` + progress 100 in one transaction.
+        Idempotent: a retry after a commit whose result was lost finds `succeeded` and its
+        artifacts; unique keys make a repeated projection write nothing new."""
+        job_id = uuid.UUID(inp.job_id)
+        attempt = activity.info().attempt
+        try:
+            async with self._sm.begin() as s:
+                row = await self._jobs.get(s, job_id)
+                if row is None:
+                    fail_final("INTERNAL_JOB_MISSING")
+                if row.lifecycle_status != LifecycleStatus.RUNNING:
+                    arts = await self._jobs.artifacts(s, [job_id])
+                    return ProjectResult(row.lifecycle_status, len(arts[job_id]))
+                if row.output is None or row.output_hash != inp.output_hash:
+                    fail_final("INTERNAL_OUTPUT_MISMATCH")
+                jt = self._catalog.get(row.job_type)
+                out = jt.output_model.model_validate(row.output)
+                result = await self._project_in(s, row, out, inp.output_hash, lock_owner())
+            log_completed(inp.job_id, result)
+            return result
+        except ApplicationError:
+            raise
+        except (IllegalTransition, LockConflict):
+            # A concurrent PROJECT (or a cancel) won the row: report what the job is now.
+            async with self._sm.begin() as s:
+                row = await self._jobs.get(s, job_id)
+                arts = await self._jobs.artifacts(s, [job_id])
+            if row is None:
+                fail_final("INTERNAL_JOB_MISSING")
+            return ProjectResult(row.lifecycle_status, len(arts[job_id]))
+        except EngineError as exc:
+            fail_domain(exc)
+        except Exception as exc:
+            if is_transient(exc):
+                raise  # retried by the bookkeeping policy until the database is back
+            await self._note_internal(job_id, f"projection failed: {type(exc).__name__}: {exc}")
+            fail_attempt("INTERNAL_PROJECTION_FAILED", attempt=attempt)
+
+    async def _note_internal(self, job_id: uuid.UUID, message: str) -> None:
+        try:
+            async with self._sm.begin() as s:
+                await self._jobs.record_attempt(s, job_id, attempt=0, internal_error=message[:2000])
+        except Exception:
+            log.warning("could not record internal error", extra={"job_id": str(job_id)})
+
+    # ---- COMPLETE (workflows started before it was folded into PROJECT) ----------------
+
+    @activity.defn(name=COMPLETE)
+    async def complete(self, inp: CompleteInput) -> CompleteResult:
+        """Reports what PROJECT committed; touches no table."""
+        return CompleteResult(
+            calls=inp.calls,
+            tokens_in=inp.tokens_in,
+            tokens_out=inp.tokens_out,
+            cost_micros=inp.cost_micros,
+        )
+
+    # ---- finalizers -------------------------------------------------------------------
+
+    @activity.defn(name=FINALIZE_FAILED)
+    async def finalize_failed(self, inp: FinalizeFailedInput) -> FinalizeResult:
+        """The job's one `failed`, after Temporal gave up on it. A cancel the user asked for
+        wins over a failure that followed it (a worker lost during a cancel ends `cancelled`).
+        A job that never got as far as `running` (its first EXECUTE transaction never committed)
+        is taken through `running` to `failed` in one transaction, so it cannot stay queued
+        behind a closed workflow."""
+        job_id = uuid.UUID(inp.job_id)
+        try:
+            async with self._sm.begin() as s:
+                row = await self._jobs.get(s, job_id)
+                if row is None:
+                    return FinalizeResult("failed")  # the row is gone; the execution failed
+                if row.cancel_requested_at is not None and row.lifecycle_status in (
+                    LifecycleStatus.QUEUED,
+                    LifecycleStatus.RUNNING,
+                ):
+                    await self._lifecycle.mark_cancelled(job_id, session=s)
+                    await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
+                    return FinalizeResult("cancelled")
+                if row.lifecycle_status == LifecycleStatus.QUEUED:
+                    await self._lifecycle.lock(
+                        job_id,
+                        owner=lock_owner(),
+                        identity=self._config.identity,
+                        ttl_s=self._config.lock_ttl_s,
+                        session=s,
+                    )
+                await self._lifecycle.mark_failed(
+                    job_id, inp.code, public_message_for(inp.code), None, session=s
+                )
+                await self._event(
+                    s,
+                    FAILED,
+                    inp.job_id,
+                    {"jobId": inp.job_id, "jobType": row.job_type, "errorCode": inp.code},
+                )
+            return FinalizeResult("failed")
+        except (IllegalTransition, LockConflict):
+            async with self._sm.begin() as s:
+                current = await self._jobs.get(s, job_id)
+            return FinalizeResult(current.lifecycle_status if current else "failed")
+        except JobNotFound:
+            return FinalizeResult("failed")
+
+    @activity.defn(name=FINALIZE_CANCELLED)
+    async def finalize_cancelled(self, inp: StageInput) -> FinalizeResult:
+        job_id = uuid.UUID(inp.job_id)
+        try:
+            async with self._sm.begin() as s:
+                await self._lifecycle.mark_cancelled(job_id, session=s)
+                await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
+            return FinalizeResult("cancelled")
+        except IllegalTransition as exc:
+            return FinalizeResult(str(exc.from_status))
+        except JobNotFound:
+            return FinalizeResult("cancelled")  # the job row is gone: nothing left to mark
+
+    async def _event(
+        self, s: AsyncSession, event_type: str, job_id: str, payload: dict[str, Any]
+    ) -> None:
+        """The domain event of a job's end, in the transaction that ends it."""
+        await self._outbox.insert(
+            s,
+            event_type=event_type,
+            aggregate_type="AiJob",
+            aggregate_id=job_id,
+            dedupe_key=f"{event_type}:{job_id}",
+            payload=payload,
+            notify=False,
+        )

@@ -1,0 +1,437 @@
+"""EXECUTE: the one expensive step, a provider call, and the only stage that holds a worker slot.
+
+One attempt:
+1. one transaction: the CAS queued → running (or this workflow's own lock, on a retry), the job
+   row, its snapshot and its credential. A job that ended while it waited for a slot (cancelled)
+   ends here without a call; an output a previous attempt already stored is reused, not bought
+   again. `running` therefore means "a worker slot is calling the provider for this job".
+2. the provider call, under the job's timeout, heartbeating to Temporal every fraction of a
+   second (never waiting on the database) while a separate task extends the SQL lock and reads
+   a cancel recorded in SQL;
+3. one transaction, still holding the slot: the usage row, then (unless a cancel arrived
+   meanwhile) the validated output and, in a savepoint, its projection and `succeeded`. So a job
+   is `running` exactly while a slot works on it. If the projector fails, the stored output is
+   left for the PROJECT stage. Only the output's hash goes back to Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+from temporalio import activity
+
+from activities.stage_support import (
+    StageDeps,
+    db_retry,
+    fail_attempt,
+    fail_final,
+    is_transient,
+    lock_owner,
+    log,
+    log_completed,
+    summarise_validation,
+)
+from db.jobs import JobRow
+from db.usage import UsageRow
+from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
+from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
+from engine.hashing import output_hash
+from engine.redaction import redact
+from jobs.spec import JobType
+from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
+from providers.pricing import cost_usd
+
+WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
+
+
+@dataclass
+class _Begun:
+    """What the first transaction found."""
+
+    ended: str | None = None  # the job ended before it could run: its state
+    reuse_hash: str | None = None  # an output this job already stored
+    row: JobRow | None = None
+    snapshot: dict[str, Any] | None = None
+    job_type: JobType | None = None
+    api_key: str | None = None
+    key_failure: ExecutionFailure | None = None
+
+
+class ExecuteStage(StageDeps):
+    @activity.defn(name=EXECUTE)
+    async def execute(self, inp: ExecuteInput) -> ExecuteResult:
+        info = activity.info()
+        attempt = info.attempt
+        job_id = uuid.UUID(inp.job_id)
+        cfg = self._config
+        owner = lock_owner()
+
+        begun = await db_retry(
+            lambda: self._begin(job_id, owner, info.workflow_run_id),
+            budget_s=cfg.db_retry_budget_s,
+        )
+        if begun.ended is not None:
+            activity.logger.info(
+                "job ended before it ran", extra={"job_id": inp.job_id, "status": begun.ended}
+            )
+            return ExecuteResult(output_hash="", attempt=attempt, lifecycle_status=begun.ended)
+        if begun.reuse_hash is not None:
+            activity.logger.info("output already stored; reused", extra={"job_id": inp.job_id})
+            return ExecuteResult(output_hash=begun.reuse_hash, attempt=attempt)
+        row, snapshot, jt = begun.row, begun.snapshot, begun.job_type
+        assert row is not None and snapshot is not None and jt is not None
+        # Recorded after the first transaction ended: it held the row lock the CAS took, and
+        # the failure is written from another connection.
+        if begun.key_failure is not None:
+            await self._record_failure(
+                row, attempt, begun.key_failure, provider="none", model="none"
+            )
+            fail_attempt(begun.key_failure.code, attempt=attempt)
+
+        provider = self._gateway.provider_for(jt, row.credential_mode)
+        model_name = self._gateway.model_for(jt, row.credential_mode)
+        started = time.monotonic()
+        response: ProviderResponse | None = None
+        failure: ExecutionFailure | None = None
+        out: dict[str, Any] | None = None
+        try:
+            model_in = jt.input_model.model_validate(snapshot["input"])
+            correction = None
+            if attempt > 1 and row.correction_hint:
+                correction = (
+                    f"Your previous answer was rejected: {row.correction_hint}. "
+                    "Answer again with JSON that matches the schema exactly."
+                )
+            prompt = jt.build_prompt(model_in, correction)
+            if jt.definition.security.content_safety_check:
+                self._gateway.safety.check([prompt.system, prompt.user])
+            request = ProviderRequest(
+                job_id=inp.job_id,
+                job_type=row.job_type,
+                attempt=attempt,
+                model=model_name,
+                system_prompt=prompt.system,
+                user_prompt=prompt.user,
+                output_schema=_output_schema(jt.output_model),
+                timeout_s=inp.timeout_ms / 1000,
+                api_key=begun.api_key,
+                synthetic=(
+                    jt.synthetic_behaviour(model_in)
+                    if jt.synthetic_behaviour is not None
+                    else SyntheticBehaviour(output=jt.synthetic_output(model_in))
+                ),
+            )
+            begun.api_key = None
+            response = await self._call(job_id, owner, inp, provider, request)
+            out, failure = _validated_output(jt, response)
+        except TimeoutError:
+            failure = ExecutionFailure(
+                "TIMEOUT", internal_message=f"provider call exceeded {inp.timeout_ms} ms"
+            )
+        except ExecutionFailure as f:
+            failure = f
+        except _SelfCancelled:
+            failure = ExecutionFailure("CANCELLED", internal_message="cancel requested (SQL)")
+        except asyncio.CancelledError:
+            # A workflow cancel, or a worker shutdown whose grace period ran out: record the
+            # aborted call under what really happened, then let the cancellation go.
+            code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
+            await asyncio.shield(
+                self._record_failure(
+                    row,
+                    attempt,
+                    ExecutionFailure(code),
+                    provider=provider.name,
+                    model=model_name,
+                    latency_ms=int((time.monotonic() - started) * 1000),
+                )
+            )
+            raise
+        except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
+            failure = ExecutionFailure(
+                "INTERNAL_ERROR", internal_message=f"{type(exc).__name__}: {str(exc)[:500]}"
+            )
+
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if failure is not None:
+            await self._record_failure(
+                row,
+                attempt,
+                failure,
+                provider=provider.name,
+                model=model_name,
+                latency_ms=latency_ms,
+                response=response,
+            )
+            retry_after = failure.retry_after_float
+            if retry_after is not None:
+                retry_after = min(retry_after, cfg.retry_after_max_s)
+            fail_attempt(
+                failure.code,
+                attempt=attempt,
+                abort_strategy=inp.abort_strategy,
+                retry_after_s=retry_after,
+            )
+
+        assert out is not None and response is not None
+        digest = output_hash(out)
+        usage = self._usage_row(row, attempt, response, None, latency_ms)
+        # The provider answered: a database outage now must not cost another provider call.
+        outcome, projected = await db_retry(
+            lambda: self._finish(row, jt, owner, attempt, usage, out, digest),
+            budget_s=cfg.db_retry_budget_s,
+        )
+        if outcome == "cancelled":
+            fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
+        if outcome == "not_owner":
+            fail_final("INTERNAL_NOT_LOCK_OWNER")
+        if projected is not None:
+            log_completed(inp.job_id, projected)
+            return ExecuteResult(output_hash=digest, attempt=attempt, lifecycle_status="succeeded")
+        return ExecuteResult(output_hash=digest, attempt=attempt)  # PROJECT takes it from here
+
+    # ---- the first transaction ---------------------------------------------------------
+
+    async def _begin(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
+        cfg = self._config
+        async with self._sm.begin() as s:
+            try:
+                await self._lifecycle.lock(
+                    job_id,
+                    owner=owner,
+                    identity=cfg.identity,
+                    ttl_s=cfg.lock_ttl_s,
+                    run_id=run_id,
+                    session=s,
+                )
+            except IllegalTransition as exc:
+                return _Begun(ended=str(exc.from_status))  # cancelled while it waited, or done
+            except LockConflict:
+                fail_final("INTERNAL_NOT_LOCK_OWNER")
+            except JobNotFound:
+                fail_final("INTERNAL_JOB_MISSING")
+            row = await self._jobs.get(s, job_id)
+            if row is None:
+                fail_final("INTERNAL_JOB_MISSING")
+            if row.cancel_requested_at is not None:
+                fail_final("CANCELLED")
+            if row.output_hash is not None and row.output is not None:
+                return _Begun(reuse_hash=row.output_hash)
+            snapshot = await self._jobs.get_snapshot(s, job_id)
+            if snapshot is None:
+                fail_final("INTERNAL_SNAPSHOT_MISSING")
+            jt = self._catalog.get(row.job_type)
+            begun = _Begun(row=row, snapshot=snapshot, job_type=jt)
+            try:
+                begun.api_key = await self._gateway.api_key(
+                    s, jt, row.user_id, row.credential_mode, row.credential_id
+                )
+            except ExecutionFailure as f:
+                begun.key_failure = f
+            return begun
+
+    # ---- the call ----------------------------------------------------------------------
+
+    async def _call(
+        self,
+        job_id: uuid.UUID,
+        owner: str,
+        inp: ExecuteInput,
+        provider: Provider,
+        request: ProviderRequest,
+    ) -> ProviderResponse:
+        """The provider call under the definition's timeout. Heartbeats go to Temporal on their
+        own clock (so a workflow cancel arrives within about a second, and a slow database can
+        never starve them); the SQL lock is extended by a separate task, which also aborts the
+        call when SQL says the job was cancelled or is no longer ours."""
+        cfg = self._config
+        call = asyncio.ensure_future(provider.generate(request))
+        self_cancelled = False
+
+        async def beat() -> None:
+            interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
+            while not call.done():
+                activity.heartbeat()
+                await asyncio.sleep(interval)
+
+        async def extend() -> None:
+            nonlocal self_cancelled
+            while not call.done():
+                await asyncio.sleep(cfg.lock_extend_every_s)
+                try:
+                    ext = await asyncio.wait_for(
+                        self._lifecycle.extend_lock(job_id, owner=owner, ttl_s=cfg.lock_ttl_s),
+                        timeout=cfg.lock_extend_every_s,
+                    )
+                except Exception:
+                    continue  # a lost extension is survivable; the TTL has slack
+                if ext.cancel_requested or not ext.extended:
+                    self_cancelled = True
+                    call.cancel()
+                    return
+
+        helpers = [asyncio.ensure_future(beat()), asyncio.ensure_future(extend())]
+        try:
+            async with asyncio.timeout(inp.timeout_ms / 1000):
+                return await call
+        except asyncio.CancelledError:
+            if self_cancelled and not _current_task_cancelling():
+                raise _SelfCancelled() from None
+            raise
+        finally:
+            for h in helpers:
+                h.cancel()
+            if not call.done():
+                call.cancel()
+
+    # ---- the last transaction and the bookkeeping of failures --------------------------
+
+    async def _finish(
+        self,
+        row: JobRow,
+        jt: JobType,
+        owner: str,
+        attempt: int,
+        usage: UsageRow,
+        out: dict[str, Any],
+        digest: str,
+    ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
+        """One transaction while the slot is still held: the paid call's usage row always;
+        then, while the job is still ours and nobody asked to cancel it, the output and, in a
+        savepoint, its projection and `succeeded`. A projector that fails leaves the stored
+        output for the PROJECT stage (with its own retries); a cancel seen here is honoured."""
+        cfg = self._config
+        async with self._sm.begin() as s:
+            await self._usage.insert(s, usage)
+            await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
+            ext = await self._lifecycle.extend_lock(
+                row.id, owner=owner, ttl_s=cfg.lock_ttl_s, session=s
+            )
+            if not ext.extended:
+                return "not_owner", None
+            if ext.cancel_requested:
+                return "cancelled", None
+            await self._jobs.store_output(
+                s, row.id, owner=owner, output=out, output_hash=digest, progress=60
+            )
+            try:
+                async with s.begin_nested():
+                    validated = jt.output_model.model_validate(out)
+                    return "projected", await self._project_in(s, row, validated, digest, owner)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                log.warning(
+                    "projection inside EXECUTE failed; PROJECT will retry it",
+                    extra={"job_id": str(row.id), "error_type": type(exc).__name__},
+                )
+                await self._jobs.record_attempt(
+                    s,
+                    row.id,
+                    attempt=attempt,
+                    internal_error=f"projection failed: {type(exc).__name__}: {exc}"[:2000],
+                )
+                return "stored", None
+
+    async def _record_failure(
+        self,
+        row: JobRow,
+        attempt: int,
+        failure: ExecutionFailure,
+        *,
+        provider: str,
+        model: str,
+        latency_ms: int = 0,
+        response: ProviderResponse | None = None,
+    ) -> None:
+        async with self._sm.begin() as s:
+            await self._usage.insert(
+                s,
+                self._usage_row(row, attempt, response, failure.code, latency_ms, provider, model),
+            )
+            await self._jobs.record_attempt(
+                s,
+                row.id,
+                attempt=attempt,
+                internal_error=failure.internal_message or failure.code,
+                correction_hint=failure.correction_hint,
+            )
+        log.info(
+            "provider attempt failed",
+            extra={"job_id": str(row.id), "attempt": attempt, "error_code": failure.code},
+        )
+
+    @staticmethod
+    def _usage_row(
+        row: JobRow,
+        attempt: int,
+        response: ProviderResponse | None,
+        error_code: str | None,
+        latency_ms: int,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> UsageRow:
+        tin = response.tokens_in if response else 0
+        tout = response.tokens_out if response else 0
+        m = response.model if response else (model or "unknown")
+        return UsageRow(
+            job_id=row.id,
+            user_id=row.user_id,
+            attempt_no=attempt,
+            credential_mode=row.credential_mode,
+            provider=response.provider if response else (provider or "unknown"),
+            model=m,
+            tokens_in=tin,
+            tokens_out=tout,
+            cost_usd=cost_usd(m, tin, tout) if response else Decimal(0),
+            latency_ms=latency_ms,
+            error_code=error_code,
+        )
+
+
+def _validated_output(
+    jt: JobType, response: ProviderResponse
+) -> tuple[dict[str, Any] | None, ExecutionFailure | None]:
+    """The output as stored (validated, redacted when the job type asks), or why it is not."""
+    try:
+        validated = jt.output_model.model_validate(json.loads(response.content))
+    except (ValueError, ValidationError) as exc:
+        detail = (
+            summarise_validation(exc)
+            if isinstance(exc, ValidationError)
+            else "output is not valid JSON"
+        )
+        return None, ExecutionFailure(
+            "VALIDATION_OUTPUT_INVALID",
+            internal_message=f"VALIDATION_OUTPUT_INVALID: {detail}",
+            correction_hint=detail,
+        )
+    out = validated.model_dump(mode="json")
+    if jt.definition.security.output_redaction:
+        # Redacted before it is stored: the stored output, the projected rows and the hash all
+        # see the masked text, still in the output model's shape.
+        out = jt.output_model.model_validate(redact(out)).model_dump(mode="json")
+    return out, None
+
+
+@functools.cache
+def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """JSON schema of an output model; built once per job type, not per call."""
+    return model.model_json_schema()
+
+
+class _SelfCancelled(Exception):
+    """EXECUTE aborted its own call because SQL says the job was cancelled."""
+
+
+def _current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return bool(task and task.cancelling())

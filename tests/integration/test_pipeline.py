@@ -1,0 +1,290 @@
+"""EXECUTE owns `running`: a job is running only while a worker slot calls the provider for it;
+one paid call per attempt (a stored output is reused, heartbeats never wait on the database, a
+cancel seen after the call is honoured); a SIGTERMed worker drains its call instead of throwing
+the paid attempt away."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from activities.stages import JobActivities
+from db.session import SessionMaker
+from engine.contracts import ExecuteInput, FinalizeFailedInput, ProjectInput
+from engine.settings import Settings
+from jobs.spec import ProjectionContext
+from jobs.types import synthetic
+from runtime.wiring import engine_config, gateway
+from tests.conftest import Stack, make_settings
+from tests.integration.conftest_engine import (
+    engine_stack,
+    job_facts,
+    scripted_job_type,
+    wait_activity_started,
+)
+from tests.integration.test_crash_and_reconcile import start_worker, worker_processes
+
+
+async def states(db: SessionMaker, ids: list[uuid.UUID]) -> list[tuple[str, int]]:
+    async with db() as s:
+        return [
+            (r.lifecycle_status, r.progress)
+            for r in await s.execute(
+                text("SELECT lifecycle_status, progress FROM ai_job WHERE id = ANY(:ids)"),
+                {"ids": ids},
+            )
+        ]
+
+
+def env_for(
+    stack: Stack, job: uuid.UUID, attempt: int = 1, workflow_id: str | None = None
+) -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        workflow_id=workflow_id or stack.workflow_id(job),
+        workflow_type="synthetic",
+        attempt=attempt,
+        heartbeat_timeout=None,
+    )
+    return env
+
+
+def execute_input(job: uuid.UUID, timeout_ms: int = 30_000) -> ExecuteInput:
+    return ExecuteInput(
+        job_id=str(job), workflow_id="", run_id="", timeout_ms=timeout_ms, abort_strategy="retry"
+    )
+
+
+# ---- honest states ---------------------------------------------------------------------------
+
+
+async def test_running_means_a_worker_slot_is_calling_the_provider(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """12 jobs, 2 provider slots: never more than 2 running; the others read queued, progress 0;
+    a waiting job is cancelled on the queued path and never calls the provider."""
+    async with engine_stack(settings, temporal_client) as st:
+        ids = [await st.create(input={"delayMs": 1500}) for _ in range(12)]
+        most_running = 0
+        waiting_cancelled: uuid.UUID | None = None
+        deadline = time.monotonic() + 120
+        while True:
+            snap = await states(db, ids)
+            running = [p for status, p in snap if status == "running"]
+            queued = [p for status, p in snap if status == "queued"]
+            most_running = max(most_running, len(running))
+            assert len(running) <= 2, snap
+            assert all(p == 0 for p in queued), snap
+            if waiting_cancelled is None and len(running) == 2 and len(queued) >= 4:
+                async with db() as s:
+                    waiting_cancelled = (
+                        await s.execute(
+                            text(
+                                "SELECT id FROM ai_job WHERE id = ANY(:ids) "
+                                "AND lifecycle_status = 'queued' ORDER BY created_at DESC LIMIT 1"
+                            ),
+                            {"ids": ids},
+                        )
+                    ).scalar_one()
+                result = await st.service.cancel(waiting_cancelled, "u1")
+                assert result.outcome == "cancelled"  # the queued path: 200, not 202
+            if sum(1 for status, _ in snap if status in ("succeeded", "cancelled")) == 12:
+                break
+            assert time.monotonic() < deadline, snap
+            await asyncio.sleep(0.1)
+        assert most_running == 2
+        assert waiting_cancelled is not None
+        facts = await job_facts(db, waiting_cancelled)
+        assert facts.usage == [] and facts.artifacts == []
+
+
+# ---- one paid call per attempt ---------------------------------------------------------------
+
+
+async def test_an_output_already_stored_is_reused_not_bought_again(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """An attempt stored its output but did not finish (here: its projection failed); the next
+    attempt reuses the output. Once the job succeeded, another attempt ends without a call."""
+    calls = 0
+
+    async def flaky(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("projector hiccup")
+        return await synthetic.project(session, ctx, out)
+
+    jt = scripted_job_type("flaky_projection", project=flaky)
+    async with engine_stack(
+        settings, temporal_client, queues=(), relay=False, extra_types=[jt]
+    ) as st:
+        job = await st.create(job_type=jt.job_type, input={"delayMs": 200})
+        acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
+        wid = st.workflow_id(job, jt.job_type)
+        first = await env_for(st, job, 1, wid).run(acts.execute, execute_input(job))
+        assert first.output_hash and first.lifecycle_status is None  # stored, not projected
+        second = await env_for(st, job, 2, wid).run(acts.execute, execute_input(job))
+        assert (second.output_hash, second.lifecycle_status) == (first.output_hash, None)
+        facts = await job_facts(db, job)
+        assert facts.usage == [(1, None)]  # one provider call for two attempts
+        # PROJECT (the workflow's next stage) finishes it; a late attempt then ends at once.
+        await env_for(st, job, 1, wid).run(
+            acts.project,
+            ProjectInput(job_id=str(job), run_id="", output_hash=first.output_hash),
+        )
+        third = await env_for(st, job, 3, wid).run(acts.execute, execute_input(job))
+        assert third.lifecycle_status == "succeeded"
+        assert (await job_facts(db, job)).usage == [(1, None)]
+
+
+async def test_heartbeats_never_wait_on_the_database(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """The lock extension hangs (a slow database); heartbeats keep their own clock."""
+    async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
+        job = await st.create(input={"delayMs": 2500})
+        cfg = dataclasses.replace(engine_config(settings), lock_extend_every_s=0.2)
+        acts = JobActivities(db, st.parts.catalog, gateway(settings), cfg)
+        extensions = 0
+
+        async def stuck_extend(*args: Any, **kwargs: Any) -> Any:
+            nonlocal extensions
+            extensions += 1
+            await asyncio.Event().wait()  # never answers
+
+        # The first transaction locks the job; only the extensions during the call hang.
+        original = acts._lifecycle.extend_lock
+        beats: list[float] = []
+        env = env_for(st, job)
+        env.on_heartbeat = lambda *a: beats.append(time.monotonic())
+
+        async def run() -> Any:
+            acts._lifecycle.extend_lock = stuck_extend  # type: ignore[method-assign]
+            try:
+                return await env.run(acts.execute, execute_input(job))
+            finally:
+                acts._lifecycle.extend_lock = original  # type: ignore[method-assign]
+
+        task = asyncio.ensure_future(run())
+        await asyncio.sleep(2.0)
+        acts._lifecycle.extend_lock = original  # type: ignore[method-assign]  # the store needs it
+        result = await task
+        assert result.output_hash
+        assert extensions >= 1
+        # Heartbeats every ≤ 0.5 s throughout the call despite the hung extension.
+        assert len(beats) >= 4
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
+        assert max(gaps) < 1.0, gaps
+
+
+async def test_a_cancel_seen_after_the_call_is_honoured_before_project(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """The cancel reached SQL only (its Temporal cancel was lost) while the provider worked:
+    the paid call is recorded, nothing is projected, the job ends cancelled."""
+    async with engine_stack(settings, temporal_client) as st:
+        job = await st.create(input={"delayMs": 2500})
+        await st.wait_status(job, "running")
+        await wait_activity_started(temporal_client, st.workflow_id(job), "execute")
+        async with db.begin() as s:
+            await s.execute(
+                text("UPDATE ai_job SET cancel_requested_at = now() WHERE id = :j"), {"j": job}
+            )
+        row = await st.wait_status(job, timeout=30)
+        assert row.lifecycle_status == "cancelled"
+        facts = await job_facts(db, job)
+        assert facts.artifacts == [] and facts.synthetic_results == []
+        assert facts.usage == [(1, None)]  # the call was paid for and is on the bill
+
+
+async def test_a_failure_after_a_cancel_request_ends_cancelled(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """A cancel that meets a lost worker (heartbeat timeout) ends `cancelled`, not failed."""
+    async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
+        job = await st.create()
+        async with db.begin() as s:
+            await s.execute(
+                text(
+                    "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing', "
+                    "locked_by = workflow_id || '/-/w', lock_until = now() + interval '1 minute', "
+                    "cancel_requested_at = now() WHERE id = :j"
+                ),
+                {"j": job},
+            )
+        acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
+        fin = await env_for(st, job).run(
+            acts.finalize_failed,
+            FinalizeFailedInput(job_id=str(job), run_id="", code="INTERNAL_WORKER_LOST"),
+        )
+        assert fin.lifecycle_status == "cancelled"
+        assert (await st.job(job)).lifecycle_status == "cancelled"
+
+
+async def test_a_job_that_never_started_running_fails_instead_of_staying_queued(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
+        job = await st.create()
+        acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
+        fin = await env_for(st, job).run(
+            acts.finalize_failed,
+            FinalizeFailedInput(job_id=str(job), run_id="", code="INTERNAL_SNAPSHOT_MISSING"),
+        )
+        assert fin.lifecycle_status == "failed"
+        row = await st.job(job)
+        assert (row.lifecycle_status, row.error_code) == ("failed", "INTERNAL_SNAPSHOT_MISSING")
+
+
+# ---- drained deploys -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_sigtermed_worker_finishes_its_call_and_the_attempt_counts_once(
+    db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
+) -> None:
+    settings = make_settings(database_url, temporal_address)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "TEMPORAL_ADDRESS": temporal_address,
+        "TASK_QUEUE_SUFFIX": settings.task_queue_suffix,
+        "AIJOBS_ENV": "test",
+        "LOG_LEVEL": "WARNING",
+        "WORKER_DRAIN_S": "60",
+    }
+    logs = tempfile.TemporaryDirectory(prefix="aijobs-drain-")
+    log = Path(logs.name) / "workers.log"
+    async with engine_stack(settings, temporal_client, queues=()) as st:
+        with logs, worker_processes() as ps:
+            ps.append(start_worker(env, log))
+            job = await st.create(input={"delayMs": 6000})
+            wid = st.workflow_id(job)
+            await st.wait_status(job, "running", timeout=60)
+            await wait_activity_started(temporal_client, wid, "execute", timeout=30)
+            ps[0].send_signal(signal.SIGTERM)  # a deploy, in the middle of the 6 s call
+            ps.append(start_worker(env, log))  # the new version, to run what comes after
+            row = await st.wait_status(job, timeout=90)
+            assert row.lifecycle_status == "succeeded", (row.error_code, log.read_text()[-3000:])
+            assert await asyncio.to_thread(ps[0].wait, 60) == 0  # drained, then exited cleanly
+            assert row.attempt_count == 1
+            facts = await job_facts(db, job)
+            assert facts.usage == [(1, None)]
+            assert len(facts.artifacts) == 1
