@@ -236,6 +236,8 @@ class Relay:
             job_type = str(p["jobType"])
             queue = str(p["queueName"])
             priority = int(p.get("priority", 50))
+            fairness_key = str(p.get("fairnessKey") or "")[:64]
+            fairness_weight = float(p.get("fairnessWeight") or 1.0)
         except (KeyError, TypeError, ValueError):
             return DispatchFailure("malformed", "malformed enqueue payload")
         if queue not in QUEUE_NAMES:
@@ -269,7 +271,13 @@ class Relay:
                             SearchAttributePair(LIFECYCLE_ATTR, "queued"),
                         ]
                     ),
-                    priority=Priority(priority_key=priority_key(priority)),
+                    # Activities inherit it: EXECUTE waits for a slot in priority order, and
+                    # within a priority fairly across users (in proportion to their weights).
+                    priority=Priority(
+                        priority_key=priority_key(priority),
+                        fairness_key=fairness_key or None,
+                        fairness_weight=fairness_weight if fairness_key else None,
+                    ),
                 )
                 self.started += 1
             except WorkflowAlreadyStartedError:

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
     # job timeout, 600 s, plus room) before it cancels them: a deploy never throws away a paid
     # attempt. Compose's stop_grace_period must be longer.
     worker_drain_s: float = Field(default=630.0, ge=0, alias="WORKER_DRAIN_S")
+    # Fairness on the job task queues: per-user weights ("user=weight,..."; default weight 1).
+    # A user's share of the provider slots when others wait is proportional to the weight.
+    fairness_weights: str = Field(default="", alias="FAIRNESS_WEIGHTS")
+    # Provider calls per second across every worker of a job task queue (server-enforced by
+    # Temporal's task-queue rate limit; 0 = unlimited).
+    provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")
     # A provider's Retry-After is honoured up to this many seconds.
     retry_after_max_s: float = Field(default=300.0, ge=1, alias="RETRY_AFTER_MAX_S")
     # Published outbox rows are deleted after this many days.
@@ -146,6 +152,22 @@ class Settings(BaseSettings):
         if self.environment == "production":
             raise RuntimeError("JWT_SECRET must be set in production")
         return DEV_JWT_SECRET
+
+    def fairness_weight_map(self) -> dict[str, float]:
+        """FAIRNESS_WEIGHTS parsed; a malformed entry is a configuration error."""
+        weights: dict[str, float] = {}
+        for entry in (e.strip() for e in self.fairness_weights.split(",")):
+            if not entry:
+                continue
+            user, sep, value = entry.rpartition("=")
+            try:
+                weight = float(value)
+            except ValueError:
+                weight = 0.0
+            if not sep or not user or not 0 < weight <= 1000:
+                raise ValueError(f"FAIRNESS_WEIGHTS entry {entry[:40]!r}: want user=weight")
+            weights[user] = weight
+        return weights
 
     @property
     def synthetic_public(self) -> bool:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import hmac
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -61,6 +63,15 @@ class CreatePolicy:
     synthetic_public: bool = True  # "dev" job types may be created over REST
     platform_key_available: bool = True
     snapshot_ttl_days: int = 30
+    # The key for the pseudonymous fairness key (HMAC of the user id); weights per user.
+    fairness_secret: bytes = b"aijobs-fairness"
+    fairness_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def fairness_key(self, user_id: str) -> str:
+        """The user's fairness key on Temporal's task queues: stable per user, not reversible
+        without the secret, short (Temporal keys are at most 64 bytes)."""
+        digest = hmac.new(self.fairness_secret, user_id.encode(), hashlib.sha256).hexdigest()
+        return f"u-{digest[:24]}"
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,9 @@ class JobService:
                         "jobType": d.job_type,
                         "queueName": d.queue.queue_name,
                         "priority": priority,
+                        # Fair dispatch per user without naming the user in Temporal.
+                        "fairnessKey": self._policy.fairness_key(req.user_id),
+                        "fairnessWeight": self._policy.fairness_weights.get(req.user_id, 1.0),
                     },
                 )
                 if enqueued is None:

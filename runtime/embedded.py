@@ -184,6 +184,8 @@ def start_temporal(
         args += ["--db-filename", str(db_file)]
     for name in SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{name}=Keyword"]
+    # Fair dispatch across users within a priority (the job activities carry fairness keys).
+    args += ["--dynamic-config-value", "matching.enableFairness=true"]
     args += extra_args or []
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     from runtime.procs import die_with_parent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -63,6 +64,12 @@ def gateway(settings: Settings) -> Gateway:
     )
 
 
+def _fairness_secret(settings: Settings) -> bytes:
+    """Derived from the API's signing secret (which every API process has), under its own label:
+    the fairness key never reveals the secret or the user id."""
+    return hmac.new(settings.jwt_signing_secret.encode(), b"aijobs-fairness", "sha256").digest()
+
+
 def user_key_base_url(settings: Settings) -> str:
     """Where a user's own DeepSeek key may be sent: DeepSeek's endpoint, or AI_BASE_URL only
     when an operator listed it in USER_KEY_ALLOWED_BASE_URLS. A generic AI_BASE_URL (a local
@@ -85,6 +92,8 @@ def create_policy(settings: Settings) -> CreatePolicy:
         synthetic_public=settings.synthetic_public,
         platform_key_available=settings.platform_key_configured,
         snapshot_ttl_days=settings.data_retention_days,
+        fairness_secret=_fairness_secret(settings),
+        fairness_weights=settings.fairness_weight_map(),
     )
 
 

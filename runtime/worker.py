@@ -94,6 +94,9 @@ def build_workers(
                     interceptors=[PublicFailureInterceptor()],
                     # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
                     graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
+                    # Provider calls per second across all workers of this queue (the server
+                    # enforces it; EXECUTE is the queue's only regular activity).
+                    max_task_queue_activities_per_second=s.provider_calls_per_second or None,
                 )
             )
         elif q == SYSTEM_QUEUE:
