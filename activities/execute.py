@@ -26,9 +26,11 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 
 from activities.stage_support import (
+    EngineConfig,
     StageDeps,
     db_retry,
     fail_attempt,
@@ -74,10 +76,7 @@ class ExecuteStage(StageDeps):
         cfg = self._config
         owner = lock_owner()
 
-        begun = await db_retry(
-            lambda: self._begin(job_id, owner, info.workflow_run_id),
-            budget_s=cfg.db_retry_budget_s,
-        )
+        begun = await self._begin_when_provider_admits(job_id, owner, info.workflow_run_id)
         if begun.ended is not None:
             activity.logger.info(
                 "job ended before it ran", extra={"job_id": inp.job_id, "status": begun.ended}
@@ -200,6 +199,31 @@ class ExecuteStage(StageDeps):
 
     # ---- the first transaction ---------------------------------------------------------
 
+    async def _begin_when_provider_admits(
+        self, job_id: uuid.UUID, owner: str, run_id: str | None
+    ) -> _Begun:
+        """The first transaction, once the job's provider admits a call. While it is paused
+        (a 429's Retry-After) or its breaker is open, the transaction is rolled back (the job
+        stays `queued`), the attempt is not spent, and this slot waits, heartbeating."""
+        cfg = self._config
+        announced = False
+        while True:
+            try:
+                return await db_retry(
+                    lambda: self._begin(job_id, owner, run_id), budget_s=cfg.db_retry_budget_s
+                )
+            except _ProviderClosed as closed:
+                if not announced:
+                    log.info(
+                        "provider paused; the job waits without spending an attempt",
+                        extra={"job_id": str(job_id), "provider": closed.provider},
+                    )
+                    announced = True
+                deadline = time.monotonic() + min(max(closed.wait_s, 0.2), 5.0)
+                while time.monotonic() < deadline:
+                    activity.heartbeat()
+                    await asyncio.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
+
     async def _begin(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
         cfg = self._config
         async with self._sm.begin() as s:
@@ -229,6 +253,13 @@ class ExecuteStage(StageDeps):
             if snapshot is None:
                 fail_final("INTERNAL_SNAPSHOT_MISSING")
             jt = self._catalog.get(row.job_type)
+            provider = self._gateway.provider_for(jt, row.credential_mode).name
+            if provider != "synthetic":
+                wait_s = await self._gate.wait_seconds(
+                    s, provider, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
+                )
+                if wait_s > 0:
+                    raise _ProviderClosed(provider, wait_s)  # rolls the CAS back: still queued
             begun = _Begun(row=row, snapshot=snapshot, job_type=jt)
             try:
                 begun.api_key = await self._gateway.api_key(
@@ -312,6 +343,8 @@ class ExecuteStage(StageDeps):
         async with self._sm.begin() as s:
             await self._usage.insert(s, usage)
             await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
+            if usage.provider != "synthetic":
+                await self._gate.succeeded(s, usage.provider)
             ext = await self._lifecycle.extend_lock(
                 row.id, owner=owner, ttl_s=cfg.lock_ttl_s, session=s
             )
@@ -352,11 +385,14 @@ class ExecuteStage(StageDeps):
         latency_ms: int = 0,
         response: ProviderResponse | None = None,
     ) -> None:
+        cfg = self._config
         async with self._sm.begin() as s:
             await self._usage.insert(
                 s,
                 self._usage_row(row, attempt, response, failure.code, latency_ms, provider, model),
             )
+            if provider not in ("synthetic", "none"):
+                await self._note_provider_failure(s, row, provider, failure, cfg)
             await self._jobs.record_attempt(
                 s,
                 row.id,
@@ -368,6 +404,40 @@ class ExecuteStage(StageDeps):
             "provider attempt failed",
             extra={"job_id": str(row.id), "attempt": attempt, "error_code": failure.code},
         )
+
+    async def _note_provider_failure(
+        self,
+        s: AsyncSession,
+        row: JobRow,
+        provider: str,
+        failure: ExecutionFailure,
+        cfg: EngineConfig,
+    ) -> None:
+        """What this failure tells every worker about the provider: a 429 pauses its calls for
+        the Retry-After; failures that say the provider is down count towards the breaker."""
+        if failure.code == "PROVIDER_RATE_LIMITED":
+            pause_s = min(failure.retry_after_float or 1.0, cfg.retry_after_max_s)
+            await self._gate.pause(s, provider, pause_s)
+            log.warning(
+                "provider rate limited; its calls pause on every worker",
+                extra={"provider": provider, "pause_s": pause_s, "alert": "AIJOBS_PROVIDER_PAUSED"},
+            )
+        elif failure.code in ("PROVIDER_UNAVAILABLE", "PROVIDER_TIMEOUT", "TIMEOUT"):
+            opened = await self._gate.failed(
+                s,
+                provider,
+                threshold=cfg.breaker_failures,
+                cooldown_s=cfg.breaker_cooldown_s,
+            )
+            if opened:
+                log.warning(
+                    "provider keeps failing; its circuit breaker is open",
+                    extra={
+                        "provider": provider,
+                        "cooldown_s": cfg.breaker_cooldown_s,
+                        "alert": "AIJOBS_PROVIDER_BREAKER_OPEN",
+                    },
+                )
 
     @staticmethod
     def _usage_row(
@@ -426,6 +496,15 @@ def _validated_output(
 def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
     """JSON schema of an output model; built once per job type, not per call."""
     return model.model_json_schema()
+
+
+class _ProviderClosed(Exception):
+    """The job's provider is paused or its breaker is open: wait, then ask again."""
+
+    def __init__(self, provider: str, wait_s: float) -> None:
+        super().__init__(provider)
+        self.provider = provider
+        self.wait_s = wait_s
 
 
 class _SelfCancelled(Exception):

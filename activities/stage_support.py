@@ -28,6 +28,7 @@ from activities.gateway import Gateway
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
 from db.outbox import COMPLETED, OutboxRepository
+from db.provider_gate import ProviderGate
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import ProjectResult
@@ -54,6 +55,9 @@ class EngineConfig:
     db_retry_budget_s: float = 60.0
     # A provider's Retry-After is honoured up to this many seconds.
     retry_after_max_s: float = 300.0
+    # The circuit breaker: this many consecutive failed calls open it for `cooldown` seconds.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
@@ -79,6 +83,7 @@ class StageDeps:
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()
         self._usage = UsageRepository()
+        self._gate = ProviderGate()
 
     async def _project_in(
         self, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str

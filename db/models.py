@@ -205,6 +205,9 @@ class OutboxEvent(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     published_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # The W3C trace context of the request that wrote the row (traceparent, tracestate), so the
+    # relay continues its trace; not part of the payload. NULL when tracing is off.
+    trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)
 
 
 class AiUsageLog(Base):
@@ -308,3 +311,15 @@ class WeakPointCandidate(Base):
     evidence: Mapped[list[str]] = mapped_column(JSONB)
     recommended_action: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class ProviderGateRow(Base):
+    """One row per AI provider: a shared pause (429) and circuit breaker (see db/provider_gate)."""
+
+    __tablename__ = "provider_gate"
+
+    provider: Mapped[str] = mapped_column(String(64), primary_key=True)
+    paused_until: Mapped[datetime | None] = mapped_column(TS)
+    consecutive_failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    open_until: Mapped[datetime | None] = mapped_column(TS)
+    probe_until: Mapped[datetime | None] = mapped_column(TS)

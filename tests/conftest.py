@@ -39,7 +39,7 @@ from runtime.worker import build_workers
 
 TABLES = (
     "ai_job_artifact, ai_usage_log, ai_job_snapshot, outbox_event, user_model_credential, "
-    "synthetic_result, quiz_question, flashcard, weak_point_candidate, ai_job"
+    "synthetic_result, quiz_question, flashcard, weak_point_candidate, provider_gate, ai_job"
 )
 
 
