@@ -4,16 +4,20 @@ each repetition, interleaving engine and baseline so slow drift on a shared mach
 How each figure is measured:
 1. Throughput: N synthetic jobs created through `JobService.create` (the bench's own pool,
    bounded concurrency) while SQL is polled until all N are `succeeded`; jobs/s = N / (first
-   create → poll sees N). Baseline: N bare workflows started by a plain client loop at the same
-   concurrency, each awaited; jobs/s = N / (first start → last result).
+   create → poll sees N). Baseline: N bare workflows started by a plain client loop at the
+   same concurrency, each awaited; jobs/s = N / (first start → last result). CPU per job:
+   /proc/<pid>/stat of the worker processes (and relay, Temporal server, PostgreSQL) around
+   each repetition, the idle rate subtracted from the engine's settle time.
 2. Latency: jobs created open-loop at a fixed rate; per job `finished_at - created_at` from SQL.
 3. Relay: jobs created one at a time, `gap` apart; commit = wall clock right after `create`
    returns, start = the WorkflowExecutionStarted event_time of the job's workflow history.
    Baseline: the client-side duration of a direct `start_workflow` RPC with the relay's options.
-4. API: `loadgen.http_load` against the real routes and the bare ones, same server process.
+4. API: wrk (`bench/wrk.py`) against the real routes and the bare ones, same server process;
+   the Python client (`bench/loadgen.py`) only when wrk is not installed.
 5. PostgreSQL: `xact_commit` of the engine's database over each throughput repetition, minus the
    bench's own statements and the idle relay's polling; pgbench on the same server for the rate.
 6. Scaling: throughput (1) with two worker processes on one task queue.
+7. Scale: list and quota queries on empty tables and on a seeded history (`bench/scale.py`).
 """
 
 from __future__ import annotations

@@ -953,7 +953,8 @@ def render(data: dict[str, Any]) -> str:
         rows.append(
             (
                 "1",
-                "CPU s/job during 1 (ms): own processes; + Temporal server + PostgreSQL",
+                "CPU s/job during 1, in ms: engine worker + relay vs the bare worker; "
+                "total = with the Temporal server and PostgreSQL",
                 f"{1e3 * te['median_own_cpu_s_per_job']:.2f} (worker "
                 f"{1e3 * ec['engine_worker']:.2f} + relay {1e3 * ec['relay']:.2f}); total "
                 f"{1e3 * te['median_total_cpu_s_per_job']:.2f}",
@@ -1109,8 +1110,10 @@ def render(data: dict[str, Any]) -> str:
             )
         )
     head = ("#", "Figure", "Engine", "Baseline", "Ratio", "Target", "Met")
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines: list[str] = []
+    if rows:
+        lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     if "scale" in figs:
         from bench.scale import render as render_scale
 
@@ -1120,9 +1123,13 @@ def render(data: dict[str, Any]) -> str:
     m = data["machine"]
     reps = p["reps"]
     lines.append("")
-    lines.append(
+    medians = (
         f"Median of {reps} repetition{'s' if reps != 1 else ''} after a warm-up"
-        f"{' (--quick)' if p['quick'] else ''}; {m['usable_cores']} cores "
+        if set(p.get("figures", [])) - {"scale"}
+        else "Scale figure only"
+    )
+    lines.append(
+        f"{medians}{' (--quick)' if p['quick'] else ''}; {m['usable_cores']} cores "
         f"({m.get('cpu_model', '?')}), load average at start {m['loadavg_start'][0]:.2f}; "
         f"total {data.get('duration_s', 0):.0f} s. Raw repetitions: {p['output']}."
     )
