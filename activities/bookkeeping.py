@@ -124,6 +124,7 @@ class BookkeepingStages(StageDeps):
                 jt = self._catalog.get(row.job_type)
                 out = jt.output_model.model_validate(row.output)
                 result = await self._project_in(s, row, out, inp.output_hash, lock_owner())
+            self._metrics.job_finished(row.job_type, "succeeded")
             log_completed(inp.job_id, result)
             return result
         except ApplicationError:
@@ -184,25 +185,29 @@ class BookkeepingStages(StageDeps):
                 ):
                     await self._lifecycle.mark_cancelled(job_id, session=s)
                     await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
-                    return FinalizeResult("cancelled")
-                if row.lifecycle_status == LifecycleStatus.QUEUED:
-                    await self._lifecycle.lock(
-                        job_id,
-                        owner=lock_owner(),
-                        identity=self._config.identity,
-                        ttl_s=self._config.lock_ttl_s,
-                        session=s,
+                    ended, code = "cancelled", "CANCELLED"
+                else:
+                    if row.lifecycle_status == LifecycleStatus.QUEUED:
+                        await self._lifecycle.lock(
+                            job_id,
+                            owner=lock_owner(),
+                            identity=self._config.identity,
+                            ttl_s=self._config.lock_ttl_s,
+                            session=s,
+                        )
+                    await self._lifecycle.mark_failed(
+                        job_id, inp.code, public_message_for(inp.code), None, session=s
                     )
-                await self._lifecycle.mark_failed(
-                    job_id, inp.code, public_message_for(inp.code), None, session=s
-                )
-                await self._event(
-                    s,
-                    FAILED,
-                    inp.job_id,
-                    {"jobId": inp.job_id, "jobType": row.job_type, "errorCode": inp.code},
-                )
-            return FinalizeResult("failed")
+                    await self._event(
+                        s,
+                        FAILED,
+                        inp.job_id,
+                        {"jobId": inp.job_id, "jobType": row.job_type, "errorCode": inp.code},
+                    )
+                    ended, code = "failed", inp.code
+            # Counted after the commit: a retried attempt finds the job ended and counts nothing.
+            self._metrics.job_finished(row.job_type, ended, code)
+            return FinalizeResult(ended)
         except (IllegalTransition, LockConflict):
             async with self._sm.begin() as s:
                 current = await self._jobs.get(s, job_id)
@@ -217,6 +222,8 @@ class BookkeepingStages(StageDeps):
             async with self._sm.begin() as s:
                 await self._lifecycle.mark_cancelled(job_id, session=s)
                 await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
+            job_type = activity.info().workflow_type or ""  # a job workflow is named after its type
+            self._metrics.job_finished(job_type, "cancelled", "CANCELLED")
             return FinalizeResult("cancelled")
         except IllegalTransition as exc:
             return FinalizeResult(str(exc.from_status))

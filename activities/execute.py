@@ -41,6 +41,7 @@ from activities.stage_support import (
     log_completed,
     summarise_validation,
 )
+from activities.telemetry import observe_call, retry_follows, seconds_since
 from db.jobs import JobRow
 from db.usage import UsageRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
@@ -87,6 +88,8 @@ class ExecuteStage(StageDeps):
             return ExecuteResult(output_hash=begun.reuse_hash, attempt=attempt)
         row, snapshot, jt = begun.row, begun.snapshot, begun.job_type
         assert row is not None and snapshot is not None and jt is not None
+        if attempt == 1:  # the job just left the queue: a worker slot took it
+            self._metrics.waited(row.job_type, row.queue_name, seconds_since(row.created_at))
         # Recorded after the first transaction ended: it held the row lock the CAS took, and
         # the failure is written from another connection.
         if begun.key_failure is not None:
@@ -101,6 +104,7 @@ class ExecuteStage(StageDeps):
         response: ProviderResponse | None = None
         failure: ExecutionFailure | None = None
         out: dict[str, Any] | None = None
+        called = False  # the provider was asked (a refused prompt is no call)
         try:
             model_in = jt.input_model.model_validate(snapshot["input"])
             correction = None
@@ -129,6 +133,7 @@ class ExecuteStage(StageDeps):
                 ),
             )
             begun.api_key = None
+            called = True
             response = await self._call(job_id, owner, inp, provider, request)
             out, failure = _validated_output(jt, response)
         except TimeoutError:
@@ -143,6 +148,15 @@ class ExecuteStage(StageDeps):
             # A workflow cancel, or a worker shutdown whose grace period ran out: record the
             # aborted call under what really happened, then let the cancellation go.
             code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
+            if called:
+                observe_call(
+                    self._metrics,
+                    provider.name,
+                    model_name,
+                    time.monotonic() - started,
+                    error_code=code,
+                    response=None,
+                )
             await asyncio.shield(
                 self._record_failure(
                     row,
@@ -160,6 +174,15 @@ class ExecuteStage(StageDeps):
             )
 
         latency_ms = int((time.monotonic() - started) * 1000)
+        if called:
+            observe_call(
+                self._metrics,
+                provider.name,
+                model_name,
+                latency_ms / 1000,
+                error_code=failure.code if failure is not None else None,
+                response=response,
+            )
         if failure is not None:
             await self._record_failure(
                 row,
@@ -173,6 +196,8 @@ class ExecuteStage(StageDeps):
             retry_after = failure.retry_after_float
             if retry_after is not None:
                 retry_after = min(retry_after, cfg.retry_after_max_s)
+            if retry_follows(failure.code, attempt=attempt, abort_strategy=inp.abort_strategy):
+                self._metrics.execute_retry(row.job_type, failure.code)
             fail_attempt(
                 failure.code,
                 attempt=attempt,
@@ -193,6 +218,7 @@ class ExecuteStage(StageDeps):
         if outcome == "not_owner":
             fail_final("INTERNAL_NOT_LOCK_OWNER")
         if projected is not None:
+            self._metrics.job_finished(row.job_type, "succeeded")
             log_completed(inp.job_id, projected)
             return ExecuteResult(output_hash=digest, attempt=attempt, lifecycle_status="succeeded")
         return ExecuteResult(output_hash=digest, attempt=attempt)  # PROJECT takes it from here

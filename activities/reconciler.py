@@ -35,6 +35,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.metrics import WorkerMetrics, worker_metrics
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
 from db.outbox import FAILED, OutboxRepository
@@ -90,9 +91,14 @@ def workflow_state(desc: DescribeWorkflowExecutionResponse) -> WorkflowState:
 
 class Reconciler:
     def __init__(
-        self, sessionmaker: SessionMaker, client: Client, config: ReconcilerConfig | None = None
+        self,
+        sessionmaker: SessionMaker,
+        client: Client,
+        config: ReconcilerConfig | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._metrics = metrics or worker_metrics()
         self._client = client
         self.config = config or ReconcilerConfig()
         self._lifecycle = LifecycleRepository(sessionmaker)
@@ -234,6 +240,20 @@ class Reconciler:
                 s, older_than_days=cfg.outbox_retention_days
             )
 
+        self._metrics.reconciled(
+            {
+                "expired_lock_failed": failed,
+                "outbox_requeued": requeued,
+                "snapshot_deleted": deleted,
+                "cancel_resent": resent,
+                "stuck_workflow": stuck,
+                "enqueue_revived": revived,
+                "relay_restarted": int(relay_restarted),
+                "private_data_purged": purged,
+                "outbox_deleted": outbox_deleted,
+            },
+            stuck=stuck,
+        )
         return ReconcileResult(
             expired_locks_failed=failed,
             outbox_requeued=requeued,
@@ -272,7 +292,8 @@ class Reconciler:
                 )
         except IllegalTransition:
             return False  # it ended meanwhile
-        log.warning("expired lock reconciled", extra={"job_id": str(job_id)})
+        self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
+        log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
         return True
 
     async def _ensure_relay(self, relay_id: str, task_queue: str) -> bool:

@@ -16,11 +16,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
+from opentelemetry import context as otel_context
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import (
@@ -34,6 +36,8 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.metrics import WorkerMetrics, worker_metrics
+from db import webhooks
 from db.outbox import (
     CANCELLED,
     COMPLETED,
@@ -47,7 +51,9 @@ from db.outbox import (
 from db.session import SessionMaker, libpq_url
 from engine.contracts import RELAY_LOOP, JobWorkflowInput, RelayInput, workflow_id
 from engine.definition import QUEUE_NAMES, priority_key
+from engine.logcontext import bind_job, unbind
 from jobs.spec import Catalog
+from jobs.tracecontext import context_from
 
 log = logging.getLogger(__name__)
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
@@ -70,9 +76,15 @@ class RelayConfig:
 
 class Relay:
     def __init__(
-        self, sessionmaker: SessionMaker, client: Client, catalog: Catalog, config: RelayConfig
+        self,
+        sessionmaker: SessionMaker,
+        client: Client,
+        catalog: Catalog,
+        config: RelayConfig,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._metrics = metrics or worker_metrics()
         self._client = client
         self._catalog = catalog
         self.config = config
@@ -181,8 +193,19 @@ class Relay:
         results = await asyncio.gather(*(self._dispatch(r) for r in rows))
         ok = [r.id for r, res in zip(rows, results, strict=True) if res is None]
         failed = [(r, res) for r, res in zip(rows, results, strict=True) if res is not None]
+        for r, res in zip(rows, results, strict=True):
+            outcome: str
+            if res is not None:
+                outcome = res.kind
+            else:
+                outcome = "started" if r.event_type == ENQUEUE else "acknowledged"
+            self._metrics.relayed(_event_label(r.event_type), outcome)
         async with self._sm.begin() as s:
             await self._outbox.mark_published(s, ok, owner=self.config.owner)
+            # A job's end becomes its owner's webhook deliveries in this same transaction.
+            await webhooks.fan_out(
+                s, [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
+            )
             for row, res in failed:
                 if res.kind == "malformed":
                     await self._outbox.mark_dead(
@@ -197,15 +220,16 @@ class Relay:
                         error=res.error,
                         count_attempt=res.kind == "retry",
                     )
-                log.warning(
-                    "outbox dispatch failed",
-                    extra={
-                        "event_id": row.id,
-                        "job_id": row.aggregate_id[:64],
-                        "status": status,
-                        "failure": res.kind,
-                    },
-                )
+                with _row_context(row):
+                    log.warning(
+                        "outbox dispatch failed",
+                        extra={
+                            "event_id": row.id,
+                            "job_id": row.aggregate_id[:64],
+                            "status": status,
+                            "failure": res.kind,
+                        },
+                    )
         if failed and all(res.kind == "unavailable" for _, res in failed):
             # Temporal is unreachable: slow the whole relay down, not only these rows.
             self.unavailable_streak += 1
@@ -217,7 +241,11 @@ class Relay:
     async def _dispatch(self, row: OutboxRow) -> DispatchFailure | None:
         """Start the row's workflow; None on success. Never raises: the outcome is per row."""
         try:
-            return await self._dispatch_row(row)
+            # The row's trace context is the current one while it is dispatched, so the tracing
+            # interceptor's StartWorkflow span (and through its headers the workflow) joins the
+            # trace of the request that created the job; a row without one starts its own.
+            with _row_context(row):
+                return await self._dispatch_row(row)
         except Exception as exc:  # a bug must not take the batch down with it
             return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
 
@@ -280,6 +308,9 @@ class Relay:
                     ),
                 )
                 self.started += 1
+                self._metrics.relay_lagged(
+                    queue, (datetime.now(UTC) - row.created_at).total_seconds()
+                )
             except WorkflowAlreadyStartedError:
                 pass  # it ran already: at-least-once delivery, exactly-once start
             except RPCError as exc:
@@ -288,6 +319,27 @@ class Relay:
             except Exception as exc:
                 return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
         return None
+
+
+@contextlib.contextmanager
+def _row_context(row: OutboxRow) -> Iterator[None]:
+    """While working on one row: its trace context is current (or an empty one, never the
+    relay's own), and log lines name its job."""
+    p = row.payload if isinstance(row.payload, dict) else {}
+    job_type = p.get("jobType") if isinstance(p.get("jobType"), str) else None
+    queue = p.get("queueName") if isinstance(p.get("queueName"), str) else None
+    wf_id = workflow_id(queue, job_type, row.aggregate_id) if queue and job_type else None
+    job_token = bind_job(row.aggregate_id[:64], job_type, wf_id)
+    trace_token = otel_context.attach(context_from(row.trace_context))
+    try:
+        yield
+    finally:
+        otel_context.detach(trace_token)
+        unbind(job_token)
+
+
+def _event_label(event_type: str) -> str:
+    return event_type if event_type == ENQUEUE or event_type in KNOWN_DOMAIN_EVENTS else "other"
 
 
 FailureKind = Literal["unavailable", "retry", "malformed"]

@@ -25,6 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.gateway import Gateway
+from activities.metrics import WorkerMetrics, worker_metrics
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
 from db.outbox import COMPLETED, OutboxRepository
@@ -74,11 +75,13 @@ class StageDeps:
         catalog: Catalog,
         gateway: Gateway,
         config: EngineConfig | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._catalog = catalog
         self._gateway = gateway
         self._config = config or EngineConfig()
+        self._metrics = metrics or worker_metrics()
         self._lifecycle = LifecycleRepository(sessionmaker)
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()

@@ -10,8 +10,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
-from api import errors, limits
-from api.routes import admin, credentials, health, jobs, outbox
+from api import errors, limits, metrics
+from api.events import JobEventHub
+from api.metrics import ApiMetrics
+from api.openapi import document_errors, job_type_bodies
+from api.routes import admin, credentials, events, health, jobs, outbox
+from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
@@ -42,10 +46,12 @@ def create_app(
             jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
             credentials=CredentialService(sm, credential_cipher(settings)),
+            events=JobEventHub(settings.require_database_url(), sm),
         )
         try:
             yield
         finally:
+            await app.state.aijobs.events.close()
             await engine.dispose()
 
     app = FastAPI(
@@ -56,10 +62,14 @@ def create_app(
     )
     errors.install(app)
     limits.install(app, max_bytes=settings.max_request_bytes)
+    metrics.install(app, ApiMetrics(t.job_type for t in catalog))
+    # Before the jobs router: `/api/ai/jobs/events` is not a job id.
+    app.include_router(events.router)
     app.include_router(jobs.router)
     app.include_router(admin.router)
     app.include_router(outbox.router)
     app.include_router(credentials.router)
+    app.include_router(webhooks_router)
     app.include_router(health.router)
 
     def openapi() -> dict[str, Any]:
@@ -101,6 +111,15 @@ def create_app(
         ref = body.get("$ref", "").split("/")[-1]
         if ref in comps and variants:
             comps[ref]["properties"]["input"] = {"oneOf": variants, "title": "Input"}
+        job_type_bodies(
+            schema,
+            [
+                (t.job_type, t.input_model.__name__, t.definition.credential.allowed_modes)
+                for t in catalog
+                if t.job_type in public_types
+            ],
+        )
+        document_errors(schema)
         app.openapi_schema = schema
         return schema
 

@@ -128,7 +128,8 @@ class CreateJobBody(Camel):
     target_type: str = Field(min_length=1, max_length=64)
     target_id: str = Field(min_length=1, max_length=128)
     input: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = Field(default=None, ge=0, le=100)
+    # Strict: `true` or "5" is not a priority (lax mode would take them as 1 and 5).
+    priority: int | None = Field(default=None, ge=0, le=100, strict=True)
     credential_mode: Literal["platform_key", "user_deepseek_key"] | None = None
 
     @field_validator("job_type", "target_type", "target_id")
@@ -188,6 +189,58 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
         return datetime.fromisoformat(created), uuid.UUID(job_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise ValidationFailed("The cursor is invalid.") from None
+
+
+# ---- artifacts --------------------------------------------------------------------------
+
+_ARTIFACT_CURSOR_PREFIX = "art:"
+# Opaque to clients: base64url (no padding) of the last item's position; empty = first page.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+class ArtifactItem(Camel):
+    artifact_type: str
+    artifact_id: str
+    ordinal: int
+    content: dict[str, Any] | None = Field(
+        default=None,
+        description="The projected business row as the job type exposes it (camelCase); null "
+        "when the job type has no view or the row is gone.",
+    )
+
+
+class ArtifactPage(Camel):
+    items: list[ArtifactItem]
+    next_cursor: str | None = None
+
+
+def encode_artifact_cursor(ordinal: int, row_id: int) -> str:
+    raw = f"{_ARTIFACT_CURSOR_PREFIX}{ordinal}:{row_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_artifact_cursor(cursor: str | None) -> tuple[int, int] | None:
+    if not cursor:
+        return None
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = base64.urlsafe_b64decode(padded.encode()).decode()
+        ordinal, _, row_id = raw.removeprefix(_ARTIFACT_CURSOR_PREFIX).partition(":")
+        if (
+            raw.startswith(_ARTIFACT_CURSOR_PREFIX)
+            and ordinal.isascii()
+            and row_id.isascii()
+            and ordinal.isdigit()
+            and row_id.isdigit()
+            and int(ordinal) <= _INT32_MAX
+            and int(row_id) <= _INT64_MAX
+        ):
+            return int(ordinal), int(row_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        pass
+    raise ValidationFailed("The cursor is invalid.")
 
 
 # ---- admin: the outbox and stuck jobs ---------------------------------------------------

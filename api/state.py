@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from temporalio.client import Client
 
+from api.events import JobEventHub
 from db.session import SessionMaker
 from engine.settings import Settings
 from jobs.credentials import CredentialService
@@ -22,6 +23,8 @@ class AppState:
     catalog: Catalog
     jobs: JobService
     credentials: CredentialService
+    # Job change streams: the process's one LISTEN connection, started on first use.
+    events: JobEventHub
     temporal: Client | None = None
     # Issue 6: encrypts users' provider keys (api/routes/credentials.py); None = not configured.
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)

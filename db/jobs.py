@@ -108,6 +108,30 @@ class JobQueries:
         ).first()
         return JobRow(**row._mapping) if row else None
 
+    async def get_owner(self, session: AsyncSession, job_id: uuid.UUID) -> tuple[str, str] | None:
+        """(job_type, user_id) of a job: what an access check needs, nothing else."""
+        row = (
+            await session.execute(
+                text("SELECT job_type, user_id FROM ai_job WHERE id = :id"), {"id": job_id}
+            )
+        ).first()
+        return (row.job_type, row.user_id) if row else None
+
+    async def changed_since(
+        self, session: AsyncSession, user_id: str, since_us: int, *, limit: int
+    ) -> list[uuid.UUID]:
+        """A user's jobs updated after `since_us` (microseconds since the epoch), oldest change
+        first: what an event stream re-reads after it may have missed notifications."""
+        rows = await session.execute(
+            text(
+                "SELECT id FROM ai_job WHERE user_id = :u "
+                "AND updated_at > to_timestamp(:since / 1000000.0) "
+                "ORDER BY updated_at LIMIT :lim"
+            ),
+            {"u": user_id, "since": since_us, "lim": limit},
+        )
+        return [r.id for r in rows]
+
     async def resolve_refs(self, session: AsyncSession, job_id: uuid.UUID) -> ResolveRefs | None:
         """What RESOLVE needs, in one narrow query (no input/output JSON decoded)."""
         row = (
@@ -157,6 +181,34 @@ class JobQueries:
         for r in rows:
             out[r.job_id].append(ArtifactRef(r.artifact_type, r.artifact_id, r.ordinal))
         return out
+
+    async def artifact_page(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        *,
+        after: tuple[int, int] | None,
+        limit: int,
+    ) -> list[tuple[int, ArtifactRef]]:
+        """One page of a job's artifacts in (ordinal, id) order, after the keyset `after`;
+        each with its row id (the keyset of the next page)."""
+        rows = await session.execute(
+            text(
+                """
+                SELECT id, artifact_type, artifact_id, ordinal FROM ai_job_artifact
+                WHERE job_id = :j
+                  AND (CAST(:ao AS integer) IS NULL OR (ordinal, id) > (:ao, CAST(:ai AS bigint)))
+                ORDER BY ordinal, id LIMIT :lim
+                """
+            ),
+            {
+                "j": job_id,
+                "ao": after[0] if after else None,
+                "ai": after[1] if after else None,
+                "lim": limit,
+            },
+        )
+        return [(r.id, ArtifactRef(r.artifact_type, r.artifact_id, r.ordinal)) for r in rows]
 
     async def list_jobs(
         self,
@@ -313,7 +365,8 @@ class JobQueries:
         output_hash: str,
         progress: int,
     ) -> bool:
-        """Only the lock owner of a running job may store an output."""
+        """Only the lock owner of a running job may store an output. Progress changes, so the
+        job's listeners are notified (`ai_job_changed`, in this transaction)."""
         result = await session.execute(
             text(
                 """
@@ -321,6 +374,7 @@ class JobQueries:
                        progress = greatest(progress, :p), updated_at = now()
                 WHERE id = :id AND lifecycle_status = 'running'
                   AND split_part(locked_by, '/', 1) = :owner
+                RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
                 """
             ).bindparams(bindparam("out", type_=JSONB)),
             {"id": job_id, "out": output, "h": output_hash, "p": progress, "owner": owner},

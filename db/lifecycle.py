@@ -27,6 +27,10 @@ from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from engine.lifecycle import LEGACY_STATUS, LifecycleStatus, is_legal
 
 S = LifecycleStatus
+# Every statement that creates a job or changes its state or progress also runs
+# `pg_notify(JOB_CHANGED_CHANNEL, <job id>)` in its RETURNING list: the notification is
+# delivered when (and only if) the transaction commits, and carries the job id only.
+JOB_CHANGED_CHANNEL = "ai_job_changed"
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ _INSERT = text(
         :credential_mode, :credential_id, :prompt_version, :input_schema_version,
         :output_schema_version, 0, :max_retry_count, :workflow_id, :retried_from_job_id,
         now(), now())
+    RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
     """
 ).bindparams(bindparam("input", type_=JSONB))
 
@@ -153,7 +158,8 @@ class LifecycleRepository:
                             OR (lifecycle_status = 'running'
                                 AND split_part(locked_by, '/', 1) = :owner))
                         RETURNING id, job_type, queue_name, locked_by, lock_until,
-                                  (started_at < now()) AS reacquired
+                                  (started_at < now()) AS reacquired,
+                                  pg_notify('ai_job_changed', id::text) IS NULL AS notified
                         """
                     ),
                     {"id": job_id, "token": token, "ttl": ttl_s, "owner": owner},
@@ -319,7 +325,8 @@ class LifecycleRepository:
                 finished_at = now(), lock_until = NULL, updated_at = now(){sets}
             FROM prev
             WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
-            RETURNING prev.lifecycle_status AS from_status
+            RETURNING prev.lifecycle_status AS from_status,
+                pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
             """
         )
         row = (

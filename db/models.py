@@ -323,3 +323,60 @@ class ProviderGateRow(Base):
     consecutive_failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     open_until: Mapped[datetime | None] = mapped_column(TS)
     probe_until: Mapped[datetime | None] = mapped_column(TS)
+
+
+# ---- signed webhooks -----------------------------------------------------------------------
+
+
+class WebhookEndpoint(Base):
+    """A user's webhook receiver. The signing secret is stored encrypted (AES-GCM, AAD bound to
+    the row id); after a rotation the previous one keeps signing until `previous_valid_until`."""
+
+    __tablename__ = "webhook_endpoint"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    event_types: Mapped[list[str]] = mapped_column(JSONB)
+    key_id: Mapped[str] = mapped_column(String(64))
+    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    previous_key_id: Mapped[str | None] = mapped_column(String(64))
+    previous_secret_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    previous_valid_until: Mapped[datetime | None] = mapped_column(TS)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    deleted_at: Mapped[datetime | None] = mapped_column(TS)
+
+
+class WebhookDelivery(Base):
+    """One outbox domain event for one endpoint; `webhook_id` is stable across its retries."""
+
+    __tablename__ = "webhook_delivery"
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "event_id"),
+        CheckConstraint("status IN ('pending','delivered','failed','dead')", name="status"),
+        Index(
+            "ix_webhook_delivery_due",
+            "next_attempt_at",
+            postgresql_where=text("status IN ('pending','failed')"),
+        ),
+        Index("ix_webhook_delivery_status", "status", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("webhook_endpoint.id", ondelete="CASCADE")
+    )
+    # The outbox event id; no foreign key: published outbox rows are deleted by retention.
+    event_id: Mapped[int] = mapped_column(BigInteger)
+    job_id: Mapped[str] = mapped_column(String(64))
+    webhook_id: Mapped[str] = mapped_column(String(128))
+    event_type: Mapped[str] = mapped_column(String(64))
+    occurred_at: Mapped[datetime] = mapped_column(TS)
+    status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    next_attempt_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    replayed_at: Mapped[datetime | None] = mapped_column(TS)
+    delivered_at: Mapped[datetime | None] = mapped_column(TS)

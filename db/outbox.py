@@ -54,23 +54,26 @@ class OutboxRow:
     published_at: datetime | None
     created_at: datetime
     revive_count: int = 0
+    # W3C trace context of the request that wrote the row (see jobs/tracecontext.py).
+    trace_context: dict[str, str] | None = None
 
 
 _COLUMNS = (
     "id, event_type, aggregate_type, aggregate_id, dedupe_key, payload, status, attempt_count, "
-    "available_at, locked_by, locked_at, last_error, published_at, created_at, revive_count"
+    "available_at, locked_by, locked_at, last_error, published_at, created_at, revive_count, "
+    "trace_context"
 )
 
 _INSERT = text(
     """
     INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,
-                              status, attempt_count, available_at, created_at)
+                              status, attempt_count, available_at, created_at, trace_context)
     VALUES (:event_type, :aggregate_type, :aggregate_id, :dedupe_key, :payload,
-            'pending', 0, now(), now())
+            'pending', 0, now(), now(), :trace_context)
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
     """
-).bindparams(bindparam("payload", type_=JSONB))
+).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
 
 
 class OutboxRepository:
@@ -86,9 +89,11 @@ class OutboxRepository:
         dedupe_key: str,
         payload: dict[str, Any],
         notify: bool = True,
+        trace_context: dict[str, str] | None = None,
     ) -> int | None:
         """Insert in the caller's transaction. A duplicate dedupe_key is an idempotent no-op
-        (returns None). NOTIFY is transactional: relays are woken only if the row commits."""
+        (returns None). NOTIFY is transactional: relays are woken only if the row commits.
+        `trace_context` (W3C headers) lets the relay continue the writer's trace."""
         row = (
             await session.execute(
                 _INSERT,
@@ -98,6 +103,7 @@ class OutboxRepository:
                     "aggregate_id": aggregate_id,
                     "dedupe_key": dedupe_key,
                     "payload": payload,
+                    "trace_context": trace_context,
                 },
             )
         ).first()

@@ -279,3 +279,21 @@ class OutboxNotRequeueable(EngineError):
     code = "OUTBOX_NOT_REQUEUEABLE"
     http_status = 409
     title = "Only dead, failed or pending outbox events can be requeued"
+
+
+class WebhookNotFound(EngineError):
+    code = "WEBHOOK_NOT_FOUND"
+    http_status = 404
+    title = "Webhook not found"
+
+
+class WebhookDeliveryNotFound(EngineError):
+    code = "WEBHOOK_DELIVERY_NOT_FOUND"
+    http_status = 404
+    title = "Webhook delivery not found"
+
+
+class WebhookDeliveryNotReplayable(EngineError):
+    code = "WEBHOOK_DELIVERY_NOT_REPLAYABLE"
+    http_status = 409
+    title = "Only delivered, failed or dead deliveries can be replayed"

@@ -11,7 +11,7 @@ import binascii
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.definition import QUEUE_NAMES
@@ -24,6 +24,9 @@ DEV_JWT_SECRET = "dev-only-insecure-jwt-secret-change-me"
 DEV_ENCRYPTION_KEY = "dev:REVWRUxPUE1FTlQtT05MWS1LRVktRE8tTk9ULVVTRSE="
 
 MIN_JWT_SECRET_BYTES = 32
+# Where a production worker serves its metrics and the Temporal SDK's, unless told otherwise.
+DEFAULT_WORKER_METRICS_PORT = 9464
+DEFAULT_TEMPORAL_METRICS_PORT = 9465
 
 # The process kinds a startup check knows; each names what that process needs in production.
 Role = Literal[
@@ -38,7 +41,8 @@ Role = Literal[
     "rotate-keys",
 ]
 _SIGNS_OR_VERIFIES_TOKENS: frozenset[str] = frozenset({"api", "token"})
-_HOLDS_THE_KEYRING: frozenset[str] = frozenset({"api", "worker", "rotate-keys"})
+# The relay holds it too: it runs the webhook deliverer, which decrypts signing secrets.
+_HOLDS_THE_KEYRING: frozenset[str] = frozenset({"api", "worker", "relay", "rotate-keys"})
 
 
 class ConfigurationError(Exception):
@@ -94,6 +98,8 @@ class Settings(BaseSettings):
     quota_max_jobs_per_day: int = Field(default=1000, ge=0, alias="QUOTA_MAX_JOBS_PER_DAY")
     quota_max_jobs_per_month: int = Field(default=20_000, ge=0, alias="QUOTA_MAX_JOBS_PER_MONTH")
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
+    # Seconds between keep-alive comments on the API's server-sent event streams.
+    sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
 
     # ---- engine knobs (documented in the README) ----
     environment: Literal["development", "test", "production"] = Field(
@@ -142,6 +148,35 @@ class Settings(BaseSettings):
     content_safety_blocklist: str = Field(default="", alias="CONTENT_SAFETY_BLOCKLIST")
     db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
+    # `json` (one object per line) or `text` (readable); unset: json in production, text else.
+    log_format: Literal["json", "text"] | None = Field(default=None, alias="LOG_FORMAT")
+    # Prometheus endpoints of a worker (or relay) process: its own metrics, and the Temporal
+    # SDK's (task slots, polls, latencies). 0 = not served. Unset: 9464 and 9465 in production,
+    # not served in development and tests (`aijobs dev` gives each worker ports of its own).
+    worker_metrics_port: int = Field(default=-1, ge=-1, le=65535, alias="WORKER_METRICS_PORT")
+    temporal_metrics_port: int = Field(default=-1, ge=-1, le=65535, alias="TEMPORAL_METRICS_PORT")
+    # Where those endpoints listen: every interface in a container, loopback for `aijobs dev`.
+    metrics_host: str = Field(default="0.0.0.0", alias="METRICS_HOST")
+    # Webhooks: unset = allowed outside production only (http and loopback/private receivers).
+    webhook_allow_private: bool | None = Field(default=None, alias="WEBHOOK_ALLOW_PRIVATE")
+    # After a rotation the previous secret keeps signing (a second signature) this long.
+    webhook_rotation_grace_s: int = Field(default=86_400, ge=0, alias="WEBHOOK_ROTATION_GRACE_S")
+    # Failed deliveries: backoff from the base, doubling, capped, with jitter; dead after
+    # WEBHOOK_RETRY_FOR_S since the event (or since an admin's replay).
+    webhook_retry_base_s: float = Field(default=30.0, gt=0, alias="WEBHOOK_RETRY_BASE_S")
+    webhook_retry_max_s: float = Field(default=3600.0, gt=0, alias="WEBHOOK_RETRY_MAX_S")
+    webhook_retry_for_s: float = Field(default=86_400.0, ge=0, alias="WEBHOOK_RETRY_FOR_S")
+    webhook_poll_interval_s: float = Field(default=1.0, gt=0, alias="WEBHOOK_POLL_INTERVAL_S")
+    webhook_max_in_flight: int = Field(default=16, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT")
+
+    @model_validator(mode="after")
+    def _metrics_ports_by_environment(self) -> Settings:
+        production = self.environment == "production"
+        if self.worker_metrics_port < 0:
+            self.worker_metrics_port = DEFAULT_WORKER_METRICS_PORT if production else 0
+        if self.temporal_metrics_port < 0:
+            self.temporal_metrics_port = DEFAULT_TEMPORAL_METRICS_PORT if production else 0
+        return self
 
     @property
     def jwt_signing_secret(self) -> str:
@@ -168,6 +203,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"FAIRNESS_WEIGHTS entry {entry[:40]!r}: want user=weight")
             weights[user] = weight
         return weights
+
+    @property
+    def webhooks_allow_private(self) -> bool:
+        """http and loopback/private receivers: WEBHOOK_ALLOW_PRIVATE, else only outside
+        production."""
+        if self.webhook_allow_private is not None:
+            return self.webhook_allow_private
+        return self.environment != "production"
 
     @property
     def synthetic_public(self) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
+from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -26,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
-from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
+from db.outbox import CANCELLED, ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import workflow_id
@@ -46,7 +47,9 @@ from engine.errors import (
 )
 from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
+from engine.logcontext import job_context
 from jobs.spec import Catalog, JobType
+from jobs.tracecontext import current_trace_context
 
 log = logging.getLogger(__name__)
 # `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
@@ -146,7 +149,9 @@ class JobService:
             # JSON has no NaN/Infinity; PostgreSQL jsonb would silently change them.
             raise ValidationFailed("The input contains a non-finite number.")
         try:
-            return jt.input_model.model_validate(raw if raw is not None else {})
+            # Strict: the input is JSON, and its types are what the schema says (`true` is not
+            # a count, "5" is not a number); a stored input is re-read laxly by EXECUTE.
+            return jt.input_model.model_validate(raw if raw is not None else {}, strict=True)
         except ValidationError as exc:
             raise ValidationFailed(
                 "The input does not match the job type's input schema.",
@@ -257,6 +262,8 @@ class JobService:
                         "fairnessKey": self._policy.fairness_key(req.user_id),
                         "fairnessWeight": self._policy.fairness_weights.get(req.user_id, 1.0),
                     },
+                    # The relay continues this request's trace when it starts the workflow.
+                    trace_context=current_trace_context(),
                 )
                 if enqueued is None:
                     # A job without its enqueue row would wait forever: roll the create back.
@@ -273,7 +280,11 @@ class JobService:
                     return self._same_request(existing, fingerprint)
             raise
         assert row is not None
-        log.info("job created", extra={"job_id": str(job_id), "job_type": d.job_type})
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({"aijobs.job_id": str(job_id), "aijobs.job_type": d.job_type})
+        with job_context(str(job_id), d.job_type, row.workflow_id):
+            log.info("job created", extra={"job_id": str(job_id), "job_type": d.job_type})
         return CreateJobResult(job=row, created=True)
 
     @staticmethod
@@ -372,7 +383,18 @@ class JobService:
         row = await self.get_visible(job_id, user_id, admin=admin)
         jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
         try:
-            await self._lifecycle.mark_cancelled_if_queued(job_id)
+            async with self._sm.begin() as s:
+                await self._lifecycle.mark_cancelled_if_queued(job_id, session=s)
+                # The job's end, in the transaction that ends it (webhooks, streams).
+                await self._outbox.insert(
+                    s,
+                    event_type=CANCELLED,
+                    aggregate_type="AiJob",
+                    aggregate_id=str(job_id),
+                    dedupe_key=f"{CANCELLED}:{job_id}",
+                    payload={"jobId": str(job_id)},
+                    notify=False,
+                )
         except IllegalTransition as exc:
             current = exc.from_status
         else:

@@ -49,6 +49,11 @@ TargetCheck = Callable[[AsyncSession, str, str, str], Awaitable[None]]
 # second projection of the same output write nothing new.
 Projector = Callable[[AsyncSession, ProjectionContext, BaseModel], Awaitable[list[Artifact]]]
 
+# An artifact view reads the business rows a job projected, for the artifacts API: given the
+# job id and artifact ids, it returns {artifact_id: content} with the fields a client may see,
+# in camelCase (never owner or internal columns). Ids it does not know are left out.
+ArtifactView = Callable[[AsyncSession, uuid.UUID, list[str]], Awaitable[dict[str, dict[str, Any]]]]
+
 
 @dataclass(frozen=True)
 class JobType:
@@ -65,6 +70,8 @@ class JobType:
     # The targetTypes this job type accepts (None: any) and an optional ownership check.
     target_types: tuple[str, ...] | None = None
     check_target: TargetCheck | None = None
+    # How the artifacts API shows this type's business rows (None: content is null).
+    artifact_view: ArtifactView | None = None
 
     @property
     def job_type(self) -> str:
@@ -104,6 +111,17 @@ async def project_rows(
     if rows:
         await session.execute(pg_insert(table).values(rows).on_conflict_do_nothing())
     return [Artifact(artifact_type, str(r["id"]), n) for n, r in enumerate(rows)]
+
+
+def artifact_uuids(artifact_ids: list[str]) -> list[uuid.UUID]:
+    """The artifact ids that are UUIDs (the business rows' keys); others match no row."""
+    out = []
+    for a in artifact_ids:
+        try:
+            out.append(uuid.UUID(a))
+        except ValueError:
+            continue
+    return out
 
 
 class Catalog:

@@ -145,6 +145,11 @@ class OpenAICompatibleProvider:
     def endpoint(self) -> str:
         return f"{self.base_url}/chat/completions"
 
+    @property
+    def http_client(self) -> httpx.AsyncClient:
+        """The client requests go through (the process wiring instruments it for tracing)."""
+        return self._client
+
     async def aclose(self) -> None:
         """Close the HTTP client if this provider created it (an injected one is the caller's)."""
         if self._owns_client:

@@ -9,11 +9,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from engine.settings import ConfigurationError, Role, Settings
+
+if TYPE_CHECKING:
+    from runtime.telemetry import Telemetry
 
 log = logging.getLogger("aijobs")
 
@@ -45,6 +49,27 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
         except ValueError as exc:  # the message names the key id, never key material
             raise _refuse(role, f"refusing to start: CREDENTIAL_ENCRYPTION_KEY: {exc}") from None
     return s
+
+
+def _observability(s: Settings, role: Role, queues: Sequence[str] = ()) -> Telemetry:
+    """Logs in the process's format, and its tracing from the OTEL_* variables (installed as
+    the global tracer provider); refuses to start when the exporter cannot be built."""
+    from prometheus_client import disable_created_metrics
+
+    from runtime.logs import default_format, setup_logging
+    from runtime.telemetry import service_name, tracing_from_env
+
+    # No `<counter>_created` series next to every counter: half the series, nothing lost.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    name = service_name(role, queues)
+    log_format = default_format(s.environment, s.log_format)
+    setup_logging(s.log_level, process=name, log_format=log_format)
+    try:
+        telemetry = tracing_from_env(name)
+    except ConfigurationError as exc:
+        raise _refuse(role, str(exc)) from None
+    telemetry.install_global()
+    return telemetry
 
 
 def _install_stop(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -81,32 +106,48 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
-    from runtime.logs import setup_logging
     from runtime.wiring import create_policy
 
-    setup_logging(s.log_level, process="api")
+    telemetry = _observability(s, "api")
     app = create_app(s, policy=create_policy(s))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    telemetry.instrument_app(app)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        telemetry.shutdown()
     return 0
 
 
-async def _worker_main(s: Settings, queues: list[str]) -> None:
+async def _worker_main(s: Settings, queues: list[str], telemetry: Telemetry) -> None:
+    from runtime.telemetry import start_metrics_server, temporal_runtime
     from runtime.wiring import build_parts, connect_temporal
     from runtime.worker import run_workers
 
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
+    _serve_metrics(s, start_metrics_server)
     parts = build_parts(s)
-    client = await connect_temporal(s)
+    client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
     try:
-        await run_workers(client, parts, queues, stop)
+        await run_workers(client, parts, queues, stop, telemetry=telemetry)
     finally:
         await parts.close()
+        telemetry.shutdown()
+
+
+def _serve_metrics(s: Settings, start: Callable[[Settings], str | None]) -> None:
+    url = start(s)
+    if url:
+        log.info("metrics served", extra={"url": url})
+    if s.temporal_metrics_port:
+        log.info(
+            "Temporal SDK metrics served",
+            extra={"url": f"http://{s.metrics_host}:{s.temporal_metrics_port}/metrics"},
+        )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     s = _settings("worker", queues=args.queue or ())  # no --queue: every queue
-    from runtime.logs import setup_logging
     from runtime.worker import ALL_QUEUES
 
     queues = args.queue or list(ALL_QUEUES)
@@ -114,31 +155,34 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if q not in ALL_QUEUES:
             print(f"unknown queue {q!r}; expected one of {', '.join(ALL_QUEUES)}", file=sys.stderr)
             return 2
-    setup_logging(s.log_level, process=f"worker[{','.join(queues)}]")
-    asyncio.run(_worker_main(s, queues))
+    telemetry = _observability(s, "worker", queues if args.queue else ())
+    asyncio.run(_worker_main(s, queues, telemetry))
     return 0
 
 
-async def _relay_main(s: Settings) -> None:
+async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
     from activities.relay import Relay
-    from runtime.wiring import build_parts, connect_temporal, relay_config
+    from runtime.telemetry import start_metrics_server, temporal_runtime
+    from runtime.wiring import build_parts, connect_temporal, relay_config, webhook_deliverer
 
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
+    _serve_metrics(s, start_metrics_server)
     parts = build_parts(s)
-    client = await connect_temporal(s)
+    client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
+    deliverer = asyncio.create_task(webhook_deliverer(parts).run(stop), name="webhooks")
     try:
         await Relay(parts.sessionmaker, client, parts.catalog, relay_config(s)).run(stop=stop)
     finally:
+        stop.set()
+        await deliverer
         await parts.close()
+        telemetry.shutdown()
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
     s = _settings("relay")
-    from runtime.logs import setup_logging
-
-    setup_logging(s.log_level, process="relay")
-    asyncio.run(_relay_main(s))
+    asyncio.run(_relay_main(s, _observability(s, "relay")))
     return 0
 
 
@@ -256,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temporal-port", type=int, default=7233)
     d.add_argument("--ui-port", type=int, default=8233)
     d.add_argument("--fresh", action="store_true", help="delete the data dir first")
+    d.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9464,
+        help="first port of the workers' metrics endpoints (each worker gets its own)",
+    )
     d.set_defaults(func=cmd_dev)
 
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)

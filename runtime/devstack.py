@@ -32,6 +32,8 @@ from runtime.procs import die_with_parent
 from runtime.worker import ALL_QUEUES
 
 TOKEN_TTL_S = 30 * 86_400  # capped by JWT_MAX_TTL_S
+# Each worker serves its metrics on base + i and the Temporal SDK's on base + 10 + i.
+DEFAULT_METRICS_PORT = 9464
 DEV_ENVIRONMENTS = ("development", "test")
 
 
@@ -83,6 +85,19 @@ def _wait_http(url: str, timeout_s: float, stopping: Callable[[], bool]) -> bool
     return False
 
 
+def worker_metrics_ports(base: int) -> dict[str, tuple[int, int]]:
+    """(own metrics port, Temporal SDK metrics port) of each dev worker."""
+    return {q: (base + i, base + 10 + i) for i, q in enumerate(ALL_QUEUES)}
+
+
+def metrics_lines(ports: dict[str, tuple[int, int]]) -> str:
+    return "\n".join(
+        f"                http://127.0.0.1:{own}/metrics worker[{q}], "
+        f"Temporal SDK http://127.0.0.1:{sdk}/metrics"
+        for q, (own, sdk) in ports.items()
+    )
+
+
 def use_development_environment(environ: MutableMapping[str, str]) -> str | None:
     """`aijobs dev` is a local stack: it runs as development (or test, when asked) whatever
     AIJOBS_ENV says, for itself and for its children. Returns a note when it overrode a value."""
@@ -104,8 +119,12 @@ def run_dev(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     external_db = bool(settings.database_url)
     external_temporal = bool(settings.temporal_address)
+    metrics_ports = worker_metrics_ports(getattr(args, "metrics_port", DEFAULT_METRICS_PORT))
     try:
         require_free(args.api_port, "API, --api-port")
+        for q, (own, sdk) in metrics_ports.items():
+            require_free(own, f"metrics of worker[{q}], --metrics-port")
+            require_free(sdk, f"Temporal SDK metrics of worker[{q}], --metrics-port")
         if not external_temporal:
             require_free(args.temporal_port, "Temporal frontend, --temporal-port")
             require_free(args.ui_port, "Temporal Web UI, --ui-port")
@@ -164,8 +183,20 @@ def run_dev(args: argparse.Namespace) -> int:
         )
         exe = [sys.executable, "-m", "runtime.cli"]
         for q in ALL_QUEUES:
+            own, sdk = metrics_ports[q]
+            worker_env = {
+                **env,
+                "WORKER_METRICS_PORT": str(own),
+                "TEMPORAL_METRICS_PORT": str(sdk),
+                "METRICS_HOST": "127.0.0.1",
+            }
             children.append(
-                Child(f"worker[{q}]", [*exe, "worker", "--queue", q], env, logs / f"worker-{q}.log")
+                Child(
+                    f"worker[{q}]",
+                    [*exe, "worker", "--queue", q],
+                    worker_env,
+                    logs / f"worker-{q}.log",
+                )
             )
         children.append(
             Child(
@@ -197,6 +228,9 @@ ai-job-engine is running (data in {data_dir}, logs in {logs})
   Temporal UI   {ui_url}
   Temporal      {address}
   PostgreSQL    {db_url}
+
+  Metrics       {api_url}/metrics (API)
+{metrics_lines(metrics_ports)}
 
   USER_TOKEN={user_token}
   ADMIN_TOKEN={admin_token}

@@ -7,15 +7,17 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 
 from activities.gateway import Gateway
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.stages import EngineConfig
+from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import SYSTEM_QUEUE
-from engine.settings import Settings
+from engine.settings import DEV_JWT_SECRET, Settings
 from jobs.credentials import credential_cipher
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
@@ -24,6 +26,7 @@ from providers.crypto import CredentialCipher
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.safety import RuleBasedContentSafety, parse_blocklist
+from runtime.telemetry import Telemetry
 
 
 @dataclass
@@ -48,9 +51,9 @@ def cipher(settings: Settings) -> CredentialCipher | None:
     return credential_cipher(settings)
 
 
-def gateway(settings: Settings) -> Gateway:
+def gateway(settings: Settings, telemetry: Telemetry | None = None) -> Gateway:
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
-    return Gateway(
+    built = Gateway(
         provider=build_provider(api_key=key, base_url=settings.ai_base_url),
         user_provider=OpenAICompatibleProvider(
             user_key_base_url(settings),
@@ -62,12 +65,19 @@ def gateway(settings: Settings) -> Gateway:
         cipher=cipher(settings),
         safety=RuleBasedContentSafety(parse_blocklist(settings.content_safety_blocklist)),
     )
+    if telemetry is not None:
+        telemetry.instrument_provider(built.provider)
+        telemetry.instrument_provider(built.user_provider)
+    return built
 
 
 def _fairness_secret(settings: Settings) -> bytes:
     """Derived from the API's signing secret (which every API process has), under its own label:
     the fairness key never reveals the secret or the user id."""
-    return hmac.new(settings.jwt_signing_secret.encode(), b"aijobs-fairness", "sha256").digest()
+    # Without JWT_SECRET a production API refuses to start; other processes never sign
+    # fairness keys, so the labelled development secret is only a placeholder for them.
+    secret = settings.jwt_secret.get_secret_value() if settings.jwt_secret else DEV_JWT_SECRET
+    return hmac.new(secret.encode(), b"aijobs-fairness", "sha256").digest()
 
 
 def user_key_base_url(settings: Settings) -> str:
@@ -125,7 +135,32 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
     )
 
 
-async def connect_temporal(settings: Settings) -> Client:
+async def connect_temporal(
+    settings: Settings, *, telemetry: Telemetry | None = None, runtime: Runtime | None = None
+) -> Client:
+    """The process's Temporal client: with the tracing interceptors when tracing is on (workers
+    built from it inherit them), on `runtime` when the SDK's metrics are served."""
     return await Client.connect(
-        settings.require_temporal_address(), namespace=settings.temporal_namespace
+        settings.require_temporal_address(),
+        namespace=settings.temporal_namespace,
+        interceptors=telemetry.client_interceptors() if telemetry is not None else [],
+        runtime=runtime,
+    )
+
+
+def webhook_config(settings: Settings) -> WebhookConfig:
+    return WebhookConfig(
+        allow_private=settings.webhooks_allow_private,
+        retry_base_s=settings.webhook_retry_base_s,
+        retry_max_s=settings.webhook_retry_max_s,
+        retry_for_s=settings.webhook_retry_for_s,
+        poll_interval_s=settings.webhook_poll_interval_s,
+        max_in_flight=settings.webhook_max_in_flight,
+    )
+
+
+def webhook_deliverer(parts: Parts) -> WebhookDeliverer:
+    """The deliverer that runs beside the relay (ai-system workers, `aijobs relay`)."""
+    return WebhookDeliverer(
+        parts.sessionmaker, cipher(parts.settings), webhook_config(parts.settings)
     )

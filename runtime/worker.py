@@ -29,9 +29,11 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.failures import PublicFailureInterceptor
+from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
 from activities.relay import Relay
 from activities.stages import JobActivities
+from activities.telemetry import JobTelemetryInterceptor
 from engine.contracts import (
     RECONCILER_SCHEDULE_ID,
     RECONCILER_WORKFLOW,
@@ -41,12 +43,14 @@ from engine.contracts import (
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.settings import Settings
+from runtime.telemetry import Telemetry
 from runtime.wiring import (
     Parts,
     engine_config,
     gateway,
     reconciler_config,
     relay_config,
+    webhook_deliverer,
 )
 from workflows.job_workflow import workflow_class_for
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
@@ -66,12 +70,25 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
 
 
 def build_workers(
-    client: Client, parts: Parts, queues: Sequence[str], *, relay: Relay | None = None
+    client: Client,
+    parts: Parts,
+    queues: Sequence[str],
+    *,
+    relay: Relay | None = None,
+    telemetry: Telemetry | None = None,
 ) -> list[Worker]:
+    """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
+    `connect_temporal`) carry the Temporal spans into these workers."""
     s = parts.settings
     workers: list[Worker] = []
     job_workflows = [workflow_class_for(t.job_type) for t in parts.catalog]
-    stages = JobActivities(parts.sessionmaker, parts.catalog, gateway(s), engine_config(s))
+    stages = JobActivities(
+        parts.sessionmaker, parts.catalog, gateway(s, telemetry), engine_config(s)
+    )
+    job_queues = [q for q in queues if q in QUEUE_NAMES]
+    worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
+    # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
+    job_interceptors = [JobTelemetryInterceptor(), PublicFailureInterceptor()]
     for q in queues:
         if q in QUEUE_NAMES:
             concurrency = (
@@ -91,7 +108,7 @@ def build_workers(
                     # the timeout itself can tolerate a busy event loop.
                     max_heartbeat_throttle_interval=timedelta(seconds=1),
                     workflow_runner=sandbox_runner(),
-                    interceptors=[PublicFailureInterceptor()],
+                    interceptors=job_interceptors,
                     # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
                     graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
                     # Provider calls per second across all workers of this queue (the server
@@ -147,16 +164,29 @@ async def ensure_system_workflows(client: Client, settings: Settings) -> None:
 
 
 async def run_workers(
-    client: Client, parts: Parts, queues: Sequence[str], stop: asyncio.Event
+    client: Client,
+    parts: Parts,
+    queues: Sequence[str],
+    stop: asyncio.Event,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> None:
-    workers = build_workers(client, parts, queues)
+    workers = build_workers(client, parts, queues, telemetry=telemetry)
+    deliverer: asyncio.Task[None] | None = None
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
+        # Webhooks go out from this process beside the relay, as a plain task (not an activity).
+        deliverer = asyncio.create_task(webhook_deliverer(parts).run(stop), name="webhooks")
     log.info("workers running", extra={"queues": list(queues)})
-    async with contextlib.AsyncExitStack() as stack:
-        for w in workers:
-            await stack.enter_async_context(w)
-        await stop.wait()
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for w in workers:
+                await stack.enter_async_context(w)
+            await stop.wait()
+    finally:
+        if deliverer is not None:
+            stop.set()
+            await deliverer
 
 
 __all__ = ["ALL_QUEUES", "build_workers", "ensure_system_workflows", "relay_config", "run_workers"]

@@ -34,12 +34,14 @@ from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.spec import Catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
+from runtime.telemetry import Telemetry
 from runtime.wiring import Parts, build_parts, create_policy, relay_config
 from runtime.worker import build_workers
 
 TABLES = (
     "ai_job_artifact, ai_usage_log, ai_job_snapshot, outbox_event, user_model_credential, "
-    "synthetic_result, quiz_question, flashcard, weak_point_candidate, provider_gate, ai_job"
+    "synthetic_result, quiz_question, flashcard, weak_point_candidate, provider_gate, ai_job, "
+    "webhook_delivery, webhook_endpoint"
 )
 
 
@@ -200,6 +202,7 @@ async def running_stack(
     policy: CreatePolicy | None = None,
     catalog: Catalog | None = None,
     relay_overrides: dict[str, Any] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> AsyncIterator[Stack]:
     parts = build_parts(settings)
     if catalog is not None:
@@ -218,7 +221,7 @@ async def running_stack(
     try:
         async with contextlib.AsyncExitStack() as es:
             if queues:
-                stack.workers = build_workers(client, parts, queues)
+                stack.workers = build_workers(client, parts, queues, telemetry=telemetry)
                 for w in stack.workers:
                     await es.enter_async_context(w)
             if relay:

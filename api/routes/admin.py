@@ -3,6 +3,7 @@ cancelled jobs."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
@@ -10,6 +11,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
+from pydantic import BeforeValidator
 
 from api.deps import Admin, State
 from api.schemas import (
@@ -31,6 +33,16 @@ from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
 from engine.errors import JobNotFound
 
 router = APIRouter(prefix="/admin-api/ai/jobs", tags=["admin"])
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _iso_datetime(value: Any) -> Any:
+    """An RFC 3339 date-time, as documented: not a bare number (read as a Unix time)."""
+    if isinstance(value, str) and not _ISO_DATE.match(value):
+        raise ValueError("must be an RFC 3339 date-time")
+    return value
+
+
 _jobs = JobQueries()
 
 
@@ -63,8 +75,12 @@ async def list_jobs(
     status_: Annotated[Status | None, Query(alias="status")] = None,
     queue_name: Annotated[Queue | None, Query(alias="queueName")] = None,
     user_id: Annotated[str | None, Query(alias="userId", max_length=128, pattern=NO_NUL)] = None,
-    created_from: Annotated[datetime | None, Query(alias="createdFrom")] = None,
-    created_to: Annotated[datetime | None, Query(alias="createdTo")] = None,
+    created_from: Annotated[
+        datetime | None, BeforeValidator(_iso_datetime), Query(alias="createdFrom")
+    ] = None,
+    created_to: Annotated[
+        datetime | None, BeforeValidator(_iso_datetime), Query(alias="createdTo")
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
@@ -120,6 +136,7 @@ async def get_job(job_id: uuid.UUID, state: State, _admin: Admin) -> dict[str, A
     "/{job_id}/retry",
     status_code=201,
     response_model=JobStatusResponse,
+    responses={200: {"model": JobStatusResponse, "description": "Already retried: that job"}},
     summary="Retry a failed or cancelled job as a new job",
 )
 async def retry_job(job_id: uuid.UUID, state: State, _admin: Admin) -> JSONResponse:

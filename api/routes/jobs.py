@@ -12,13 +12,18 @@ from fastapi.responses import JSONResponse
 from api.deps import State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import (
+    CURSOR_PATTERN,
     JOB_TYPE_PATTERN,
+    ArtifactItem,
+    ArtifactPage,
     CancelResponse,
     CreateJobBody,
     JobPage,
     JobStatusResponse,
     Status,
+    decode_artifact_cursor,
     decode_cursor,
+    encode_artifact_cursor,
     encode_cursor,
     status_response,
 )
@@ -106,6 +111,49 @@ async def get_job(job_id: uuid.UUID, state: State, principal: User) -> JSONRespo
     return JSONResponse(
         JobStatusResponse(**status_response(row, arts)).model_dump(mode="json", by_alias=True)
     )
+
+
+@router.get(
+    "/{job_id}/artifacts",
+    response_model=ArtifactPage,
+    summary="The artifacts of one of your jobs, with their content",
+    description=(
+        "The business rows a succeeded job projected (a quiz question with its choices, a "
+        "flashcard, ...), in `ordinal` order. `content` is what the job type exposes of a row, "
+        "or null. Paged: pass `nextCursor` back as `cursor` (opaque)."
+    ),
+)
+async def list_artifacts(
+    job_id: uuid.UUID,
+    state: State,
+    principal: User,
+    cursor: Annotated[str | None, Query(max_length=200, pattern=CURSOR_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+) -> JSONResponse:
+    after = decode_artifact_cursor(cursor)
+    async with state.sessionmaker() as s:
+        row = await _jobs.get_owner(s, job_id)
+        if row is None or (not principal.is_admin and row[1] != principal.user_id):
+            raise JobNotFound("Job not found.")
+        rows = await _jobs.artifact_page(s, job_id, after=after, limit=limit + 1)
+        page = rows[:limit]
+        view = state.catalog.get(row[0]).artifact_view if row[0] in state.catalog else None
+        contents = await view(s, job_id, [a.artifact_id for _, a in page]) if view else {}
+    body = ArtifactPage(
+        items=[
+            ArtifactItem(
+                artifact_type=a.artifact_type,
+                artifact_id=a.artifact_id,
+                ordinal=a.ordinal,
+                content=contents.get(a.artifact_id),
+            )
+            for _, a in page
+        ],
+        next_cursor=(
+            encode_artifact_cursor(page[-1][1].ordinal, page[-1][0]) if len(rows) > limit else None
+        ),
+    )
+    return JSONResponse(body.model_dump(mode="json", by_alias=True))
 
 
 @router.get("", response_model=JobPage, summary="List your jobs, newest first")

@@ -8,10 +8,12 @@ Output: 1..30 cards with a `front` (a prompt or question) and a `back` (its answ
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import Flashcard
@@ -26,7 +28,14 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
+from jobs.spec import (
+    Artifact,
+    JobType,
+    ProjectionContext,
+    Prompt,
+    artifact_uuids,
+    project_rows,
+)
 
 ARTIFACT_TYPE = "flashcard"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -174,6 +183,18 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
     )
 
 
+async def view(
+    session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """A card as a client sees it: its front and back."""
+    rows = await session.execute(
+        select(Flashcard.id, Flashcard.front, Flashcard.back).where(
+            Flashcard.job_id == job_id, Flashcard.id.in_(artifact_uuids(artifact_ids))
+        )
+    )
+    return {str(r.id): {"front": r.front, "back": r.back} for r in rows}
+
+
 JOB = JobType(
     definition=DEFINITION,
     input_model=FlashcardGenerationInput,
@@ -181,4 +202,5 @@ JOB = JobType(
     build_prompt=build_prompt,
     project=project,
     synthetic_output=synthetic_output,
+    artifact_view=view,
 )

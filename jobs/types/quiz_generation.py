@@ -9,6 +9,7 @@ row (and artifact) per question; the difficulty stored on a row is the one the u
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -28,7 +29,14 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
+from jobs.spec import (
+    Artifact,
+    JobType,
+    ProjectionContext,
+    Prompt,
+    artifact_uuids,
+    project_rows,
+)
 
 ARTIFACT_TYPE = "quiz_question"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -251,6 +259,32 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
     return await project_rows(session, QuizQuestion, ARTIFACT_TYPE, ctx, items)
 
 
+async def view(
+    session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """A question as a client sees it: text, choices, the correct index, the explanation."""
+    rows = await session.execute(
+        select(
+            QuizQuestion.id,
+            QuizQuestion.question,
+            QuizQuestion.choices,
+            QuizQuestion.answer_index,
+            QuizQuestion.explanation,
+            QuizQuestion.difficulty,
+        ).where(QuizQuestion.job_id == job_id, QuizQuestion.id.in_(artifact_uuids(artifact_ids)))
+    )
+    return {
+        str(r.id): {
+            "question": r.question,
+            "choices": list(r.choices),
+            "answerIndex": r.answer_index,
+            "explanation": r.explanation,
+            "difficulty": r.difficulty,
+        }
+        for r in rows
+    }
+
+
 JOB = JobType(
     definition=DEFINITION,
     input_model=QuizGenerationInput,
@@ -258,4 +292,5 @@ JOB = JobType(
     build_prompt=build_prompt,
     project=project,
     synthetic_output=synthetic_output,
+    artifact_view=view,
 )

@@ -7,6 +7,7 @@ the synthetic provider and projects one `synthetic_result` artifact.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,7 +26,14 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, artifact_uuid
+from jobs.spec import (
+    Artifact,
+    JobType,
+    ProjectionContext,
+    Prompt,
+    artifact_uuid,
+    artifact_uuids,
+)
 from providers.base import SyntheticBehaviour
 
 # `echo` is copied into the job's output (and its hash): a scripted test payload never needs more
@@ -125,6 +133,23 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
     return [Artifact("synthetic_result", str(rid), 0)]
 
 
+async def view(
+    session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The `synthetic_result` row: the hash of the output it was projected from."""
+    rows = await session.execute(
+        text(
+            "SELECT id, output_hash, created_at FROM synthetic_result "
+            "WHERE job_id = :job AND id = ANY(:ids)"
+        ),
+        {"job": job_id, "ids": artifact_uuids(artifact_ids)},
+    )
+    return {
+        str(r.id): {"outputHash": r.output_hash, "createdAt": r.created_at.isoformat()}
+        for r in rows
+    }
+
+
 JOB = JobType(
     definition=DEFINITION,
     input_model=SyntheticInput,
@@ -132,6 +157,7 @@ JOB = JobType(
     build_prompt=build_prompt,
     project=project,
     synthetic_output=synthetic_output,
+    artifact_view=view,
     synthetic_behaviour=behaviour,
     always_synthetic=True,
 )

@@ -10,10 +10,12 @@ artifact) per weak point; no weak point means no rows.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import WeakPointCandidate
@@ -28,7 +30,14 @@ from engine.definition import (
     RetryBackoff,
     SecuritySpec,
 )
-from jobs.spec import Artifact, JobType, ProjectionContext, Prompt, project_rows
+from jobs.spec import (
+    Artifact,
+    JobType,
+    ProjectionContext,
+    Prompt,
+    artifact_uuids,
+    project_rows,
+)
 
 ARTIFACT_TYPE = "weak_point_candidate"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -212,6 +221,31 @@ async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel)
     )
 
 
+async def view(
+    session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """A weak point as a client sees it: topic, evidence, recommended action."""
+    rows = await session.execute(
+        select(
+            WeakPointCandidate.id,
+            WeakPointCandidate.topic,
+            WeakPointCandidate.evidence,
+            WeakPointCandidate.recommended_action,
+        ).where(
+            WeakPointCandidate.job_id == job_id,
+            WeakPointCandidate.id.in_(artifact_uuids(artifact_ids)),
+        )
+    )
+    return {
+        str(r.id): {
+            "topic": r.topic,
+            "evidence": list(r.evidence),
+            "recommendedAction": r.recommended_action,
+        }
+        for r in rows
+    }
+
+
 JOB = JobType(
     definition=DEFINITION,
     input_model=WeakPointAnalysisInput,
@@ -219,4 +253,5 @@ JOB = JobType(
     build_prompt=build_prompt,
     project=project,
     synthetic_output=synthetic_output,
+    artifact_view=view,
 )

@@ -216,7 +216,10 @@ async def test_create_writes_job_snapshot_and_outbox_in_one_transaction(
         "jobType": "synthetic",
         "queueName": "ai-interactive",
         "priority": 7,
+        "fairnessKey": CreatePolicy().fairness_key("u1"),
+        "fairnessWeight": 1.0,
     }
+    assert "u1" not in str(event.payload["fairnessKey"])
     assert (event.event_type, event.aggregate_type, event.aggregate_id) == (
         "ai.job.enqueue",
         "AiJob",

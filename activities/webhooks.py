@@ -1,0 +1,305 @@
+"""The webhook deliverer: claims due `webhook_delivery` rows and POSTs them, signed (Standard
+Webhooks), to their endpoints. See docs/webhooks.md.
+
+Runs as a plain asyncio task beside the relay (the `ai-system` worker process, `aijobs relay`);
+several may run at once (claims are disjoint, SKIP LOCKED). Bounded: at most `max_in_flight`
+requests, at most one per endpoint per process, each under a hard time limit, so a slow or dead
+receiver holds one slot and never another endpoint's turn; jobs never wait for a webhook. No
+transaction is open during a request. Neither secrets nor bodies are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore
+import httpx
+
+from db import webhooks as repo
+from db.jobs import JobQueries
+from db.session import SessionMaker
+from db.webhooks import DeliveryRow
+from engine.errors import EngineError
+from jobs.webhooks import (
+    Resolver,
+    UrlRefused,
+    check_url,
+    event_body,
+    job_status_json,
+    public_addresses,
+    signature_header,
+    signing_secrets,
+    system_resolver,
+)
+from providers.crypto import CredentialCipher
+
+log = logging.getLogger(__name__)
+RECEIVER_TEXT_CHARS = 200
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    allow_private: bool = False
+    retry_base_s: float = 30.0
+    retry_max_s: float = 3600.0
+    retry_for_s: float = 86_400.0
+    poll_interval_s: float = 1.0
+    max_in_flight: int = 16
+    request_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    # A claimed row is due again after this (its deliverer died mid-request).
+    lease_s: float = 60.0
+
+
+class _GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Connects only to public addresses: the host is resolved here, every address checked,
+    and the connection made to a checked address (TLS still verifies the host name), so a DNS
+    answer that changes after registration cannot point a delivery inward."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend, resolve: Resolver) -> None:
+        self._inner = inner
+        self._resolve = resolve
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            addresses = await public_addresses(host, port, self._resolve)
+        except UrlRefused as exc:
+            raise httpcore.ConnectError(exc.public_message) from None
+        return await self._inner.connect_tcp(
+            addresses[0],
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def http_client(config: WebhookConfig, resolve: Resolver = system_resolver) -> httpx.AsyncClient:
+    """No redirects, no proxies from the environment, 10 s per request (5 s to connect)."""
+    transport = httpx.AsyncHTTPTransport(retries=0)
+    if not config.allow_private:
+        transport._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            max_connections=config.max_in_flight * 2,
+            network_backend=_GuardedBackend(httpcore.AnyIOBackend(), resolve),
+        )
+    return httpx.AsyncClient(
+        transport=transport,
+        follow_redirects=False,
+        trust_env=False,
+        timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    delivered: bool
+    status_code: int | None = None
+    error: str = ""
+    dead: bool = False  # can never succeed (endpoint or job gone)
+
+
+class WebhookDeliverer:
+    def __init__(
+        self,
+        sessionmaker: SessionMaker,
+        cipher: CredentialCipher | None,
+        config: WebhookConfig,
+        *,
+        resolve: Resolver = system_resolver,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sm = sessionmaker
+        self._cipher = cipher
+        self.config = config
+        self._resolve = resolve
+        self._clock = clock
+        self._jobs = JobQueries()
+        self._busy: dict[uuid.UUID, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._client: httpx.AsyncClient | None = None
+        self.attempts = 0  # requests made (tests)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and deliver until `stop` is set; requests in flight then get their time limit
+        to finish (their rows are retried after the lease otherwise)."""
+        failures = 0
+        self._client = http_client(self.config, self._resolve)
+        try:
+            while not stop.is_set():
+                try:
+                    claimed = await self.run_once()
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    log.warning("webhook claim failed (%d in a row); backing off", failures)
+                    await _sleep_or_stop(stop, min(5.0, 0.2 * 2**failures))
+                    continue
+                if not claimed:
+                    await _sleep_or_stop(stop, self.config.poll_interval_s)
+        finally:
+            if self._tasks:
+                _, pending = await asyncio.wait(
+                    list(self._tasks), timeout=self.config.request_timeout_s + 2
+                )
+                for task in pending:
+                    task.cancel()
+            await self._client.aclose()
+
+    async def run_once(self) -> int:
+        """Claim what the free slots allow and start those deliveries; returns how many."""
+        free = self.config.max_in_flight - len(self._tasks)
+        if free <= 0:
+            return 0
+        async with self._sm.begin() as s:
+            rows = await repo.claim_due(
+                s, limit=free, busy_endpoints=list(self._busy), lease_s=self.config.lease_s
+            )
+        for row in rows:
+            self._busy[row.endpoint_id] = self._busy.get(row.endpoint_id, 0) + 1
+            task = asyncio.create_task(self._deliver(row), name=f"webhook:{row.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return len(rows)
+
+    async def _deliver(self, row: DeliveryRow) -> None:
+        try:
+            try:
+                outcome = await self._attempt(row)
+            except Exception as exc:  # a bug must not lose the row: it is retried
+                outcome = Outcome(False, error=f"internal: {type(exc).__name__}")
+            await self._record(row, outcome)
+        except Exception:
+            # The database is away: the claim's lease makes the row due again.
+            log.warning("webhook outcome not recorded", extra={"delivery_id": row.id})
+        finally:
+            left = self._busy.get(row.endpoint_id, 1) - 1
+            if left > 0:
+                self._busy[row.endpoint_id] = left
+            else:
+                self._busy.pop(row.endpoint_id, None)
+
+    async def _attempt(self, row: DeliveryRow) -> Outcome:
+        async with self._sm() as s:
+            endpoint = await repo.get_endpoint(s, row.endpoint_id)
+            job = await self._jobs.get(s, uuid.UUID(row.job_id))
+            artifacts = (await self._jobs.artifacts(s, [job.id]))[job.id] if job else []
+        if endpoint is None or endpoint.deleted_at is not None:
+            return Outcome(False, error="endpoint deleted", dead=True)
+        if job is None:
+            return Outcome(False, error="job not found", dead=True)
+        if self._cipher is None:
+            return Outcome(False, error="no encryption key is set")
+        try:
+            secrets = signing_secrets(self._cipher, endpoint)
+            # The URL's shape here; its addresses are checked by the connection itself.
+            await check_url(endpoint.url, allow_private=self.config.allow_private, resolve=None)
+        except EngineError as exc:
+            return Outcome(False, error=exc.code, dead=isinstance(exc, UrlRefused))
+        body = json.dumps(
+            event_body(row.event_type, row.occurred_at, job_status_json(job, artifacts)),
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        timestamp = int(self._clock())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "ai-job-engine-webhooks/1",
+            "webhook-id": row.webhook_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature_header(secrets, row.webhook_id, timestamp, body),
+        }
+        del secrets
+        assert self._client is not None
+        self.attempts += 1
+        try:
+            async with asyncio.timeout(self.config.request_timeout_s):
+                async with self._client.stream(
+                    "POST", endpoint.url, content=body, headers=headers
+                ) as resp:
+                    if 200 <= resp.status_code < 300:
+                        return Outcome(True, resp.status_code)
+                    text = await _head_text(resp)
+                    return Outcome(False, resp.status_code, f"HTTP {resp.status_code}: {text}")
+        except TimeoutError:
+            return Outcome(False, error="timeout")
+        except httpx.HTTPError as exc:
+            return Outcome(False, error=f"{type(exc).__name__}: {str(exc)[:120]}")
+
+    async def _record(self, row: DeliveryRow, outcome: Outcome) -> None:
+        async with self._sm.begin() as s:
+            if outcome.delivered:
+                await repo.mark_delivered(
+                    s, row.id, attempt=row.attempt_count, status_code=outcome.status_code or 200
+                )
+                status = "delivered"
+            elif outcome.dead:
+                await repo.mark_dead(s, row.id, attempt=row.attempt_count, error=outcome.error)
+                status = "dead"
+            else:
+                status = (
+                    await repo.mark_attempt_failed(
+                        s,
+                        row.id,
+                        attempt=row.attempt_count,
+                        status_code=outcome.status_code,
+                        error=outcome.error,
+                        retry_in_s=self.backoff_s(row.attempt_count),
+                        retry_for_s=self.config.retry_for_s,
+                    )
+                    or "lost"
+                )
+        level = logging.INFO if outcome.delivered else logging.WARNING
+        log.log(
+            level,
+            "webhook delivery %s",
+            status,
+            extra={
+                "delivery_id": row.id,
+                "webhook_endpoint": str(row.endpoint_id),
+                "job_id": row.job_id,
+                "attempt": row.attempt_count,
+                "status_code": outcome.status_code,
+            },
+        )
+
+    def backoff_s(self, attempt: int) -> float:
+        """base * 2^(attempt-1), capped, times a jitter in [0.75, 1.25)."""
+        c = self.config
+        delay = min(c.retry_max_s, c.retry_base_s * 2 ** min(max(attempt - 1, 0), 30))
+        return float(delay * (0.75 + random.random() * 0.5))
+
+
+async def _head_text(resp: httpx.Response) -> str:
+    """At most the first 200 characters of the receiver's answer, on one line."""
+    chunk = b""
+    async for part in resp.aiter_bytes():
+        chunk += part
+        if len(chunk) >= RECEIVER_TEXT_CHARS * 4:
+            break
+    text = chunk.decode("utf-8", errors="replace")[:RECEIVER_TEXT_CHARS]
+    return " ".join(text.split())
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

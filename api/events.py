@@ -1,0 +1,209 @@
+"""Job change streams: one LISTEN connection per API process, fanned out in memory.
+
+Every lifecycle transition and progress change runs `pg_notify('ai_job_changed', <job id>)` in
+its own transaction (`db/lifecycle.py`, `db/jobs.py`), so a notification arrives only after the
+change is committed and readable. The hub holds ONE autocommit psycopg connection that LISTENs
+on that channel, started lazily on the first subscription, and hands each notification to:
+
+- the subscribers of that job (a bounded asyncio queue each, keyed by job id);
+- the subscribers of the job's owner (keyed by user id), when there are any: the owner is read
+  once per notification (and remembered: a job never changes owner).
+
+A queue receives job ids; a subscriber re-reads the job and sends what changed. Nothing polls.
+When the connection drops, the hub reconnects with a backoff and then wakes every subscriber
+with `RESYNC`, one re-read that covers notifications lost while it was away. A queue that
+overflows (a reader stalled) is cleared and gets `RESYNC` instead. A subscription ends with its
+`async with` block (the client disconnected, or the stream ended) and its queue is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from db.jobs import JobQueries
+from db.lifecycle import JOB_CHANGED_CHANNEL
+from db.session import SessionMaker, libpq_url
+
+log = logging.getLogger(__name__)
+
+RESYNC = "resync"  # a queue item: re-read everything this subscriber follows
+QUEUE_SIZE = 256
+_OWNER_CACHE = 10_000
+_jobs = JobQueries()
+
+
+@dataclass(eq=False)
+class Subscription:
+    """What one stream waits on: job ids (`uuid.UUID`) or `RESYNC`."""
+
+    key: uuid.UUID | str
+    queue: asyncio.Queue[uuid.UUID | str] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+
+    def push(self, item: uuid.UUID | str) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(RESYNC)
+
+    async def next_batch(self) -> tuple[set[uuid.UUID], bool]:
+        """Waits for at least one item, then takes all that are queued: (job ids, resync)."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        ids = {i for i in items if isinstance(i, uuid.UUID)}
+        return ids, RESYNC in items
+
+
+class JobEventHub:
+    def __init__(
+        self,
+        database_url: str,
+        sessionmaker: SessionMaker,
+        *,
+        idle_check_s: float = 15.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self._dsn = libpq_url(database_url)
+        self._sm = sessionmaker
+        self._idle_check_s = idle_check_s
+        self._max_backoff_s = max_backoff_s
+        self._by_job: dict[uuid.UUID, set[Subscription]] = {}
+        self._by_user: dict[str, set[Subscription]] = {}
+        self._owners: OrderedDict[uuid.UUID, str] = OrderedDict()
+        self._task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._conn: psycopg.AsyncConnection[object] | None = None
+        self.connects = 0  # how many times the LISTEN connection was (re)established
+
+    # ---- subscriptions ----------------------------------------------------------------
+
+    @property
+    def subscriber_count(self) -> int:
+        return sum(len(s) for s in self._by_job.values()) + sum(
+            len(s) for s in self._by_user.values()
+        )
+
+    @contextlib.asynccontextmanager
+    async def subscribe_job(self, job_id: uuid.UUID) -> AsyncIterator[Subscription]:
+        async with self._subscribe(self._by_job, job_id) as sub:
+            yield sub
+
+    @contextlib.asynccontextmanager
+    async def subscribe_user(self, user_id: str) -> AsyncIterator[Subscription]:
+        async with self._subscribe(self._by_user, user_id) as sub:
+            yield sub
+
+    @contextlib.asynccontextmanager
+    async def _subscribe(
+        self, table: dict[Any, set[Subscription]], key: uuid.UUID | str
+    ) -> AsyncIterator[Subscription]:
+        sub = Subscription(key)
+        table.setdefault(key, set()).add(sub)
+        try:
+            self._ensure_started()
+            # Registered before the caller reads the current state, and listening before it
+            # reads: a change committed after that read always wakes the queue.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._listening.wait(), 5.0)
+            yield sub
+        finally:
+            subs = table.get(key)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del table[key]
+
+    # ---- the listener -----------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="job-event-hub")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None
+        self._listening.clear()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                ) as conn:
+                    self._conn = conn
+                    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")
+                    self.connects += 1
+                    self._listening.set()
+                    backoff = 0.2
+                    if self.connects > 1:
+                        self._wake_all()  # notifications may have been lost while away
+                    await self._listen(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("job event listener lost its connection: %s", type(exc).__name__)
+            finally:
+                self._conn = None
+                self._listening.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
+        while True:
+            got = False
+            async for note in conn.notifies(timeout=self._idle_check_s):
+                got = True
+                await self._dispatch(note.payload)
+            if not got:
+                await conn.execute("SELECT 1")  # an idle connection that died says so here
+
+    def _wake_all(self) -> None:
+        for subs in (*self._by_job.values(), *self._by_user.values()):
+            for sub in subs:
+                sub.push(RESYNC)
+
+    async def _dispatch(self, payload: str) -> None:
+        try:
+            job_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        for sub in self._by_job.get(job_id, ()):
+            sub.push(job_id)
+        if not self._by_user:
+            return
+        owner = self._owners.get(job_id)
+        if owner is None:
+            try:
+                async with self._sm() as s:
+                    found = await _jobs.get_owner(s, job_id)
+            except Exception:
+                log.warning("job event listener could not read a job's owner")
+                return
+            if found is None:
+                return
+            owner = found[1]
+            self._owners[job_id] = owner
+            if len(self._owners) > _OWNER_CACHE:
+                self._owners.popitem(last=False)
+        for sub in self._by_user.get(owner, ()):
+            sub.push(job_id)
+
+    async def drop_connection_for_tests(self) -> None:
+        """Closes the LISTEN connection as a network failure would (the hub reconnects)."""
+        if self._conn is not None:
+            await self._conn.close()

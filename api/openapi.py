@@ -1,0 +1,228 @@
+"""The OpenAPI document, made to tell the truth about errors and formats.
+
+FastAPI documents the success answer of a route and a generic 422. `document_errors` adds, to
+every operation, each problem+json status it can answer (`Problem` schema):
+
+- 401 on every route that needs a bearer token, 403 on the admin routes;
+- 404 on routes with a path parameter (the resource, or someone else's, is not found);
+- 422 on routes that take parameters or a body (and the state-dependent refusals);
+- 400 and 413 on routes with a body (the body limit runs before authentication);
+- 503 where the database (or the AI platform) may be unavailable;
+- 409 and 429 where a route's state rules or quotas produce them.
+
+Unauthenticated routes (`/healthz`, `/readyz`, `/metrics`) get `security: []`. Opaque cursors,
+the Idempotency-Key header and provider keys get their format and length.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from api.errors import PROBLEM
+from api.schemas import CURSOR_PATTERN
+
+UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+API_KEY_PATTERN = r"^[\x21-\x7e]+$"
+# Text PostgreSQL can store: no NUL (what the create body's strings are checked for).
+STORABLE_TEXT_PATTERN = r"^[^\x00]*$"
+
+DESCRIPTIONS: dict[int, str] = {
+    400: "Malformed request (`BAD_REQUEST`), e.g. a body longer than its Content-Length",
+    401: "Missing, invalid or expired bearer token (`UNAUTHENTICATED`)",
+    403: "The route requires the SUPER_ADMIN role (`FORBIDDEN`)",
+    404: "Not found, or not yours (`*_NOT_FOUND`, `NOT_FOUND`)",
+    409: "The resource's state does not allow this (`JOB_NOT_CANCELLABLE`, ...)",
+    413: "The body exceeds MAX_REQUEST_BYTES (`PAYLOAD_TOO_LARGE`); checked before authentication",
+    422: "Invalid parameters or body (`VALIDATION_FAILED`, with `errors`), or a refusal that "
+    "depends on stored state (`IDEMPOTENCY_KEY_REUSED`, `CREDENTIAL_MISSING`)",
+    429: "Too many active jobs or quota used up (`TOO_MANY_JOBS`, `QUOTA_EXCEEDED`); see "
+    "Retry-After",
+    503: "A dependency is unavailable (`SERVICE_UNAVAILABLE`, `PLATFORM_UNAVAILABLE`); see "
+    "Retry-After",
+}
+# Statuses only some routes produce, beyond what their shape implies.
+EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
+    ("post", "/api/ai/jobs"): (429,),
+    ("post", "/api/ai/jobs/{job_id}/cancel"): (409,),
+    ("post", "/admin-api/ai/jobs/{job_id}/retry"): (409,),
+    ("post", "/admin-api/ai/outbox/{event_id}/requeue"): (409,),
+}
+
+
+class ProblemError(BaseModel):
+    loc: list[str] = Field(default_factory=list, description="Where: location, then field")
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem; `code` is the stable, machine-readable error code."""
+
+    type: str = Field(description="Always `about:blank`")
+    title: str
+    status: int = Field(ge=400, le=599)
+    detail: str
+    code: str = Field(description="e.g. `JOB_NOT_FOUND`, `VALIDATION_FAILED`, `UNAUTHENTICATED`")
+    errors: list[ProblemError] | None = Field(
+        default=None, description="What was invalid (422 `VALIDATION_FAILED` only)"
+    )
+
+
+_READY = {
+    "type": "object",
+    "required": ["status", "checks"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "unavailable"]},
+        "checks": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "enum": ["ok", "unavailable"]},
+        },
+    },
+}
+
+
+def _statuses(method: str, path: str, op: dict[str, Any]) -> set[int]:
+    out: set[int] = set()
+    public = path in UNAUTHENTICATED_PATHS
+    if not public:
+        out |= {401, 503}
+    if path.startswith("/admin-api/"):
+        out.add(403)
+    if "{" in path:
+        out.add(404)
+    if op.get("parameters") or "requestBody" in op:
+        out.add(422)
+    if "requestBody" in op:
+        out |= {400, 413}
+    out |= set(EXTRA.get((method, path), ()))
+    return out
+
+
+def _problem_response(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+def _formats(op: dict[str, Any]) -> None:
+    for param in op.get("parameters", []):
+        if param.get("name") == "cursor":
+            param["description"] = "Opaque: the `nextCursor` of the previous page (empty: first)"
+            param["schema"] = {
+                "anyOf": [
+                    {"type": "string", "pattern": CURSOR_PATTERN, "maxLength": 200},
+                    {"type": "null"},
+                ],
+                "title": "Cursor",
+            }
+        elif param.get("name") == "Idempotency-Key":
+            param["description"] = "1-255 visible ASCII characters"
+            param["schema"] = {
+                "anyOf": [
+                    {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": 255},
+                    {"type": "null"},
+                ],
+                "title": "Idempotency-Key",
+            }
+
+
+def _component_formats(comps: dict[str, Any]) -> None:
+    for name, comp in comps.items():
+        props = comp.get("properties", {}) if isinstance(comp, dict) else {}
+        nxt = props.get("nextCursor")
+        if nxt is not None and name.endswith("Page"):
+            nxt["description"] = "Opaque; pass it as `cursor` for the next page (null: last)"
+            nxt["anyOf"] = [
+                {"type": "string", "pattern": CURSOR_PATTERN, "minLength": 1, "maxLength": 200},
+                {"type": "null"},
+            ]
+        key = props.get("apiKey")
+        if key is not None:
+            key.update(
+                {"type": "string", "pattern": API_KEY_PATTERN, "minLength": 8, "maxLength": 512}
+            )
+            key["description"] = "8-512 visible ASCII characters, no spaces; never returned"
+
+
+def document_errors(schema: dict[str, Any]) -> None:
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    for k, v in problem.pop("$defs", {}).items():
+        comps[k] = v
+    comps["Problem"] = problem
+    for name in ("HTTPValidationError", "ValidationError"):
+        comps.pop(name, None)
+    _component_formats(comps)
+    for path, item in schema.get("paths", {}).items():
+        for method, op in item.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            responses: dict[str, Any] = op["responses"]
+            responses.pop("422", None)  # FastAPI's, with a body we never send
+            if path in UNAUTHENTICATED_PATHS:
+                op["security"] = []
+            if path == "/readyz":
+                ready = {"application/json": {"schema": _READY}}
+                responses["200"] = {"description": "Ready", "content": ready}
+                responses["503"] = {"description": "Not ready", "content": ready}
+            for status in sorted(_statuses(method, path, op)):
+                given = responses.get(str(status), {})
+                if PROBLEM in given.get("content", {}):
+                    continue  # documented by the route itself
+                responses[str(status)] = _problem_response(
+                    given.get("description") or DESCRIPTIONS[status]
+                )
+            _formats(op)
+
+
+def job_type_bodies(
+    schema: dict[str, Any],
+    types: Sequence[tuple[str, str, Sequence[str]]],
+) -> None:
+    """`jobType` is an enum of the public job types, and the create body is one variant per
+    type (`jobType` names it, `input` is that type's input, `credentialMode` one it allows).
+    `types`: (jobType, input schema name, allowed credential modes)."""
+    comps = schema["components"]["schemas"]
+    create = schema["paths"]["/api/ai/jobs"]["post"]
+    media = create["requestBody"]["content"]["application/json"]
+    ref = media["schema"].get("$ref", "").split("/")[-1]
+    if ref not in comps or not types:
+        return
+    base = comps[ref]
+    props = base["properties"]
+    props["jobType"] = {
+        "type": "string",
+        "enum": [t for t, _, _ in types],
+        "title": "Jobtype",
+        "description": "One of the public job types",
+    }
+    for key in ("targetType", "targetId"):
+        if key in props:
+            props[key]["pattern"] = STORABLE_TEXT_PATTERN
+    variants = []
+    for job_type, input_name, modes in types:
+        variant = copy.deepcopy(base)
+        variant["title"] = f"Create {job_type}"
+        variant["properties"]["jobType"] = {"type": "string", "enum": [job_type]}
+        variant["properties"]["input"] = {"$ref": f"#/components/schemas/{input_name}"}
+        if comps.get(input_name, {}).get("required"):
+            variant["required"] = [*variant.get("required", []), "input"]
+        variant["properties"]["credentialMode"] = {
+            "anyOf": [{"type": "string", "enum": list(modes)}, {"type": "null"}]
+        }
+        name = f"{ref}_{job_type}"
+        comps[name] = variant
+        variants.append({"$ref": f"#/components/schemas/{name}"})
+    media["schema"] = {
+        "oneOf": variants,
+        "discriminator": {
+            "propertyName": "jobType",
+            "mapping": {t: v["$ref"] for (t, _, _), v in zip(types, variants, strict=True)},
+        },
+    }

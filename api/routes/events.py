@@ -1,0 +1,194 @@
+"""Server-sent event streams of job status (`text/event-stream`).
+
+Each event is `id: <version>`, `event: status`, `data: <JobStatusResponse JSON>`. A job's version
+is its `updated_at` in microseconds since the epoch: it only grows, so a client that reconnects
+with `Last-Event-ID` gets the current state only if it is newer than what it has seen. Keep-alive
+comments go out every `SSE_PING_S` seconds. Wake-ups come from the process's one LISTEN
+connection (`api/events.py`); a stream re-reads its job when woken, never on a timer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from api.deps import State, User
+from api.schemas import JobStatusResponse, status_response
+from db.jobs import JobQueries, JobRow
+from engine.errors import JobNotFound, ValidationFailed
+
+router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
+_jobs = JobQueries()
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream
+_SEEN = 1000  # jobs whose last sent state the all-jobs stream remembers
+_MAX_VERSION = 2**63 - 1
+
+_STREAM = {
+    "description": "An event stream: `id` (the job's version), `event: status`, `data` (a "
+    "JobStatusResponse as JSON); keep-alive comments in between.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+_LAST_EVENT_ID = Header(
+    alias="Last-Event-ID",
+    pattern=r"^[0-9]{1,19}$",
+    description="Resume: the `id` of the last event received.",
+)
+
+
+def version(row: JobRow) -> int:
+    delta = row.updated_at - datetime(1970, 1, 1, tzinfo=row.updated_at.tzinfo)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _last_id(value: str | None) -> int:
+    if value is None:
+        return -1
+    n = int(value)
+    if n > _MAX_VERSION:
+        raise ValidationFailed("Last-Event-ID is invalid.")
+    return n
+
+
+async def _read(state: State, job_id: uuid.UUID) -> tuple[JobRow, dict[str, Any]] | None:
+    async with state.sessionmaker() as s:
+        row = await _jobs.get(s, job_id)
+        if row is None:
+            return None
+        arts = (
+            (await _jobs.artifacts(s, [job_id]))[job_id]
+            if row.lifecycle_status == "succeeded"
+            else []
+        )
+    body = JobStatusResponse(**status_response(row, arts)).model_dump(mode="json", by_alias=True)
+    return row, body
+
+
+def _event(row: JobRow, body: dict[str, Any], event_id: int | None = None) -> ServerSentEvent:
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return ServerSentEvent(data=data, id=str(event_id or version(row)), event="status")
+
+
+def _stream(state: State, gen: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
+    return EventSourceResponse(
+        gen,
+        ping=state.settings.sse_ping_s,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get(
+    "/events",
+    summary="Follow all of your jobs (server-sent events)",
+    description=(
+        "One `status` event each time one of your jobs is created or changes state or progress. "
+        "Never closed by a job's end. With `Last-Event-ID`, first the jobs changed since then "
+        "(at most 100)."
+    ),
+    response_class=EventSourceResponse,
+    responses={200: _STREAM},
+)
+async def user_events(
+    state: State,
+    principal: User,
+    last_event_id: Annotated[str | None, _LAST_EVENT_ID] = None,
+) -> EventSourceResponse:
+    since = _last_id(last_event_id)
+    hub = state.events
+    user_id = principal.user_id
+
+    async def changed_since(cutoff: int) -> list[uuid.UUID]:
+        async with state.sessionmaker() as s:
+            return await _jobs.changed_since(s, user_id, cutoff, limit=RESYNC_LIMIT)
+
+    async def gen() -> AsyncIterator[ServerSentEvent]:
+        sent: OrderedDict[uuid.UUID, tuple[str, int]] = OrderedDict()
+        # The newest version seen (or the stream's start): after a reconnect of the listener,
+        # the jobs changed since shortly before it are re-read.
+        high = since if since >= 0 else int(time.time() * 1_000_000)
+
+        async def emit(job_ids: list[uuid.UUID]) -> AsyncIterator[ServerSentEvent]:
+            nonlocal high
+            for job_id in job_ids:
+                got = await _read(state, job_id)
+                if got is None:
+                    continue
+                row, body = got
+                key = (row.lifecycle_status, row.progress)
+                if sent.get(job_id) == key:
+                    continue
+                sent[job_id] = key
+                sent.move_to_end(job_id)
+                if len(sent) > _SEEN:
+                    sent.popitem(last=False)
+                high = max(high, version(row))
+                yield _event(row, body)
+
+        async with hub.subscribe_user(user_id) as sub:
+            if since >= 0:
+                async for ev in emit(await changed_since(since)):
+                    yield ev
+            while True:
+                ids, resync = await sub.next_batch()
+                if resync:
+                    ids |= set(await changed_since(high - 1_000_000))
+                async for ev in emit(sorted(ids)):
+                    yield ev
+
+    return _stream(state, gen())
+
+
+@router.get(
+    "/{job_id}/events",
+    summary="Follow one of your jobs (server-sent events)",
+    description=(
+        "First the job's current state, then one `status` event per change of state or "
+        "progress; the stream ends after a terminal state. With `Last-Event-ID`, the current "
+        "state is sent only if it is newer than that event."
+    ),
+    response_class=EventSourceResponse,
+    responses={200: _STREAM},
+)
+async def job_events(
+    job_id: uuid.UUID,
+    state: State,
+    principal: User,
+    last_event_id: Annotated[str | None, _LAST_EVENT_ID] = None,
+) -> EventSourceResponse:
+    since = _last_id(last_event_id)
+    async with state.sessionmaker() as s:
+        owner = await _jobs.get_owner(s, job_id)
+    if owner is None or (not principal.is_admin and owner[1] != principal.user_id):
+        raise JobNotFound("Job not found.")
+    hub = state.events
+
+    async def gen() -> AsyncIterator[ServerSentEvent]:
+        async with hub.subscribe_job(job_id) as sub:
+            last_key: tuple[str, int] | None = None
+            high = since
+            while True:
+                got = await _read(state, job_id)
+                if got is None:
+                    return
+                row, body = got
+                key = (row.lifecycle_status, row.progress)
+                # The version decides only the first event (resume). After that a change of
+                # state or progress is always sent: `updated_at` is a transaction's start time,
+                # so a later change can carry an older one. Ids never go down.
+                fresh = version(row) > high if last_key is None else key != last_key
+                if fresh:
+                    high, last_key = max(high, version(row)), key
+                    yield _event(row, body, high)
+                if row.lifecycle_status in TERMINAL:
+                    return
+                await sub.next_batch()
+
+    return _stream(state, gen())

@@ -1,0 +1,376 @@
+"""Webhook endpoints and their deliveries (see docs/webhooks.md).
+
+A delivery row is written by the relay, in the transaction that marks a job's domain event
+(`ai.job.completed|failed|cancelled`) published: one row per matching endpoint of the job's owner
+(`fan_out`). The deliverer claims due rows under `FOR UPDATE SKIP LOCKED`, pushing
+`next_attempt_at` one lease ahead, so a deliverer that dies mid-request costs a retry after the
+lease, never a delivery. No transaction is open while a receiver is called.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+WEBHOOK_EVENTS = ("ai.job.completed", "ai.job.failed", "ai.job.cancelled")
+DELIVERY_STATUSES = ("pending", "delivered", "failed", "dead")
+REPLAYABLE = ("delivered", "failed", "dead")
+# Guards the cast of an event's aggregate id: a malformed one fans out to nothing.
+_UUID_RE = "^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$"
+
+
+@dataclass(frozen=True)
+class EndpointRow:
+    id: uuid.UUID
+    user_id: str
+    url: str
+    event_types: list[str]
+    key_id: str
+    secret_ciphertext: bytes
+    previous_key_id: str | None
+    previous_secret_ciphertext: bytes | None
+    previous_valid_until: datetime | None
+    created_at: datetime
+    deleted_at: datetime | None
+
+
+_ENDPOINT = (
+    "id, user_id, url, event_types, key_id, secret_ciphertext, previous_key_id, "
+    "previous_secret_ciphertext, previous_valid_until, created_at, deleted_at"
+)
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    id: int
+    endpoint_id: uuid.UUID
+    event_id: int
+    job_id: str
+    webhook_id: str
+    event_type: str
+    occurred_at: datetime
+    status: str
+    attempt_count: int
+    next_attempt_at: datetime
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    replayed_at: datetime | None
+    delivered_at: datetime | None
+
+
+_DELIVERY = (
+    "id, endpoint_id, event_id, job_id, webhook_id, event_type, occurred_at, status, "
+    "attempt_count, next_attempt_at, last_status_code, last_error, created_at, replayed_at, "
+    "delivered_at"
+)
+
+
+# ---- endpoints -------------------------------------------------------------------------------
+
+
+async def insert_endpoint(
+    session: AsyncSession,
+    *,
+    endpoint_id: uuid.UUID,
+    user_id: str,
+    url: str,
+    event_types: Sequence[str],
+    key_id: str,
+    ciphertext: bytes,
+) -> EndpointRow:
+    row = (
+        await session.execute(
+            text(
+                f"""
+                INSERT INTO webhook_endpoint (id, user_id, url, event_types, key_id,
+                                              secret_ciphertext, created_at)
+                VALUES (:id, :uid, :url, :types, :kid, :blob, now())
+                RETURNING {_ENDPOINT}
+                """
+            ).bindparams(bindparam("types", type_=JSONB)),
+            {
+                "id": endpoint_id,
+                "uid": user_id,
+                "url": url,
+                "types": list(event_types),
+                "kid": key_id,
+                "blob": ciphertext,
+            },
+        )
+    ).one()
+    return EndpointRow(**row._mapping)
+
+
+async def get_endpoint(
+    session: AsyncSession, endpoint_id: uuid.UUID, *, for_update: bool = False
+) -> EndpointRow | None:
+    lock = " FOR UPDATE" if for_update else ""
+    row = (
+        await session.execute(
+            text(f"SELECT {_ENDPOINT} FROM webhook_endpoint WHERE id = :id{lock}"),
+            {"id": endpoint_id},
+        )
+    ).first()
+    return EndpointRow(**row._mapping) if row else None
+
+
+async def list_endpoints(session: AsyncSession, user_id: str) -> list[EndpointRow]:
+    rows = await session.execute(
+        text(
+            f"SELECT {_ENDPOINT} FROM webhook_endpoint "
+            "WHERE user_id = :uid AND deleted_at IS NULL ORDER BY created_at, id"
+        ),
+        {"uid": user_id},
+    )
+    return [EndpointRow(**r._mapping) for r in rows]
+
+
+async def delete_endpoint(session: AsyncSession, user_id: str, endpoint_id: uuid.UUID) -> bool:
+    """Soft delete (deliveries keep their history); pending deliveries are dropped (dead)."""
+    result = await session.execute(
+        text(
+            "UPDATE webhook_endpoint SET deleted_at = now() "
+            "WHERE id = :id AND user_id = :uid AND deleted_at IS NULL"
+        ),
+        {"id": endpoint_id, "uid": user_id},
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return False
+    await session.execute(
+        text(
+            "UPDATE webhook_delivery SET status = 'dead', last_error = 'endpoint deleted' "
+            "WHERE endpoint_id = :id AND status IN ('pending', 'failed')"
+        ),
+        {"id": endpoint_id},
+    )
+    return True
+
+
+async def rotate_secret(
+    session: AsyncSession,
+    endpoint_id: uuid.UUID,
+    *,
+    key_id: str,
+    ciphertext: bytes,
+    previous_key_id: str,
+    previous_ciphertext: bytes,
+    grace_s: float,
+) -> EndpointRow:
+    row = (
+        await session.execute(
+            text(
+                f"""
+                UPDATE webhook_endpoint SET key_id = :kid, secret_ciphertext = :blob,
+                       previous_key_id = :pkid, previous_secret_ciphertext = :pblob,
+                       previous_valid_until = now() + make_interval(secs => :grace)
+                WHERE id = :id
+                RETURNING {_ENDPOINT}
+                """
+            ),
+            {
+                "id": endpoint_id,
+                "kid": key_id,
+                "blob": ciphertext,
+                "pkid": previous_key_id,
+                "pblob": previous_ciphertext,
+                "grace": grace_s,
+            },
+        )
+    ).one()
+    return EndpointRow(**row._mapping)
+
+
+# ---- fan-out (the relay's publish transaction) ------------------------------------------------
+
+
+async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:
+    """One delivery per published domain event and matching live endpoint of the job's owner.
+    Idempotent (unique endpoint and event): a row published twice fans out once."""
+    if not event_ids:
+        return 0
+    result = await session.execute(
+        text(
+            """
+            INSERT INTO webhook_delivery (endpoint_id, event_id, job_id, webhook_id, event_type,
+                                          occurred_at, status, attempt_count, next_attempt_at,
+                                          created_at)
+            SELECT e.id, o.id, o.aggregate_id,
+                   'msg_' || o.id || '_' || replace(e.id::text, '-', ''),
+                   o.event_type, o.created_at, 'pending', 0, now(), now()
+            FROM outbox_event o
+            JOIN ai_job j ON j.id = CASE WHEN o.aggregate_id ~* :uuid_re
+                                         THEN o.aggregate_id::uuid END
+            JOIN webhook_endpoint e ON e.user_id = j.user_id AND e.deleted_at IS NULL
+                                   AND e.event_types ? o.event_type
+            WHERE o.id = ANY(:ids) AND o.status = 'published' AND o.event_type = ANY(:types)
+            ON CONFLICT (endpoint_id, event_id) DO NOTHING
+            """
+        ),
+        {"ids": list(event_ids), "types": list(WEBHOOK_EVENTS), "uuid_re": _UUID_RE},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ---- the deliverer ----------------------------------------------------------------------------
+
+
+async def claim_due(
+    session: AsyncSession,
+    *,
+    limit: int,
+    busy_endpoints: Sequence[uuid.UUID],
+    lease_s: float,
+) -> list[DeliveryRow]:
+    """Due deliveries, at most one per endpoint and none for `busy_endpoints` (in flight in this
+    process): a slow receiver holds one slot, never the others' turn. The claim pushes
+    `next_attempt_at` a lease ahead and counts the attempt."""
+    rows = await session.execute(
+        text(
+            f"""
+            WITH due AS (
+                SELECT id, endpoint_id, next_attempt_at FROM webhook_delivery
+                WHERE status IN ('pending', 'failed') AND next_attempt_at <= now()
+                  AND NOT (endpoint_id = ANY(CAST(:busy AS uuid[])))
+                ORDER BY next_attempt_at, id
+                LIMIT :scan
+                FOR UPDATE SKIP LOCKED),
+            one_each AS (
+                SELECT id FROM (
+                    SELECT id, next_attempt_at, row_number() OVER (
+                        PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
+                    FROM due) ranked
+                WHERE rn = 1
+                ORDER BY next_attempt_at, id
+                LIMIT :lim)
+            UPDATE webhook_delivery d
+               SET next_attempt_at = now() + make_interval(secs => :lease),
+                   attempt_count = d.attempt_count + 1
+            FROM one_each WHERE d.id = one_each.id
+            RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
+            """
+        ),
+        {"busy": list(busy_endpoints), "scan": limit * 10, "lim": limit, "lease": lease_s},
+    )
+    return sorted((DeliveryRow(**r._mapping) for r in rows), key=lambda r: r.id)
+
+
+async def mark_delivered(
+    session: AsyncSession, delivery_id: int, *, attempt: int, status_code: int
+) -> bool:
+    """Only the claim that made `attempt` may record it (a lease that expired was re-claimed)."""
+    result = await session.execute(
+        text(
+            """
+            UPDATE webhook_delivery SET status = 'delivered', delivered_at = now(),
+                   last_status_code = :code, last_error = NULL
+            WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
+            """
+        ),
+        {"id": delivery_id, "attempt": attempt, "code": status_code},
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def mark_attempt_failed(
+    session: AsyncSession,
+    delivery_id: int,
+    *,
+    attempt: int,
+    status_code: int | None,
+    error: str,
+    retry_in_s: float,
+    retry_for_s: float,
+) -> str | None:
+    """Back off (`failed`, due in `retry_in_s`), or `dead` once `retry_for_s` have passed since
+    the event (or its last replay). Returns the new status (None: not this claim's row)."""
+    row = (
+        await session.execute(
+            text(
+                """
+                UPDATE webhook_delivery SET
+                    status = CASE WHEN coalesce(replayed_at, created_at)
+                                       + make_interval(secs => :for_s) <= now()
+                                  THEN 'dead' ELSE 'failed' END,
+                    next_attempt_at = now() + make_interval(secs => :retry_in),
+                    last_status_code = :code, last_error = left(:err, 300)
+                WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
+                RETURNING status
+                """
+            ),
+            {
+                "id": delivery_id,
+                "attempt": attempt,
+                "code": status_code,
+                "err": error,
+                "retry_in": retry_in_s,
+                "for_s": retry_for_s,
+            },
+        )
+    ).first()
+    return str(row.status) if row else None
+
+
+async def mark_dead(session: AsyncSession, delivery_id: int, *, attempt: int, error: str) -> None:
+    await session.execute(
+        text(
+            "UPDATE webhook_delivery SET status = 'dead', last_error = left(:err, 300) "
+            "WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')"
+        ),
+        {"id": delivery_id, "attempt": attempt, "err": error},
+    )
+
+
+# ---- operators ----------------------------------------------------------------------------------
+
+
+async def list_deliveries(
+    session: AsyncSession, *, status: str | None, before_id: int | None, limit: int
+) -> list[DeliveryRow]:
+    """Newest first, keyset on id."""
+    rows = await session.execute(
+        text(
+            f"""
+            SELECT {_DELIVERY} FROM webhook_delivery
+            WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
+              AND (CAST(:before AS bigint) IS NULL OR id < CAST(:before AS bigint))
+            ORDER BY id DESC LIMIT :lim
+            """
+        ),
+        {"status": status, "before": before_id, "lim": limit},
+    )
+    return [DeliveryRow(**r._mapping) for r in rows]
+
+
+async def get_delivery(session: AsyncSession, delivery_id: int) -> DeliveryRow | None:
+    row = (
+        await session.execute(
+            text(f"SELECT {_DELIVERY} FROM webhook_delivery WHERE id = :id"), {"id": delivery_id}
+        )
+    ).first()
+    return DeliveryRow(**row._mapping) if row else None
+
+
+async def replay(session: AsyncSession, delivery_id: int) -> DeliveryRow | None:
+    """A delivered, failed or dead delivery goes out again now, with the same webhook-id and a
+    fresh retry window. None when missing or not replayable (pending: it goes out anyway)."""
+    row = (
+        await session.execute(
+            text(
+                f"""
+                UPDATE webhook_delivery SET status = 'pending', next_attempt_at = now(),
+                       attempt_count = 0, replayed_at = now(), delivered_at = NULL
+                WHERE id = :id AND status = ANY(:ok)
+                RETURNING {_DELIVERY}
+                """
+            ),
+            {"id": delivery_id, "ok": list(REPLAYABLE)},
+        )
+    ).first()
+    return DeliveryRow(**row._mapping) if row else None

@@ -1,0 +1,237 @@
+"""Job status streams (server-sent events) over real HTTP: woken by PostgreSQL LISTEN/NOTIFY,
+closed after a terminal state, resumable with Last-Event-ID, one hub queue per client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from api.events import JobEventHub
+from tests.conftest import Stack, running_stack
+from tests.e2e.conftest import Api, assert_problem, start_api
+
+
+@dataclass
+class Event:
+    id: str | None
+    event: str | None
+    data: dict[str, Any]
+
+
+async def events_of(response: httpx.Response) -> AsyncIterator[Event | str]:
+    """Parses an event stream: yields Events, and comments as their text."""
+    fields: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if line == "":
+            if "data" in fields:
+                yield Event(fields.get("id"), fields.get("event"), json.loads(fields["data"]))
+            fields = {}
+        elif line.startswith(":"):
+            yield line[1:].strip()
+        else:
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+def hub(api: Api) -> JobEventHub:
+    h: JobEventHub = api.app.state.aijobs.events
+    return h
+
+
+async def collect(
+    api: Api, path: str, headers: dict[str, str], *, until: Any, timeout: float = 30
+) -> tuple[list[Event], bool]:
+    """Reads `path` until `until(events)` is true or the server closes it: (events, closed)."""
+    got: list[Event] = []
+    closed = False
+    async with asyncio.timeout(timeout):
+        async with api.http.stream("GET", path, headers=headers) as r:
+            assert r.status_code == 200, await r.aread()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for item in events_of(r):
+                if isinstance(item, Event):
+                    got.append(item)
+                    if until(got):
+                        return got, False
+            closed = True
+    return got, closed
+
+
+async def wait_for(cond: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_job_stream_follows_it_to_succeeded_and_closes(api: Api, workers: Stack) -> None:
+    job_id = await api.create_id(input={"delayMs": 1500})
+    events, closed = await collect(
+        api, f"/api/ai/jobs/{job_id}/events", api.as_user(), until=lambda _: False
+    )
+    assert closed
+    states = [e.data["lifecycleStatus"] for e in events]
+    assert states[0] == "queued" or states[0] == "running", states
+    for wanted in ("running", "succeeded"):
+        assert wanted in states, states
+    assert states[-1] == "succeeded"
+    assert states.index("running") < states.index("succeeded")
+    assert all(e.event == "status" for e in events)
+    ids = [int(e.id or 0) for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids), ids
+    assert events[-1].data["result"]["artifactCount"] == 1
+    assert events[-1].data["jobId"] == job_id
+
+
+async def test_queued_running_succeeded_in_order(api: Api, env: Any, temporal_client: Any) -> None:
+    """Without workers the job stays queued; the stream shows it, then the workers start."""
+    job_id = await api.create_id(input={"delayMs": 800})
+    path = f"/api/ai/jobs/{job_id}/events"
+    got: list[Event] = []
+
+    async def read() -> None:
+        async with api.http.stream("GET", path, headers=api.as_user()) as r:
+            async for item in events_of(r):
+                if isinstance(item, Event):
+                    got.append(item)
+
+    reader = asyncio.create_task(read())
+    await wait_for(lambda: len(got) >= 1)
+    assert got[0].data["lifecycleStatus"] == "queued"
+    async with running_stack(env(), temporal_client, queues=("ai-interactive",)):
+        await asyncio.wait_for(reader, 60)
+    states = [e.data["lifecycleStatus"] for e in got]
+    assert states[0] == "queued" and states[-1] == "succeeded"
+    assert states.index("queued") < states.index("running") < states.index("succeeded")
+
+
+async def test_last_event_id_resumes(api: Api, workers: Stack) -> None:
+    job_id = await api.create_id()
+    done = await api.wait_status(job_id)
+    assert done["lifecycleStatus"] == "succeeded"
+    path = f"/api/ai/jobs/{job_id}/events"
+    events, closed = await collect(api, path, api.as_user(), until=lambda _: False)
+    assert closed and [e.data["lifecycleStatus"] for e in events] == ["succeeded"]
+    last = events[-1].id
+    assert last is not None
+    # Already seen: nothing is sent, the stream ends at once.
+    again, closed = await collect(
+        api, path, {**api.as_user(), "Last-Event-ID": last}, until=lambda _: False
+    )
+    assert closed and again == []
+    # An older id: the current state is sent.
+    older, closed = await collect(
+        api, path, {**api.as_user(), "Last-Event-ID": str(int(last) - 1)}, until=lambda _: False
+    )
+    assert closed and [e.id for e in older] == [last]
+    bad = await api.http.get(path, headers={**api.as_user(), "Last-Event-ID": "x"})
+    assert_problem(bad, 422, "VALIDATION_FAILED")
+
+
+async def test_other_users_and_missing_jobs_get_404(api: Api) -> None:
+    job_id = await api.create_id()
+    theirs = await api.http.get(f"/api/ai/jobs/{job_id}/events", headers=api.as_user("bob"))
+    missing = await api.http.get(f"/api/ai/jobs/{uuid.uuid4()}/events", headers=api.as_user())
+    assert_problem(theirs, 404, "JOB_NOT_FOUND")
+    assert theirs.json() == missing.json()
+    assert_problem(await api.http.get(f"/api/ai/jobs/{job_id}/events"), 401, "UNAUTHENTICATED")
+    # An admin may follow anyone's job.
+    events, _ = await collect(
+        api, f"/api/ai/jobs/{job_id}/events", api.as_admin(), until=lambda ev: len(ev) >= 1
+    )
+    assert events[0].data["lifecycleStatus"] == "queued"
+
+
+async def test_the_all_jobs_stream_sees_two_jobs(api: Api, workers: Stack) -> None:
+    got: list[Event] = []
+    before = hub(api).subscriber_count
+
+    async def read() -> None:
+        async with api.http.stream("GET", "/api/ai/jobs/events", headers=api.as_user()) as r:
+            assert r.status_code == 200
+            async for item in events_of(r):
+                if isinstance(item, Event):
+                    got.append(item)
+
+    reader = asyncio.create_task(read())
+    try:
+        await wait_for(lambda: hub(api).subscriber_count == before + 1)
+        first = await api.create_id()
+        second = await api.create_id()
+        await api.create_id("bob")  # not alice's: never on her stream
+
+        def finished() -> set[str]:
+            return {e.data["jobId"] for e in got if e.data["lifecycleStatus"] == "succeeded"}
+
+        await wait_for(lambda: finished() == {first, second}, timeout=30)
+        assert {e.data["jobId"] for e in got} == {first, second}
+        assert not reader.done()  # not closed by a terminal state
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    await wait_for(lambda: hub(api).subscriber_count == before)
+
+
+async def test_a_disconnecting_client_frees_its_queue(api: Api) -> None:
+    job_id = await api.create_id()
+    before = hub(api).subscriber_count
+    streams = []
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(5):
+            r = await stack.enter_async_context(
+                api.http.stream("GET", f"/api/ai/jobs/{job_id}/events", headers=api.as_user())
+            )
+            streams.append(r)
+        await wait_for(lambda: hub(api).subscriber_count == before + 5)
+    await wait_for(lambda: hub(api).subscriber_count == before)
+
+
+async def test_keep_alive_comments_and_reconnect(db: Any, env: Any, workers: Stack) -> None:
+    """A short ping interval shows the keep-alive comments; a dropped LISTEN connection is
+    re-established and the stream still sees the job end."""
+    async with start_api(env(SSE_PING_S=0.2)) as fast:
+        job_id = await fast.create_id(input={"delayMs": 2500})
+        comments: list[str] = []
+        got: list[Event] = []
+
+        async def read() -> None:
+            path = f"/api/ai/jobs/{job_id}/events"
+            async with fast.http.stream("GET", path, headers=fast.as_user()) as r:
+                async for item in events_of(r):
+                    if isinstance(item, Event):
+                        got.append(item)
+                    else:
+                        comments.append(item)
+
+        reader = asyncio.create_task(read())
+        await wait_for(lambda: hub(fast).connects == 1 and len(comments) >= 2)
+        await hub(fast).drop_connection_for_tests()
+        await wait_for(lambda: hub(fast).connects == 2)
+        await asyncio.wait_for(reader, 60)
+        states = [e.data["lifecycleStatus"] for e in got]
+        assert states[0] in ("queued", "running") and states[-1] == "succeeded", states
+
+
+async def test_the_all_jobs_stream_resumes_with_last_event_id(api: Api) -> None:
+    first = await api.create_id()
+    second = await api.create_id()
+    await api.create_id("bob")
+    events, closed = await collect(
+        api,
+        "/api/ai/jobs/events",
+        {**api.as_user(), "Last-Event-ID": "0"},
+        until=lambda ev: len(ev) >= 2,
+    )
+    assert not closed
+    assert {e.data["jobId"] for e in events} == {first, second}
+    assert all(e.data["lifecycleStatus"] == "queued" for e in events)
+    await wait_for(lambda: hub(api).subscriber_count == 0)

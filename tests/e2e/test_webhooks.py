@@ -1,0 +1,514 @@
+"""Signed webhooks end to end: the API registers receivers, a synthetic job runs through the
+relay, and the deliverer POSTs to a real HTTP receiver (`http.server` on 127.0.0.1 in a thread).
+Signatures are checked with the Standard Webhooks algorithm written out here from the spec."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from temporalio.client import Client
+
+from activities.webhooks import WebhookConfig, WebhookDeliverer, http_client
+from db.session import SessionMaker
+from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
+from engine.definition import SYSTEM_QUEUE
+from jobs.credentials import credential_cipher
+from jobs.webhooks import UrlRefused, address_is_public, check_url
+from runtime.wiring import build_parts
+from runtime.worker import run_workers
+from tests.conftest import Stack
+from tests.e2e.conftest import Api, assert_problem, start_api
+
+ALL_EVENTS = ["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
+
+
+# ---- the receiver ---------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    """Answers each POST with the next scripted status (then 200) and records it."""
+
+    statuses: list[int] = field(default_factory=list)
+    requests: list[Received] = field(default_factory=list)
+    url: str = ""
+
+    async def wait_for(self, n: int, timeout: float = 15.0) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(self.requests)} of {n} deliveries in {timeout}s")
+            await asyncio.sleep(0.02)
+        return list(self.requests)
+
+
+@contextlib.contextmanager
+def receiver(*statuses: int) -> Iterator[Receiver]:
+    rec = Receiver(list(statuses))
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            with lock:
+                code = rec.statuses.pop(0) if rec.statuses else 200
+                rec.requests.append(
+                    Received({k.lower(): v for k, v in self.headers.items()}, body, time.time())
+                )
+            self.send_response(code)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+# ---- Standard Webhooks verification, from the spec -------------------------------------------
+
+
+def expected_signature(secret: str, msg_id: str, timestamp: str, body: bytes) -> str:
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = msg_id.encode() + b"." + timestamp.encode() + b"." + body
+    return base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def verified_by(secret: str, req: Received) -> bool:
+    """True when one of the `v1,` signatures of the request is the secret's (constant-time)."""
+    want = expected_signature(
+        secret, req.headers["webhook-id"], req.headers["webhook-timestamp"], req.body
+    )
+    for entry in req.headers["webhook-signature"].split(" "):
+        version, _, sig = entry.partition(",")
+        if version == "v1" and hmac.compare_digest(sig, want):
+            return True
+    return False
+
+
+def assert_fresh(req: Received) -> None:
+    assert abs(int(req.headers["webhook-timestamp"]) - time.time()) < 60
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+TEST_CONFIG = WebhookConfig(
+    allow_private=True,
+    retry_base_s=0.3,
+    retry_max_s=1.0,
+    poll_interval_s=0.05,
+    request_timeout_s=3.0,
+    connect_timeout_s=1.0,
+)
+
+
+@pytest.fixture
+async def deliverer(workers: Stack) -> AsyncIterator[WebhookDeliverer]:
+    d = WebhookDeliverer(
+        workers.parts.sessionmaker, credential_cipher(workers.settings), TEST_CONFIG
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+    yield d
+    stop.set()
+    await asyncio.wait_for(task, 15)
+
+
+async def register(api: Api, url: str, user: str = "alice", **body: Any) -> dict[str, Any]:
+    r = await api.http.post(
+        "/api/ai/webhooks", json={"url": url, **body}, headers=api.as_user(user)
+    )
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+async def deliveries(api: Api, status: str | None = None) -> list[dict[str, Any]]:
+    params = {"status": status} if status else {}
+    r = await api.http.get(
+        "/admin-api/ai/webhook-deliveries", params=params, headers=api.as_admin()
+    )
+    assert r.status_code == 200, r.text
+    items: list[dict[str, Any]] = r.json()["items"]
+    return items
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+
+async def test_a_succeeded_job_is_delivered_once_signed(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    with receiver() as rec:
+        hook = await register(api, rec.url)
+        assert hook["eventTypes"] == ALL_EVENTS
+        assert hook["secret"].startswith("whsec_")
+        assert len(base64.b64decode(hook["secret"].removeprefix("whsec_"))) == 32
+        job = await api.create_id(input={"echo": {"n": 1}})
+        final = await api.wait_status(job)
+        assert final["lifecycleStatus"] == "succeeded"
+        [req] = await rec.wait_for(1)
+        await asyncio.sleep(0.5)  # nothing else arrives
+        assert len(rec.requests) == 1
+    assert verified_by(hook["secret"], req)
+    assert req.headers["webhook-id"].startswith("msg_")
+    assert req.headers["content-type"] == "application/json"
+    assert_fresh(req)
+    body = json.loads(req.body)
+    assert body["type"] == "ai.job.completed"
+    assert isinstance(body["timestamp"], str)
+    assert body["data"] == await api.get(job)  # the JobStatusResponse a GET returns
+    [row] = await deliveries(api)
+    assert row["status"] == "delivered" and row["attemptCount"] == 1
+    assert row["messageId"] == req.headers["webhook-id"] and row["jobId"] == job
+    # A tampered body does not verify.
+    assert not verified_by(hook["secret"], Received(req.headers, req.body + b" ", req.at))
+
+
+async def test_a_retry_keeps_its_webhook_id_and_an_admin_can_replay(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    with receiver(500) as rec:
+        hook = await register(api, rec.url, eventTypes=["ai.job.completed"])
+        job = await api.create_id()
+        await api.wait_status(job, "succeeded")
+        first, second = await rec.wait_for(2)
+        assert first.headers["webhook-id"] == second.headers["webhook-id"]
+        assert verified_by(hook["secret"], first) and verified_by(hook["secret"], second)
+        assert first.body == second.body
+        deadline = time.monotonic() + 5
+        while (rows := await deliveries(api, "delivered")) == [] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        [row] = rows
+        assert row["attemptCount"] == 2 and row["lastStatusCode"] == 200
+        assert await deliveries(api, "dead") == []
+
+        r = await api.http.post(
+            f"/admin-api/ai/webhook-deliveries/{row['id']}/replay", headers=api.as_admin()
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "pending"
+        third = (await rec.wait_for(3))[2]
+        assert third.headers["webhook-id"] == first.headers["webhook-id"]
+        assert verified_by(hook["secret"], third)
+    r = await api.http.post(
+        "/admin-api/ai/webhook-deliveries/999999/replay", headers=api.as_admin()
+    )
+    assert_problem(r, 404, "WEBHOOK_DELIVERY_NOT_FOUND")
+    r = await api.http.get("/admin-api/ai/webhook-deliveries", headers=api.as_user())
+    assert r.status_code == 403
+
+
+async def test_a_failed_job_goes_only_to_endpoints_that_asked_for_failures(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    with receiver() as failures, receiver() as completions:
+        hook = await register(api, failures.url, eventTypes=["ai.job.failed"])
+        await register(api, completions.url, eventTypes=["ai.job.completed"])
+        await register(api, completions.url, user="bob")  # someone else's job events
+        job = await api.create_id(input={"failTimes": 100, "failCode": "CONTENT_SAFETY_BLOCKED"})
+        final = await api.wait_status(job)
+        assert final["lifecycleStatus"] == "failed"
+        [req] = await failures.wait_for(1)
+        await asyncio.sleep(0.5)
+        assert completions.requests == [] and len(failures.requests) == 1
+    assert verified_by(hook["secret"], req)
+    body = json.loads(req.body)
+    assert body["type"] == "ai.job.failed"
+    assert body["data"] == await api.get(job)
+    assert body["data"]["errorCode"] == "CONTENT_SAFETY_BLOCKED"
+
+
+async def test_a_cancelled_running_job_is_delivered(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    with receiver() as rec:
+        hook = await register(api, rec.url)
+        job = await api.create_id(input={"hang": True})
+        await api.wait_status(job, "running")
+        assert (await api.cancel(job)).status_code == 202
+        assert (await api.wait_status(job))["lifecycleStatus"] == "cancelled"
+        [req] = await rec.wait_for(1)
+    assert verified_by(hook["secret"], req)
+    body = json.loads(req.body)
+    assert body["type"] == "ai.job.cancelled" and body["data"] == await api.get(job)
+
+
+async def test_a_dead_or_hanging_receiver_delays_neither_others_nor_the_job(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(16)  # accepts connections (backlog), never answers
+    try:
+        with receiver() as rec:
+            await register(api, f"http://127.0.0.1:{closed_port()}/hook")
+            await register(api, f"http://127.0.0.1:{hanging.getsockname()[1]}/hook")
+            hook = await register(api, rec.url)
+            started = time.monotonic()
+            job = await api.create_id()
+            final = await api.wait_status(job, timeout=15)
+            assert final["lifecycleStatus"] == "succeeded"
+            succeeded_at = time.time()
+            assert time.monotonic() - started < 10
+            [req] = await rec.wait_for(1, timeout=TEST_CONFIG.request_timeout_s)
+            # Well inside the hanging receiver's time limit: it held only its own slot.
+            assert req.at - succeeded_at < TEST_CONFIG.request_timeout_s / 2
+            assert verified_by(hook["secret"], req)
+            # The dead receiver is retried meanwhile, not delivered.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                rows = {r["status"] for r in await deliveries(api)}
+                if "failed" in rows:
+                    break
+                await asyncio.sleep(0.05)
+            assert "failed" in rows
+            assert len(rec.requests) == 1
+    finally:
+        hanging.close()
+
+
+async def test_rotation_signs_with_both_secrets_during_the_grace_period(
+    api: Api, workers: Stack, deliverer: WebhookDeliverer
+) -> None:
+    with receiver() as rec:
+        hook = await register(api, rec.url)
+        r = await api.http.post(
+            f"/api/ai/webhooks/{hook['webhookId']}/rotate", headers=api.as_user()
+        )
+        assert r.status_code == 200, r.text
+        rotated = r.json()
+        assert rotated["secret"] != hook["secret"] and rotated["secret"].startswith("whsec_")
+        assert rotated["previousSecretValidUntil"]
+        job = await api.create_id()
+        await api.wait_status(job, "succeeded")
+        [req] = await rec.wait_for(1)
+    signatures = req.headers["webhook-signature"].split(" ")
+    assert len(signatures) == 2 and all(s.startswith("v1,") for s in signatures)
+    assert verified_by(hook["secret"], req) and verified_by(rotated["secret"], req)
+    assert not verified_by("whsec_" + base64.b64encode(b"x" * 32).decode(), req)
+
+
+async def test_secrets_are_never_listed_and_only_the_owner_may_delete(
+    api: Api, db: SessionMaker
+) -> None:
+    hook = await register(api, "http://127.0.0.1:9/hook", eventTypes=["ai.job.failed"])
+    r = await api.http.get("/api/ai/webhooks", headers=api.as_user())
+    assert r.status_code == 200
+    [item] = r.json()["items"]
+    assert "secret" not in item and hook["secret"] not in r.text
+    assert hook["secret"].removeprefix("whsec_") not in r.text
+    assert item["eventTypes"] == ["ai.job.failed"]
+    assert (await api.http.get("/api/ai/webhooks", headers=api.as_user("bob"))).json() == {
+        "items": []
+    }
+    wid = hook["webhookId"]
+    r = await api.http.delete(f"/api/ai/webhooks/{wid}", headers=api.as_user("bob"))
+    assert_problem(r, 404, "WEBHOOK_NOT_FOUND")
+    r = await api.http.post(f"/api/ai/webhooks/{wid}/rotate", headers=api.as_user("bob"))
+    assert_problem(r, 404, "WEBHOOK_NOT_FOUND")
+    r = await api.http.delete(f"/api/ai/webhooks/{wid}", headers=api.as_user())
+    assert r.status_code == 204
+    assert (await api.http.get("/api/ai/webhooks", headers=api.as_user())).json()["items"] == []
+    r = await api.http.delete(f"/api/ai/webhooks/{wid}", headers=api.as_user())
+    assert_problem(r, 404, "WEBHOOK_NOT_FOUND")
+    # The secret is stored encrypted.
+    async with db() as s:
+        blob = (await s.execute(text("SELECT secret_ciphertext FROM webhook_endpoint"))).scalar()
+    assert blob is not None and hook["secret"].encode() not in bytes(blob)
+
+
+async def test_registration_validates_its_body(api: Api) -> None:
+    for body in (
+        {"url": "ftp://example.com/x"},
+        {"url": "http://127.0.0.1/x", "eventTypes": ["ai.job.enqueue"]},
+        {"url": "http://127.0.0.1/x", "eventTypes": []},
+        {"url": "http://user:pw@127.0.0.1/x"},
+        {"url": "not a url"},
+    ):
+        r = await api.http.post("/api/ai/webhooks", json=body, headers=api.as_user())
+        assert_problem(r, 422, "VALIDATION_FAILED")
+
+
+async def test_production_refuses_private_urls_and_needs_an_encryption_key(
+    db: SessionMaker, env: Any
+) -> None:
+    settings = env(AIJOBS_ENV="production", JWT_SECRET="e2e-" + "s" * 40)
+    async with start_api(settings) as prod:
+        r = await prod.http.post(
+            "/api/ai/webhooks", json={"url": "https://hooks.example.com/x"}, headers=prod.as_user()
+        )
+        assert_problem(r, 503, "CREDENTIAL_STORAGE_UNAVAILABLE")
+    key = "k1:" + base64.b64encode(b"K" * 32).decode()
+    settings = env(
+        AIJOBS_ENV="production", JWT_SECRET="e2e-" + "s" * 40, CREDENTIAL_ENCRYPTION_KEY=key
+    )
+    async with start_api(settings) as prod:
+        for url in ("http://127.0.0.1/x", "https://10.0.0.1/x", "https://[::1]/x"):
+            r = await prod.http.post("/api/ai/webhooks", json={"url": url}, headers=prod.as_user())
+            assert_problem(r, 422, "VALIDATION_FAILED")
+
+
+# ---- the URL rule, with a stub resolver -----------------------------------------------------
+
+DNS = {
+    "localhost": ["127.0.0.1", "::1"],
+    "hooks.example.com": ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"],
+    "mixed.example.com": ["93.184.216.34", "10.1.2.3"],
+    "v6private.example.com": ["2606:2800:220:1:248:1893:25c8:1946", "fd00::1"],
+    "metadata.example.com": ["169.254.169.254"],
+    "mapped.example.com": ["::ffff:127.0.0.1"],
+}
+
+
+async def stub_resolver(host: str, port: int) -> list[str]:
+    if host not in DNS:
+        raise OSError("no such host")
+    return DNS[host]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/hook",
+        "http://hooks.example.com/hook",  # http, even to a public host
+        "https://10.0.0.1/hook",
+        "https://localhost/hook",
+        "https://[::1]/hook",
+        "https://mixed.example.com/hook",  # every address must be public
+        "https://v6private.example.com/hook",
+        "https://metadata.example.com/hook",
+        "https://mapped.example.com/hook",
+        "https://unknown.example.com/hook",
+        "https://100.64.0.1/hook",
+        "https://224.0.0.1/hook",
+        "https://0.0.0.0/hook",
+        "https://[fe80::1]/hook",
+        "https://[ff02::1]/hook",
+        "https://192.168.1.1:8443/hook",
+    ],
+)
+async def test_production_url_rule_refuses(url: str) -> None:
+    with pytest.raises(UrlRefused):
+        await check_url(url, allow_private=False, resolve=stub_resolver)
+
+
+async def test_production_url_rule_accepts_public_https() -> None:
+    url = "https://hooks.example.com/hook?x=1"
+    assert await check_url(url, allow_private=False, resolve=stub_resolver) == url
+    assert await check_url("https://93.184.216.34/h", allow_private=False, resolve=stub_resolver)
+    # Development: http and loopback are fine.
+    assert await check_url("http://127.0.0.1:9/h", allow_private=True, resolve=stub_resolver)
+    assert address_is_public("2606:2800:220:1:248:1893:25c8:1946")
+    assert not address_is_public("::ffff:10.0.0.1")
+
+
+async def test_the_delivery_connection_refuses_a_host_that_now_resolves_inward() -> None:
+    """DNS rebinding: at delivery time the connection re-resolves and checks every address."""
+
+    async def rebound(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    with receiver() as rec:
+        port = rec.url.split(":")[2].split("/")[0]
+        async with http_client(WebhookConfig(allow_private=False), rebound) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.post(f"https://hooks.example.com:{port}/hook", content=b"{}")
+            with pytest.raises(httpx.ConnectError):
+                await client.post(f"https://127.0.0.1:{port}/hook", content=b"{}")
+        assert rec.requests == []
+
+
+async def test_the_ai_system_worker_runs_the_deliverer(
+    api: Api, workers: Stack, temporal_client: Client
+) -> None:
+    """No deliverer of the test's own here: the `ai-system` worker process brings one."""
+    settings = workers.settings
+    parts = build_parts(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(temporal_client, parts, [SYSTEM_QUEUE], stop))
+    try:
+        with receiver() as rec:
+            hook = await register(api, rec.url)
+            job = await api.create_id()
+            await api.wait_status(job, "succeeded")
+            [req] = await rec.wait_for(1)
+        assert verified_by(hook["secret"], req)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await parts.close()
+        suffix = settings.task_queue_suffix
+        with contextlib.suppress(Exception):
+            await temporal_client.get_schedule_handle(RECONCILER_SCHEDULE_ID + suffix).delete()
+        with contextlib.suppress(Exception):
+            await temporal_client.get_workflow_handle(RELAY_WORKFLOW_ID + suffix).terminate()
+
+
+async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack) -> None:
+    config = WebhookConfig(
+        allow_private=True, retry_base_s=0.1, retry_max_s=0.2, retry_for_s=1.0, poll_interval_s=0.05
+    )
+    d = WebhookDeliverer(workers.parts.sessionmaker, credential_cipher(workers.settings), config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+    try:
+        await register(api, f"http://127.0.0.1:{closed_port()}/hook")
+        job = await api.create_id()
+        await api.wait_status(job, "succeeded")
+        deadline = time.monotonic() + 10
+        while not (dead := await deliveries(api, "dead")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        [row] = dead
+        assert row["attemptCount"] >= 3 and row["lastStatusCode"] is None
+        assert row["lastError"] and len(row["lastError"]) <= 300
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
+    d = WebhookDeliverer(None, None, WebhookConfig())  # type: ignore[arg-type]
+    for attempt, nominal in ((1, 30), (2, 60), (3, 120), (7, 1920), (8, 3600), (30, 3600)):
+        delays = [d.backoff_s(attempt) for _ in range(50)]
+        assert all(0.75 * nominal <= x < 1.25 * nominal for x in delays), (attempt, delays)
+        assert len(set(delays)) > 1
