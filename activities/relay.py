@@ -69,6 +69,8 @@ class RelayConfig:
     batch_size: int = 100
     max_in_flight: int = 64
     release_every_s: float = 5.0
+    # Attach the jobs' fairness keys when starting their workflows.
+    fairness: bool = True
     owner: str = field(
         default_factory=lambda: f"relay:{socket.gethostname()}:{os.getpid()}:{id(object())}"
     )
@@ -264,7 +266,7 @@ class Relay:
             job_type = str(p["jobType"])
             queue = str(p["queueName"])
             priority = int(p.get("priority", 50))
-            fairness_key = str(p.get("fairnessKey") or "")[:64]
+            fairness_key = str(p.get("fairnessKey") or "")[:64] if self.config.fairness else ""
             fairness_weight = float(p.get("fairnessWeight") or 1.0)
         except (KeyError, TypeError, ValueError):
             return DispatchFailure("malformed", "malformed enqueue payload")

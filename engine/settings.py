@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     # Fairness on the job task queues: per-user weights ("user=weight,..."; default weight 1).
     # A user's share of the provider slots when others wait is proportional to the weight.
     fairness_weights: str = Field(default="", alias="FAIRNESS_WEIGHTS")
+    # Off: jobs carry no fairness key and wait in arrival order within a priority (the bench's
+    # baseline for the fairness figure).
+    fairness_enabled: bool = Field(default=True, alias="FAIRNESS_ENABLED")
     # Provider calls per second across every worker of a job task queue (server-enforced by
     # Temporal's task-queue rate limit; 0 = unlimited).
     provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")

@@ -122,6 +122,7 @@ def relay_config(settings: Settings) -> RelayConfig:
         task_queue_suffix=settings.task_queue_suffix,
         poll_interval_s=settings.relay_poll_interval_s,
         lock_ttl_s=settings.outbox_lock_ttl_s,
+        fairness=settings.fairness_enabled,
     )
 
 
