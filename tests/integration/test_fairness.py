@@ -59,7 +59,9 @@ async def test_a_second_user_is_not_starved_by_a_backlog(
         # In arrival order B would wait for the rest of A's backlog (dozens of jobs); fair
         # dispatch alternates between the two users once B waits.
         print("A jobs run while B waited:", a_while_b_waited, "of", 40 - a_done_when_b_came)
-        assert a_while_b_waited <= 8, (a_while_b_waited, a_done_when_b_came)
+        # Measured here: 5-7 with fairness, 25 of 39 with the keys removed. The bound leaves
+        # room for a loaded machine and the task queue's partitions.
+        assert a_while_b_waited <= 12, (a_while_b_waited, a_done_when_b_came)
         for job in a:
             await st.wait_status(job, "succeeded", timeout=120)
 
