@@ -18,6 +18,7 @@ How each figure is measured:
    bench's own statements and the idle relay's polling; pgbench on the same server for the rate.
 6. Scaling: throughput (1) with two worker processes on one task queue.
 7. Scale: list and quota queries on empty tables and on a seeded history (`bench/scale.py`).
+8. Fairness: user B's 4 jobs behind user A's backlog, fairness on and off (`bench/fairness.py`).
 """
 
 from __future__ import annotations

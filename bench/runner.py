@@ -7,6 +7,7 @@ Phases (each stops its subprocesses in a `finally`):
   C. engine stack with TWO workers: throughput (6);
   D. the API server: real routes interleaved with bare routes (4), driven by wrk;
   E. the scale figure: list and quota queries on empty tables, then on a seeded history (7).
+  F. the fairness figure: a relay + worker stack with fairness on, then one with it off (8).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from bench.infra import (
 )
 from bench.stats import median, ratio
 
-FIGURES = ("throughput", "latency", "relay", "postgres", "scaling", "api", "scale")
+FIGURES = ("throughput", "latency", "relay", "postgres", "scaling", "api", "scale", "fairness")
 DEFAULTS: dict[str, Any] = {
     "jobs": 500,
     "reps": 3,
@@ -138,6 +139,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--scale-users", type=int, help="users owning the seeded jobs (5,000)")
     p.add_argument("--scale-runs", type=int, help="timed runs per scale query (50)")
     p.add_argument(
+        "--fairness-backlogs",
+        help="comma-separated backlog sizes of user A in the fairness figure (40,200; --quick 20)",
+    )
+    p.add_argument(
+        "--fairness-delay-ms",
+        type=int,
+        default=200,
+        help="synthetic provider delay of every fairness-figure job, ms (200)",
+    )
+    p.add_argument(
         "--interactive-concurrency",
         type=int,
         default=Settings.model_fields["interactive_concurrency"].default,
@@ -178,6 +189,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if want & {"postgres", "scaling"}:
         want.add("throughput")  # commits per job and the 1-worker figure come from it
     args.want = want
+    if args.fairness_backlogs is None:
+        args.fairness_backlogs = "20" if args.quick else "40,200"
+    try:
+        args.fairness_backlogs = [int(x) for x in args.fairness_backlogs.split(",") if x.strip()]
+    except ValueError:
+        p.error("--fairness-backlogs expects comma-separated integers")
+    if not args.fairness_backlogs or min(args.fairness_backlogs) < 1:
+        p.error("--fairness-backlogs must list sizes of at least 1")
+    if args.fairness_delay_ms < 0:
+        p.error("--fairness-delay-ms must be at least 0")
     args.extra_env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
@@ -330,6 +351,10 @@ async def run_all(args: argparse.Namespace, sv: Servers, res: Results) -> None:
             await guarded(res, "api", lambda: phase_api(ctx, args, sv, knobs, res))
         if "scale" in args.want:
             await guarded(res, "scale", lambda: phase_scale(args, sv, res))
+        if "fairness" in args.want:
+            from bench.fairness import phase_fairness
+
+            await guarded(res, "fairness", lambda: phase_fairness(ctx, args, sv, knobs, res))
         derive(res)
     finally:
         await engine.dispose()
@@ -1120,6 +1145,12 @@ def render(data: dict[str, Any]) -> str:
         lines += render_scale(figs["scale"])
     elif "scale" in failed:
         lines += ["", "Scale (7): error (see below)"]
+    if "rows" in figs.get("fairness", {}):
+        from bench.fairness import render as render_fairness
+
+        lines += render_fairness(figs["fairness"])
+    elif "fairness" in failed:
+        lines += ["", "Fairness (8): error (see below)"]
     m = data["machine"]
     reps = p["reps"]
     lines.append("")

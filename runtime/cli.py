@@ -303,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--metrics-port",
         type=int,
-        default=9464,
-        help="first port of the workers' metrics endpoints (each worker gets its own)",
+        default=None,
+        help="first port of the workers' metrics endpoints (each worker gets its own; "
+        "default 9464, or free ports when those are taken)",
     )
     d.set_defaults(func=cmd_dev)
 

@@ -24,6 +24,8 @@ from runtime.embedded import (
     EmbeddedPostgres,
     PortInUse,
     TemporalDevServer,
+    free_port,
+    port_is_free,
     require_free,
     start_postgres,
     start_temporal,
@@ -119,7 +121,11 @@ def run_dev(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     external_db = bool(settings.database_url)
     external_temporal = bool(settings.temporal_address)
-    metrics_ports = worker_metrics_ports(getattr(args, "metrics_port", DEFAULT_METRICS_PORT))
+    chosen = getattr(args, "metrics_port", None)
+    metrics_ports = worker_metrics_ports(chosen or DEFAULT_METRICS_PORT)
+    if chosen is None and not all(port_is_free(p) for pair in metrics_ports.values() for p in pair):
+        # The defaults are taken (another local stack?): any free ports will do.
+        metrics_ports = {q: (free_port(), free_port()) for q in metrics_ports}
     try:
         require_free(args.api_port, "API, --api-port")
         for q, (own, sdk) in metrics_ports.items():

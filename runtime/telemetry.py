@@ -275,7 +275,15 @@ def start_metrics_server(settings: Settings) -> str | None:
         return None
     from prometheus_client import start_http_server
 
-    start_http_server(settings.worker_metrics_port, addr=settings.metrics_host)
+    try:
+        start_http_server(settings.worker_metrics_port, addr=settings.metrics_host)
+    except OSError as exc:
+        # Metrics must never stop a worker from working: say so and carry on without them.
+        log.error(
+            "worker metrics endpoint not started",
+            extra={"port": settings.worker_metrics_port, "error_type": type(exc).__name__},
+        )
+        return None
     return f"http://{settings.metrics_host}:{settings.worker_metrics_port}/metrics"
 
 
@@ -284,10 +292,20 @@ def temporal_runtime(settings: Settings) -> Runtime | None:
     default runtime, no metrics endpoint). Pass it to `Client.connect` before any worker."""
     if not settings.temporal_metrics_port:
         return None
-    return Runtime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(
-                bind_address=f"{settings.metrics_host}:{settings.temporal_metrics_port}"
-            )
-        )
-    )
+    address = f"{settings.metrics_host}:{settings.temporal_metrics_port}"
+    if not _port_free(settings.metrics_host, settings.temporal_metrics_port):
+        log.error("Temporal SDK metrics endpoint not started", extra={"address": address})
+        return None
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

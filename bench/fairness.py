@@ -1,0 +1,222 @@
+"""The fairness figure (8): does a user with a few jobs wait behind another user's backlog?
+
+One engine stack (relay + one worker, AI_INTERACTIVE_CONCURRENCY as the other figures) per mode,
+started with FAIRNESS_ENABLED=true, then restarted with FAIRNESS_ENABLED=false (the relay then
+starts workflows without fairness keys, so jobs wait in arrival order within a priority). Only one
+stack runs at a time: two relays would claim each other's outbox rows. The Temporal dev server
+always has `matching.enableFairness` on.
+
+Per mode: a warm-up, then per repetition
+- B alone: user `bench-b` creates 4 synthetic jobs (`delayMs` each) on the idle engine; time from
+  B's first create to B's 4th job's `finished_at`;
+- per backlog N: user `bench-a` creates N jobs, the bench waits until all N enqueue rows are
+  published (their workflows started), then B creates 4; B's time as above, and A's jobs/s =
+  N / (A's first create -> A's last `finished_at`).
+Jobs are created through `JobService.create`, as in the other figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from bench.figures import POLL_S, Ctx
+from bench.infra import EngineKnobs, EngineStack, Servers, check_alive, progress
+from bench.stats import median, ratio
+from jobs.service import CreateJobRequest
+
+USER_A = "bench-a"
+USER_B = "bench-b"
+B_JOBS = 4
+TARGET_RATIO = 1.5
+MODES = (("on", "true"), ("off", "false"))
+
+
+def _req(user: str, tag: str, i: int, delay_ms: int) -> CreateJobRequest:
+    return CreateJobRequest(
+        user_id=user,
+        job_type="synthetic",
+        target_type="bench",
+        target_id=f"fair-{tag}-{i}",
+        input={"delayMs": delay_ms},
+    )
+
+
+async def _create(ctx: Ctx, user: str, tag: str, n: int, delay_ms: int) -> float:
+    """Create `n` jobs for `user` (bounded concurrency); the wall time of the first create."""
+    sem = asyncio.Semaphore(ctx.concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await ctx.svc.create(_req(user, tag, i, delay_ms))
+
+    wall0 = time.time()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return wall0
+
+
+async def _wait(ctx: Ctx, sql: str, params: Any, n: int, timeout_s: float, what: str) -> None:
+    t0 = time.monotonic()
+    while True:
+        rows = await ctx.edb.fetchall(sql, params)
+        if int(rows[0][0]) >= n:
+            return
+        bad = await ctx.edb.fetchall(
+            "SELECT count(*) FROM ai_job WHERE lifecycle_status IN ('failed', 'cancelled')"
+        )
+        if int(bad[0][0]):
+            raise RuntimeError(f"{bad[0][0]} job(s) ended failed/cancelled")
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"{what}: only {rows[0][0]}/{n} after {timeout_s:.0f}s")
+        check_alive(ctx.watch)
+        await asyncio.sleep(POLL_S)
+
+
+async def _wait_user_done(ctx: Ctx, user: str, n: int, timeout_s: float) -> float:
+    """Until `user` has `n` succeeded jobs; the epoch of their last `finished_at`."""
+    await _wait(
+        ctx,
+        "SELECT count(*) FROM ai_job WHERE user_id = %s AND lifecycle_status = 'succeeded'",
+        (user,),
+        n,
+        timeout_s,
+        f"{user} succeeded",
+    )
+    rows = await ctx.edb.fetchall(
+        "SELECT extract(epoch FROM max(finished_at)) FROM ai_job WHERE user_id = %s", (user,)
+    )
+    return float(rows[0][0])
+
+
+async def b_alone(ctx: Ctx, delay_ms: int, tag: str) -> float:
+    await ctx.edb.truncate()
+    wall0 = await _create(ctx, USER_B, tag, B_JOBS, delay_ms)
+    return await _wait_user_done(ctx, USER_B, B_JOBS, 120.0) - wall0
+
+
+async def with_backlog(
+    ctx: Ctx, n: int, delay_ms: int, concurrency: int, tag: str
+) -> dict[str, Any]:
+    await ctx.edb.truncate()
+    a0 = await _create(ctx, USER_A, f"{tag}-a", n, delay_ms)
+    # Every A job's enqueue row published (its workflow started) before B's first create.
+    await _wait(
+        ctx,
+        "SELECT count(*) FROM outbox_event WHERE event_type = 'ai.job.enqueue' "
+        "AND status = 'published'",
+        None,
+        n,
+        60.0 + n / 10.0,
+        "A's enqueue rows published",
+    )
+    a_done_at_b = await ctx.edb.fetchall(
+        "SELECT count(*) FROM ai_job WHERE user_id = %s AND lifecycle_status = 'succeeded'",
+        (USER_A,),
+    )
+    b0 = await _create(ctx, USER_B, f"{tag}-b", B_JOBS, delay_ms)
+    # Unfair worst case: B waits for the whole backlog, N x delay / concurrency.
+    timeout = 120.0 + 3.0 * n * delay_ms / 1000 / max(1, concurrency)
+    b_end = await _wait_user_done(ctx, USER_B, B_JOBS, timeout)
+    a_end = await _wait_user_done(ctx, USER_A, n, timeout)
+    return {
+        "backlog": n,
+        "b_s": b_end - b0,
+        "a_jobs_per_s": n / (a_end - a0),
+        "a_s": a_end - a0,
+        "a_succeeded_when_b_started": int(a_done_at_b[0][0]),
+        "a_created_before_b_s": b0 - a0,
+    }
+
+
+async def phase_fairness(
+    ctx: Ctx, args: argparse.Namespace, sv: Servers, knobs: EngineKnobs, res: Any
+) -> None:
+    delay, backlogs, conc = (
+        args.fairness_delay_ms,
+        args.fairness_backlogs,
+        knobs.interactive_concurrency,
+    )
+    f = res.fig("fairness")
+    f["method"] = (
+        f"one relay + 1 worker (AI_INTERACTIVE_CONCURRENCY={conc}) per mode, restarted with "
+        f"FAIRNESS_ENABLED=true/false; synthetic jobs with delayMs={delay}; B = {B_JOBS} jobs of "
+        f"{USER_B}; backlog = jobs of {USER_A} all created and their enqueue rows published "
+        "before B's first create; times from SQL finished_at"
+    )
+    f["delay_ms"] = delay
+    f["backlogs"] = backlogs
+    f["modes"] = {}
+    for mode, flag in MODES:
+        mk = dataclasses.replace(knobs, extra_env={**knobs.extra_env, "FAIRNESS_ENABLED": flag})
+        stack = EngineStack(f"fair-{mode}", sv, mk, workers=1)
+        m: dict[str, Any] = {"alone": [], "backlog": {str(n): [] for n in backlogs}}
+        try:
+            await stack.start(ctx.client, ctx.admin)
+            ctx.watch = list(stack.procs)
+            progress(f"fairness {mode}: warm-up")
+            await with_backlog(ctx, max(8, 2 * conc), delay, conc, f"{mode}-warm")
+            for r in range(args.reps):
+                alone = await b_alone(ctx, delay, f"{mode}-r{r}-alone")
+                m["alone"].append(alone)
+                progress(f"fairness {mode} rep {r + 1}/{args.reps}: B alone {alone:.2f}s")
+                for n in backlogs:
+                    run = await with_backlog(ctx, n, delay, conc, f"{mode}-r{r}-n{n}")
+                    m["backlog"][str(n)].append(run)
+                    progress(
+                        f"fairness {mode} rep {r + 1}/{args.reps} N={n}: B {run['b_s']:.2f}s, "
+                        f"A {run['a_jobs_per_s']:.2f} jobs/s"
+                    )
+        finally:
+            ctx.watch = []
+            stack.stop()
+            res.record_procs(stack.procs)
+            await ctx.edb.truncate()
+        m["median_alone_s"] = median(m["alone"])
+        f["modes"][mode] = m
+    # B's time is compared with B alone with fairness on (the engine's default): the same
+    # 4 jobs on an idle engine, which the mode cannot change.
+    alone = f["modes"]["on"]["median_alone_s"]
+    f["b_alone_s"] = alone
+    f["b_alone_off_s"] = f["modes"]["off"]["median_alone_s"]
+    rows = []
+    for n in backlogs:
+        for mode, _ in MODES:
+            runs = f["modes"][mode]["backlog"][str(n)]
+            b = median([x["b_s"] for x in runs])
+            rows.append(
+                {
+                    "backlog": n,
+                    "mode": mode,
+                    "b_s": b,
+                    "b_ratio": ratio(b, alone),
+                    "a_jobs_per_s": median([x["a_jobs_per_s"] for x in runs]),
+                }
+            )
+    f["rows"] = rows
+    f["target"] = f"B within {TARGET_RATIO} x alone (fairness on)"
+    f["met"] = all(r["b_ratio"] <= TARGET_RATIO for r in rows if r["mode"] == "on")
+
+
+def render(f: dict[str, Any]) -> list[str]:
+    from bench.runner import _met, _n
+
+    lines = [
+        "",
+        f"Fairness (8): {B_JOBS} jobs of user B behind user A's backlog, synthetic delayMs="
+        f"{f['delay_ms']}; B alone on an idle engine {_n(f['b_alone_s'], '.2f')} s "
+        f"(fairness off: {_n(f['b_alone_off_s'], '.2f')} s)",
+        "",
+        "| Backlog N | Fairness | B's time (s) | B ÷ B alone | A's jobs/s | Target | Met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in f["rows"]:
+        on = r["mode"] == "on"
+        lines.append(
+            f"| {r['backlog']} | {r['mode']} | {_n(r['b_s'], '.2f')} | {_n(r['b_ratio'], '.2f')} "
+            f"| {_n(r['a_jobs_per_s'], '.2f')} | {'≤ ' + str(TARGET_RATIO) if on else '—'} "
+            f"| {_met(r['b_ratio'] <= TARGET_RATIO) if on else '—'} |"
+        )
+    return lines
