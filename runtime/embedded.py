@@ -185,7 +185,11 @@ def start_temporal(
     for name in SEARCH_ATTRIBUTES:
         args += ["--search-attribute", f"{name}=Keyword"]
     # Fair dispatch across users within a priority (the job activities carry fairness keys).
+    # One partition per task queue: a single dev server gains nothing from more, and priority
+    # and fairness are exact within one partition (across several they are approximate).
     args += ["--dynamic-config-value", "matching.enableFairness=true"]
+    args += ["--dynamic-config-value", "matching.numTaskqueueReadPartitions=1"]
+    args += ["--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]
     args += extra_args or []
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     from runtime.procs import die_with_parent
