@@ -104,6 +104,7 @@ class ExecuteStage(StageDeps):
         response: ProviderResponse | None = None
         failure: ExecutionFailure | None = None
         out: dict[str, Any] | None = None
+        model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
         try:
             model_in = jt.input_model.model_validate(snapshot["input"])
@@ -135,7 +136,7 @@ class ExecuteStage(StageDeps):
             begun.api_key = None
             called = True
             response = await self._call(job_id, owner, inp, provider, request)
-            out, failure = _validated_output(jt, response)
+            out, model_out, failure = _validated_output(jt, response)
         except TimeoutError:
             failure = ExecutionFailure(
                 "TIMEOUT", internal_message=f"provider call exceeded {inp.timeout_ms} ms"
@@ -205,12 +206,12 @@ class ExecuteStage(StageDeps):
                 retry_after_s=retry_after,
             )
 
-        assert out is not None and response is not None
+        assert out is not None and model_out is not None and response is not None
         digest = output_hash(out)
         usage = self._usage_row(row, attempt, response, None, latency_ms)
         # The provider answered: a database outage now must not cost another provider call.
         outcome, projected = await db_retry(
-            lambda: self._finish(row, jt, owner, attempt, usage, out, digest),
+            lambda: self._finish(row, model_out, owner, attempt, usage, out, digest),
             budget_s=cfg.db_retry_budget_s,
         )
         if outcome == "cancelled":
@@ -354,7 +355,7 @@ class ExecuteStage(StageDeps):
     async def _finish(
         self,
         row: JobRow,
-        jt: JobType,
+        validated: BaseModel,
         owner: str,
         attempt: int,
         usage: UsageRow,
@@ -383,7 +384,6 @@ class ExecuteStage(StageDeps):
             )
             try:
                 async with s.begin_nested():
-                    validated = jt.output_model.model_validate(out)
                     return "projected", await self._project_in(s, row, validated, digest, owner)
             except Exception as exc:
                 if is_transient(exc):
@@ -495,8 +495,9 @@ class ExecuteStage(StageDeps):
 
 def _validated_output(
     jt: JobType, response: ProviderResponse
-) -> tuple[dict[str, Any] | None, ExecutionFailure | None]:
-    """The output as stored (validated, redacted when the job type asks), or why it is not."""
+) -> tuple[dict[str, Any] | None, BaseModel | None, ExecutionFailure | None]:
+    """The output as stored (validated, redacted when the job type asks) and as the model the
+    projector takes, or why it is not valid."""
     try:
         validated = jt.output_model.model_validate(json.loads(response.content))
     except (ValueError, ValidationError) as exc:
@@ -505,17 +506,20 @@ def _validated_output(
             if isinstance(exc, ValidationError)
             else "output is not valid JSON"
         )
-        return None, ExecutionFailure(
-            "VALIDATION_OUTPUT_INVALID",
-            internal_message=f"VALIDATION_OUTPUT_INVALID: {detail}",
-            correction_hint=detail,
+        return (
+            None,
+            None,
+            ExecutionFailure(
+                "VALIDATION_OUTPUT_INVALID",
+                internal_message=f"VALIDATION_OUTPUT_INVALID: {detail}",
+                correction_hint=detail,
+            ),
         )
-    out = validated.model_dump(mode="json")
     if jt.definition.security.output_redaction:
         # Redacted before it is stored: the stored output, the projected rows and the hash all
         # see the masked text, still in the output model's shape.
-        out = jt.output_model.model_validate(redact(out)).model_dump(mode="json")
-    return out, None
+        validated = jt.output_model.model_validate(redact(validated.model_dump(mode="json")))
+    return validated.model_dump(mode="json"), validated, None
 
 
 @functools.cache
