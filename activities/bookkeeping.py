@@ -16,11 +16,11 @@ from activities.stage_support import (
     fail_attempt,
     fail_domain,
     fail_final,
-    is_transient,
     lock_owner,
     log,
     log_completed,
 )
+from db.errors import is_unavailable
 from db.outbox import CANCELLED, FAILED
 from engine.contracts import (
     COMPLETE,
@@ -140,7 +140,7 @@ class BookkeepingStages(StageDeps):
         except EngineError as exc:
             fail_domain(exc)
         except Exception as exc:
-            if is_transient(exc):
+            if is_unavailable(exc):
                 raise  # retried by the bookkeeping policy until the database is back
             await self._note_internal(job_id, f"projection failed: {type(exc).__name__}: {exc}")
             fail_attempt("INTERNAL_PROJECTION_FAILED", attempt=attempt)
@@ -183,20 +183,20 @@ class BookkeepingStages(StageDeps):
                     LifecycleStatus.QUEUED,
                     LifecycleStatus.RUNNING,
                 ):
-                    await self._lifecycle.mark_cancelled(job_id, session=s)
+                    await self._lifecycle.mark_cancelled(s, job_id)
                     await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
                     ended, code = "cancelled", "CANCELLED"
                 else:
                     if row.lifecycle_status == LifecycleStatus.QUEUED:
                         await self._lifecycle.lock(
+                            s,
                             job_id,
                             owner=lock_owner(),
                             identity=self._config.identity,
                             ttl_s=self._config.lock_ttl_s,
-                            session=s,
                         )
                     await self._lifecycle.mark_failed(
-                        job_id, inp.code, public_message_for(inp.code), None, session=s
+                        s, job_id, inp.code, public_message_for(inp.code), None
                     )
                     await self._event(
                         s,
@@ -220,7 +220,7 @@ class BookkeepingStages(StageDeps):
         job_id = uuid.UUID(inp.job_id)
         try:
             async with self._sm.begin() as s:
-                await self._lifecycle.mark_cancelled(job_id, session=s)
+                await self._lifecycle.mark_cancelled(s, job_id)
                 await self._event(s, CANCELLED, inp.job_id, {"jobId": inp.job_id})
             job_type = activity.info().workflow_type or ""  # a job workflow is named after its type
             self._metrics.job_finished(job_type, "cancelled", "CANCELLED")

@@ -35,20 +35,21 @@ from activities.stage_support import (
     db_retry,
     fail_attempt,
     fail_final,
-    is_transient,
     lock_owner,
     log,
     log_completed,
     summarise_validation,
 )
 from activities.telemetry import observe_call, retry_follows, seconds_since
+from db.errors import is_unavailable
 from db.jobs import JobRow
+from db.lifecycle import ExtendResult
 from db.usage import UsageRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
 from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
 from engine.hashing import output_hash
 from engine.redaction import redact
-from jobs.spec import JobType
+from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 from providers.pricing import cost_usd
 
@@ -63,7 +64,7 @@ class _Begun:
     reuse_hash: str | None = None  # an output this job already stored
     row: JobRow | None = None
     snapshot: dict[str, Any] | None = None
-    job_type: JobType | None = None
+    job_type: AnyJobType | None = None
     api_key: str | None = None
     key_failure: ExecutionFailure | None = None
 
@@ -114,9 +115,10 @@ class ExecuteStage(StageDeps):
                     f"Your previous answer was rejected: {row.correction_hint}. "
                     "Answer again with JSON that matches the schema exactly."
                 )
-            prompt = jt.build_prompt(model_in, correction)
+            prompt = jt.prompt(model_in, correction)
             if jt.definition.security.content_safety_check:
                 self._gateway.safety.check([prompt.system, prompt.user])
+            output_model: type[BaseModel] = jt.output_model
             request = ProviderRequest(
                 job_id=inp.job_id,
                 job_type=row.job_type,
@@ -124,7 +126,7 @@ class ExecuteStage(StageDeps):
                 model=model_name,
                 system_prompt=prompt.system,
                 user_prompt=prompt.user,
-                output_schema=_output_schema(jt.output_model),
+                output_schema=_output_schema(output_model),
                 timeout_s=inp.timeout_ms / 1000,
                 api_key=begun.api_key,
                 synthetic=(
@@ -256,12 +258,12 @@ class ExecuteStage(StageDeps):
         async with self._sm.begin() as s:
             try:
                 await self._lifecycle.lock(
+                    s,
                     job_id,
                     owner=owner,
                     identity=cfg.identity,
                     ttl_s=cfg.lock_ttl_s,
                     run_id=run_id,
-                    session=s,
                 )
             except IllegalTransition as exc:
                 return _Begun(ended=str(exc.from_status))  # cancelled while it waited, or done
@@ -314,6 +316,12 @@ class ExecuteStage(StageDeps):
         call = asyncio.ensure_future(provider.generate(request))
         self_cancelled = False
 
+        async def extend_once() -> ExtendResult:
+            async with self._sm.begin() as s:
+                return await self._lifecycle.extend_lock(
+                    s, job_id, owner=owner, ttl_s=cfg.lock_ttl_s
+                )
+
         async def beat() -> None:
             interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
             while not call.done():
@@ -325,10 +333,7 @@ class ExecuteStage(StageDeps):
             while not call.done():
                 await asyncio.sleep(cfg.lock_extend_every_s)
                 try:
-                    ext = await asyncio.wait_for(
-                        self._lifecycle.extend_lock(job_id, owner=owner, ttl_s=cfg.lock_ttl_s),
-                        timeout=cfg.lock_extend_every_s,
-                    )
+                    ext = await asyncio.wait_for(extend_once(), timeout=cfg.lock_extend_every_s)
                 except Exception:
                     continue  # a lost extension is survivable; the TTL has slack
                 if ext.cancel_requested or not ext.extended:
@@ -372,9 +377,7 @@ class ExecuteStage(StageDeps):
             await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
             if usage.provider != "synthetic":
                 await self._gate.succeeded(s, usage.provider)
-            ext = await self._lifecycle.extend_lock(
-                row.id, owner=owner, ttl_s=cfg.lock_ttl_s, session=s
-            )
+            ext = await self._lifecycle.extend_lock(s, row.id, owner=owner, ttl_s=cfg.lock_ttl_s)
             if not ext.extended:
                 return "not_owner", None
             if ext.cancel_requested:
@@ -386,7 +389,7 @@ class ExecuteStage(StageDeps):
                 async with s.begin_nested():
                     return "projected", await self._project_in(s, row, validated, digest, owner)
             except Exception as exc:
-                if is_transient(exc):
+                if is_unavailable(exc):
                     raise
                 log.warning(
                     "projection inside EXECUTE failed; PROJECT will retry it",
@@ -494,7 +497,7 @@ class ExecuteStage(StageDeps):
 
 
 def _validated_output(
-    jt: JobType, response: ProviderResponse
+    jt: AnyJobType, response: ProviderResponse
 ) -> tuple[dict[str, Any] | None, BaseModel | None, ExecutionFailure | None]:
     """The output as stored (validated, redacted when the job type asks) and as the model the
     projector takes, or why it is not valid."""

@@ -14,7 +14,6 @@ import asyncio
 import logging
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import (
@@ -23,6 +22,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
+from db.errors import is_unavailable
 from engine.errors import public_message_for
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,7 @@ INTERNAL_ERROR = "INTERNAL_ERROR"
 def public_failure(exc: BaseException) -> ApplicationError:
     """The failure Temporal records for an unexpected exception: retryable (the stage's retry
     policy decides), with a code and its public message only."""
-    transient = isinstance(exc, OperationalError | InterfaceError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    )
-    code = DATABASE_UNAVAILABLE if transient else INTERNAL_ERROR
+    code = DATABASE_UNAVAILABLE if is_unavailable(exc) else INTERNAL_ERROR
     return ApplicationError(public_message_for(code), type=code, non_retryable=False)
 
 

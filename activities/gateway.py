@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.credentials import CredentialRepository, CredentialRow
 from engine.errors import ExecutionFailure
-from jobs.spec import JobType
+from jobs.spec import AnyJobType
 from providers.base import Provider
 from providers.crypto import CredentialCipher, decrypt_credential
 from providers.safety import ContentSafety, RuleBasedContentSafety
@@ -31,14 +31,14 @@ class Gateway:
     # DeepSeek's), even when the platform runs offline on the synthetic provider.
     user_provider: Provider | None = None
 
-    def provider_for(self, jt: JobType, mode: str = "platform_key") -> Provider:
+    def provider_for(self, jt: AnyJobType, mode: str = "platform_key") -> Provider:
         if jt.always_synthetic:
             return self.synthetic
         if mode == "user_deepseek_key" and self.user_provider is not None:
             return self.user_provider
         return self.provider
 
-    def model_for(self, jt: JobType, mode: str = "platform_key") -> str:
+    def model_for(self, jt: AnyJobType, mode: str = "platform_key") -> str:
         # Any synthetic provider (also the offline default built when no key/base URL is set)
         # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
         return "synthetic" if self.provider_for(jt, mode).name == "synthetic" else self.model
@@ -59,7 +59,7 @@ class Gateway:
     async def credential_available(
         self,
         session: AsyncSession,
-        jt: JobType,
+        jt: AnyJobType,
         user_id: str,
         mode: str,
         credential_id: uuid.UUID | None = None,
@@ -71,7 +71,7 @@ class Gateway:
     async def api_key(
         self,
         session: AsyncSession,
-        jt: JobType,
+        jt: AnyJobType,
         user_id: str,
         mode: str,
         credential_id: uuid.UUID | None = None,

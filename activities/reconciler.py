@@ -26,11 +26,7 @@ from datetime import timedelta
 
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.api.workflowservice.v1 import (
-    DescribeWorkflowExecutionRequest,
-    DescribeWorkflowExecutionResponse,
-)
+from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -42,10 +38,10 @@ from db.outbox import FAILED, OutboxRepository
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, RELAY_WORKFLOW, ReconcileResult, RelayInput
 from engine.errors import IllegalTransition, public_message_for
+from engine.workflow_state import MISSING, WorkflowState, workflow_state
 
 log = logging.getLogger(__name__)
 
-RUNNING = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
 PAGE = 200
 MAX_PER_PASS = 20_000
 
@@ -68,27 +64,6 @@ class ReconcilerConfig:
     relay_task_queue: str | None = None
 
 
-@dataclass(frozen=True)
-class WorkflowState:
-    """What the reconciler needs to know of a job's workflow."""
-
-    exists: bool
-    running: bool
-    failing_task_attempts: int = 0
-
-
-MISSING = WorkflowState(exists=False, running=False)
-
-
-def workflow_state(desc: DescribeWorkflowExecutionResponse) -> WorkflowState:
-    running = desc.workflow_execution_info.status == RUNNING
-    attempts = 0
-    if running and desc.HasField("pending_workflow_task"):
-        # attempt counts from 1; >1 means the previous tries of this task failed.
-        attempts = max(0, desc.pending_workflow_task.attempt - 1)
-    return WorkflowState(exists=True, running=running, failing_task_attempts=attempts)
-
-
 class Reconciler:
     def __init__(
         self,
@@ -101,7 +76,7 @@ class Reconciler:
         self._metrics = metrics or worker_metrics()
         self._client = client
         self.config = config or ReconcilerConfig()
-        self._lifecycle = LifecycleRepository(sessionmaker)
+        self._lifecycle = LifecycleRepository()
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()
 
@@ -143,9 +118,10 @@ class Reconciler:
         seen = 0
         after = None
         while seen < MAX_PER_PASS:
-            page = await self._lifecycle.find_expired_locks(
-                cfg.lock_grace_s, after=after, limit=PAGE
-            )
+            async with self._sm.begin() as s:
+                page = await self._lifecycle.find_expired_locks(
+                    s, cfg.lock_grace_s, after=after, limit=PAGE
+                )
             if not page:
                 break
             seen += len(page)
@@ -271,11 +247,11 @@ class Reconciler:
         try:
             async with self._sm.begin() as s:
                 await self._lifecycle.mark_failed(
+                    s,
                     job_id,
                     "INTERNAL_LOCK_EXPIRED",
                     public_message_for("INTERNAL_LOCK_EXPIRED"),
                     "reconciler: lock expired and the workflow is closed or missing",
-                    session=s,
                 )
                 await self._outbox.insert(
                     s,

@@ -1,4 +1,4 @@
-"""The outbox relay (DESIGN §3, ADR §4.3-4.5): claim → start workflow → mark published.
+"""The outbox relay (docs/architecture.md): claim → start workflow → mark published.
 
 Runs as one long-lived activity of the singleton relay workflow on `ai-system` (heartbeating, so
 Temporal restarts it elsewhere if its worker dies), or standalone via `aijobs relay`. Several
@@ -27,7 +27,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import (
     Priority,
-    SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
@@ -43,12 +42,13 @@ from db.outbox import (
     COMPLETED,
     ENQUEUE,
     FAILED,
-    NOTIFY_CHANNEL,
     OutboxRepository,
     OutboxRow,
     enqueue_dedupe_key,
+    listen_connection,
 )
-from db.session import SessionMaker, libpq_url
+from db.session import SessionMaker
+from engine import search_attributes
 from engine.contracts import RELAY_LOOP, JobWorkflowInput, RelayInput, workflow_id
 from engine.definition import QUEUE_NAMES, priority_key
 from engine.logcontext import bind_job, unbind
@@ -147,11 +147,7 @@ class Relay:
 
     async def _listen(self) -> psycopg.AsyncConnection[object] | None:
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                libpq_url(self.config.database_url), autocommit=True
-            )
-            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            return conn
+            return await listen_connection(self.config.database_url)
         except Exception:
             log.warning("relay could not LISTEN; polling only")
             return None
@@ -296,9 +292,9 @@ class Relay:
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                     search_attributes=TypedSearchAttributes(
                         [
-                            SearchAttributePair(JOB_ID_ATTR, job_id),
-                            SearchAttributePair(JOB_TYPE_ATTR, job_type),
-                            SearchAttributePair(LIFECYCLE_ATTR, "queued"),
+                            SearchAttributePair(search_attributes.JOB_ID, job_id),
+                            SearchAttributePair(search_attributes.JOB_TYPE, job_type),
+                            SearchAttributePair(search_attributes.LIFECYCLE_STATUS, "queued"),
                         ]
                     ),
                     # Activities inherit it: EXECUTE waits for a slot in priority order, and
@@ -349,9 +345,6 @@ FailureKind = Literal["unavailable", "retry", "malformed"]
 _UNREACHABLE = frozenset(
     {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
 )
-JOB_ID_ATTR = SearchAttributeKey.for_keyword("JobId")
-JOB_TYPE_ATTR = SearchAttributeKey.for_keyword("JobType")
-LIFECYCLE_ATTR = SearchAttributeKey.for_keyword("LifecycleStatus")
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from datetime import timedelta
 from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.gateway import Gateway
 from activities.metrics import WorkerMetrics, worker_metrics
+from db.errors import is_unavailable
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
 from db.outbox import COMPLETED, OutboxRepository
@@ -34,14 +34,10 @@ from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import ProjectResult
 from engine.errors import EngineError, is_retryable, public_message_for
-from engine.lifecycle import TERMINAL
 from jobs.spec import Catalog, ProjectionContext
 
 log = logging.getLogger("activities.stages")
 T = TypeVar("T")
-
-# Re-exported for the stages: the states a job cannot leave.
-TERMINAL_STATES = TERMINAL
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,7 @@ class StageDeps:
         self._gateway = gateway
         self._config = config or EngineConfig()
         self._metrics = metrics or worker_metrics()
-        self._lifecycle = LifecycleRepository(sessionmaker)
+        self._lifecycle = LifecycleRepository()
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()
         self._usage = UsageRepository()
@@ -105,7 +101,7 @@ class StageDeps:
         artifacts = await jt.project(s, ctx, out)
         for a in artifacts:
             await self._jobs.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
-        await self._lifecycle.mark_succeeded(row.id, owner=owner, session=s)
+        await self._lifecycle.mark_succeeded(s, row.id, owner=owner)
         await self._outbox.insert(
             s,
             event_type=COMPLETED,
@@ -171,13 +167,6 @@ def fail_domain(exc: EngineError) -> NoReturn:
     raise ApplicationError(exc.public_message, type=exc.code, non_retryable=True) from None
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Lost connections and the like: worth waiting for PostgreSQL to come back."""
-    return isinstance(exc, OperationalError | InterfaceError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    )
-
-
 def summarise_validation(exc: ValidationError) -> str:
     """What was wrong with an output, without the output itself (pydantic's messages)."""
     parts = []
@@ -205,7 +194,7 @@ async def db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float) -> T:
         try:
             return await op()
         except Exception as exc:
-            if not is_transient(exc) or time.monotonic() > deadline:
+            if not is_unavailable(exc) or time.monotonic() > deadline:
                 raise
             log.warning("database unavailable in EXECUTE; retrying in %.1fs", delay)
             activity.heartbeat()

@@ -16,7 +16,7 @@ from typing import Any
 
 from activities.bookkeeping import BookkeepingStages
 from activities.execute import ExecuteStage
-from activities.stage_support import TERMINAL_STATES, EngineConfig
+from activities.stage_support import EngineConfig
 
 
 class JobActivities(BookkeepingStages, ExecuteStage):
@@ -32,4 +32,4 @@ class JobActivities(BookkeepingStages, ExecuteStage):
         ]
 
 
-__all__ = ["TERMINAL_STATES", "EngineConfig", "JobActivities"]
+__all__ = ["EngineConfig", "JobActivities"]

@@ -12,10 +12,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from db.errors import UNAVAILABLE_ERRORS
 from engine.errors import EngineError, ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,6 @@ def install(app: FastAPI) -> None:
             headers=headers,
         )
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(InterfaceError)
     async def db_down(request: Request, exc: DBAPIError) -> JSONResponse:
         log.error("database unavailable on %s", request.url.path)
         return problem(
@@ -110,6 +109,10 @@ def install(app: FastAPI) -> None:
             "The service is temporarily unavailable.",
             headers={"Retry-After": "5"},
         )
+
+    # Which driver errors mean "the database is unavailable" is decided in db/errors.py.
+    for unavailable in UNAVAILABLE_ERRORS:
+        app.exception_handler(unavailable)(db_down)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -31,7 +31,7 @@ import psycopg
 
 from db.jobs import JobQueries
 from db.lifecycle import JOB_CHANGED_CHANNEL
-from db.session import SessionMaker, libpq_url
+from db.session import SessionMaker, listen_connection, ping_connection
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class JobEventHub:
         idle_check_s: float = 15.0,
         max_backoff_s: float = 5.0,
     ) -> None:
-        self._dsn = libpq_url(database_url)
+        self._database_url = database_url
         self._sm = sessionmaker
         self._idle_check_s = idle_check_s
         self._max_backoff_s = max_backoff_s
@@ -142,11 +142,8 @@ class JobEventHub:
         backoff = 0.2
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True
-                ) as conn:
+                async with await listen_connection(self._database_url, JOB_CHANGED_CHANNEL) as conn:
                     self._conn = conn
-                    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")
                     self.connects += 1
                     self._listening.set()
                     backoff = 0.2
@@ -170,7 +167,7 @@ class JobEventHub:
                 got = True
                 await self._dispatch(note.payload)
             if not got:
-                await conn.execute("SELECT 1")  # an idle connection that died says so here
+                await ping_connection(conn)
 
     def _wake_all(self) -> None:
         for subs in (*self._by_job.values(), *self._by_user.values()):

@@ -34,45 +34,20 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import text
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
+from engine.lifecycle import ACTIVE_VALUES
 
 METRICS_PATH = "/metrics"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _EVENT_TYPES = (ENQUEUE, COMPLETED, FAILED, CANCELLED)
-_ACTIVE = ("queued", "running")
+_ACTIVE = ACTIVE_VALUES
 _OUTBOX_STATES = ("pending", "processing", "failed", "dead")
 _HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-# The scrape-time reads; each is served by an index (tests/integration/test_metrics_sql.py).
-ACTIVE_JOBS_SQL = (
-    "SELECT job_type, lifecycle_status, count(*) AS n FROM ai_job "
-    "WHERE lifecycle_status IN ('queued', 'running') GROUP BY 1, 2"
-)
-RECENT_JOBS_SQL = (
-    "SELECT job_type, lifecycle_status, count(*) AS n FROM ai_job "
-    "WHERE lifecycle_status IN ('succeeded', 'failed', 'cancelled') "
-    "AND created_at >= now() - make_interval(secs => :w) GROUP BY 1, 2"
-)
-# One arm per partial index (pending; processing; dead and failed): an IN list over all four
-# states would match none of their predicates and scan the table, published rows included.
-OUTBOX_SQL = (
-    "SELECT event_type, status, count(*) AS n FROM outbox_event "
-    "WHERE status = 'pending' GROUP BY 1, 2 "
-    "UNION ALL SELECT event_type, status, count(*) FROM outbox_event "
-    "WHERE status = 'processing' GROUP BY 1, 2 "
-    "UNION ALL SELECT event_type, status, count(*) FROM outbox_event "
-    "WHERE status IN ('dead', 'failed') GROUP BY 1, 2"
-)
-OLDEST_PENDING_SQL = (
-    "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0) "
-    "FROM outbox_event WHERE status = 'pending'"
-)
 
 
 @dataclass
@@ -139,19 +114,16 @@ class EngineStateCollector(Collector):
             self._read_at = time.monotonic()
 
     async def _read(self, sessionmaker: SessionMaker) -> _Snapshot:
-        snap = _Snapshot()
         async with sessionmaker.begin() as s:
-            timeout_ms = max(1, int(self.timeout_s * 1000))
-            await s.execute(text(f"SET LOCAL statement_timeout = {timeout_ms}"))
-            for r in await s.execute(text(ACTIVE_JOBS_SQL)):
-                snap.active[(r.job_type, r.lifecycle_status)] = int(r.n)
-            for r in await s.execute(text(RECENT_JOBS_SQL), {"w": self.recent_window_s}):
-                snap.recent[(r.job_type, r.lifecycle_status)] = int(r.n)
-            for r in await s.execute(text(OUTBOX_SQL)):
-                key = (r.event_type if r.event_type in _EVENT_TYPES else "other", r.status)
-                snap.outbox[key] = snap.outbox.get(key, 0) + int(r.n)
-            age = await s.scalar(text(OLDEST_PENDING_SQL))
-            snap.oldest_pending_s = max(0.0, float(age or 0))
+            state = await read_engine_state(
+                s, recent_window_s=self.recent_window_s, timeout_s=self.timeout_s
+            )
+        snap = _Snapshot(
+            active=state.active, recent=state.recent, oldest_pending_s=state.oldest_pending_s
+        )
+        for (event_type, status), n in state.outbox.items():
+            key = (event_type if event_type in _EVENT_TYPES else "other", status)
+            snap.outbox[key] = snap.outbox.get(key, 0) + n
         return snap
 
     def describe(self) -> list[Metric]:

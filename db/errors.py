@@ -1,8 +1,10 @@
-"""Driver errors become domain questions at one edge (STYLE: procrastinate `wrap_exceptions`)."""
+"""Driver errors become domain questions at one edge: every decision about what a database error
+means (a unique violation, the lifecycle trigger, an unreachable database) is taken here, and the
+rest of the code asks these functions instead of inspecting driver exceptions."""
 
 from __future__ import annotations
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 UNIQUE_VIOLATION = "23505"
 LIFECYCLE_TRIGGER = "AJ001"  # raised by the ai_job lifecycle guard trigger
@@ -27,3 +29,15 @@ def is_unique_violation(exc: BaseException, constraint: str | None = None) -> bo
 
 def is_lifecycle_violation(exc: BaseException) -> bool:
     return sqlstate(exc) == LIFECYCLE_TRIGGER
+
+
+# The driver errors that mean "PostgreSQL cannot be reached right now", whatever the statement:
+# the API answers them with 503, the activities wait for the database to come back.
+UNAVAILABLE_ERRORS: tuple[type[DBAPIError], ...] = (OperationalError, InterfaceError)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Lost connections and the like: worth waiting for PostgreSQL to come back."""
+    return isinstance(exc, UNAVAILABLE_ERRORS) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )

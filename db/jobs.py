@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,23 +13,8 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-JOB_COLUMNS = (
-    "id, user_id, job_type, target_type, target_id, idempotency_key, request_fingerprint, "
-    "lifecycle_status, status, queue_name, priority, progress, input, credential_mode, "
-    "credential_id, prompt_version, input_schema_version, output_schema_version, attempt_count, "
-    "max_retry_count, locked_by, locked_at, lock_until, cancel_requested_at, started_at, "
-    "finished_at, error_code, public_error_message, internal_error_message, output, output_hash, "
-    "workflow_id, retried_from_job_id, created_at, updated_at, private_data_purged_at, "
-    "correction_hint"
-)
-
-
-# What a list page returns: every column but the job's input and output, which can be large
-# and are private (a list never shows them; JobRow keeps its shape with empty stand-ins).
-LIST_COLUMNS = ", ".join(
-    "'{}'::jsonb AS input" if c == "input" else "NULL::jsonb AS output" if c == "output" else c
-    for c in (col.strip() for col in JOB_COLUMNS.split(","))
-)
+from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
+from db.outbox import ENQUEUE
 
 
 @dataclass(frozen=True)
@@ -72,6 +58,21 @@ class JobRow:
     correction_hint: str | None = None
 
 
+# The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
+JOB_COLUMNS = ", ".join(f.name for f in dataclasses.fields(JobRow))
+
+# What a list page returns: every column but the job's input and output, which can be large
+# and are private (a list never shows them; JobRow keeps its shape with empty stand-ins).
+LIST_COLUMNS = ", ".join(
+    "'{}'::jsonb AS input"
+    if f.name == "input"
+    else "NULL::jsonb AS output"
+    if f.name == "output"
+    else f.name
+    for f in dataclasses.fields(JobRow)
+)
+
+
 @dataclass(frozen=True)
 class ArtifactRef:
     artifact_type: str
@@ -104,6 +105,17 @@ class JobQueries:
         row = (
             await session.execute(
                 text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE id = :id"), {"id": job_id}
+            )
+        ).first()
+        return JobRow(**row._mapping) if row else None
+
+    async def get_for_update(self, session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
+        """The job, its row locked (`FOR UPDATE`) until the caller's transaction ends: a
+        decision taken on its state cannot race another writer of the row."""
+        row = (
+            await session.execute(
+                text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE id = :id FOR UPDATE"),
+                {"id": job_id},
             )
         ).first()
         return JobRow(**row._mapping) if row else None
@@ -251,14 +263,20 @@ class JobQueries:
         )
         return [JobRow(**r._mapping) for r in rows]
 
+    async def lock_user_quota(self, session: AsyncSession, user_id: str) -> None:
+        """Serialise one user's creates until the caller's transaction ends (a transaction-scoped
+        advisory lock keyed by the user id): count-then-insert under it cannot overshoot a
+        quota."""
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended('ai_job_quota:' || :u, 0))"),
+            {"u": user_id},
+        )
+
     async def count_active(self, session: AsyncSession, user_id: str) -> int:
         return int(
             (
                 await session.execute(
-                    text(
-                        "SELECT count(*) FROM ai_job WHERE user_id = :u "
-                        "AND lifecycle_status IN ('queued','running')"
-                    ),
+                    text(f"SELECT count(*) FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL}"),
                     {"u": user_id},
                 )
             ).scalar_one()
@@ -326,13 +344,13 @@ class JobQueries:
         input and validated output are removed (snapshots expire on the same clock)."""
         result = await session.execute(
             text(
-                """
-                UPDATE ai_job SET input = '{}'::jsonb, output = NULL,
+                f"""
+                UPDATE ai_job SET input = '{{}}'::jsonb, output = NULL,
                        private_data_purged_at = now(), updated_at = now()
                 WHERE id IN (
                     SELECT id FROM ai_job
                     WHERE private_data_purged_at IS NULL
-                      AND lifecycle_status IN ('succeeded', 'failed', 'cancelled')
+                      AND {TERMINAL_SQL}
                       AND created_at < now() - make_interval(days => :d)
                     ORDER BY created_at LIMIT :lim)
                 """
@@ -439,14 +457,14 @@ class JobQueries:
                 """
                 SELECT o.id AS event_id, j.id AS job_id, j.workflow_id
                 FROM outbox_event o JOIN ai_job j ON j.id::text = o.aggregate_id
-                WHERE o.event_type = 'ai.job.enqueue' AND o.status = 'published'
+                WHERE o.event_type = :enqueue AND o.status = 'published'
                   AND j.lifecycle_status = 'queued'
                   AND o.published_at < now() - make_interval(secs => :age)
                   AND o.id > :after
                 ORDER BY o.id LIMIT :lim
                 """
             ),
-            {"age": older_than_s, "lim": limit, "after": after_id},
+            {"age": older_than_s, "lim": limit, "after": after_id, "enqueue": ENQUEUE},
         )
         return [(r.event_id, r.job_id, r.workflow_id) for r in rows]
 

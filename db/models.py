@@ -1,4 +1,4 @@
-"""SQLAlchemy models of DESIGN §5.
+"""SQLAlchemy models of the tables (docs/contracts.md, "Tables").
 
 The Alembic migrations are the schema; a test keeps the two equal.
 """
@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -73,15 +75,12 @@ class AiJob(Base):
         Index(
             "ix_ai_job_user_active",
             "user_id",
-            postgresql_where=text("lifecycle_status IN ('queued','running')"),
+            postgresql_where=text(ACTIVE_SQL),
         ),
         Index(
             "ix_ai_job_retention",
             "created_at",
-            postgresql_where=text(
-                "private_data_purged_at IS NULL "
-                "AND lifecycle_status IN ('succeeded','failed','cancelled')"
-            ),
+            postgresql_where=text(f"private_data_purged_at IS NULL AND {TERMINAL_SQL}"),
         ),
         Index("ix_ai_job_user_status_created", "user_id", "lifecycle_status", "created_at", "id"),
         Index("ix_ai_job_user_type_created", "user_id", "job_type", "created_at", "id"),

@@ -1,4 +1,4 @@
-"""The transactional outbox (DESIGN §3, ADR §4).
+"""The transactional outbox (docs/architecture.md).
 
 Rows are inserted in the caller's transaction. Relays claim batches by compare-and-set
 (`pending → processing` under `FOR UPDATE SKIP LOCKED`, so concurrent claimers never see the same
@@ -11,13 +11,16 @@ the job's), which is what makes the at-least-once dispatch safe.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.session import listen_connection as session_listen_connection
 
 ENQUEUE = "ai.job.enqueue"
 COMPLETED = "ai.job.completed"
@@ -28,6 +31,12 @@ NOTIFY_CHANNEL = "ai_outbox"
 # still waits. `dead` is only for rows that can never succeed (a malformed payload).
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_S = 300.0
+
+
+async def listen_connection(database_url: str) -> psycopg.AsyncConnection[object]:
+    """An autocommit connection that LISTENs on the outbox channel: a relay wakes on its
+    notifications (only a hint; relays poll as well). The caller closes it."""
+    return await session_listen_connection(database_url, NOTIFY_CHANNEL)
 
 
 def enqueue_dedupe_key(job_id: object) -> str:
@@ -58,11 +67,8 @@ class OutboxRow:
     trace_context: dict[str, str] | None = None
 
 
-_COLUMNS = (
-    "id, event_type, aggregate_type, aggregate_id, dedupe_key, payload, status, attempt_count, "
-    "available_at, locked_by, locked_at, last_error, published_at, created_at, revive_count, "
-    "trace_context"
-)
+# The outbox_event columns an OutboxRow is read from: its fields, in order.
+_COLUMNS = ", ".join(f.name for f in fields(OutboxRow))
 
 _INSERT = text(
     """

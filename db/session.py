@@ -3,6 +3,8 @@ activity attempt) with `async with sessionmaker.begin()`; repositories never com
 
 from __future__ import annotations
 
+import psycopg
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -47,3 +49,27 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Asy
 
 def make_sessionmaker(engine: AsyncEngine) -> SessionMaker:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def ping(session: AsyncSession) -> None:
+    """One round trip: raises when the database cannot be reached."""
+    await session.execute(text("SELECT 1"))
+
+
+async def listen_connection(database_url: str, channel: str) -> psycopg.AsyncConnection[object]:
+    """An autocommit connection that LISTENs on `channel` (one of our constant channel names).
+    Notifications are hints that something changed; the caller closes the connection."""
+    conn: psycopg.AsyncConnection[object] = await psycopg.AsyncConnection.connect(
+        libpq_url(database_url), autocommit=True
+    )
+    try:
+        await conn.execute(f"LISTEN {channel}")
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+async def ping_connection(conn: psycopg.AsyncConnection[object]) -> None:
+    """One round trip on a LISTEN connection: an idle connection that died says so here."""
+    await conn.execute("SELECT 1")

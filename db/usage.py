@@ -1,4 +1,4 @@
-"""`ai_usage_log`: one row per provider call (ADR §5.7), written in EXECUTE's transaction."""
+"""`ai_usage_log`: one row per provider call, written in EXECUTE's transaction."""
 
 from __future__ import annotations
 

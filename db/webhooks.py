@@ -18,7 +18,9 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-WEBHOOK_EVENTS = ("ai.job.completed", "ai.job.failed", "ai.job.cancelled")
+from db.outbox import CANCELLED, COMPLETED, FAILED
+
+WEBHOOK_EVENTS = (COMPLETED, FAILED, CANCELLED)
 DELIVERY_STATUSES = ("pending", "delivered", "failed", "dead")
 REPLAYABLE = ("delivered", "failed", "dead")
 # Guards the cast of an event's aggregate id: a malformed one fans out to nothing.

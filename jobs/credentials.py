@@ -27,16 +27,19 @@ log = logging.getLogger(__name__)
 
 
 def credential_cipher(settings: Settings) -> CredentialCipher | None:
-    """The keyring from CREDENTIAL_ENCRYPTION_KEY; the public development key outside
-    production; None in production without a key (adding keys then answers 503). Production
-    never encrypts under the development key (ValueError, like a malformed setting)."""
+    """The one keyring the API encrypts with and the workers decrypt with: the keys of
+    CREDENTIAL_ENCRYPTION_KEY; without it, the public development key in development and test
+    only, else None (adding keys then answers 503, EXECUTE refuses user-key jobs). Outside
+    development and test the development key is never used (ValueError, like a malformed
+    setting)."""
+    development = settings.environment in ("development", "test")
     raw = settings.credential_encryption_key
     if raw is not None:
         keyring = raw.get_secret_value()
-        if settings.environment == "production" and current_key_is_development(keyring):
+        if not development and current_key_is_development(keyring):
             raise ValueError("CREDENTIAL_ENCRYPTION_KEY is the public development key")
         return CredentialCipher.from_setting(keyring)
-    if settings.environment == "production":
+    if not development:
         return None
     return CredentialCipher.from_setting(DEV_ENCRYPTION_KEY)
 

@@ -1,7 +1,8 @@
 """The job use cases: create (idempotent, quota-checked, transactional outbox), cancel, retry.
 
 Create writes the job, its snapshot and its `ai.job.enqueue` outbox row in ONE transaction and
-never talks to Temporal (DESIGN §2.3); the relay starts the workflow after commit.
+never talks to Temporal; the relay starts the workflow after commit. Every use case opens its own
+transactions; the repositories it calls run in them and never commit.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any, Literal
 
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -34,7 +34,6 @@ from engine.contracts import workflow_id
 from engine.errors import (
     CredentialMissing,
     IdempotencyKeyReused,
-    IllegalTransition,
     JobAlreadyCancelled,
     JobNotCancellable,
     JobNotFound,
@@ -48,7 +47,7 @@ from engine.errors import (
 from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
-from jobs.spec import Catalog, JobType
+from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
 
 log = logging.getLogger(__name__)
@@ -127,7 +126,7 @@ class JobService:
         self._sm = sessionmaker
         self._catalog = catalog
         self._policy = policy
-        self._lifecycle = LifecycleRepository(sessionmaker)
+        self._lifecycle = LifecycleRepository()
         self._outbox = OutboxRepository()
         self._jobs = JobQueries()
         self._usage = UsageRepository()
@@ -135,23 +134,23 @@ class JobService:
 
     # ---- create -------------------------------------------------------------------------
 
-    def job_type_for_create(self, job_type: str, *, internal: bool = False) -> JobType:
+    def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
         jt = self._catalog.get(job_type)
-        vis = jt.definition.visibility
-        if not internal and (
-            vis == "internal" or (vis == "dev" and not self._policy.synthetic_public)
-        ):
+        if not internal and not jt.definition.creatable(development=self._policy.synthetic_public):
             raise UnknownJobType(job_type)
         return jt
 
-    def validate_input(self, jt: JobType, raw: Any) -> BaseModel:
+    def validate_input(self, jt: AnyJobType, raw: Any) -> BaseModel:
         if not _finite(raw):
             # JSON has no NaN/Infinity; PostgreSQL jsonb would silently change them.
             raise ValidationFailed("The input contains a non-finite number.")
         try:
             # Strict: the input is JSON, and its types are what the schema says (`true` is not
             # a count, "5" is not a number); a stored input is re-read laxly by EXECUTE.
-            return jt.input_model.model_validate(raw if raw is not None else {}, strict=True)
+            model: BaseModel = jt.input_model.model_validate(
+                raw if raw is not None else {}, strict=True
+            )
+            return model
         except ValidationError as exc:
             raise ValidationFailed(
                 "The input does not match the job type's input schema.",
@@ -310,10 +309,7 @@ class JobService:
             or p.max_cost_usd_per_month
         ):
             return None
-        await s.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended('ai_job_quota:' || :u, 0))"),
-            {"u": req.user_id},
-        )
+        await self._jobs.lock_user_quota(s, req.user_id)
         if req.idempotency_key is not None:
             existing = await self._jobs.find_by_idempotency_key(
                 s, req.user_id, req.job_type, req.idempotency_key
@@ -376,15 +372,18 @@ class JobService:
         admin: bool = False,
         cancel_workflow: WorkflowCanceller | None = None,
     ) -> CancelResult:
-        """queued → cancelled at once (CAS); running → cancel requested, then the workflow is
-        cancelled (after commit, outside the transaction) and ends the job itself. If the
-        Temporal call fails, the request stays recorded: the EXECUTE heartbeat reads it and the
-        reconciler re-sends the cancel."""
-        row = await self.get_visible(job_id, user_id, admin=admin)
-        jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
-        try:
-            async with self._sm.begin() as s:
-                await self._lifecycle.mark_cancelled_if_queued(job_id, session=s)
+        """One transaction locks the job row and decides on its state: queued → cancelled at
+        once (with its `ai.job.cancelled` event); running → cancel requested, and the workflow
+        ends the job itself; ended → an error naming why. The workflow is cancelled after
+        commit, outside the transaction. If that Temporal call fails, the request stays
+        recorded: the EXECUTE heartbeat reads it and the reconciler re-sends the cancel."""
+        async with self._sm.begin() as s:
+            row = await self._jobs.get_for_update(s, job_id)
+            if row is None or (not admin and row.user_id != user_id):
+                raise JobNotFound("Job not found.")
+            current = LifecycleStatus(row.lifecycle_status)
+            if current == LifecycleStatus.QUEUED:
+                await self._lifecycle.mark_cancelled_if_queued(s, job_id)
                 # The job's end, in the transaction that ends it (webhooks, streams).
                 await self._outbox.insert(
                     s,
@@ -395,32 +394,28 @@ class JobService:
                     payload={"jobId": str(job_id)},
                     notify=False,
                 )
-        except IllegalTransition as exc:
-            current = exc.from_status
-        else:
-            # Its workflow may already wait for an EXECUTE slot: let it end now instead of
-            # when a slot frees (best effort; EXECUTE would find the job cancelled anyway).
-            if cancel_workflow is not None:
-                try:
-                    await cancel_workflow(row.workflow_id)
-                except Exception:
+                outcome: Literal["cancelled", "cancel_requested"] = "cancelled"
+            elif current == LifecycleStatus.RUNNING:
+                jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
+                if jt is not None and not jt.definition.execution.cancellable:
+                    raise JobNotCancellable("This job type cannot be cancelled while running.")
+                await self._lifecycle.request_cancel(s, job_id)
+                outcome = "cancel_requested"
+            elif current == LifecycleStatus.CANCELLED:
+                raise JobAlreadyCancelled("The job is already cancelled.")
+            else:
+                raise JobNotCancellable("The job has already finished.")
+        if cancel_workflow is not None:
+            try:
+                await cancel_workflow(row.workflow_id)
+            except Exception:
+                if outcome == "cancelled":
+                    # Its workflow may not exist yet; EXECUTE would find the job cancelled
+                    # anyway, so ending it now is best effort.
                     log.info("no workflow to cancel yet", extra={"job_id": str(job_id)})
-            return CancelResult(job_id, "cancelled")
-        if current == LifecycleStatus.RUNNING:
-            if jt is not None and not jt.definition.execution.cancellable:
-                raise JobNotCancellable("This job type cannot be cancelled while running.")
-            status = await self._lifecycle.request_cancel(job_id)
-            if status == LifecycleStatus.RUNNING:
-                if cancel_workflow is not None:
-                    try:
-                        await cancel_workflow(row.workflow_id)
-                    except Exception:  # recorded in SQL; the reconciler re-sends
-                        log.warning("workflow cancel failed", extra={"job_id": str(job_id)})
-                return CancelResult(job_id, "cancel_requested")
-            current = str(status)
-        if current == LifecycleStatus.CANCELLED:
-            raise JobAlreadyCancelled("The job is already cancelled.")
-        raise JobNotCancellable("The job has already finished.")
+                else:  # recorded in SQL; the reconciler re-sends
+                    log.warning("workflow cancel failed", extra={"job_id": str(job_id)})
+        return CancelResult(job_id, outcome)
 
     # ---- admin retry --------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ import asyncio
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from api.deps import State
+from db.session import ping
 
 router = APIRouter(tags=["health"])
 
@@ -24,7 +24,7 @@ async def readyz(state: State) -> JSONResponse:
     try:
         async with asyncio.timeout(3):
             async with state.sessionmaker() as s:
-                await s.execute(text("SELECT 1"))
+                await ping(s)
         checks["postgres"] = "ok"
     except Exception:
         checks["postgres"] = "unavailable"

@@ -1,4 +1,4 @@
-"""The job use cases on a real PostgreSQL (DESIGN §2.3, §2.4, §9; ADR §1, §4): create is one
+"""The job use cases on a real PostgreSQL: create is one
 transaction (job + snapshot + outbox row + NOTIFY), idempotent under concurrency, quota-checked
 without overshoot; cancel and admin retry follow the lifecycle table."""
 
@@ -141,7 +141,8 @@ async def test_active_job_quota_does_not_overshoot_under_concurrency(db: Session
     assert (await svc.create(request("u2"))).created  # another user is unaffected
     # Ending one active job frees a slot.
     done = next(r for r in results if not isinstance(r, BaseException))
-    await LifecycleRepository(db).mark_cancelled(done.job.id)
+    async with db.begin() as s:
+        await LifecycleRepository().mark_cancelled(s, done.job.id)
     assert (await svc.create(request(target_id="t-again"))).created
     with pytest.raises(TooManyJobs):
         await svc.create(request(target_id="t-over"))
@@ -152,7 +153,8 @@ async def test_daily_quota(db: SessionMaker) -> None:
     created = [await svc.create(request(target_id=f"t{i}")) for i in range(3)]
     assert all(c.created for c in created)
     # Cancelling does not give the day's quota back.
-    await LifecycleRepository(db).mark_cancelled(created[0].job.id)
+    async with db.begin() as s:
+        await LifecycleRepository().mark_cancelled(s, created[0].job.id)
     with pytest.raises(QuotaExceeded) as info:
         await svc.create(request(target_id="t4"))
     assert info.value.retry_after_s is not None
@@ -335,13 +337,14 @@ async def test_concurrent_cancels_of_a_queued_job(db: SessionMaker) -> None:
 
 async def test_cancel_a_finished_job(db: SessionMaker) -> None:
     svc = service(db)
-    repo = LifecycleRepository(db)
+    repo = LifecycleRepository()
     done = (await svc.create(request(target_id="a"))).job
-    await repo.lock(done.id, owner="run-1", identity="w", ttl_s=60)
-    await repo.mark_succeeded(done.id, owner="run-1")
     failed = (await svc.create(request(target_id="b"))).job
-    await repo.lock(failed.id, owner="run-2", identity="w", ttl_s=60)
-    await repo.mark_failed(failed.id, "PROVIDER_UNAVAILABLE", "down")
+    async with db.begin() as s:
+        await repo.lock(s, done.id, owner="run-1", identity="w", ttl_s=60)
+        await repo.mark_succeeded(s, done.id, owner="run-1")
+        await repo.lock(s, failed.id, owner="run-2", identity="w", ttl_s=60)
+        await repo.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
     for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
         before = await get(db, job_id)
         with pytest.raises(JobNotCancellable):
@@ -353,7 +356,8 @@ async def test_cancel_a_finished_job(db: SessionMaker) -> None:
 async def test_cancel_a_running_job_requests_it(db: SessionMaker) -> None:
     svc = service(db)
     job = (await svc.create(request())).job
-    await LifecycleRepository(db).lock(job.id, owner="run-1", identity="w", ttl_s=60)
+    async with db.begin() as s:
+        await LifecycleRepository().lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
     rec = CancelRecorder()
     res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
     assert res.outcome == "cancel_requested"
@@ -388,9 +392,10 @@ async def test_cancel_someone_elses_job_is_not_found(db: SessionMaker) -> None:
 
 async def failed_job(svc: JobService, sm: SessionMaker, **kw: Any) -> JobRow:
     job = (await svc.create(request(**kw))).job
-    repo = LifecycleRepository(sm)
-    await repo.lock(job.id, owner="run-1", identity="w", ttl_s=60)
-    await repo.mark_failed(job.id, "PROVIDER_UNAVAILABLE", "down")
+    repo = LifecycleRepository()
+    async with sm.begin() as s:
+        await repo.lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
+        await repo.mark_failed(s, job.id, "PROVIDER_UNAVAILABLE", "down")
     return await get(sm, job.id)
 
 
@@ -442,13 +447,14 @@ async def test_retry_bypasses_quotas(db: SessionMaker) -> None:
 
 async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker) -> None:
     svc = service(db)
-    repo = LifecycleRepository(db)
+    repo = LifecycleRepository()
     queued = (await svc.create(request(target_id="q"))).job
     running = (await svc.create(request(target_id="r"))).job
-    await repo.lock(running.id, owner="run-r", identity="w", ttl_s=60)
     done = (await svc.create(request(target_id="s"))).job
-    await repo.lock(done.id, owner="run-s", identity="w", ttl_s=60)
-    await repo.mark_succeeded(done.id)
+    async with db.begin() as s:
+        await repo.lock(s, running.id, owner="run-r", identity="w", ttl_s=60)
+        await repo.lock(s, done.id, owner="run-s", identity="w", ttl_s=60)
+        await repo.mark_succeeded(s, done.id)
     for job_id in (queued.id, running.id, done.id):
         with pytest.raises(JobNotRetryable):
             await svc.retry(job_id)

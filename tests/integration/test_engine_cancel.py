@@ -1,4 +1,4 @@
-"""Issue 4 (engine), cancellation on the real PostgreSQL and Temporal dev server: a queued job
+"""Cancellation on the real PostgreSQL and Temporal dev server: a queued job
 never runs, a running job stops within seconds, and a cancel racing a completion leaves exactly
 one terminal state on which SQL and Temporal agree."""
 
@@ -14,16 +14,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult
 from engine.errors import JobAlreadyCancelled, JobNotCancellable
 from engine.settings import Settings
-from tests.conftest import make_settings
 from tests.integration.conftest_engine import (
     LIFECYCLE_SA,
-    TERMINAL,
-    engine_stack,
-    eventually,
     job_facts,
     scalar,
     wait_activity_started,
@@ -31,9 +28,8 @@ from tests.integration.conftest_engine import (
     wait_workflow_closed,
     workflow_canceller,
 )
-
-COMPLETED = "ai.job.completed"
-CANCELLED = "ai.job.cancelled"
+from tests.stack import TERMINAL, engine_stack, make_settings
+from tests.support import eventually
 
 
 async def test_queued_job_cancelled_never_runs(
@@ -75,8 +71,8 @@ async def test_queued_job_cancelled_never_runs(
         # The workflow really was started by the relay (the enqueue was published).
         status = await scalar(
             db,
-            "SELECT status FROM outbox_event WHERE event_type = 'ai.job.enqueue' "
-            "AND aggregate_id = :j",
+            "SELECT status FROM outbox_event WHERE event_type = :e AND aggregate_id = :j",
+            e=ENQUEUE,
             j=str(job_id),
         )
         assert status == "published"
@@ -197,7 +193,7 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(
                 assert f.artifacts == [] and f.synthetic_results == []
                 assert COMPLETED not in f.events
                 assert row.error_code == "CANCELLED"
-            assert "ai.job.failed" not in f.events
+            assert FAILED not in f.events
 
         mix = Counter((outcomes[j], final[j]) for j in job_ids)
         print(f"cancel race: {dict(mix)} in {time.monotonic() - t0:.1f}s")

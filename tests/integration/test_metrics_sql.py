@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from api.metrics import ACTIVE_JOBS_SQL, OLDEST_PENDING_SQL, OUTBOX_SQL, RECENT_JOBS_SQL
+from db.metrics import ACTIVE_JOBS_SQL, OLDEST_PENDING_SQL, OUTBOX_SQL, RECENT_JOBS_SQL
 from db.session import SessionMaker
 
 

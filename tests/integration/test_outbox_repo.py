@@ -1,4 +1,4 @@
-"""The transactional outbox on a real PostgreSQL (DESIGN §3, ADR §4): concurrent claimers never
+"""The transactional outbox on a real PostgreSQL: concurrent claimers never
 share a row, only the claimer marks its rows, failures back off and end `dead` after 3 attempts,
 an admin requeues dead rows, a dead claimer's rows come back after the TTL (the crash window),
 and the dedupe key makes a second insert a no-op."""
@@ -25,13 +25,13 @@ async def seed(sm: SessionMaker, n: int) -> list[int]:
                 """
                 INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key,
                                           payload, status, attempt_count, available_at)
-                SELECT 'ai.job.enqueue', 'AiJob', 'job-' || g, 'synthetic:u1:' || g,
+                SELECT :ev, 'AiJob', 'job-' || g, 'synthetic:u1:' || g,
                        jsonb_build_object('n', g), 'pending', 0, now()
                 FROM generate_series(1, :n) AS g
                 RETURNING id
                 """
             ),
-            {"n": n},
+            {"n": n, "ev": ENQUEUE},
         )
         return sorted(r.id for r in rows)
 

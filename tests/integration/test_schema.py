@@ -1,10 +1,11 @@
 """The migrated schema is the models' schema, and its lifecycle guard trigger rejects every illegal
-transition even from raw SQL (DESIGN §2.2, §6; STYLE: "migrations are the schema")."""
+transition even from raw SQL: the migrations are the schema."""
 
 from __future__ import annotations
 
 import itertools
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -30,7 +31,7 @@ PATH: dict[S, tuple[S, ...]] = {
 
 def new_job(**kw: object) -> NewJob:
     job_id = uuid.uuid4()
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "id": job_id,
         "user_id": "u1",
         "job_type": "synthetic",
@@ -50,7 +51,7 @@ def new_job(**kw: object) -> NewJob:
         "workflow_id": f"ai-interactive:synthetic:{job_id}",
     }
     values.update(kw)
-    return NewJob(**values)  # type: ignore[arg-type]
+    return NewJob(**values)
 
 
 async def raw_set(sm: SessionMaker, job_id: uuid.UUID, to: S) -> None:
@@ -64,7 +65,7 @@ async def raw_set(sm: SessionMaker, job_id: uuid.UUID, to: S) -> None:
 async def job_in(sm: SessionMaker, state: S) -> uuid.UUID:
     job = new_job()
     async with sm.begin() as s:
-        await LifecycleRepository(sm).create(s, job)
+        await LifecycleRepository().create(s, job)
     for step in PATH[state]:
         await raw_set(sm, job.id, step)
     return job.id
@@ -129,7 +130,7 @@ async def test_raw_update_obeys_the_transition_table(db: SessionMaker, src: S, d
 async def test_insert_must_start_queued(db: SessionMaker, state: S) -> None:
     with pytest.raises(DBAPIError) as info:
         async with db.begin() as s:
-            await LifecycleRepository(db).create(s, new_job())
+            await LifecycleRepository().create(s, new_job())
             await s.execute(
                 text(
                     """
