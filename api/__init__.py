@@ -1,1 +1,1 @@
-"""FastAPI app: routes, auth, problem+json errors, response models (DESIGN §9)."""
+"""FastAPI app: routes, auth, problem+json errors, response models (docs/api.md)."""

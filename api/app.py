@@ -1,4 +1,5 @@
-"""The FastAPI application factory."""
+"""The FastAPI application factory. The process's composition root (`runtime/wiring.py`,
+`api_app`) decides its collaborators and passes them in."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
 from jobs.types import default_catalog
+from jobs.webhooks import WebhookService
 
 
 def create_app(
@@ -33,20 +35,30 @@ def create_app(
     catalog: Catalog | None = None,
     temporal: Client | None = None,
 ) -> FastAPI:
+    """The API app. `runtime.wiring.api_app` passes its collaborators; a left-out `catalog`
+    (tests, the benchmarks) is the default catalog, what `api_app` passes. The keyring is
+    `credential_cipher(settings)`, the one the workers decrypt with."""
     catalog = catalog or default_catalog()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
         sm = make_sessionmaker(engine)
+        keyring = credential_cipher(settings)
         app.state.aijobs = AppState(
             settings=settings,
             sessionmaker=sm,
             catalog=catalog,
             jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
-            credentials=CredentialService(sm, credential_cipher(settings)),
+            credentials=CredentialService(sm, keyring),
             events=JobEventHub(settings.require_database_url(), sm),
+            webhooks=WebhookService(
+                sm,
+                keyring,
+                allow_private=settings.webhooks_allow_private,
+                rotation_grace_s=settings.webhook_rotation_grace_s,
+            ),
         )
         try:
             yield
@@ -89,8 +101,7 @@ def create_app(
         variants = []
         public_types: list[str] = []
         for jt in catalog:
-            vis = jt.definition.visibility
-            if vis == "internal" or (vis == "dev" and not policy.synthetic_public):
+            if not jt.definition.creatable(development=policy.synthetic_public):
                 continue
             name = f"{jt.input_model.__name__}"
             sub = jt.input_model.model_json_schema(
@@ -98,9 +109,7 @@ def create_app(
             )
             for k, v in sub.pop("$defs", {}).items():
                 comps[k] = v
-            sub["description"] = (
-                f"`input` of jobType `{jt.job_type}`: {jt.definition.metadata.description}"
-            )
+            sub["description"] = f"`input` of jobType `{jt.job_type}`: {jt.definition.description}"
             comps[name] = sub
             variants.append({"$ref": f"#/components/schemas/{name}"})
             public_types.append(jt.job_type)

@@ -1,4 +1,4 @@
-"""FastAPI dependencies as `Annotated` aliases (STYLE)."""
+"""FastAPI dependencies as `Annotated` aliases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Response and request models (JSON in camelCase). JobStatusResponse is the ADR's frozen shape."""
+"""Response and request models (JSON in camelCase). JobStatusResponse's shape is frozen: clients
+depend on it (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from db.jobs import ArtifactRef, JobRow
+from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
+from engine.definition import CredentialMode, QueueName
 from engine.errors import ValidationFailed
+from engine.lifecycle import StatusName
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-Queue = Literal["ai-interactive", "ai-background"]
+Status = StatusName
+Queue = QueueName
 # Deeper `input` documents fail pydantic's serializer (depth ~255) inside create: refuse them here.
 MAX_INPUT_DEPTH = 64
 # A job's `input` is kept (jsonb) and turned into provider prompts: bound it well below
@@ -24,7 +28,8 @@ MAX_INPUT_DEPTH = 64
 MAX_INPUT_BYTES = 256 * 1024
 # A query filter that PostgreSQL can compare: text columns cannot hold NUL (driver DataError).
 NO_NUL = r"^[^\x00]*$"
-JOB_TYPE_PATTERN = r"^[a-z][a-z0-9_]{1,63}$"  # DESIGN §7; a filter that cannot match is a 422
+# A jobType filter that no job type could match is a 422.
+JOB_TYPE_PATTERN = _JOB_TYPE_RE.pattern
 
 
 def storable_text(value: str) -> bool:
@@ -130,7 +135,7 @@ class CreateJobBody(Camel):
     input: dict[str, Any] = Field(default_factory=dict)
     # Strict: `true` or "5" is not a priority (lax mode would take them as 1 and 5).
     priority: int | None = Field(default=None, ge=0, le=100, strict=True)
-    credential_mode: Literal["platform_key", "user_deepseek_key"] | None = None
+    credential_mode: CredentialMode | None = None
 
     @field_validator("job_type", "target_type", "target_id")
     @classmethod

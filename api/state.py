@@ -14,6 +14,7 @@ from engine.settings import Settings
 from jobs.credentials import CredentialService
 from jobs.service import JobService
 from jobs.spec import Catalog
+from jobs.webhooks import WebhookService
 
 
 @dataclass
@@ -25,8 +26,9 @@ class AppState:
     credentials: CredentialService
     # Job change streams: the process's one LISTEN connection, started on first use.
     events: JobEventHub
+    # Webhook endpoints (api/routes/webhooks.py), under the same keyring as `credentials`.
+    webhooks: WebhookService
     temporal: Client | None = None
-    # Issue 6: encrypts users' provider keys (api/routes/credentials.py); None = not configured.
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def temporal_client(self, timeout_s: float = 3.0) -> Client:

@@ -10,20 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final, Literal
 
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.state import AppState
 from db.jobs import JobQueries, JobRow
 from db.outbox import OutboxRow, enqueue_row_for_job
+from engine.lifecycle import ACTIVE_VALUES
+from engine.workflow_state import workflow_state
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ("queued", "running")
+ACTIVE = ACTIVE_VALUES
 DESCRIBE_BUDGET_S = 2.0
 _ERROR_IN_DETAIL = 200
 _MISSING: Final = "missing"
@@ -88,22 +89,21 @@ def from_workflow(desc: DescribeWorkflowExecutionResponse, job_status: str) -> S
     A workflow task that fails is retried by Temporal forever (a plain exception in workflow
     code, non-determinism after a bad deploy); only the pending task's attempt shows it. Temporal
     does not say when that streak began, hence no `since`."""
-    info = desc.workflow_execution_info
-    if info.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
-        if desc.HasField("pending_workflow_task") and desc.pending_workflow_task.attempt > 1:
+    state = workflow_state(desc)
+    if state.running:
+        if state.failing_task_attempts > 0:
             return Stuck(
                 "WORKFLOW_TASK_FAILING",
-                f"The workflow task failed and is at attempt {desc.pending_workflow_task.attempt}"
+                f"The workflow task failed and is at attempt {state.failing_task_attempts + 1}"
                 "; the workflow cannot progress until its code is fixed (see the workflow's "
                 "pending task in Temporal).",
                 None,
             )
         return None
-    status = WorkflowExecutionStatus.Name(info.status).removeprefix("WORKFLOW_EXECUTION_STATUS_")
     return Stuck(
         "WORKFLOW_CLOSED",
-        f"The workflow is {status} while the job is still {job_status}.",
-        info.close_time.ToDatetime(tzinfo=UTC) if info.HasField("close_time") else None,
+        f"The workflow is {state.status} while the job is still {job_status}.",
+        state.closed_at,
     )
 
 

@@ -1,7 +1,8 @@
 """Payloads that cross Temporal: workflow and activity inputs and results.
 
-Plain dataclasses of ids, hashes, codes and numbers only (DESIGN §2.5): never job input, snapshot
-content, prompts, model output or credentials. They are imported inside the workflow sandbox.
+Plain dataclasses of ids, hashes, codes and numbers only: never job input, snapshot content,
+prompts, model output or credentials (docs/contracts.md, privacy). They are imported inside the
+workflow sandbox.
 """
 
 from __future__ import annotations
@@ -24,17 +25,15 @@ RELAY_WORKFLOW_ID = "ai-system:outbox-relay"
 RECONCILER_WORKFLOW = "reconciler"
 RECONCILER_SCHEDULE_ID = "ai-system:reconciler"
 
-SEARCH_ATTRIBUTES: tuple[str, ...] = ("JobId", "JobType", "LifecycleStatus")
-
 
 def workflow_id(queue_name: str, job_type: str, job_id: str) -> str:
-    """DESIGN §7: unique per job, so starting it twice is a no-op."""
+    """Unique per job, so starting it twice is a no-op (docs/contracts.md, queues and ids)."""
     return f"{queue_name}:{job_type}:{job_id}"
 
 
 @dataclass(frozen=True)
 class JobWorkflowInput:
-    """The frozen queue payload of ADR §3.2 (camelCase on the wire)."""
+    """The frozen queue payload (camelCase on the wire; docs/contracts.md, queues and ids)."""
 
     jobId: str
     jobType: str

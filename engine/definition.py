@@ -1,21 +1,25 @@
-"""JobDefinition (ADR §2.1, frozen) and the registry that validates it (ADR §2.2)."""
+"""A job type's frozen definition: the policy the engine applies to every job of that type
+(queue, priority, timeout, retries, credential modes, who may create it). Every field but
+`job_type` has a default; `validate_definition` is what registration checks. The fields are
+described in docs/adding-a-job-type.md."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from engine.errors import DuplicateJobDefinition, InvalidJobDefinition, UnknownJobType
+from engine.errors import InvalidJobDefinition
 
 QueueName = Literal["ai-interactive", "ai-background"]
 CredentialMode = Literal["platform_key", "user_deepseek_key"]
-QUEUE_NAMES: tuple[str, ...] = ("ai-interactive", "ai-background")
+QUEUE_NAMES: tuple[QueueName, ...] = ("ai-interactive", "ai-background")
+CREDENTIAL_MODES: tuple[CredentialMode, ...] = ("platform_key", "user_deepseek_key")
 SYSTEM_QUEUE = "ai-system"
 JOB_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
+Visibility = Literal["public", "dev", "internal"]
 
 
 class _Frozen(BaseModel):
@@ -24,76 +28,86 @@ class _Frozen(BaseModel):
     )
 
 
-class Metadata(_Frozen):
-    label: str
-    description: str
-    domain: Literal["analysis", "generation", "import", "maintenance"]
-    version: str
-
-
 class QueueSpec(_Frozen):
-    queue_name: str
-    default_priority: int = Field(ge=0, le=100)  # 0 = highest, 100 = lowest
+    queue_name: str = "ai-interactive"
+    default_priority: int = Field(default=50, ge=0, le=100)  # 0 = highest, 100 = lowest
 
 
 class RetryBackoff(_Frozen):
     type: Literal["exponential"] = "exponential"
-    delay: int = Field(ge=0)  # milliseconds
+    delay: int = Field(default=2000, ge=0)  # milliseconds before the first retry; doubles
 
 
 class Execution(_Frozen):
-    timeout_ms: int
-    max_retries: int = Field(ge=0, le=10)  # not counting the first attempt
-    retry_backoff: RetryBackoff
+    timeout_ms: int = 60_000  # one provider call, 1 s .. 10 min
+    max_retries: int = Field(default=1, ge=0, le=10)  # not counting the first attempt
+    retry_backoff: RetryBackoff = RetryBackoff()
     cancellable: bool = True
+    # After a retryable failure: "retry" spends the job's retries, "fail" ends the job.
     abort_strategy: Literal["fail", "retry"] = "retry"
 
 
-class InputSpec(_Frozen):
+class SchemaVersion(_Frozen):
     schema_version: str
-
-
-class OutputSpec(_Frozen):
-    schema_version: str
-    validator: str | None = None
 
 
 class CredentialSpec(_Frozen):
-    allowed_modes: tuple[CredentialMode, ...]
-    default_mode: CredentialMode
+    allowed_modes: tuple[CredentialMode, ...] = ("platform_key",)
+    default_mode: CredentialMode = "platform_key"
 
 
 class SecuritySpec(_Frozen):
-    content_safety_check: bool = True
-    output_redaction: bool = False
+    content_safety_check: bool = True  # screen the input before the provider sees it
+    output_redaction: bool = False  # mask emails/phones/keys in the output before storing it
 
 
 class JobDefinition(_Frozen):
-    """The frozen fields of ADR §2.1 plus who may create the job over REST.
+    """`visibility`: "public" (any user may create it), "dev" (only when the settings say
+    development or test, e.g. the synthetic type), "internal" (never through the REST API).
 
-    `visibility`: "public" (any user), "dev" (public only when the settings say development or
-    test, e.g. the synthetic type), "internal" (never through the REST create endpoint).
-    """
+    The input and output schema versions and the prompt version are recorded on every job;
+    when left out they are `<job_type>.input.v1`, `<job_type>.output.v1` and `<job_type>.v1`."""
 
     job_type: str
-    metadata: Metadata
-    queue: QueueSpec
-    execution: Execution
-    input: InputSpec
-    output: OutputSpec
-    credential: CredentialSpec
-    projector: str | None = None
+    description: str = ""
+    queue: QueueSpec = QueueSpec()
+    execution: Execution = Execution()
+    # Left out (or empty): filled in from job_type by the validator below.
+    input: SchemaVersion = SchemaVersion(schema_version="")
+    output: SchemaVersion = SchemaVersion(schema_version="")
+    credential: CredentialSpec = CredentialSpec()
     security: SecuritySpec = SecuritySpec()
-    visibility: Literal["public", "dev", "internal"] = "public"
-    prompt_version: str = "v1"
+    visibility: Visibility = "public"
+    prompt_version: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _versions_default_to_the_job_type(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            name = data.get("job_type") or data.get("jobType")
+            if isinstance(name, str):
+                data = dict(data)
+                for key, default in (
+                    ("input", SchemaVersion(schema_version=f"{name}.input.v1")),
+                    ("output", SchemaVersion(schema_version=f"{name}.output.v1")),
+                    ("prompt_version", f"{name}.v1"),
+                ):
+                    if not data.get(key):
+                        data[key] = default
+        return data
 
     @property
     def max_attempts(self) -> int:
         return self.execution.max_retries + 1
 
+    def creatable(self, *, development: bool) -> bool:
+        """May a user create this type over REST? `development`: the settings say
+        development or test, where the "dev" types are public too."""
+        return self.visibility == "public" or (self.visibility == "dev" and development)
+
 
 def validate_definition(d: JobDefinition) -> None:
-    """The ADR's registration checks; raises InvalidJobDefinition naming the bad field."""
+    """What registration checks; raises InvalidJobDefinition naming the bad field."""
     if not JOB_TYPE_PATTERN.fullmatch(d.job_type):
         raise InvalidJobDefinition(f"invalid jobType {d.job_type!r}")
     if d.queue.queue_name not in QUEUE_NAMES:
@@ -106,35 +120,7 @@ def validate_definition(d: JobDefinition) -> None:
         raise InvalidJobDefinition(f"{d.job_type} allows no credential mode")
 
 
-class Registry:
-    """jobType → JobDefinition; replaces any `switch(jobType)` (ADR §2.2)."""
-
-    def __init__(self) -> None:
-        self._defs: dict[str, JobDefinition] = {}
-
-    def register(self, d: JobDefinition) -> None:
-        if d.job_type in self._defs:
-            raise DuplicateJobDefinition(f"duplicate jobType {d.job_type!r}")
-        validate_definition(d)
-        self._defs[d.job_type] = d
-
-    def get(self, job_type: str) -> JobDefinition:
-        try:
-            return self._defs[job_type]
-        except KeyError:
-            raise UnknownJobType(job_type) from None
-
-    def __contains__(self, job_type: object) -> bool:
-        return job_type in self._defs
-
-    def __iter__(self) -> Iterator[JobDefinition]:
-        return iter(self._defs.values())
-
-    def all(self) -> list[JobDefinition]:
-        return list(self._defs.values())
-
-
 def priority_key(priority: int) -> int:
-    """Map the ADR's 0 (highest) .. 100 (lowest) onto Temporal's priority keys 1 (soonest) .. 5."""
+    """Map 0 (highest) .. 100 (lowest) onto Temporal's priority keys 1 (soonest) .. 5."""
     p = min(100, max(0, priority))
     return 1 + (p * 5) // 101

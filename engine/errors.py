@@ -1,4 +1,4 @@
-"""One error root for the whole engine, and the error-code taxonomy of DESIGN §8.
+"""One error root for the whole engine, and the error-code taxonomy (docs/contracts.md, errors).
 
 Every domain error carries a public `code`, an HTTP status and a public message that is safe to
 show anyone: no stack trace, path, host, SQL or provider body. Details for operators travel
@@ -37,7 +37,7 @@ _RULES: tuple[CodeRule, ...] = (
 
 
 def retry_rule(code: str) -> Retry:
-    """How DESIGN §8 retries an error code; unknown codes are treated as INTERNAL."""
+    """Whether and how an error code is retried; unknown codes are treated as INTERNAL."""
     best: CodeRule | None = None
     for rule in _RULES:
         if code.startswith(rule.prefix) and (best is None or len(rule.prefix) > len(best.prefix)):
@@ -209,7 +209,8 @@ class Forbidden(EngineError):
 
 
 class IllegalTransition(EngineError):
-    """A lifecycle write that DESIGN §6 forbids (or whose compare-and-set found another state)."""
+    """A lifecycle write the transition table forbids (or whose compare-and-set found another
+    state)."""
 
     code = "INTERNAL_ILLEGAL_TRANSITION"
     http_status = 409

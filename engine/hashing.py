@@ -1,4 +1,4 @@
-"""Stable hashes: the output hash of ADR §5.6 and the request fingerprint for idempotency."""
+"""Stable hashes: a job's output hash and the request fingerprint for idempotency."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def canonical_json(value: Any) -> str:
 
 
 def output_hash(validated_output: Any) -> str:
-    """SHA-256 (hex) of the key-sorted JSON of a validated output (ADR §5.6)."""
+    """SHA-256 (hex) of the key-sorted JSON of a validated output."""
     return hashlib.sha256(canonical_json(validated_output).encode()).hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""Lifecycle states and the only legal transitions between them (DESIGN §6, ADR §1).
+"""Lifecycle states and the only legal transitions between them.
 
 The same table is enforced three times: here (code fails loudly), in the lifecycle repository
 (every write is a compare-and-set on the expected state) and in a PostgreSQL trigger (even raw SQL
@@ -8,6 +8,10 @@ cannot break it).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal, get_args
+
+# The states as a type, for response models and query filters; equal to LifecycleStatus's values.
+StatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class LifecycleStatus(StrEnum):
@@ -21,6 +25,12 @@ class LifecycleStatus(StrEnum):
 TERMINAL: frozenset[LifecycleStatus] = frozenset(
     {LifecycleStatus.SUCCEEDED, LifecycleStatus.FAILED, LifecycleStatus.CANCELLED}
 )
+# TERMINAL's values in declaration order (a stable SQL `IN (...)` list).
+TERMINAL_VALUES: tuple[str, ...] = tuple(s.value for s in LifecycleStatus if s in TERMINAL)
+ACTIVE_VALUES: tuple[str, ...] = tuple(s.value for s in LifecycleStatus if s not in TERMINAL)
+
+if set(get_args(StatusName)) != {s.value for s in LifecycleStatus}:
+    raise AssertionError("StatusName and LifecycleStatus disagree")
 
 LEGAL_TRANSITIONS: frozenset[tuple[LifecycleStatus, LifecycleStatus]] = frozenset(
     {
@@ -32,7 +42,7 @@ LEGAL_TRANSITIONS: frozenset[tuple[LifecycleStatus, LifecycleStatus]] = frozense
     }
 )
 
-# The legacy `status` column is shadow-written with this mapping (ADR §1.5).
+# The legacy `status` column is shadow-written with this mapping.
 LEGACY_STATUS: dict[LifecycleStatus, str] = {
     LifecycleStatus.QUEUED: "pending",
     LifecycleStatus.RUNNING: "processing",

@@ -1,4 +1,4 @@
-"""The one Settings object (environment names are part of the contract, DESIGN §10).
+"""The one Settings object (environment names are part of the contract, docs/operations.md).
 
 It lives in `engine` so every layer can type its parameter, but it is only *built* in entry points
 (`runtime/`) and passed down; nothing reads the environment at import time.
@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         env_prefix="", extra="ignore", case_sensitive=False, env_ignore_empty=True
     )
 
-    # ---- contract names (DESIGN §10) ----
+    # ---- contract names: operators set these, do not rename them ----
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
     temporal_address: str | None = Field(default=None, alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="TEMPORAL_NAMESPACE")

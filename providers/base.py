@@ -1,7 +1,7 @@
 """The provider protocol every AI backend implements.
 
-Providers raise `engine.errors.ExecutionFailure(code, ...)` with the codes of DESIGN §8 /
-issue 6: CREDENTIAL_INVALID, PROVIDER_RATE_LIMITED (retry_after_s set when the provider said),
+Providers raise `engine.errors.ExecutionFailure(code, ...)` with these codes (docs/contracts.md,
+errors): CREDENTIAL_INVALID, PROVIDER_RATE_LIMITED (retry_after_s set when the provider said),
 PROVIDER_UNAVAILABLE, PROVIDER_TIMEOUT, CONTENT_SAFETY_BLOCKED. Output validation is the caller's
 job (it knows the output model). Nothing here logs prompts, outputs or keys.
 """
@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class SyntheticBehaviour:
-    """Scripted behaviour for the synthetic provider (DESIGN §7 synthetic input)."""
+    """Scripted behaviour for the synthetic provider (the `synthetic` job type's input)."""
 
     output: Mapping[str, Any]
     delay_ms: int = 0

@@ -9,7 +9,7 @@ from providers.base import Provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.synthetic import SyntheticProvider
 
-# The longest job timeout a definition may declare (DESIGN §7): each job's own timeoutMs then
+# The longest job timeout a definition may declare: each job's own timeoutMs then
 # bounds its calls, instead of a provider-wide cap cutting long generations short.
 MAX_CALL_TIMEOUT_S = 600.0
 

@@ -1,7 +1,7 @@
 """A client for OpenAI-compatible chat-completion APIs (DeepSeek, OpenAI, local servers).
 
-Secrecy invariants (DESIGN §8/§10): the API key and the prompts travel only in the HTTP request.
-No log line, exception message or `internal_message` produced here contains them; the
+Secrecy invariants (docs/contracts.md, privacy): the API key and the prompts travel only in the
+HTTP request. No log line, exception message or `internal_message` produced here contains them; the
 `internal_message` may carry the HTTP status and at most 200 characters of the provider's
 error body, scrubbed of anything that looks like the key or an echo of the prompts. Provider
 exceptions are replaced outside their `except` blocks so that no httpx object (whose request

@@ -105,11 +105,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     s = _settings("api")
     import uvicorn
 
-    from api.app import create_app
-    from runtime.wiring import create_policy
+    from runtime.wiring import api_app
 
     telemetry = _observability(s, "api")
-    app = create_app(s, policy=create_policy(s))
+    app = api_app(s)
     telemetry.instrument_app(app)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
@@ -209,11 +208,11 @@ async def _setup_temporal(s: Settings) -> None:
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
     from temporalio.service import RPCError
 
-    from engine.contracts import SEARCH_ATTRIBUTES
+    from engine import search_attributes
     from runtime.wiring import connect_temporal
 
     client = await connect_temporal(s)
-    for name in SEARCH_ATTRIBUTES:
+    for name in search_attributes.NAMES:
         try:
             await client.operator_service.add_search_attributes(
                 AddSearchAttributesRequest(
@@ -261,10 +260,10 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 async def _rotate_keys_main(s: Settings) -> int:
-    from jobs.credentials import rotate_credential_keys
-    from runtime.wiring import build_parts, cipher
+    from jobs.credentials import credential_cipher, rotate_credential_keys
+    from runtime.wiring import build_parts
 
-    keyring = cipher(s)
+    keyring = credential_cipher(s)
     if keyring is None:  # production without a keyring: the startup check refuses it first
         print("aijobs rotate-keys: CREDENTIAL_ENCRYPTION_KEY is not set", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.contracts import SEARCH_ATTRIBUTES
+from engine.search_attributes import NAMES as SEARCH_ATTRIBUTES
 
 log = logging.getLogger(__name__)
 

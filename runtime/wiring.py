@@ -1,9 +1,12 @@
-"""Builds the engine's parts from Settings: the only place that turns configuration into objects."""
+"""Builds the engine's parts from Settings: the composition root, the only place that turns
+configuration into objects. `aijobs api`, the workers, the relay and the reconciler get theirs
+here (`api_app`, `build_parts` and the builders below)."""
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from temporalio.client import Client
@@ -22,11 +25,13 @@ from jobs.credentials import credential_cipher
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
-from providers.crypto import CredentialCipher
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.safety import RuleBasedContentSafety, parse_blocklist
 from runtime.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 @dataclass
@@ -45,10 +50,13 @@ def build_parts(settings: Settings) -> Parts:
     return Parts(settings, engine, make_sessionmaker(engine), default_catalog())
 
 
-def cipher(settings: Settings) -> CredentialCipher | None:
-    """The same keyring the API encrypts with (see `credential_cipher`): None in production
-    without CREDENTIAL_ENCRYPTION_KEY, and then EXECUTE refuses user-key jobs."""
-    return credential_cipher(settings)
+def api_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
+    """The API application as `aijobs api` serves it."""
+    from api.app import create_app  # not at import time: workers never build the app
+
+    return create_app(
+        settings, policy=create_policy(settings), catalog=default_catalog(), temporal=temporal
+    )
 
 
 def gateway(settings: Settings, telemetry: Telemetry | None = None) -> Gateway:
@@ -62,7 +70,7 @@ def gateway(settings: Settings, telemetry: Telemetry | None = None) -> Gateway:
         ),
         model=settings.ai_model,
         platform_api_key=key,
-        cipher=cipher(settings),
+        cipher=credential_cipher(settings),
         safety=RuleBasedContentSafety(parse_blocklist(settings.content_safety_blocklist)),
     )
     if telemetry is not None:
@@ -163,5 +171,5 @@ def webhook_config(settings: Settings) -> WebhookConfig:
 def webhook_deliverer(parts: Parts) -> WebhookDeliverer:
     """The deliverer that runs beside the relay (ai-system workers, `aijobs relay`)."""
     return WebhookDeliverer(
-        parts.sessionmaker, cipher(parts.settings), webhook_config(parts.settings)
+        parts.sessionmaker, credential_cipher(parts.settings), webhook_config(parts.settings)
     )

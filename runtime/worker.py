@@ -1,9 +1,10 @@
 """Worker bootstrap: one Temporal worker per task queue, built from Settings.
 
 `ai-interactive` / `ai-background` run every job workflow and the stage activities; their
-`max_concurrent_activities` is the ADR's concurrency (2 / 1). EXECUTE is the only regular
-activity there, so the limit caps concurrent provider calls while the bookkeeping stages (local
-activities) run unthrottled. `ai-system` runs the relay workflow and the reconciler schedule.
+`max_concurrent_activities` is AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY (2 / 1 by
+default). EXECUTE is the only regular activity there, so the limit caps concurrent provider calls
+while the bookkeeping stages (local activities) run unthrottled. `ai-system` runs the relay
+workflow and the reconciler schedule.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 log = logging.getLogger(__name__)
 ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
+# The job queues, interactive first (unpacking fails loudly if a queue is ever added).
+INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
@@ -92,7 +95,7 @@ def build_workers(
     for q in queues:
         if q in QUEUE_NAMES:
             concurrency = (
-                s.interactive_concurrency if q == "ai-interactive" else s.background_concurrency
+                s.interactive_concurrency if q == INTERACTIVE_QUEUE else s.background_concurrency
             )
             workers.append(
                 Worker(

@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -74,12 +74,10 @@ with workflow.unsafe.imports_passed_through():
         StageInput,
     )
     from engine.errors import public_message_for
+    from engine.search_attributes import JOB_ID, JOB_TYPE
+    from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
 
 T = TypeVar("T")
-
-JOB_ID = SearchAttributeKey.for_keyword("JobId")
-JOB_TYPE = SearchAttributeKey.for_keyword("JobType")
-LIFECYCLE = SearchAttributeKey.for_keyword("LifecycleStatus")
 
 # Bookkeeping stages retry until PostgreSQL answers again (a database restart must not lose a
 # job); domain errors are raised non-retryable by the activities themselves.

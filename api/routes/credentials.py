@@ -1,4 +1,4 @@
-"""A user's own provider keys: add, list (masked), revoke (issue 6).
+"""A user's own provider keys: add, list (masked), revoke.
 
 The plaintext key exists only inside the POST handler, long enough to be encrypted (AES-GCM under
 the current key of CREDENTIAL_ENCRYPTION_KEY, AAD bound to the owner and provider, exactly as

@@ -24,10 +24,10 @@ from api.deps import State, User
 from api.schemas import JobStatusResponse, status_response
 from db.jobs import JobQueries, JobRow
 from engine.errors import JobNotFound, ValidationFailed
+from engine.lifecycle import TERMINAL
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
 _jobs = JobQueries()
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream
 _SEEN = 1000  # jobs whose last sent state the all-jobs stream remembers
 _MAX_VERSION = 2**63 - 1

@@ -28,7 +28,6 @@ from engine.errors import (
     WebhookDeliveryNotFound,
     WebhookDeliveryNotReplayable,
 )
-from jobs.credentials import credential_cipher
 from jobs.webhooks import WebhookService
 
 log = logging.getLogger(__name__)
@@ -85,13 +84,7 @@ class WebhookDeliveryPage(Camel):
 
 
 def _service(state: State) -> WebhookService:
-    s = state.settings
-    return WebhookService(
-        state.sessionmaker,
-        credential_cipher(s),
-        allow_private=s.webhooks_allow_private,
-        rotation_grace_s=s.webhook_rotation_grace_s,
-    )
+    return state.webhooks
 
 
 def _out(row: EndpointRow) -> dict[str, Any]:
