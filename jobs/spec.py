@@ -1,21 +1,37 @@
 """What a job type is: its frozen definition plus its input and output models, its prompt, its
-projector and the plausible output the synthetic provider answers with (STYLE: one module per
-job type, in `jobs/types/`)."""
+projector and the plausible output the synthetic provider answers with. One module per job
+type in `jobs/types/`, one line in `jobs/types/__init__.py`: docs/adding-a-job-type.md."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from engine.definition import JobDefinition, Registry
-from engine.errors import UnknownJobType
+from db.models import AiJob
+from engine.definition import JobDefinition, validate_definition
+from engine.errors import DuplicateJobDefinition, UnknownJobType
 from providers.base import SyntheticBehaviour
+
+
+class JobInput(BaseModel):
+    """Base of a job type's input model: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class JobOutput(BaseModel):
+    """Base of a job type's output model (what the provider must return): unknown fields
+    refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
@@ -40,42 +56,81 @@ class Artifact:
     ordinal: int
 
 
+InT = TypeVar("InT", bound=BaseModel)
+OutT = TypeVar("OutT", bound=BaseModel)
+
 # A target check runs inside the create transaction with the creating user's id: a job type uses
 # it to refuse targets that do not exist or do not belong to that user (raise ValidationFailed).
 TargetCheck = Callable[[AsyncSession, str, str, str], Awaitable[None]]
 
-# A projector writes business rows for a validated output inside the PROJECT transaction and
+# A projector writes business rows for a validated output inside the job's final transaction and
 # returns the artifacts it wrote. It must be idempotent: ids derived from (job, ordinal) make a
 # second projection of the same output write nothing new.
-Projector = Callable[[AsyncSession, ProjectionContext, BaseModel], Awaitable[list[Artifact]]]
+Projector = Callable[[AsyncSession, ProjectionContext, OutT], Awaitable[list[Artifact]]]
 
 # An artifact view reads the business rows a job projected, for the artifacts API: given the
 # job id and artifact ids, it returns {artifact_id: content} with the fields a client may see,
 # in camelCase (never owner or internal columns). Ids it does not know are left out.
 ArtifactView = Callable[[AsyncSession, uuid.UUID, list[str]], Awaitable[dict[str, dict[str, Any]]]]
 
+# The artifact type of a job type that keeps no business rows of its own.
+OUTPUT_ARTIFACT = "job_output"
+
+
+async def project_output(
+    session: AsyncSession, ctx: ProjectionContext, out: BaseModel
+) -> list[Artifact]:
+    """The default projector: no business table, the job's stored output is its one artifact
+    (`job_output`, id = the job id). Writes nothing, so it is idempotent."""
+    return [Artifact(OUTPUT_ARTIFACT, str(ctx.job_id), 0)]
+
+
+async def view_output(
+    session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The default artifact view: the job's stored output (None once retention purged it)."""
+    if str(job_id) not in artifact_ids:
+        return {}
+    output = await session.scalar(select(AiJob.output).where(AiJob.id == job_id))
+    return {str(job_id): output} if output is not None else {}
+
 
 @dataclass(frozen=True)
-class JobType:
+class JobType(Generic[InT, OutT]):
+    """A job type: `definition` (policy), the input/output models, the prompt and the output
+    the synthetic provider answers with. The projector and the artifact view default to "the
+    stored output is the artifact"; a type with a business table passes its own."""
+
     definition: JobDefinition
-    input_model: type[BaseModel]
-    output_model: type[BaseModel]
-    build_prompt: Callable[[BaseModel, str | None], Prompt]
-    project: Projector
-    synthetic_output: Callable[[BaseModel], Mapping[str, Any]]
+    input_model: type[InT]
+    output_model: type[OutT]
+    build_prompt: Callable[[InT], Prompt]
+    synthetic_output: Callable[[InT], Mapping[str, Any]]
+    project: Projector[OutT] = project_output
+    # How the artifacts API shows this type's artifacts (None: content is null).
+    artifact_view: ArtifactView | None = view_output
     # Only the synthetic job type scripts its provider (delay, failures, hang...).
-    synthetic_behaviour: Callable[[BaseModel], SyntheticBehaviour] | None = None
+    synthetic_behaviour: Callable[[InT], SyntheticBehaviour] | None = None
     # The synthetic job type never calls a real provider, even when a key is configured.
     always_synthetic: bool = False
     # The targetTypes this job type accepts (None: any) and an optional ownership check.
     target_types: tuple[str, ...] | None = None
     check_target: TargetCheck | None = None
-    # How the artifacts API shows this type's business rows (None: content is null).
-    artifact_view: ArtifactView | None = None
 
     @property
     def job_type(self) -> str:
         return self.definition.job_type
+
+    def prompt(self, inp: InT, correction: str | None = None) -> Prompt:
+        """The type's prompt; after an invalid answer, `correction` (what was wrong with it)
+        is appended to the user message so the next attempt can fix it."""
+        p = self.build_prompt(inp)
+        if correction:
+            return Prompt(system=p.system, user=f"{p.user}\n\nCorrection: {correction}")
+        return p
+
+
+AnyJobType = JobType[Any, Any]
 
 
 def artifact_uuid(job_id: uuid.UUID, kind: str, ordinal: int) -> uuid.UUID:
@@ -125,22 +180,27 @@ def artifact_uuids(artifact_ids: list[str]) -> list[uuid.UUID]:
 
 
 class Catalog:
-    """The registry of definitions plus the job types' code, keyed by jobType."""
+    """The one registry: jobType -> JobType. Registration validates each definition and refuses
+    a second type of the same name; lookups of an unknown name raise UnknownJobType."""
 
-    def __init__(self, types: list[JobType]) -> None:
-        self.registry = Registry()
-        self._types: dict[str, JobType] = {}
+    def __init__(self, types: Iterable[AnyJobType] = ()) -> None:
+        self._types: dict[str, AnyJobType] = {}
         for t in types:
-            self.registry.register(t.definition)
-            self._types[t.job_type] = t
+            self.register(t)
 
-    def get(self, job_type: str) -> JobType:
+    def register(self, job_type: AnyJobType) -> None:
+        if job_type.job_type in self._types:
+            raise DuplicateJobDefinition(f"duplicate jobType {job_type.job_type!r}")
+        validate_definition(job_type.definition)
+        self._types[job_type.job_type] = job_type
+
+    def get(self, job_type: str) -> AnyJobType:
         try:
             return self._types[job_type]
         except KeyError:
             raise UnknownJobType(job_type) from None
 
-    def __iter__(self) -> Iterator[JobType]:
+    def __iter__(self) -> Iterator[AnyJobType]:
         return iter(self._types.values())
 
     def __contains__(self, job_type: object) -> bool:

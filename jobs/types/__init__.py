@@ -1,11 +1,12 @@
-"""Every job type, one module each. Adding a job type = its module + one line here."""
+"""Every job type, one module each. Adding a job type is its module plus one line in
+ALL_TYPES (docs/adding-a-job-type.md)."""
 
 from __future__ import annotations
 
-from jobs.spec import Catalog, JobType
+from jobs.spec import AnyJobType, Catalog
 from jobs.types import flashcard_generation, quiz_generation, synthetic, weak_point_analysis
 
-ALL_TYPES: list[JobType] = [
+ALL_TYPES: list[AnyJobType] = [
     synthetic.JOB,
     quiz_generation.JOB,
     flashcard_generation.JOB,

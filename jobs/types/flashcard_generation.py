@@ -1,4 +1,4 @@
-"""`flashcard_generation`: question/answer flashcards from a source text (issue 6).
+"""`flashcard_generation`: question/answer flashcards from a source text.
 
 Input: `sourceText` (1..20000 chars) and `count`, the most cards wanted (1..30, default 10).
 Output: 1..30 cards with a `front` (a prompt or question) and a `back` (its answer). Projects one
@@ -7,44 +7,33 @@ Output: 1..30 cards with a `front` (a prompt or question) and a `back` (its answ
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import Flashcard
-from engine.definition import (
-    CredentialSpec,
-    Execution,
-    InputSpec,
-    JobDefinition,
-    Metadata,
-    OutputSpec,
-    QueueSpec,
-    RetryBackoff,
-    SecuritySpec,
-)
+from engine.definition import CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     Artifact,
+    JobInput,
+    JobOutput,
     JobType,
     ProjectionContext,
     Prompt,
     artifact_uuids,
     project_rows,
 )
+from jobs.text import SENTENCE_SPLIT, WORD, clip
 
 ARTIFACT_TYPE = "flashcard"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
 PROMPT_VERSION = "flashcard_generation.v1"
 
 
-class FlashcardGenerationInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
+class FlashcardGenerationInput(JobInput):
     source_text: str = Field(min_length=1, max_length=20_000)
     count: int = Field(default=10, ge=1, le=30)
 
@@ -56,9 +45,7 @@ class FlashcardGenerationInput(BaseModel):
         return v
 
 
-class FlashcardOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FlashcardOutput(JobOutput):
     front: str = Field(min_length=1, max_length=500)
     back: str = Field(min_length=1, max_length=2000)
 
@@ -70,38 +57,16 @@ class FlashcardOutput(BaseModel):
         return v
 
 
-class FlashcardGenerationOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FlashcardGenerationOutput(JobOutput):
     flashcards: list[FlashcardOutput] = Field(min_length=1, max_length=30)
 
 
 DEFINITION = JobDefinition(
     job_type="flashcard_generation",
-    metadata=Metadata(
-        label="Flashcard generation",
-        description="Question/answer flashcards from a text.",
-        domain="generation",
-        version="1.0.0",
-    ),
-    queue=QueueSpec(queue_name="ai-interactive", default_priority=40),
-    execution=Execution(
-        timeout_ms=90_000,
-        max_retries=1,
-        retry_backoff=RetryBackoff(delay=2000),
-        cancellable=True,
-        abort_strategy="retry",
-    ),
-    input=InputSpec(schema_version="flashcard_generation.input.v1"),
-    output=OutputSpec(
-        schema_version="flashcard_generation.output.v1", validator="FlashcardGenerationOutput"
-    ),
-    credential=CredentialSpec(
-        allowed_modes=("platform_key", "user_deepseek_key"), default_mode="platform_key"
-    ),
-    projector=ARTIFACT_TYPE,
-    security=SecuritySpec(content_safety_check=True, output_redaction=False),
-    visibility="public",
+    description="Question/answer flashcards from a text.",
+    queue=QueueSpec(default_priority=40),
+    execution=Execution(timeout_ms=90_000),
+    credential=CredentialSpec(allowed_modes=("platform_key", "user_deepseek_key")),
     prompt_version=PROMPT_VERSION,
 )
 
@@ -124,45 +89,32 @@ Reply with one JSON object and nothing else (no markdown, no code fences), exact
 """
 
 
-def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
-    assert isinstance(inp, FlashcardGenerationInput)
+def build_prompt(inp: FlashcardGenerationInput) -> Prompt:
     user = (
         f"Write at most {inp.count} flashcards (at least one) covering the most important "
         "points of this text.\n\n"
         "Source text (between the markers):\n"
         f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>"
     )
-    if correction:
-        user += f"\n\nCorrection: {correction}"
     return Prompt(system=SYSTEM_PROMPT, user=user)
 
 
 # ---- synthetic output (offline provider) -----------------------------------------------------
 
-# Sentence ends: ". ! ?" before whitespace, or the CJK full stop, exclamation and question marks.
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])|\n+")
-_WORD = re.compile(r"[^\W\d_][\w'-]{3,}")
 
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def synthetic_output(inp: BaseModel) -> dict[str, Any]:
+def synthetic_output(inp: FlashcardGenerationInput) -> dict[str, Any]:
     """Deterministic cards, one per sentence (up to `count`): the front asks about the
     sentence's longest word, the back is the sentence. Always valid output."""
-    assert isinstance(inp, FlashcardGenerationInput)
-    sentences = [s for s in _SENTENCE_SPLIT.split(inp.source_text) if s.strip()]
+    sentences = [s for s in SENTENCE_SPLIT.split(inp.source_text) if s.strip()]
     sentences = sentences or [inp.source_text]
     cards = []
     for n, sentence in enumerate(sentences[: inp.count]):
-        words = sorted(_WORD.findall(sentence), key=lambda w: (-len(w), w))
+        words = sorted(WORD.findall(sentence), key=lambda w: (-len(w), w))
         term = words[0][:60] if words else f"point {n + 1}"
         cards.append(
             {
-                "front": _clip(f'What does the text say about "{term}"?', 500),
-                "back": _clip(sentence, 2000),
+                "front": clip(f'What does the text say about "{term}"?', 500),
+                "back": clip(sentence, 2000),
             }
         )
     return {"flashcards": cards}
@@ -171,9 +123,10 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Artifact]:
+async def project(
+    session: AsyncSession, ctx: ProjectionContext, out: FlashcardGenerationOutput
+) -> list[Artifact]:
     """One `flashcard` row per card; ids from (job, ordinal), conflicts write nothing."""
-    assert isinstance(out, FlashcardGenerationOutput)
     return await project_rows(
         session,
         Flashcard,

@@ -1,4 +1,4 @@
-"""`quiz_generation`: multiple-choice questions about a source text (issue 6).
+"""`quiz_generation`: multiple-choice questions about a source text.
 
 Input: `sourceText` (1..20000 chars), `count` (1..20, default 5), `difficulty`
 (easy|medium|hard, default medium). Output: 1..20 questions, each with exactly four distinct
@@ -8,35 +8,26 @@ row (and artifact) per question; the difficulty stored on a row is the one the u
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import AiJob, QuizQuestion
-from engine.definition import (
-    CredentialSpec,
-    Execution,
-    InputSpec,
-    JobDefinition,
-    Metadata,
-    OutputSpec,
-    QueueSpec,
-    RetryBackoff,
-    SecuritySpec,
-)
+from engine.definition import CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     Artifact,
+    JobInput,
+    JobOutput,
     JobType,
     ProjectionContext,
     Prompt,
     artifact_uuids,
     project_rows,
 )
+from jobs.text import SENTENCE_SPLIT, WORD, clip
 
 ARTIFACT_TYPE = "quiz_question"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
@@ -45,9 +36,7 @@ PROMPT_VERSION = "quiz_generation.v1"
 Difficulty = Literal["easy", "medium", "hard"]
 
 
-class QuizGenerationInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
+class QuizGenerationInput(JobInput):
     source_text: str = Field(min_length=1, max_length=20_000)
     count: int = Field(default=5, ge=1, le=20)
     difficulty: Difficulty = "medium"
@@ -60,9 +49,7 @@ class QuizGenerationInput(BaseModel):
         return v
 
 
-class QuizQuestionOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class QuizQuestionOutput(JobOutput):
     question: str = Field(min_length=1, max_length=1000)
     choices: list[str] = Field(min_length=4, max_length=4)
     answer_index: int = Field(ge=0, le=3)
@@ -78,36 +65,16 @@ class QuizQuestionOutput(BaseModel):
         return v
 
 
-class QuizGenerationOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class QuizGenerationOutput(JobOutput):
     questions: list[QuizQuestionOutput] = Field(min_length=1, max_length=20)
 
 
 DEFINITION = JobDefinition(
     job_type="quiz_generation",
-    metadata=Metadata(
-        label="Quiz generation",
-        description="Multiple-choice questions (4 choices, answer, explanation) from a text.",
-        domain="generation",
-        version="1.0.0",
-    ),
-    queue=QueueSpec(queue_name="ai-interactive", default_priority=40),
-    execution=Execution(
-        timeout_ms=120_000,
-        max_retries=1,
-        retry_backoff=RetryBackoff(delay=2000),
-        cancellable=True,
-        abort_strategy="retry",
-    ),
-    input=InputSpec(schema_version="quiz_generation.input.v1"),
-    output=OutputSpec(schema_version="quiz_generation.output.v1", validator="QuizGenerationOutput"),
-    credential=CredentialSpec(
-        allowed_modes=("platform_key", "user_deepseek_key"), default_mode="platform_key"
-    ),
-    projector=ARTIFACT_TYPE,
-    security=SecuritySpec(content_safety_check=True, output_redaction=False),
-    visibility="public",
+    description="Multiple-choice questions (4 choices, answer, explanation) from a text.",
+    queue=QueueSpec(default_priority=40),
+    execution=Execution(timeout_ms=120_000),
+    credential=CredentialSpec(allowed_modes=("platform_key", "user_deepseek_key")),
     prompt_version=PROMPT_VERSION,
 )
 
@@ -143,8 +110,7 @@ _DIFFICULTY_HINT: dict[str, str] = {
 }
 
 
-def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
-    assert isinstance(inp, QuizGenerationInput)
+def build_prompt(inp: QuizGenerationInput) -> Prompt:
     plural = "question" if inp.count == 1 else "questions"
     user = (
         f"Write exactly {inp.count} multiple-choice {plural} at {inp.difficulty} difficulty "
@@ -152,16 +118,11 @@ def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
         "Source text (between the markers):\n"
         f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>"
     )
-    if correction:
-        user += f"\n\nCorrection: {correction}"
     return Prompt(system=SYSTEM_PROMPT, user=user)
 
 
 # ---- synthetic output (offline provider) -----------------------------------------------------
 
-# Sentence ends: ". ! ?" before whitespace, or the CJK full stop, exclamation and question marks.
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])|\n+")
-_WORD = re.compile(r"[^\W\d_][\w'-]{3,}")
 _STOPWORDS = frozenset(
     "about also because been between from have into more most only other some such than that "
     "their them then there these they this those were what when where which while with would "
@@ -170,30 +131,24 @@ _STOPWORDS = frozenset(
 _FALLBACK_TERMS = ("concept", "process", "structure", "principle", "example", "evidence")
 
 
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
 def _sentences(text: str) -> list[str]:
-    return [_clip(s, 240) for s in _SENTENCE_SPLIT.split(text) if s.strip()] or [_clip(text, 240)]
+    return [clip(s, 240) for s in SENTENCE_SPLIT.split(text) if s.strip()] or [clip(text, 240)]
 
 
 def _distinct_words(text: str) -> list[str]:
     """Words of 4+ characters, first spelling kept, distinct ignoring case (60 chars at most:
     anything longer is no word, and clipping keeps choices short and still distinct)."""
     seen: dict[str, str] = {}
-    for w in _WORD.findall(text):
+    for w in WORD.findall(text):
         w = w[:60]
         if w.casefold() not in _STOPWORDS:
             seen.setdefault(w.casefold(), w)
     return list(seen.values())
 
 
-def synthetic_output(inp: BaseModel) -> dict[str, Any]:
+def synthetic_output(inp: QuizGenerationInput) -> dict[str, Any]:
     """Deterministic cloze questions built from the text: each blanks the longest word of a
     sentence and offers other words of the text as distractors. Always valid output."""
-    assert isinstance(inp, QuizGenerationInput)
     sentences = _sentences(inp.source_text)
     vocabulary = _distinct_words(inp.source_text)
     questions = []
@@ -224,12 +179,12 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
         choices.insert(answer, term)
         questions.append(
             {
-                "question": _clip(
+                "question": clip(
                     f'Which word completes this statement from the text: "{blanked}"', 1000
                 ),
                 "choices": choices,
                 "answer_index": answer,
-                "explanation": _clip(f'The text says: "{sentence}"', 2000),
+                "explanation": clip(f'The text says: "{sentence}"', 2000),
             }
         )
     return {"questions": questions}
@@ -238,10 +193,11 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Artifact]:
+async def project(
+    session: AsyncSession, ctx: ProjectionContext, out: QuizGenerationOutput
+) -> list[Artifact]:
     """One `quiz_question` row per question. Ids come from (job, ordinal), and a conflict
     writes nothing, so projecting the same output twice leaves the rows as they are."""
-    assert isinstance(out, QuizGenerationOutput)
     requested = await session.scalar(
         select(AiJob.input["difficulty"].astext).where(AiJob.id == ctx.job_id)
     )

@@ -1,4 +1,4 @@
-"""`synthetic`: drives tests, demos and benchmarks (DESIGN §7). Public in development/test only.
+"""`synthetic`: drives tests, demos and benchmarks. Public in development/test only.
 
 Input (all optional): delayMs, failTimes, failCode, hang, invalidOutput, echo. It always runs on
 the synthetic provider and projects one `synthetic_result` artifact.
@@ -10,24 +10,17 @@ import json
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
-from sqlalchemy import text
+from pydantic import Field, field_validator
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from engine.definition import (
-    CredentialSpec,
-    Execution,
-    InputSpec,
-    JobDefinition,
-    Metadata,
-    OutputSpec,
-    QueueSpec,
-    RetryBackoff,
-    SecuritySpec,
-)
+from db.models import SyntheticResult
+from engine.definition import Execution, JobDefinition, SecuritySpec
 from jobs.spec import (
     Artifact,
+    JobInput,
+    JobOutput,
     JobType,
     ProjectionContext,
     Prompt,
@@ -41,9 +34,7 @@ from providers.base import SyntheticBehaviour
 MAX_ECHO_BYTES = 16 * 1024
 
 
-class SyntheticInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
+class SyntheticInput(JobInput):
     delay_ms: int = Field(default=0, ge=0, le=600_000)
     fail_times: int = Field(default=0, ge=0, le=100)
     fail_code: str = Field(default="PROVIDER_UNAVAILABLE", pattern=r"^[A-Z][A-Z0-9_]{1,63}$")
@@ -66,49 +57,29 @@ class SyntheticInput(BaseModel):
         return v
 
 
-class SyntheticOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SyntheticOutput(JobOutput):
     ok: bool
     echo: dict[str, Any] | None = None
 
 
 DEFINITION = JobDefinition(
     job_type="synthetic",
-    metadata=Metadata(
-        label="Synthetic job",
-        description="Scripted job for tests, demos and benchmarks.",
-        domain="maintenance",
-        version="1.0.0",
-    ),
-    queue=QueueSpec(queue_name="ai-interactive", default_priority=50),
-    execution=Execution(
-        timeout_ms=30_000,
-        max_retries=1,
-        retry_backoff=RetryBackoff(delay=2000),
-        cancellable=True,
-        abort_strategy="retry",
-    ),
-    input=InputSpec(schema_version="synthetic.input.v1"),
-    output=OutputSpec(schema_version="synthetic.output.v1", validator="SyntheticOutput"),
-    credential=CredentialSpec(allowed_modes=("platform_key",), default_mode="platform_key"),
-    projector="synthetic_result",
-    security=SecuritySpec(content_safety_check=False, output_redaction=False),
+    description="Scripted job for tests, demos and benchmarks.",
+    execution=Execution(timeout_ms=30_000),
+    security=SecuritySpec(content_safety_check=False),
     visibility="dev",
 )
 
 
-def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
-    return Prompt(system='Return a JSON object {"ok": true}.', user=correction or "synthetic")
+def build_prompt(inp: SyntheticInput) -> Prompt:
+    return Prompt(system='Return a JSON object {"ok": true}.', user="synthetic")
 
 
-def synthetic_output(inp: BaseModel) -> dict[str, Any]:
-    assert isinstance(inp, SyntheticInput)
+def synthetic_output(inp: SyntheticInput) -> dict[str, Any]:
     return {"ok": True, "echo": inp.echo}
 
 
-def behaviour(inp: BaseModel) -> SyntheticBehaviour:
-    assert isinstance(inp, SyntheticInput)
+def behaviour(inp: SyntheticInput) -> SyntheticBehaviour:
     return SyntheticBehaviour(
         output=synthetic_output(inp),
         delay_ms=inp.delay_ms,
@@ -119,16 +90,14 @@ def behaviour(inp: BaseModel) -> SyntheticBehaviour:
     )
 
 
-async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Artifact]:
+async def project(
+    session: AsyncSession, ctx: ProjectionContext, out: SyntheticOutput
+) -> list[Artifact]:
     rid = artifact_uuid(ctx.job_id, "synthetic_result", 0)
     await session.execute(
-        text(
-            """
-            INSERT INTO synthetic_result (id, job_id, output_hash, created_at)
-            VALUES (:id, :job, :h, now()) ON CONFLICT (id) DO NOTHING
-            """
-        ),
-        {"id": rid, "job": ctx.job_id, "h": ctx.output_hash},
+        pg_insert(SyntheticResult)
+        .values(id=rid, job_id=ctx.job_id, output_hash=ctx.output_hash)
+        .on_conflict_do_nothing(index_elements=["id"])
     )
     return [Artifact("synthetic_result", str(rid), 0)]
 
@@ -138,11 +107,9 @@ async def view(
 ) -> dict[str, dict[str, Any]]:
     """The `synthetic_result` row: the hash of the output it was projected from."""
     rows = await session.execute(
-        text(
-            "SELECT id, output_hash, created_at FROM synthetic_result "
-            "WHERE job_id = :job AND id = ANY(:ids)"
-        ),
-        {"job": job_id, "ids": artifact_uuids(artifact_ids)},
+        select(SyntheticResult.id, SyntheticResult.output_hash, SyntheticResult.created_at).where(
+            SyntheticResult.job_id == job_id, SyntheticResult.id.in_(artifact_uuids(artifact_ids))
+        )
     )
     return {
         str(r.id): {"outputHash": r.output_hash, "createdAt": r.created_at.isoformat()}

@@ -1,4 +1,4 @@
-"""`weak_point_analysis`: a learner's weak points from their recent answers (issue 6).
+"""`weak_point_analysis`: a learner's weak points from their recent answers.
 
 Input: `answers`, 1..100 recent answers, each with the question, the learner's answer, the
 correct answer, whether it was judged correct and an optional topic. Output: 0..10 weak points,
@@ -13,40 +13,30 @@ import json
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import WeakPointCandidate
-from engine.definition import (
-    CredentialSpec,
-    Execution,
-    InputSpec,
-    JobDefinition,
-    Metadata,
-    OutputSpec,
-    QueueSpec,
-    RetryBackoff,
-    SecuritySpec,
-)
+from engine.definition import CredentialSpec, Execution, JobDefinition, QueueSpec, RetryBackoff
 from jobs.spec import (
     Artifact,
+    JobInput,
+    JobOutput,
     JobType,
     ProjectionContext,
     Prompt,
     artifact_uuids,
     project_rows,
 )
+from jobs.text import clip
 
 ARTIFACT_TYPE = "weak_point_candidate"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
 PROMPT_VERSION = "weak_point_analysis.v1"
 
 
-class AnswerRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
+class AnswerRecord(JobInput):
     question: str = Field(min_length=1, max_length=2000)
     given_answer: str = Field(max_length=2000)  # may be empty: the learner skipped it
     correct_answer: str = Field(min_length=1, max_length=2000)
@@ -54,15 +44,11 @@ class AnswerRecord(BaseModel):
     topic: str | None = Field(default=None, min_length=1, max_length=200)
 
 
-class WeakPointAnalysisInput(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
-
+class WeakPointAnalysisInput(JobInput):
     answers: list[AnswerRecord] = Field(min_length=1, max_length=100)
 
 
-class WeakPointOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WeakPointOutput(JobOutput):
     topic: str = Field(min_length=1, max_length=200)
     evidence: list[str] = Field(min_length=1, max_length=10)
     recommended_action: str = Field(min_length=1, max_length=1000)
@@ -75,38 +61,16 @@ class WeakPointOutput(BaseModel):
         return v
 
 
-class WeakPointAnalysisOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class WeakPointAnalysisOutput(JobOutput):
     weak_points: list[WeakPointOutput] = Field(max_length=10)
 
 
 DEFINITION = JobDefinition(
     job_type="weak_point_analysis",
-    metadata=Metadata(
-        label="Weak point analysis",
-        description="A learner's weak points, with evidence and a next action, from answers.",
-        domain="analysis",
-        version="1.0.0",
-    ),
+    description="A learner's weak points, with evidence and a next action, from answers.",
     queue=QueueSpec(queue_name="ai-background", default_priority=70),
-    execution=Execution(
-        timeout_ms=120_000,
-        max_retries=2,
-        retry_backoff=RetryBackoff(delay=5000),
-        cancellable=True,
-        abort_strategy="retry",
-    ),
-    input=InputSpec(schema_version="weak_point_analysis.input.v1"),
-    output=OutputSpec(
-        schema_version="weak_point_analysis.output.v1", validator="WeakPointAnalysisOutput"
-    ),
-    credential=CredentialSpec(
-        allowed_modes=("platform_key", "user_deepseek_key"), default_mode="platform_key"
-    ),
-    projector=ARTIFACT_TYPE,
-    security=SecuritySpec(content_safety_check=True, output_redaction=False),
-    visibility="public",
+    execution=Execution(timeout_ms=120_000, max_retries=2, retry_backoff=RetryBackoff(delay=5000)),
+    credential=CredentialSpec(allowed_modes=("platform_key", "user_deepseek_key")),
     prompt_version=PROMPT_VERSION,
 )
 
@@ -133,8 +97,7 @@ Reply with one JSON object and nothing else (no markdown, no code fences), exact
 """
 
 
-def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
-    assert isinstance(inp, WeakPointAnalysisInput)
+def build_prompt(inp: WeakPointAnalysisInput) -> Prompt:
     numbered = [
         {
             "number": n,
@@ -152,27 +115,19 @@ def build_prompt(inp: BaseModel, correction: str | None) -> Prompt:
         "(between the markers). Find their weak points.\n\n"
         f"<<<ANSWERS\n{lines}\nANSWERS>>>"
     )
-    if correction:
-        user += f"\n\nCorrection: {correction}"
     return Prompt(system=SYSTEM_PROMPT, user=user)
 
 
 # ---- synthetic output (offline provider) -----------------------------------------------------
 
 
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def synthetic_output(inp: BaseModel) -> dict[str, Any]:
+def synthetic_output(inp: WeakPointAnalysisInput) -> dict[str, Any]:
     """Deterministic analysis: every topic with a wrong answer is a weak point (most misses
     first), its wrong answers are the evidence. All answers right → no weak point."""
-    assert isinstance(inp, WeakPointAnalysisInput)
     totals: dict[str, int] = {}
     misses: dict[str, list[tuple[int, AnswerRecord]]] = {}
     for n, a in enumerate(inp.answers, start=1):
-        topic = _clip(a.topic, 200) if a.topic and a.topic.strip() else "General"
+        topic = clip(a.topic, 200) if a.topic and a.topic.strip() else "General"
         totals[topic] = totals.get(topic, 0) + 1
         if not a.is_correct:
             misses.setdefault(topic, []).append((n, a))
@@ -180,7 +135,7 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
     weak_points = []
     for topic, wrong in ranked:
         evidence = [
-            _clip(
+            clip(
                 f'#{n}: "{a.question}" answered "{a.given_answer or "(no answer)"}", '
                 f'correct "{a.correct_answer}"',
                 500,
@@ -191,7 +146,7 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
             {
                 "topic": topic,
                 "evidence": evidence,
-                "recommended_action": _clip(
+                "recommended_action": clip(
                     f"Review {topic} ({len(wrong)} of {totals[topic]} answers wrong), then "
                     f"retry the missed question{'s' if len(wrong) > 1 else ''} without notes.",
                     1000,
@@ -204,10 +159,11 @@ def synthetic_output(inp: BaseModel) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Artifact]:
+async def project(
+    session: AsyncSession, ctx: ProjectionContext, out: WeakPointAnalysisOutput
+) -> list[Artifact]:
     """One `weak_point_candidate` row per weak point; ids from (job, ordinal), conflicts write
     nothing."""
-    assert isinstance(out, WeakPointAnalysisOutput)
     return await project_rows(
         session,
         WeakPointCandidate,

@@ -1,8 +1,9 @@
-"""Pure rules of the engine: the lifecycle table (DESIGN §6), the retry taxonomy (DESIGN §8), the
-JobDefinition registry checks (DESIGN §7) and the output hash (ADR §5.6). No I/O."""
+"""Pure rules of the engine: the lifecycle table, the retry taxonomy of the error codes, the
+JobDefinition registry checks and the output hash. No I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -18,7 +19,6 @@ from engine.definition import (
     Execution,
     JobDefinition,
     QueueSpec,
-    Registry,
     validate_definition,
 )
 from engine.errors import (
@@ -39,6 +39,8 @@ from engine.lifecycle import (
     is_legal,
     is_terminal,
 )
+from jobs.spec import AnyJobType, Catalog
+from jobs.types import synthetic
 from jobs.types.synthetic import DEFINITION as SYNTHETIC
 
 S = LifecycleStatus
@@ -69,7 +71,7 @@ def test_is_legal_for_every_pair(src: S, dst: S) -> None:
     + [(t, d) for t in (S.SUCCEEDED, S.FAILED, S.CANCELLED) for d in S],
 )
 def test_forbidden_transitions(src: S, dst: S) -> None:
-    """Named in DESIGN §6: never straight to a result, never back to queued, terminal is final
+    """Named rules: never straight to a result, never back to queued, terminal is final
     (a retry is a new job, not a transition)."""
     assert not is_legal(src, dst)
 
@@ -77,7 +79,7 @@ def test_forbidden_transitions(src: S, dst: S) -> None:
 def test_terminal_states() -> None:
     assert frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED}) == TERMINAL
     assert [s for s in S if is_terminal(s)] == [S.SUCCEEDED, S.FAILED, S.CANCELLED]
-    # Every non-terminal state has a direct way out to a terminal one (DESIGN §2.6).
+    # Every non-terminal state has a direct way out to a terminal one.
     for s in (S.QUEUED, S.RUNNING):
         assert any(is_legal(s, t) for t in TERMINAL)
 
@@ -92,7 +94,7 @@ def test_legacy_status_mapping_is_the_adr_one() -> None:
     }
 
 
-# ---- retry taxonomy (DESIGN §8) -------------------------------------------------------------
+# ---- retry taxonomy --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -138,7 +140,7 @@ def test_public_messages_are_fixed_text() -> None:
         assert code not in public_message_for(code)
 
 
-# ---- JobDefinition registry (DESIGN §7) ------------------------------------------------------
+# ---- JobDefinition registry -----------------------------------------------------------------
 
 
 def definition(**changes: Any) -> JobDefinition:
@@ -159,25 +161,33 @@ def definition(**changes: Any) -> JobDefinition:
     return d.model_copy(update=changes)
 
 
+def job_of(d: JobDefinition) -> AnyJobType:
+    return dataclasses.replace(synthetic.JOB, definition=d)
+
+
+def job(**changes: Any) -> AnyJobType:
+    """The synthetic job type with some definition fields replaced."""
+    return job_of(definition(**changes))
+
+
 def test_registry_registers_and_gets() -> None:
-    r = Registry()
-    r.register(SYNTHETIC)
-    assert r.get("synthetic") is SYNTHETIC
+    r = Catalog()
+    r.register(synthetic.JOB)
+    assert r.get("synthetic") is synthetic.JOB
     assert "synthetic" in r
-    assert r.all() == [SYNTHETIC]
+    assert list(r) == [synthetic.JOB]
 
 
 def test_registry_rejects_duplicates() -> None:
-    r = Registry()
-    r.register(SYNTHETIC)
+    r = Catalog([synthetic.JOB])
     with pytest.raises(DuplicateJobDefinition):
-        r.register(definition(prompt_version="v2"))
-    assert r.get("synthetic") is SYNTHETIC
+        r.register(job(prompt_version="v2"))
+    assert r.get("synthetic") is synthetic.JOB
 
 
 def test_registry_unknown_type() -> None:
     with pytest.raises(UnknownJobType):
-        Registry().get("nope")
+        Catalog().get("nope")
 
 
 @pytest.mark.parametrize(
@@ -185,28 +195,28 @@ def test_registry_unknown_type() -> None:
     ["", "a", "Quiz", "quiz-gen", "active-recall", "1quiz", "_quiz", "quiz gen", "q" * 65],
 )
 def test_registry_rejects_bad_job_type(job_type: str) -> None:
-    r = Registry()
+    r = Catalog()
     with pytest.raises(InvalidJobDefinition):
-        r.register(definition(job_type=job_type))
+        r.register(job(job_type=job_type))
     assert job_type not in r
 
 
 def test_registry_rejects_job_type_with_trailing_newline() -> None:
     with pytest.raises(InvalidJobDefinition):
-        Registry().register(definition(job_type="quiz\n"))
+        Catalog().register(job(job_type="quiz\n"))
 
 
 @pytest.mark.parametrize("job_type", ["ab", "active_recall", "q" * 64, "a1_2"])
 def test_registry_accepts_good_job_type(job_type: str) -> None:
-    r = Registry()
-    r.register(definition(job_type=job_type))
+    r = Catalog()
+    r.register(job(job_type=job_type))
     assert job_type in r
 
 
 @pytest.mark.parametrize("queue", ["ai-system", "default", "AI-INTERACTIVE", ""])
 def test_registry_rejects_bad_queue(queue: str) -> None:
     with pytest.raises(InvalidJobDefinition):
-        Registry().register(definition(queue_name=queue))
+        Catalog().register(job(queue_name=queue))
 
 
 @pytest.mark.parametrize("queue", ["ai-interactive", "ai-background"])
@@ -232,16 +242,16 @@ def test_registry_rejects_default_mode_not_allowed() -> None:
         credential=CredentialSpec(allowed_modes=("platform_key",), default_mode="user_deepseek_key")
     )
     with pytest.raises(InvalidJobDefinition):
-        Registry().register(d)
+        Catalog().register(job_of(d))
     with pytest.raises(InvalidJobDefinition):
-        Registry().register(
-            definition(credential=CredentialSpec(allowed_modes=(), default_mode="platform_key"))
+        Catalog().register(
+            job(credential=CredentialSpec(allowed_modes=(), default_mode="platform_key"))
         )
 
 
 def test_definition_is_frozen() -> None:
     with pytest.raises(ValidationError):
-        SYNTHETIC.job_type = "other"  # type: ignore[misc]
+        SYNTHETIC.job_type = "other"  # type: ignore[misc]  # the refused assignment under test
     with pytest.raises(ValidationError):
         QueueSpec(queue_name="ai-interactive", default_priority=101)
     with pytest.raises(ValidationError):
@@ -250,7 +260,7 @@ def test_definition_is_frozen() -> None:
         )
 
 
-# ---- output hash (ADR §5.6) -----------------------------------------------------------------
+# ---- output hash -----------------------------------------------------------------------------
 
 
 def reorder(value: Any, rnd: random.Random) -> Any:
