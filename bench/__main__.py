@@ -1,3 +1,3 @@
-from bench.runner import main
+from bench.cli import main
 
 main()

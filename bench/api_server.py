@@ -14,10 +14,6 @@ quotas, fingerprints, redaction, read-backs, response models):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
-import os
-import sys
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from sqlalchemy import text
 
+from bench.teardown import hard_exit
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository, NewJob
 from db.outbox import ENQUEUE, OutboxRepository
@@ -70,7 +67,7 @@ async def bare_create(request: Request) -> dict[str, Any]:
     d = SYNTHETIC
     sm = request.app.state.aijobs.sessionmaker
     async with sm.begin() as s:
-        await LifecycleRepository(sm).create(
+        await LifecycleRepository().create(
             s,
             NewJob(
                 id=job_id,
@@ -140,11 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging(Settings().log_level, process="bench-api")
     # The same server options as `aijobs api` (runtime/cli.py cmd_api).
     uvicorn.run(build_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with contextlib.suppress(Exception):
-        logging.shutdown()
-    os._exit(0)
+    hard_exit(0)
 
 
 if __name__ == "__main__":

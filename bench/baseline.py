@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio import activity, workflow
+
+from bench.teardown import hard_exit
 
 NOOP_WORKFLOW = "BenchNoopWorkflow"
 NOOP_ACTIVITY = "bench_noop"
@@ -80,12 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(run_worker(args))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: the SDK runtime can abort there (sdk-python#300).
-    with contextlib.suppress(Exception):
-        logging.shutdown()
-    os._exit(0)
+    hard_exit(0)
 
 
 if __name__ == "__main__":

@@ -201,13 +201,13 @@ async def phase_fairness(
 
 
 def render(f: dict[str, Any]) -> list[str]:
-    from bench.runner import _met, _n
+    from bench.report import met, num
 
     lines = [
         "",
         f"Fairness (8): {B_JOBS} jobs of user B behind user A's backlog, synthetic delayMs="
-        f"{f['delay_ms']}; B alone on an idle engine {_n(f['b_alone_s'], '.2f')} s "
-        f"(fairness off: {_n(f['b_alone_off_s'], '.2f')} s)",
+        f"{f['delay_ms']}; B alone on an idle engine {num(f['b_alone_s'], '.2f')} s "
+        f"(fairness off: {num(f['b_alone_off_s'], '.2f')} s)",
         "",
         "| Backlog N | Fairness | B's time (s) | B ÷ B alone | A's jobs/s | Target | Met |",
         "|---|---|---|---|---|---|---|",
@@ -215,8 +215,8 @@ def render(f: dict[str, Any]) -> list[str]:
     for r in f["rows"]:
         on = r["mode"] == "on"
         lines.append(
-            f"| {r['backlog']} | {r['mode']} | {_n(r['b_s'], '.2f')} | {_n(r['b_ratio'], '.2f')} "
-            f"| {_n(r['a_jobs_per_s'], '.2f')} | {'≤ ' + str(TARGET_RATIO) if on else '—'} "
-            f"| {_met(r['b_ratio'] <= TARGET_RATIO) if on else '—'} |"
+            f"| {r['backlog']} | {r['mode']} | {num(r['b_s'], '.2f')} | {num(r['b_ratio'], '.2f')} "
+            f"| {num(r['a_jobs_per_s'], '.2f')} | {'≤ ' + str(TARGET_RATIO) if on else '—'} "
+            f"| {met(r['b_ratio'] <= TARGET_RATIO) if on else '—'} |"
         )
     return lines

@@ -1,4 +1,4 @@
-"""One function per measured run. The runner (`bench/runner.py`) calls them for the warm-up and
+"""One function per measured run. The phases (`bench/phases.py`) call them for the warm-up and
 each repetition, interleaving engine and baseline so slow drift on a shared machine hits both.
 
 How each figure is measured:
@@ -78,8 +78,10 @@ async def wait_succeeded(
     """Poll SQL until `n` jobs succeeded; the perf_counter time at which it saw them. A failed
     `creating` future (the creates still running) ends the wait with its error."""
     while True:
-        if creating is not None and creating.done() and creating.exception() is not None:
-            raise creating.exception()  # type: ignore[misc]
+        if creating is not None and creating.done():
+            failure = creating.exception()
+            if failure is not None:
+                raise failure
         ok, bad = await ctx.edb.status_counts()
         now = time.perf_counter()
         if bad:

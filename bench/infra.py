@@ -2,9 +2,10 @@
 
 Hazards handled here:
 - Every child process is registered in `PROCS` the moment it starts; `stop_all()` (called from
-  the runner's outermost `finally`) stops whatever is still running, and each child also gets the
-  kernel's parent-death signal, so even a SIGKILLed bench leaves no worker behind. Children are
-  spawned from the main thread only: PR_SET_PDEATHSIG fires when the spawning *thread* exits.
+  the outermost `finally` of `bench/cli.py`) stops whatever is still running, and each child also
+  gets the kernel's parent-death signal, so even a SIGKILLed bench leaves no worker behind.
+  Children are spawned from the main thread only: PR_SET_PDEATHSIG fires when the spawning
+  *thread* exits.
 - `pg_stat_database.xact_commit` counts every committed transaction on the engine database,
   including the bench's own statements and read-only ones; `EngineDb` counts the bench's own so
   they can be subtracted. An idle backend publishes its counters only up to ~10 s late
@@ -458,12 +459,12 @@ async def wait_pollers(
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-    async def pollers(kind: int) -> int:
+    async def pollers(kind: TaskQueueType.ValueType) -> int:
         resp = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=client.namespace,
                 task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
-                task_queue_type=kind,  # type: ignore[arg-type]
+                task_queue_type=kind,
             )
         )
         return len({p.identity for p in resp.pollers})

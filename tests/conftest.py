@@ -8,35 +8,22 @@ instead (the database must be disposable: tests truncate it).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import os
 import shutil
 import tempfile
-import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, pool, text
 from temporalio.client import Client
-from temporalio.worker import Worker
 
-from activities.relay import Relay
-from db.credentials import active_user_key_id
 from db.migrate import upgrade
 from db.session import SessionMaker, make_engine, make_sessionmaker, sqlalchemy_url
 from engine.settings import Settings
-from jobs.service import CreateJobRequest, CreatePolicy, JobService
-from jobs.spec import Catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
-from runtime.telemetry import Telemetry
-from runtime.wiring import Parts, build_parts, create_policy, relay_config
-from runtime.worker import build_workers
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 
 TABLES = (
     "ai_job_artifact, ai_usage_log, ai_job_snapshot, outbox_event, user_model_credential, "
@@ -110,7 +97,22 @@ async def sessionmaker(database_url: str) -> AsyncIterator[SessionMaker]:
     await engine.dispose()
 
 
+@pytest.fixture(scope="module")
+def fake_openai_server() -> Iterator[FakeOpenAIServer]:
+    """One fake OpenAI-compatible server per test module (see `fake`)."""
+    with FakeOpenAIServer() as server:
+        yield server
+
+
 # ---- per test ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake(fake_openai_server: FakeOpenAIServer) -> FakeOpenAIServer:
+    """The module's fake OpenAI-compatible server with a clean slate: no scripted steps, the
+    default answer, no calls or messages seen."""
+    fake_openai_server.reset()
+    return fake_openai_server
 
 
 @pytest.fixture
@@ -121,135 +123,22 @@ async def db(sessionmaker: SessionMaker) -> SessionMaker:
     return sessionmaker
 
 
-def make_settings(database_url: str, temporal_address: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "DATABASE_URL": database_url,
-        "TEMPORAL_ADDRESS": temporal_address,
-        "AIJOBS_ENV": "test",
-        "TASK_QUEUE_SUFFIX": f"-t{uuid.uuid4().hex[:10]}",
-        "QUOTA_MAX_ACTIVE_JOBS": 0,
-        "QUOTA_MAX_JOBS_PER_DAY": 0,
-        "RELAY_POLL_INTERVAL_S": 0.2,
-        "DB_POOL_SIZE": 10,
-        # In-process workers stop at the end of each test: a hung job must not hold them.
-        "WORKER_DRAIN_S": 0,
-    }
-    values.update(overrides)
-    return Settings.model_validate(values)
-
-
 @pytest.fixture
 def settings(database_url: str, temporal_address: str) -> Settings:
     return make_settings(database_url, temporal_address)
-
-
-@dataclass
-class Stack:
-    """A running engine for one test: workers for the given queues plus a relay task."""
-
-    settings: Settings
-    parts: Parts
-    client: Client
-    service: JobService
-    relay: Relay
-    workers: list[Worker] = field(default_factory=list)
-
-    async def create(self, user_id: str = "u1", **kw: Any) -> uuid.UUID:
-        req = CreateJobRequest(
-            user_id=user_id,
-            job_type=kw.pop("job_type", "synthetic"),
-            target_type=kw.pop("target_type", "test"),
-            target_id=kw.pop("target_id", "t1"),
-            input=kw.pop("input", {}),
-            **kw,
-        )
-        return (await self.service.create(req)).job.id
-
-    async def job(self, job_id: uuid.UUID) -> Any:
-        from db.jobs import JobQueries
-
-        async with self.parts.sessionmaker() as s:
-            return await JobQueries().get(s, job_id)
-
-    async def wait_status(self, job_id: uuid.UUID, *statuses: str, timeout: float = 30.0) -> Any:
-        """Poll SQL (the source of truth) until the job reaches one of `statuses`."""
-        wanted = set(statuses) or {"succeeded", "failed", "cancelled"}
-        deadline = time.monotonic() + timeout
-        row = None
-        while time.monotonic() < deadline:
-            row = await self.job(job_id)
-            if row is not None and row.lifecycle_status in wanted:
-                return row
-            await asyncio.sleep(0.05)
-        raise AssertionError(
-            f"job {job_id} did not reach {wanted} in {timeout}s; last: "
-            f"{row.lifecycle_status if row else None}"
-        )
-
-    def workflow_id(
-        self, job_id: uuid.UUID, job_type: str = "synthetic", queue: str = "ai-interactive"
-    ) -> str:
-        return f"{queue}:{job_type}:{job_id}"
-
-
-@contextlib.asynccontextmanager
-async def running_stack(
-    settings: Settings,
-    client: Client,
-    *,
-    queues: tuple[str, ...] = ("ai-interactive", "ai-background"),
-    relay: bool = True,
-    policy: CreatePolicy | None = None,
-    catalog: Catalog | None = None,
-    relay_overrides: dict[str, Any] | None = None,
-    telemetry: Telemetry | None = None,
-) -> AsyncIterator[Stack]:
-    parts = build_parts(settings)
-    if catalog is not None:
-        parts.catalog = catalog  # before any worker is built
-    svc = JobService(
-        parts.sessionmaker,
-        parts.catalog,
-        policy or create_policy(settings),
-        credential_lookup=active_user_key_id,
-    )
-    rc = dataclasses.replace(relay_config(settings), **(relay_overrides or {}))
-    r = Relay(parts.sessionmaker, client, parts.catalog, rc)
-    stack = Stack(settings, parts, client, svc, r)
-    stop = asyncio.Event()
-    relay_task: asyncio.Task[None] | None = None
-    try:
-        async with contextlib.AsyncExitStack() as es:
-            if queues:
-                stack.workers = build_workers(client, parts, queues, telemetry=telemetry)
-                for w in stack.workers:
-                    await es.enter_async_context(w)
-            if relay:
-                relay_task = asyncio.create_task(r.run(stop=stop))
-            yield stack
-            stop.set()
-            if relay_task is not None:
-                await asyncio.wait_for(relay_task, 10)
-    finally:
-        stop.set()
-        if relay_task is not None and not relay_task.done():
-            relay_task.cancel()
-            with contextlib.suppress(BaseException):
-                await relay_task
-        await parts.close()
 
 
 @pytest.fixture
 async def stack(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> AsyncIterator[Stack]:
-    async with running_stack(settings, temporal_client) as s:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as s:
         yield s
 
 
 # ---- exit code ---------------------------------------------------------------------------
 # The Temporal SDK's native runtime can abort the interpreter at exit after all work is done
-# (sdk-python#300, TEMPORAL_NOTES.md), turning a green run into a crash code. Once pytest has
+# (temporalio/sdk-python#300), turning a green run into a crash code. Once pytest has
 # finished (fixtures torn down, summary printed), leave with pytest's own exit status.
 _exit_status: list[int] = []
 

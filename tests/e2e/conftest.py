@@ -4,7 +4,7 @@ Temporal dev server, reached over HTTP with httpx.
 - `api`: a shared server (test settings, no quotas, no workers) plus a clean database per test.
   Jobs stay `queued` unless the test also asks for `workers`.
 - `workers`: in-process workers for `ai-interactive` plus the outbox relay
-  (`tests.conftest.running_stack`) on a task queue of the test's own, so jobs really run.
+  (`tests.stack.engine_stack`) on a task queue of the test's own, so jobs really run.
 - `start_api(settings, ...)`: a dedicated server for tests that need other settings (quotas,
   production, an unreachable Temporal).
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,10 +33,10 @@ from engine.settings import Settings
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from runtime.wiring import create_policy
-from tests.conftest import Stack, make_settings, running_stack
+from tests.stack import TERMINAL, Stack, engine_stack, make_settings
+from tests.support import eventually
 
 PROBLEM = "application/problem+json"
-TERMINAL = ("succeeded", "failed", "cancelled")
 JOB_STATUS_KEYS = {
     "jobId",
     "jobType",
@@ -52,7 +51,7 @@ JOB_STATUS_KEYS = {
     "publicErrorMessage",
     "result",
 }
-# What an error body must never carry (DESIGN §2.5, §8): traces, SQL, drivers, hosts, paths.
+# What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (
     "Traceback",
     'File "',
@@ -104,15 +103,15 @@ async def serve(app: FastAPI, *, port: int = 0, start_timeout: float = 20.0) -> 
             raise RuntimeError(f"uvicorn failed to start (exit {exc.code})") from None
 
     task = asyncio.create_task(run(), name=f"uvicorn:{port}")
-    deadline = time.monotonic() + start_timeout
+
+    async def started() -> bool:
+        if task.done():
+            task.result()  # raises the start-up failure
+            raise RuntimeError("uvicorn stopped before it started")
+        return bool(server.started)
+
     try:
-        while not server.started:
-            if task.done():
-                task.result()  # raises the start-up failure
-                raise RuntimeError("uvicorn stopped before it started")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"uvicorn did not start within {start_timeout}s")
-            await asyncio.sleep(0.01)
+        await eventually(started, timeout=start_timeout, interval=0.01, what="uvicorn to start")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -209,14 +208,16 @@ class Api:
     ) -> dict[str, Any]:
         """Polls the public GET (what a client would do) until the job is in one of `statuses`."""
         wanted = set(statuses or TERMINAL)
-        deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+
+        async def reached() -> dict[str, Any] | None:
+            nonlocal last
             last = await self.get(job_id, user)
-            if last["lifecycleStatus"] in wanted:
-                return last
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"job {job_id} never reached {wanted} in {timeout}s; last {last}")
+            return last if last["lifecycleStatus"] in wanted else None
+
+        return await eventually(
+            reached, timeout=timeout, what=lambda: f"job {job_id} to reach {wanted} (last {last})"
+        )
 
 
 def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -282,5 +283,5 @@ def env(database_url: str, temporal_address: str) -> Any:
 async def workers(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncIterator[Stack]:
     """Workers for `ai-interactive` and the relay, on task queues of this test's own: jobs
     created through any server of this test really run."""
-    async with running_stack(env(), temporal_client, queues=("ai-interactive",)) as stack:
+    async with engine_stack(env(), temporal_client) as stack:
         yield stack

@@ -9,7 +9,6 @@ start workers and a relay, when it wants the job to really run.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,8 +26,9 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from api.stuck import from_enqueue, from_workflow
 from db.outbox import ENQUEUE, NOTIFY_CHANNEL, OutboxRepository, OutboxRow
 from db.session import SessionMaker, libpq_url
-from tests.conftest import Stack, running_stack
 from tests.e2e.conftest import Api, assert_problem
+from tests.stack import Stack, engine_stack
+from tests.support import eventually
 
 PATH = "/admin-api/ai/outbox"
 ITEM_KEYS = {
@@ -331,7 +331,7 @@ async def test_requeued_dead_enqueue_really_runs_the_job(
     assert str(event_id) in stuck["detail"] and "RPCError: unavailable" in stuck["detail"]
     assert stuck["since"] is not None
 
-    async with running_stack(env(), temporal_client, queues=("ai-interactive",)):
+    async with engine_stack(env(), temporal_client, queues=("ai-interactive",)):
         await asyncio.sleep(1.0)  # several relay polls (0.2 s): a dead row is never claimed
         assert (await api.get(job))["lifecycleStatus"] == "queued"
         assert (await row_of(db, event_id))["status"] == "dead"
@@ -425,14 +425,10 @@ async def test_stuck_when_the_workflow_task_keeps_failing(
             "synthetic", {"jobId": job}, id=wf, task_queue=queue
         )
         try:
-            deadline = time.monotonic() + 20
-            stuck = None
-            while time.monotonic() < deadline:
-                stuck = await stuck_of(api, job)
-                if stuck is not None:
-                    break
-                await asyncio.sleep(0.2)
-            assert stuck is not None and stuck["reason"] == "WORKFLOW_TASK_FAILING", stuck
+            stuck = await eventually(
+                lambda: stuck_of(api, job), timeout=20, interval=0.2, what="the job to be stuck"
+            )
+            assert stuck["reason"] == "WORKFLOW_TASK_FAILING", stuck
             assert "attempt" in stuck["detail"] and stuck["since"] is None
             attempt = int(stuck["detail"].split("attempt ")[1].split(";")[0])
             assert attempt > 1
@@ -444,7 +440,7 @@ async def test_stuck_when_the_workflow_task_keeps_failing(
 
 
 def _described(
-    status: int, *, task_attempt: int | None = None
+    status: WorkflowExecutionStatus.ValueType, *, task_attempt: int | None = None
 ) -> DescribeWorkflowExecutionResponse:
     info = WorkflowExecutionInfo(status=status)
     if status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:

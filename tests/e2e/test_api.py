@@ -1,4 +1,4 @@
-"""The REST API of DESIGN §9 over real HTTP (uvicorn + httpx) on real PostgreSQL and Temporal:
+"""The REST API of docs/api.md over real HTTP (uvicorn + httpx) on real PostgreSQL and Temporal:
 status codes, problem+json bodies, idempotency, pagination, filters, admin views, retry, cancel,
 quotas, health and OpenAPI."""
 
@@ -24,17 +24,16 @@ from jobs.spec import Catalog
 from jobs.types import default_catalog, synthetic
 from runtime.embedded import free_port
 from runtime.wiring import create_policy
-from tests.conftest import Stack
 from tests.e2e.conftest import (
     JOB_STATUS_KEYS,
     PROBLEM,
-    TERMINAL,
     Api,
     assert_no_leak,
     assert_problem,
     serve,
     start_api,
 )
+from tests.stack import TERMINAL, Stack
 
 SECRET = "s3cr3t-VALUE-6f1d"  # must never come back in an error body
 

@@ -1,4 +1,4 @@
-"""Who may call what (DESIGN §9), as a table: every route x {no token, bad token, expired token,
+"""Who may call what (docs/api.md), as a table: every route x {no token, bad token, expired token,
 another user, the owner, an admin}.
 
 - no / bad / expired token → 401 UNAUTHENTICATED (+ `WWW-Authenticate: Bearer`) on every route;
@@ -152,6 +152,7 @@ def bad_authorizations(api: Api) -> dict[str, str]:
     secret = api.settings.jwt_signing_secret
     now = int(time.time())
     ok = {"sub": OWNER, "roles": ["SUPER_ADMIN"], "iat": now, "exp": now + 600}
+    # PyJWT takes no key for algorithm "none"; its stub requires one.
     unsigned = jwt.encode(ok, key=None, algorithm="none")  # type: ignore[arg-type]
     with warnings.catch_warnings():  # the dev secret is short for HS512; that is the point
         warnings.simplefilter("ignore", jwt.InsecureKeyLengthWarning)

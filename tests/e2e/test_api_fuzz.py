@@ -1,6 +1,6 @@
-"""Fuzzing every route of DESIGN §9 over real HTTP (DESIGN §11: "fuzzed API input never yields a
-5xx"). Hypothesis generates bodies, headers, path ids and query parameters; every answer must be
-below 500, and every error a problem+json with a `code` that leaks nothing.
+"""Fuzzing every route of docs/api.md over real HTTP: fuzzed API input never yields a 5xx.
+Hypothesis generates bodies, headers, path ids and query parameters; every answer must be below
+500, and every error a problem+json with a `code` that leaks nothing.
 
 Each generated call starts as a valid request (a real token, a well-formed body or filter, an
 existing job) and then has up to two parts replaced by hostile values. A fully random request

@@ -6,8 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from tests.conftest import Stack
 from tests.e2e.conftest import Api, assert_no_leak, assert_problem
+from tests.stack import Stack
 
 SOURCE = (
     "Photosynthesis converts light energy into chemical energy. Chloroplasts contain the "

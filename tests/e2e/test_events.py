@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from api.events import JobEventHub
-from tests.conftest import Stack, running_stack
 from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.stack import Stack, engine_stack
+from tests.support import eventually
 
 
 @dataclass
@@ -65,11 +65,13 @@ async def collect(
     return got, closed
 
 
-async def wait_for(cond: Any, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+async def wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
+    """Until `cond()` holds (state of the in-process hub, or events collected so far)."""
+
+    async def holds() -> bool:
+        return cond()
+
+    await eventually(holds, timeout=timeout, interval=0.02, what="the condition")
 
 
 async def test_a_job_stream_follows_it_to_succeeded_and_closes(api: Api, workers: Stack) -> None:
@@ -106,7 +108,7 @@ async def test_queued_running_succeeded_in_order(api: Api, env: Any, temporal_cl
     reader = asyncio.create_task(read())
     await wait_for(lambda: len(got) >= 1)
     assert got[0].data["lifecycleStatus"] == "queued"
-    async with running_stack(env(), temporal_client, queues=("ai-interactive",)):
+    async with engine_stack(env(), temporal_client, queues=("ai-interactive",)):
         await asyncio.wait_for(reader, 60)
     states = [e.data["lifecycleStatus"] for e in got]
     assert states[0] == "queued" and states[-1] == "succeeded"

@@ -8,11 +8,8 @@ no token.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -20,8 +17,9 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.embedded import free_port
-from tests.conftest import Stack
 from tests.e2e.conftest import Api
+from tests.stack import Stack
+from tests.support import until_passes
 
 ALLOWED_LABELS = {
     "job_type",
@@ -133,17 +131,6 @@ async def scrape(url: str) -> str:
     return r.text
 
 
-async def eventually(probe: Any, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await probe()
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
-
-
 async def test_metrics_count_the_jobs_that_ran(api: Api, workers: Stack, worker_port: int) -> None:
     user = f"metrics-user-{uuid.uuid4().hex[:8]}"
     worker_url = f"http://127.0.0.1:{worker_port}/metrics"
@@ -226,7 +213,7 @@ async def test_metrics_count_the_jobs_that_ran(api: Api, workers: Stack, worker_
         ) in s
         return text
 
-    api_text = await eventually(api_state)
+    api_text = await until_passes(api_state)
     assert_families(api_text, API_FAMILIES)
     api_after = parse(api_text)[1]
     http = "aijobs_http_requests_total"

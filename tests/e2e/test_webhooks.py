@@ -31,8 +31,9 @@ from jobs.credentials import credential_cipher
 from jobs.webhooks import UrlRefused, address_is_public, check_url
 from runtime.wiring import build_parts
 from runtime.worker import run_workers
-from tests.conftest import Stack
 from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.stack import Stack
+from tests.support import eventually
 
 ALL_EVENTS = ["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
 
@@ -56,11 +57,15 @@ class Receiver:
     url: str = ""
 
     async def wait_for(self, n: int, timeout: float = 15.0) -> list[Received]:
-        deadline = time.monotonic() + timeout
-        while len(self.requests) < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{len(self.requests)} of {n} deliveries in {timeout}s")
-            await asyncio.sleep(0.02)
+        async def arrived() -> bool:
+            return len(self.requests) >= n
+
+        await eventually(
+            arrived,
+            timeout=timeout,
+            interval=0.02,
+            what=lambda: f"{n} deliveries ({len(self.requests)} so far)",
+        )
         return list(self.requests)
 
 
@@ -215,10 +220,9 @@ async def test_a_retry_keeps_its_webhook_id_and_an_admin_can_replay(
         assert first.headers["webhook-id"] == second.headers["webhook-id"]
         assert verified_by(hook["secret"], first) and verified_by(hook["secret"], second)
         assert first.body == second.body
-        deadline = time.monotonic() + 5
-        while (rows := await deliveries(api, "delivered")) == [] and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        [row] = rows
+        [row] = await eventually(
+            lambda: deliveries(api, "delivered"), timeout=5, what="a delivered row"
+        )
         assert row["attemptCount"] == 2 and row["lastStatusCode"] == 200
         assert await deliveries(api, "dead") == []
 
@@ -249,7 +253,7 @@ async def test_a_failed_job_goes_only_to_endpoints_that_asked_for_failures(
         final = await api.wait_status(job)
         assert final["lifecycleStatus"] == "failed"
         [req] = await failures.wait_for(1)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # nothing else arrives
         assert completions.requests == [] and len(failures.requests) == 1
     assert verified_by(hook["secret"], req)
     body = json.loads(req.body)
@@ -294,14 +298,12 @@ async def test_a_dead_or_hanging_receiver_delays_neither_others_nor_the_job(
             # Well inside the hanging receiver's time limit: it held only its own slot.
             assert req.at - succeeded_at < TEST_CONFIG.request_timeout_s / 2
             assert verified_by(hook["secret"], req)
+
             # The dead receiver is retried meanwhile, not delivered.
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                rows = {r["status"] for r in await deliveries(api)}
-                if "failed" in rows:
-                    break
-                await asyncio.sleep(0.05)
-            assert "failed" in rows
+            async def retried() -> bool:
+                return "failed" in {r["status"] for r in await deliveries(api)}
+
+            await eventually(retried, timeout=5, what="a failed (to be retried) delivery")
             assert len(rec.requests) == 1
     finally:
         hanging.close()
@@ -495,10 +497,9 @@ async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack)
         await register(api, f"http://127.0.0.1:{closed_port()}/hook")
         job = await api.create_id()
         await api.wait_status(job, "succeeded")
-        deadline = time.monotonic() + 10
-        while not (dead := await deliveries(api, "dead")) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        [row] = dead
+        [row] = await eventually(
+            lambda: deliveries(api, "dead"), timeout=10, interval=0.1, what="a dead delivery"
+        )
         assert row["attemptCount"] >= 3 and row["lastStatusCode"] is None
         assert row["lastError"] and len(row["lastError"]) <= 300
     finally:
@@ -507,6 +508,7 @@ async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack)
 
 
 def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
+    # The backoff needs neither a database nor an HTTP client.
     d = WebhookDeliverer(None, None, WebhookConfig())  # type: ignore[arg-type]
     for attempt, nominal in ((1, 30), (2, 60), (3, 120), (7, 1920), (8, 3600), (30, 3600)):
         delays = [d.backoff_s(attempt) for _ in range(50)]

@@ -1,23 +1,17 @@
-"""Helpers for the engine integration tests (issue 4), shared by the `test_engine_*`, relay,
-crash/reconcile and privacy modules.
+"""Helpers for the engine integration tests, shared by the `test_engine_*`, relay,
+crash/reconcile and privacy modules (the stack itself is `tests.stack.engine_stack`).
 
-- `engine_stack`: like `tests.conftest.running_stack`, plus a catalog extended with test-only job
-  types (short timeouts and backoffs, scripted projectors) and a relay whose claim-release period
-  can be shortened;
 - `scripted_job_type`: a copy of the synthetic job type with another name and execution policy;
-- polling with deadlines of SQL and Temporal state (never a bare sleep as synchronisation);
+- waits on SQL and Temporal state, built on `tests.support.eventually`;
 - small SQL readers for the facts the tests assert.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
 
 from sqlalchemy import text
 from temporalio.api.enums.v1 import PendingActivityState
@@ -26,22 +20,16 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.relay import Relay
 from db.session import SessionMaker
 from engine.definition import Execution, RetryBackoff
-from engine.settings import Settings
-from jobs.service import CreatePolicy
-from jobs.spec import Catalog, JobType, Projector
-from jobs.types import ALL_TYPES, synthetic
-from runtime.wiring import relay_config
-from tests.conftest import Stack, running_stack
-
-T = TypeVar("T")
+from jobs.spec import AnyJobType, Projector
+from jobs.types import synthetic
+from tests.stack import TERMINAL
+from tests.support import eventually
 
 JOB_ID_SA = SearchAttributeKey.for_keyword("JobId")
 JOB_TYPE_SA = SearchAttributeKey.for_keyword("JobType")
 LIFECYCLE_SA = SearchAttributeKey.for_keyword("LifecycleStatus")
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 # ---- test-only job types -------------------------------------------------------------------
@@ -53,9 +41,9 @@ def scripted_job_type(
     timeout_ms: int = 30_000,
     max_retries: int = 1,
     backoff_ms: int = 1000,
-    abort_strategy: str = "retry",
-    project: Projector | None = None,
-) -> JobType:
+    abort_strategy: Literal["fail", "retry"] = "retry",
+    project: Projector[Any] | None = None,
+) -> AnyJobType:
     """The synthetic job type under another name, with its own execution policy and projector.
 
     Its workflow type is `name` and its jobs run on `ai-interactive`, like synthetic's."""
@@ -67,7 +55,7 @@ def scripted_job_type(
                 max_retries=max_retries,
                 retry_backoff=RetryBackoff(delay=backoff_ms),
                 cancellable=True,
-                abort_strategy=abort_strategy,  # type: ignore[arg-type]
+                abort_strategy=abort_strategy,
             ),
         }
     )
@@ -76,77 +64,7 @@ def scripted_job_type(
     )
 
 
-# ---- the stack -----------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def engine_stack(
-    settings: Settings,
-    client: Client,
-    *,
-    extra_types: Sequence[JobType] = (),
-    queues: tuple[str, ...] = ("ai-interactive",),
-    relay: bool = True,
-    relay_release_every_s: float | None = None,
-    policy: CreatePolicy | None = None,
-) -> AsyncIterator[Stack]:
-    """In-process workers for `queues` plus a relay task, on a catalog with `extra_types`."""
-    overrides = {} if relay_release_every_s is None else {"release_every_s": relay_release_every_s}
-    async with running_stack(
-        settings,
-        client,
-        queues=queues,
-        relay=relay,
-        policy=policy,
-        catalog=Catalog([*ALL_TYPES, *extra_types]),
-        relay_overrides=overrides,
-    ) as stack:
-        yield stack
-
-
-def new_relay(stack: Stack, **config: Any) -> Relay:
-    """Another relay over the stack's database, client and catalog (e.g. a second relay, or
-    one that "dies" after claiming)."""
-    rc = dataclasses.replace(relay_config(stack.settings), **config)
-    return Relay(stack.parts.sessionmaker, stack.client, stack.parts.catalog, rc)
-
-
-@contextlib.asynccontextmanager
-async def relay_running(relay: Relay) -> AsyncIterator[Relay]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop=stop))
-    try:
-        yield relay
-    finally:
-        stop.set()
-        try:
-            await asyncio.wait_for(task, 10)
-        except BaseException:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-
-
-# ---- polling -------------------------------------------------------------------------------
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T]],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.05,
-) -> T:
-    """Call `probe` until it returns a truthy value (returned) or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = await probe()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-        await asyncio.sleep(interval)
+# ---- waits ---------------------------------------------------------------------------------
 
 
 async def describe_or_none(client: Client, wid: str) -> WorkflowExecutionDescription | None:
@@ -236,7 +154,9 @@ async def scalar(sm: SessionMaker, sql: str, **params: Any) -> Any:
 
 async def execute(sm: SessionMaker, sql: str, **params: Any) -> int:
     async with sm.begin() as s:
-        return int((await s.execute(text(sql), params)).rowcount)  # type: ignore[attr-defined]
+        result = await s.execute(text(sql), params)
+        # A DML statement's result is a CursorResult; the stub types it as a plain Result.
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True)

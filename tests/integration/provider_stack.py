@@ -1,41 +1,33 @@
-"""Helpers of the issue-6 tests (job types, gateway errors, credentials, key sentinel).
-
-`engine_stack` is `tests.conftest.running_stack` with two differences: the catalog is chosen by
-the test (test-only job types with short timeouts are registered *before* the workers start,
-since the workers derive their workflow classes from it), and the job service knows whether a
-user has an active key, as the API's does (so `user_deepseek_key` jobs can be created).
+"""Helpers of the provider tests (job types, gateway errors, credentials, key sentinel): test-only
+job-type variants, settings that point the engine at the fake OpenAI-compatible server, and the
+API in process. The stack itself is `tests.stack.engine_stack`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from fastapi import FastAPI
 from sqlalchemy import text
-from temporalio.client import Client
 
 from api.app import create_app
 from api.auth import JwtConfig, issue_token
-from db.credentials import has_active_user_key
 from engine.definition import RetryBackoff
 from engine.settings import Settings
-from jobs.spec import Catalog, JobType
-from jobs.types import ALL_TYPES
-from providers.fake_server import FakeOpenAIServer
+from jobs.spec import AnyJobType
 from runtime.wiring import create_policy
-from tests.conftest import Stack, running_stack
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.stack import Stack
 
 FAKE_MODEL = "deepseek-chat"
 
 
-def variant(base: JobType, job_type: str, **execution: Any) -> JobType:
+def variant(base: AnyJobType, job_type: str, **execution: Any) -> AnyJobType:
     """A test-only copy of a job type under another name with other execution settings,
     e.g. `variant(quiz.JOB, "quiz_fast", timeout_ms=1000, max_retries=0)`."""
     if "backoff_ms" in execution:
@@ -47,27 +39,6 @@ def variant(base: JobType, job_type: str, **execution: Any) -> JobType:
             update={"job_type": job_type, "execution": d.execution.model_copy(update=execution)}
         ),
     )
-
-
-def catalog_with(*extra: JobType) -> Catalog:
-    return Catalog([*ALL_TYPES, *extra])
-
-
-has_user_key = has_active_user_key
-
-
-@contextlib.asynccontextmanager
-async def engine_stack(
-    settings: Settings,
-    client: Client,
-    *,
-    catalog: Catalog | None = None,
-    queues: tuple[str, ...] = ("ai-interactive", "ai-background"),
-) -> AsyncIterator[Stack]:
-    async with running_stack(
-        settings, client, queues=queues, catalog=catalog or catalog_with()
-    ) as stack:
-        yield stack
 
 
 PLATFORM_KEY = "sk-platform-test-key-0000"
@@ -84,18 +55,6 @@ def fake_env(fake: FakeOpenAIServer, **env: Any) -> dict[str, Any]:
     }
     values.update(env)
     return values
-
-
-async def wait_for(
-    check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll `check` until it is true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 async def usage_rows(stack: Stack, job_id: uuid.UUID) -> list[Any]:

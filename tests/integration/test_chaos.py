@@ -1,4 +1,4 @@
-"""PostgreSQL and Temporal restarted under load (DESIGN §11 reliability): no job is lost, none
+"""PostgreSQL and Temporal restarted under load: no job is lost, none
 projects twice, none stays non-terminal once both are back.
 
 This test owns its servers (a PostgreSQL data dir and a Temporal dev server with a database
@@ -8,20 +8,16 @@ file, so both keep their state across the restart) and does not disturb the sess
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from db.migrate import upgrade
-from runtime.embedded import free_port, start_postgres, start_temporal
-from tests.conftest import Stack, make_settings, running_stack
+from tests.servers import own_servers
+from tests.stack import TERMINAL, Stack, engine_stack, make_settings
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -52,54 +48,53 @@ async def _counts(stack: Stack) -> dict[str, int]:
 
 
 async def _wait_all_terminal(stack: Stack, total: int, timeout_s: float) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
+    """Until all `total` jobs are terminal; the database may still be coming back."""
     counts: dict[str, int] = {}
-    while time.monotonic() < deadline:
+
+    async def all_terminal() -> dict[str, int] | None:
+        nonlocal counts
         try:
             counts = await _counts(stack)
         except Exception:
-            await asyncio.sleep(0.5)
-            continue
-        if sum(v for k, v in counts.items() if k in ("succeeded", "failed", "cancelled")) == total:
-            return counts
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"not all {total} jobs ended in {timeout_s}s: {counts}")
+            return None
+        return counts if sum(counts.get(s, 0) for s in TERMINAL) == total else None
+
+    return await eventually(
+        all_terminal,
+        timeout=timeout_s,
+        interval=0.25,
+        what=lambda: f"all {total} jobs to end (counts: {counts})",
+    )
 
 
 async def test_postgres_and_temporal_restarted_under_load() -> None:
-    base = Path(tempfile.mkdtemp(prefix="aijobs-chaos-"))
-    base.chmod(0o755)
-    pg = start_postgres(base / "pg")
-    port = free_port()
-    temporal = start_temporal(port=port, ui_port=None, db_file=base / "temporal.db")
-    try:
-        upgrade(pg.uri)
-        client = await Client.connect(temporal.address)
+    with own_servers("aijobs-chaos-") as sv:
+        client = await Client.connect(sv.temporal_address)
         settings = make_settings(
-            pg.uri,
-            temporal.address,
+            sv.database_url,
+            sv.temporal_address,
             AI_HEARTBEAT_TIMEOUT_MS=5000,
             OUTBOX_LOCK_TTL_S=5,
             RELAY_POLL_INTERVAL_S=0.2,
         )
-        async with running_stack(settings, client, queues=("ai-interactive",)) as stack:
+        async with engine_stack(settings, client, queues=("ai-interactive",)) as stack:
             ids = await _create_when_up(stack, JOBS_BEFORE)
 
             # Wait until work is in flight, then take PostgreSQL away for a moment.
-            deadline = time.monotonic() + 60
-            while (await _counts(stack)).get("succeeded", 0) < 3:
-                assert time.monotonic() < deadline, "no job finished before the fault"
-                await asyncio.sleep(0.1)
-            await asyncio.to_thread(pg.stop)
+            async def some_succeeded() -> bool:
+                return (await _counts(stack)).get("succeeded", 0) >= 3
+
+            await eventually(
+                some_succeeded, timeout=60, interval=0.1, what="3 jobs to finish before the fault"
+            )
+            await asyncio.to_thread(sv.stop_postgres)
             await asyncio.sleep(1.5)  # the outage itself (fault injection, not synchronisation)
-            pg = await asyncio.to_thread(start_postgres, base / "pg")
+            await asyncio.to_thread(sv.start_postgres)
             ids += await _create_when_up(stack, JOBS_DURING)
 
             # Then restart Temporal (same port, same database file) while jobs still run.
-            await asyncio.to_thread(temporal.stop)
-            temporal = await asyncio.to_thread(
-                start_temporal, port=port, ui_port=None, db_file=base / "temporal.db"
-            )
+            await asyncio.to_thread(sv.stop_temporal)
+            await asyncio.to_thread(sv.start_temporal)
 
             counts = await _wait_all_terminal(stack, len(ids), timeout_s=150)
             assert counts == {"succeeded": len(ids)}, counts
@@ -123,10 +118,3 @@ async def test_postgres_and_temporal_restarted_under_load() -> None:
             assert len(per_job) == len(ids)
             for job_id, results, artifacts, completed in per_job:
                 assert (results, artifacts, completed) == (1, 1, 1), job_id
-    finally:
-        # Each stop on its own: a failing one must not leave the other server running.
-        with contextlib.suppress(Exception):
-            temporal.stop()
-        with contextlib.suppress(Exception):
-            pg.stop()
-        shutil.rmtree(base, ignore_errors=True)

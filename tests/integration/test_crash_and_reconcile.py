@@ -1,4 +1,4 @@
-"""Issue 4 (engine): a worker process killed during EXECUTE, and the reconciler that makes SQL
+"""A worker process killed during EXECUTE, and the reconciler that makes SQL
 right again when it and Temporal disagree (real PostgreSQL, real Temporal dev server)."""
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from activities.reconciler import Reconciler, ReconcilerConfig
 from db.session import SessionMaker
 from runtime.wiring import reconciler_config
-from tests.conftest import make_settings
 from tests.integration.conftest_engine import (
     describe_or_none,
-    engine_stack,
     execute,
     job_facts,
     rows,
@@ -29,6 +27,7 @@ from tests.integration.conftest_engine import (
     wait_activity_started,
     wait_workflow_closed,
 )
+from tests.stack import engine_stack, make_settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPLETED = "ai.job.completed"

@@ -3,6 +3,8 @@ JSON cannot carry, and a production deployment without any provider credential."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from db.session import SessionMaker
@@ -16,7 +18,7 @@ NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
 
 
 def _req(**kw: object) -> CreateJobRequest:
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "user_id": "u1",
         "job_type": "synthetic",
         "target_type": "t",
@@ -25,7 +27,7 @@ def _req(**kw: object) -> CreateJobRequest:
         "idempotency_key": "k1",
     }
     values.update(kw)
-    return CreateJobRequest(**values)  # type: ignore[arg-type]
+    return CreateJobRequest(**values)
 
 
 async def test_omitted_priority_and_the_default_priority_are_the_same_request(

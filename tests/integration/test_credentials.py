@@ -1,4 +1,4 @@
-"""Users' own DeepSeek keys (issue 6): the /api/ai/credentials API, jobs that run with the user's
+"""Users' own DeepSeek keys: the /api/ai/credentials API, jobs that run with the user's
 decrypted key, revocation before and during execution, and key rotation.
 
 The API runs in process (httpx ASGI transport, real lifespan, real PostgreSQL); jobs run on the
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -23,18 +22,11 @@ from engine.errors import ExecutionFailure
 from engine.settings import Settings
 from jobs.credentials import rotate_credential_keys
 from providers.crypto import CredentialCipher, credential_aad, generate_key_setting
-from providers.fake_server import FakeOpenAIServer
 from runtime import cli
-from tests.conftest import make_settings
-from tests.integration.provider_stack import (
-    PLATFORM_KEY,
-    api_client,
-    auth,
-    engine_stack,
-    fake_env,
-    usage_rows,
-    wait_for,
-)
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.provider_stack import PLATFORM_KEY, api_client, auth, fake_env, usage_rows
+from tests.stack import JOB_QUEUES, engine_stack, make_settings
+from tests.support import eventually
 
 USER_KEY = "sk-user-owned-key-4f1c9e2ab7d3"
 OTHER_KEY = "sk-user-second-key-88aa11bb22cc"
@@ -59,17 +51,10 @@ VALID = {
 }
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
-
-
 @pytest.fixture
 async def fake_settings(
     db: SessionMaker, database_url: str, temporal_address: str, fake: FakeOpenAIServer
 ) -> Settings:
-    await fake.areset()
     return make_settings(
         database_url, temporal_address, CREDENTIAL_ENCRYPTION_KEY=K1, **fake_env(fake)
     )
@@ -187,7 +172,10 @@ async def test_user_key_job_calls_the_provider_with_the_users_key(
 ) -> None:
     s = fake_settings
     await fake.ascript([{"kind": "valid", "content": VALID}])
-    async with engine_stack(s, temporal_client) as stack, api_client(s) as (_, c):
+    async with (
+        engine_stack(s, temporal_client, queues=JOB_QUEUES) as stack,
+        api_client(s) as (_, c),
+    ):
         await _add_key(c, s, "u1", USER_KEY)
         created = await c.post("/api/ai/jobs", json=QUIZ, headers=auth(s, "u1"))
         assert created.status_code == 202, created.text
@@ -214,7 +202,7 @@ async def test_key_revoked_between_creation_and_execution_fails_credential_missi
         job_id = uuid.UUID(created.json()["jobId"])
         revoked = await c.delete(f"/api/ai/credentials/{cred['id']}", headers=auth(s, "u1"))
         assert revoked.status_code == 204
-    async with engine_stack(s, temporal_client) as stack:
+    async with engine_stack(s, temporal_client, queues=JOB_QUEUES) as stack:
         row = await stack.wait_status(job_id, "succeeded", "failed", timeout=30)
         assert (row.lifecycle_status, row.error_code) == ("failed", "CREDENTIAL_MISSING")
         assert (await fake.acalls())["count"] == 0
@@ -233,7 +221,10 @@ async def test_key_revoked_during_a_retry_fails_non_retryable_at_execute(
     await fake.ascript(
         [{"kind": "status", "status": 500}], default={"kind": "valid", "content": VALID}
     )
-    async with engine_stack(s, temporal_client) as stack, api_client(s) as (_, c):
+    async with (
+        engine_stack(s, temporal_client, queues=JOB_QUEUES) as stack,
+        api_client(s) as (_, c),
+    ):
         cred = await _add_key(c, s, "u1", USER_KEY)
         created = await c.post("/api/ai/jobs", json=QUIZ, headers=auth(s, "u1"))
         job_id = uuid.UUID(created.json()["jobId"])
@@ -241,7 +232,7 @@ async def test_key_revoked_during_a_retry_fails_non_retryable_at_execute(
         async def first_attempt_recorded() -> bool:
             return len(await usage_rows(stack, job_id)) == 1
 
-        await wait_for(first_attempt_recorded, timeout=20, what="the first (failed) attempt")
+        await eventually(first_attempt_recorded, timeout=20, what="the first (failed) attempt")
         r = await c.delete(f"/api/ai/credentials/{cred['id']}", headers=auth(s, "u1"))
         assert r.status_code == 204
         # 2 s backoff + one short attempt; generous, yet short enough to fail fast on a hang.

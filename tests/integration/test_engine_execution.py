@@ -1,5 +1,6 @@
-"""Issue 4 (engine) on the real PostgreSQL and Temporal dev server: the synthetic path end to end,
-the retry rules of DESIGN §8 and the projection stage's exactly-once effects."""
+"""The engine on the real PostgreSQL and Temporal dev server: the synthetic path end to end, the
+retry rules of each error code (docs/api.md, "Errors") and the projection stage's exactly-once
+effects."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ import asyncio
 import collections
 import dataclasses
 import uuid
+from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -24,30 +31,31 @@ from engine.contracts import JobWorkflowResult, ProjectInput, ProjectResult
 from engine.errors import public_message_for
 from engine.hashing import output_hash
 from engine.settings import Settings
-from jobs.spec import Artifact, ProjectionContext
+from jobs.spec import Artifact, ProjectionContext, Projector
 from jobs.types import synthetic
 from runtime.wiring import engine_config, gateway
-from tests.conftest import Stack
 from tests.integration.conftest_engine import (
     JOB_ID_SA,
     JOB_TYPE_SA,
     LIFECYCLE_SA,
-    engine_stack,
-    eventually,
     job_facts,
     rows,
     scalar,
     scripted_job_type,
     wait_workflow_closed,
 )
+from tests.stack import Stack, engine_stack
+from tests.support import eventually
 
 COMPLETED = "ai.job.completed"
 FAILED = "ai.job.failed"
-# Text that must never reach a public error message (DESIGN §8).
+# Text that must never reach a public error message.
 INTERNAL_MARKERS = ("synthetic failure", "Traceback", "attempt", "/", "Error(", "{")
 
 
-async def finished(stack: Stack, job_id: uuid.UUID, job_type: str = "synthetic") -> tuple:
+async def finished(
+    stack: Stack, job_id: uuid.UUID, job_type: str = "synthetic"
+) -> tuple[Any, WorkflowExecutionDescription]:
     """The job's terminal row and its closed workflow's description (SQL first, then Temporal:
     once the workflow is closed no further attempt can add rows)."""
     await stack.wait_status(job_id, timeout=45)
@@ -55,8 +63,8 @@ async def finished(stack: Stack, job_id: uuid.UUID, job_type: str = "synthetic")
     return await stack.job(job_id), desc
 
 
-def assert_public_message_clean(row: object, code: str) -> None:
-    msg = row.public_error_message  # type: ignore[attr-defined]
+def assert_public_message_clean(row: Any, code: str) -> None:
+    msg = row.public_error_message
     assert msg == public_message_for(code)
     for marker in INTERNAL_MARKERS:
         assert marker not in msg, (marker, msg)
@@ -111,7 +119,7 @@ async def test_synthetic_job_end_to_end(
         assert sa.get(JOB_TYPE_SA) == "synthetic"
         assert sa.get(LIFECYCLE_SA) == "succeeded"
 
-        async def listed() -> list | None:
+        async def listed() -> list[WorkflowExecution] | None:
             found = [w async for w in temporal_client.list_workflows(f"JobId = '{job_id}'")]
             ok = [w for w in found if w.typed_search_attributes.get(LIFECYCLE_SA) == "succeeded"]
             return found if ok else None
@@ -122,7 +130,7 @@ async def test_synthetic_job_end_to_end(
         assert found[0].workflow_type == "synthetic"
 
 
-# ---- retries (DESIGN §8) -------------------------------------------------------------------
+# ---- retries -------------------------------------------------------------------------------
 
 INTERNAL_3 = scripted_job_type("t_internal_3", max_retries=3, backoff_ms=1000)
 TIMEOUT_FAIL = scripted_job_type(
@@ -254,12 +262,16 @@ async def test_timeout_follows_abort_strategy(
 # ---- projection ----------------------------------------------------------------------------
 
 
-def counting_projector(fail_first: int) -> tuple[collections.Counter[uuid.UUID], object]:
+def counting_projector(
+    fail_first: int,
+) -> tuple[collections.Counter[uuid.UUID], Projector[synthetic.SyntheticOutput]]:
     """The synthetic projector, which raises after writing its business row on its first
     `fail_first` calls per job (so a failed attempt must be rolled back)."""
     calls: collections.Counter[uuid.UUID] = collections.Counter()
 
-    async def project(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list:
+    async def project(
+        session: AsyncSession, ctx: ProjectionContext, out: synthetic.SyntheticOutput
+    ) -> list[Artifact]:
         calls[ctx.job_id] += 1
         arts = await synthetic.project(session, ctx, out)
         if calls[ctx.job_id] <= fail_first:
@@ -273,7 +285,7 @@ async def test_projector_failing_once_is_retried_and_writes_once(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
     calls, project = counting_projector(fail_first=1)
-    jt = scripted_job_type("t_project_flaky", project=project)  # type: ignore[arg-type]
+    jt = scripted_job_type("t_project_flaky", project=project)
     async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
         job_id = await st.create(job_type=jt.job_type, input={"echo": {"k": 1}})
         row, desc = await finished(st, job_id, jt.job_type)
@@ -338,7 +350,7 @@ async def test_concurrent_duplicate_projection_writes_once(
     calls: collections.Counter[uuid.UUID] = collections.Counter()
 
     async def gated(
-        session: AsyncSession, ctx: ProjectionContext, out: BaseModel
+        session: AsyncSession, ctx: ProjectionContext, out: synthetic.SyntheticOutput
     ) -> list[Artifact]:
         calls[ctx.job_id] += 1
         if calls[ctx.job_id] == 1:
@@ -396,7 +408,7 @@ async def test_projector_always_failing_fails_job_after_two_tries(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
     calls, project = counting_projector(fail_first=1_000)
-    jt = scripted_job_type("t_project_broken", project=project)  # type: ignore[arg-type]
+    jt = scripted_job_type("t_project_broken", project=project)
     async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
         job_id = await st.create(job_type=jt.job_type)
         row, desc = await finished(st, job_id, jt.job_type)

@@ -4,8 +4,6 @@ Temporal server dispatches waiting tasks fairly across keys within a priority.""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 from sqlalchemy import text
@@ -14,8 +12,9 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.wiring import create_policy
-from tests.conftest import make_settings
-from tests.integration.conftest_engine import engine_stack, history_blobs
+from tests.integration.conftest_engine import history_blobs, scalar
+from tests.stack import engine_stack, make_settings
+from tests.support import eventually
 
 
 async def finish_order(db: SessionMaker, ids: list[uuid.UUID]) -> list[uuid.UUID]:
@@ -36,20 +35,18 @@ async def test_a_second_user_is_not_starved_by_a_backlog(
     settings = make_settings(database_url, temporal_address, AI_INTERACTIVE_CONCURRENCY=1)
     async with engine_stack(settings, temporal_client) as st:
         a = [await st.create(user_id="tenant-a", input={"delayMs": 100}) for _ in range(40)]
+
         # Let A's backlog reach the task queue before B arrives.
-        async with db() as s:
-            deadline = time.monotonic() + 30
-            while (
-                await s.execute(
-                    text(
-                        "SELECT count(*) FROM outbox_event WHERE status = 'published' "
-                        "AND aggregate_id = ANY(:ids)"
-                    ),
-                    {"ids": [str(x) for x in a]},
-                )
-            ).scalar_one() < len(a):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+        async def all_published() -> bool:
+            published = await scalar(
+                db,
+                "SELECT count(*) FROM outbox_event WHERE status = 'published' "
+                "AND aggregate_id = ANY(:ids)",
+                ids=[str(x) for x in a],
+            )
+            return bool(published >= len(a))
+
+        await eventually(all_published, timeout=30, what="A's backlog to be published")
         a_done_when_b_came = len(await finish_order(db, a))
         b = [await st.create(user_id="tenant-b", input={"delayMs": 100}) for _ in range(3)]
         for job in b:

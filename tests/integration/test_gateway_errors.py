@@ -1,4 +1,4 @@
-"""Provider failures through the real engine (DESIGN §8, issue 6), against the fake
+"""Provider failures through the real engine, against the fake
 OpenAI-compatible server: each failure ends in the documented code, retried or not as documented.
 
 "Not retried" is made observable: the fake server's default answer is a VALID output, so a
@@ -9,7 +9,6 @@ Test-only variants of quiz_generation give short timeouts and chosen backoffs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,16 +17,9 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from jobs.spec import Catalog
 from jobs.types import quiz_generation as quiz
-from providers.fake_server import FakeOpenAIServer
-from tests.conftest import Stack, make_settings
-from tests.integration.provider_stack import (
-    catalog_with,
-    engine_stack,
-    fake_env,
-    usage_rows,
-    user_prompts,
-    variant,
-)
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.provider_stack import fake_env, usage_rows, user_prompts, variant
+from tests.stack import JOB_QUEUES, Stack, catalog_with, engine_stack, make_settings
 
 QUIZ_FAST = variant(quiz.JOB, "test_quiz_fast", timeout_ms=5000, max_retries=1, backoff_ms=1000)
 # A long backoff: a retry after ~1 s can only come from honouring Retry-After.
@@ -54,12 +46,6 @@ VALID = {
 VALID_STEP = {"kind": "valid", "content": VALID}
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
-
-
 @pytest.fixture
 async def stack_for(
     db: SessionMaker,
@@ -69,11 +55,10 @@ async def stack_for(
     fake: FakeOpenAIServer,
 ) -> Any:
     """`async with stack_for(**env) as stack`: an engine pointed at the (reset) fake server."""
-    await fake.areset()
 
     def make(**env: Any) -> Any:
         settings = make_settings(database_url, temporal_address, **fake_env(fake, **env))
-        return engine_stack(settings, temporal_client, catalog=CATALOG)
+        return engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES)
 
     return make
 

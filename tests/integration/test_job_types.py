@@ -1,4 +1,4 @@
-"""Issue 6 job types end to end: quiz_generation, flashcard_generation, weak_point_analysis.
+"""The AI job types end to end: quiz_generation, flashcard_generation, weak_point_analysis.
 
 Each runs through the real engine (relay → Temporal workflow → stages → projector) twice: on
 the synthetic provider (default settings, no key: the offline path) and against the fake
@@ -10,7 +10,6 @@ one usage row per call with its cost, the key sent as a bearer token.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -20,24 +19,23 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
-from jobs.spec import JobType, ProjectionContext, artifact_uuid
+from jobs.spec import AnyJobType, ProjectionContext, artifact_uuid
 from jobs.types import default_catalog
 from jobs.types import flashcard_generation as flashcards
 from jobs.types import quiz_generation as quiz
 from jobs.types import weak_point_analysis as weak
-from providers.fake_server import FakeOpenAIServer
 from providers.pricing import cost_usd
-from tests.conftest import Stack, make_settings
+from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_stack import (
     FAKE_MODEL,
     PLATFORM_KEY,
     api_client,
     auth,
-    engine_stack,
     fake_env,
     usage_rows,
     user_prompts,
 )
+from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 
 SOURCE = (
     "Photosynthesis converts light energy into chemical energy. It takes place in the "
@@ -120,7 +118,7 @@ SCRIPTED: dict[str, dict[str, Any]] = {
 JOB_TYPES = list(INPUTS)
 
 
-def _jt(job_type: str) -> JobType:
+def _jt(job_type: str) -> AnyJobType:
     return default_catalog().get(job_type)
 
 
@@ -212,7 +210,7 @@ async def test_job_type_runs_offline_on_synthetic_provider(
 ) -> None:
     settings = make_settings(database_url, temporal_address)  # no key, no base URL
     jt = _jt(job_type)
-    async with engine_stack(settings, temporal_client) as stack:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as stack:
         job_id = await stack.create(
             job_type=job_type, target_type="lesson", target_id="L-42", input=INPUTS[job_type]
         )
@@ -239,12 +237,6 @@ async def test_job_type_runs_offline_on_synthetic_provider(
 # ---- the OpenAI-compatible path: fake server, platform key --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
-
-
 @pytest.mark.parametrize("job_type", JOB_TYPES)
 async def test_job_type_runs_against_openai_compatible_server(
     db: SessionMaker,
@@ -254,14 +246,13 @@ async def test_job_type_runs_against_openai_compatible_server(
     fake: FakeOpenAIServer,
     job_type: str,
 ) -> None:
-    await fake.areset()
     content = SCRIPTED[job_type]
     await fake.ascript(
         [{"kind": "valid", "content": content, "tokens_in": 1234, "tokens_out": 567}]
     )
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     jt = _jt(job_type)
-    async with engine_stack(settings, temporal_client) as stack:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as stack:
         job_id = await stack.create(
             job_type=job_type, target_type="lesson", target_id="L-42", input=INPUTS[job_type]
         )
@@ -277,9 +268,7 @@ async def test_job_type_runs_against_openai_compatible_server(
         assert calls["models"] == [FAKE_MODEL]
         [messages] = await fake.amessages()
         system = next(m["content"] for m in messages if m["role"] == "system")
-        assert (
-            system == jt.build_prompt(jt.input_model.model_validate(INPUTS[job_type]), None).system
-        )
+        assert system == jt.build_prompt(jt.input_model.model_validate(INPUTS[job_type])).system
         assert "JSON" in system
         [user] = await user_prompts(fake)
         if job_type == "weak_point_analysis":
@@ -384,14 +373,14 @@ def test_outputs_are_validated_strictly(module: Any, bad: dict[str, Any]) -> Non
     ],
 )
 def test_synthetic_outputs_are_valid_and_deterministic(module: Any, inp: dict[str, Any]) -> None:
-    jt: JobType = module.JOB
+    jt: AnyJobType = module.JOB
     model = jt.input_model.model_validate(inp)
     first = jt.synthetic_output(model)
     out = jt.output_model.model_validate(first)
     assert isinstance(out, BaseModel)
     assert jt.synthetic_output(jt.input_model.model_validate(inp)) == first
     if module is quiz:
-        assert len(first["questions"]) == model.count  # type: ignore[attr-defined]
+        assert len(first["questions"]) == model.count
 
 
 def test_quiz_synthetic_questions_answer_from_the_text() -> None:
@@ -408,10 +397,10 @@ def test_quiz_synthetic_questions_answer_from_the_text() -> None:
 
 @pytest.mark.parametrize("module", [quiz, flashcards, weak])
 def test_prompts_state_the_json_shape_and_carry_the_correction(module: Any) -> None:
-    jt: JobType = module.JOB
+    jt: AnyJobType = module.JOB
     inp = jt.input_model.model_validate(INPUTS[jt.job_type])
-    plain = jt.build_prompt(inp, None)
-    fixed = jt.build_prompt(inp, "questions.0.choices: List should have at least 4 items")
+    plain = jt.prompt(inp)
+    fixed = jt.prompt(inp, "questions.0.choices: List should have at least 4 items")
     key = {"quiz_generation": "questions", "flashcard_generation": "flashcards"}.get(
         jt.job_type, "weak_points"
     )

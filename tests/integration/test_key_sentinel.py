@@ -1,4 +1,4 @@
-"""Keys never leak (DESIGN §2.5, issue 6): a platform key and a user key, both unique sentinels,
+"""Keys never leak: a platform key and a user key, both unique sentinels,
 go through successes, retries and failures whose provider error bodies echo the key back; then
 neither sentinel may appear in the captured logs (DEBUG), the jobs' Temporal histories, any
 engine table (ai_job, snapshots, usage, outbox, artifacts, credentials), or any API response.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,9 +19,9 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
-from providers.fake_server import FakeOpenAIServer
-from tests.conftest import make_settings
-from tests.integration.provider_stack import api_client, auth, engine_stack, fake_env
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.provider_stack import api_client, auth, fake_env
+from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 PLATFORM_SENTINEL = f"sk-platform-SENTINEL-{secrets.token_hex(12)}"
 USER_SENTINEL = f"sk-user-SENTINEL-{secrets.token_hex(12)}"
@@ -51,12 +50,6 @@ def _assert_clean(where: str, blob: str) -> None:
             assert fragment not in blob, f"key material {fragment!r} found in {where}"
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
-
-
 async def test_keys_never_leak(
     db: SessionMaker,
     database_url: str,
@@ -66,7 +59,6 @@ async def test_keys_never_leak(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    await fake.areset()
     settings = make_settings(
         database_url,
         temporal_address,
@@ -92,7 +84,10 @@ async def test_keys_never_leak(
         ],
         default={"kind": "valid", "content": VALID},
     )
-    async with engine_stack(settings, temporal_client) as stack, api_client(settings) as (_, c):
+    async with (
+        engine_stack(settings, temporal_client, queues=JOB_QUEUES) as stack,
+        api_client(settings) as (_, c),
+    ):
         user, admin = auth(settings, "u1"), auth(settings, "root", admin=True)
 
         async def call(method: str, url: str, **kw: Any) -> httpx.Response:

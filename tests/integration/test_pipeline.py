@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client
@@ -30,14 +29,10 @@ from engine.settings import Settings
 from jobs.spec import ProjectionContext
 from jobs.types import synthetic
 from runtime.wiring import engine_config, gateway
-from tests.conftest import Stack, make_settings
-from tests.integration.conftest_engine import (
-    engine_stack,
-    job_facts,
-    scripted_job_type,
-    wait_activity_started,
-)
+from tests.integration.conftest_engine import job_facts, scripted_job_type, wait_activity_started
 from tests.integration.test_crash_and_reconcile import start_worker, worker_processes
+from tests.stack import Stack, engine_stack, make_settings
+from tests.support import eventually
 
 
 async def states(db: SessionMaker, ids: list[uuid.UUID]) -> list[tuple[str, int]]:
@@ -83,8 +78,11 @@ async def test_running_means_a_worker_slot_is_calling_the_provider(
         ids = [await st.create(input={"delayMs": 1500}) for _ in range(12)]
         most_running = 0
         waiting_cancelled: uuid.UUID | None = None
-        deadline = time.monotonic() + 120
-        while True:
+        snap: list[tuple[str, int]] = []
+
+        async def observe() -> bool:
+            """Checks the limits on every look; cancels one waiting job once the queue fills."""
+            nonlocal most_running, waiting_cancelled, snap
             snap = await states(db, ids)
             running = [p for status, p in snap if status == "running"]
             queued = [p for status, p in snap if status == "queued"]
@@ -104,10 +102,11 @@ async def test_running_means_a_worker_slot_is_calling_the_provider(
                     ).scalar_one()
                 result = await st.service.cancel(waiting_cancelled, "u1")
                 assert result.outcome == "cancelled"  # the queued path: 200, not 202
-            if sum(1 for status, _ in snap if status in ("succeeded", "cancelled")) == 12:
-                break
-            assert time.monotonic() < deadline, snap
-            await asyncio.sleep(0.1)
+            return sum(1 for status, _ in snap if status in ("succeeded", "cancelled")) == 12
+
+        await eventually(
+            observe, timeout=120, interval=0.1, what=lambda: f"all 12 jobs to end ({snap})"
+        )
         assert most_running == 2
         assert waiting_cancelled is not None
         facts = await job_facts(db, waiting_cancelled)
@@ -124,7 +123,9 @@ async def test_an_output_already_stored_is_reused_not_bought_again(
     attempt reuses the output. Once the job succeeded, another attempt ends without a call."""
     calls = 0
 
-    async def flaky(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+    async def flaky(
+        session: AsyncSession, ctx: ProjectionContext, out: synthetic.SyntheticOutput
+    ) -> list[Any]:
         nonlocal calls
         calls += 1
         if calls == 1:
@@ -176,6 +177,7 @@ async def test_heartbeats_never_wait_on_the_database(
         env.on_heartbeat = lambda *a: beats.append(time.monotonic())
 
         async def run() -> Any:
+            # A lock extension that hangs, patched in for this test only.
             acts._lifecycle.extend_lock = stuck_extend  # type: ignore[method-assign]
             try:
                 return await env.run(acts.execute, execute_input(job))

@@ -1,7 +1,7 @@
-"""Issue 4 (engine), DESIGN §2.5 on the real stack: nothing of a job's input or output reaches
-Temporal. A sentinel string travels in the job's input (`echo`) and so in its output; the full
-history of every workflow involved is searched for it, as protobuf bytes (payload data verbatim)
-and as JSON."""
+"""Private data stays in PostgreSQL, on the real stack: nothing of a job's input or output
+reaches Temporal. A sentinel string travels in the job's input (`echo`) and so in its output;
+the full history of every workflow involved is searched for it, as protobuf bytes (payload data
+verbatim) and as JSON."""
 
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ from engine.contracts import (
 from engine.settings import Settings
 from jobs.spec import ProjectionContext
 from runtime.worker import ensure_system_workflows
-from tests.conftest import Stack
 from tests.integration.conftest_engine import (
-    engine_stack,
     execute,
     history_blobs,
     scripted_job_type,
     wait_activity_started,
     wait_workflow_closed,
 )
+from tests.stack import Stack, engine_stack
 
 
 def sentinel() -> str:

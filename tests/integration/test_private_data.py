@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
@@ -15,21 +14,14 @@ from activities.reconciler import Reconciler
 from db.session import SessionMaker
 from engine.errors import JobNotRetryable
 from engine.settings import Settings
-from providers.fake_server import FakeOpenAIServer
 from runtime.wiring import reconciler_config
-from tests.conftest import make_settings
-from tests.integration.conftest_engine import engine_stack, scripted_job_type
-from tests.integration.provider_stack import engine_stack as provider_engine_stack
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.conftest_engine import scripted_job_type
 from tests.integration.provider_stack import fake_env, user_prompts
 from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 PHONE_LIKE = "Order 5551234 shipped to ada@example.com."
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
 
 
 async def test_the_prompt_keeps_what_the_user_wrote(
@@ -41,11 +33,10 @@ async def test_the_prompt_keeps_what_the_user_wrote(
 ) -> None:
     """A 7-digit number and an e-mail address reach the provider as written, not as
     "[phone]"/"[email]": redaction must not change what a prompt means."""
-    await fake.areset()
     await fake.ascript([{"kind": "valid", "content": SCRIPTED["quiz_generation"]}])
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     source = f"{INPUTS['quiz_generation']['sourceText']} {PHONE_LIKE}"
-    async with provider_engine_stack(settings, temporal_client) as st:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         job = await st.create(
             job_type="quiz_generation",
             target_type="lesson",
@@ -68,12 +59,11 @@ async def test_an_input_at_its_length_limit_still_runs(
 ) -> None:
     """Redaction can lengthen text ("a@b.co" → "[email]"); a valid input at its exact limit
     must not then fail validation inside the job."""
-    await fake.areset()
     await fake.ascript([{"kind": "valid", "content": SCRIPTED["quiz_generation"]}])
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     filler = "a@b.co " * 2857  # 19,999 characters of e-mail addresses
     source = (filler + "x" * 20_000)[:20_000]
-    async with provider_engine_stack(settings, temporal_client) as st:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         job = await st.create(
             job_type="quiz_generation",
             target_type="lesson",

@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
-from providers.fake_server import FakeOpenAIServer
-from tests.conftest import make_settings
-from tests.integration.provider_stack import engine_stack, fake_env
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.conftest_engine import scalar
+from tests.integration.provider_stack import fake_env
 from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.stack import JOB_QUEUES, engine_stack, make_settings
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
 
 
 async def test_a_429_pauses_the_whole_provider_and_every_job_succeeds_after(
@@ -36,30 +31,26 @@ async def test_a_429_pauses_the_whole_provider_and_every_job_succeeds_after(
     temporal_client: Client,
     fake: FakeOpenAIServer,
 ) -> None:
-    await fake.areset()
     await fake.ascript(
         [{"kind": "rate_limited", "retry_after": "4"}],
         default={"kind": "valid", "content": SCRIPTED["flashcard_generation"]},
     )
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
-    async with engine_stack(settings, temporal_client) as st:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         first = await st.create(
             job_type="flashcard_generation", input=INPUTS["flashcard_generation"]
         )
+
         # The 429 arrives and pauses the provider.
-        deadline = time.monotonic() + 30
-        while (await fake.acalls())["count"] < 1:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        async with db() as s:
-            deadline = time.monotonic() + 10
-            while (
-                await s.execute(
-                    text("SELECT count(*) FROM provider_gate WHERE paused_until > now()")
-                )
-            ).scalar_one() == 0:
-                assert time.monotonic() < deadline, "no pause recorded"
-                await asyncio.sleep(0.05)
+        async def called() -> bool:
+            return bool((await fake.acalls())["count"] >= 1)
+
+        await eventually(called, timeout=30, what="the first call")
+        await eventually(
+            lambda: scalar(db, "SELECT count(*) FROM provider_gate WHERE paused_until > now()"),
+            timeout=10,
+            what="a recorded pause",
+        )
         paused_at = time.monotonic()
         jobs = [
             await st.create(job_type="flashcard_generation", input=INPUTS["flashcard_generation"])
@@ -89,7 +80,6 @@ async def test_a_failing_provider_trips_the_breaker_and_a_probe_closes_it(
     temporal_client: Client,
     fake: FakeOpenAIServer,
 ) -> None:
-    await fake.areset()
     await fake.ascript(
         [{"kind": "status", "status": 503}] * 5,
         default={"kind": "valid", "content": SCRIPTED["flashcard_generation"]},
@@ -97,21 +87,18 @@ async def test_a_failing_provider_trips_the_breaker_and_a_probe_closes_it(
     settings = make_settings(
         database_url, temporal_address, AI_INTERACTIVE_CONCURRENCY=1, **fake_env(fake)
     )
-    async with engine_stack(settings, temporal_client) as st:
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         # Five jobs, each failing once... the fifth failure in a row opens the breaker.
         jobs = [
             await st.create(job_type="flashcard_generation", input=INPUTS["flashcard_generation"])
             for _ in range(6)
         ]
-        async with db() as s:
-            deadline = time.monotonic() + 90
-            while (
-                await s.execute(
-                    text("SELECT count(*) FROM provider_gate WHERE open_until IS NOT NULL")
-                )
-            ).scalar_one() == 0:
-                assert time.monotonic() < deadline, "the breaker never opened"
-                await asyncio.sleep(0.1)
+        await eventually(
+            lambda: scalar(db, "SELECT count(*) FROM provider_gate WHERE open_until IS NOT NULL"),
+            timeout=90,
+            interval=0.1,
+            what="the breaker to open",
+        )
         opened_calls = (await fake.acalls())["count"]
         assert opened_calls == 5
         # Open: nobody calls until the cooldown ends; then one probe succeeds and closes it.

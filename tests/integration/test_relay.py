@@ -1,9 +1,10 @@
-"""Issue 4 (engine), the outbox relay on the real PostgreSQL and Temporal dev server: the crash
+"""The outbox relay on the real PostgreSQL and Temporal dev server: the crash
 window between claim and publish, two relays at once, and the relay workflow on `ai-system`."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 
@@ -14,20 +15,17 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, workflow_id
 from engine.settings import Settings
 from runtime.worker import ensure_system_workflows
-from tests.conftest import make_settings
 from tests.integration.conftest_engine import (
     describe_or_none,
-    engine_stack,
-    eventually,
     job_facts,
-    new_relay,
-    relay_running,
     rows,
     scalar,
     wait_activity_started,
     wait_jobs,
     wait_workflow_closed,
 )
+from tests.stack import engine_stack, make_settings, new_relay, relay_running
+from tests.support import eventually
 
 COMPLETED = "ai.job.completed"
 
@@ -97,7 +95,7 @@ async def test_relay_crash_between_claim_and_publish_starts_each_workflow_once(
             row = await st.job(j)
             assert row.locked_by.split("/")[1] == desc.run_id
             runs = await eventually(
-                lambda wid=wid: runs_of(temporal_client, wid), timeout=15, what=f"{wid} visible"
+                functools.partial(runs_of, temporal_client, wid), timeout=15, what=f"{wid} visible"
             )
             assert runs == [desc.run_id]
             f = await job_facts(db, j)

@@ -1,11 +1,11 @@
-"""The thin synthetic path of DESIGN §3, in process: create → relay → workflow → succeeded."""
+"""The synthetic path (docs/architecture.md), in process: create → relay → workflow → succeeded."""
 
 from __future__ import annotations
 
 from temporalio.client import WorkflowExecutionStatus
 
 from engine.contracts import JobWorkflowResult
-from tests.conftest import Stack
+from tests.stack import Stack
 
 
 async def test_synthetic_job_succeeds_end_to_end(stack: Stack) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,7 +28,8 @@ from jobs.service import CreateJobRequest, EnqueueNotWritten
 from runtime.embedded import temporal_binary
 from runtime.wiring import reconciler_config
 from runtime.worker import ensure_system_workflows
-from tests.integration.conftest_engine import engine_stack, eventually, new_relay, relay_running
+from tests.stack import engine_stack, new_relay, relay_running
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +38,13 @@ def reconciler(
     stack_settings: Settings, sm: SessionMaker, client: Client, **kw: object
 ) -> Reconciler:
     # The relay runs in-process here; only the relay test lets the reconciler manage it.
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "missing_workflow_after_s": 0,
         "revive_base_s": 0,
         "relay_workflow_id": None,
         **kw,
     }
-    cfg = dataclasses.replace(reconciler_config(stack_settings), **values)  # type: ignore[arg-type]
+    cfg = dataclasses.replace(reconciler_config(stack_settings), **values)
     return Reconciler(sm, client, cfg)
 
 
@@ -259,23 +261,22 @@ async def test_a_terminated_relay_workflow_is_started_again(
         await ensure_system_workflows(temporal_client, settings)
         first = await st.create()
         await st.wait_status(first, "succeeded")
-        await asyncio.to_thread(
-            subprocess.run,
-            [
-                temporal_binary(),
-                "workflow",
-                "terminate",
-                "--address",
-                temporal_client.service_client.config.target_host,
-                "--workflow-id",
-                relay_id,
-                "--reason",
-                "test: operator terminated the relay",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
+        command: list[str | os.PathLike[str]] = [
+            temporal_binary(),
+            "workflow",
+            "terminate",
+            "--address",
+            temporal_client.service_client.config.target_host,
+            "--workflow-id",
+            relay_id,
+            "--reason",
+            "test: operator terminated the relay",
+        ]
+
+        def terminate_relay() -> None:
+            subprocess.run(command, check=True, capture_output=True, timeout=30)
+
+        await asyncio.to_thread(terminate_relay)
         desc = await temporal_client.get_workflow_handle(relay_id).describe()
         assert desc.status is not None and desc.status.name == "TERMINATED"
         second = await st.create()

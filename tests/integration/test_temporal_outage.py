@@ -10,22 +10,18 @@ restart) and their own PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from db.migrate import upgrade
-from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.worker import ensure_system_workflows
-from tests.conftest import make_settings, running_stack
+from tests.servers import own_servers
+from tests.stack import engine_stack, make_settings
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -33,22 +29,16 @@ OUTAGE_S = float(os.environ.get("AIJOBS_TEST_TEMPORAL_OUTAGE_S", "20"))
 
 
 async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() -> None:
-    base = Path(tempfile.mkdtemp(prefix="aijobs-outage-"))
-    base.chmod(0o755)
-    pg = start_postgres(base / "pg")
-    port = free_port()
-    temporal = start_temporal(port=port, ui_port=None, db_file=base / "temporal.db")
-    try:
-        upgrade(pg.uri)
-        client = await Client.connect(temporal.address)
+    with own_servers("aijobs-outage-") as sv:
+        client = await Client.connect(sv.temporal_address)
         settings = make_settings(
-            pg.uri,
-            temporal.address,
+            sv.database_url,
+            sv.temporal_address,
             RELAY_POLL_INTERVAL_S=0.2,
             RECONCILE_INTERVAL_S=2,
             OUTBOX_LOCK_TTL_S=10,
         )
-        async with running_stack(
+        async with engine_stack(
             settings, client, queues=("ai-interactive", "ai-system"), relay=False
         ) as stack:
             await ensure_system_workflows(client, settings)
@@ -57,35 +47,36 @@ async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() ->
 
             # Created while Temporal runs, but still waiting or running when it goes away.
             before = [await stack.create(input={"delayMs": 1500}) for _ in range(6)]
-            await asyncio.to_thread(temporal.stop)
+            await asyncio.to_thread(sv.stop_temporal)
             went_down = time.monotonic()
             during: list[uuid.UUID] = []
             while time.monotonic() - went_down < OUTAGE_S:
                 during.append(await stack.create(input={"delayMs": 100}))
                 await asyncio.sleep(max(1.0, OUTAGE_S / 10))
-            temporal = await asyncio.to_thread(
-                start_temporal, port=port, ui_port=None, db_file=base / "temporal.db"
-            )
+            await asyncio.to_thread(sv.start_temporal)
 
             ids = [*before, *during]
-            deadline = time.monotonic() + 180
-            while True:
+            counts: dict[str, int] = {}
+
+            async def all_succeeded() -> bool:
+                nonlocal counts
                 async with stack.parts.sessionmaker() as s:
-                    rows = dict(
-                        (
-                            await s.execute(
-                                text(
-                                    "SELECT lifecycle_status, count(*) FROM ai_job "
-                                    "WHERE id = ANY(:ids) GROUP BY 1"
-                                ),
-                                {"ids": ids},
-                            )
-                        ).all()
+                    result = await s.execute(
+                        text(
+                            "SELECT lifecycle_status, count(*) FROM ai_job "
+                            "WHERE id = ANY(:ids) GROUP BY 1"
+                        ),
+                        {"ids": ids},
                     )
-                if rows.get("succeeded") == len(ids):
-                    break
-                assert time.monotonic() < deadline, f"not all jobs succeeded: {rows}"
-                await asyncio.sleep(0.5)
+                    counts = {status: int(n) for status, n in result.all()}
+                return counts.get("succeeded") == len(ids)
+
+            await eventually(
+                all_succeeded,
+                timeout=180,
+                interval=0.5,
+                what=lambda: f"all jobs to succeed (counts: {counts})",
+            )
             async with stack.parts.sessionmaker() as s:
                 parked = (
                     await s.execute(
@@ -93,9 +84,3 @@ async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() ->
                     )
                 ).scalar_one()
             assert parked == 0
-    finally:
-        with contextlib.suppress(Exception):
-            temporal.stop()
-        with contextlib.suppress(Exception):
-            pg.stop()
-        shutil.rmtree(base, ignore_errors=True)

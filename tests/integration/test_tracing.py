@@ -17,7 +17,6 @@ import io
 import json
 import logging
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,37 +26,27 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from api.app import create_app
 from db.session import SessionMaker
 from engine.settings import Settings
-from providers.fake_server import FakeOpenAIServer
 from runtime.embedded import free_port
 from runtime.logs import build_handler
 from runtime.telemetry import SANITIZE_ENV, Telemetry, tracing_from_env, tracing_with_exporter
 from runtime.wiring import connect_temporal, create_policy
-from tests.conftest import Stack, make_settings, running_stack
-from tests.integration.provider_stack import (
-    PLATFORM_KEY,
-    auth,
-    catalog_with,
-    fake_env,
-    user_prompts,
-)
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.provider_stack import PLATFORM_KEY, auth, fake_env, user_prompts
+from tests.stack import Stack, catalog_with, engine_stack, make_settings
+from tests.support import eventually
 
 JOB_TYPE = "flashcard_generation"
 
 
 def sentinel() -> str:
     return f"SENTINEL{uuid.uuid4().hex}"
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
 
 
 @asynccontextmanager
@@ -69,7 +58,7 @@ async def traced_stack(
     app = create_app(settings, policy=create_policy(settings))
     telemetry.instrument_app(app)
     async with (
-        running_stack(
+        engine_stack(
             settings,
             client,
             queues=("ai-interactive", "ai-background"),
@@ -103,15 +92,20 @@ async def run_job(
 
 
 async def wait_spans(exporter: InMemorySpanExporter, *names: str) -> list[ReadableSpan]:
-    deadline = time.monotonic() + 15
-    while True:
+    seen: set[str] = set()
+
+    async def exported() -> list[ReadableSpan] | None:
+        nonlocal seen
         spans = list(exporter.get_finished_spans())
         seen = {s.name for s in spans}
-        if all(any(n == s or s.startswith(n) for s in seen) for n in names):
-            return spans
-        if time.monotonic() > deadline:
-            raise AssertionError(f"spans {names} not all exported; seen {sorted(seen)}")
-        time.sleep(0.1)
+        return spans if all(any(n == s or s.startswith(n) for s in seen) for n in names) else None
+
+    return await eventually(
+        exported,
+        timeout=15,
+        interval=0.1,
+        what=lambda: f"spans {names} to be exported (seen {sorted(seen)})",
+    )
 
 
 def one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
@@ -149,7 +143,6 @@ async def test_one_trace_per_job_without_its_content(
     fake: FakeOpenAIServer,
 ) -> None:
     secret = sentinel()
-    await fake.areset()
     await fake.ascript(
         [], default={"kind": "valid", "content": {"flashcards": [{"front": "Q?", "back": secret}]}}
     )
@@ -299,7 +292,6 @@ async def test_traces_are_exported_over_otlp_http_without_job_content(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     secret = sentinel()
-    await fake.areset()
     await fake.ascript(
         [], default={"kind": "valid", "content": {"flashcards": [{"front": secret, "back": "A"}]}}
     )
@@ -319,17 +311,20 @@ async def test_traces_are_exported_over_otlp_http_without_job_content(
     try:
         async with traced_stack(settings, telemetry) as (stack, http):
             job_id, row = await run_job(stack, http, settings, secret)
+
             # The batch goes out on its own schedule (OTEL_BSP_SCHEDULE_DELAY), not at shutdown.
-            deadline = time.monotonic() + 15
-            while not any(
-                s.name == "RunActivity:execute"
-                for req in receiver.requests()
-                for rs in req.resource_spans
-                for ss in rs.scope_spans
-                for s in ss.spans
-            ):
-                assert time.monotonic() < deadline, "no batch exported within its schedule"
-                time.sleep(0.1)
+            async def batch_exported() -> bool:
+                return any(
+                    s.name == "RunActivity:execute"
+                    for req in receiver.requests()
+                    for rs in req.resource_spans
+                    for ss in rs.scope_spans
+                    for s in ss.spans
+                )
+
+            await eventually(
+                batch_exported, timeout=15, interval=0.1, what="a batch exported on its schedule"
+            )
     finally:
         telemetry.shutdown()  # flushes the rest
 
@@ -340,7 +335,7 @@ async def test_traces_are_exported_over_otlp_http_without_job_content(
         assert PLATFORM_KEY.encode() not in body
         assert token.encode() not in body
     assert any(b"[REDACTED]" in body for body in receiver.bodies), "headers were not captured"
-    spans = []
+    spans: list[Span] = []
     for req in receiver.requests():
         for rs in req.resource_spans:
             service = {

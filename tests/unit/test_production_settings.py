@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from engine.definition import QUEUE_NAMES
 from engine.settings import (
     DEV_ENCRYPTION_KEY,
     DEV_JWT_SECRET,
@@ -26,22 +27,11 @@ from providers.crypto import DEV_ENCRYPTION_KEY as CRYPTO_DEV_KEY
 from providers.crypto import CredentialCipher, generate_key_setting
 from runtime import cli
 from runtime.devstack import TOKEN_TTL_S, use_development_environment
-from runtime.wiring import cipher
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_SECRET = "a-production-jwt-secret-of-at-least-32-bytes"
-PROVIDER_QUEUES = ("ai-interactive", "ai-background")
-ALL_ROLES: tuple[Role, ...] = (
-    "api",
-    "worker",
-    "relay",
-    "reconcile",
-    "token",
-    "migrate",
-    "setup-temporal",
-    "outbox-dead",
-    "rotate-keys",
-)
+PROVIDER_QUEUES = QUEUE_NAMES
+ALL_ROLES: tuple[Role, ...] = get_args(Role)
 # The public development key, spelled another way: other key id, urlsafe, no padding.
 DEV_KEY_RESPELLED = "prod:" + DEV_ENCRYPTION_KEY.partition(":")[2].rstrip("=")
 
@@ -221,8 +211,7 @@ def test_production_never_encrypts_under_the_development_key() -> None:
         credential_cipher(prod(CREDENTIAL_ENCRYPTION_KEY=DEV_KEY_RESPELLED))
     # Without a key, production stores no user keys (503) and workers decrypt none.
     assert credential_cipher(prod()) is None
-    assert cipher(prod()) is None
-    ring = cipher(prod(CREDENTIAL_ENCRYPTION_KEY=generate_key_setting("k9")))
+    ring = credential_cipher(prod(CREDENTIAL_ENCRYPTION_KEY=generate_key_setting("k9")))
     assert ring is not None and ring.current_key_id == "k9"
 
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible client against the fake server over real loopback HTTP.
 
-Every provider behaviour maps to one DESIGN §8 code; the API key and prompts never leak into
-exceptions. No database or Temporal is needed.
+Every provider behaviour maps to one error code (docs/api.md, "Errors"); the API key and prompts
+never leak into exceptions. No database or Temporal is needed.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -20,8 +20,9 @@ import pytest
 
 from engine.errors import ExecutionFailure
 from providers.base import Provider, ProviderRequest
-from providers.fake_server import FakeOpenAIServer
 from providers.openai_compat import OpenAICompatibleProvider, parse_retry_after
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.support import eventually
 
 API_KEY = "sk-test-SECRETKEY-0123456789abcdef"
 SYSTEM_PROMPT = "You are a careful assistant that answers in JSON only."
@@ -42,17 +43,6 @@ def make_request(**overrides: Any) -> ProviderRequest:
     }
     fields.update(overrides)
     return ProviderRequest(**fields)
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _reset_fake(fake: FakeOpenAIServer) -> None:
-    fake.reset()
 
 
 @pytest.fixture
@@ -346,10 +336,12 @@ async def test_cancelling_generate_aborts_promptly(
     fake.script([{"kind": "slow", "delay_s": delay_s}])
     started = time.monotonic()
     task = asyncio.create_task(provider.generate(make_request(timeout_s=30.0)))
+
     # Wait until the request is really in flight on the server.
-    while (await fake.acalls())["count"] == 0:
-        assert time.monotonic() - started < 3.0, "request never reached the fake server"
-        await asyncio.sleep(0.02)
+    async def in_flight() -> bool:
+        return bool((await fake.acalls())["count"] > 0)
+
+    await eventually(in_flight, timeout=3.0, interval=0.02, what="the request to reach the server")
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

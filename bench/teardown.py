@@ -1,0 +1,19 @@
+"""How the bench's processes end: output flushed, logging shut down, and no interpreter teardown,
+where the Temporal SDK's native runtime can abort (temporalio/sdk-python#300) and turn a
+finished run into a crash code. Standard library only: the measured subprocesses import it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import NoReturn
+
+
+def hard_exit(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    os._exit(code)

@@ -1,0 +1,416 @@
+"""A local fake OpenAI-compatible server for the tests (loopback only).
+
+Behaviour is scripted: `POST /_script` queues steps that the chat endpoint consumes one per call,
+in order; when the queue is empty the `default` step answers (itself defaulting to a valid `{}`).
+`GET /_calls` reports what the server saw, `GET /_messages` the chat `messages` of every call
+in order (to assert on prompts, e.g. a retry's corrective instruction), `POST /_reset` forgets
+everything.
+
+Step kinds (a step is a JSON object with `kind` and optional fields):
+- `valid`: 200 with `content` (an object, default `{}`) serialised as the message content,
+  finish_reason "stop", usage `tokens_in` (default 11) / `tokens_out` (default 7);
+- `invalid_json`: 200 whose content is "this is not json {";
+- `schema_invalid`: 200 whose content is `{"unexpected": true}`;
+- `status`: HTTP `status` (default 500) with an OpenAI-style error body
+  (`message`, `code` optional) and a Retry-After header if `retry_after` is given;
+- `rate_limited`: 429 with Retry-After `retry_after` (default "1");
+- `slow`: waits `delay_s` (default 1.0), then answers like `valid`; the wait ends early when the
+  client disconnects, so cancelled callers do not keep the server busy;
+- `content_filter`: 200 with finish_reason "content_filter" and content "";
+- `malformed`: 200 whose JSON is not a chat completion (no `choices`), for parser tests.
+
+The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, field_validator
+
+STEP_KINDS = frozenset(
+    {
+        "valid",
+        "invalid_json",
+        "schema_invalid",
+        "status",
+        "rate_limited",
+        "slow",
+        "content_filter",
+        "malformed",
+    }
+)
+DEFAULT_STEP: dict[str, Any] = {"kind": "valid", "content": {}}
+_DISCONNECT_POLL_S = 0.05
+
+
+def _check_step(step: dict[str, Any]) -> dict[str, Any]:
+    kind = step.get("kind")
+    if kind not in STEP_KINDS:
+        raise ValueError(f"unknown step kind {kind!r}; expected one of {sorted(STEP_KINDS)}")
+    return step
+
+
+class ScriptBody(BaseModel):
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    default: dict[str, Any] | None = None
+
+    @field_validator("steps")
+    @classmethod
+    def _valid_steps(cls, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [_check_step(step) for step in steps]
+
+    @field_validator("default")
+    @classmethod
+    def _valid_default(cls, step: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if step is None else _check_step(step)
+
+
+class _FakeState:
+    """Mutable state of one fake app; only touched from the server's event loop."""
+
+    def __init__(self) -> None:
+        self.steps: deque[dict[str, Any]] = deque()
+        self.default: dict[str, Any] = dict(DEFAULT_STEP)
+        self.authorizations: list[str | None] = []
+        self.models: list[str | None] = []
+        self.messages: list[Any] = []  # each call's `messages` (prompts: fake data only)
+
+    def reset(self) -> None:
+        self.steps.clear()
+        self.default = dict(DEFAULT_STEP)
+        self.authorizations.clear()
+        self.models.clear()
+        self.messages.clear()
+
+    def next_step(self) -> dict[str, Any]:
+        return self.steps.popleft() if self.steps else self.default
+
+
+def _completion(
+    model: str, content: str, *, finish_reason: str, tokens_in: int, tokens_out: int
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-fake-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": tokens_in,
+            "completion_tokens": tokens_out,
+            "total_tokens": tokens_in + tokens_out,
+        },
+    }
+
+
+def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
+    content = json.dumps(step.get("content", {}))
+    return JSONResponse(
+        _completion(
+            model,
+            content,
+            finish_reason="stop",
+            tokens_in=int(step.get("tokens_in", 11)),
+            tokens_out=int(step.get("tokens_out", 7)),
+        )
+    )
+
+
+async def _sleep_unless_disconnected(request: Request, delay_s: float) -> bool:
+    """Sleep `delay_s`; return False early if the client went away meanwhile."""
+    deadline = time.monotonic() + delay_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        if await request.is_disconnected():
+            return False
+        await asyncio.sleep(min(_DISCONNECT_POLL_S, remaining))
+    return True
+
+
+def create_fake_app() -> FastAPI:
+    """A fresh app with its own (empty) script and call log."""
+    app = FastAPI(title="fake-openai", docs_url=None, redoc_url=None, openapi_url=None)
+    state = _FakeState()
+    app.state.fake = state
+
+    async def chat_completions(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        state.authorizations.append(request.headers.get("authorization"))
+        state.models.append(model if isinstance(model, str) else None)
+        state.messages.append(body.get("messages") if isinstance(body, dict) else None)
+        if not isinstance(body, dict):
+            return JSONResponse(
+                {"error": {"message": "invalid JSON body", "code": "invalid_request"}},
+                status_code=400,
+            )
+        model_name = model if isinstance(model, str) else "fake-model"
+        step = state.next_step()
+        kind = step["kind"]
+        if kind == "valid":
+            return _valid_response(step, model_name)
+        if kind == "invalid_json":
+            return JSONResponse(
+                _completion(
+                    model_name,
+                    "this is not json {",
+                    finish_reason="stop",
+                    tokens_in=11,
+                    tokens_out=7,
+                )
+            )
+        if kind == "schema_invalid":
+            return JSONResponse(
+                _completion(
+                    model_name,
+                    json.dumps({"unexpected": True}),
+                    finish_reason="stop",
+                    tokens_in=11,
+                    tokens_out=7,
+                )
+            )
+        if kind == "status":
+            headers: dict[str, str] = {}
+            if step.get("retry_after") is not None:
+                headers["Retry-After"] = str(step["retry_after"])
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": str(step.get("message", "scripted error")),
+                        "code": step.get("code"),
+                    }
+                },
+                status_code=int(step.get("status", 500)),
+                headers=headers,
+            )
+        if kind == "rate_limited":
+            return JSONResponse(
+                {"error": {"message": "rate limited", "code": "rate_limit_exceeded"}},
+                status_code=429,
+                headers={"Retry-After": str(step.get("retry_after", "1"))},
+            )
+        if kind == "slow":
+            if not await _sleep_unless_disconnected(request, float(step.get("delay_s", 1.0))):
+                return JSONResponse({"error": {"message": "client gone"}}, status_code=499)
+            return _valid_response(step, model_name)
+        if kind == "content_filter":
+            return JSONResponse(
+                _completion(
+                    model_name, "", finish_reason="content_filter", tokens_in=11, tokens_out=0
+                )
+            )
+        # "malformed"
+        return JSONResponse({"id": "chatcmpl-fake", "object": "chat.completion"})
+
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/chat/completions", chat_completions, methods=["POST"])
+
+    @app.post("/_script")
+    async def script(body: ScriptBody) -> dict[str, int]:
+        state.steps = deque(body.steps)
+        state.default = body.default if body.default is not None else dict(DEFAULT_STEP)
+        return {"queued": len(state.steps)}
+
+    @app.get("/_calls")
+    async def calls() -> dict[str, Any]:
+        return {
+            "count": len(state.authorizations),
+            "authorizations": list(state.authorizations),
+            "models": list(state.models),
+        }
+
+    @app.get("/_messages")
+    async def messages() -> dict[str, Any]:
+        return {"messages": list(state.messages)}
+
+    @app.post("/_reset")
+    async def reset() -> dict[str, bool]:
+        state.reset()
+        return {"reset": True}
+
+    return app
+
+
+class FakeOpenAIServer:
+    """Runs `create_fake_app()` with uvicorn on 127.0.0.1 in a background thread.
+
+    Use as `with FakeOpenAIServer() as fake:` or `async with FakeOpenAIServer() as fake:`.
+    The port is chosen by binding port 0 before uvicorn starts, so there is no race with other
+    processes. `stop()` asks uvicorn to exit and joins the thread; in-flight slow requests are
+    abandoned after a 1 s graceful period.
+    """
+
+    def __init__(self, *, start_timeout_s: float = 10.0) -> None:
+        self._start_timeout_s = start_timeout_s
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("FakeOpenAIServer is not running")
+        return self._port
+
+    @property
+    def root_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL (`.../v1`) to give an `OpenAICompatibleProvider`."""
+        return f"{self.root_url}/v1"
+
+    def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("FakeOpenAIServer already started")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self._port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            create_fake_app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="fake-openai", daemon=True
+        )
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + self._start_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("fake OpenAI server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(timeout=10)
+        self._server = self._thread = None
+        self._port = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> FakeOpenAIServer:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # --- control helpers -------------------------------------------------------------------
+
+    @staticmethod
+    def _script_body(
+        steps: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        return {
+            "steps": [dict(step) for step in steps],
+            "default": None if default is None else dict(default),
+        }
+
+    def script(
+        self, steps: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None = None
+    ) -> None:
+        """Replace the queue of scripted steps (and the default step).
+
+        Control calls ignore proxy environment variables: the server is always on loopback.
+        """
+        response = httpx.post(
+            f"{self.root_url}/_script", json=self._script_body(steps, default), trust_env=False
+        )
+        response.raise_for_status()
+
+    def calls(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.root_url}/_calls", trust_env=False)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def reset(self) -> None:
+        httpx.post(f"{self.root_url}/_reset", trust_env=False).raise_for_status()
+
+    async def ascript(
+        self, steps: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None = None
+    ) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.post(
+                f"{self.root_url}/_script", json=self._script_body(steps, default)
+            )
+            response.raise_for_status()
+
+    async def acalls(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_calls")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
+            return result
+
+    async def amessages(self) -> list[Any]:
+        """The `messages` list of every chat call so far, in order."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_messages")
+            response.raise_for_status()
+            result: list[Any] = response.json()["messages"]
+            return result
+
+    async def areset(self) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            (await client.post(f"{self.root_url}/_reset")).raise_for_status()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible server (loopback).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8999)
+    args = parser.parse_args(argv)
+    uvicorn.run(create_fake_app(), host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()
