@@ -24,7 +24,6 @@ from engine.settings import Settings
 from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
-from jobs.types import default_catalog
 from jobs.webhooks import WebhookService
 
 
@@ -32,13 +31,11 @@ def create_app(
     settings: Settings,
     *,
     policy: CreatePolicy,
-    catalog: Catalog | None = None,
+    catalog: Catalog,
     temporal: Client | None = None,
 ) -> FastAPI:
-    """The API app. `runtime.wiring.api_app` passes its collaborators; a left-out `catalog`
-    (tests, the benchmarks) is the default catalog, what `api_app` passes. The keyring is
-    `credential_cipher(settings)`, the one the workers decrypt with."""
-    catalog = catalog or default_catalog()
+    """The API app, given its collaborators: `runtime.wiring.api_app` is the one place that
+    chooses them. The keyring is `credential_cipher(settings)`, the one the workers use."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -114,12 +114,11 @@ async def bare_create(request: Request) -> dict[str, Any]:
 
 
 def build_app() -> FastAPI:
-    from api.app import create_app
     from engine.settings import Settings
-    from runtime.wiring import create_policy
+    from runtime.wiring import api_app
 
     settings = Settings()
-    app = create_app(settings, policy=create_policy(settings))
+    app = api_app(settings)
     app.include_router(router)
     return app
 

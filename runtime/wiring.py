@@ -50,12 +50,22 @@ def build_parts(settings: Settings) -> Parts:
     return Parts(settings, engine, make_sessionmaker(engine), default_catalog())
 
 
-def api_app(settings: Settings, *, temporal: Client | None = None) -> FastAPI:
-    """The API application as `aijobs api` serves it."""
+def api_app(
+    settings: Settings,
+    *,
+    policy: CreatePolicy | None = None,
+    catalog: Catalog | None = None,
+    temporal: Client | None = None,
+) -> FastAPI:
+    """The API application as `aijobs api` serves it: the create policy of `settings` and the
+    default catalog unless given (tests pass their own)."""
     from api.app import create_app  # not at import time: workers never build the app
 
     return create_app(
-        settings, policy=create_policy(settings), catalog=default_catalog(), temporal=temporal
+        settings,
+        policy=policy or create_policy(settings),
+        catalog=catalog or default_catalog(),
+        temporal=temporal,
     )
 
 

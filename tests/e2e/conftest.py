@@ -26,13 +26,12 @@ import uvicorn
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api.app import create_app
 from api.auth import JwtConfig, issue_token
 from db.session import SessionMaker
 from engine.settings import Settings
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
-from runtime.wiring import create_policy
+from runtime.wiring import api_app
 from tests.stack import TERMINAL, Stack, engine_stack, make_settings
 from tests.support import eventually
 
@@ -246,9 +245,7 @@ async def start_api(
     catalog: Catalog | None = None,
     temporal: Client | None = None,
 ) -> AsyncIterator[Api]:
-    app = create_app(
-        settings, policy=policy or create_policy(settings), catalog=catalog, temporal=temporal
-    )
+    app = api_app(settings, policy=policy, catalog=catalog, temporal=temporal)
     async with serve(app) as base_url, httpx.AsyncClient(base_url=base_url, timeout=30) as http:
         yield Api(settings, base_url, http, app)
 

@@ -17,13 +17,12 @@ from fastapi import FastAPI
 from sqlalchemy import text
 from temporalio.client import Client
 
-from api.app import create_app
 from db.session import SessionMaker
 from engine.errors import PUBLIC_MESSAGES
 from jobs.spec import Catalog
 from jobs.types import default_catalog, synthetic
 from runtime.embedded import free_port
-from runtime.wiring import create_policy
+from runtime.wiring import api_app, create_policy
 from tests.e2e.conftest import (
     JOB_STATUS_KEYS,
     PROBLEM,
@@ -597,7 +596,7 @@ async def test_database_down_is_503_without_hosts(env: Any) -> None:
 
 async def test_unexpected_error_is_a_generic_500(env: Any) -> None:
     settings = env()
-    app: FastAPI = create_app(settings, policy=create_policy(settings))
+    app: FastAPI = api_app(settings)
 
     async def boom() -> None:
         raise RuntimeError("SELECT password FROM users -- db.internal:5432 /work/secret.py")

@@ -15,12 +15,11 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from api.app import create_app
 from api.auth import JwtConfig, issue_token
 from engine.definition import RetryBackoff
 from engine.settings import Settings
 from jobs.spec import AnyJobType
-from runtime.wiring import create_policy
+from runtime.wiring import api_app
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.stack import Stack
 
@@ -77,7 +76,7 @@ async def user_prompts(fake: FakeOpenAIServer) -> list[str]:
 @contextlib.asynccontextmanager
 async def api_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     """The real app (its lifespan included) behind an in-process ASGI transport."""
-    app = create_app(settings, policy=create_policy(settings))
+    app = api_app(settings)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as c,

@@ -19,10 +19,9 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from api.app import create_app
 from jobs.spec import Catalog
 from jobs.types import ALL_TYPES
-from runtime.wiring import create_policy
+from runtime.wiring import api_app
 from tests.integration.provider_stack import auth
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
@@ -87,7 +86,7 @@ async def test_a_new_job_type_runs_end_to_end_from_its_module_alone(
 ) -> None:
     catalog = Catalog([*ALL_TYPES, new_type_module.JOB])  # the one registration line
     settings = make_settings(database_url, temporal_address)
-    app = create_app(settings, policy=create_policy(settings), catalog=catalog)
+    app = api_app(settings, catalog=catalog)
     async with (
         engine_stack(settings, temporal_client, catalog=catalog, queues=JOB_QUEUES) as stack,
         app.router.lifespan_context(app),

@@ -30,13 +30,12 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from api.app import create_app
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.embedded import free_port
 from runtime.logs import build_handler
 from runtime.telemetry import SANITIZE_ENV, Telemetry, tracing_from_env, tracing_with_exporter
-from runtime.wiring import connect_temporal, create_policy
+from runtime.wiring import api_app, connect_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_stack import PLATFORM_KEY, auth, fake_env, user_prompts
 from tests.stack import Stack, catalog_with, engine_stack, make_settings
@@ -55,7 +54,7 @@ async def traced_stack(
 ) -> AsyncIterator[tuple[Stack, httpx.AsyncClient]]:
     """Relay, workers and API wired with `telemetry`, the way `aijobs` wires its processes."""
     client = await connect_temporal(settings, telemetry=telemetry)
-    app = create_app(settings, policy=create_policy(settings))
+    app = api_app(settings)
     telemetry.instrument_app(app)
     async with (
         engine_stack(

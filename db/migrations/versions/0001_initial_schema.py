@@ -18,7 +18,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-# The lifecycle guard (DESIGN §2.2, §6): even raw SQL cannot make an illegal transition. Inserts
+# The lifecycle guard (docs/contracts.md): even raw SQL cannot make an illegal transition. Inserts
 # must start at 'queued'; updates may keep the state or take one legal step; terminal is final.
 LIFECYCLE_GUARD = """
 CREATE OR REPLACE FUNCTION ai_job_lifecycle_guard() RETURNS trigger AS $$
