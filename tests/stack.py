@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 from activities.relay import Relay
 from db.credentials import active_user_key_id
 from db.jobs import JobQueries
+from engine.definition import RetryBackoff
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.spec import AnyJobType, Catalog
@@ -49,6 +50,20 @@ def make_settings(database_url: str, temporal_address: str, **overrides: Any) ->
     }
     values.update(overrides)
     return Settings.model_validate(values)
+
+
+def variant(base: AnyJobType, job_type: str, **execution: Any) -> AnyJobType:
+    """A test-only copy of a job type under another name with other execution settings,
+    e.g. `variant(quiz.JOB, "quiz_fast", timeout_ms=1000, max_retries=0, backoff_ms=500)`."""
+    if "backoff_ms" in execution:
+        execution["retry_backoff"] = RetryBackoff(delay=execution.pop("backoff_ms"))
+    d = base.definition
+    return dataclasses.replace(
+        base,
+        definition=d.model_copy(
+            update={"job_type": job_type, "execution": d.execution.model_copy(update=execution)}
+        ),
+    )
 
 
 def catalog_with(*extra: AnyJobType) -> Catalog:

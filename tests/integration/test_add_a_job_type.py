@@ -22,7 +22,7 @@ from temporalio.client import Client
 from jobs.spec import Catalog
 from jobs.types import ALL_TYPES
 from runtime.wiring import api_app
-from tests.integration.provider_stack import auth
+from tests.integration.provider_helpers import auth
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 MODULE = '''

@@ -18,7 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from activities.reconciler import Reconciler, ReconcilerConfig
 from db.session import SessionMaker
 from runtime.wiring import reconciler_config
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     describe_or_none,
     execute,
     job_facts,

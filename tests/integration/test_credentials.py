@@ -24,7 +24,7 @@ from jobs.credentials import rotate_credential_keys
 from providers.crypto import CredentialCipher, credential_aad, generate_key_setting
 from runtime import cli
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.provider_stack import PLATFORM_KEY, api_client, auth, fake_env, usage_rows
+from tests.integration.provider_helpers import PLATFORM_KEY, api_client, auth, fake_env, usage_rows
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually
 

@@ -19,7 +19,7 @@ from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult
 from engine.errors import JobAlreadyCancelled, JobNotCancellable
 from engine.settings import Settings
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     LIFECYCLE_SA,
     job_facts,
     scalar,

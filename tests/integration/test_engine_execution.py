@@ -34,7 +34,7 @@ from engine.settings import Settings
 from jobs.spec import Artifact, ProjectionContext, Projector
 from jobs.types import synthetic
 from runtime.wiring import engine_config, gateway
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     JOB_ID_SA,
     JOB_TYPE_SA,
     LIFECYCLE_SA,

@@ -12,7 +12,7 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.wiring import create_policy
-from tests.integration.conftest_engine import history_blobs, scalar
+from tests.integration.engine_helpers import history_blobs, scalar
 from tests.stack import engine_stack, make_settings
 from tests.support import eventually
 

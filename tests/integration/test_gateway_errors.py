@@ -18,8 +18,8 @@ from db.session import SessionMaker
 from jobs.spec import Catalog
 from jobs.types import quiz_generation as quiz
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.provider_stack import fake_env, usage_rows, user_prompts, variant
-from tests.stack import JOB_QUEUES, Stack, catalog_with, engine_stack, make_settings
+from tests.integration.provider_helpers import fake_env, usage_rows, user_prompts
+from tests.stack import JOB_QUEUES, Stack, catalog_with, engine_stack, make_settings, variant
 
 QUIZ_FAST = variant(quiz.JOB, "test_quiz_fast", timeout_ms=5000, max_retries=1, backoff_ms=1000)
 # A long backoff: a retry after ~1 s can only come from honouring Retry-After.

@@ -26,7 +26,7 @@ from jobs.types import quiz_generation as quiz
 from jobs.types import weak_point_analysis as weak
 from providers.pricing import cost_usd
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.provider_stack import (
+from tests.integration.provider_helpers import (
     FAKE_MODEL,
     PLATFORM_KEY,
     api_client,

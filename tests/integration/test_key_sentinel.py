@@ -20,7 +20,7 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.provider_stack import api_client, auth, fake_env
+from tests.integration.provider_helpers import api_client, auth, fake_env
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 PLATFORM_SENTINEL = f"sk-platform-SENTINEL-{secrets.token_hex(12)}"

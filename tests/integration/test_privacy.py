@@ -23,7 +23,7 @@ from engine.contracts import (
 from engine.settings import Settings
 from jobs.spec import ProjectionContext
 from runtime.worker import ensure_system_workflows
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     execute,
     history_blobs,
     scripted_job_type,

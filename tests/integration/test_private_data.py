@@ -16,8 +16,8 @@ from engine.errors import JobNotRetryable
 from engine.settings import Settings
 from runtime.wiring import reconciler_config
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.conftest_engine import scripted_job_type
-from tests.integration.provider_stack import fake_env, user_prompts
+from tests.integration.engine_helpers import scripted_job_type
+from tests.integration.provider_helpers import fake_env, user_prompts
 from tests.integration.test_job_types import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 

@@ -15,8 +15,8 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.conftest_engine import scalar
-from tests.integration.provider_stack import fake_env
+from tests.integration.engine_helpers import scalar
+from tests.integration.provider_helpers import fake_env
 from tests.integration.test_job_types import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually

@@ -15,7 +15,7 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, workflow_id
 from engine.settings import Settings
 from runtime.worker import ensure_system_workflows
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     describe_or_none,
     job_facts,
     rows,

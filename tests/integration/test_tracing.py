@@ -37,7 +37,7 @@ from runtime.logs import build_handler
 from runtime.telemetry import SANITIZE_ENV, Telemetry, tracing_from_env, tracing_with_exporter
 from runtime.wiring import api_app, connect_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.provider_stack import PLATFORM_KEY, auth, fake_env, user_prompts
+from tests.integration.provider_helpers import PLATFORM_KEY, auth, fake_env, user_prompts
 from tests.stack import Stack, catalog_with, engine_stack, make_settings
 from tests.support import eventually
 

@@ -62,7 +62,7 @@ from jobs.types import default_catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.wiring import reconciler_config, relay_config
 from runtime.worker import sandbox_runner
-from tests.integration.conftest_engine import (
+from tests.integration.engine_helpers import (
     wait_activity_started,
     wait_jobs,
     wait_workflow_closed,

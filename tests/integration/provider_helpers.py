@@ -6,7 +6,6 @@ API in process. The stack itself is `tests.stack.engine_stack`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,28 +15,12 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from api.auth import JwtConfig, issue_token
-from engine.definition import RetryBackoff
 from engine.settings import Settings
-from jobs.spec import AnyJobType
 from runtime.wiring import api_app
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.stack import Stack
 
 FAKE_MODEL = "deepseek-chat"
-
-
-def variant(base: AnyJobType, job_type: str, **execution: Any) -> AnyJobType:
-    """A test-only copy of a job type under another name with other execution settings,
-    e.g. `variant(quiz.JOB, "quiz_fast", timeout_ms=1000, max_retries=0)`."""
-    if "backoff_ms" in execution:
-        execution["retry_backoff"] = RetryBackoff(delay=execution.pop("backoff_ms"))
-    d = base.definition
-    return dataclasses.replace(
-        base,
-        definition=d.model_copy(
-            update={"job_type": job_type, "execution": d.execution.model_copy(update=execution)}
-        ),
-    )
 
 
 PLATFORM_KEY = "sk-platform-test-key-0000"

@@ -17,19 +17,18 @@ from sqlalchemy import text
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
-from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
 from db.session import SessionMaker
-from engine.definition import Execution, RetryBackoff
+from engine import search_attributes
 from jobs.spec import AnyJobType, Projector
 from jobs.types import synthetic
-from tests.stack import TERMINAL
+from tests.stack import TERMINAL, variant
 from tests.support import eventually
 
-JOB_ID_SA = SearchAttributeKey.for_keyword("JobId")
-JOB_TYPE_SA = SearchAttributeKey.for_keyword("JobType")
-LIFECYCLE_SA = SearchAttributeKey.for_keyword("LifecycleStatus")
+JOB_ID_SA = search_attributes.JOB_ID
+JOB_TYPE_SA = search_attributes.JOB_TYPE
+LIFECYCLE_SA = search_attributes.LIFECYCLE_STATUS
 
 
 # ---- test-only job types -------------------------------------------------------------------
@@ -47,21 +46,15 @@ def scripted_job_type(
     """The synthetic job type under another name, with its own execution policy and projector.
 
     Its workflow type is `name` and its jobs run on `ai-interactive`, like synthetic's."""
-    definition = synthetic.DEFINITION.model_copy(
-        update={
-            "job_type": name,
-            "execution": Execution(
-                timeout_ms=timeout_ms,
-                max_retries=max_retries,
-                retry_backoff=RetryBackoff(delay=backoff_ms),
-                cancellable=True,
-                abort_strategy=abort_strategy,
-            ),
-        }
+    jt = variant(
+        synthetic.JOB,
+        name,
+        timeout_ms=timeout_ms,
+        max_retries=max_retries,
+        backoff_ms=backoff_ms,
+        abort_strategy=abort_strategy,
     )
-    return dataclasses.replace(
-        synthetic.JOB, definition=definition, project=project or synthetic.project
-    )
+    return dataclasses.replace(jt, project=project) if project else jt
 
 
 # ---- waits ---------------------------------------------------------------------------------
