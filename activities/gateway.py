@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.credentials import CredentialRepository, CredentialRow
+from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import ExecutionFailure
 from jobs.spec import AnyJobType
 from providers.base import Provider
@@ -31,14 +32,14 @@ class Gateway:
     # DeepSeek's), even when the platform runs offline on the synthetic provider.
     user_provider: Provider | None = None
 
-    def provider_for(self, jt: AnyJobType, mode: str = "platform_key") -> Provider:
+    def provider_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> Provider:
         if jt.always_synthetic:
             return self.synthetic
-        if mode == "user_deepseek_key" and self.user_provider is not None:
+        if mode == USER_DEEPSEEK_KEY and self.user_provider is not None:
             return self.user_provider
         return self.provider
 
-    def model_for(self, jt: AnyJobType, mode: str = "platform_key") -> str:
+    def model_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> str:
         # Any synthetic provider (also the offline default built when no key/base URL is set)
         # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
         return "synthetic" if self.provider_for(jt, mode).name == "synthetic" else self.model
@@ -64,7 +65,7 @@ class Gateway:
         mode: str,
         credential_id: uuid.UUID | None = None,
     ) -> bool:
-        if mode == "user_deepseek_key":
+        if mode == USER_DEEPSEEK_KEY:
             return await self._user_key_row(session, user_id, credential_id) is not None
         return True
 
@@ -79,7 +80,7 @@ class Gateway:
         """Decrypt the job's key (EXECUTE only). Revoked or missing → CREDENTIAL_MISSING."""
         if self.provider_for(jt, mode).name == "synthetic":
             return None
-        if mode == "platform_key":
+        if mode == PLATFORM_KEY:
             if self.platform_api_key is None and self.provider.name != "synthetic":
                 # A custom AI_BASE_URL without a key: send none (local servers accept that).
                 return ""

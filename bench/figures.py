@@ -36,7 +36,6 @@ from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
 from temporalio.client import Client
 from temporalio.common import (
     Priority,
-    SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
@@ -46,6 +45,7 @@ from temporalio.common import (
 from bench.baseline import NOOP_WORKFLOW
 from bench.infra import Admin, EngineDb, Proc, check_alive, pgbench_path
 from bench.stats import summary_ms
+from engine import search_attributes
 from engine.definition import priority_key
 from jobs.service import CreateJobRequest, JobService
 
@@ -234,11 +234,9 @@ async def direct_start_latency(ctx: Ctx, queue: str, count: int, gap_s: float) -
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=TypedSearchAttributes(
                 [
-                    SearchAttributePair(SearchAttributeKey.for_keyword("JobId"), job_id),
-                    SearchAttributePair(SearchAttributeKey.for_keyword("JobType"), "bench_noop"),
-                    SearchAttributePair(
-                        SearchAttributeKey.for_keyword("LifecycleStatus"), "queued"
-                    ),
+                    SearchAttributePair(search_attributes.JOB_ID, job_id),
+                    SearchAttributePair(search_attributes.JOB_TYPE, "bench_noop"),
+                    SearchAttributePair(search_attributes.LIFECYCLE_STATUS, "queued"),
                 ]
             ),
             priority=Priority(priority_key=priority_key(50)),

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal, get_args
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -20,8 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.outbox import CANCELLED, COMPLETED, FAILED
 
-WEBHOOK_EVENTS = (COMPLETED, FAILED, CANCELLED)
-DELIVERY_STATUSES = ("pending", "delivered", "failed", "dead")
+# The API validates against these Literals; the tuples are the same values for SQL. A type
+# checker cannot build a Literal from constants, so the import-time check keeps them one fact.
+WebhookEvent = Literal["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
+DeliveryStatus = Literal["pending", "delivered", "failed", "dead"]
+WEBHOOK_EVENTS: tuple[str, ...] = get_args(WebhookEvent)
+DELIVERY_STATUSES: tuple[str, ...] = get_args(DeliveryStatus)
+if WEBHOOK_EVENTS != (COMPLETED, FAILED, CANCELLED):
+    raise RuntimeError("WebhookEvent must list the outbox's terminal event names")
 REPLAYABLE = ("delivered", "failed", "dead")
 # Guards the cast of an event's aggregate id: a malformed one fans out to nothing.
 _UUID_RE = "^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$"

@@ -16,7 +16,9 @@ from engine.errors import InvalidJobDefinition
 QueueName = Literal["ai-interactive", "ai-background"]
 CredentialMode = Literal["platform_key", "user_deepseek_key"]
 QUEUE_NAMES: tuple[QueueName, ...] = ("ai-interactive", "ai-background")
-CREDENTIAL_MODES: tuple[CredentialMode, ...] = ("platform_key", "user_deepseek_key")
+PLATFORM_KEY: CredentialMode = "platform_key"  # the platform's provider key
+USER_DEEPSEEK_KEY: CredentialMode = "user_deepseek_key"  # the user's own DeepSeek key
+CREDENTIAL_MODES: tuple[CredentialMode, ...] = (PLATFORM_KEY, USER_DEEPSEEK_KEY)
 SYSTEM_QUEUE = "ai-system"
 JOB_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 Visibility = Literal["public", "dev", "internal"]

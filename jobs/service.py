@@ -31,6 +31,7 @@ from db.outbox import CANCELLED, ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import workflow_id
+from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import (
     CredentialMissing,
     IdempotencyKeyReused,
@@ -187,7 +188,7 @@ class JobService:
             if existing is not None:
                 return self._same_request(existing, fingerprint)
 
-        if mode == "platform_key" and not jt.always_synthetic:
+        if mode == PLATFORM_KEY and not jt.always_synthetic:
             if not self._policy.platform_key_available:
                 raise PlatformUnavailable()
 
@@ -220,7 +221,7 @@ class JobService:
                         return winner
                 if jt.check_target is not None and not req.internal:
                     await jt.check_target(s, req.user_id, req.target_type, req.target_id)
-                if mode == "user_deepseek_key":
+                if mode == USER_DEEPSEEK_KEY:
                     # The key chosen now is the key the job uses: pinned on the row, so a key
                     # added later never silently replaces it (a revoked one fails the job).
                     credential_id = (

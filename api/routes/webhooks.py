@@ -12,7 +12,7 @@ import binascii
 import logging
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
 from fastapi.responses import JSONResponse
@@ -22,7 +22,7 @@ from api.deps import Admin, State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
 from db import webhooks as repo
-from db.webhooks import DeliveryRow, EndpointRow
+from db.webhooks import DeliveryRow, DeliveryStatus, EndpointRow, WebhookEvent
 from engine.errors import (
     ValidationFailed,
     WebhookDeliveryNotFound,
@@ -33,8 +33,7 @@ from jobs.webhooks import WebhookService
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["webhooks"])
 
-EventType = Literal["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
-DeliveryStatus = Literal["pending", "delivered", "failed", "dead"]
+EventType = WebhookEvent
 _MAX_ID = 2**63 - 1
 _CURSOR_PREFIX = "whd:"
 

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import AiJob, QuizQuestion
-from engine.definition import CredentialSpec, Execution, JobDefinition, QueueSpec
+from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     Artifact,
     JobInput,
@@ -74,7 +74,7 @@ DEFINITION = JobDefinition(
     description="Multiple-choice questions (4 choices, answer, explanation) from a text.",
     queue=QueueSpec(default_priority=40),
     execution=Execution(timeout_ms=120_000),
-    credential=CredentialSpec(allowed_modes=("platform_key", "user_deepseek_key")),
+    credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
 )
 

@@ -18,7 +18,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import WeakPointCandidate
-from engine.definition import CredentialSpec, Execution, JobDefinition, QueueSpec, RetryBackoff
+from engine.definition import (
+    CREDENTIAL_MODES,
+    CredentialSpec,
+    Execution,
+    JobDefinition,
+    QueueSpec,
+    RetryBackoff,
+)
 from jobs.spec import (
     Artifact,
     JobInput,
@@ -70,7 +77,7 @@ DEFINITION = JobDefinition(
     description="A learner's weak points, with evidence and a next action, from answers.",
     queue=QueueSpec(queue_name="ai-background", default_priority=70),
     execution=Execution(timeout_ms=120_000, max_retries=2, retry_backoff=RetryBackoff(delay=5000)),
-    credential=CredentialSpec(allowed_modes=("platform_key", "user_deepseek_key")),
+    credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
 )
 
