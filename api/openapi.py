@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from api.cursors import CURSOR_PATTERN
 from api.errors import PROBLEM
-from api.schemas import CURSOR_PATTERN
 
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"

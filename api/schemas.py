@@ -3,8 +3,6 @@ depend on it (docs/api.md)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import uuid
 from datetime import datetime
@@ -13,10 +11,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from api import cursors
 from db.jobs import ArtifactRef, JobRow
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import CredentialMode, QueueName
-from engine.errors import ValidationFailed
 from engine.lifecycle import StatusName
 
 Status = StatusName
@@ -181,28 +179,22 @@ def status_response(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]
 
 
 def encode_cursor(row: JobRow) -> str:
-    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return cursors.encode(f"{row.created_at.isoformat()}|{row.id}")
 
 
 def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
     if not cursor:
         return None
+    created, _, job_id = cursors.decode(cursor).partition("|")
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created, _, job_id = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
         return datetime.fromisoformat(created), uuid.UUID(job_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ValidationFailed("The cursor is invalid.") from None
+    except ValueError:
+        raise cursors.invalid() from None
 
 
 # ---- artifacts --------------------------------------------------------------------------
 
 _ARTIFACT_CURSOR_PREFIX = "art:"
-# Opaque to clients: base64url (no padding) of the last item's position; empty = first page.
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
-_INT32_MAX = 2**31 - 1
-_INT64_MAX = 2**63 - 1
 
 
 class ArtifactItem(Camel):
@@ -222,30 +214,15 @@ class ArtifactPage(Camel):
 
 
 def encode_artifact_cursor(ordinal: int, row_id: int) -> str:
-    raw = f"{_ARTIFACT_CURSOR_PREFIX}{ordinal}:{row_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return cursors.encode_ints(_ARTIFACT_CURSOR_PREFIX, ordinal, row_id)
 
 
 def decode_artifact_cursor(cursor: str | None) -> tuple[int, int] | None:
-    if not cursor:
-        return None
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        raw = base64.urlsafe_b64decode(padded.encode()).decode()
-        ordinal, _, row_id = raw.removeprefix(_ARTIFACT_CURSOR_PREFIX).partition(":")
-        if (
-            raw.startswith(_ARTIFACT_CURSOR_PREFIX)
-            and ordinal.isascii()
-            and row_id.isascii()
-            and ordinal.isdigit()
-            and row_id.isdigit()
-            and int(ordinal) <= _INT32_MAX
-            and int(row_id) <= _INT64_MAX
-        ):
-            return int(ordinal), int(row_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise ValidationFailed("The cursor is invalid.")
+    """(ordinal, ai_job_artifact.id) of the last artifact of the previous page."""
+    values = cursors.decode_ints(
+        cursor, _ARTIFACT_CURSOR_PREFIX, (cursors.INT32_MAX, cursors.INT64_MAX)
+    )
+    return (values[0], values[1]) if values else None
 
 
 # ---- admin: the outbox and stuck jobs ---------------------------------------------------

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
+from api.cursors import CURSOR_PATTERN
 from api.deps import State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import (
-    CURSOR_PATTERN,
     JOB_TYPE_PATTERN,
     ArtifactItem,
     ArtifactPage,

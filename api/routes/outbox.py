@@ -6,24 +6,22 @@ repair a row, nothing a job carried.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
+from api import cursors
 from api.deps import Admin, State
 from api.schemas import EVENT_TYPE_PATTERN, OutboxEventOut, OutboxPage, OutboxStatus
 from db import outbox
 from db.outbox import OutboxSummary
-from engine.errors import OutboxEventNotFound, OutboxNotRequeueable, ValidationFailed
+from engine.errors import OutboxEventNotFound, OutboxNotRequeueable
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai/outbox", tags=["admin"])
 
 LAST_ERROR_CHARS = 500
-_MAX_ID = 2**63 - 1  # outbox_event.id is a bigint: larger ids would be a driver error
 _CURSOR_PREFIX = "outbox:"
 
 
@@ -44,23 +42,11 @@ def event_json(row: OutboxSummary) -> dict[str, Any]:
 
 
 def encode_cursor(row: OutboxSummary) -> str:
-    raw = f"{_CURSOR_PREFIX}{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return cursors.encode_ints(_CURSOR_PREFIX, row.id)
 
 
 def decode_cursor(cursor: str | None) -> int | None:
-    if not cursor:
-        return None
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        raw = base64.urlsafe_b64decode(padded.encode()).decode()
-        if raw.startswith(_CURSOR_PREFIX):
-            value = raw.removeprefix(_CURSOR_PREFIX)
-            if value.isascii() and value.isdigit() and 0 < int(value) <= _MAX_ID:
-                return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise ValidationFailed("The cursor is invalid.")
+    return cursors.decode_id(cursor, _CURSOR_PREFIX)
 
 
 @router.get(
@@ -109,7 +95,7 @@ async def list_events(
     },
 )
 async def requeue_event(
-    event_id: Annotated[int, Path(ge=1, le=_MAX_ID)], state: State, admin: Admin
+    event_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
 ) -> dict[str, Any]:
     async with state.sessionmaker.begin() as s:
         row = await outbox.requeue(s, event_id)

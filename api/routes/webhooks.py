@@ -7,8 +7,6 @@ never show it. Someone else's or a missing webhook is 404.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import uuid
 from datetime import datetime
@@ -18,13 +16,13 @@ from fastapi import APIRouter, Path, Query, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
+from api import cursors
 from api.deps import Admin, State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
 from db import webhooks as repo
 from db.webhooks import DeliveryRow, DeliveryStatus, EndpointRow, WebhookEvent
 from engine.errors import (
-    ValidationFailed,
     WebhookDeliveryNotFound,
     WebhookDeliveryNotReplayable,
 )
@@ -34,7 +32,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["webhooks"])
 
 EventType = WebhookEvent
-_MAX_ID = 2**63 - 1
 _CURSOR_PREFIX = "whd:"
 
 
@@ -178,21 +175,11 @@ async def rotate_webhook(webhook_id: uuid.UUID, state: State, principal: User) -
 
 
 def _encode_cursor(delivery_id: int) -> str:
-    return base64.urlsafe_b64encode(f"{_CURSOR_PREFIX}{delivery_id}".encode()).decode().rstrip("=")
+    return cursors.encode_ints(_CURSOR_PREFIX, delivery_id)
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
-    if not cursor:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()).decode()
-        value = raw.removeprefix(_CURSOR_PREFIX)
-        if raw.startswith(_CURSOR_PREFIX) and value.isascii() and value.isdigit():
-            if 0 < int(value) <= _MAX_ID:
-                return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        pass
-    raise ValidationFailed("The cursor is invalid.")
+    return cursors.decode_id(cursor, _CURSOR_PREFIX)
 
 
 @router.get(
@@ -229,7 +216,7 @@ async def list_deliveries(
     ),
 )
 async def replay_delivery(
-    delivery_id: Annotated[int, Path(ge=1, le=_MAX_ID)], state: State, admin: Admin
+    delivery_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
 ) -> dict[str, Any]:
     async with state.sessionmaker.begin() as s:
         row = await repo.replay(s, delivery_id)
