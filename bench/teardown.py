@@ -1,5 +1,5 @@
 """How the bench's processes end: output flushed, logging shut down, and no interpreter teardown,
-where the Temporal SDK's native runtime can abort (temporalio/sdk-python#300) and turn a
+where the Temporal SDK's native runtime can abort (a known problem of the Python SDK) and turn a
 finished run into a crash code. Standard library only: the measured subprocesses import it."""
 
 from __future__ import annotations

@@ -349,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     # Exit without interpreter teardown: the Temporal SDK's runtime can abort at exit
-    # (sdk-python#300) after all work is done, which would turn success into a crash code.
+    # (a known problem of the Python SDK) after all work is done, which would turn success into
+    # a crash code.
     with contextlib.suppress(Exception):
         logging.shutdown()
     os._exit(int(code or 0))

@@ -138,7 +138,7 @@ async def stack(
 
 # ---- exit code ---------------------------------------------------------------------------
 # The Temporal SDK's native runtime can abort the interpreter at exit after all work is done
-# (temporalio/sdk-python#300), turning a green run into a crash code. Once pytest has
+# (a known problem of the Python SDK), turning a green run into a crash code. Once pytest has
 # finished (fixtures torn down, summary printed), leave with pytest's own exit status.
 _exit_status: list[int] = []
 
