@@ -1,5 +1,5 @@
-"""Every job type, one module each. Adding a job type is its module plus one line in
-ALL_TYPES (docs/adding-a-job-type.md)."""
+"""Every job type, one module each. Adding a job type is its module, its name in the import
+below and one entry in ALL_TYPES (docs/adding-a-job-type.md)."""
 
 from __future__ import annotations
 
