@@ -28,6 +28,7 @@ from jobs.service import CreateJobRequest, EnqueueNotWritten
 from runtime.embedded import temporal_binary
 from runtime.wiring import reconciler_config
 from runtime.worker import ensure_system_workflows
+from tests.integration.engine_helpers import execute
 from tests.stack import engine_stack, new_relay, relay_running
 from tests.support import eventually
 
@@ -121,14 +122,12 @@ async def test_a_parked_enqueue_of_a_waiting_job_is_revived_and_the_job_runs(
 ) -> None:
     async with engine_stack(settings, temporal_client, relay=False) as st:
         job = await st.create()
-        async with db.begin() as s:
-            await s.execute(
-                text(
-                    "UPDATE outbox_event SET status = 'failed', attempt_count = 3, "
-                    "last_error = 'start failed' WHERE aggregate_id = :j"
-                ),
-                {"j": str(job)},
-            )
+        await execute(
+            db,
+            "UPDATE outbox_event SET status = 'failed', attempt_count = 3, "
+            "last_error = 'start failed' WHERE aggregate_id = :j",
+            j=str(job),
+        )
         result = await reconciler(st.settings, db, temporal_client).run_once()
         assert result.enqueues_revived == 1
         assert await outbox_status(db, job) == "pending"
@@ -141,25 +140,21 @@ async def test_revival_backs_off_per_revival(
 ) -> None:
     async with engine_stack(settings, temporal_client, relay=False) as st:
         job = await st.create()
-        async with db.begin() as s:
-            await s.execute(
-                text(
-                    "UPDATE outbox_event SET status = 'failed', revive_count = 3, "
-                    "available_at = now() - interval '100 seconds' WHERE aggregate_id = :j"
-                ),
-                {"j": str(job)},
-            )
+        await execute(
+            db,
+            "UPDATE outbox_event SET status = 'failed', revive_count = 3, "
+            "available_at = now() - interval '100 seconds' WHERE aggregate_id = :j",
+            j=str(job),
+        )
         rec = reconciler(st.settings, db, temporal_client, revive_base_s=30.0)
         # Fourth revival: 30 s * 2^3 = 240 s after parking; only 100 s have passed.
         assert (await rec.run_once()).enqueues_revived == 0
-        async with db.begin() as s:
-            await s.execute(
-                text(
-                    "UPDATE outbox_event SET available_at = now() - interval '241 seconds' "
-                    "WHERE aggregate_id = :j"
-                ),
-                {"j": str(job)},
-            )
+        await execute(
+            db,
+            "UPDATE outbox_event SET available_at = now() - interval '241 seconds' "
+            "WHERE aggregate_id = :j",
+            j=str(job),
+        )
         assert (await rec.run_once()).enqueues_revived == 1
 
 
@@ -356,14 +351,12 @@ async def test_a_workflow_whose_task_keeps_failing_is_reported(
 ) -> None:
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
         job = await st.create()
-        async with db.begin() as s:
-            await s.execute(
-                text(
-                    "UPDATE outbox_event SET status = 'published', published_at = now() "
-                    "WHERE aggregate_id = :j"
-                ),
-                {"j": str(job)},
-            )
+        await execute(
+            db,
+            "UPDATE outbox_event SET status = 'published', published_at = now() "
+            "WHERE aggregate_id = :j",
+            j=str(job),
+        )
         queue = f"broken-{uuid.uuid4().hex[:10]}"
         async with Worker(
             temporal_client,
