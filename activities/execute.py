@@ -51,7 +51,6 @@ from engine.hashing import output_hash
 from engine.redaction import redact
 from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
-from providers.pricing import cost_usd
 
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
 
@@ -468,8 +467,8 @@ class ExecuteStage(StageDeps):
                     },
                 )
 
-    @staticmethod
     def _usage_row(
+        self,
         row: JobRow,
         attempt: int,
         response: ProviderResponse | None,
@@ -490,7 +489,7 @@ class ExecuteStage(StageDeps):
             model=m,
             tokens_in=tin,
             tokens_out=tout,
-            cost_usd=cost_usd(m, tin, tout) if response else Decimal(0),
+            cost_usd=self._gateway.prices.cost_usd(m, tin, tout) if response else Decimal(0),
             latency_ms=latency_ms,
             error_code=error_code,
         )

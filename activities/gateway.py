@@ -14,6 +14,7 @@ from engine.errors import ExecutionFailure
 from jobs.spec import AnyJobType
 from providers.base import Provider
 from providers.crypto import CredentialCipher, decrypt_credential
+from providers.pricing import PriceTable
 from providers.safety import ContentSafety, RuleBasedContentSafety
 from providers.synthetic import SyntheticProvider
 
@@ -31,6 +32,8 @@ class Gateway:
     # A user's own DeepSeek key always goes to a real OpenAI-compatible endpoint (AI_BASE_URL or
     # DeepSeek's), even when the platform runs offline on the synthetic provider.
     user_provider: Provider | None = None
+    # What a call costs, per model (the usage row's cost_usd).
+    prices: PriceTable = field(default_factory=PriceTable)
 
     def provider_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> Provider:
         if jt.always_synthetic:

@@ -45,3 +45,24 @@ def cost_usd(model: str, tokens_in: int, tokens_out: int) -> Decimal:
         + Decimal(tokens_out) * price.usd_per_million_out
     ) / _MILLION
     return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+class PriceTable:
+    """The prices one process charges with. Built once at startup and passed down (through the
+    gateway to EXECUTE); `cost_usd` is what a usage row records."""
+
+    def __init__(self, prices: dict[str, Price] | None = None) -> None:
+        self._prices = dict(PRICES if prices is None else prices)
+
+    def price_for(self, model: str) -> Price:
+        return self._prices.get(model, DEFAULT_PRICE)
+
+    def cost_usd(self, model: str, tokens_in: int, tokens_out: int) -> Decimal:
+        if tokens_in < 0 or tokens_out < 0:
+            raise ValueError("token counts must be non-negative")
+        price = self.price_for(model)
+        raw = (
+            Decimal(tokens_in) * price.usd_per_million_in
+            + Decimal(tokens_out) * price.usd_per_million_out
+        ) / _MILLION
+        return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
