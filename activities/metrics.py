@@ -64,7 +64,10 @@ RECONCILER_ACTIONS = (
     "private_data_purged",
     "outbox_deleted",
 )
+# Distinct model names `aijobs_unpriced_calls_total` labels before it says `other`.
+UNPRICED_MODEL_LABELS = 10
 RELAY_OUTCOMES = ("started", "acknowledged", "retry", "unavailable", "malformed")
+WEBHOOK_OUTCOMES = ("delivered", "failed", "dead")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STAGE_BUCKETS = (*_FAST, 120.0, 300.0, 600.0)
@@ -149,6 +152,14 @@ class WorkerMetrics:
             ["provider", "model"],
             registry=reg,
         )
+        self.unpriced_calls = Counter(
+            "aijobs_unpriced_calls_total",
+            "Provider calls whose model the price table does not know, charged the fallback "
+            "price (AI_MODEL_FALLBACK_PRICE); past a few distinct models, `other`.",
+            ["model"],
+            registry=reg,
+        )
+        self._unpriced_models: set[str] = set()
         self.execute_retries = Counter(
             "aijobs_execute_retries_total",
             "EXECUTE attempts that failed and will be retried, by the code that failed them "
@@ -187,8 +198,17 @@ class WorkerMetrics:
             ["event_type", "status"],
             registry=reg,
         )
+        self.webhook_deliveries = Counter(
+            "aijobs_webhook_deliveries_total",
+            "Webhook delivery attempts by outcome: delivered (2xx), failed (to be retried), "
+            "dead (retries used up, endpoint or job gone). No URL, user or secret is a label.",
+            ["status"],
+            registry=reg,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
+        for outcome in WEBHOOK_OUTCOMES:
+            self._child(self.webhook_deliveries, outcome)
         for stage in STAGES:
             self._child(self.stage_duration, stage)
         for action in RECONCILER_ACTIONS:
@@ -248,6 +268,18 @@ class WorkerMetrics:
         if cost_usd:
             self._child(self.cost, p, m).inc(float(cost_usd))
 
+    def unpriced_call(self, model: str) -> None:
+        """One call charged the fallback price. The model is the provider's echo, so the label
+        is bounded: the first UNPRICED_MODEL_LABELS distinct names, then `other`."""
+        label = _label(model)
+        with self._lock:
+            if label not in self._unpriced_models:
+                if len(self._unpriced_models) >= UNPRICED_MODEL_LABELS:
+                    label = "other"
+                else:
+                    self._unpriced_models.add(label)
+        self._child(self.unpriced_calls, label).inc()
+
     def execute_retry(self, job_type: str, error_code: str) -> None:
         self._child(self.execute_retries, _label(job_type), error_code_label(error_code)).inc()
 
@@ -260,6 +292,11 @@ class WorkerMetrics:
 
     def relayed(self, event_type: str, outcome: str) -> None:
         self._child(self.relay_dispatch, _label(event_type), outcome).inc()
+
+    def webhook_delivered(self, outcome: str) -> None:
+        """One delivery attempt's recorded outcome (one of WEBHOOK_OUTCOMES; others ignored)."""
+        if outcome in WEBHOOK_OUTCOMES:
+            self._child(self.webhook_deliveries, outcome).inc()
 
     def relay_lagged(self, queue: str, seconds: float) -> None:
         self._child(self.relay_lag, _label(queue)).observe(max(0.0, seconds))

@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     deepseek_api_key: SecretStr | None = Field(default=None, alias="DEEPSEEK_API_KEY")
     ai_base_url: str | None = Field(default=None, alias="AI_BASE_URL")
     ai_model: str = Field(default="deepseek-chat", alias="AI_MODEL")
+    # Prices per model (JSON, merged over the built-in table of providers/pricing.py) and the
+    # price of a model the table does not know (JSON; unset: the table's most expensive).
+    ai_model_prices: str = Field(default="", alias="AI_MODEL_PRICES")
+    ai_model_fallback_price: str = Field(default="", alias="AI_MODEL_FALLBACK_PRICE")
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )
@@ -100,6 +104,10 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
     # Seconds between keep-alive comments on the API's server-sent event streams.
     sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
+    # Concurrent event streams one API process serves, per user and in all (past either: 429
+    # TOO_MANY_STREAMS). Per process: with N API processes a user can hold N x the per-user cap.
+    sse_max_streams_per_user: int = Field(default=10, ge=1, alias="SSE_MAX_STREAMS_PER_USER")
+    sse_max_streams: int = Field(default=1000, ge=1, alias="SSE_MAX_STREAMS")
 
     # ---- engine knobs (documented in the README) ----
     environment: Literal["development", "test", "production"] = Field(
@@ -135,6 +143,12 @@ class Settings(BaseSettings):
     provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")
     # A provider's Retry-After is honoured up to this many seconds.
     retry_after_max_s: float = Field(default=300.0, ge=1, alias="RETRY_AFTER_MAX_S")
+    # The circuit breaker of each (provider, key): this many consecutive health failures (5xx,
+    # transport errors, timeouts) open it for the cooldown, then one probe call goes through.
+    provider_breaker_failures: int = Field(default=5, ge=1, alias="PROVIDER_BREAKER_FAILURES")
+    provider_breaker_cooldown_s: float = Field(
+        default=30.0, gt=0, alias="PROVIDER_BREAKER_COOLDOWN_S"
+    )
     # Published outbox rows are deleted after this many days.
     outbox_retention_days: int = Field(default=7, ge=1, alias="OUTBOX_RETENTION_DAYS")
     lock_grace_s: int = Field(default=30, ge=0, alias="AI_LOCK_GRACE_S")
@@ -171,6 +185,16 @@ class Settings(BaseSettings):
     webhook_retry_for_s: float = Field(default=86_400.0, ge=0, alias="WEBHOOK_RETRY_FOR_S")
     webhook_poll_interval_s: float = Field(default=1.0, gt=0, alias="WEBHOOK_POLL_INTERVAL_S")
     webhook_max_in_flight: int = Field(default=16, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT")
+    # Fairness: of a deliverer's WEBHOOK_MAX_IN_FLIGHT slots one user's deliveries hold at most
+    # this many (its receivers may all hang); a user registers at most this many endpoints.
+    webhook_max_in_flight_per_user: int = Field(
+        default=4, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT_PER_USER"
+    )
+    webhook_max_endpoints_per_user: int = Field(
+        default=10, ge=1, alias="WEBHOOK_MAX_ENDPOINTS_PER_USER"
+    )
+    # Delivered and dead deliveries are deleted this long after they finished.
+    webhook_retention_days: float = Field(default=7.0, gt=0, alias="WEBHOOK_RETENTION_DAYS")
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:
@@ -259,9 +283,12 @@ class Settings(BaseSettings):
                 )
         return problems
 
-    def check_startup(self, role: Role, *, queues: Sequence[str] = ()) -> None:
-        """Raise ConfigurationError (one line) when `production_problems` finds any."""
-        problems = self.production_problems(role, queues=queues)
+    def check_startup(
+        self, role: Role, *, queues: Sequence[str] = (), also: Sequence[str] = ()
+    ) -> None:
+        """Raise ConfigurationError (one line) when `production_problems` finds any, or `also`
+        lists some (checks that need a layer this module cannot import, e.g. prices)."""
+        problems = [*self.production_problems(role, queues=queues), *also]
         if problems:
             raise ConfigurationError(
                 f"refusing to start in production: {'; '.join(problems)} "

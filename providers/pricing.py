@@ -1,68 +1,278 @@
-"""Token prices per model, and the cost of one provider call in USD.
+"""Token prices and context windows per model, and the cost of one provider call in USD.
 
-Prices are USD per one million tokens, as `Decimal` so that sums are exact. Unknown models cost
-0 (DEFAULT_PRICE): the engine must never fail a job because a price is missing; cost reporting
-for such models simply reads 0 until the table is updated.
+Prices are USD per one million tokens, as `Decimal` so that sums are exact; costs are quantized
+to 8 decimal places, half up.
+
+A cost is never silently zero: the cost quotas (QUOTA_MAX_COST_USD_PER_DAY/MONTH) and the
+budgets read the usage rows, so a call priced at 0 by mistake would spend money no budget sees.
+The model a usage row is priced by is the one the provider echoes back, and providers echo ids
+the table may not know (OpenAI answers `gpt-4o-mini-2024-07-18` to a request for
+`gpt-4o-mini`). `PriceTable.canonical` maps such an id to a known model, in this order:
+
+1. the exact id (case-insensitive);
+2. the id without a trailing version: `-YYYY-MM-DD`, `-YYYYMMDD` or `-NNNN`
+   (`gpt-4o-2024-08-06` -> `gpt-4o`, `deepseek-chat-0324` -> `deepseek-chat`);
+3. the longest known model name the id starts with, followed by `-`, `.`, `:`, `@` or `_`
+   (`gpt-4o-mini-search-preview` -> `gpt-4o-mini`, never `gpt-4o`).
+
+An id none of these maps is charged the fallback price (AI_MODEL_FALLBACK_PRICE; by default the
+most expensive input and output prices of the table, so a budget errs on the safe side), logged
+once per model per table (one table per process) and counted in
+`aijobs_unpriced_calls_total{model}`. A model that is free on purpose (a local model server) is
+given an explicit zero price in AI_MODEL_PRICES; only the synthetic provider is free by default.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.settings import Settings
+
+log = logging.getLogger(__name__)
 
 _MILLION = Decimal(1_000_000)
 _QUANTUM = Decimal("0.00000001")  # 8 decimal places
+# Version suffixes stripped from an unknown id (rule 2 above), tried in this order.
+_VERSION_SUFFIXES = (
+    re.compile(r"-\d{4}-\d{2}-\d{2}$"),
+    re.compile(r"-\d{8}$"),
+    re.compile(r"-\d{4}$"),
+)
+_PREFIX_BOUNDARY = "-.:@_"
+_MAX_NAME = 128  # a model name longer than this is refused in AI_MODEL_PRICES
+# Distinct unknown ids warned about per table: a provider echoing random ids cannot grow the
+# set (or the log) without bound; past this, one more warning says so and the rest are quiet.
+_MAX_WARNED = 100
 
 
 @dataclass(frozen=True)
 class Price:
+    """USD per million input and output tokens; `context_window` in tokens (None: unbounded,
+    as for the synthetic provider)."""
+
     usd_per_million_in: Decimal
     usd_per_million_out: Decimal
+    context_window: int | None = None
 
 
 PRICES: dict[str, Price] = {
-    "deepseek-chat": Price(Decimal("0.27"), Decimal("1.10")),
-    "deepseek-reasoner": Price(Decimal("0.55"), Decimal("2.19")),
-    "gpt-4o-mini": Price(Decimal("0.15"), Decimal("0.60")),
-    "synthetic": Price(Decimal(0), Decimal(0)),
+    "deepseek-chat": Price(Decimal("0.27"), Decimal("1.10"), 65_536),
+    "deepseek-reasoner": Price(Decimal("0.55"), Decimal("2.19"), 65_536),
+    "gpt-4o-mini": Price(Decimal("0.15"), Decimal("0.60"), 128_000),
+    "gpt-4o": Price(Decimal("2.50"), Decimal("10.00"), 128_000),
+    "synthetic": Price(Decimal(0), Decimal(0), None),
 }
 
-# Price of any model missing from PRICES: free (see the module docstring for why).
-DEFAULT_PRICE = Price(Decimal(0), Decimal(0))
 
-
-def price_for(model: str) -> Price:
-    return PRICES.get(model, DEFAULT_PRICE)
-
-
-def cost_usd(model: str, tokens_in: int, tokens_out: int) -> Decimal:
-    """Cost of a call, quantized to 8 decimal places with ROUND_HALF_UP."""
-    if tokens_in < 0 or tokens_out < 0:
-        raise ValueError("token counts must be non-negative")
-    price = price_for(model)
-    raw = (
-        Decimal(tokens_in) * price.usd_per_million_in
-        + Decimal(tokens_out) * price.usd_per_million_out
-    ) / _MILLION
-    return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
+def most_expensive(prices: Mapping[str, Price]) -> Price:
+    """The highest input and the highest output price of `prices` (the default fallback)."""
+    return Price(
+        max((p.usd_per_million_in for p in prices.values()), default=Decimal(0)),
+        max((p.usd_per_million_out for p in prices.values()), default=Decimal(0)),
+        None,
+    )
 
 
 class PriceTable:
-    """The prices one process charges with. Built once at startup and passed down (through the
-    gateway to EXECUTE); `cost_usd` is what a usage row records."""
+    """The prices one process charges with. Built once at startup (`from_settings`) and passed
+    down (through the gateway to EXECUTE); `cost_usd` is what a usage row records.
 
-    def __init__(self, prices: dict[str, Price] | None = None) -> None:
-        self._prices = dict(PRICES if prices is None else prices)
+    `on_unpriced(model)` is called once per call charged the fallback price (the worker wires
+    the `aijobs_unpriced_calls_total` counter to it; the counter bounds its label)."""
+
+    def __init__(
+        self,
+        prices: Mapping[str, Price] | None = None,
+        *,
+        fallback: Price | None = None,
+        on_unpriced: Callable[[str], None] | None = None,
+        warn: bool = True,
+    ) -> None:
+        table = PRICES if prices is None else prices
+        self._prices = {name.strip().lower(): p for name, p in table.items()}
+        # Longest first: rule 3 takes the first name that matches.
+        self._by_length = sorted(self._prices, key=len, reverse=True)
+        self.fallback = fallback if fallback is not None else most_expensive(self._prices)
+        self._on_unpriced = on_unpriced
+        self._warn = warn
+        self._warned: set[str] = set()
+        self._overflowed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, on_unpriced: Callable[[str], None] | None = None
+    ) -> PriceTable:
+        """The built-in table with AI_MODEL_PRICES merged over it (an entry replaces the
+        built-in one of the same name) and AI_MODEL_FALLBACK_PRICE. Raises ValueError naming
+        the setting when either is malformed."""
+        prices = dict(PRICES)
+        prices.update(parse_prices(settings.ai_model_prices))
+        fallback = parse_fallback(settings.ai_model_fallback_price)
+        return cls(prices, fallback=fallback, on_unpriced=on_unpriced)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(sorted(self._prices))
+
+    def canonical(self, model: str) -> str | None:
+        """The known model `model` maps to (rules in the module docstring), None if none."""
+        name = model.strip().lower()
+        if name in self._prices:
+            return name
+        for suffix in _VERSION_SUFFIXES:
+            stripped = suffix.sub("", name)
+            if stripped != name and stripped in self._prices:
+                return stripped
+        for known in self._by_length:
+            rest = name[len(known) :]
+            if name.startswith(known) and rest and rest[0] in _PREFIX_BOUNDARY:
+                return known
+        return None
 
     def price_for(self, model: str) -> Price:
-        return self._prices.get(model, DEFAULT_PRICE)
+        """The price of `model`'s canonical model, or the fallback price (quietly: only
+        `cost_usd` reports a charge at the fallback)."""
+        known = self.canonical(model)
+        return self._prices[known] if known is not None else self.fallback
+
+    def context_window(self, model: str) -> int | None:
+        """Tokens the model accepts (prompt and answer), None when unbounded or unknown."""
+        known = self.canonical(model)
+        return self._prices[known].context_window if known is not None else None
 
     def cost_usd(self, model: str, tokens_in: int, tokens_out: int) -> Decimal:
+        """Cost of a call, quantized to 8 decimal places with ROUND_HALF_UP; an unknown model is
+        charged the fallback price and reported."""
         if tokens_in < 0 or tokens_out < 0:
             raise ValueError("token counts must be non-negative")
-        price = self.price_for(model)
+        known = self.canonical(model)
+        if known is None:
+            price = self.fallback
+            self._report_unpriced(model)
+        else:
+            price = self._prices[known]
         raw = (
             Decimal(tokens_in) * price.usd_per_million_in
             + Decimal(tokens_out) * price.usd_per_million_out
         ) / _MILLION
         return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
+
+    def _report_unpriced(self, model: str) -> None:
+        if self._on_unpriced is not None:
+            self._on_unpriced(model)
+        if not self._warn:
+            return
+        name = model[:_MAX_NAME]
+        with self._lock:
+            if name in self._warned or self._overflowed:
+                return
+            full = len(self._warned) >= _MAX_WARNED
+            if full:
+                self._overflowed = True
+            else:
+                self._warned.add(name)
+        if full:
+            log.warning(
+                "more models have no price; further ones are charged the fallback price "
+                "without a warning (see aijobs_unpriced_calls_total)"
+            )
+            return
+        # A model name is configuration or a provider's echo, never user data.
+        log.warning(
+            "model %r has no price; charged the fallback price (add it to AI_MODEL_PRICES)",
+            name,
+            extra={
+                "model": name,
+                "fallback_usd_per_million_in": str(self.fallback.usd_per_million_in),
+                "fallback_usd_per_million_out": str(self.fallback.usd_per_million_out),
+            },
+        )
+
+
+# ---- settings -------------------------------------------------------------------------------
+
+
+def _decimal(value: Any, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{where}: want a number")
+    try:
+        d = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"{where}: want a number") from None
+    if not d.is_finite() or d < 0:
+        raise ValueError(f"{where}: want a non-negative number")
+    return d
+
+
+def _price(entry: Any, where: str, *, window: bool) -> Price:
+    allowed = {"input", "output", "context_window"} if window else {"input", "output"}
+    if not isinstance(entry, dict) or not {"input", "output"} <= set(entry) <= allowed:
+        keys = "input, output[, context_window]" if window else "input, output"
+        raise ValueError(f"{where}: want an object with {keys}")
+    cw = entry.get("context_window")
+    if cw is not None and (isinstance(cw, bool) or not isinstance(cw, int) or cw <= 0):
+        raise ValueError(f"{where}.context_window: want a positive integer or null")
+    return Price(
+        _decimal(entry["input"], f"{where}.input"),
+        _decimal(entry["output"], f"{where}.output"),
+        cw,
+    )
+
+
+def parse_prices(text: str) -> dict[str, Price]:
+    """AI_MODEL_PRICES: a JSON object of model name -> {"input": USD per million input
+    tokens, "output": USD per million output tokens, "context_window": tokens or null}.
+    Empty: no entries. Raises ValueError naming the setting and the entry."""
+    if not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError("AI_MODEL_PRICES: not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("AI_MODEL_PRICES: want a JSON object of model name -> price")
+    out: dict[str, Price] = {}
+    for name, entry in raw.items():
+        model = name.strip().lower()
+        if not model or len(model) > _MAX_NAME:
+            raise ValueError(f"AI_MODEL_PRICES: a model name must have 1-{_MAX_NAME} characters")
+        out[model] = _price(entry, f"AI_MODEL_PRICES[{model[:40]!r}]", window=True)
+    return out
+
+
+def parse_fallback(text: str) -> Price | None:
+    """AI_MODEL_FALLBACK_PRICE: {"input": ..., "output": ...} (USD per million tokens); empty:
+    None (the table's most expensive prices)."""
+    if not text.strip():
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError("AI_MODEL_FALLBACK_PRICE: not valid JSON") from None
+    return _price(raw, "AI_MODEL_FALLBACK_PRICE", window=False)
+
+
+# ---- module-level helpers (the built-in table) -------------------------------------------------
+
+# Quiet: the process's own table (the gateway's) reports unpriced calls; this one serves
+# callers that only need a figure, and must not count the same call twice.
+_BUILT_IN = PriceTable(warn=False)
+
+
+def price_for(model: str) -> Price:
+    """The built-in price of `model` (canonical rules apply), or the built-in fallback."""
+    return _BUILT_IN.price_for(model)
+
+
+def cost_usd(model: str, tokens_in: int, tokens_out: int) -> Decimal:
+    """Cost of a call at the built-in prices, quantized to 8 decimal places, half up."""
+    return _BUILT_IN.cost_usd(model, tokens_in, tokens_out)

@@ -36,8 +36,20 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "settings"
         raise _refuse(role, f"invalid configuration: {where}: {first['msg']}") from None
+    problems: list[str] = []
+    if role in ("api", "worker"):
+        # Prices are read by the API (budgets) and the workers (usage rows): malformed ones
+        # stop either in every environment, like a malformed keyring.
+        from providers.pricing import PriceTable
+        from runtime.wiring import price_problems
+
+        try:
+            PriceTable.from_settings(s)
+        except ValueError as exc:  # the message names the setting and the entry
+            raise _refuse(role, f"invalid configuration: {exc}") from None
+        problems = price_problems(s, role, queues)
     try:
-        s.check_startup(role, queues=queues)
+        s.check_startup(role, queues=queues, also=problems)
     except ConfigurationError as exc:
         raise _refuse(role, str(exc)) from None
     keyring = s.credential_encryption_key

@@ -5,6 +5,7 @@ here (`api_app`, `build_parts` and the builders below)."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,20 +14,22 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 
 from activities.gateway import Gateway
+from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.stages import EngineConfig
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
-from engine.definition import SYSTEM_QUEUE
-from engine.settings import DEV_JWT_SECRET, Settings
+from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.credentials import credential_cipher
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
+from providers.pricing import PriceTable
 from providers.safety import RuleBasedContentSafety, parse_blocklist
 from runtime.telemetry import Telemetry
 
@@ -69,7 +72,33 @@ def api_app(
     )
 
 
-def gateway(settings: Settings, telemetry: Telemetry | None = None) -> Gateway:
+def price_table(settings: Settings, metrics: WorkerMetrics | None = None) -> PriceTable:
+    """The process's prices (AI_MODEL_PRICES over the built-in table); a call charged the
+    fallback price counts in `aijobs_unpriced_calls_total` of `metrics` (default: the process's
+    registry). Raises ValueError naming the setting when the prices are malformed."""
+    m = metrics if metrics is not None else worker_metrics()
+    return PriceTable.from_settings(settings, on_unpriced=m.unpriced_call)
+
+
+def price_problems(settings: Settings, role: Role, queues: Sequence[str] = ()) -> list[str]:
+    """What the prices forbid in production: a worker that calls the provider (a job queue,
+    or all queues) for an AI_MODEL the table cannot price would charge every call the fallback
+    price. The startup check adds these to `Settings.production_problems`."""
+    if settings.environment != "production" or role != "worker":
+        return []
+    if not [q for q in (queues or QUEUE_NAMES) if q in QUEUE_NAMES]:
+        return []
+    if PriceTable.from_settings(settings).canonical(settings.ai_model) is None:
+        return [
+            f"AI_MODEL {settings.ai_model[:64]!r} has no price (add it to AI_MODEL_PRICES, "
+            "with a price of 0 if it is free)"
+        ]
+    return []
+
+
+def gateway(
+    settings: Settings, telemetry: Telemetry | None = None, metrics: WorkerMetrics | None = None
+) -> Gateway:
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
     built = Gateway(
         provider=build_provider(api_key=key, base_url=settings.ai_base_url),
@@ -82,6 +111,7 @@ def gateway(settings: Settings, telemetry: Telemetry | None = None) -> Gateway:
         platform_api_key=key,
         cipher=credential_cipher(settings),
         safety=RuleBasedContentSafety(parse_blocklist(settings.content_safety_blocklist)),
+        prices=price_table(settings, metrics),
     )
     if telemetry is not None:
         telemetry.instrument_provider(built.provider)
@@ -131,6 +161,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
         lock_extend_every_s=settings.lock_ttl_s / 2,
         retry_after_max_s=settings.retry_after_max_s,
+        breaker_failures=settings.provider_breaker_failures,
+        breaker_cooldown_s=settings.provider_breaker_cooldown_s,
     )
 
 

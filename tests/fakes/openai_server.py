@@ -19,6 +19,14 @@ Step kinds (a step is a JSON object with `kind` and optional fields):
 - `content_filter`: 200 with finish_reason "content_filter" and content "";
 - `malformed`: 200 whose JSON is not a chat completion (no `choices`), for parser tests.
 
+`rules` (optional, with `POST /_script`) answer some calls whatever the queue holds: a list of
+`{"match": TEXT, "step": STEP}`; a call whose Authorization header or messages contain TEXT is
+answered by the first matching rule's step and consumes no queued step (one tenant's key or
+input rejected while the others' calls go through).
+
+Any step may carry `echo_model`: the `model` the answer reports instead of the requested one
+(OpenAI answers a request for `gpt-4o-mini` with a dated id such as `gpt-4o-mini-2024-07-18`).
+
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
 
@@ -64,9 +72,20 @@ def _check_step(step: dict[str, Any]) -> dict[str, Any]:
     return step
 
 
+class Rule(BaseModel):
+    match: str = Field(min_length=1)
+    step: dict[str, Any]
+
+    @field_validator("step")
+    @classmethod
+    def _valid_step(cls, step: dict[str, Any]) -> dict[str, Any]:
+        return _check_step(step)
+
+
 class ScriptBody(BaseModel):
     steps: list[dict[str, Any]] = Field(default_factory=list)
     default: dict[str, Any] | None = None
+    rules: list[Rule] = Field(default_factory=list)
 
     @field_validator("steps")
     @classmethod
@@ -85,6 +104,7 @@ class _FakeState:
     def __init__(self) -> None:
         self.steps: deque[dict[str, Any]] = deque()
         self.default: dict[str, Any] = dict(DEFAULT_STEP)
+        self.rules: list[Rule] = []
         self.authorizations: list[str | None] = []
         self.models: list[str | None] = []
         self.messages: list[Any] = []  # each call's `messages` (prompts: fake data only)
@@ -92,6 +112,7 @@ class _FakeState:
     def reset(self) -> None:
         self.steps.clear()
         self.default = dict(DEFAULT_STEP)
+        self.rules = []
         self.authorizations.clear()
         self.models.clear()
         self.messages.clear()
@@ -167,7 +188,10 @@ def create_fake_app() -> FastAPI:
                 status_code=400,
             )
         model_name = model if isinstance(model, str) else "fake-model"
-        step = state.next_step()
+        seen = f"{request.headers.get('authorization')}\n{json.dumps(body.get('messages'))}"
+        ruled = next((r.step for r in state.rules if r.match in seen), None)
+        step = ruled if ruled is not None else state.next_step()
+        model_name = str(step.get("echo_model", model_name))
         kind = step["kind"]
         if kind == "valid":
             return _valid_response(step, model_name)
@@ -231,6 +255,7 @@ def create_fake_app() -> FastAPI:
     async def script(body: ScriptBody) -> dict[str, int]:
         state.steps = deque(body.steps)
         state.default = body.default if body.default is not None else dict(DEFAULT_STEP)
+        state.rules = list(body.rules)
         return {"queued": len(state.steps)}
 
     @app.get("/_calls")
@@ -347,11 +372,14 @@ class FakeOpenAIServer:
 
     @staticmethod
     def _script_body(
-        steps: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None
+        steps: Sequence[Mapping[str, Any]],
+        default: Mapping[str, Any] | None,
+        rules: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> dict[str, Any]:
         return {
             "steps": [dict(step) for step in steps],
             "default": None if default is None else dict(default),
+            "rules": [{"match": match, "step": dict(step)} for match, step in rules],
         }
 
     def script(
@@ -376,11 +404,16 @@ class FakeOpenAIServer:
         httpx.post(f"{self.root_url}/_reset", trust_env=False).raise_for_status()
 
     async def ascript(
-        self, steps: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None = None
+        self,
+        steps: Sequence[Mapping[str, Any]],
+        default: Mapping[str, Any] | None = None,
+        *,
+        rules: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> None:
+        """Replace the script; `rules` are (text, step) pairs answered before the queue."""
         async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.post(
-                f"{self.root_url}/_script", json=self._script_body(steps, default)
+                f"{self.root_url}/_script", json=self._script_body(steps, default, rules)
             )
             response.raise_for_status()
 

@@ -23,7 +23,7 @@ from providers.crypto import (
 )
 from providers.factory import build_provider
 from providers.openai_compat import OpenAICompatibleProvider
-from providers.pricing import PRICES, Price, cost_usd
+from providers.pricing import PRICES, Price, PriceTable, cost_usd
 from providers.safety import ContentSafety, RuleBasedContentSafety, parse_blocklist
 from providers.synthetic import SyntheticProvider
 
@@ -315,10 +315,11 @@ def test_mask_key() -> None:
 
 
 def test_price_table() -> None:
-    assert PRICES["deepseek-chat"] == Price(Decimal("0.27"), Decimal("1.10"))
-    assert PRICES["deepseek-reasoner"] == Price(Decimal("0.55"), Decimal("2.19"))
-    assert PRICES["gpt-4o-mini"] == Price(Decimal("0.15"), Decimal("0.60"))
-    assert PRICES["synthetic"] == Price(Decimal(0), Decimal(0))
+    assert PRICES["deepseek-chat"] == Price(Decimal("0.27"), Decimal("1.10"), 65_536)
+    assert PRICES["deepseek-reasoner"] == Price(Decimal("0.55"), Decimal("2.19"), 65_536)
+    assert PRICES["gpt-4o-mini"] == Price(Decimal("0.15"), Decimal("0.60"), 128_000)
+    assert PRICES["gpt-4o"] == Price(Decimal("2.50"), Decimal("10.00"), 128_000)
+    assert PRICES["synthetic"] == Price(Decimal(0), Decimal(0), None)
 
 
 def test_cost_arithmetic() -> None:
@@ -329,15 +330,17 @@ def test_cost_arithmetic() -> None:
     assert str(cost_usd("deepseek-chat", 1000, 500)) == "0.00082000"  # always 8 places
 
 
-def test_unknown_and_synthetic_models_cost_zero() -> None:
-    assert cost_usd("mystery-model", 10**9, 10**9) == Decimal(0)
+def test_unknown_models_cost_the_fallback_and_synthetic_is_free() -> None:
+    # Never silently zero: an unknown model is charged the most expensive known price.
+    assert cost_usd("mystery-model", 10**6, 10**6) == Decimal("12.5")
+    assert pricing.price_for("mystery-model") == pricing.most_expensive(PRICES)
     assert cost_usd("synthetic", 5_000, 5_000) == Decimal(0)
 
 
-def test_cost_rounds_half_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(pricing.PRICES, "half", Price(Decimal("0.005"), Decimal("0.004")))
-    assert cost_usd("half", 1, 0) == Decimal("0.00000001")  # 0.000000005 -> up
-    assert cost_usd("half", 0, 1) == Decimal("0.00000000")  # 0.000000004 -> down
+def test_cost_rounds_half_up() -> None:
+    table = PriceTable({"half": Price(Decimal("0.005"), Decimal("0.004"))})
+    assert table.cost_usd("half", 1, 0) == Decimal("0.00000001")  # 0.000000005 -> up
+    assert table.cost_usd("half", 0, 1) == Decimal("0.00000000")  # 0.000000004 -> down
 
 
 def test_cost_rejects_negative_tokens() -> None:
