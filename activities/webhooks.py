@@ -3,9 +3,12 @@ Webhooks), to their endpoints. See docs/webhooks.md.
 
 Runs as a plain asyncio task beside the relay (the `ai-system` worker process, `aijobs relay`);
 several may run at once (claims are disjoint, SKIP LOCKED). Bounded: at most `max_in_flight`
-requests, at most one per endpoint per process, each under a hard time limit, so a slow or dead
-receiver holds one slot and never another endpoint's turn; jobs never wait for a webhook. No
-transaction is open during a request. Neither secrets nor bodies are logged.
+requests, at most one per endpoint and at most `max_in_flight_per_user` per user per process,
+each under a hard time limit, so a slow or dead receiver holds one slot, and a user whose
+receivers all hang holds that user's share, never another user's turn (claims go round-robin
+per user, see db/webhooks.py `claim_due`); jobs never wait for a webhook. No transaction is open
+during a request. Neither secrets nor bodies are logged. The same loop purges finished rows
+after their retention, a bounded batch at a time, every `purge_interval_s`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from activities.metrics import WorkerMetrics, worker_metrics
 from db import webhooks as repo
 from db.jobs import JobQueries
 from db.session import SessionMaker
@@ -54,10 +58,18 @@ class WebhookConfig:
     retry_for_s: float = 86_400.0
     poll_interval_s: float = 1.0
     max_in_flight: int = 16
+    # One user's share of those slots (its receivers may all hang).
+    max_in_flight_per_user: int = 4
     request_timeout_s: float = 10.0
     connect_timeout_s: float = 5.0
     # A claimed row is due again after this (its deliverer died mid-request).
     lease_s: float = 60.0
+    # Delivered and dead rows are deleted this long after they finished; the purge runs every
+    # `purge_interval_s`, at most `purge_batches` batches of `purge_batch` rows per pass.
+    retention_s: float = 7 * 86_400.0
+    purge_interval_s: float = 300.0
+    purge_batch: int = 1000
+    purge_batches: int = 10
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -127,6 +139,7 @@ class WebhookDeliverer:
         *,
         resolve: Resolver = system_resolver,
         clock: Callable[[], float] = time.time,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._cipher = cipher
@@ -134,7 +147,10 @@ class WebhookDeliverer:
         self._resolve = resolve
         self._clock = clock
         self._jobs = JobQueries()
-        self._busy: dict[uuid.UUID, int] = {}
+        self._metrics = metrics or worker_metrics()
+        self._busy: dict[uuid.UUID, int] = {}  # endpoint → requests in flight
+        self._busy_users: dict[str, int] = {}  # user → requests in flight
+        self._next_purge = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
         self.attempts = 0  # requests made (tests)
@@ -146,6 +162,7 @@ class WebhookDeliverer:
         self._client = http_client(self.config, self._resolve)
         try:
             while not stop.is_set():
+                await self._maybe_purge()
                 try:
                     claimed = await self.run_once()
                     failures = 0
@@ -172,10 +189,16 @@ class WebhookDeliverer:
             return 0
         async with self._sm.begin() as s:
             rows = await repo.claim_due(
-                s, limit=free, busy_endpoints=list(self._busy), lease_s=self.config.lease_s
+                s,
+                limit=free,
+                busy_endpoints=list(self._busy),
+                busy_users=self._busy_users,
+                per_user=self.config.max_in_flight_per_user,
+                lease_s=self.config.lease_s,
             )
         for row in rows:
             self._busy[row.endpoint_id] = self._busy.get(row.endpoint_id, 0) + 1
+            self._busy_users[row.user_id] = self._busy_users.get(row.user_id, 0) + 1
             task = asyncio.create_task(self._deliver(row), name=f"webhook:{row.id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -192,11 +215,34 @@ class WebhookDeliverer:
             # The database is away: the claim's lease makes the row due again.
             log.warning("webhook outcome not recorded", extra={"delivery_id": row.id})
         finally:
-            left = self._busy.get(row.endpoint_id, 1) - 1
-            if left > 0:
-                self._busy[row.endpoint_id] = left
-            else:
-                self._busy.pop(row.endpoint_id, None)
+            _release(self._busy, row.endpoint_id)
+            _release(self._busy_users, row.user_id)
+
+    async def purge(self) -> int:
+        """Delete finished rows older than the retention, in bounded batches (one transaction
+        each, so a long purge never holds locks the claims need); returns how many."""
+        total = 0
+        for _ in range(self.config.purge_batches):
+            async with self._sm.begin() as s:
+                n = await repo.purge_finished(
+                    s, older_than_s=self.config.retention_s, limit=self.config.purge_batch
+                )
+            total += n
+            if n < self.config.purge_batch:
+                break
+        return total
+
+    async def _maybe_purge(self) -> None:
+        if time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + self.config.purge_interval_s
+        try:
+            n = await self.purge()
+        except Exception:  # the database is away: the next pass tries again
+            log.warning("webhook retention purge failed")
+            return
+        if n:
+            log.info("webhook deliveries purged", extra={"count": n})
 
     async def _attempt(self, row: DeliveryRow) -> Outcome:
         async with self._sm() as s:
@@ -248,10 +294,10 @@ class WebhookDeliverer:
     async def _record(self, row: DeliveryRow, outcome: Outcome) -> None:
         async with self._sm.begin() as s:
             if outcome.delivered:
-                await repo.mark_delivered(
+                recorded = await repo.mark_delivered(
                     s, row.id, attempt=row.attempt_count, status_code=outcome.status_code or 200
                 )
-                status = "delivered"
+                status = "delivered" if recorded else "lost"
             elif outcome.dead:
                 await repo.mark_dead(s, row.id, attempt=row.attempt_count, error=outcome.error)
                 status = "dead"
@@ -268,6 +314,8 @@ class WebhookDeliverer:
                     )
                     or "lost"
                 )
+        # "lost": the lease expired and another claim owns the row; that claim counts it.
+        self._metrics.webhook_delivered(status)
         level = logging.INFO if outcome.delivered else logging.WARNING
         log.log(
             level,
@@ -287,6 +335,14 @@ class WebhookDeliverer:
         c = self.config
         delay = min(c.retry_max_s, c.retry_base_s * 2 ** min(max(attempt - 1, 0), 30))
         return float(delay * (0.75 + random.random() * 0.5))
+
+
+def _release(counts: dict[Any, int], key: Any) -> None:
+    left = counts.get(key, 1) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 async def _head_text(resp: httpx.Response) -> str:

@@ -55,6 +55,7 @@ def create_app(
                 keyring,
                 allow_private=settings.webhooks_allow_private,
                 rotation_grace_s=settings.webhook_rotation_grace_s,
+                max_endpoints=settings.webhook_max_endpoints_per_user,
             ),
         )
         try:

@@ -46,6 +46,16 @@ class Base(DeclarativeBase):
 
 TS = DateTime(timezone=True)
 
+# The column `info` key that marks a column holding ciphertext under CREDENTIAL_ENCRYPTION_KEY.
+# `aijobs rotate-keys` re-encrypts every column so marked (it refuses to run if one has no
+# rotation), and a test requires every binary column to be marked or declared not secret.
+ENCRYPTED = "encrypted"
+
+
+def encrypted(*, key_id: str) -> dict[str, Any]:
+    """`info` of an encrypted column; `key_id` names the column holding its key id."""
+    return {ENCRYPTED: {"key_id": key_id}}
+
 
 class AiJob(Base):
     __tablename__ = "ai_job"
@@ -66,6 +76,8 @@ class AiJob(Base):
         ),
         # Lists: a user's own jobs newest first; admin filters; the reconciler's sweep.
         Index("ix_ai_job_user_created", "user_id", "created_at", "id"),
+        # The event streams' resume query: a user's jobs changed since a moment, oldest first.
+        Index("ix_ai_job_user_updated", "user_id", "updated_at"),
         Index("ix_ai_job_created", "created_at", "id"),
         Index(
             "ix_ai_job_running_lock",
@@ -239,7 +251,7 @@ class UserModelCredential(Base):
     user_id: Mapped[str] = mapped_column(String(128), index=True)
     provider: Mapped[str] = mapped_column(String(64))
     key_id: Mapped[str] = mapped_column(String(64))
-    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary, info=encrypted(key_id="key_id"))
     key_hint: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(TS)
@@ -310,11 +322,15 @@ class WeakPointCandidate(ProjectedRow, Base):
 
 
 class ProviderGateRow(Base):
-    """One row per AI provider: a shared pause (429) and circuit breaker (see db/provider_gate)."""
+    """One row per (AI provider, key): a shared pause (429) and circuit breaker (see
+    db/provider_gate)."""
 
     __tablename__ = "provider_gate"
 
     provider: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_ref: Mapped[str] = mapped_column(
+        String(80), primary_key=True, server_default=text("'platform'")
+    )
     paused_until: Mapped[datetime | None] = mapped_column(TS)
     consecutive_failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     open_until: Mapped[datetime | None] = mapped_column(TS)
@@ -335,9 +351,11 @@ class WebhookEndpoint(Base):
     url: Mapped[str] = mapped_column(Text)
     event_types: Mapped[list[str]] = mapped_column(JSONB)
     key_id: Mapped[str] = mapped_column(String(64))
-    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary, info=encrypted(key_id="key_id"))
     previous_key_id: Mapped[str | None] = mapped_column(String(64))
-    previous_secret_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    previous_secret_ciphertext: Mapped[bytes | None] = mapped_column(
+        LargeBinary, info=encrypted(key_id="previous_key_id")
+    )
     previous_valid_until: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     deleted_at: Mapped[datetime | None] = mapped_column(TS)
@@ -355,6 +373,19 @@ class WebhookDelivery(Base):
             "next_attempt_at",
             postgresql_where=text("status IN ('pending','failed')"),
         ),
+        # The fair claim walks the owners of due rows, then each owner's rows in due order.
+        Index(
+            "ix_webhook_delivery_user_due",
+            "user_id",
+            "next_attempt_at",
+            postgresql_where=text("status IN ('pending','failed')"),
+        ),
+        # The retention purge deletes finished rows oldest first, in bounded batches.
+        Index(
+            "ix_webhook_delivery_finished",
+            "finished_at",
+            postgresql_where=text("status IN ('delivered','dead')"),
+        ),
         Index("ix_webhook_delivery_status", "status", "id"),
     )
 
@@ -362,6 +393,8 @@ class WebhookDelivery(Base):
     endpoint_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("webhook_endpoint.id", ondelete="CASCADE")
     )
+    # The endpoint owner's, copied at fan-out: fairness is per user.
+    user_id: Mapped[str] = mapped_column(String(128))
     # The outbox event id; no foreign key: published outbox rows are deleted by retention.
     event_id: Mapped[int] = mapped_column(BigInteger)
     job_id: Mapped[str] = mapped_column(String(64))
@@ -376,3 +409,5 @@ class WebhookDelivery(Base):
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     replayed_at: Mapped[datetime | None] = mapped_column(TS)
     delivered_at: Mapped[datetime | None] = mapped_column(TS)
+    # When it became delivered or dead (NULL otherwise); retention counts from here.
+    finished_at: Mapped[datetime | None] = mapped_column(TS)

@@ -4,13 +4,19 @@ A delivery row is written by the relay, in the transaction that marks a job's do
 (`ai.job.completed|failed|cancelled`) published: one row per matching endpoint of the job's owner
 (`fan_out`). The deliverer claims due rows under `FOR UPDATE SKIP LOCKED`, pushing
 `next_attempt_at` one lease ahead, so a deliverer that dies mid-request costs a retry after the
-lease, never a delivery. No transaction is open while a receiver is called.
+lease, never a delivery, and a row is never claimed by two deliverers at once. No transaction is
+open while a receiver is called.
+
+Fairness: the claim serves users round-robin (each owner's oldest due row first, then each
+one's second ...), never one queue in due order across users, and never more of a user's rows
+than that user's free share of the deliverer's slots: one user's backlog cannot queue another
+user's delivery behind it. Finished rows (delivered, dead) are purged after their retention.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, get_args
@@ -59,6 +65,7 @@ _ENDPOINT = (
 class DeliveryRow:
     id: int
     endpoint_id: uuid.UUID
+    user_id: str
     event_id: int
     job_id: str
     webhook_id: str
@@ -72,12 +79,13 @@ class DeliveryRow:
     created_at: datetime
     replayed_at: datetime | None
     delivered_at: datetime | None
+    finished_at: datetime | None
 
 
 _DELIVERY = (
-    "id, endpoint_id, event_id, job_id, webhook_id, event_type, occurred_at, status, "
+    "id, endpoint_id, user_id, event_id, job_id, webhook_id, event_type, occurred_at, status, "
     "attempt_count, next_attempt_at, last_status_code, last_error, created_at, replayed_at, "
-    "delivered_at"
+    "delivered_at, finished_at"
 )
 
 
@@ -117,6 +125,21 @@ async def insert_endpoint(
     return EndpointRow(**row._mapping)
 
 
+async def lock_user_endpoints(session: AsyncSession, user_id: str) -> int:
+    """Serialise endpoint registrations of one user until the transaction ends (an advisory
+    lock keyed by the user id) and return how many live endpoints the user has: a
+    count-then-insert under it cannot overshoot the per-user cap, however many requests race."""
+    await session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoint:' || :u, 0))"),
+        {"u": user_id},
+    )
+    n = await session.scalar(
+        text("SELECT count(*) FROM webhook_endpoint WHERE user_id = :u AND deleted_at IS NULL"),
+        {"u": user_id},
+    )
+    return int(n or 0)
+
+
 async def get_endpoint(
     session: AsyncSession, endpoint_id: uuid.UUID, *, for_update: bool = False
 ) -> EndpointRow | None:
@@ -154,8 +177,8 @@ async def delete_endpoint(session: AsyncSession, user_id: str, endpoint_id: uuid
         return False
     await session.execute(
         text(
-            "UPDATE webhook_delivery SET status = 'dead', last_error = 'endpoint deleted' "
-            "WHERE endpoint_id = :id AND status IN ('pending', 'failed')"
+            "UPDATE webhook_delivery SET status = 'dead', last_error = 'endpoint deleted', "
+            "finished_at = now() WHERE endpoint_id = :id AND status IN ('pending', 'failed')"
         ),
         {"id": endpoint_id},
     )
@@ -207,10 +230,10 @@ async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:
     result = await session.execute(
         text(
             """
-            INSERT INTO webhook_delivery (endpoint_id, event_id, job_id, webhook_id, event_type,
-                                          occurred_at, status, attempt_count, next_attempt_at,
-                                          created_at)
-            SELECT e.id, o.id, o.aggregate_id,
+            INSERT INTO webhook_delivery (endpoint_id, user_id, event_id, job_id, webhook_id,
+                                          event_type, occurred_at, status, attempt_count,
+                                          next_attempt_at, created_at)
+            SELECT e.id, e.user_id, o.id, o.aggregate_id,
                    'msg_' || o.id || '_' || replace(e.id::text, '-', ''),
                    o.event_type, o.created_at, 'pending', 0, now(), now()
             FROM outbox_event o
@@ -235,37 +258,76 @@ async def claim_due(
     *,
     limit: int,
     busy_endpoints: Sequence[uuid.UUID],
+    busy_users: Mapping[str, int],
+    per_user: int,
     lease_s: float,
 ) -> list[DeliveryRow]:
-    """Due deliveries, at most one per endpoint and none for `busy_endpoints` (in flight in this
-    process): a slow receiver holds one slot, never the others' turn. The claim pushes
-    `next_attempt_at` a lease ahead and counts the attempt."""
+    """At most `limit` due deliveries, fair across users. Per user at most
+    `per_user - busy_users[user]` rows (its free share of this deliverer's slots) and at most
+    one per endpoint, none for `busy_endpoints` (in flight in this process): a slow receiver
+    holds its own slot, a user's slow receivers at most that user's share. Users take turns:
+    every user's first row ranks before anyone's second, ties by due time. The claim pushes
+    `next_attempt_at` a lease ahead and counts the attempt.
+
+    Cost: one index probe per user with undelivered rows (the skip scan of `owners`) plus at
+    most `4 * per_user` locked rows per user, whatever the size of one user's backlog."""
     rows = await session.execute(
         text(
             f"""
-            WITH due AS (
-                SELECT id, endpoint_id, next_attempt_at FROM webhook_delivery
-                WHERE status IN ('pending', 'failed') AND next_attempt_at <= now()
-                  AND NOT (endpoint_id = ANY(CAST(:busy AS uuid[])))
-                ORDER BY next_attempt_at, id
-                LIMIT :scan
-                FOR UPDATE SKIP LOCKED),
+            WITH RECURSIVE owners(user_id) AS (
+                (SELECT user_id FROM webhook_delivery
+                 WHERE status IN ('pending', 'failed') ORDER BY user_id LIMIT 1)
+                UNION ALL
+                SELECT (SELECT d.user_id FROM webhook_delivery d
+                        WHERE d.status IN ('pending', 'failed') AND d.user_id > o.user_id
+                        ORDER BY d.user_id LIMIT 1)
+                FROM owners o WHERE o.user_id IS NOT NULL),
+            share AS (
+                SELECT o.user_id, :per_user - coalesce(b.n, 0) AS slots
+                FROM owners o
+                LEFT JOIN unnest(CAST(:busy_users AS text[]), CAST(:busy_counts AS int[]))
+                          AS b(user_id, n) ON b.user_id = o.user_id
+                WHERE o.user_id IS NOT NULL AND :per_user - coalesce(b.n, 0) > 0),
+            candidates AS (
+                SELECT c.* FROM share s CROSS JOIN LATERAL (
+                    SELECT d.id, d.user_id, d.endpoint_id, d.next_attempt_at
+                    FROM webhook_delivery d
+                    WHERE d.user_id = s.user_id AND d.status IN ('pending', 'failed')
+                      AND d.next_attempt_at <= now()
+                      AND NOT (d.endpoint_id = ANY(CAST(:busy AS uuid[])))
+                    ORDER BY d.next_attempt_at, d.id
+                    LIMIT :scan
+                    FOR UPDATE SKIP LOCKED) c),
             one_each AS (
-                SELECT id FROM (
-                    SELECT id, next_attempt_at, row_number() OVER (
+                SELECT id, user_id, next_attempt_at FROM (
+                    SELECT id, user_id, next_attempt_at, row_number() OVER (
                         PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
-                    FROM due) ranked
-                WHERE rn = 1
-                ORDER BY next_attempt_at, id
+                    FROM candidates) per_endpoint
+                WHERE rn = 1),
+            turns AS (
+                SELECT o.id, o.next_attempt_at, s.slots, row_number() OVER (
+                    PARTITION BY o.user_id ORDER BY o.next_attempt_at, o.id) AS turn
+                FROM one_each o JOIN share s ON s.user_id = o.user_id),
+            chosen AS (
+                SELECT id FROM turns WHERE turn <= slots
+                ORDER BY turn, next_attempt_at, id
                 LIMIT :lim)
             UPDATE webhook_delivery d
                SET next_attempt_at = now() + make_interval(secs => :lease),
                    attempt_count = d.attempt_count + 1
-            FROM one_each WHERE d.id = one_each.id
+            FROM chosen WHERE d.id = chosen.id
             RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
             """
         ),
-        {"busy": list(busy_endpoints), "scan": limit * 10, "lim": limit, "lease": lease_s},
+        {
+            "busy": list(busy_endpoints),
+            "busy_users": list(busy_users),
+            "busy_counts": list(busy_users.values()),
+            "per_user": per_user,
+            "scan": per_user * 4,
+            "lim": limit,
+            "lease": lease_s,
+        },
     )
     return sorted((DeliveryRow(**r._mapping) for r in rows), key=lambda r: r.id)
 
@@ -278,7 +340,7 @@ async def mark_delivered(
         text(
             """
             UPDATE webhook_delivery SET status = 'delivered', delivered_at = now(),
-                   last_status_code = :code, last_error = NULL
+                   finished_at = now(), last_status_code = :code, last_error = NULL
             WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
             """
         ),
@@ -307,6 +369,9 @@ async def mark_attempt_failed(
                     status = CASE WHEN coalesce(replayed_at, created_at)
                                        + make_interval(secs => :for_s) <= now()
                                   THEN 'dead' ELSE 'failed' END,
+                    finished_at = CASE WHEN coalesce(replayed_at, created_at)
+                                            + make_interval(secs => :for_s) <= now()
+                                       THEN now() END,
                     next_attempt_at = now() + make_interval(secs => :retry_in),
                     last_status_code = :code, last_error = left(:err, 300)
                 WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
@@ -329,11 +394,46 @@ async def mark_attempt_failed(
 async def mark_dead(session: AsyncSession, delivery_id: int, *, attempt: int, error: str) -> None:
     await session.execute(
         text(
-            "UPDATE webhook_delivery SET status = 'dead', last_error = left(:err, 300) "
+            "UPDATE webhook_delivery SET status = 'dead', last_error = left(:err, 300), "
+            "finished_at = now() "
             "WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')"
         ),
         {"id": delivery_id, "attempt": attempt, "err": error},
     )
+
+
+async def purge_finished(session: AsyncSession, *, older_than_s: float, limit: int) -> int:
+    """Delete at most `limit` delivered or dead rows finished more than `older_than_s` ago,
+    oldest first (the finished-rows index: the cost follows the batch, not the table). Rows a
+    concurrent purge holds are skipped. Returns how many were deleted."""
+    result = await session.execute(
+        text(
+            """
+            DELETE FROM webhook_delivery WHERE id IN (
+                SELECT id FROM webhook_delivery
+                WHERE status IN ('delivered', 'dead')
+                  AND finished_at < now() - make_interval(secs => :age)
+                ORDER BY finished_at LIMIT :lim
+                FOR UPDATE SKIP LOCKED)
+            """
+        ),
+        {"age": older_than_s, "lim": limit},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# The backlog gauge's read: due rows only, from the due index.
+OLDEST_DUE_SQL = (
+    "SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0) "
+    "FROM webhook_delivery WHERE status IN ('pending', 'failed') AND next_attempt_at <= now()"
+)
+
+
+async def oldest_due_age_s(session: AsyncSession) -> float:
+    """How long the oldest due, undelivered row has waited for a deliverer (0 when none is
+    due). Rows backing off or in flight are not due; one user's own backlog counts too."""
+    age = await session.scalar(text(OLDEST_DUE_SQL))
+    return max(0.0, float(age or 0))
 
 
 # ---- operators ----------------------------------------------------------------------------------
@@ -374,7 +474,8 @@ async def replay(session: AsyncSession, delivery_id: int) -> DeliveryRow | None:
             text(
                 f"""
                 UPDATE webhook_delivery SET status = 'pending', next_attempt_at = now(),
-                       attempt_count = 0, replayed_at = now(), delivered_at = NULL
+                       attempt_count = 0, replayed_at = now(), delivered_at = NULL,
+                       finished_at = NULL
                 WHERE id = :id AND status = ANY(:ok)
                 RETURNING {_DELIVERY}
                 """

@@ -30,7 +30,13 @@ from db import webhooks as repo
 from db.jobs import ArtifactRef, JobRow
 from db.session import SessionMaker
 from db.webhooks import WEBHOOK_EVENTS, EndpointRow
-from engine.errors import CredentialStorageUnavailable, ValidationFailed, WebhookNotFound
+from engine.errors import (
+    CredentialStorageUnavailable,
+    EngineError,
+    ExecutionFailure,
+    ValidationFailed,
+    WebhookNotFound,
+)
 from providers.crypto import CredentialCipher
 
 log = logging.getLogger(__name__)
@@ -72,7 +78,10 @@ def endpoint_aad(endpoint_id: object) -> str:
 def signing_secrets(
     cipher: CredentialCipher, row: EndpointRow, *, now: datetime | None = None
 ) -> list[str]:
-    """The current secret, then the previous one while its grace period lasts."""
+    """The current secret, then the previous one while its grace period lasts. The current one
+    must decrypt (CREDENTIAL_INVALID otherwise: the delivery is retried); a previous one that no
+    key of the ring opens any more (its key was dropped before rotate-keys re-encrypted it) is
+    left out, so the delivery still goes out with the current signature."""
     aad = endpoint_aad(row.id)
     secrets = [cipher.decrypt(row.key_id, bytes(row.secret_ciphertext), aad=aad)]
     now = now or datetime.now(UTC)
@@ -82,9 +91,15 @@ def signing_secrets(
         and row.previous_valid_until is not None
         and row.previous_valid_until > now
     ):
-        secrets.append(
-            cipher.decrypt(row.previous_key_id, bytes(row.previous_secret_ciphertext), aad=aad)
-        )
+        try:
+            secrets.append(
+                cipher.decrypt(row.previous_key_id, bytes(row.previous_secret_ciphertext), aad=aad)
+            )
+        except ExecutionFailure:
+            log.warning(
+                "previous webhook secret not decryptable; signing with the current one only",
+                extra={"webhook_id": str(row.id), "key_id": row.previous_key_id},
+            )
     return secrets
 
 
@@ -207,6 +222,15 @@ def event_body(event_type: str, occurred_at: datetime, data: dict[str, Any]) -> 
 # ---- endpoints (the API's use cases) ---------------------------------------------------------
 
 
+class WebhookLimitReached(EngineError):
+    """A user has as many live endpoints as WEBHOOK_MAX_ENDPOINTS_PER_USER allows: each endpoint
+    gets a delivery per job, so the cap bounds what one user's jobs ask of the deliverers."""
+
+    code = "WEBHOOK_LIMIT_REACHED"
+    http_status = 409
+    title = "Webhook limit reached"
+
+
 class WebhookService:
     def __init__(
         self,
@@ -215,9 +239,11 @@ class WebhookService:
         *,
         allow_private: bool,
         rotation_grace_s: float,
+        max_endpoints: int = 10,
         resolve: Resolver = system_resolver,
     ) -> None:
         self._sm = sessionmaker
+        self._max_endpoints = max_endpoints
         self._cipher = cipher
         self._allow_private = allow_private
         self._grace_s = rotation_grace_s
@@ -233,7 +259,9 @@ class WebhookService:
     async def create(
         self, user_id: str, url: str, event_types: Sequence[str] | None
     ) -> tuple[EndpointRow, str]:
-        """Returns the endpoint and its secret (the only time the secret leaves)."""
+        """Returns the endpoint and its secret (the only time the secret leaves). At most
+        `max_endpoints` live endpoints per user (WebhookLimitReached), checked under a per-user
+        lock so concurrent registrations cannot overshoot it."""
         cipher = self._require_cipher()
         await check_url(url, allow_private=self._allow_private, resolve=self._resolve)
         types = list(dict.fromkeys(event_types)) if event_types else list(WEBHOOK_EVENTS)
@@ -241,6 +269,10 @@ class WebhookService:
         secret = new_secret()
         key_id, blob = cipher.encrypt(secret, aad=endpoint_aad(endpoint_id))
         async with self._sm.begin() as s:
+            if await repo.lock_user_endpoints(s, user_id) >= self._max_endpoints:
+                raise WebhookLimitReached(
+                    f"A user can register at most {self._max_endpoints} webhooks; delete one first."
+                )
             row = await repo.insert_endpoint(
                 s,
                 endpoint_id=endpoint_id,

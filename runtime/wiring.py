@@ -207,6 +207,8 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         retry_for_s=settings.webhook_retry_for_s,
         poll_interval_s=settings.webhook_poll_interval_s,
         max_in_flight=settings.webhook_max_in_flight,
+        max_in_flight_per_user=settings.webhook_max_in_flight_per_user,
+        retention_s=settings.webhook_retention_days * 86_400,
     )
 
 

@@ -122,13 +122,21 @@ def _delivery(row: DeliveryRow) -> dict[str, Any]:
     "/api/ai/webhooks",
     status_code=status.HTTP_201_CREATED,
     response_model=WebhookWithSecret,
-    responses=TOO_LARGE_RESPONSE,
+    responses={
+        **TOO_LARGE_RESPONSE,
+        409: {
+            "description": "You already have WEBHOOK_MAX_ENDPOINTS_PER_USER webhooks "
+            "(`WEBHOOK_LIMIT_REACHED`); delete one first"
+        },
+    },
     summary="Register a webhook for your jobs' ends",
     description=(
         "Deliveries of `eventTypes` (default: all of ai.job.completed, ai.job.failed, "
         "ai.job.cancelled) are POSTed to `url`, signed per the Standard Webhooks spec. The "
         "answer carries the signing `secret`, which is never shown again. In production the "
-        "URL must be https and resolve to public addresses only."
+        "URL must be https and resolve to public addresses only. A user has at most "
+        "WEBHOOK_MAX_ENDPOINTS_PER_USER (10 by default) webhooks: past it, 409 "
+        "`WEBHOOK_LIMIT_REACHED`."
     ),
 )
 async def create_webhook(body: CreateWebhookBody, state: State, principal: User) -> JSONResponse:
