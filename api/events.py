@@ -14,6 +14,12 @@ When the connection drops, the hub reconnects with a backoff and then wakes ever
 with `RESYNC`, one re-read that covers notifications lost while it was away. A queue that
 overflows (a reader stalled) is cleared and gets `RESYNC` instead. A subscription ends with its
 `async with` block (the client disconnected, or the stream ended) and its queue is dropped.
+
+Streams are bounded (`StreamSlots`): a stream holds a slot from before its response starts until
+it ends, whatever ends it (the client leaves, the job ends, the server shuts down, an error).
+Past SSE_MAX_STREAMS_PER_USER streams of one user, or SSE_MAX_STREAMS in the process, a new
+stream is refused with 429 `TOO_MANY_STREAMS` and Retry-After. The count is this process's: with
+N API processes behind a balancer, one user can hold up to N x the per-user cap.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import psycopg
 from db.jobs import JobQueries
 from db.lifecycle import JOB_CHANGED_CHANNEL
 from db.session import SessionMaker, listen_connection, ping_connection
+from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,78 @@ RESYNC = "resync"  # a queue item: re-read everything this subscriber follows
 QUEUE_SIZE = 256
 _OWNER_CACHE = 10_000
 _jobs = JobQueries()
+
+
+# Seconds a refused client waits before it tries again (streams last minutes: a few seconds
+# of delay costs nothing and keeps a reconnect loop from hammering the process).
+STREAM_RETRY_AFTER_S = 5
+
+
+class TooManyStreams(EngineError):
+    code = "TOO_MANY_STREAMS"
+    http_status = 429
+    title = "Too many event streams"
+
+
+class StreamSlot:
+    """One open stream's hold on its user's and the process's counts; `release` is idempotent,
+    so every exit path may call it."""
+
+    def __init__(self, slots: StreamSlots, user_id: str) -> None:
+        self._slots = slots
+        self.user_id = user_id
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._slots._release(self.user_id)
+
+
+class StreamSlots:
+    """Caps on the event streams one API process serves: `per_user` at once for one user,
+    `total` at once in all. Only the event loop touches the counts (no await between check and
+    increment), so two requests racing for the last slot cannot both get it."""
+
+    def __init__(self, *, per_user: int, total: int) -> None:
+        if per_user < 1 or total < 1:
+            raise ValueError("stream caps must be at least 1")
+        self.per_user = per_user
+        self.total = total
+        self._by_user: dict[str, int] = {}
+        self._open = 0
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def held_by(self, user_id: str) -> int:
+        return self._by_user.get(user_id, 0)
+
+    def acquire(self, user_id: str) -> StreamSlot:
+        """A slot for a new stream of `user_id`, or TooManyStreams (429, Retry-After)."""
+        if self._by_user.get(user_id, 0) >= self.per_user:
+            raise TooManyStreams(
+                f"At most {self.per_user} event streams per user may be open at once; close one "
+                "or try again later.",
+                retry_after_s=STREAM_RETRY_AFTER_S,
+            )
+        if self._open >= self.total:
+            raise TooManyStreams(
+                "This server has no room for another event stream; try again later.",
+                retry_after_s=STREAM_RETRY_AFTER_S,
+            )
+        self._by_user[user_id] = self._by_user.get(user_id, 0) + 1
+        self._open += 1
+        return StreamSlot(self, user_id)
+
+    def _release(self, user_id: str) -> None:
+        self._open -= 1
+        left = self._by_user.get(user_id, 0) - 1
+        if left > 0:
+            self._by_user[user_id] = left
+        else:
+            self._by_user.pop(user_id, None)
 
 
 @dataclass(eq=False)
@@ -85,6 +164,19 @@ class JobEventHub:
         self._listening = asyncio.Event()
         self._conn: psycopg.AsyncConnection[object] | None = None
         self.connects = 0  # how many times the LISTEN connection was (re)established
+        self._slots: StreamSlots | None = None
+
+    @property
+    def slots(self) -> StreamSlots | None:
+        """The stream caps, once a stream has asked for them."""
+        return self._slots
+
+    def stream_slots(self, *, per_user: int, total: int) -> StreamSlots:
+        """The process's stream caps: one `StreamSlots` per hub (one hub per API process),
+        built by the first stream with the app's settings (the same on every call)."""
+        if self._slots is None:
+            self._slots = StreamSlots(per_user=per_user, total=total)
+        return self._slots
 
     # ---- subscriptions ----------------------------------------------------------------
 

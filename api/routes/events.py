@@ -5,6 +5,11 @@ is its `updated_at` in microseconds since the epoch: it only grows, so a client 
 with `Last-Event-ID` gets the current state only if it is newer than what it has seen. Keep-alive
 comments go out every `SSE_PING_S` seconds. Wake-ups come from the process's one LISTEN
 connection (`api/events.py`); a stream re-reads its job when woken, never on a timer.
+
+Each stream holds one of the process's stream slots (`api/events.py` `StreamSlots`), taken
+after the request is authorised and released when the response ends, however it ends; a
+response that is never served releases it when it is garbage-collected. Past the caps the
+route answers 429 `TOO_MANY_STREAMS` with Retry-After.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -19,8 +25,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from api.deps import State, User
+from api.errors import PROBLEM
+from api.events import STREAM_RETRY_AFTER_S, StreamSlot
 from api.schemas import JobStatusResponse, status_response
 from db.jobs import JobQueries, JobRow
 from engine.errors import JobNotFound, ValidationFailed
@@ -37,6 +46,18 @@ _STREAM = {
     "JobStatusResponse as JSON); keep-alive comments in between.",
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
 }
+_TOO_MANY = {
+    "description": "Too many event streams open (`TOO_MANY_STREAMS`): the user's "
+    "(SSE_MAX_STREAMS_PER_USER) or this server's (SSE_MAX_STREAMS); see Retry-After",
+    "headers": {
+        "Retry-After": {
+            "description": f"Seconds to wait before reconnecting ({STREAM_RETRY_AFTER_S})",
+            "schema": {"type": "integer"},
+        }
+    },
+    "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+}
+_RESPONSES: dict[int | str, dict[str, Any]] = {200: _STREAM, 429: _TOO_MANY}
 _LAST_EVENT_ID = Header(
     alias="Last-Event-ID",
     pattern=r"^[0-9]{1,19}$",
@@ -77,8 +98,36 @@ def _event(row: JobRow, body: dict[str, Any], event_id: int | None = None) -> Se
     return ServerSentEvent(data=data, id=str(event_id or version(row)), event="status")
 
 
-def _stream(state: State, gen: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
-    return EventSourceResponse(
+class _SlottedStream(EventSourceResponse):
+    """An event stream that gives its slot back when it ends: normally (a terminal state),
+    on a client disconnect, on server shutdown or on an error, since all of them leave
+    `__call__`. A response that is never called releases the slot when it is collected."""
+
+    def __init__(self, slot: StreamSlot, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slot = slot
+        weakref.finalize(self, slot.release)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()
+
+
+def _slot(state: State, user_id: str) -> StreamSlot:
+    """A stream slot for `user_id`, or 429 TOO_MANY_STREAMS. Take it last in the route: an
+    error raised after it would leave it to the garbage collector."""
+    s = state.settings
+    slots = state.events.stream_slots(per_user=s.sse_max_streams_per_user, total=s.sse_max_streams)
+    return slots.acquire(user_id)
+
+
+def _stream(
+    state: State, slot: StreamSlot, gen: AsyncIterator[ServerSentEvent]
+) -> EventSourceResponse:
+    return _SlottedStream(
+        slot,
         gen,
         ping=state.settings.sse_ping_s,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -94,7 +143,7 @@ def _stream(state: State, gen: AsyncIterator[ServerSentEvent]) -> EventSourceRes
         "(at most 100)."
     ),
     response_class=EventSourceResponse,
-    responses={200: _STREAM},
+    responses=_RESPONSES,
 )
 async def user_events(
     state: State,
@@ -143,7 +192,7 @@ async def user_events(
                 async for ev in emit(sorted(ids)):
                     yield ev
 
-    return _stream(state, gen())
+    return _stream(state, _slot(state, user_id), gen())
 
 
 @router.get(
@@ -155,7 +204,7 @@ async def user_events(
         "state is sent only if it is newer than that event."
     ),
     response_class=EventSourceResponse,
-    responses={200: _STREAM},
+    responses=_RESPONSES,
 )
 async def job_events(
     job_id: uuid.UUID,
@@ -191,4 +240,4 @@ async def job_events(
                     return
                 await sub.next_batch()
 
-    return _stream(state, gen())
+    return _stream(state, _slot(state, principal.user_id), gen())

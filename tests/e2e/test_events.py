@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from sqlalchemy import text
 
-from api.events import JobEventHub
+from api.events import STREAM_RETRY_AFTER_S, JobEventHub, StreamSlots
+from db.jobs import JobQueries
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
@@ -237,3 +239,137 @@ async def test_the_all_jobs_stream_resumes_with_last_event_id(api: Api) -> None:
     assert {e.data["jobId"] for e in events} == {first, second}
     assert all(e.data["lifecycleStatus"] == "queued" for e in events)
     await wait_for(lambda: hub(api).subscriber_count == 0)
+
+
+# ---- bounded streams -----------------------------------------------------------------------
+
+ALL_JOBS = "/api/ai/jobs/events"
+
+
+def slots(api: Api) -> StreamSlots:
+    found = hub(api).slots
+    assert found is not None, "no stream has taken a slot yet"
+    return found
+
+
+async def test_a_users_streams_are_capped_and_a_closed_stream_frees_its_slot(
+    db: Any, env: Any
+) -> None:
+    async with start_api(env(SSE_MAX_STREAMS_PER_USER=2)) as capped:
+        job_id = await capped.create_id()
+        job_path = f"/api/ai/jobs/{job_id}/events"
+        async with contextlib.AsyncExitStack() as held:
+            for path in (ALL_JOBS, job_path):
+                r = await held.enter_async_context(
+                    capped.http.stream("GET", path, headers=capped.as_user())
+                )
+                assert r.status_code == 200
+            assert slots(capped).held_by("alice") == 2
+            # The third of alice's streams, on either route, is refused...
+            for path in (ALL_JOBS, job_path):
+                refused = await capped.http.get(path, headers=capped.as_user())
+                assert_problem(refused, 429, "TOO_MANY_STREAMS")
+                assert refused.headers["Retry-After"] == str(STREAM_RETRY_AFTER_S)
+            # ...while another user still gets one.
+            async with capped.http.stream("GET", ALL_JOBS, headers=capped.as_user("bob")) as b:
+                assert b.status_code == 200
+                assert slots(capped).held_by("bob") == 1
+        # Both clients went away: their slots are free, and alice may open streams again.
+        await wait_for(lambda: slots(capped).open == 0)
+        async with capped.http.stream("GET", ALL_JOBS, headers=capped.as_user()) as r:
+            assert r.status_code == 200
+            assert slots(capped).held_by("alice") == 1
+
+
+async def test_a_stream_that_ends_frees_its_slot(db: Any, env: Any) -> None:
+    """A job stream ends after the terminal state; its slot goes back with it."""
+    async with start_api(env(SSE_MAX_STREAMS_PER_USER=1)) as capped:
+        job_id = await capped.create_id()
+        assert (await capped.cancel(job_id)).status_code == 200
+        path = f"/api/ai/jobs/{job_id}/events"
+        for _ in range(3):  # one slot, reused: each stream ends on its own
+            events, closed = await collect(capped, path, capped.as_user(), until=lambda _: False)
+            assert closed and [e.data["lifecycleStatus"] for e in events] == ["cancelled"]
+            await wait_for(lambda: slots(capped).open == 0)
+
+
+async def test_the_process_cap_holds_across_users(db: Any, env: Any) -> None:
+    async with start_api(env(SSE_MAX_STREAMS=2)) as capped, contextlib.AsyncExitStack() as held:
+        for user in ("alice", "bob"):
+            r = await held.enter_async_context(
+                capped.http.stream("GET", ALL_JOBS, headers=capped.as_user(user))
+            )
+            assert r.status_code == 200
+        refused = await capped.http.get(ALL_JOBS, headers=capped.as_user("carol"))
+        assert_problem(refused, 429, "TOO_MANY_STREAMS")
+        assert refused.headers["Retry-After"] == str(STREAM_RETRY_AFTER_S)
+
+
+async def test_server_shutdown_frees_the_slots(db: Any, env: Any) -> None:
+    opened = asyncio.Event()
+
+    async def hold(api: Api) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            async with api.http.stream("GET", ALL_JOBS, headers=api.as_user()) as r:
+                assert r.status_code == 200
+                opened.set()
+                async for _ in r.aiter_lines():
+                    pass
+
+    async with start_api(env()) as server:
+        reader = asyncio.create_task(hold(server))
+        await asyncio.wait_for(opened.wait(), 10)
+        held = slots(server)
+        assert held.open == 1
+    # The server stopped with the stream open: the stream ended and gave its slot back.
+    await asyncio.wait_for(reader, 10)
+    assert held.open == 0
+
+
+async def test_the_resume_query_uses_its_index(db: Any) -> None:
+    """`JobQueries.changed_since` (the all-jobs stream's resume) reads the (user_id,
+    updated_at) index in order, instead of all of a user's jobs sorted."""
+    async with db.begin() as s:
+        await s.execute(
+            text(
+                """
+                INSERT INTO ai_job (id, user_id, job_type, target_type, target_id,
+                    request_fingerprint, lifecycle_status, status, queue_name, priority, input,
+                    credential_mode, prompt_version, input_schema_version,
+                    output_schema_version, max_retry_count, workflow_id, created_at, updated_at)
+                SELECT gen_random_uuid(), 'u' || (i % 50), 'synthetic', 't', 't', 'f',
+                    'queued', 'pending', 'ai-interactive', 50, '{}'::jsonb,
+                    'platform_key', 'v1', 'v1', 'v1', 0, 'w' || i,
+                    now() - i * interval '1 minute', now() - i * interval '1 minute'
+                FROM generate_series(1, 20000) AS i
+                """
+            )
+        )
+        await s.execute(text("ANALYZE ai_job"))
+        plan = "\n".join(
+            r[0]
+            for r in await s.execute(
+                text(
+                    "EXPLAIN SELECT id FROM ai_job WHERE user_id = :u "
+                    "AND updated_at > to_timestamp(:since / 1000000.0) "
+                    "ORDER BY updated_at LIMIT :lim"
+                ),
+                {"u": "u7", "since": 0, "lim": 100},
+            )
+        )
+        found = await JobQueries().changed_since(s, "u7", 0, limit=100)
+        await s.rollback()
+    assert "ix_ai_job_user_updated" in plan, plan
+    assert "Sort" not in plan, plan
+    assert len(found) == 100
+
+
+async def test_the_openapi_document_declares_the_refusal(api: Api) -> None:
+    doc = (await api.http.get("/openapi.json")).json()
+    for path in (ALL_JOBS, "/api/ai/jobs/{job_id}/events"):
+        refusal = doc["paths"][path]["get"]["responses"]["429"]
+        assert "TOO_MANY_STREAMS" in refusal["description"]
+        assert "Retry-After" in refusal["headers"]
+        assert refusal["content"]["application/problem+json"]["schema"] == {
+            "$ref": "#/components/schemas/Problem"
+        }
