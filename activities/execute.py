@@ -17,10 +17,12 @@ One attempt:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -44,9 +46,10 @@ from activities.telemetry import observe_call, retry_follows, seconds_since
 from db.errors import is_unavailable
 from db.jobs import JobRow
 from db.lifecycle import ExtendResult
+from db.provider_gate import GateKey
 from db.usage import UsageRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
-from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
+from engine.errors import ExecutionFailure, Fault, IllegalTransition, JobNotFound, LockConflict
 from engine.hashing import output_hash
 from engine.redaction import redact
 from jobs.spec import AnyJobType
@@ -66,18 +69,48 @@ class _Begun:
     job_type: AnyJobType | None = None
     api_key: str | None = None
     key_failure: ExecutionFailure | None = None
+    gate: GateKey | None = None  # the (provider, key) gate this job's call goes through
+    gate_wait_s: float = 0.0  # > 0: the gate is closed; nothing was taken or spent
+    probe: bool = False  # this attempt holds the gate's half-open probe
+
+
+@dataclass
+class _Probe:
+    """A half-open probe this attempt holds until one outcome settles it."""
+
+    gate: GateKey | None = None
+    held: bool = False
 
 
 class ExecuteStage(StageDeps):
     @activity.defn(name=EXECUTE)
     async def execute(self, inp: ExecuteInput) -> ExecuteResult:
         info = activity.info()
-        attempt = info.attempt
+        # The job's attempt number: earlier EXECUTE activities of this job (before a wait on
+        # its gate) spent `attempt_offset`; Temporal counts this activity's own.
+        attempt = inp.attempt_offset + info.attempt
         job_id = uuid.UUID(inp.job_id)
-        cfg = self._config
         owner = lock_owner()
 
-        begun = await self._begin_when_provider_admits(job_id, owner, info.workflow_run_id)
+        if inp.yield_on_gate:
+            begun = await self._begin_once(job_id, owner, info.workflow_run_id)
+            if begun.gate_wait_s > 0:
+                return ExecuteResult(output_hash="", attempt=attempt, gate_wait_s=begun.gate_wait_s)
+        else:  # a run recorded before the workflow waited on the gate itself
+            begun = await self._begin_when_provider_admits(job_id, owner, info.workflow_run_id)
+        probe = _Probe(begun.gate, begun.probe)
+        try:
+            return await self._run(inp, attempt, owner, begun, probe)
+        finally:
+            if probe.held:
+                # No outcome settled the probe (an error in the bookkeeping itself): let the
+                # next caller probe instead of waiting for the probe's TTL.
+                await asyncio.shield(self._release_probe(probe))
+
+    async def _run(
+        self, inp: ExecuteInput, attempt: int, owner: str, begun: _Begun, probe: _Probe
+    ) -> ExecuteResult:
+        cfg = self._config
         if begun.ended is not None:
             activity.logger.info(
                 "job ended before it ran", extra={"job_id": inp.job_id, "status": begun.ended}
@@ -94,7 +127,7 @@ class ExecuteStage(StageDeps):
         # the failure is written from another connection.
         if begun.key_failure is not None:
             await self._record_failure(
-                row, attempt, begun.key_failure, provider="none", model="none"
+                row, attempt, begun.key_failure, provider="none", model="none", probe=probe
             )
             fail_attempt(begun.key_failure.code, attempt=attempt)
 
@@ -136,7 +169,7 @@ class ExecuteStage(StageDeps):
             )
             begun.api_key = None
             called = True
-            response = await self._call(job_id, owner, inp, provider, request)
+            response = await self._call(row.id, owner, inp, provider, request)
             out, model_out, failure = _validated_output(jt, response)
         except TimeoutError:
             failure = ExecutionFailure(
@@ -167,6 +200,7 @@ class ExecuteStage(StageDeps):
                     provider=provider.name,
                     model=model_name,
                     latency_ms=int((time.monotonic() - started) * 1000),
+                    probe=probe,
                 )
             )
             raise
@@ -194,6 +228,7 @@ class ExecuteStage(StageDeps):
                 model=model_name,
                 latency_ms=latency_ms,
                 response=response,
+                probe=probe,
             )
             retry_after = failure.retry_after_float
             if retry_after is not None:
@@ -211,10 +246,15 @@ class ExecuteStage(StageDeps):
         digest = output_hash(out)
         usage = self._usage_row(row, attempt, response, None, latency_ms)
         # The provider answered: a database outage now must not cost another provider call.
-        outcome, projected = await db_retry(
-            lambda: self._finish(row, model_out, owner, attempt, usage, out, digest),
-            budget_s=cfg.db_retry_budget_s,
-        )
+        # Heartbeats go on until the last commit: a slow or locked database while saving a paid
+        # answer must never look like a dead worker to Temporal (which would start a second
+        # attempt, and a second call).
+        async with _heartbeating(cfg):
+            outcome, projected = await db_retry(
+                lambda: self._finish(row, model_out, owner, attempt, usage, out, digest, probe),
+                budget_s=cfg.db_retry_budget_s,
+            )
+        probe.held = False  # settled in that commit: the key answered
         if outcome == "cancelled":
             fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
         if outcome == "not_owner":
@@ -233,24 +273,33 @@ class ExecuteStage(StageDeps):
         """The first transaction, once the job's provider admits a call. While it is paused
         (a 429's Retry-After) or its breaker is open, the transaction is rolled back (the job
         stays `queued`), the attempt is not spent, and this slot waits, heartbeating."""
-        cfg = self._config
         announced = False
         while True:
+            begun = await self._begin_once(job_id, owner, run_id)
+            if begun.gate_wait_s <= 0:
+                return begun
+            if not announced:
+                log.info(
+                    "provider paused; the job waits without spending an attempt",
+                    extra={"job_id": str(job_id)},
+                )
+                announced = True
+            deadline = time.monotonic() + min(max(begun.gate_wait_s, 0.2), 5.0)
+            while time.monotonic() < deadline:
+                activity.heartbeat()
+                await asyncio.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
+
+    async def _begin_once(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
+        """The first transaction, heartbeating while the database is slow or away. A closed
+        gate rolls it back (the job stays `queued`) and says how long to wait."""
+        cfg = self._config
+        async with _heartbeating(cfg):
             try:
                 return await db_retry(
                     lambda: self._begin(job_id, owner, run_id), budget_s=cfg.db_retry_budget_s
                 )
             except _ProviderClosed as closed:
-                if not announced:
-                    log.info(
-                        "provider paused; the job waits without spending an attempt",
-                        extra={"job_id": str(job_id), "provider": closed.provider},
-                    )
-                    announced = True
-                deadline = time.monotonic() + min(max(closed.wait_s, 0.2), 5.0)
-                while time.monotonic() < deadline:
-                    activity.heartbeat()
-                    await asyncio.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
+                return _Begun(gate_wait_s=closed.wait_s)
 
     async def _begin(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
         cfg = self._config
@@ -281,14 +330,21 @@ class ExecuteStage(StageDeps):
             if snapshot is None:
                 fail_final("INTERNAL_SNAPSHOT_MISSING")
             jt = self._catalog.get(row.job_type)
-            provider = self._gateway.provider_for(jt, row.credential_mode).name
-            if provider != "synthetic":
-                wait_s = await self._gate.wait_seconds(
-                    s, provider, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
+            gate = self._gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
+            admission = None
+            if gate is not None:
+                admission = await self._gate.admit(
+                    s, gate, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
                 )
-                if wait_s > 0:
-                    raise _ProviderClosed(provider, wait_s)  # rolls the CAS back: still queued
-            begun = _Begun(row=row, snapshot=snapshot, job_type=jt)
+                if admission.wait_s > 0:
+                    raise _ProviderClosed(admission.wait_s)  # rolls the CAS back: still queued
+            begun = _Begun(
+                row=row,
+                snapshot=snapshot,
+                job_type=jt,
+                gate=gate,
+                probe=bool(admission and admission.probe),
+            )
             try:
                 begun.api_key = await self._gateway.api_key(
                     s, jt, row.user_id, row.credential_mode, row.credential_id
@@ -365,6 +421,7 @@ class ExecuteStage(StageDeps):
         usage: UsageRow,
         out: dict[str, Any],
         digest: str,
+        probe: _Probe,
     ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
         """One transaction while the slot is still held: the paid call's usage row always;
         then, while the job is still ours and nobody asked to cancel it, the output and, in a
@@ -374,13 +431,13 @@ class ExecuteStage(StageDeps):
         async with self._sm.begin() as s:
             await self._usage.insert(s, usage)
             await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
-            if usage.provider != "synthetic":
-                await self._gate.succeeded(s, usage.provider)
+            if probe.gate is not None:
+                await self._gate.reachable(s, probe.gate)
             ext = await self._lifecycle.extend_lock(s, row.id, owner=owner, ttl_s=cfg.lock_ttl_s)
             if not ext.extended:
                 return "not_owner", None
             if ext.cancel_requested:
-                return "cancelled", None
+                return "cancelled", None  # the commit still settles the probe
             await self._jobs.store_output(
                 s, row.id, owner=owner, output=out, output_hash=digest, progress=60
             )
@@ -410,17 +467,20 @@ class ExecuteStage(StageDeps):
         *,
         provider: str,
         model: str,
+        probe: _Probe,
         latency_ms: int = 0,
         response: ProviderResponse | None = None,
     ) -> None:
+        """The failed attempt's usage row and bookkeeping, and what the failure tells the job's
+        gate, in one transaction (heartbeating: a slow database is not a dead worker)."""
         cfg = self._config
-        async with self._sm.begin() as s:
+        async with _heartbeating(cfg), self._sm.begin() as s:
             await self._usage.insert(
                 s,
                 self._usage_row(row, attempt, response, failure.code, latency_ms, provider, model),
             )
-            if provider not in ("synthetic", "none"):
-                await self._note_provider_failure(s, row, provider, failure, cfg)
+            if probe.gate is not None:
+                await self._note_provider_failure(s, row, probe, failure, cfg)
             await self._jobs.record_attempt(
                 s,
                 row.id,
@@ -428,44 +488,74 @@ class ExecuteStage(StageDeps):
                 internal_error=failure.internal_message or failure.code,
                 correction_hint=failure.correction_hint,
             )
+        probe.held = False
         log.info(
             "provider attempt failed",
-            extra={"job_id": str(row.id), "attempt": attempt, "error_code": failure.code},
+            extra={
+                "job_id": str(row.id),
+                "attempt": attempt,
+                "error_code": failure.code,
+                "fault": failure.fault.value,
+            },
         )
 
     async def _note_provider_failure(
         self,
         s: AsyncSession,
         row: JobRow,
-        provider: str,
+        probe: _Probe,
         failure: ExecutionFailure,
         cfg: EngineConfig,
     ) -> None:
-        """What this failure tells every worker about the provider: a 429 pauses its calls for
-        the Retry-After; failures that say the provider is down count towards the breaker."""
+        """What this failure tells every worker about the job's (provider, key): a 429 pauses
+        that key's calls for the Retry-After; only health failures (5xx, transport errors,
+        timeouts) count towards its breaker; any other answer shows the provider reachable.
+        A request's own error (400, 413, 422...) and a key's (401/403, 402) touch no other
+        job. A probe that learned nothing (no call, a cancel) is released."""
+        gate = probe.gate
+        assert gate is not None
         if failure.code == "PROVIDER_RATE_LIMITED":
             pause_s = min(failure.retry_after_float or 1.0, cfg.retry_after_max_s)
-            await self._gate.pause(s, provider, pause_s)
+            await self._gate.pause(s, gate, pause_s)
             log.warning(
-                "provider rate limited; its calls pause on every worker",
-                extra={"provider": provider, "pause_s": pause_s, "alert": "AIJOBS_PROVIDER_PAUSED"},
+                "provider rate limited this key; its calls pause on every worker",
+                extra={
+                    "job_id": str(row.id),
+                    "provider": gate.provider,
+                    "key_kind": gate.key_ref.partition(":")[0],
+                    "pause_s": pause_s,
+                    "alert": "AIJOBS_PROVIDER_PAUSED",
+                },
             )
-        elif failure.code in ("PROVIDER_UNAVAILABLE", "PROVIDER_TIMEOUT", "TIMEOUT"):
+        elif failure.fault is Fault.PROVIDER:
             opened = await self._gate.failed(
-                s,
-                provider,
-                threshold=cfg.breaker_failures,
-                cooldown_s=cfg.breaker_cooldown_s,
+                s, gate, threshold=cfg.breaker_failures, cooldown_s=cfg.breaker_cooldown_s
             )
             if opened:
                 log.warning(
-                    "provider keeps failing; its circuit breaker is open",
+                    "provider keeps failing for this key; its circuit breaker is open",
                     extra={
-                        "provider": provider,
+                        "job_id": str(row.id),
+                        "provider": gate.provider,
+                        "key_kind": gate.key_ref.partition(":")[0],
                         "cooldown_s": cfg.breaker_cooldown_s,
                         "alert": "AIJOBS_PROVIDER_BREAKER_OPEN",
                     },
                 )
+        elif failure.answered:
+            await self._gate.reachable(s, gate)
+        elif probe.held:
+            await self._gate.release_probe(s, gate)
+
+    async def _release_probe(self, probe: _Probe) -> None:
+        if probe.gate is None:
+            return
+        try:
+            async with self._sm.begin() as s:
+                await self._gate.release_probe(s, probe.gate)
+            probe.held = False
+        except Exception:  # the probe's TTL still bounds it
+            log.warning("could not release a provider probe", exc_info=True)
 
     def _usage_row(
         self,
@@ -531,12 +621,29 @@ def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 class _ProviderClosed(Exception):
-    """The job's provider is paused or its breaker is open: wait, then ask again."""
+    """The job's (provider, key) is paused or its breaker is open: wait, then ask again."""
 
-    def __init__(self, provider: str, wait_s: float) -> None:
-        super().__init__(provider)
-        self.provider = provider
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"wait {wait_s:.1f}s")
         self.wait_s = wait_s
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating(cfg: EngineConfig) -> AsyncIterator[None]:
+    """Heartbeat to Temporal on its own clock while the body runs (a transaction that waits on
+    a lock or a reconnect), so only a dead worker, never a slow database, times EXECUTE out."""
+    interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    task = asyncio.ensure_future(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
 
 
 class _SelfCancelled(Exception):

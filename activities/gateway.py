@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.credentials import CredentialRepository, CredentialRow
+from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import ExecutionFailure
 from jobs.spec import AnyJobType
@@ -46,6 +47,20 @@ class Gateway:
         # Any synthetic provider (also the offline default built when no key/base URL is set)
         # answers as model "synthetic": its calls are free and must not be priced as AI_MODEL.
         return "synthetic" if self.provider_for(jt, mode).name == "synthetic" else self.model
+
+    def gate_key(
+        self, jt: AnyJobType, mode: str, user_id: str, credential_id: uuid.UUID | None
+    ) -> GateKey | None:
+        """The provider gate a job's calls go through: one per (provider, key), so one key's
+        429, balance or outage never holds another key's jobs. None: the synthetic provider,
+        which no gate guards."""
+        provider = self.provider_for(jt, mode)
+        if provider.name == "synthetic":
+            return None
+        if mode == USER_DEEPSEEK_KEY:
+            ref = f"key:{credential_id}" if credential_id else f"user:{user_id}"[:80]
+            return GateKey(provider.name, ref)
+        return GateKey(provider.name, PLATFORM_KEY_REF)
 
     async def _user_key_row(
         self, session: AsyncSession, user_id: str, credential_id: uuid.UUID | None

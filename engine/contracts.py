@@ -39,6 +39,9 @@ class JobWorkflowInput:
     jobType: str
     idempotencyKey: str
     createdAt: str
+    # Provider attempts the job spent before a continue-as-new (a long wait on its provider's
+    # gate starts a new run so the history stays bounded); 0 on the relay's start.
+    attemptsSpent: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ class ExecuteInput:
     run_id: str
     timeout_ms: int
     abort_strategy: str
+    # Provider attempts spent by earlier EXECUTE activities of this job (the job's attempt
+    # number is this plus Temporal's attempt number).
+    attempt_offset: int = 0
+    # When the job's provider key is paused or its breaker open: return at once with
+    # `gate_wait_s` (the workflow waits on a timer, holding no slot and spending no attempt)
+    # instead of waiting inside the activity (runs recorded before the gate-wait patch).
+    yield_on_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,8 @@ class ExecuteResult:
     # Set when EXECUTE ended the job itself: "succeeded" (it projected the output before it let
     # its slot go), or the state a job had already reached (cancelled while it waited).
     lifecycle_status: str | None = None
+    # > 0: the provider gate held the job; nothing happened, ask again after this long.
+    gate_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -172,3 +184,13 @@ class ReconcileResult:
     relay_restarted: bool = False
     private_data_purged: int = 0
     outbox_deleted: int = 0
+    # Enqueue rows of jobs that ended while the row was parked, closed (published, with reason).
+    enqueues_closed: int = 0
+    # What the pass cost Temporal: every RPC (describe, visibility page, cancel, start), and how
+    # many of them were describes. Bounded per pass whatever the backlog.
+    temporal_calls: int = 0
+    workflows_described: int = 0
+    # Phases that raised or overran their time budget (the others ran), and phases that
+    # stopped at a per-pass cap or their budget and left the rest for the next pass.
+    failed_phases: list[str] = field(default_factory=list)
+    phases_cut_short: list[str] = field(default_factory=list)

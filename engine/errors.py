@@ -31,6 +31,9 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("CONTENT_SAFETY_", Retry.NO),
     CodeRule("TIMEOUT", Retry.PER_DEFINITION),
     CodeRule("CREDENTIAL_", Retry.NO),
+    # The provider refused this request as it was written (too long, malformed, unknown model):
+    # sending it again changes nothing, and it says nothing about the provider's health.
+    CodeRule("REQUEST_", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
     CodeRule("INTERNAL_", Retry.ONCE),
 )
@@ -67,6 +70,17 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "TIMEOUT": "The job took too long and was stopped.",
     "CREDENTIAL_INVALID": "The AI provider rejected the credential.",
     "CREDENTIAL_MISSING": "No usable AI provider credential is configured for this job.",
+    "CREDENTIAL_INSUFFICIENT_BALANCE": (
+        "The AI provider account behind this credential has insufficient balance. "
+        "Top it up or use another key, then create the job again."
+    ),
+    "REQUEST_TOO_LARGE": (
+        "The input is too long for the AI model. Shorten it and create the job again."
+    ),
+    "REQUEST_REJECTED": (
+        "The AI provider rejected the request as invalid. Check the job's input and create "
+        "the job again; if it keeps happening, contact support."
+    ),
     "CANCELLED": "The job was cancelled.",
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
@@ -82,10 +96,29 @@ def public_message_for(code: str) -> str:
         ("VALIDATION_", PUBLIC_MESSAGES["VALIDATION_OUTPUT_INVALID"]),
         ("CONTENT_SAFETY_", PUBLIC_MESSAGES["CONTENT_SAFETY_BLOCKED"]),
         ("CREDENTIAL_", PUBLIC_MESSAGES["CREDENTIAL_INVALID"]),
+        ("REQUEST_", PUBLIC_MESSAGES["REQUEST_REJECTED"]),
     ):
         if code.startswith(prefix):
             return text
     return PUBLIC_MESSAGES["INTERNAL_ERROR"]
+
+
+class Fault(StrEnum):
+    """Whose problem a failed provider call is. Only PROVIDER faults are health signals that a
+    breaker counts; the others stay with their request or their key."""
+
+    PROVIDER = "provider"  # 5xx, transport errors, timeouts, a 429 on that key
+    REQUEST = "request"  # 400/404/413/422, a content filter, an answer that was not usable
+    KEY = "key"  # 401/403 (revoked, wrong), 402 (no balance): that key's jobs only
+
+
+def fault_of(code: str) -> Fault:
+    """The default fault of a code; a provider client may say more (see ExecutionFailure)."""
+    if code.startswith("CREDENTIAL_"):
+        return Fault.KEY
+    if code.startswith("PROVIDER_") or code == "TIMEOUT":
+        return Fault.PROVIDER
+    return Fault.REQUEST
 
 
 class EngineError(Exception):
@@ -262,12 +295,17 @@ class ExecutionFailure(EngineError):
         internal_message: str | None = None,
         retry_after_s: float | None = None,
         correction_hint: str | None = None,
+        fault: Fault | None = None,
+        answered: bool = False,
     ) -> None:
         self.code = code
         super().__init__(public_message_for(code), internal_message=internal_message)
         self.retry_after_float = retry_after_s
         # What the next attempt's prompt should be told was wrong (no user data).
         self.correction_hint = correction_hint
+        self.fault = fault if fault is not None else fault_of(code)
+        # The provider sent an HTTP answer: it is reachable, whatever the answer said.
+        self.answered = answered
 
 
 class OutboxEventNotFound(EngineError):

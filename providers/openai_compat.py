@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from engine.errors import ExecutionFailure
+from engine.errors import ExecutionFailure, Fault
 from providers.base import ProviderRequest, ProviderResponse
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
@@ -109,6 +109,18 @@ def _is_content_filter_error(body: str) -> bool:
                 return True
     lowered = body.lower()
     return "content_filter" in lowered or "content filter" in lowered
+
+
+# What OpenAI-compatible servers say when the prompt plus max_tokens exceed the model's window
+# (OpenAI: "maximum context length", code context_length_exceeded; DeepSeek the same text).
+_TOO_LONG = re.compile(
+    r"(?i)context[_ ]length|maximum context|too many tokens|too long|token limit"
+)
+
+
+def _is_too_long_error(body: str) -> bool:
+    """Whether a 4xx error body says the request is too large for the model."""
+    return bool(_TOO_LONG.search(body))
 
 
 def _as_token_count(value: Any) -> int:
@@ -213,33 +225,56 @@ class OpenAICompatibleProvider:
     def _status_failure(
         self, response: httpx.Response, request: ProviderRequest
     ) -> ExecutionFailure:
+        """Whose problem an HTTP error is (engine.errors.Fault): the provider's health (5xx, 408,
+        a 429 on this key), the key's (401/403, 402), or this request's (other 4xx). Only the
+        first is retried as an outage and counted by the key's breaker."""
         status = response.status_code
         body = response.text
         snippet = _safe_snippet(body, request)
+        internal = f"HTTP {status}: {snippet}"
         if status in (401, 403):
+            return ExecutionFailure("CREDENTIAL_INVALID", internal_message=internal, answered=True)
+        if status == 402:
             return ExecutionFailure(
-                "CREDENTIAL_INVALID", internal_message=f"HTTP {status}: {snippet}"
+                "CREDENTIAL_INSUFFICIENT_BALANCE", internal_message=internal, answered=True
             )
         if status == 429:
             return ExecutionFailure(
                 "PROVIDER_RATE_LIMITED",
                 internal_message=f"HTTP 429: {snippet}",
                 retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+                answered=True,
+            )
+        if status == 408:
+            return ExecutionFailure(
+                "PROVIDER_TIMEOUT", internal_message=f"HTTP 408: {snippet}", answered=True
             )
         if 400 <= status < 500 and _is_content_filter_error(body):
             return ExecutionFailure(
                 "CONTENT_SAFETY_BLOCKED",
                 internal_message=f"HTTP {status}: provider content filter",
+                answered=True,
             )
-        if status >= 500:
+        if status == 413 or (400 <= status < 500 and _is_too_long_error(body)):
             return ExecutionFailure(
-                "PROVIDER_UNAVAILABLE", internal_message=f"HTTP {status} server error: {snippet}"
+                "REQUEST_TOO_LARGE",
+                internal_message=f"HTTP {status} request too large: {snippet}",
+                answered=True,
             )
         if 400 <= status < 500:
             return ExecutionFailure(
-                "PROVIDER_UNAVAILABLE",
+                "REQUEST_REJECTED",
                 internal_message=f"HTTP {status} request rejected by provider: {snippet}",
+                answered=True,
             )
+        if status >= 500:
+            return ExecutionFailure(
+                "PROVIDER_UNAVAILABLE",
+                internal_message=f"HTTP {status} server error: {snippet}",
+                answered=True,
+            )
+        # 1xx/3xx where an answer was expected: the endpoint is misconfigured (a redirect to a
+        # login page, a proxy). Not this request's fault, and not a healthy provider either.
         return ExecutionFailure(
             "PROVIDER_UNAVAILABLE", internal_message=f"HTTP {status} unexpected status"
         )
@@ -247,9 +282,13 @@ class OpenAICompatibleProvider:
     def _parse_success(
         self, response: httpx.Response, request: ProviderRequest, latency_ms: int
     ) -> ProviderResponse:
+        # A 2xx that is not a chat completion: retried, but the provider did answer, so it is
+        # no outage signal (a proxy's error page must not open the breaker for everyone).
         malformed = ExecutionFailure(
             "PROVIDER_UNAVAILABLE",
             internal_message=f"HTTP {response.status_code}: malformed response",
+            fault=Fault.REQUEST,
+            answered=True,
         )
         try:
             data = response.json()
@@ -263,7 +302,9 @@ class OpenAICompatibleProvider:
         choice: dict[str, Any] = choices[0]
         if choice.get("finish_reason") == "content_filter":
             raise ExecutionFailure(
-                "CONTENT_SAFETY_BLOCKED", internal_message="finish_reason content_filter"
+                "CONTENT_SAFETY_BLOCKED",
+                internal_message="finish_reason content_filter",
+                answered=True,
             )
         message = choice.get("message")
         if not isinstance(message, dict):

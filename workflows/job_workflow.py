@@ -89,12 +89,32 @@ BOOKKEEPING_RETRY = RetryPolicy(
 )
 LOCAL_TIMEOUT = timedelta(seconds=30)
 # Codes that never retry; the activity also sets non_retryable on them.
-NON_RETRYABLE = ["CONTENT_SAFETY_BLOCKED", "CREDENTIAL_INVALID", "CREDENTIAL_MISSING", "CANCELLED"]
+NON_RETRYABLE = [
+    "CONTENT_SAFETY_BLOCKED",
+    "CREDENTIAL_INVALID",
+    "CREDENTIAL_MISSING",
+    "CREDENTIAL_INSUFFICIENT_BALANCE",
+    "REQUEST_TOO_LARGE",
+    "REQUEST_REJECTED",
+    "CANCELLED",
+]
 
 # Patch ids: each one gates a change of the commands a run issues (see the module docstring).
 SKIP_COMPLETE_STAGE = "skip-complete-stage"
 # EXECUTE does the CAS queued -> running when a worker slot starts it; RESOLVE no longer runs.
 EXECUTE_OWNS_RUNNING = "execute-owns-running"
+# A job whose provider key is paused or whose breaker is open waits here, on a timer, instead
+# of inside EXECUTE: it holds no slot, spends no attempt and no EXECUTE timeout runs while it
+# waits, however long the provider stays closed.
+GATE_WAIT_IN_WORKFLOW = "gate-wait-in-workflow"
+
+# Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
+# gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job
+# a few events a minute, and a reopened gate is seen within the cap.
+GATE_WAIT_CAP_S = 15.0
+# Past this many history events while waiting on the gate, the run continues as new (with the
+# attempts it spent), so a job's history stays small whatever the outage's length.
+GATE_WAIT_HISTORY_LIMIT = 2_000
 
 
 def _error_code(err: BaseException) -> str:
@@ -138,7 +158,10 @@ class JobWorkflowBase:
                 # projects it before it lets the slot go, so `running` means a slot works on
                 # it; it also finds a job that ended while it waited, before any provider call.
                 # PROJECT runs only when the projection inside EXECUTE failed.
-                executed = await self._execute(inp, plan)
+                if workflow.patched(GATE_WAIT_IN_WORKFLOW):
+                    executed = await self._execute_through_gate(inp, plan)
+                else:
+                    executed = await self._execute(inp, plan)
                 if executed.lifecycle_status is not None:
                     # Projected inside EXECUTE (succeeded), or ended before it ran.
                     self._set_status(executed.lifecycle_status)
@@ -210,8 +233,43 @@ class JobWorkflowBase:
                 ) from None
             return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
 
+    async def _execute_through_gate(
+        self, inp: JobWorkflowInput, plan: ExecutionPlan
+    ) -> ExecuteResult:
+        """EXECUTE, asked again after each wait its provider gate names. A gated EXECUTE
+        returned before it took the job (still `queued`, progress 0) and before it spent an
+        attempt; the next one starts with the attempts spent so far and only the remaining
+        ones in its retry policy."""
+        spent = inp.attemptsSpent
+        looks = 0
+        while True:
+            executed = await self._execute(inp, plan, attempt_offset=spent, yield_on_gate=True)
+            if executed.gate_wait_s <= 0:
+                return executed
+            spent = max(spent, executed.attempt - 1)
+            looks += 1
+            wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
+            # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
+            await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
+            if workflow.info().get_current_history_length() > GATE_WAIT_HISTORY_LIMIT:
+                workflow.continue_as_new(
+                    JobWorkflowInput(
+                        jobId=inp.jobId,
+                        jobType=inp.jobType,
+                        idempotencyKey=inp.idempotencyKey,
+                        createdAt=inp.createdAt,
+                        attemptsSpent=spent,
+                    )
+                )
+
     @staticmethod
-    async def _execute(inp: JobWorkflowInput, plan: ExecutionPlan) -> ExecuteResult:
+    async def _execute(
+        inp: JobWorkflowInput,
+        plan: ExecutionPlan,
+        *,
+        attempt_offset: int = 0,
+        yield_on_gate: bool = False,
+    ) -> ExecuteResult:
         info = workflow.info()
         executed: ExecuteResult = await workflow.execute_activity(
             EXECUTE,
@@ -221,6 +279,8 @@ class JobWorkflowBase:
                 run_id=info.run_id,
                 timeout_ms=plan.timeout_ms,
                 abort_strategy=plan.abort_strategy,
+                attempt_offset=attempt_offset,
+                yield_on_gate=yield_on_gate,
             ),
             result_type=ExecuteResult,
             # The activity enforces timeoutMs itself (-> TIMEOUT per abortStrategy); this is
@@ -232,7 +292,7 @@ class JobWorkflowBase:
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(milliseconds=max(plan.backoff_ms, 1)),
                 backoff_coefficient=2.0,
-                maximum_attempts=plan.max_attempts,
+                maximum_attempts=max(plan.max_attempts - attempt_offset, 1),
                 non_retryable_error_types=NON_RETRYABLE,
             ),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,

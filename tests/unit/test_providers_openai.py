@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.errors import ExecutionFailure
+from engine.errors import ExecutionFailure, Fault, is_retryable
 from providers.base import Provider, ProviderRequest
 from providers.openai_compat import OpenAICompatibleProvider, parse_retry_after
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -176,16 +176,60 @@ async def test_server_errors_are_provider_unavailable(
     assert "overloaded" in internal  # the (scrubbed) error body snippet is kept for operators
 
 
-async def test_other_client_errors_are_unavailable_with_distinct_message(
+@pytest.mark.parametrize("status", [400, 404, 409, 422])
+async def test_other_client_errors_are_the_requests_own(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider, status: int
+) -> None:
+    """A request the provider refused as written: one attempt, never a health signal."""
+    fake.script([{"kind": "status", "status": status, "message": "unknown parameter"}])
+    failure = await expect_failure(provider)
+    assert failure.code == "REQUEST_REJECTED"
+    assert (failure.fault, failure.answered) == (Fault.REQUEST, True)
+    assert not is_retryable(failure.code, attempt=1)
+    assert f"HTTP {status}" in (failure.internal_message or "")
+    assert "rejected" in (failure.internal_message or "")
+    assert "input" in failure.public_message  # tells the user what to change
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (400, "This model's maximum context length is 65536 tokens."),
+        (400, "Request too long"),
+        (422, "context_length_exceeded"),
+        (413, "payload too large"),
+    ],
+)
+async def test_a_request_too_large_for_the_model_says_so(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider, status: int, message: str
+) -> None:
+    fake.script([{"kind": "status", "status": status, "message": message}])
+    failure = await expect_failure(provider)
+    assert failure.code == "REQUEST_TOO_LARGE"
+    assert failure.fault is Fault.REQUEST
+    assert not is_retryable(failure.code, attempt=1)
+    assert "too long" in failure.public_message and "Shorten" in failure.public_message
+
+
+async def test_insufficient_balance_is_the_keys_problem(
     fake: FakeOpenAIServer, provider: OpenAICompatibleProvider
 ) -> None:
-    fake.script([{"kind": "status", "status": 404}, {"kind": "status", "status": 500}])
-    client_error = await expect_failure(provider)
-    server_error = await expect_failure(provider)
-    assert client_error.code == server_error.code == "PROVIDER_UNAVAILABLE"
-    assert "HTTP 404" in (client_error.internal_message or "")
-    assert client_error.internal_message != server_error.internal_message
-    assert "rejected" in (client_error.internal_message or "")
+    fake.script([{"kind": "status", "status": 402, "message": "Insufficient Balance"}])
+    failure = await expect_failure(provider)
+    assert failure.code == "CREDENTIAL_INSUFFICIENT_BALANCE"
+    assert (failure.fault, failure.answered) == (Fault.KEY, True)
+    assert not is_retryable(failure.code, attempt=1)
+    assert "balance" in failure.public_message
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_server_errors_are_health_failures(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider, status: int
+) -> None:
+    fake.script([{"kind": "status", "status": status}])
+    failure = await expect_failure(provider)
+    assert failure.fault is Fault.PROVIDER
+    assert is_retryable(failure.code, attempt=1)
 
 
 async def test_error_body_snippet_is_bounded(
@@ -218,7 +262,7 @@ async def test_plain_bad_request_is_not_content_safety(
 ) -> None:
     fake.script([{"kind": "status", "status": 400, "code": "invalid_request_error"}])
     failure = await expect_failure(provider)
-    assert failure.code == "PROVIDER_UNAVAILABLE"
+    assert failure.code == "REQUEST_REJECTED"
 
 
 async def test_malformed_success_is_provider_unavailable(
@@ -228,6 +272,8 @@ async def test_malformed_success_is_provider_unavailable(
     failure = await expect_failure(provider)
     assert failure.code == "PROVIDER_UNAVAILABLE"
     assert "malformed response" in (failure.internal_message or "")
+    # Retried, but the provider answered: no outage signal for the breaker.
+    assert (failure.fault, failure.answered) == (Fault.REQUEST, True)
 
 
 @pytest.mark.parametrize(
