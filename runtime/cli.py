@@ -272,7 +272,12 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 async def _rotate_keys_main(s: Settings) -> int:
-    from jobs.credentials import credential_cipher, rotate_credential_keys
+    """Every encrypted column (db/models.py marks them) under the keyring's current key; one
+    summary line per column. Exit 1 when a required secret (a user's provider key, a webhook's
+    signing secret) is not decryptable by the ring; a webhook's previous secret that is not is
+    skipped and counted."""
+    from jobs.credentials import credential_cipher
+    from jobs.key_rotation import rotate_keys
     from runtime.wiring import build_parts
 
     keyring = credential_cipher(s)
@@ -281,14 +286,12 @@ async def _rotate_keys_main(s: Settings) -> int:
         return 2
     parts = build_parts(s)
     try:
-        rotated, current, failed = await rotate_credential_keys(parts.sessionmaker, keyring)
+        summary = await rotate_keys(parts.sessionmaker, keyring)
     finally:
         await parts.close()
-    print(
-        f"re-encrypted {rotated} credential(s) under key {keyring.current_key_id}; "
-        f"{current} already current; {failed} not decryptable"
-    )
-    return 1 if failed else 0
+    for column in summary.columns:
+        print(column.line(keyring.current_key_id))
+    return 1 if summary.failed else 0
 
 
 def cmd_rotate_keys(args: argparse.Namespace) -> int:
@@ -346,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser(
         "rotate-keys",
-        help="re-encrypt user credentials under the current CREDENTIAL_ENCRYPTION_KEY key id",
+        help="re-encrypt every stored secret (users' provider keys, webhook signing secrets) "
+        "under the current CREDENTIAL_ENCRYPTION_KEY key id",
     ).set_defaults(func=cmd_rotate_keys)
 
     o = sub.add_parser("outbox-dead", help="list dead outbox events")
