@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 
 from api import cursors
 from api.deps import Admin, State, User
+from api.errors import PROBLEM
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
 from db import webhooks as repo
@@ -126,7 +127,8 @@ def _delivery(row: DeliveryRow) -> dict[str, Any]:
         **TOO_LARGE_RESPONSE,
         409: {
             "description": "You already have WEBHOOK_MAX_ENDPOINTS_PER_USER webhooks "
-            "(`WEBHOOK_LIMIT_REACHED`); delete one first"
+            "(`WEBHOOK_LIMIT_REACHED`); delete one first",
+            "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         },
     },
     summary="Register a webhook for your jobs' ends",

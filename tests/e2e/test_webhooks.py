@@ -514,3 +514,44 @@ def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
         delays = [d.backoff_s(attempt) for _ in range(50)]
         assert all(0.75 * nominal <= x < 1.25 * nominal for x in delays), (attempt, delays)
         assert len(set(delays)) > 1
+
+
+async def test_a_user_has_at_most_the_endpoint_cap(api: Api) -> None:
+    cap = api.settings.webhook_max_endpoints_per_user
+    assert cap == 10  # the default
+    hooks = [await register(api, f"http://127.0.0.1:9/hook/{i}") for i in range(cap)]
+    r = await api.http.post(
+        "/api/ai/webhooks", json={"url": "http://127.0.0.1:9/one-more"}, headers=api.as_user()
+    )
+    problem = assert_problem(r, 409, "WEBHOOK_LIMIT_REACHED")
+    assert "secret" not in r.text and "127.0.0.1" not in problem.get("detail", "")
+    # The cap is per user: someone else still registers.
+    await register(api, "http://127.0.0.1:9/bob", user="bob")
+    # Deleting one frees its place.
+    r = await api.http.delete(f"/api/ai/webhooks/{hooks[0]['webhookId']}", headers=api.as_user())
+    assert r.status_code == 204
+    await register(api, "http://127.0.0.1:9/again")
+    listed = (await api.http.get("/api/ai/webhooks", headers=api.as_user())).json()["items"]
+    assert len(listed) == cap
+
+
+async def test_concurrent_registrations_cannot_overshoot_the_cap(api: Api) -> None:
+    cap = api.settings.webhook_max_endpoints_per_user
+    answers = await asyncio.gather(
+        *(
+            api.http.post(
+                "/api/ai/webhooks",
+                json={"url": f"http://127.0.0.1:9/race/{i}"},
+                headers=api.as_user("racer"),
+            )
+            for i in range(cap + 5)
+        )
+    )
+    assert sorted(r.status_code for r in answers) == [201] * cap + [409] * 5
+
+
+async def test_the_endpoint_cap_is_in_the_openapi_document(api: Api) -> None:
+    doc = (await api.http.get("/openapi.json")).json()
+    answer = doc["paths"]["/api/ai/webhooks"]["post"]["responses"]["409"]
+    assert "WEBHOOK_LIMIT_REACHED" in answer["description"]
+    assert "application/problem+json" in answer["content"]
