@@ -166,6 +166,18 @@ async def ensure_system_workflows(client: Client, settings: Settings) -> None:
         )
 
 
+async def shutdown_together(workers: Sequence[Worker]) -> None:
+    """Stop every worker at once and wait until all have drained. One after another, each
+    would keep polling while those before it drained, taking new calls that it then drained
+    too: a stop could last the sum of the drains (2 x WORKER_DRAIN_S for both job queues),
+    past compose's stop_grace_period. Together, no worker takes new work once the stop begins
+    and the stop lasts the longest drain."""
+    results = await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            log.warning("a worker failed to shut down cleanly: %s", type(result).__name__)
+
+
 async def run_workers(
     client: Client,
     parts: Parts,
@@ -185,11 +197,23 @@ async def run_workers(
         async with contextlib.AsyncExitStack() as stack:
             for w in workers:
                 await stack.enter_async_context(w)
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                # Leaving the stack would shut the workers down one after another; this stops
+                # them all first (the stack's own shutdowns then return at once).
+                await shutdown_together(workers)
     finally:
         if deliverer is not None:
             stop.set()
             await deliverer
 
 
-__all__ = ["ALL_QUEUES", "build_workers", "ensure_system_workflows", "relay_config", "run_workers"]
+__all__ = [
+    "ALL_QUEUES",
+    "build_workers",
+    "ensure_system_workflows",
+    "relay_config",
+    "run_workers",
+    "shutdown_together",
+]
