@@ -160,6 +160,7 @@ class ExecuteStage(StageDeps):
                 user_prompt=prompt.user,
                 output_schema=_output_schema(output_model),
                 timeout_s=inp.timeout_ms / 1000,
+                max_tokens=jt.definition.execution.max_output_tokens,
                 api_key=begun.api_key,
                 synthetic=(
                     jt.synthetic_behaviour(model_in)

@@ -47,6 +47,9 @@ class Execution(_Frozen):
     cancellable: bool = True
     # After a retryable failure: "retry" spends the job's retries, "fail" ends the job.
     abort_strategy: Literal["fail", "retry"] = "retry"
+    # The most tokens one answer may take: sent as the request's `max_tokens`, and counted with
+    # the prompt against the model's context window before a job is accepted.
+    max_output_tokens: int = Field(default=4096, ge=1, le=131_072)
 
 
 class SchemaVersion(_Frozen):

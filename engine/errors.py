@@ -199,6 +199,15 @@ class QuotaExceeded(EngineError):
     title = "Job quota exceeded"
 
 
+class RequestTooLarge(EngineError):
+    """The job's prompt and output budget cannot fit the model's context window: refused at
+    create, before anything is queued or paid for."""
+
+    code = "REQUEST_TOO_LARGE"
+    http_status = 422
+    title = "Input too long for the AI model"
+
+
 class PayloadTooLarge(EngineError):
     code = "PAYLOAD_TOO_LARGE"
     http_status = 413

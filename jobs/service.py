@@ -41,6 +41,7 @@ from engine.errors import (
     JobNotRetryable,
     PlatformUnavailable,
     QuotaExceeded,
+    RequestTooLarge,
     TooManyJobs,
     UnknownJobType,
     ValidationFailed,
@@ -48,6 +49,7 @@ from engine.errors import (
 from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
+from engine.tokens import estimate_prompt_tokens
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
 
@@ -69,6 +71,8 @@ class CreatePolicy:
     # The key for the pseudonymous fairness key (HMAC of the user id); weights per user.
     fairness_secret: bytes = b"aijobs-fairness"
     fairness_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Tokens the configured model accepts (prompt and answer); None: unknown, no check.
+    context_window: int | None = None
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible
@@ -158,6 +162,23 @@ class JobService:
                 errors=validation_errors(exc),
             ) from None
 
+    def _check_fits_the_model(self, jt: AnyJobType, model: BaseModel) -> None:
+        """Refuse (422 REQUEST_TOO_LARGE, naming the limit) a job whose prompt, by a lower-bound
+        estimate, plus its output budget cannot fit the model's context window: no provider
+        call could succeed, so nothing is queued, retried or paid for."""
+        window = self._policy.context_window
+        if window is None or jt.always_synthetic:
+            return
+        prompt = jt.prompt(model, None)
+        needed = estimate_prompt_tokens(prompt.system, prompt.user)
+        budget = jt.definition.execution.max_output_tokens
+        if needed + budget > window:
+            raise RequestTooLarge(
+                f"The input is too long for the AI model: at least {needed} prompt tokens plus "
+                f"an answer budget of {budget} exceed its context window of {window} tokens. "
+                "Shorten the input."
+            )
+
     async def create(self, req: CreateJobRequest) -> CreateJobResult:
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
         d = jt.definition
@@ -169,6 +190,7 @@ class JobService:
         mode = req.credential_mode or d.credential.default_mode
         if mode not in d.credential.allowed_modes:
             raise ValidationFailed("credentialMode is not allowed for this job type")
+        self._check_fits_the_model(jt, model)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
                 f"targetType must be one of: {', '.join(jt.target_types)}",

@@ -39,6 +39,8 @@ class ProviderRequest:
     api_key: str | None = field(default=None, repr=False)
     # What the synthetic provider answers with; other providers ignore it.
     synthetic: SyntheticBehaviour | None = None
+    # The answer's token budget (the job type's max_output_tokens); None: the provider's own.
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)

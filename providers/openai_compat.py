@@ -180,6 +180,8 @@ class OpenAICompatibleProvider:
             "response_format": {"type": "json_object"},
             "stream": False,
         }
+        if request.max_tokens is not None:
+            payload["max_tokens"] = request.max_tokens
         headers = {"Authorization": f"Bearer {request.api_key}"}
         started = time.monotonic()
         response = await self._post(payload, headers, timeout_s)

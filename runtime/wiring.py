@@ -152,6 +152,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         snapshot_ttl_days=settings.data_retention_days,
         fairness_secret=_fairness_secret(settings),
         fairness_weights=settings.fairness_weight_map(),
+        context_window=PriceTable.from_settings(settings).context_window(settings.ai_model),
     )
 
 

@@ -3,12 +3,14 @@ JSON cannot carry, and a production deployment without any provider credential."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from db.session import SessionMaker
-from engine.errors import PlatformUnavailable, ValidationFailed
+from engine.errors import PlatformUnavailable, RequestTooLarge, ValidationFailed
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
@@ -60,3 +62,34 @@ async def test_production_without_a_provider_refuses_platform_key_jobs(db: Sessi
         )
     keyed = Settings.model_validate({"AIJOBS_ENV": "production", "DEEPSEEK_API_KEY": "sk-x"})
     assert keyed.platform_key_configured
+
+
+async def test_an_input_that_cannot_fit_the_models_window_is_refused_at_create(
+    db: SessionMaker,
+) -> None:
+    """Prompt (a lower-bound estimate) + the type's output budget over the configured model's
+    context window: 422 REQUEST_TOO_LARGE naming the limit, nothing queued. A shorter input to
+    the same model is accepted."""
+    small = Settings.model_validate(
+        {
+            "AIJOBS_ENV": "test",
+            "AI_MODEL": "tiny-model",
+            "AI_MODEL_PRICES": '{"tiny-model": {"input": 1, "output": 2, "context_window": 6000}}',
+        }
+    )
+    policy = dataclasses.replace(create_policy(small), max_active_jobs=0, max_jobs_per_day=0)
+    assert policy.context_window == 6000
+    svc = JobService(db, default_catalog(), policy)
+    long_text = "Photosynthesis turns light into chemical energy in the chloroplasts. " * 200
+    with pytest.raises(RequestTooLarge) as refused:
+        await svc.create(
+            _req(job_type="flashcard_generation", input={"sourceText": long_text, "count": 2})
+        )
+    assert refused.value.http_status == 422
+    assert "6000" in refused.value.public_message and "4096" in refused.value.public_message
+    async with db() as s:
+        assert (await s.execute(text("SELECT count(*) FROM ai_job"))).scalar_one() == 0
+    fits = await svc.create(
+        _req(job_type="flashcard_generation", input={"sourceText": long_text[:2000], "count": 2})
+    )
+    assert fits.created
