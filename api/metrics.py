@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from db import webhooks
 from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
@@ -56,6 +57,7 @@ class _Snapshot:
     recent: dict[tuple[str, str], int] = field(default_factory=dict)
     outbox: dict[tuple[str, str], int] = field(default_factory=dict)
     oldest_pending_s: float = 0.0
+    webhook_backlog_s: float = 0.0
     ok: bool = False
     took_s: float = 0.0
 
@@ -75,6 +77,8 @@ class EngineStateCollector(Collector):
       served by its partial index; published rows (history, deleted after retention) are left
       out. `aijobs_outbox_oldest_pending_age_seconds`: how long the oldest pending row has
       waited (0 when none), read from the pending rows only.
+    - `aijobs_webhook_backlog_oldest_age_seconds`: how long the oldest due, undelivered webhook
+      delivery has waited for a deliverer (0 when none), from the due-rows index.
 
     The queries run with a short statement timeout and at most once per `min_interval_s`
     (several Prometheus replicas scraping share one read). `aijobs_metrics_sql_up` says whether
@@ -118,8 +122,13 @@ class EngineStateCollector(Collector):
             state = await read_engine_state(
                 s, recent_window_s=self.recent_window_s, timeout_s=self.timeout_s
             )
+            # In the same transaction: the statement timeout set above bounds it too.
+            backlog_s = await webhooks.oldest_due_age_s(s)
         snap = _Snapshot(
-            active=state.active, recent=state.recent, oldest_pending_s=state.oldest_pending_s
+            active=state.active,
+            recent=state.recent,
+            oldest_pending_s=state.oldest_pending_s,
+            webhook_backlog_s=backlog_s,
         )
         for (event_type, status), n in state.outbox.items():
             key = (event_type if event_type in _EVENT_TYPES else "other", status)
@@ -173,6 +182,13 @@ class EngineStateCollector(Collector):
         )
         age.add_metric([], snap.oldest_pending_s)
         yield age
+        backlog = GaugeMetricFamily(
+            "aijobs_webhook_backlog_oldest_age_seconds",
+            "How long the oldest due, undelivered webhook delivery has waited for a deliverer "
+            "(0 when none is due).",
+        )
+        backlog.add_metric([], snap.webhook_backlog_s)
+        yield backlog
 
 
 def _with_zeros(

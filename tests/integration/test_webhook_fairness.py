@@ -171,7 +171,7 @@ async def test_a_user_with_hanging_receivers_does_not_delay_another_users_delive
                 assert hang.most_open == FAIR.max_in_flight_per_user
 
 
-async def _fanned_out(db: SessionMaker, user: str, endpoints: int, jobs: int) -> None:
+async def fanned_out(db: SessionMaker, user: str, endpoints: int, jobs: int) -> None:
     svc = service(db)
     for i in range(endpoints):
         await svc.create(user, f"http://127.0.0.1:9/{user}/{i}", None)
@@ -182,8 +182,8 @@ async def _fanned_out(db: SessionMaker, user: str, endpoints: int, jobs: int) ->
 async def test_concurrent_claims_are_disjoint_fair_and_a_dead_claims_rows_come_back(
     db: SessionMaker,
 ) -> None:
-    await _fanned_out(db, "user-a", endpoints=6, jobs=3)  # 18 rows, older
-    await _fanned_out(db, "user-b", endpoints=1, jobs=2)  # 2 rows, newer
+    await fanned_out(db, "user-a", endpoints=6, jobs=3)  # 18 rows, older
+    await fanned_out(db, "user-b", endpoints=1, jobs=2)  # 2 rows, newer
     claim = {"limit": 16, "busy_endpoints": [], "per_user": 4, "lease_s": 60.0}
     async with db.begin() as s1, db.begin() as s2:
         first = await repo.claim_due(s1, busy_users={}, **claim)  # type: ignore[arg-type]
@@ -222,7 +222,7 @@ async def scalar_ids(db: SessionMaker, sql: str) -> list[int]:
 async def test_finished_deliveries_are_purged_after_retention_in_bounded_batches(
     db: SessionMaker,
 ) -> None:
-    await _fanned_out(db, "user-a", endpoints=1, jobs=9)
+    await fanned_out(db, "user-a", endpoints=1, jobs=9)
     ids = await scalar_ids(db, "SELECT id FROM webhook_delivery ORDER BY id")
     old_delivered, old_dead = ids[0:3], ids[3:5]
     recent_delivered, recent_dead = ids[5:6], ids[6:7]

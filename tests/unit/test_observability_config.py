@@ -62,6 +62,8 @@ def test_the_alerts_an_operator_needs_exist() -> None:
         "AijobsJobFailureRatioHigh": "aijobs_jobs_finished_total",
         "AijobsStuckWorkflows": "aijobs_stuck_workflows",
         "AijobsProviderErrorRateHigh": "aijobs_provider_calls_total",
+        "AijobsWebhookBacklogOld": "aijobs_webhook_backlog_oldest_age_seconds",
+        "AijobsWebhookDeliveriesFailing": "aijobs_webhook_deliveries_total",
     }
     for name, fragment in needed.items():
         assert fragment in rules[name]["expr"], name
