@@ -341,9 +341,17 @@ def _event_label(event_type: str) -> str:
 
 
 FailureKind = Literal["unavailable", "retry", "malformed"]
-# The server did not answer: not the row's fault, so the claim does not count as an attempt.
+# Transient conditions of the server, not the row's fault: it did not answer (UNAVAILABLE,
+# DEADLINE_EXCEEDED, CANCELLED) or it is shedding load (RESOURCE_EXHAUSTED: a rate limit or a
+# busy history shard). The row backs off and the claim does not count as an attempt, so a
+# loaded or absent Temporal never parks a job's enqueue; the relay as a whole slows down too.
 _UNREACHABLE = frozenset(
-    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+    }
 )
 
 
