@@ -74,6 +74,16 @@ LIST_COLUMNS = ", ".join(
 
 
 @dataclass(frozen=True)
+class WaitingJob:
+    """A queued job whose enqueue was published: what the reconciler checks in Temporal."""
+
+    job_id: uuid.UUID
+    workflow_id: str
+    created_at: datetime
+    event_id: int
+
+
+@dataclass(frozen=True)
 class ArtifactRef:
     artifact_type: str
     artifact_id: str
@@ -467,6 +477,75 @@ class JobQueries:
             {"age": older_than_s, "lim": limit, "after": after_id, "enqueue": ENQUEUE},
         )
         return [(r.event_id, r.job_id, r.workflow_id) for r in rows]
+
+    async def waiting_jobs_page(
+        self,
+        session: AsyncSession,
+        *,
+        published_before_s: float,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[WaitingJob]:
+        """Reconciler: `queued` jobs whose enqueue was published more than `published_before_s`
+        ago (so their workflow should exist and be visible by now), in (created_at, id) order
+        after the keyset `after`. Driven by `ix_ai_job_status_created` over queued jobs only,
+        then the job's enqueue row by `aggregate_id`: a page costs the same however many
+        published rows of finished jobs the outbox still keeps."""
+        rows = await session.execute(
+            text(
+                """
+                SELECT j.id AS job_id, j.workflow_id, j.created_at, o.id AS event_id
+                FROM ai_job j
+                JOIN outbox_event o ON o.aggregate_id = j.id::text AND o.event_type = :enqueue
+                WHERE j.lifecycle_status = 'queued'
+                  AND (CAST(:ac AS timestamptz) IS NULL
+                       OR (j.created_at, j.id) > (CAST(:ac AS timestamptz), CAST(:ai AS uuid)))
+                  AND o.status = 'published'
+                  AND o.published_at < now() - make_interval(secs => :age)
+                ORDER BY j.created_at, j.id LIMIT :lim
+                """
+            ),
+            {
+                "enqueue": ENQUEUE,
+                "age": published_before_s,
+                "ac": after[0] if after else None,
+                "ai": after[1] if after else None,
+                "lim": limit,
+            },
+        )
+        return [WaitingJob(**r._mapping) for r in rows]
+
+    async def cancel_requested_page(
+        self,
+        session: AsyncSession,
+        *,
+        older_than_s: float,
+        after: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[tuple[uuid.UUID, str, datetime]]:
+        """Reconciler: running jobs with a cancel request older than `older_than_s`, in
+        (cancel_requested_at, id) order after the keyset `after`: (job id, workflow id,
+        cancel_requested_at)."""
+        rows = await session.execute(
+            text(
+                """
+                SELECT id, workflow_id, cancel_requested_at FROM ai_job
+                WHERE lifecycle_status = 'running' AND cancel_requested_at IS NOT NULL
+                  AND cancel_requested_at < now() - make_interval(secs => :age)
+                  AND (CAST(:ac AS timestamptz) IS NULL
+                       OR (cancel_requested_at, id) > (CAST(:ac AS timestamptz),
+                                                       CAST(:ai AS uuid)))
+                ORDER BY cancel_requested_at, id LIMIT :lim
+                """
+            ),
+            {
+                "age": older_than_s,
+                "ac": after[0] if after else None,
+                "ai": after[1] if after else None,
+                "lim": limit,
+            },
+        )
+        return [(r.id, r.workflow_id, r.cancel_requested_at) for r in rows]
 
     async def running_with_cancel_requested(
         self, session: AsyncSession, *, older_than_s: float, limit: int = 100

@@ -199,6 +199,12 @@ class OutboxEvent(Base):
             "id",
             postgresql_where=text("status IN ('dead','failed')"),
         ),
+        # The reconciler's revival cursor: parked enqueue rows only, in id order.
+        Index(
+            "ix_outbox_event_parked_enqueue",
+            "id",
+            postgresql_where=text("event_type = 'ai.job.enqueue' AND status IN ('dead','failed')"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)

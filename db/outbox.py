@@ -67,6 +67,19 @@ class OutboxRow:
     trace_context: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class ParkedPage:
+    """What one page of `repair_parked_enqueues` did."""
+
+    revived: list[tuple[int, str]]  # (event id, job id)
+    closed: list[int]  # event ids
+    seen: int  # parked rows looked at
+    next_after: int  # the cursor after this page
+
+
+# A job id as the enqueue row's aggregate_id spells it; anything else names no job.
+_UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
 # The outbox_event columns an OutboxRow is read from: its fields, in order.
 _COLUMNS = ", ".join(f.name for f in fields(OutboxRow))
 
@@ -226,33 +239,100 @@ class OutboxRepository:
         cap_s: float = MAX_BACKOFF_S,
         limit: int = 500,
     ) -> list[tuple[int, str]]:
-        """Reconciler: an enqueue row parked as `failed` (or `dead` by an older relay) whose job
-        is still queued goes out again, after a capped backoff that grows with each revival
-        (`available_at` is when the row was parked plus its last backoff). Rows whose payload
-        does not name their job are left dead. Returns (event id, job id) of revived rows."""
-        rows = await session.execute(
-            text(
-                """
-                UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
-                       revive_count = o.revive_count + 1, available_at = now()
-                FROM ai_job j
-                WHERE o.status IN ('failed', 'dead') AND o.event_type = :ev
-                  AND j.id::text = o.aggregate_id AND j.lifecycle_status = 'queued'
-                  AND o.payload->>'jobId' = o.aggregate_id
-                  AND o.payload ? 'jobType' AND o.payload ? 'queueName'
-                  AND o.available_at + make_interval(secs => least(:cap,
-                        :base * power(2, least(o.revive_count, 20)))) <= now()
-                  AND o.id IN (SELECT id FROM outbox_event
-                               WHERE status IN ('failed', 'dead') ORDER BY id LIMIT :lim)
-                RETURNING o.id, o.aggregate_id
-                """
-            ),
-            {"ev": ENQUEUE, "base": base_s, "cap": cap_s, "lim": limit},
+        """The first page of `repair_parked_enqueues` (from the oldest parked row): returns the
+        (event id, job id) of the rows it revived. The reconciler pages with a cursor instead."""
+        page = await self.repair_parked_enqueues(
+            session, after_id=0, limit=limit, base_s=base_s, cap_s=cap_s
         )
-        revived = [(int(r.id), str(r.aggregate_id)) for r in rows]
+        return page.revived
+
+    async def repair_parked_enqueues(
+        self,
+        session: AsyncSession,
+        *,
+        after_id: int,
+        limit: int,
+        base_s: float = 30.0,
+        cap_s: float = MAX_BACKOFF_S,
+    ) -> ParkedPage:
+        """Reconciler, one page of the `ai.job.enqueue` rows parked as `failed` (or `dead` by an
+        older relay) with an id above `after_id`, in id order (the partial index
+        `ix_outbox_event_parked_enqueue` holds exactly these rows), each looked at once:
+
+        - its job is still `queued`: the row goes out again (`pending`, fresh attempts) once a
+          capped backoff that grows with each revival has passed (`available_at` is when the
+          row was parked plus its last backoff); a payload that does not name its job stays put;
+        - its job ended (`succeeded`, `failed`, `cancelled`): nothing is left to dispatch, so the
+          row is closed: `published` now, with the reason first in `last_error`; outbox
+          retention deletes it with the other published rows;
+        - otherwise (backoff not over, job `running`, no such job): left as it is.
+
+        Closing is what keeps the set of parked rows made of rows that may still matter, so a
+        page never fills up with rows of jobs that ended. `next_after` is the last id looked at
+        (the caller's cursor); `seen` < `limit` means the end was reached."""
+        rows = (
+            await session.execute(
+                text(
+                    """
+                    WITH page AS (
+                        SELECT o.id, j.lifecycle_status AS job_status,
+                               (j.lifecycle_status = 'queued'
+                                AND o.payload->>'jobId' = o.aggregate_id
+                                AND o.payload ? 'jobType' AND o.payload ? 'queueName'
+                                AND o.available_at + make_interval(secs => least(:cap,
+                                      :base * power(2, least(o.revive_count, 20)))) <= now())
+                                   AS due
+                        FROM outbox_event o
+                        LEFT JOIN ai_job j ON j.id = CASE
+                            WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
+                        WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
+                          AND o.id > :after
+                        ORDER BY o.id LIMIT :lim
+                    ),
+                    revived AS (
+                        UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
+                               revive_count = o.revive_count + 1, available_at = now()
+                        FROM page p
+                        WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
+                        RETURNING o.id, o.aggregate_id
+                    ),
+                    closed AS (
+                        UPDATE outbox_event o SET status = 'published', published_at = now(),
+                               locked_by = NULL, locked_at = NULL,
+                               last_error = left('closed: job ' || p.job_status
+                                   || ' while its enqueue was parked; last error: '
+                                   || coalesce(o.last_error, '-'), 2000)
+                        FROM page p
+                        WHERE o.id = p.id AND o.status IN ('failed', 'dead')
+                          AND p.job_status IN ('succeeded', 'failed', 'cancelled')
+                        RETURNING o.id
+                    )
+                    SELECT 'revived' AS kind, id, aggregate_id FROM revived
+                    UNION ALL SELECT 'closed', id, NULL FROM closed
+                    UNION ALL SELECT 'page', max(id), count(*)::text FROM page
+                    """
+                ),
+                {
+                    "ev": ENQUEUE,
+                    "base": base_s,
+                    "cap": cap_s,
+                    "lim": limit,
+                    "after": after_id,
+                    "uuid_re": _UUID_RE,
+                },
+            )
+        ).all()
+        revived = [(int(r.id), str(r.aggregate_id)) for r in rows if r.kind == "revived"]
+        closed = [int(r.id) for r in rows if r.kind == "closed"]
+        (last,) = [r for r in rows if r.kind == "page"]
         if revived:
             await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-        return revived
+        return ParkedPage(
+            revived=revived,
+            closed=closed,
+            seen=int(last.aggregate_id),
+            next_after=int(last.id) if last.id is not None else after_id,
+        )
 
     async def release_expired(self, session: AsyncSession, *, ttl_s: float) -> int:
         """`processing` rows whose claimer went silent for `ttl_s` go back to pending."""
