@@ -60,6 +60,7 @@ RECONCILER_ACTIONS = (
     "cancel_resent",
     "stuck_workflow",
     "enqueue_revived",
+    "enqueue_closed",
     "relay_restarted",
     "private_data_purged",
     "outbox_deleted",
@@ -179,6 +180,19 @@ class WorkerMetrics:
             "(log alert AIJOBS_STUCK_WORKFLOW).",
             registry=reg,
         )
+        self.reconciler_phase_failures = Counter(
+            "aijobs_reconciler_phase_failures_total",
+            "Reconciler phases that raised or overran their time budget (the pass ran the "
+            "other phases), per phase.",
+            ["phase"],
+            registry=reg,
+        )
+        self.reconciler_temporal_calls = Counter(
+            "aijobs_reconciler_temporal_calls_total",
+            "Temporal RPCs made by reconciler passes (describes, visibility pages, cancels, "
+            "starts); bounded per pass whatever the backlog.",
+            registry=reg,
+        )
         self.reconciler_last_pass = Gauge(
             "aijobs_reconciler_last_pass_timestamp_seconds",
             "Unix time at which the last reconciler pass of this process ended.",
@@ -283,12 +297,16 @@ class WorkerMetrics:
     def execute_retry(self, job_type: str, error_code: str) -> None:
         self._child(self.execute_retries, _label(job_type), error_code_label(error_code)).inc()
 
-    def reconciled(self, counts: dict[str, int], *, stuck: int) -> None:
+    def reconciled(self, counts: dict[str, int], *, stuck: int, temporal_calls: int = 0) -> None:
         for action, n in counts.items():
             if n:
                 self._child(self.reconciler_actions, action).inc(n)
         self.stuck_workflows.set(stuck)
+        self.reconciler_temporal_calls.inc(temporal_calls)
         self.reconciler_last_pass.set(time.time())
+
+    def reconciler_phase_failed(self, phase: str) -> None:
+        self._child(self.reconciler_phase_failures, _label(phase)).inc()
 
     def relayed(self, event_type: str, outcome: str) -> None:
         self._child(self.relay_dispatch, _label(event_type), outcome).inc()

@@ -1,32 +1,53 @@
 """The reconciler: makes SQL right again when it and Temporal disagree, and keeps the engine's own
-machinery running. One pass (a Temporal schedule runs it every RECONCILE_INTERVAL_S):
+machinery running. One pass (a Temporal schedule runs it every RECONCILE_INTERVAL_S) runs these
+phases, in this order:
 
-- expired locks: a running job whose lock expired (lock_until + grace) and whose workflow is
+- expired_locks: a running job whose lock expired (lock_until + grace) and whose workflow is
   closed or missing → failed `INTERNAL_LOCK_EXPIRED`; whose workflow still runs but whose
   workflow task keeps failing → reported as stuck (log line + count), not touched;
-- waiting jobs: a queued job whose enqueue was published but whose workflow is missing or
-  closed (terminated before PREPARE, failed on a workflow task...) → its enqueue goes out again
-  and the relay starts a fresh run; a running workflow whose task keeps failing → reported;
-- stalled enqueues: an `ai.job.enqueue` row parked as failed while its job is still queued →
-  revived with a capped backoff;
-- lost cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
-- the relay: if the singleton relay workflow is not running, it is started again;
-- retention: expired snapshots deleted; input and output of old terminal jobs removed;
-  published outbox rows deleted after OUTBOX_RETENTION_DAYS.
+- waiting: a queued job whose enqueue was published but whose workflow is missing or closed
+  (terminated before PREPARE, failed on a workflow task...) → its enqueue goes out again and the
+  relay starts a fresh run;
+- stuck: a sample of waiting jobs' running workflows is described; one whose workflow task keeps
+  failing is reported;
+- revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
+  a capped backoff; the parked row of a job that ended meanwhile → closed;
+- cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
+- relay: if the singleton relay workflow is not running, it is started again;
+- retention: expired snapshots deleted; input and output of old terminal jobs removed; published
+  outbox rows deleted after OUTBOX_RETENTION_DAYS.
 
-Every pass pages through all its candidates (keyset), so live jobs never hide real orphans.
+Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
+reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
+call per page, which of their workflows are running (`WorkflowId IN (...)`); only the others are
+described (the authority: visibility is eventually consistent, so a workflow it does not list yet
+is never replaced on its word alone; the candidates' enqueues were published at least
+`missing_workflow_after_s` ago as well). Each phase looks at no more than `rows_per_phase` rows
+and describes no more than `describes_per_phase` workflows per pass, and runs for no more than
+`phase_budget_s`; a phase that stops early keeps a keyset cursor (in this process) and the next
+pass goes on from there, wrapping round at the end, so every candidate, old or new, is looked at
+within a bounded number of passes. A phase that raises or overruns its budget is logged and
+counted; the other phases run regardless. The activity heartbeats between pages and phases.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+import time
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkflowExecutionRequest,
+    ListWorkflowExecutionsRequest,
+)
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -42,14 +63,34 @@ from engine.workflow_state import MISSING, WorkflowState, workflow_state
 
 log = logging.getLogger(__name__)
 
+# ---- the per-pass limits (the one place they are set; ReconcilerConfig defaults to them) ----
+# SQL rows per page, and so workflow ids per visibility query.
 PAGE = 200
-MAX_PER_PASS = 20_000
+# Candidate rows one phase looks at in one pass; the rest waits for the next pass.
+ROWS_PER_PHASE = 10_000
+# Describe calls one phase makes in one pass.
+DESCRIBES_PER_PHASE = 500
+# Running workflows of waiting jobs described per pass to find a workflow task that keeps
+# failing (visibility does not say): a stuck one among W waiting jobs is seen within
+# ceil(W / STUCK_SAMPLE) passes.
+STUCK_SAMPLE = 25
+# Wall time of one phase; a phase still busy this much later is cancelled (and counted failed).
+PHASE_BUDGET_S = 15.0
+PHASE_HARD_STOP_S = 5.0
+RPC_TIMEOUT = timedelta(seconds=10)
+
+PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
+
+# Workflow ids this engine makes ("{queue}:{jobType}:{jobId}", the relay's, the reconciler's):
+# only ids of this shape go into a visibility query; any other is described instead.
+_QUERYABLE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
     lock_grace_s: float = 30.0
-    # A published enqueue gets this long to show up as a workflow before it is re-sent.
+    # A published enqueue gets this long to show up as a workflow (and in visibility) before its
+    # job is a candidate of the waiting phase.
     missing_workflow_after_s: float = 60.0
     cancel_resend_after_s: float = 10.0
     # A workflow task that failed this many times in a row is reported as stuck.
@@ -62,6 +103,46 @@ class ReconcilerConfig:
     # The singleton relay workflow this reconciler keeps alive (None: not its job).
     relay_workflow_id: str | None = None
     relay_task_queue: str | None = None
+    # Per-pass limits (tests shrink them; production keeps the module constants).
+    page: int = PAGE
+    rows_per_phase: int = ROWS_PER_PHASE
+    describes_per_phase: int = DESCRIBES_PER_PHASE
+    stuck_sample: int = STUCK_SAMPLE
+    phase_budget_s: float = PHASE_BUDGET_S
+
+
+@dataclass
+class _Pass:
+    """What one pass did so far; every phase adds to it."""
+
+    heartbeat: Callable[[], None] | None
+    counts: dict[str, int] = field(default_factory=dict)
+    details: list[str] = field(default_factory=list)
+    temporal_calls: int = 0
+    described: int = 0
+    failed: list[str] = field(default_factory=list)
+    cut_short: list[str] = field(default_factory=list)
+    reported_stuck: set[uuid.UUID] = field(default_factory=set)
+    relay_restarted: bool = False
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat()
+
+
+@dataclass
+class _Phase:
+    """One phase's allowance in this pass."""
+
+    name: str
+    deadline: float
+    describes_left: int
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
 
 
 class Reconciler:
@@ -79,16 +160,104 @@ class Reconciler:
         self._lifecycle = LifecycleRepository()
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()
+        # Where each phase stopped in the previous pass of this process (None: the start).
+        # Only a hint: a restarted worker starts from the beginning again.
+        self._cursor: dict[str, Any] = {}
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
-        return await self.run_once()
+        return await self.run_once(heartbeat=activity.heartbeat)
 
-    async def _describe(self, workflow_id: str) -> WorkflowState:
+    # ---- the pass --------------------------------------------------------------------------
+
+    async def run_once(self, *, heartbeat: Callable[[], None] | None = None) -> ReconcileResult:
+        p = _Pass(heartbeat)
+        phases: dict[str, Callable[[_Pass, _Phase], Awaitable[None]]] = {
+            "expired_locks": self._expired_locks,
+            "waiting": self._waiting,
+            "stuck": self._stuck,
+            "revival": self._revival,
+            "cancels": self._cancels,
+            "relay": self._relay,
+            "retention": self._retention,
+        }
+        for name in PHASES:
+            await self._run_phase(p, name, phases[name])
+
+        c = p.counts
+        stuck = c.get("stuck_workflow", 0)
+        self._metrics.reconciled(
+            {
+                "expired_lock_failed": c.get("expired_lock_failed", 0),
+                "outbox_requeued": c.get("outbox_requeued", 0),
+                "snapshot_deleted": c.get("snapshot_deleted", 0),
+                "cancel_resent": c.get("cancel_resent", 0),
+                "stuck_workflow": stuck,
+                "enqueue_revived": c.get("enqueue_revived", 0),
+                "enqueue_closed": c.get("enqueue_closed", 0),
+                "relay_restarted": int(p.relay_restarted),
+                "private_data_purged": c.get("private_data_purged", 0),
+                "outbox_deleted": c.get("outbox_deleted", 0),
+            },
+            stuck=stuck,
+            temporal_calls=p.temporal_calls,
+        )
+        return ReconcileResult(
+            expired_locks_failed=c.get("expired_lock_failed", 0),
+            outbox_requeued=c.get("outbox_requeued", 0),
+            snapshots_deleted=c.get("snapshot_deleted", 0),
+            cancels_resent=c.get("cancel_resent", 0),
+            details=p.details[:50],
+            stuck_workflows=stuck,
+            enqueues_revived=c.get("enqueue_revived", 0),
+            relay_restarted=p.relay_restarted,
+            private_data_purged=c.get("private_data_purged", 0),
+            outbox_deleted=c.get("outbox_deleted", 0),
+            enqueues_closed=c.get("enqueue_closed", 0),
+            temporal_calls=p.temporal_calls,
+            workflows_described=p.described,
+            failed_phases=p.failed,
+            phases_cut_short=p.cut_short,
+        )
+
+    async def _run_phase(
+        self, p: _Pass, name: str, run: Callable[[_Pass, _Phase], Awaitable[None]]
+    ) -> None:
+        """Runs one phase within its budget. Whatever it raises (a database or Temporal error, a
+        bug, its hard time limit) is logged and counted, and the pass goes on with the next
+        phase: one broken phase must not stop revival, cancels or retention. A cancellation of
+        the activity itself is not caught."""
+        budget = self.config.phase_budget_s
+        phase = _Phase(name, time.monotonic() + budget, self.config.describes_per_phase)
+        try:
+            async with asyncio.timeout(budget + PHASE_HARD_STOP_S):
+                await run(p, phase)
+        except Exception as exc:
+            p.failed.append(name)
+            self._metrics.reconciler_phase_failed(name)
+            log.error(
+                "reconciler phase failed; the other phases still run",
+                extra={
+                    "phase": name,
+                    "error": type(exc).__name__,
+                    "alert": "AIJOBS_RECONCILER_PHASE_FAILED",
+                },
+                exc_info=not isinstance(exc, TimeoutError),
+            )
+        p.beat()
+
+    def _cut(self, p: _Pass, phase: _Phase) -> None:
+        if phase.name not in p.cut_short:
+            p.cut_short.append(phase.name)
+
+    # ---- Temporal, counted -----------------------------------------------------------------
+
+    async def _describe(self, p: _Pass, workflow_id: str) -> WorkflowState:
+        p.temporal_calls += 1
+        p.described += 1
         try:
             desc = await self._client.workflow_service.describe_workflow_execution(
-                _describe_request(self._client.namespace, workflow_id),
-                timeout=timedelta(seconds=10),
+                _describe_request(self._client.namespace, workflow_id), timeout=RPC_TIMEOUT
             )
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
@@ -96,7 +265,42 @@ class Reconciler:
             raise
         return workflow_state(desc)
 
-    def _report_stuck(self, job_id: uuid.UUID, wf_id: str, state: WorkflowState) -> str:
+    async def _running_among(self, p: _Pass, workflow_ids: Sequence[str]) -> set[str]:
+        """Which of these workflows visibility lists as running: one list call per page of
+        ids (two if the server pages the answer). Ids of an unexpected shape are left out (never
+        listed, so described by the caller)."""
+        ids = sorted({w for w in workflow_ids if _QUERYABLE_ID.match(w)})
+        if not ids:
+            return set()
+        query = (
+            "ExecutionStatus = 'Running' AND WorkflowId IN ("
+            + ", ".join(f"'{w}'" for w in ids)
+            + ")"
+        )
+        running: set[str] = set()
+        token = b""
+        while True:
+            p.temporal_calls += 1
+            resp = await self._client.workflow_service.list_workflow_executions(
+                ListWorkflowExecutionsRequest(
+                    namespace=self._client.namespace,
+                    page_size=len(ids),
+                    next_page_token=token,
+                    query=query,
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            running.update(e.execution.workflow_id for e in resp.executions)
+            token = resp.next_page_token
+            # A full page may come with a token for an empty next one: one open run per id.
+            if not token or len(running) >= len(ids):
+                return running
+
+    def _report_stuck(self, p: _Pass, job_id: uuid.UUID, wf_id: str, state: WorkflowState) -> None:
+        if job_id in p.reported_stuck:
+            return
+        p.reported_stuck.add(job_id)
+        p.add("stuck_workflow")
         log.error(
             "workflow task keeps failing; the job cannot progress until it is fixed",
             extra={
@@ -106,142 +310,231 @@ class Reconciler:
                 "alert": "AIJOBS_STUCK_WORKFLOW",
             },
         )
-        return f"stuck {job_id} ({state.failing_task_attempts} failed workflow tasks)"
+        p.details.append(f"stuck {job_id} ({state.failing_task_attempts} failed workflow tasks)")
 
-    async def run_once(self) -> ReconcileResult:
-        failed = requeued = resent = stuck = revived = purged = 0
-        relay_restarted = False
-        details: list[str] = []
+    # ---- phases ----------------------------------------------------------------------------
+
+    async def _expired_locks(self, p: _Pass, phase: _Phase) -> None:
+        """Running jobs whose lock expired: a set that is empty while workers are healthy, so
+        each is described (how the workflow ended decides), within the phase's caps."""
         cfg = self.config
-
-        # ---- running jobs whose lock expired -----------------------------------------------
+        after = self._cursor.get(phase.name)
         seen = 0
-        after = None
-        while seen < MAX_PER_PASS:
+        while True:
+            if seen >= cfg.rows_per_phase or phase.out_of_time():
+                self._cut(p, phase)
+                break
             async with self._sm.begin() as s:
                 page = await self._lifecycle.find_expired_locks(
-                    s, cfg.lock_grace_s, after=after, limit=PAGE
+                    s, cfg.lock_grace_s, after=after, limit=cfg.page
                 )
-            if not page:
-                break
             seen += len(page)
-            after = (page[-1].lock_until, page[-1].id)
+            stopped = False
             for job in page:
-                state = await self._describe(job.workflow_id)
+                if phase.describes_left <= 0 or phase.out_of_time():
+                    stopped = True
+                    break
+                phase.describes_left -= 1
+                state = await self._describe(p, job.workflow_id)
+                after = (job.lock_until, job.id)
                 if state.running:
                     if state.failing_task_attempts >= cfg.stuck_task_attempts:
-                        stuck += 1
-                        details.append(self._report_stuck(job.id, job.workflow_id, state))
+                        self._report_stuck(p, job.id, job.workflow_id, state)
                     continue
                 if await self._fail_abandoned(job.id, job.job_type):
-                    failed += 1
-                    details.append(f"failed {job.id}")
-            if len(page) < PAGE:
+                    p.add("expired_lock_failed")
+                    p.details.append(f"failed {job.id}")
+            p.beat()
+            if stopped:
+                self._cut(p, phase)
                 break
+            if len(page) < cfg.page:
+                after = None  # the end: the next pass starts from the beginning
+                break
+        self._cursor[phase.name] = after
 
-        # ---- queued jobs whose workflow is missing, closed or stuck --------------------------
+    async def _waiting(self, p: _Pass, phase: _Phase) -> None:
+        """Queued jobs whose enqueue was published: one visibility query per page says which
+        workflows run; only the others are described, and re-enqueued if missing or closed."""
+        cfg = self.config
+        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
         seen = 0
-        after_id = 0
-        while seen < MAX_PER_PASS:
+        while True:
+            if seen >= cfg.rows_per_phase or phase.out_of_time():
+                self._cut(p, phase)
+                break
+            limit = min(cfg.page, cfg.rows_per_phase - seen)
             async with self._sm.begin() as s:
-                waiting = await self._jobs.published_enqueues_of_queued_jobs(
-                    s, older_than_s=cfg.missing_workflow_after_s, after_id=after_id, limit=PAGE
+                page = await self._jobs.waiting_jobs_page(
+                    s, published_before_s=cfg.missing_workflow_after_s, after=after, limit=limit
                 )
-            if not waiting:
+            seen += len(page)
+            running = await self._running_among(p, [w.workflow_id for w in page])
+            stopped = False
+            for w in page:
+                if w.workflow_id not in running:
+                    if phase.describes_left <= 0 or phase.out_of_time():
+                        stopped = True
+                        break
+                    phase.describes_left -= 1
+                    await self._check_unlisted(p, w.event_id, w.job_id, w.workflow_id)
+                after = (w.created_at, w.job_id)
+            p.beat()
+            if stopped:
+                self._cut(p, phase)
                 break
-            seen += len(waiting)
-            after_id = waiting[-1][0]
-            for event_id, job_id, wf_id in waiting:
-                state = await self._describe(wf_id)
-                if state.running:
-                    if state.failing_task_attempts >= cfg.stuck_task_attempts:
-                        stuck += 1
-                        details.append(self._report_stuck(job_id, wf_id, state))
-                    continue
-                # Missing, or closed before the job could start: a fresh run is needed.
-                async with self._sm.begin() as s:
-                    if await self._outbox.requeue_published(s, event_id):
-                        requeued += 1
-                        details.append(f"requeued {job_id}")
-                        log.warning(
-                            "queued job had no running workflow; enqueued again",
-                            extra={"job_id": str(job_id), "workflow_exists": state.exists},
-                        )
-            if len(waiting) < PAGE:
+            if len(page) < limit:
+                after = None  # the end: the next pass starts from the beginning
                 break
+        self._cursor[phase.name] = after
 
-        # ---- parked enqueues of jobs that still wait -----------------------------------------
+    async def _check_unlisted(self, p: _Pass, event_id: int, job_id: uuid.UUID, wf_id: str) -> None:
+        """A waiting job whose workflow visibility does not list as running: Temporal's own word
+        (a describe) decides; only a missing or closed workflow is replaced."""
+        state = await self._describe(p, wf_id)
+        if state.running:
+            if state.failing_task_attempts >= self.config.stuck_task_attempts:
+                self._report_stuck(p, job_id, wf_id, state)
+            return
         async with self._sm.begin() as s:
-            back = await self._outbox.revive_stalled_enqueues(
-                s, base_s=cfg.revive_base_s, cap_s=cfg.revive_cap_s
-            )
-        for event_id, aggregate_id in back:
-            revived += 1
-            details.append(f"revived enqueue {event_id} of {aggregate_id}")
-            log.warning(
-                "parked enqueue revived",
-                extra={
-                    "event_id": event_id,
-                    "job_id": aggregate_id[:64],
-                    "alert": "AIJOBS_ENQUEUE_REVIVED",
-                },
-            )
+            if await self._outbox.requeue_published(s, event_id):
+                p.add("outbox_requeued")
+                p.details.append(f"requeued {job_id}")
+                log.warning(
+                    "queued job had no running workflow; enqueued again",
+                    extra={"job_id": str(job_id), "workflow_exists": state.exists},
+                )
 
-        # ---- lost cancels --------------------------------------------------------------------
+    async def _stuck(self, p: _Pass, phase: _Phase) -> None:
+        """A bounded sample of waiting jobs, taken in turn across passes, is described: a
+        workflow whose task keeps failing looks `Running` to visibility."""
+        cfg = self.config
+        if cfg.stuck_sample <= 0:
+            return
+        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
         async with self._sm.begin() as s:
-            pending_cancels = await self._jobs.running_with_cancel_requested(
-                s, older_than_s=cfg.cancel_resend_after_s
+            page = await self._jobs.waiting_jobs_page(
+                s,
+                published_before_s=cfg.missing_workflow_after_s,
+                after=after,
+                limit=cfg.stuck_sample,
             )
-        for job_id, wf_id in pending_cancels:
-            if (await self._describe(wf_id)).running:
+        for w in page:
+            if phase.out_of_time():
+                self._cut(p, phase)
+                break
+            state = await self._describe(p, w.workflow_id)
+            after = (w.created_at, w.job_id)
+            if state.running and state.failing_task_attempts >= cfg.stuck_task_attempts:
+                self._report_stuck(p, w.job_id, w.workflow_id, state)
+        else:
+            if len(page) < cfg.stuck_sample:
+                after = None
+        self._cursor[phase.name] = after
+
+    async def _revival(self, p: _Pass, phase: _Phase) -> None:
+        """Every parked enqueue, page by page from where the last pass stopped: revived if its
+        job waits, closed if its job ended (db/outbox.py `repair_parked_enqueues`)."""
+        cfg = self.config
+        after: int = self._cursor.get(phase.name) or 0
+        seen = 0
+        while True:
+            if seen >= cfg.rows_per_phase or phase.out_of_time():
+                self._cut(p, phase)
+                break
+            limit = min(cfg.page, cfg.rows_per_phase - seen)
+            async with self._sm.begin() as s:
+                page = await self._outbox.repair_parked_enqueues(
+                    s,
+                    after_id=after,
+                    limit=limit,
+                    base_s=cfg.revive_base_s,
+                    cap_s=cfg.revive_cap_s,
+                )
+            seen += page.seen
+            after = page.next_after
+            for event_id, aggregate_id in page.revived:
+                p.add("enqueue_revived")
+                p.details.append(f"revived enqueue {event_id} of {aggregate_id}")
+                log.warning(
+                    "parked enqueue revived",
+                    extra={
+                        "event_id": event_id,
+                        "job_id": aggregate_id[:64],
+                        "alert": "AIJOBS_ENQUEUE_REVIVED",
+                    },
+                )
+            if page.closed:
+                p.add("enqueue_closed", len(page.closed))
+                log.info("parked enqueues of ended jobs closed", extra={"count": len(page.closed)})
+            p.beat()
+            if page.seen < limit:
+                after = 0  # the end: the next pass starts from the oldest parked row
+                break
+        self._cursor[phase.name] = after
+
+    async def _cancels(self, p: _Pass, phase: _Phase) -> None:
+        """Running jobs with an old cancel request: the cancel is re-sent to those whose
+        workflow visibility lists as running (one list call per page)."""
+        cfg = self.config
+        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
+        seen = 0
+        while True:
+            if seen >= cfg.rows_per_phase or phase.out_of_time():
+                self._cut(p, phase)
+                break
+            async with self._sm.begin() as s:
+                page = await self._jobs.cancel_requested_page(
+                    s, older_than_s=cfg.cancel_resend_after_s, after=after, limit=cfg.page
+                )
+            if not page:
+                after = None
+                break
+            seen += len(page)
+            running = await self._running_among(p, [wf for _, wf, _ in page])
+            for job_id, wf_id, requested_at in page:
+                after = (requested_at, job_id)
+                if wf_id not in running:
+                    continue  # closed: the expired-lock phase ends the job once its lock runs out
+                p.temporal_calls += 1
                 try:
-                    await self._client.get_workflow_handle(wf_id).cancel()
-                    resent += 1
+                    await self._client.get_workflow_handle(wf_id).cancel(rpc_timeout=RPC_TIMEOUT)
+                    p.add("cancel_resent")
                 except RPCError:
                     log.warning("cancel re-send failed", extra={"job_id": str(job_id)})
+            p.beat()
+            if len(page) < cfg.page:
+                after = None
+                break
+        self._cursor[phase.name] = after
 
-        # ---- the relay -----------------------------------------------------------------------
+    async def _relay(self, p: _Pass, phase: _Phase) -> None:
+        cfg = self.config
         if cfg.relay_workflow_id and cfg.relay_task_queue:
-            relay_restarted = await self._ensure_relay(cfg.relay_workflow_id, cfg.relay_task_queue)
-            if relay_restarted:
-                details.append("relay workflow restarted")
+            p.relay_restarted = await self._ensure_relay(
+                p, cfg.relay_workflow_id, cfg.relay_task_queue
+            )
+            if p.relay_restarted:
+                p.details.append("relay workflow restarted")
 
-        # ---- retention -----------------------------------------------------------------------
+    async def _retention(self, p: _Pass, phase: _Phase) -> None:
+        """One bounded page of each kind per pass (their queries carry the limits)."""
         async with self._sm.begin() as s:
-            deleted = await self._jobs.delete_expired_snapshots(s)
+            p.add("snapshot_deleted", await self._jobs.delete_expired_snapshots(s))
         async with self._sm.begin() as s:
-            purged = await self._jobs.purge_private_data(s, retention_days=cfg.retention_days)
+            p.add(
+                "private_data_purged",
+                await self._jobs.purge_private_data(s, retention_days=self.config.retention_days),
+            )
         async with self._sm.begin() as s:
-            outbox_deleted = await self._outbox.delete_published(
-                s, older_than_days=cfg.outbox_retention_days
+            p.add(
+                "outbox_deleted",
+                await self._outbox.delete_published(
+                    s, older_than_days=self.config.outbox_retention_days
+                ),
             )
 
-        self._metrics.reconciled(
-            {
-                "expired_lock_failed": failed,
-                "outbox_requeued": requeued,
-                "snapshot_deleted": deleted,
-                "cancel_resent": resent,
-                "stuck_workflow": stuck,
-                "enqueue_revived": revived,
-                "relay_restarted": int(relay_restarted),
-                "private_data_purged": purged,
-                "outbox_deleted": outbox_deleted,
-            },
-            stuck=stuck,
-        )
-        return ReconcileResult(
-            expired_locks_failed=failed,
-            outbox_requeued=requeued,
-            snapshots_deleted=deleted,
-            cancels_resent=resent,
-            details=details[:50],
-            stuck_workflows=stuck,
-            enqueues_revived=revived,
-            relay_restarted=relay_restarted,
-            private_data_purged=purged,
-            outbox_deleted=outbox_deleted,
-        )
+    # ---- repairs -------------------------------------------------------------------------
 
     async def _fail_abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:
         try:
@@ -272,12 +565,13 @@ class Reconciler:
         log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
         return True
 
-    async def _ensure_relay(self, relay_id: str, task_queue: str) -> bool:
+    async def _ensure_relay(self, p: _Pass, relay_id: str, task_queue: str) -> bool:
         """Start the relay workflow if no run of it is open (terminated, failed, never
         started). Returns True when a new run was started."""
-        state = await self._describe(relay_id)
+        state = await self._describe(p, relay_id)
         if state.running:
             return False
+        p.temporal_calls += 1
         await self._client.start_workflow(
             RELAY_WORKFLOW,
             RelayInput(),

@@ -43,10 +43,15 @@ class RelayWorkflow:
 class ReconcilerWorkflow:
     @workflow.run
     async def run(self) -> ReconcileResult:
+        # A pass is at most seven phases of 15 s (+5 s hard stop) each; it heartbeats between
+        # pages and phases, so a pass whose worker died is retried after 30 s, not after the
+        # whole start-to-close timeout. (Activity options are not replayed: changing them is
+        # safe for recorded histories.)
         result: ReconcileResult = await workflow.execute_activity(
             RECONCILE_ONCE,
             result_type=ReconcileResult,
-            start_to_close_timeout=timedelta(minutes=2),
+            start_to_close_timeout=timedelta(minutes=3),
+            heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
         return result
