@@ -56,6 +56,10 @@ from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
+# A 429 is the provider asking the key to wait, not a failed attempt: the job waits out the pause
+# in its workflow and calls again under the same attempt number, this many times per attempt
+# (a key that answers 429 forever must still end its jobs).
+FREE_RATE_LIMITS_PER_ATTEMPT = 5
 
 
 @dataclass
@@ -211,6 +215,12 @@ class ExecuteStage(StageDeps):
             )
 
         latency_ms = int((time.monotonic() - started) * 1000)
+        # Priced once (an unknown model is reported once per call), for the metric and the row.
+        cost = (
+            self._gateway.prices.cost_usd(response.model, response.tokens_in, response.tokens_out)
+            if response is not None
+            else Decimal(0)
+        )
         if called:
             observe_call(
                 self._metrics,
@@ -219,6 +229,7 @@ class ExecuteStage(StageDeps):
                 latency_ms / 1000,
                 error_code=failure.code if failure is not None else None,
                 response=response,
+                cost_usd=cost,
             )
         if failure is not None:
             await self._record_failure(
@@ -229,11 +240,22 @@ class ExecuteStage(StageDeps):
                 model=model_name,
                 latency_ms=latency_ms,
                 response=response,
+                cost=cost,
                 probe=probe,
             )
             retry_after = failure.retry_after_float
             if retry_after is not None:
                 retry_after = min(retry_after, cfg.retry_after_max_s)
+            if (
+                failure.code == "PROVIDER_RATE_LIMITED"
+                and inp.yield_on_gate
+                and await self._rate_limit_is_free(row.id, attempt)
+            ):
+                # The key is paused now (recorded above); the job waits on its workflow's
+                # timer, and the attempt is not spent.
+                return ExecuteResult(
+                    output_hash="", attempt=attempt, gate_wait_s=retry_after or 1.0
+                )
             if retry_follows(failure.code, attempt=attempt, abort_strategy=inp.abort_strategy):
                 self._metrics.execute_retry(row.job_type, failure.code)
             fail_attempt(
@@ -245,7 +267,7 @@ class ExecuteStage(StageDeps):
 
         assert out is not None and model_out is not None and response is not None
         digest = output_hash(out)
-        usage = self._usage_row(row, attempt, response, None, latency_ms)
+        usage = self._usage_row(row, attempt, response, None, latency_ms, cost=cost)
         # The provider answered: a database outage now must not cost another provider call.
         # Heartbeats go on until the last commit: a slow or locked database while saving a paid
         # answer must never look like a dead worker to Temporal (which would start a second
@@ -471,6 +493,7 @@ class ExecuteStage(StageDeps):
         probe: _Probe,
         latency_ms: int = 0,
         response: ProviderResponse | None = None,
+        cost: Decimal = Decimal(0),
     ) -> None:
         """The failed attempt's usage row and bookkeeping, and what the failure tells the job's
         gate, in one transaction (heartbeating: a slow database is not a dead worker)."""
@@ -478,7 +501,9 @@ class ExecuteStage(StageDeps):
         async with _heartbeating(cfg), self._sm.begin() as s:
             await self._usage.insert(
                 s,
-                self._usage_row(row, attempt, response, failure.code, latency_ms, provider, model),
+                self._usage_row(
+                    row, attempt, response, failure.code, latency_ms, provider, model, cost=cost
+                ),
             )
             if probe.gate is not None:
                 await self._note_provider_failure(s, row, probe, failure, cfg)
@@ -548,6 +573,11 @@ class ExecuteStage(StageDeps):
         elif probe.held:
             await self._gate.release_probe(s, gate)
 
+    async def _rate_limit_is_free(self, job_id: uuid.UUID, attempt: int) -> bool:
+        async with self._sm() as s:
+            seen = await self._usage.calls_with(s, job_id, attempt, "PROVIDER_RATE_LIMITED")
+        return seen <= FREE_RATE_LIMITS_PER_ATTEMPT
+
     async def _release_probe(self, probe: _Probe) -> None:
         if probe.gate is None:
             return
@@ -558,8 +588,8 @@ class ExecuteStage(StageDeps):
         except Exception:  # the probe's TTL still bounds it
             log.warning("could not release a provider probe", exc_info=True)
 
+    @staticmethod
     def _usage_row(
-        self,
         row: JobRow,
         attempt: int,
         response: ProviderResponse | None,
@@ -567,20 +597,20 @@ class ExecuteStage(StageDeps):
         latency_ms: int,
         provider: str | None = None,
         model: str | None = None,
+        *,
+        cost: Decimal = Decimal(0),
     ) -> UsageRow:
-        tin = response.tokens_in if response else 0
-        tout = response.tokens_out if response else 0
-        m = response.model if response else (model or "unknown")
+        """One call's ai_usage_log row; `cost` was priced once by the caller."""
         return UsageRow(
             job_id=row.id,
             user_id=row.user_id,
             attempt_no=attempt,
             credential_mode=row.credential_mode,
             provider=response.provider if response else (provider or "unknown"),
-            model=m,
-            tokens_in=tin,
-            tokens_out=tout,
-            cost_usd=self._gateway.prices.cost_usd(m, tin, tout) if response else Decimal(0),
+            model=response.model if response else (model or "unknown"),
+            tokens_in=response.tokens_in if response else 0,
+            tokens_out=response.tokens_out if response else 0,
+            cost_usd=cost if response else Decimal(0),
             latency_ms=latency_ms,
             error_code=error_code,
         )

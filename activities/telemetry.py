@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from opentelemetry import trace
@@ -24,7 +25,6 @@ from activities.metrics import STAGE_OF_ACTIVITY, WorkerMetrics, error_code_labe
 from engine.errors import is_retryable
 from engine.logcontext import bind_job, unbind
 from providers.base import ProviderResponse
-from providers.pricing import cost_usd
 
 # Span attribute names (one prefix, so a collector can drop or keep them together).
 JOB_ID = "aijobs.job_id"
@@ -110,9 +110,11 @@ def observe_call(
     *,
     error_code: str | None,
     response: ProviderResponse | None,
+    cost_usd: Decimal = Decimal(0),
 ) -> None:
-    """One provider call: its outcome, latency, tokens and cost (priced like ai_usage_log).
-    `model` is the configured model (a bounded label), not whatever the provider echoes."""
+    """One provider call: its outcome, latency, tokens and cost (the caller prices it once,
+    with the same table as its ai_usage_log row). `model` is the configured model (a bounded
+    label), not whatever the provider echoes."""
     if response is None:
         metrics.provider_call(provider, model, latency_s, error_code=error_code)
         return
@@ -123,5 +125,5 @@ def observe_call(
         error_code=error_code,
         tokens_in=response.tokens_in,
         tokens_out=response.tokens_out,
-        cost_usd=cost_usd(response.model, response.tokens_in, response.tokens_out),
+        cost_usd=cost_usd,
     )

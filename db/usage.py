@@ -48,6 +48,21 @@ class UsageRepository:
             row.__dict__,
         )
 
+    async def calls_with(
+        self, session: AsyncSession, job_id: uuid.UUID, attempt_no: int, error_code: str
+    ) -> int:
+        """How many calls of one attempt of a job ended with `error_code`."""
+        n = (
+            await session.execute(
+                text(
+                    "SELECT count(*) FROM ai_usage_log "
+                    "WHERE job_id = :j AND attempt_no = :a AND error_code = :c"
+                ),
+                {"j": job_id, "a": attempt_no, "c": error_code},
+            )
+        ).scalar_one()
+        return int(n)
+
     async def summary(self, session: AsyncSession, job_id: uuid.UUID) -> UsageSummary:
         r = (
             await session.execute(

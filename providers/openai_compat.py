@@ -118,6 +118,11 @@ _TOO_LONG = re.compile(
 )
 
 
+def _is_quota_exhausted(body: str) -> bool:
+    """Whether a 429's body says the account has no credit left (OpenAI `insufficient_quota`)."""
+    return "insufficient_quota" in body.lower()
+
+
 def _is_too_long_error(body: str) -> bool:
     """Whether a 4xx error body says the request is too large for the model."""
     return bool(_TOO_LONG.search(body))
@@ -237,6 +242,12 @@ class OpenAICompatibleProvider:
         if status in (401, 403):
             return ExecutionFailure("CREDENTIAL_INVALID", internal_message=internal, answered=True)
         if status == 402:
+            return ExecutionFailure(
+                "CREDENTIAL_INSUFFICIENT_BALANCE", internal_message=internal, answered=True
+            )
+        if status == 429 and _is_quota_exhausted(body):
+            # OpenAI's "insufficient_quota": the account is out of credit, not asked to slow
+            # down. Waiting would not help; it is the key's problem.
             return ExecutionFailure(
                 "CREDENTIAL_INSUFFICIENT_BALANCE", internal_message=internal, answered=True
             )

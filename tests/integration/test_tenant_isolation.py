@@ -94,9 +94,7 @@ async def test_a_users_rejected_requests_fail_once_and_never_close_the_provider_
             assert "Shorten" in row.public_error_message
         assert (await fake.acalls())["count"] == 1 + 6
         # Six rejected requests in a row (twice the breaker's threshold) opened nothing.
-        assert all(
-            (g.open_until, g.consecutive_failures) == (None, 0) for g in await gate_rows(db)
-        )
+        assert all((g.open_until, g.consecutive_failures) == (None, 0) for g in await gate_rows(db))
         after = await timed_job(st, "user-b")
         # User B's latency did not move: nowhere near the 60 s cooldown an open breaker costs.
         assert after < max(10.0, 5 * baseline), (baseline, after)
@@ -212,6 +210,19 @@ async def test_jobs_held_by_a_long_pause_wait_in_their_workflow_and_spend_nothin
             assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
         assert [(await st.job(j)).attempt_count for j in held] == [1] * 5
         assert (await fake.acalls())["count"] == 1 + 1 + 5
+        # The job that met the 429 waited too, and called again under the same attempt.
+        assert (await st.job(first)).attempt_count == 1
+        async with db() as s:
+            calls = (
+                await s.execute(
+                    text(
+                        "SELECT attempt_no, error_code FROM ai_usage_log WHERE job_id = :j "
+                        "ORDER BY id"
+                    ),
+                    {"j": first},
+                )
+            ).all()
+        assert [tuple(c) for c in calls] == [(1, "PROVIDER_RATE_LIMITED"), (1, None)]
 
 
 @pytest.mark.parametrize(

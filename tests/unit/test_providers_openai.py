@@ -222,6 +222,17 @@ async def test_insufficient_balance_is_the_keys_problem(
     assert "balance" in failure.public_message
 
 
+async def test_a_429_for_an_exhausted_quota_is_the_keys_problem_not_a_pause(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider
+) -> None:
+    fake.script(
+        [{"kind": "status", "status": 429, "code": "insufficient_quota", "message": "quota"}]
+    )
+    failure = await expect_failure(provider)
+    assert failure.code == "CREDENTIAL_INSUFFICIENT_BALANCE"
+    assert failure.fault is Fault.KEY
+
+
 @pytest.mark.parametrize("status", [500, 503])
 async def test_server_errors_are_health_failures(
     fake: FakeOpenAIServer, provider: OpenAICompatibleProvider, status: int
