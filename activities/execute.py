@@ -636,6 +636,7 @@ def _validated_output(
                 "VALIDATION_OUTPUT_INVALID",
                 internal_message=f"VALIDATION_OUTPUT_INVALID: {detail}",
                 correction_hint=detail,
+                answered=True,  # a 200: the provider is reachable, the answer was not usable
             ),
         )
     if jt.definition.security.output_redaction:

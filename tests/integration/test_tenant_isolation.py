@@ -41,6 +41,8 @@ TOO_LONG = {
     "code": "context_length_exceeded",
 }
 USER_A_KEY = "sk-user-a-own-key-77c1d0e5"
+# The platform provider's name when AI_BASE_URL is not DeepSeek's (providers/factory.py).
+PLATFORM_PROVIDER = "openai_compatible"
 
 
 def poisoned() -> dict[str, Any]:
@@ -257,8 +259,9 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
         await s.execute(
             text(
                 "INSERT INTO provider_gate (provider, key_ref, consecutive_failures, open_until) "
-                "VALUES ('deepseek', 'platform', 5, now())"
-            )
+                "VALUES (:p, 'platform', 5, now())"
+            ),
+            {"p": PLATFORM_PROVIDER},
         )
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         probe_input = (
@@ -276,6 +279,17 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
             timeout=30,
             what="the probe's attempt",
         )
+        # Settled by that attempt, whatever it ended with: nobody waits for the probe's TTL.
+        await eventually(
+            lambda: scalar(
+                db, "SELECT count(*) = 0 FROM provider_gate WHERE probe_until IS NOT NULL"
+            ),
+            timeout=10,
+            what="the probe released",
+        )
+        if probe_outcome != "content_safety":  # it answered: reachable, the breaker closed
+            [gate] = await gate_rows(db)
+            assert (gate.open_until, gate.consecutive_failures) == (None, 0)
         started = time.monotonic()
         others = [await st.create(job_type=FLASH, input=INPUTS[FLASH]) for _ in range(2)]
         for job in others:
@@ -317,3 +331,37 @@ async def test_a_database_stall_after_the_answer_never_buys_it_twice(
         assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
         assert (await fake.acalls())["count"] == 1
         assert row.attempt_count == 1
+
+
+async def test_a_long_wait_on_the_gate_continues_as_new_and_keeps_its_attempts(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the history limit a waiting run continues as new (the history stays bounded
+    whatever the outage's length); the new run still waits, then runs with no attempt spent."""
+    from workflows import job_workflow
+
+    monkeypatch.setattr(job_workflow, "GATE_WAIT_HISTORY_LIMIT", 5)
+    await fake.ascript([], default=VALID)
+    settings = make_settings(database_url, temporal_address, **fake_env(fake))
+    async with db.begin() as s:
+        await s.execute(
+            text(
+                "INSERT INTO provider_gate (provider, key_ref, paused_until) "
+                "VALUES (:p, 'platform', now() + interval '5 seconds')"
+            ),
+            {"p": PLATFORM_PROVIDER},
+        )
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
+        job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
+        row = await st.wait_status(job, timeout=60)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert row.attempt_count == 1
+        assert (await fake.acalls())["count"] == 1
+        desc = await temporal_client.get_workflow_handle(row.workflow_id).describe()
+        info = desc.raw_description.workflow_execution_info
+        assert info.first_run_id and info.first_run_id != desc.run_id  # continued as new
