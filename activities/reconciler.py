@@ -15,7 +15,8 @@ phases, in this order:
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
 - relay: if the singleton relay workflow is not running, it is started again;
 - retention: expired snapshots deleted; input and output of old terminal jobs removed; published
-  outbox rows deleted after OUTBOX_RETENTION_DAYS.
+  outbox rows deleted after OUTBOX_RETENTION_DAYS; admin audit entries after
+  ADMIN_AUDIT_RETENTION_DAYS.
 
 Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
 reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
@@ -53,6 +54,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from db import audit as audit_db
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
 from db.outbox import FAILED, OutboxRepository
@@ -100,6 +102,7 @@ class ReconcilerConfig:
     revive_cap_s: float = 300.0
     retention_days: int = 30
     outbox_retention_days: int = 7
+    audit_retention_days: int = 365
     # The singleton relay workflow this reconciler keeps alive (None: not its job).
     relay_workflow_id: str | None = None
     relay_task_queue: str | None = None
@@ -532,6 +535,11 @@ class Reconciler:
                 await self._outbox.delete_published(
                     s, older_than_days=self.config.outbox_retention_days
                 ),
+            )
+        async with self._sm.begin() as s:
+            p.add(
+                "audit_deleted",
+                await audit_db.purge_older_than(s, days=self.config.audit_retention_days),
             )
 
     # ---- repairs -------------------------------------------------------------------------

@@ -68,6 +68,8 @@ def install(app: FastAPI) -> None:
         extra: dict[str, Any] = {}
         if isinstance(exc, ValidationFailed) and exc.errors:
             extra["errors"] = exc.errors
+        # Members a refusal needs to be acted on (a bulk filter's match count and limit).
+        extra.update(getattr(exc, "problem_extra", {}))
         if exc.http_status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
         return problem(

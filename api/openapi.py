@@ -47,10 +47,11 @@ DESCRIPTIONS: dict[int, str] = {
 }
 # Statuses only some routes produce, beyond what their shape implies.
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
-    ("post", "/api/ai/jobs"): (429,),
+    ("post", "/api/ai/jobs"): (404, 429),  # 404 CREDENTIAL_NOT_FOUND: a `credentialId`
     ("post", "/api/ai/jobs/{job_id}/cancel"): (409,),
     ("post", "/admin-api/ai/jobs/{job_id}/retry"): (409,),
     ("post", "/admin-api/ai/outbox/{event_id}/requeue"): (409,),
+    ("post", "/admin-api/ai/jobs/{job_id}/cancel"): (409,),
 }
 
 

@@ -108,6 +108,31 @@ class JobFilter:
     queue_name: str | None = None
     created_from: datetime | None = None
     created_to: datetime | None = None
+    error_code: str | None = None
+
+
+def filter_sql(f: JobFilter) -> tuple[list[str], dict[str, Any]]:
+    """The WHERE conditions and parameters of a JobFilter: the admin list, the bulk operations'
+    dry run and their frozen item lists select the same jobs for the same filter."""
+    where = ["TRUE"]
+    params: dict[str, Any] = {}
+    for col, value in (
+        ("user_id", f.user_id),
+        ("job_type", f.job_type),
+        ("lifecycle_status", f.status),
+        ("queue_name", f.queue_name),
+        ("error_code", f.error_code),
+    ):
+        if value is not None:
+            where.append(f"{col} = :{col}")
+            params[col] = value
+    if f.created_from is not None:
+        where.append("created_at >= :cf")
+        params["cf"] = f.created_from
+    if f.created_to is not None:
+        where.append("created_at < :ct")
+        params["ct"] = f.created_to
+    return where, params
 
 
 class JobQueries:
@@ -244,23 +269,8 @@ class JobQueries:
         filter has an index on (filter, created_at, id) (a user's own list: (user_id, filter,
         created_at, id)), so a page costs the same at any table size. Input and output are not
         read."""
-        where = ["TRUE"]
-        params: dict[str, Any] = {"lim": limit}
-        for col, value in (
-            ("user_id", f.user_id),
-            ("job_type", f.job_type),
-            ("lifecycle_status", f.status),
-            ("queue_name", f.queue_name),
-        ):
-            if value is not None:
-                where.append(f"{col} = :{col}")
-                params[col] = value
-        if f.created_from is not None:
-            where.append("created_at >= :cf")
-            params["cf"] = f.created_from
-        if f.created_to is not None:
-            where.append("created_at < :ct")
-            params["ct"] = f.created_to
+        where, params = filter_sql(f)
+        params["lim"] = limit
         if after is not None:
             where.append("(created_at, id) < (:ac, :ai)")
             params["ac"], params["ai"] = after

@@ -20,10 +20,19 @@ FINALIZE_CANCELLED = "finalize_cancelled"
 RELAY_LOOP = "relay_loop"
 RECONCILE_ONCE = "reconcile_once"
 
+BULK_PROCESS_PAGE = "bulk_process_page"
+BULK_FINISH = "bulk_finish"
+
 RELAY_WORKFLOW = "outbox_relay"
 RELAY_WORKFLOW_ID = "ai-system:outbox-relay"
 RECONCILER_WORKFLOW = "reconciler"
 RECONCILER_SCHEDULE_ID = "ai-system:reconciler"
+BULK_WORKFLOW = "bulk_operation"
+
+
+def bulk_workflow_id(operation_id: str) -> str:
+    """One workflow per bulk operation: starting it twice is a no-op."""
+    return f"bulk:{operation_id}"
 
 
 def workflow_id(queue_name: str, job_type: str, job_id: str) -> str:
@@ -194,3 +203,42 @@ class ReconcileResult:
     # stopped at a per-pass cap or their budget and left the rest for the next pass.
     failed_phases: list[str] = field(default_factory=list)
     phases_cut_short: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BulkInput:
+    """A bulk operation's workflow input: its id, its action and its pacing, fixed at submission.
+    `after_ordinal` is where a continued-as-new run resumes (items are numbered from 1)."""
+
+    operation_id: str
+    action: str  # "cancel" | "retry"
+    page_size: int
+    jobs_per_second: float
+    after_ordinal: int = 0
+
+
+@dataclass(frozen=True)
+class BulkPageInput:
+    operation_id: str
+    action: str
+    after_ordinal: int
+    page_size: int
+    jobs_per_second: float
+
+
+@dataclass(frozen=True)
+class BulkPageResult:
+    """`last_ordinal`: the highest item ordinal this page reached; `more`: items may follow."""
+
+    last_ordinal: int
+    processed: int
+    more: bool
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    operation_id: str
+    matched: int
+    done: int
+    skipped: int
+    failed: int

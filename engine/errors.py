@@ -345,3 +345,27 @@ class WebhookDeliveryNotReplayable(EngineError):
     code = "WEBHOOK_DELIVERY_NOT_REPLAYABLE"
     http_status = 409
     title = "Only delivered, failed or dead deliveries can be replayed"
+
+
+class BulkOperationNotFound(EngineError):
+    code = "BULK_OPERATION_NOT_FOUND"
+    http_status = 404
+    title = "Bulk operation not found"
+
+
+class BulkTooLarge(ValidationFailed):
+    """A bulk filter matches more jobs than ADMIN_BULK_MAX_JOBS: nothing is frozen or changed.
+    The problem body carries `matched` and `limit` so the admin can narrow the filter."""
+
+    code = "BULK_TOO_LARGE"
+    title = "Too many jobs match"
+
+    def __init__(self, matched: int, limit: int) -> None:
+        super().__init__(
+            f"The filter matches {matched} jobs; a bulk operation may act on at most {limit}. "
+            "Narrow the filter (e.g. by createdFrom/createdTo).",
+            errors=[
+                {"loc": ["body"], "msg": f"{matched} jobs match, limit {limit}", "type": "too_many"}
+            ],
+        )
+        self.problem_extra: dict[str, object] = {"matched": matched, "limit": limit}

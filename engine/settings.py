@@ -122,12 +122,19 @@ class Settings(BaseSettings):
     user_key_allowed_base_urls: str = Field(default="", alias="USER_KEY_ALLOWED_BASE_URLS")
     # Appended to every task queue name; lets tests or tenants share one Temporal namespace.
     task_queue_suffix: str = Field(default="", alias="TASK_QUEUE_SUFFIX")
-    interactive_concurrency: int = Field(default=2, ge=1, alias="AI_INTERACTIVE_CONCURRENCY")
-    background_concurrency: int = Field(default=1, ge=1, alias="AI_BACKGROUND_CONCURRENCY")
-    # How long EXECUTE may go silent before Temporal retries it elsewhere (a dead worker). Not
-    # the cancel latency: heartbeats are flushed every second (runtime/worker.py).
-    heartbeat_timeout_ms: int = Field(default=10_000, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
-    lock_ttl_s: int = Field(default=60, ge=1, alias="AI_LOCK_TTL_S")
+    # Provider calls at once per worker process; unset: the queue table's (engine/queues.py:
+    # 2 interactive, 1 background).
+    interactive_concurrency: int | None = Field(
+        default=None, ge=1, alias="AI_INTERACTIVE_CONCURRENCY"
+    )
+    background_concurrency: int | None = Field(
+        default=None, ge=1, alias="AI_BACKGROUND_CONCURRENCY"
+    )
+    # How long EXECUTE may go silent before Temporal retries it elsewhere (a dead worker), and
+    # the SQL lock's TTL; unset: each queue's lock (30 s interactive, 60 s background; a job
+    # type's `lock_ms` wins). Not the cancel latency: heartbeats are flushed every second.
+    heartbeat_timeout_ms: int | None = Field(default=None, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
+    lock_ttl_s: int | None = Field(default=None, ge=1, alias="AI_LOCK_TTL_S")
     # A stopping worker finishes its in-flight provider calls for up to this long (the longest
     # job timeout, 600 s, plus room) before it cancels them: a deploy never throws away a paid
     # attempt. Compose's stop_grace_period must be longer.
@@ -195,6 +202,15 @@ class Settings(BaseSettings):
     )
     # Delivered and dead deliveries are deleted this long after they finished.
     webhook_retention_days: float = Field(default=7.0, gt=0, alias="WEBHOOK_RETENTION_DAYS")
+    # Bulk admin operations: a filter matching more jobs is refused (422 with the count); items
+    # are acted on in pages of ADMIN_BULK_PAGE_SIZE, at most ADMIN_BULK_JOBS_PER_SECOND.
+    admin_bulk_max_jobs: int = Field(default=5000, ge=1, alias="ADMIN_BULK_MAX_JOBS")
+    admin_bulk_jobs_per_second: float = Field(
+        default=50.0, gt=0, alias="ADMIN_BULK_JOBS_PER_SECOND"
+    )
+    admin_bulk_page_size: int = Field(default=100, ge=1, le=1000, alias="ADMIN_BULK_PAGE_SIZE")
+    # Admin audit entries are deleted this long after they were written.
+    admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
@@ -34,6 +35,7 @@ from engine.contracts import workflow_id
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import (
     CredentialMissing,
+    CredentialNotFound,
     IdempotencyKeyReused,
     JobAlreadyCancelled,
     JobNotCancellable,
@@ -49,6 +51,7 @@ from engine.errors import (
 from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
+from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
@@ -91,9 +94,15 @@ class CreateJobRequest:
     priority: int | None = None
     idempotency_key: str | None = None
     credential_mode: str | None = None
+    # One of the caller's own active keys (user_deepseek_key only); None: the newest.
+    credential_id: uuid.UUID | None = None
     retried_from_job_id: uuid.UUID | None = None
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
+
+
+# Retry-After (seconds) on 429 TOO_MANY_JOBS.
+TOO_MANY_JOBS_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,11 @@ class CancelResult:
 
 
 WorkflowCanceller = Callable[[str], Awaitable[None]]
+# Runs inside a use case's transaction, after its decision (a cancel's outcome, a created job):
+# what must commit or roll back with the action (an audit entry, a bulk item's state). Raising
+# rolls the action back.
+CancelHook = Callable[[AsyncSession, Literal["cancelled", "cancel_requested"]], Awaitable[None]]
+CreateHook = Callable[[AsyncSession, JobRow], Awaitable[None]]
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -179,7 +193,9 @@ class JobService:
                 "Shorten the input."
             )
 
-    async def create(self, req: CreateJobRequest) -> CreateJobResult:
+    async def create(
+        self, req: CreateJobRequest, *, within: CreateHook | None = None
+    ) -> CreateJobResult:
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
         d = jt.definition
         model = self.validate_input(jt, req.input)
@@ -190,6 +206,13 @@ class JobService:
         mode = req.credential_mode or d.credential.default_mode
         if mode not in d.credential.allowed_modes:
             raise ValidationFailed("credentialMode is not allowed for this job type")
+        if req.credential_id is not None and mode != USER_DEEPSEEK_KEY:
+            raise ValidationFailed(
+                "credentialId is only accepted with credentialMode user_deepseek_key",
+                errors=[
+                    {"loc": ["credentialId"], "msg": "needs user_deepseek_key", "type": "value"}
+                ],
+            )
         self._check_fits_the_model(jt, model)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
@@ -199,7 +222,13 @@ class JobService:
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
-            d.job_type, req.target_type, req.target_id, normalized, priority, mode
+            d.job_type,
+            req.target_type,
+            req.target_id,
+            normalized,
+            priority,
+            mode,
+            str(req.credential_id) if req.credential_id is not None else None,
         )
 
         if req.idempotency_key is not None:
@@ -231,7 +260,7 @@ class JobService:
             prompt_version=d.prompt_version,
             input_schema_version=d.input.schema_version,
             output_schema_version=d.output.schema_version,
-            max_retry_count=d.execution.max_retries,
+            max_retry_count=resolve_execution(d).max_retries,
             workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
             retried_from_job_id=req.retried_from_job_id,
         )
@@ -243,7 +272,15 @@ class JobService:
                         return winner
                 if jt.check_target is not None and not req.internal:
                     await jt.check_target(s, req.user_id, req.target_type, req.target_id)
-                if mode == USER_DEEPSEEK_KEY:
+                if mode == USER_DEEPSEEK_KEY and req.credential_id is not None:
+                    # The key the client named: its own and active, or 404 as if absent (no
+                    # way to learn whether someone else's key id exists). Read FOR SHARE: a
+                    # revoke racing this create waits for it, then the job fails at EXECUTE.
+                    credential_id = await owned_active_key_id(s, req.user_id, req.credential_id)
+                    if credential_id is None:
+                        raise CredentialNotFound("Credential not found.")
+                    new = dataclasses.replace(new, credential_id=credential_id)
+                elif mode == USER_DEEPSEEK_KEY:
                     # The key chosen now is the key the job uses: pinned on the row, so a key
                     # added later never silently replaces it (a revoked one fails the job).
                     credential_id = (
@@ -291,6 +328,9 @@ class JobService:
                     # A job without its enqueue row would wait forever: roll the create back.
                     raise EnqueueNotWritten(str(job_id))
                 row = await self._jobs.get(s, job_id)
+                if within is not None:
+                    assert row is not None
+                    await within(s, row)
         except DBAPIError as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is not None and is_unique_violation(exc):
@@ -340,7 +380,12 @@ class JobService:
             if existing is not None:
                 return self._same_request(existing, fingerprint)
         if p.max_active_jobs and await self._jobs.count_active(s, req.user_id) >= p.max_active_jobs:
-            raise TooManyJobs(f"At most {p.max_active_jobs} active jobs per user.")
+            # A slot frees when one of the user's jobs ends, which no clock predicts: a short,
+            # fixed hint, so a polite client neither hammers nor waits a job's whole timeout.
+            raise TooManyJobs(
+                f"At most {p.max_active_jobs} active jobs per user.",
+                retry_after_s=TOO_MANY_JOBS_RETRY_AFTER_S,
+            )
         now = dt.datetime.now(dt.UTC)
         day, month = utc_day_start(now), utc_month_start(now)
         if p.max_jobs_per_day or p.max_jobs_per_month:
@@ -394,6 +439,7 @@ class JobService:
         *,
         admin: bool = False,
         cancel_workflow: WorkflowCanceller | None = None,
+        within: CancelHook | None = None,
     ) -> CancelResult:
         """One transaction locks the job row and decides on its state: queued → cancelled at
         once (with its `ai.job.cancelled` event); running → cancel requested, and the workflow
@@ -405,6 +451,15 @@ class JobService:
             if row is None or (not admin and row.user_id != user_id):
                 raise JobNotFound("Job not found.")
             current = LifecycleStatus(row.lifecycle_status)
+            jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
+            if (
+                current in (LifecycleStatus.QUEUED, LifecycleStatus.RUNNING)
+                and jt is not None
+                and not jt.definition.execution.cancellable
+            ):
+                # Declared non-cancellable: refused whether it waits or runs, so a client
+                # cannot cancel it by being quick.
+                raise JobNotCancellable("This job type cannot be cancelled.")
             if current == LifecycleStatus.QUEUED:
                 await self._lifecycle.mark_cancelled_if_queued(s, job_id)
                 # The job's end, in the transaction that ends it (webhooks, streams).
@@ -419,15 +474,14 @@ class JobService:
                 )
                 outcome: Literal["cancelled", "cancel_requested"] = "cancelled"
             elif current == LifecycleStatus.RUNNING:
-                jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
-                if jt is not None and not jt.definition.execution.cancellable:
-                    raise JobNotCancellable("This job type cannot be cancelled while running.")
                 await self._lifecycle.request_cancel(s, job_id)
                 outcome = "cancel_requested"
             elif current == LifecycleStatus.CANCELLED:
                 raise JobAlreadyCancelled("The job is already cancelled.")
             else:
                 raise JobNotCancellable("The job has already finished.")
+            if within is not None:
+                await within(s, outcome)
         if cancel_workflow is not None:
             try:
                 await cancel_workflow(row.workflow_id)
@@ -442,9 +496,12 @@ class JobService:
 
     # ---- admin retry --------------------------------------------------------------------
 
-    async def retry(self, job_id: uuid.UUID) -> CreateJobResult:
+    async def retry(
+        self, job_id: uuid.UUID, *, within: CreateHook | None = None
+    ) -> CreateJobResult:
         """One new job per original, found by `retried_from_job_id` (unique), never by an
-        idempotency key a user could have claimed first. A double-click returns the same job."""
+        idempotency key a user could have claimed first. A double-click returns the same job.
+        `within` runs in the transaction that creates the retry (not when one existed)."""
         async with self._sm.begin() as s:
             row = await self._jobs.get(s, job_id)
             existing = await self._jobs.find_retry_of(s, job_id) if row is not None else None
@@ -468,7 +525,8 @@ class JobService:
                     credential_mode=row.credential_mode,
                     retried_from_job_id=row.id,
                     internal=True,
-                )
+                ),
+                within=within,
             )
         except DBAPIError as exc:
             if not is_unique_violation(exc):

@@ -160,7 +160,6 @@ def engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
         lock_ttl_s=settings.lock_ttl_s,
         heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
-        lock_extend_every_s=settings.lock_ttl_s / 2,
         retry_after_max_s=settings.retry_after_max_s,
         breaker_failures=settings.provider_breaker_failures,
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
@@ -182,6 +181,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         lock_grace_s=settings.lock_grace_s,
         retention_days=settings.data_retention_days,
         outbox_retention_days=settings.outbox_retention_days,
+        audit_retention_days=settings.admin_audit_retention_days,
         relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
         relay_task_queue=settings.task_queue(SYSTEM_QUEUE),
     )

@@ -1,10 +1,10 @@
 """Worker bootstrap: one Temporal worker per task queue, built from Settings.
 
 `ai-interactive` / `ai-background` run every job workflow and the stage activities; their
-`max_concurrent_activities` is AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY (2 / 1 by
-default). EXECUTE is the only regular activity there, so the limit caps concurrent provider calls
-while the bookkeeping stages (local activities) run unthrottled. `ai-system` runs the relay
-workflow and the reconciler schedule.
+`max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
+AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
+activity there, so the limit caps concurrent provider calls while the bookkeeping stages (local
+activities) run unthrottled. `ai-system` runs the relay workflow and the reconciler schedule.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
 from activities.relay import Relay
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
+from db.credentials import active_user_key_id
 from engine.contracts import (
     RECONCILER_SCHEDULE_ID,
     RECONCILER_WORKFLOW,
@@ -43,16 +45,21 @@ from engine.contracts import (
     RelayInput,
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.queues import queue_config
 from engine.settings import Settings
+from jobs.bulk import BulkPolicy, BulkService
+from jobs.service import JobService
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
     Parts,
+    create_policy,
     engine_config,
     gateway,
     reconciler_config,
     relay_config,
     webhook_deliverer,
 )
+from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import workflow_class_for
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
@@ -70,6 +77,17 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
             "engine", "workflows", "pydantic", "pydantic_core", "annotated_types"
         )
     )
+
+
+def queue_concurrency(settings: Settings, queue_name: str) -> int:
+    """Provider calls at once per worker on a job queue: the queue table's (engine/queues.py),
+    unless AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY override it."""
+    override = (
+        settings.interactive_concurrency
+        if queue_name == INTERACTIVE_QUEUE
+        else settings.background_concurrency
+    )
+    return override or queue_config(queue_name).concurrency
 
 
 def build_workers(
@@ -94,9 +112,7 @@ def build_workers(
     job_interceptors = [JobTelemetryInterceptor(), PublicFailureInterceptor()]
     for q in queues:
         if q in QUEUE_NAMES:
-            concurrency = (
-                s.interactive_concurrency if q == INTERACTIVE_QUEUE else s.background_concurrency
-            )
+            concurrency = queue_concurrency(s, q)
             workers.append(
                 Worker(
                     client,
@@ -122,12 +138,27 @@ def build_workers(
         elif q == SYSTEM_QUEUE:
             relay = relay or Relay(parts.sessionmaker, client, parts.catalog, relay_config(s))
             reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s))
+            # Admin bulk operations act through the same use cases as the API (same catalog,
+            # same create policy: a bulk retry is an internal create, outside user quotas).
+            bulk = BulkActivities(
+                BulkService(
+                    parts.sessionmaker,
+                    JobService(
+                        parts.sessionmaker,
+                        parts.catalog,
+                        create_policy(s),
+                        credential_lookup=active_user_key_id,
+                    ),
+                    BulkPolicy.from_settings(s),
+                ),
+                client,
+            )
             workers.append(
                 Worker(
                     client,
                     task_queue=s.task_queue(q),
-                    workflows=[RelayWorkflow, ReconcilerWorkflow],
-                    activities=[relay.relay_loop, reconciler.reconcile_once],
+                    workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
+                    activities=[relay.relay_loop, reconciler.reconcile_once, *bulk.all()],
                     max_concurrent_activities=8,
                     workflow_runner=sandbox_runner(),
                     interceptors=[PublicFailureInterceptor()],

@@ -17,6 +17,7 @@ from api.schemas import EVENT_TYPE_PATTERN, OutboxEventOut, OutboxPage, OutboxSt
 from db import outbox
 from db.outbox import OutboxSummary
 from engine.errors import OutboxEventNotFound, OutboxNotRequeueable
+from jobs.audit import OUTBOX_REQUEUE, AuditEntry, AuditLog
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai/outbox", tags=["admin"])
@@ -97,7 +98,9 @@ async def list_events(
 async def requeue_event(
     event_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
 ) -> dict[str, Any]:
-    async with state.sessionmaker.begin() as s:
+    audit = AuditLog(state.sessionmaker)
+    entry = AuditEntry(admin.user_id, OUTBOX_REQUEUE, "outbox_event", str(event_id))
+    async with audit.refusals(entry), state.sessionmaker.begin() as s:
         row = await outbox.requeue(s, event_id)
         if row is None:
             current = await outbox.get_summary(s, event_id)
@@ -107,6 +110,8 @@ async def requeue_event(
                 f"The event is {current.status}: only dead, failed or pending events can be "
                 "requeued."
             )
+        # In the requeue's transaction: the entry exists if and only if the requeue does.
+        await audit.write(s, entry, "requeued", eventType=row.event_type, jobId=row.job_id)
     log.info(
         "outbox event requeued",
         extra={"event_id": row.id, "job_id": row.job_id, "admin": admin.user_id},

@@ -27,6 +27,7 @@ from engine.errors import (
     WebhookDeliveryNotFound,
     WebhookDeliveryNotReplayable,
 )
+from jobs.audit import DELIVERY_REPLAY, AuditEntry, AuditLog
 from jobs.webhooks import WebhookService
 
 log = logging.getLogger(__name__)
@@ -228,12 +229,16 @@ async def list_deliveries(
 async def replay_delivery(
     delivery_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
 ) -> dict[str, Any]:
-    async with state.sessionmaker.begin() as s:
+    audit = AuditLog(state.sessionmaker)
+    entry = AuditEntry(admin.user_id, DELIVERY_REPLAY, "webhook_delivery", str(delivery_id))
+    async with audit.refusals(entry), state.sessionmaker.begin() as s:
         row = await repo.replay(s, delivery_id)
         if row is None:
             current = await repo.get_delivery(s, delivery_id)
             if current is None:
                 raise WebhookDeliveryNotFound("No webhook delivery has this id.")
             raise WebhookDeliveryNotReplayable(f"The delivery is {current.status}.")
+        # In the replay's transaction: the entry exists if and only if the replay does.
+        await audit.write(s, entry, "replayed", jobId=row.job_id)
     log.info("webhook delivery replayed", extra={"delivery_id": row.id, "admin": admin.user_id})
     return _delivery(row)

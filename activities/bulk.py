@@ -1,0 +1,68 @@
+"""The bulk operation's activities (queue `ai-system`): act on one page of pending items,
+paced, and close the operation.
+
+A page is at most `page_size` items and at most `jobs_per_second` of them per second, so a bulk
+retry of thousands of failed jobs enters the job queues as a steady trickle instead of a wave.
+The activity heartbeats before every item: a page whose worker died is retried within the
+heartbeat timeout, and its retry skips the items already settled (each item leaves `pending`
+once, in the transaction that acts on its job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client
+
+from engine.contracts import (
+    BULK_FINISH,
+    BULK_PROCESS_PAGE,
+    BulkPageInput,
+    BulkPageResult,
+    BulkResult,
+)
+from jobs.bulk import BulkService
+
+
+class BulkActivities:
+    def __init__(self, bulk: BulkService, client: Client) -> None:
+        self._bulk = bulk
+        self._client = client
+
+    async def _cancel_workflow(self, workflow_id: str) -> None:
+        await self._client.get_workflow_handle(workflow_id).cancel()
+
+    @activity.defn(name=BULK_PROCESS_PAGE)
+    async def process_page(self, inp: BulkPageInput) -> BulkPageResult:
+        operation_id = uuid.UUID(inp.operation_id)
+        items = await self._bulk.pending_page(
+            operation_id, after=inp.after_ordinal, limit=inp.page_size
+        )
+        loop = asyncio.get_running_loop()
+        interval = 1.0 / inp.jobs_per_second
+        start = loop.time()
+        for i, item in enumerate(items):
+            # Pacing: item i is acted on no earlier than i / rate seconds into the page.
+            delay = start + i * interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            activity.heartbeat(item.ordinal)
+            await self._bulk.act(
+                operation_id, inp.action, item, cancel_workflow=self._cancel_workflow
+            )
+        return BulkPageResult(
+            last_ordinal=items[-1].ordinal if items else inp.after_ordinal,
+            processed=len(items),
+            more=len(items) == inp.page_size,
+        )
+
+    @activity.defn(name=BULK_FINISH)
+    async def finish(self, operation_id: str) -> BulkResult:
+        return await self._bulk.finish(uuid.UUID(operation_id))
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.process_page, self.finish]
