@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import internal_message, loggable, private_strings
 from activities.stage_support import (
     StageDeps,
     fail_attempt,
@@ -21,6 +22,7 @@ from activities.stage_support import (
     log_completed,
 )
 from db.errors import is_unavailable
+from db.jobs import JobRow
 from db.outbox import CANCELLED, FAILED
 from engine.contracts import (
     COMPLETE,
@@ -61,17 +63,20 @@ class BookkeepingStages(StageDeps):
         jt = self._catalog.get(activity.info().workflow_type or "")
         d = jt.definition
         cfg = self._config
+        # Attempts, backoff and heartbeat: the definition's own, else its queue's
+        # (engine/queues.py); the settings' overrides of the lock come in through cfg.
+        policy = self._execution_policy(d)
         return PrepareResult(
             run=True,
             lifecycle_status="queued",
             plan=ExecutionPlan(
                 queue_name=d.queue.queue_name,
                 timeout_ms=d.execution.timeout_ms,
-                max_attempts=d.max_attempts,
-                backoff_ms=d.execution.retry_backoff.delay,
+                max_attempts=policy.max_attempts,
+                backoff_ms=policy.backoff_ms,
                 abort_strategy=d.execution.abort_strategy,
                 cancellable=d.execution.cancellable,
-                heartbeat_timeout_ms=cfg.heartbeat_timeout_ms,
+                heartbeat_timeout_ms=policy.heartbeat_timeout_ms,
                 start_to_close_ms=d.execution.timeout_ms + cfg.execute_margin_ms,
             ),
         )
@@ -111,6 +116,7 @@ class BookkeepingStages(StageDeps):
         artifacts; unique keys make a repeated projection write nothing new."""
         job_id = uuid.UUID(inp.job_id)
         attempt = activity.info().attempt
+        row: JobRow | None = None
         try:
             async with self._sm.begin() as s:
                 row = await self._jobs.get(s, job_id)
@@ -142,7 +148,15 @@ class BookkeepingStages(StageDeps):
         except Exception as exc:
             if is_unavailable(exc):
                 raise  # retried by the bookkeeping policy until the database is back
-            await self._note_internal(job_id, f"projection failed: {type(exc).__name__}: {exc}")
+            log.warning(
+                "projection failed",
+                extra={"job_id": inp.job_id, "attempt": attempt},
+                exc_info=loggable(exc),
+            )
+            private = private_strings(row.input, row.output) if row is not None else []
+            await self._note_internal(
+                job_id, internal_message(exc, private=private, context="projection failed")
+            )
             fail_attempt("INTERNAL_PROJECTION_FAILED", attempt=attempt)
 
     async def _note_internal(self, job_id: uuid.UUID, message: str) -> None:
@@ -193,7 +207,8 @@ class BookkeepingStages(StageDeps):
                             job_id,
                             owner=lock_owner(),
                             identity=self._config.identity,
-                            ttl_s=self._config.lock_ttl_s,
+                            # Taken and ended in this transaction: any TTL does.
+                            ttl_s=self._config.lock_ttl_s or 60,
                         )
                     await self._lifecycle.mark_failed(
                         s, job_id, inp.code, public_message_for(inp.code), None

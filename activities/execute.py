@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 
+from activities.failures import internal_message, loggable, private_strings
 from activities.stage_support import (
     EngineConfig,
     StageDeps,
@@ -210,8 +211,18 @@ class ExecuteStage(StageDeps):
             )
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
+            log.warning(
+                "EXECUTE failed with an unexpected error",
+                extra={"job_id": inp.job_id, "attempt": attempt},
+                exc_info=loggable(exc),
+            )
+            private = private_strings(
+                snapshot, row.input, response.content if response is not None else None
+            )
+            if begun.api_key:
+                private.append(begun.api_key)
             failure = ExecutionFailure(
-                "INTERNAL_ERROR", internal_message=f"{type(exc).__name__}: {str(exc)[:500]}"
+                "INTERNAL_ERROR", internal_message=internal_message(exc, private=private)
             )
 
         latency_ms = int((time.monotonic() - started) * 1000)
@@ -333,7 +344,8 @@ class ExecuteStage(StageDeps):
                     job_id,
                     owner=owner,
                     identity=cfg.identity,
-                    ttl_s=cfg.lock_ttl_s,
+                    # The workflow type is the job type: its lock, before the row is read.
+                    ttl_s=self._lock_policy(activity.info().workflow_type or "")[0],
                     run_id=run_id,
                 )
             except IllegalTransition as exc:
@@ -390,18 +402,16 @@ class ExecuteStage(StageDeps):
         own clock (so a workflow cancel arrives within about a second, and a slow database can
         never starve them); the SQL lock is extended by a separate task, which also aborts the
         call when SQL says the job was cancelled or is no longer ours."""
-        cfg = self._config
+        ttl_s, extend_every_s = self._lock_policy(request.job_type)
         call = asyncio.ensure_future(provider.generate(request))
         self_cancelled = False
 
         async def extend_once() -> ExtendResult:
             async with self._sm.begin() as s:
-                return await self._lifecycle.extend_lock(
-                    s, job_id, owner=owner, ttl_s=cfg.lock_ttl_s
-                )
+                return await self._lifecycle.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
 
         async def beat() -> None:
-            interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
+            interval = _beat_interval_s()
             while not call.done():
                 activity.heartbeat()
                 await asyncio.sleep(interval)
@@ -409,9 +419,9 @@ class ExecuteStage(StageDeps):
         async def extend() -> None:
             nonlocal self_cancelled
             while not call.done():
-                await asyncio.sleep(cfg.lock_extend_every_s)
+                await asyncio.sleep(extend_every_s)
                 try:
-                    ext = await asyncio.wait_for(extend_once(), timeout=cfg.lock_extend_every_s)
+                    ext = await asyncio.wait_for(extend_once(), timeout=extend_every_s)
                 except Exception:
                     continue  # a lost extension is survivable; the TTL has slack
                 if ext.cancel_requested or not ext.extended:
@@ -450,13 +460,14 @@ class ExecuteStage(StageDeps):
         then, while the job is still ours and nobody asked to cancel it, the output and, in a
         savepoint, its projection and `succeeded`. A projector that fails leaves the stored
         output for the PROJECT stage (with its own retries); a cancel seen here is honoured."""
-        cfg = self._config
         async with self._sm.begin() as s:
             await self._usage.insert(s, usage)
             await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
             if probe.gate is not None:
                 await self._gate.reachable(s, probe.gate)
-            ext = await self._lifecycle.extend_lock(s, row.id, owner=owner, ttl_s=cfg.lock_ttl_s)
+            ext = await self._lifecycle.extend_lock(
+                s, row.id, owner=owner, ttl_s=self._lock_policy(row.job_type)[0]
+            )
             if not ext.extended:
                 return "not_owner", None
             if ext.cancel_requested:
@@ -473,12 +484,17 @@ class ExecuteStage(StageDeps):
                 log.warning(
                     "projection inside EXECUTE failed; PROJECT will retry it",
                     extra={"job_id": str(row.id), "error_type": type(exc).__name__},
+                    exc_info=loggable(exc),
                 )
                 await self._jobs.record_attempt(
                     s,
                     row.id,
                     attempt=attempt,
-                    internal_error=f"projection failed: {type(exc).__name__}: {exc}"[:2000],
+                    internal_error=internal_message(
+                        exc,
+                        private=private_strings(row.input, out),
+                        context="projection failed",
+                    ),
                 )
                 return "stored", None
 
@@ -664,7 +680,7 @@ class _ProviderClosed(Exception):
 async def _heartbeating(cfg: EngineConfig) -> AsyncIterator[None]:
     """Heartbeat to Temporal on its own clock while the body runs (a transaction that waits on
     a lock or a reconnect), so only a dead worker, never a slow database, times EXECUTE out."""
-    interval = max(0.2, min(0.5, cfg.heartbeat_timeout_ms / 4000))
+    interval = _beat_interval_s()
 
     async def beat() -> None:
         while True:
@@ -676,6 +692,14 @@ async def _heartbeating(cfg: EngineConfig) -> AsyncIterator[None]:
         yield
     finally:
         task.cancel()
+
+
+def _beat_interval_s() -> float:
+    """A quarter of this attempt's heartbeat timeout (its job type's or queue's lock), between
+    0.2 s and 0.5 s: several beats always land inside the timeout."""
+    timeout = activity.info().heartbeat_timeout
+    timeout_s = timeout.total_seconds() if timeout else 10.0
+    return max(0.2, min(0.5, timeout_s / 4))
 
 
 class _SelfCancelled(Exception):

@@ -33,7 +33,9 @@ from db.provider_gate import ProviderGate
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import ProjectResult
+from engine.definition import JobDefinition
 from engine.errors import EngineError, is_retryable, public_message_for
+from engine.queues import ResolvedExecution, resolve_execution
 from jobs.spec import Catalog, ProjectionContext
 
 log = logging.getLogger("activities.stages")
@@ -42,10 +44,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    lock_ttl_s: int = 60
-    heartbeat_timeout_ms: int = 10_000
-    # How often EXECUTE extends lock_until in SQL (TTL 60 s, every 30 s).
-    lock_extend_every_s: float = 30.0
+    # Operators' overrides of the queues' lock (AI_LOCK_TTL_S, AI_HEARTBEAT_TIMEOUT_MS); None:
+    # each job type's own value, else its queue's (engine/queues.py, `StageDeps._execution_policy`).
+    lock_ttl_s: int | None = None
+    heartbeat_timeout_ms: int | None = None
+    # How often EXECUTE extends lock_until in SQL. None: every half of the job's lock TTL.
+    lock_extend_every_s: float | None = None
     # How long EXECUTE's own transactions wait out a database outage before the attempt fails.
     # EXECUTE's start-to-close timeout is the job's timeout plus twice this plus a margin, so a
     # database blip after the provider answered never turns into TIMEOUT or a second call.
@@ -78,11 +82,26 @@ class StageDeps:
         self._gateway = gateway
         self._config = config or EngineConfig()
         self._metrics = metrics or worker_metrics()
+
         self._lifecycle = LifecycleRepository()
         self._jobs = JobQueries()
         self._outbox = OutboxRepository()
         self._usage = UsageRepository()
         self._gate = ProviderGate()
+
+    def _execution_policy(self, d: JobDefinition) -> ResolvedExecution:
+        """The job type's attempts, backoff and lock: its own, the operator's override of the
+        lock, else its queue's. The one place the stages read them."""
+        cfg = self._config
+        return resolve_execution(
+            d, heartbeat_timeout_ms=cfg.heartbeat_timeout_ms, lock_ttl_s=cfg.lock_ttl_s
+        )
+
+    def _lock_policy(self, job_type: str) -> tuple[int, float]:
+        """The SQL lock TTL of a job of `job_type` and how often EXECUTE extends it."""
+        policy = self._execution_policy(self._catalog.get(job_type).definition)
+        every = self._config.lock_extend_every_s or policy.lock_extend_every_s
+        return policy.lock_ttl_s, every
 
     async def _project_in(
         self, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str

@@ -52,7 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from engine.settings import Settings
+    from engine.queues import QUEUES
 
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -106,7 +106,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--interactive-concurrency",
         type=int,
-        default=Settings.model_fields["interactive_concurrency"].default,
+        default=QUEUES["ai-interactive"].concurrency,
         help="AI_INTERACTIVE_CONCURRENCY for engine and baseline workers (2)",
     )
     p.add_argument("--log-level", default="INFO", help="LOG_LEVEL of the engine processes")

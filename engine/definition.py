@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from engine.errors import InvalidJobDefinition
+from engine.queues import QUEUES, resolve_execution
 
 QueueName = Literal["ai-interactive", "ai-background"]
 CredentialMode = Literal["platform_key", "user_deepseek_key"]
@@ -20,7 +21,12 @@ PLATFORM_KEY: CredentialMode = "platform_key"  # the platform's provider key
 USER_DEEPSEEK_KEY: CredentialMode = "user_deepseek_key"  # the user's own DeepSeek key
 CREDENTIAL_MODES: tuple[CredentialMode, ...] = (PLATFORM_KEY, USER_DEEPSEEK_KEY)
 SYSTEM_QUEUE = "ai-system"
+# The queue table (engine/queues.py) configures exactly the job queues.
+assert set(QUEUES) == set(QUEUE_NAMES), "engine/queues.py must configure every job queue"
 JOB_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
+# The width of ai_job's version columns; a 64-character job type's default
+# `<jobType>.output.v1` (74 characters) fits.
+VERSION_MAX_LENGTH = 128
 Visibility = Literal["public", "dev", "internal"]
 
 
@@ -41,11 +47,20 @@ class RetryBackoff(_Frozen):
 
 
 class Execution(_Frozen):
+    """`max_retries`, `retry_backoff` and `lock_ms` left out (None) are the queue's
+    (engine/queues.py); read the effective values through `engine.queues.resolve_execution`,
+    never from these fields."""
+
     timeout_ms: int = 60_000  # one provider call, 1 s .. 10 min
-    max_retries: int = Field(default=1, ge=0, le=10)  # not counting the first attempt
-    retry_backoff: RetryBackoff = RetryBackoff()
+    # Not counting the first attempt. None: the queue's attempts minus one.
+    max_retries: int | None = Field(default=None, ge=0, le=10)
+    retry_backoff: RetryBackoff | None = None  # None: the queue's backoff
+    # EXECUTE's heartbeat timeout and SQL lock TTL (milliseconds). None: the queue's lock.
+    lock_ms: int | None = Field(default=None, ge=1000, le=600_000)
+    # False: the job refuses a cancel (409 JOB_NOT_CANCELLABLE), queued or running.
     cancellable: bool = True
-    # After a retryable failure: "retry" spends the job's retries, "fail" ends the job.
+    # What a TIMEOUT does (only TIMEOUT: other retryable codes always spend the job's
+    # attempts): "retry" spends an attempt, "fail" ends the job at once.
     abort_strategy: Literal["fail", "retry"] = "retry"
     # The most tokens one answer may take: sent as the request's `max_tokens`, and counted with
     # the prompt against the model's context window before a job is accepted.
@@ -63,7 +78,8 @@ class CredentialSpec(_Frozen):
 
 class SecuritySpec(_Frozen):
     content_safety_check: bool = True  # screen the input before the provider sees it
-    output_redaction: bool = False  # mask emails/phones/keys in the output before storing it
+    # Mask e-mail addresses and phone numbers (only those) in the output before storing it.
+    output_redaction: bool = False
 
 
 class JobDefinition(_Frozen):
@@ -103,7 +119,8 @@ class JobDefinition(_Frozen):
 
     @property
     def max_attempts(self) -> int:
-        return self.execution.max_retries + 1
+        """Provider attempts, the first included: the definition's or its queue's."""
+        return resolve_execution(self).max_attempts
 
     def creatable(self, *, development: bool) -> bool:
         """May a user create this type over REST? `development`: the settings say
@@ -123,6 +140,16 @@ def validate_definition(d: JobDefinition) -> None:
         raise InvalidJobDefinition(f"defaultMode of {d.job_type} is not an allowed mode")
     if not d.credential.allowed_modes:
         raise InvalidJobDefinition(f"{d.job_type} allows no credential mode")
+    for field_name, version in (
+        ("prompt_version", d.prompt_version),
+        ("input.schema_version", d.input.schema_version),
+        ("output.schema_version", d.output.schema_version),
+    ):
+        # Every job records its versions: one that cannot be stored would fail every create.
+        if not 1 <= len(version) <= VERSION_MAX_LENGTH:
+            raise InvalidJobDefinition(
+                f"{field_name} of {d.job_type} must have 1..{VERSION_MAX_LENGTH} characters"
+            )
 
 
 def priority_key(priority: int) -> int:

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from engine.queues import resolve_execution
 from jobs.spec import AnyJobType, ProjectionContext, artifact_uuid
 from jobs.types import default_catalog
 from jobs.types import flashcard_generation as flashcards
@@ -299,7 +300,8 @@ def test_definitions_follow_design_section_7() -> None:
         d = catalog.get(job_type).definition
         assert d.visibility == "public"
         assert d.queue.queue_name == queue
-        assert (d.execution.max_retries, d.execution.retry_backoff.delay) == (retries, backoff)
+        policy = resolve_execution(d)  # the definition's own values, else its queue's
+        assert (policy.max_retries, policy.backoff_ms) == (retries, backoff)
         assert d.credential.allowed_modes == ("platform_key", "user_deepseek_key")
         assert d.credential.default_mode == "platform_key"
         assert d.security.content_safety_check is True
