@@ -134,6 +134,9 @@ class CreateJobBody(Camel):
     # Strict: `true` or "5" is not a priority (lax mode would take them as 1 and 5).
     priority: int | None = Field(default=None, ge=0, le=100, strict=True)
     credential_mode: CredentialMode | None = None
+    # One of the caller's own active keys, with credentialMode user_deepseek_key only; left
+    # out: the newest. Anyone else's, a revoked or an unknown one: 404 CREDENTIAL_NOT_FOUND.
+    credential_id: uuid.UUID | None = None
 
     @field_validator("job_type", "target_type", "target_id")
     @classmethod

@@ -31,6 +31,27 @@ async def active_user_key_id(session: AsyncSession, user_id: str) -> uuid.UUID |
     return row.id if row else None
 
 
+async def owned_active_key_id(
+    session: AsyncSession, user_id: str, credential_id: uuid.UUID
+) -> uuid.UUID | None:
+    """`credential_id` when it is `user_id`'s own active DeepSeek key, else None: someone
+    else's, a revoked and a missing key look the same to the caller. The row is read FOR SHARE,
+    so a revoke waits for the transaction that pins the key on a job."""
+    row = (
+        await session.execute(
+            text(
+                """
+                SELECT id FROM user_model_credential
+                WHERE id = :id AND user_id = :u AND provider = 'deepseek' AND revoked_at IS NULL
+                FOR SHARE
+                """
+            ),
+            {"id": credential_id, "u": user_id},
+        )
+    ).first()
+    return row.id if row else None
+
+
 async def has_active_user_key(session: AsyncSession, user_id: str) -> bool:
     return await active_user_key_id(session, user_id) is not None
 

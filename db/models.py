@@ -121,10 +121,14 @@ class AiJob(Base):
     progress: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     input: Mapped[dict[str, Any]] = mapped_column(JSONB)
     credential_mode: Mapped[str] = mapped_column(String(32))
-    credential_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
-    prompt_version: Mapped[str] = mapped_column(String(32))
-    input_schema_version: Mapped[str] = mapped_column(String(32))
-    output_schema_version: Mapped[str] = mapped_column(String(32))
+    # Keys are revoked, never deleted: RESTRICT keeps a job naming the key it was charged to.
+    credential_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("user_model_credential.id", ondelete="RESTRICT")
+    )
+    # 128: a 64-character job type's default `<jobType>.output.v1` must fit.
+    prompt_version: Mapped[str] = mapped_column(String(128))
+    input_schema_version: Mapped[str] = mapped_column(String(128))
+    output_schema_version: Mapped[str] = mapped_column(String(128))
     attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     max_retry_count: Mapped[int] = mapped_column(Integer)
     locked_by: Mapped[str | None] = mapped_column(String(255))

@@ -24,9 +24,11 @@ def request_fingerprint(
     input_: Any,
     priority: int | None,
     credential_mode: str | None = None,
+    credential_id: str | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
-    The effective credential mode is part of the request (who pays is not a detail)."""
+    The effective credential mode, and the key a client named, are part of the request (who
+    pays is not a detail). Left out, they leave earlier fingerprints unchanged."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -36,4 +38,6 @@ def request_fingerprint(
     }
     if credential_mode is not None:
         body["credentialMode"] = credential_mode
+    if credential_id is not None:
+        body["credentialId"] = credential_id
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -66,7 +66,9 @@ async def job_json(state: State, row: Any) -> dict[str, Any]:
     description=(
         "Creates a job of a public job type; `input` is validated against that type's own input "
         "schema (see the `*Input` schemas). With `Idempotency-Key`, the same key and body return "
-        "the existing job (200); the same key with another body is rejected (422)."
+        "the existing job (200); the same key with another body is rejected (422). "
+        "`credentialId` (with `credentialMode: user_deepseek_key`) names which of your own active "
+        "keys pays; anyone else's, a revoked or an unknown key is 404 `CREDENTIAL_NOT_FOUND`."
     ),
 )
 async def create_job(
@@ -85,6 +87,7 @@ async def create_job(
             priority=body.priority,
             idempotency_key=_check_key(idempotency_key),
             credential_mode=body.credential_mode,
+            credential_id=body.credential_id,
         )
     )
     payload = await job_json(state, result.job)
