@@ -26,6 +26,7 @@ from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository, NewJob
 from db.outbox import ENQUEUE, OutboxRepository
 from engine.contracts import workflow_id
+from engine.queues import resolve_execution
 from jobs.types.synthetic import DEFINITION as SYNTHETIC
 
 router = APIRouter(prefix="/bench", include_in_schema=False)
@@ -85,7 +86,7 @@ async def bare_create(request: Request) -> dict[str, Any]:
                 prompt_version=d.prompt_version,
                 input_schema_version=d.input.schema_version,
                 output_schema_version=d.output.schema_version,
-                max_retry_count=d.execution.max_retries,
+                max_retry_count=resolve_execution(d).max_retries,
                 workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
             ),
         )
