@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from temporalio.client import Client
 
+from db.errors import sqlstate
 from db.session import SessionMaker
 from engine.errors import ExecutionFailure
 from engine.settings import Settings
@@ -297,3 +299,75 @@ async def test_rotation_reencrypts_active_keys_under_the_new_key_id(
         "u2": "k3",
         "u3": "k1",
     }
+
+
+# ---- credentialId at create ---------------------------------------------------------------------
+
+
+async def test_credential_id_names_one_of_the_callers_own_active_keys(
+    db: SessionMaker, fake_settings: Settings, temporal_client: Client, fake: FakeOpenAIServer
+) -> None:
+    """The named key is pinned and pays; a revoked one, someone else's and an unknown id are all
+    404 CREDENTIAL_NOT_FOUND (nothing tells them apart), and nothing is created for them."""
+    s = fake_settings
+    await fake.ascript([{"kind": "valid", "content": VALID}])
+    async with (
+        engine_stack(s, temporal_client, queues=JOB_QUEUES) as stack,
+        api_client(s) as (_, c),
+    ):
+        first = await _add_key(c, s, "u1", USER_KEY)
+        second = await _add_key(c, s, "u1", OTHER_KEY)  # revokes `first`
+        theirs = await _add_key(c, s, "u2", "sk-someone-elses-key-0099aabbccdd")
+        refused: list[dict[str, Any]] = []
+        for credential_id in (first["id"], theirs["id"], str(uuid.uuid4())):
+            r = await c.post(
+                "/api/ai/jobs", json={**QUIZ, "credentialId": credential_id}, headers=auth(s, "u1")
+            )
+            refused.append(r.json())
+            assert (r.status_code, r.json()["code"]) == (404, "CREDENTIAL_NOT_FOUND"), r.text
+        assert len({(p["title"], p["detail"]) for p in refused}) == 1  # indistinguishable
+
+        platform = await c.post(
+            "/api/ai/jobs",
+            json={**QUIZ, "credentialMode": "platform_key", "credentialId": second["id"]},
+            headers=auth(s, "u1"),
+        )
+        assert (platform.status_code, platform.json()["code"]) == (422, "VALIDATION_FAILED")
+        async with db() as session:
+            assert await session.scalar(text("SELECT count(*) FROM ai_job")) == 0
+
+        created = await c.post(
+            "/api/ai/jobs", json={**QUIZ, "credentialId": second["id"]}, headers=auth(s, "u1")
+        )
+        assert created.status_code == 202, created.text
+        job_id = uuid.UUID(created.json()["jobId"])
+        row = await stack.wait_status(job_id, timeout=30)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert str(row.credential_id) == second["id"]
+        assert (await fake.acalls())["authorizations"] == [f"Bearer {OTHER_KEY}"]
+
+
+async def test_a_key_a_job_names_cannot_be_deleted(
+    db: SessionMaker, fake_settings: Settings
+) -> None:
+    """ai_job.credential_id references the key ON DELETE RESTRICT: keys are revoked, never
+    deleted, and a job keeps naming the key it was charged to."""
+    s = fake_settings
+    async with api_client(s) as (_, c):
+        cred = await _add_key(c, s, "u1", USER_KEY)
+        created = await c.post(
+            "/api/ai/jobs", json={**QUIZ, "credentialId": cred["id"]}, headers=auth(s, "u1")
+        )
+        assert created.status_code == 202, created.text
+    with pytest.raises(DBAPIError) as raised:
+        async with db.begin() as session:
+            await session.execute(
+                text("DELETE FROM user_model_credential WHERE id = :id"), {"id": cred["id"]}
+            )
+    assert sqlstate(raised.value) == "23001"  # restrict_violation
+    with pytest.raises(DBAPIError) as raised:  # and a job cannot name a key that is not there
+        async with db.begin() as session:
+            await session.execute(
+                text("UPDATE ai_job SET credential_id = :id"), {"id": uuid.uuid4()}
+            )
+    assert sqlstate(raised.value) == "23503"  # foreign_key_violation
