@@ -19,6 +19,7 @@ from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult
 from engine.errors import JobAlreadyCancelled, JobNotCancellable
 from engine.settings import Settings
+from jobs.types import synthetic
 from tests.integration.engine_helpers import (
     LIFECYCLE_SA,
     job_facts,
@@ -28,7 +29,7 @@ from tests.integration.engine_helpers import (
     wait_workflow_closed,
     workflow_canceller,
 )
-from tests.stack import TERMINAL, engine_stack, make_settings
+from tests.stack import TERMINAL, engine_stack, make_settings, variant
 from tests.support import eventually
 
 
@@ -199,3 +200,23 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(
         print(f"cancel race: {dict(mix)} in {time.monotonic() - t0:.1f}s")
         # The race was real: each side won sometimes.
         assert {s for _, s in mix} == {"succeeded", "cancelled"}, mix
+
+
+async def test_a_non_cancellable_type_refuses_a_cancel_while_queued(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """`execution.cancellable = False` holds from creation: a queued job of such a type is not
+    cancelled either (409 JOB_NOT_CANCELLABLE), and nothing about it changes."""
+    pinned = variant(synthetic.JOB, "t_not_cancellable", cancellable=False)
+    async with engine_stack(
+        settings, temporal_client, queues=(), relay=False, extra_types=[pinned]
+    ) as st:
+        job_id = await st.create(job_type=pinned.job_type)
+        with pytest.raises(JobNotCancellable) as refused:
+            await st.service.cancel(job_id, "u1")
+        assert refused.value.http_status == 409
+        with pytest.raises(JobNotCancellable):
+            await st.service.cancel(job_id, "admin", admin=True)
+        row = await st.job(job_id)
+        assert (row.lifecycle_status, row.cancel_requested_at) == ("queued", None)
+        assert CANCELLED not in (await job_facts(db, job_id)).events
