@@ -72,7 +72,9 @@ class RelayConfig:
     # Attach the jobs' fairness keys when starting their workflows.
     fairness: bool = True
     owner: str = field(
-        default_factory=lambda: f"relay:{socket.gethostname()}:{os.getpid()}:{id(object())}"
+        # Unique per relay instance: a memory address (id()) can come back in another process
+        # or later in this one, and two relays with one owner would release each other's claims.
+        default_factory=lambda: f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
     )
 
 
