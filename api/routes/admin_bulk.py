@@ -210,7 +210,10 @@ _SUBMIT_DOC = (
     "operation is returned (200)."
 )
 _SUBMIT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": BulkPreviewResponse, "description": "Dry run, or the key's operation"},
+    200: {
+        "model": BulkPreviewResponse | BulkAcceptedResponse,
+        "description": "A dry run, or the operation of a reused Idempotency-Key",
+    },
     202: {"model": BulkAcceptedResponse, "description": "Operation accepted"},
 }
 

@@ -26,9 +26,11 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 BUDGET_S = 45.0
 # A schema-valid request may still be refused with 422 where validity depends on what no schema
 # can state: an opaque cursor the server never issued, an Idempotency-Key already used with
-# another body or a credential mode without a stored key, a webhook URL that is not http(s).
+# another body or a credential mode without a stored key (a create, or an admin retry of a job
+# whose owner has no key left), a webhook URL that is not http(s).
 PAGED_OR_STATEFUL = (
-    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries)(/\{job_id\}/artifacts)?$"
+    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit)"
+    r"(/\{job_id\}/(artifacts|retry))?$"
 )
 CONFIG = f"""
 [[operations]]
