@@ -174,10 +174,15 @@ async def test_an_unexpected_error_reaches_temporal_as_a_code_only(
     ]
     async with engine_stack(settings, temporal_client, extra_types=types) as st:
         for jt in types:
-            job_id = await st.create(job_type=jt.job_type)
+            # The secret is the job's own data, as it would be in a projector's message.
+            job_id = await st.create(job_type=jt.job_type, input={"echo": {"note": secret}})
             row = await st.wait_status(job_id, timeout=60)
             assert row.lifecycle_status == "failed"
             assert row.error_code == "INTERNAL_PROJECTION_FAILED"
+            # SUPER_ADMIN's view names the failure and its frames, never the job's data.
+            internal = row.internal_error_message or ""
+            assert "projection failed: " in internal and "engine frames" in internal, internal
+            assert secret not in internal, internal
             wid = st.workflow_id(job_id, jt.job_type)
             await wait_workflow_closed(temporal_client, wid)
             await assert_absent(temporal_client, wid, secret, present="INTERNAL_PROJECTION_FAILED")
