@@ -128,17 +128,22 @@ def _is_driver_error(exc: BaseException) -> bool:
     return isinstance(exc, (DBAPIError, PsycopgError))
 
 
+def type_name(t: type[BaseException]) -> str:
+    """`RuntimeError`, `sqlalchemy.exc.DataError`: builtins bare, the others with a module."""
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 def internal_message(exc: BaseException, *, private: Iterable[str] = (), context: str = "") -> str:
     """The SUPER_ADMIN's view of an unexpected exception (`internalErrorMessage`): its type,
     its message (`exception_message`), the type of the exception it was raised from, and the
     engine's own frames as `file:line in function`, innermost last; at most
     INTERNAL_MESSAGE_MAX_CHARS. `context` says where (e.g. "projection failed")."""
     private = list(private)
-    head = f"{type(exc).__module__}.{type(exc).__qualname__}: {exception_message(exc, private)}"
+    head = f"{type_name(type(exc))}: {exception_message(exc, private)}"
     lines = [f"{context}: {head}" if context else head]
     cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if cause is not None:
-        lines.append(f"raised from {type(cause).__module__}.{type(cause).__qualname__}")
+        lines.append(f"raised from {type_name(type(cause))}")
     frames = own_frames(exc)
     if frames:
         lines.append("engine frames (innermost last):")
@@ -159,7 +164,7 @@ class MessageWithheld(Exception):
 def loggable(exc: BaseException) -> tuple[type[BaseException], BaseException, Any]:
     """`exc_info` for logging `exc`: its full traceback, its type and (for a driver error) its
     SQLSTATE, but never its message."""
-    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    name = type_name(type(exc))
     state = sqlstate(exc) if _is_driver_error(exc) else None
     stand_in = MessageWithheld(f"{name}" + (f" (SQLSTATE {state})" if state else ""))
     return MessageWithheld, stand_in, exc.__traceback__

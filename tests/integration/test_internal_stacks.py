@@ -57,7 +57,7 @@ def test_the_message_is_bounded_and_names_only_engine_frames() -> None:
         _recurse(200)
     except ValueError as exc:
         message = internal_message(exc, context="where")
-    assert message.startswith("where: builtins.ValueError: ")
+    assert message.startswith("where: ValueError: ")
     assert len(message) <= INTERNAL_MESSAGE_MAX_CHARS
     # This test module is not the engine's code: none of its 201 frames is listed.
     assert "tests/" not in message and frames_of(message) == []
@@ -105,7 +105,7 @@ async def test_the_admin_sees_the_stack_of_an_internal_failure_without_job_data(
         api_client(settings) as (_, c),
     ):
         expected = {
-            prompt_bug.job_type: ("INTERNAL_ERROR", "builtins.RuntimeError: " + WITHHELD),
+            prompt_bug.job_type: ("INTERNAL_ERROR", "RuntimeError: " + WITHHELD),
             projection_bug.job_type: (
                 "INTERNAL_PROJECTION_FAILED",
                 "projection failed: sqlalchemy.exc.DataError: SQLSTATE 22P02",
