@@ -39,9 +39,12 @@ class BulkActivities:
     @activity.defn(name=BULK_PROCESS_PAGE)
     async def process_page(self, inp: BulkPageInput) -> BulkPageResult:
         operation_id = uuid.UUID(inp.operation_id)
+        # One item past the page tells whether another page follows (no empty last page).
         items = await self._bulk.pending_page(
-            operation_id, after=inp.after_ordinal, limit=inp.page_size
+            operation_id, after=inp.after_ordinal, limit=inp.page_size + 1
         )
+        more = len(items) > inp.page_size
+        items = items[: inp.page_size]
         loop = asyncio.get_running_loop()
         interval = 1.0 / inp.jobs_per_second
         start = loop.time()
@@ -57,7 +60,7 @@ class BulkActivities:
         return BulkPageResult(
             last_ordinal=items[-1].ordinal if items else inp.after_ordinal,
             processed=len(items),
-            more=len(items) == inp.page_size,
+            more=more,
         )
 
     @activity.defn(name=BULK_FINISH)
