@@ -284,3 +284,32 @@ async def test_bulk_routes_are_for_admins_only(api: Api) -> None:
         "/admin-api/ai/bulk/retry", json={"status": "nope"}, headers=api.as_admin()
     )
     assert_problem(bad, 422, "VALIDATION_FAILED")
+
+
+async def test_an_operation_whose_start_failed_is_started_by_its_next_read(
+    bulk_api: Stack, db: SessionMaker, temporal_client: Client
+) -> None:
+    st = bulk_api
+    failed = await make_failed_jobs(st.service, db, 3, users=("gina",))
+    # Temporal unreachable at submission: the operation is recorded, its workflow not started.
+    down = st.settings.model_copy(update={"temporal_address": "127.0.0.1:1"})
+    async with start_api(down) as api_down:
+        r = await api_down.http.post(
+            "/admin-api/ai/bulk/retry", json={"userId": "gina"}, headers=api_down.as_admin()
+        )
+        assert r.status_code == 202, r.text
+    operation_id = r.json()["operationId"]
+    async with db() as s:
+        started = (
+            await s.execute(
+                text("SELECT workflow_started_at FROM bulk_operation WHERE id = :id"),
+                {"id": operation_id},
+            )
+        ).scalar_one()
+    assert started is None
+    assert await retries_of(db, failed) == {}
+    # Temporal back: reading the operation starts it, and it completes.
+    async with start_api(st.settings, temporal=temporal_client) as api:
+        final = await wait_completed(api, operation_id)
+    assert final["done"] == 3, final
+    assert await retries_of(db, failed) == dict.fromkeys(failed, 1)
