@@ -522,6 +522,7 @@ async def test_quotas_answer_429_too_many_jobs_then_quota_exceeded(
         await q.create(key="second")
         r = await q.create(expect=None)
         assert_problem(r, 429, "TOO_MANY_JOBS")
+        assert r.headers["retry-after"] == "5"  # a slot frees when a job ends: ask again soon
         # A replay of an existing key is answered with its job, not refused.
         await q.create(key="second", expect=200)
         await q.create("bob")  # quotas are per user
