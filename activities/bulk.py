@@ -39,6 +39,9 @@ class BulkActivities:
     @activity.defn(name=BULK_PROCESS_PAGE)
     async def process_page(self, inp: BulkPageInput) -> BulkPageResult:
         operation_id = uuid.UUID(inp.operation_id)
+        if inp.after_ordinal == 0:
+            # A worker runs it: the API's read no longer needs to start it.
+            await self._bulk.mark_started(operation_id)
         # One item past the page tells whether another page follows (no empty last page).
         items = await self._bulk.pending_page(
             operation_id, after=inp.after_ordinal, limit=inp.page_size + 1

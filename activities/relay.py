@@ -37,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import webhooks
+from db.bulk import BULK_START
 from db.outbox import (
     CANCELLED,
     COMPLETED,
@@ -49,8 +50,16 @@ from db.outbox import (
 )
 from db.session import SessionMaker
 from engine import search_attributes
-from engine.contracts import RELAY_LOOP, JobWorkflowInput, RelayInput, workflow_id
-from engine.definition import QUEUE_NAMES, priority_key
+from engine.contracts import (
+    BULK_WORKFLOW,
+    RELAY_LOOP,
+    BulkInput,
+    JobWorkflowInput,
+    RelayInput,
+    bulk_workflow_id,
+    workflow_id,
+)
+from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
 from engine.logcontext import bind_job, unbind
 from jobs.spec import Catalog
 from jobs.tracecontext import context_from
@@ -252,6 +261,8 @@ class Relay:
     async def _dispatch_row(self, row: OutboxRow) -> DispatchFailure | None:
         if row.event_type in KNOWN_DOMAIN_EVENTS:
             return None
+        if row.event_type == BULK_START:
+            return await self._start_bulk(row)
         if row.event_type != ENQUEUE:
             log.warning(
                 "unknown outbox event type; marked published, not dispatched",
@@ -318,6 +329,36 @@ class Relay:
                 return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
             except Exception as exc:
                 return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
+        return None
+
+    async def _start_bulk(self, row: OutboxRow) -> DispatchFailure | None:
+        """Start an admin bulk operation's workflow on `ai-system` (docs/admin.md). Its id is
+        the operation's: a second start reuses a running one and never reruns a closed one."""
+        p = row.payload if isinstance(row.payload, dict) else {}
+        try:
+            inp = BulkInput(
+                operation_id=str(uuid.UUID(str(p["operationId"]))),
+                action=str(p["action"]),
+                page_size=int(p["pageSize"]),
+                jobs_per_second=float(p["jobsPerSecond"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return DispatchFailure("malformed", "malformed bulk start payload")
+        async with self._sem:
+            try:
+                await self._client.start_workflow(
+                    BULK_WORKFLOW,
+                    inp,
+                    id=bulk_workflow_id(inp.operation_id),
+                    task_queue=f"{SYSTEM_QUEUE}{self.config.task_queue_suffix}",
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                )
+            except WorkflowAlreadyStartedError:
+                pass
+            except RPCError as exc:
+                kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
+                return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
         return None
 
 

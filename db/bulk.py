@@ -21,6 +21,13 @@ from db.jobs import JobFilter, filter_sql
 
 PENDING, DONE, SKIPPED, FAILED = "pending", "done", "skipped", "failed"
 RUNNING, COMPLETED = "running", "completed"
+# The outbox event that starts an operation's workflow (the relay dispatches it), written in the
+# submission's transaction: an accepted operation always gets its workflow.
+BULK_START = "ai.bulk.start"
+
+
+def start_dedupe_key(operation_id: uuid.UUID) -> str:
+    return f"{BULK_START}:{operation_id}"
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,9 @@ class Settings(BaseSettings):
         default=50.0, gt=0, alias="ADMIN_BULK_JOBS_PER_SECOND"
     )
     admin_bulk_page_size: int = Field(default=100, ge=1, le=1000, alias="ADMIN_BULK_PAGE_SIZE")
+    # The relay starts a bulk workflow from the outbox; an operation still not started this long
+    # after its submission is started by the API when it is read (no relay running, a dead row).
+    admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
     # Admin audit entries are deleted this long after they were written.
     admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
 

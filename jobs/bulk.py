@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import bulk as bulk_db
 from db.jobs import JobFilter, JobQueries, JobRow
+from db.outbox import OutboxRepository
 from db.session import SessionMaker
 from engine.contracts import BulkInput, BulkResult, bulk_workflow_id
 from engine.errors import (
@@ -153,6 +154,21 @@ class BulkService:
                 )
                 # Jobs created since the count may match too; the cap still holds.
                 frozen = await bulk_db.freeze_items(s, operation_id, f, limit)
+                # The relay starts the workflow once this commits (ids and numbers only).
+                start = self.workflow_input_for(operation_id, action)
+                await OutboxRepository().insert(
+                    s,
+                    event_type=bulk_db.BULK_START,
+                    aggregate_type="BulkOperation",
+                    aggregate_id=str(operation_id),
+                    dedupe_key=bulk_db.start_dedupe_key(operation_id),
+                    payload={
+                        "operationId": start.operation_id,
+                        "action": start.action,
+                        "pageSize": start.page_size,
+                        "jobsPerSecond": start.jobs_per_second,
+                    },
+                )
                 await self._audit.write(
                     s,
                     AuditEntry(actor, entry.action, entry.target_type, str(operation_id)),
@@ -169,9 +185,12 @@ class BulkService:
         return Submitted(op, created=True)
 
     def workflow_input(self, op: bulk_db.OperationRow) -> BulkInput:
+        return self.workflow_input_for(op.id, op.action)
+
+    def workflow_input_for(self, operation_id: uuid.UUID, action: str) -> BulkInput:
         return BulkInput(
-            operation_id=str(op.id),
-            action=op.action,
+            operation_id=str(operation_id),
+            action=action,
             page_size=self._policy.page_size,
             jobs_per_second=self._policy.jobs_per_second,
         )

@@ -1,12 +1,14 @@
 """SUPER_ADMIN routes for acting on many jobs at once (bulk cancel and retry by filter) and for
 reading the admin audit log.
 
-A bulk submission freezes the matching jobs in PostgreSQL (one transaction, with its audit
-entry), then starts the operation's Temporal workflow (`bulk:{operationId}`, queue `ai-system`)
-after the commit. The workflow is started directly rather than through the outbox: the relay
-only dispatches job enqueues, and a start lost between commit and Temporal is repaired by
-reading the operation (its GET starts a workflow that never started; the start is idempotent
-by workflow id), so no operation can stay unstarted once someone looks at it.
+A bulk submission freezes the matching jobs in PostgreSQL and writes the operation's
+`ai.bulk.start` outbox row in the same transaction (with its audit entry); the relay starts the
+operation's Temporal workflow (`bulk:{operationId}`, queue `ai-system`) from it, as it starts
+jobs: an accepted operation cannot lose its workflow between commit and Temporal. As a second
+line, reading an operation that no worker has picked up ADMIN_BULK_START_AFTER_S after its
+submission starts the workflow from the API (idempotent by workflow id; a closed one is never
+run again): a relay that is down or a row that went dead never leaves an operation waiting once
+someone looks at it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -187,8 +189,6 @@ async def _submit(
         )
     submitted = await bulk.submit(admin.user_id, action, f, body.filter_json(), idempotency_key=key)
     op = submitted.operation
-    if op.workflow_started_at is None:
-        await _start(state, bulk, op)
     return JSONResponse(
         BulkAcceptedResponse(
             operation_id=op.id, action=op.action, status=op.status, matched=op.matched
@@ -269,8 +269,14 @@ async def bulk_retry(
 async def get_operation(operation_id: uuid.UUID, state: State, _admin: Admin) -> dict[str, Any]:
     bulk = _bulk(state)
     st = await bulk.status(operation_id)
-    if st.operation.status == "running" and st.operation.workflow_started_at is None:
-        await _start(state, bulk, st.operation)
+    op = st.operation
+    waited = (datetime.now(UTC) - op.created_at).total_seconds()
+    if (
+        op.status == "running"
+        and op.workflow_started_at is None
+        and waited >= state.settings.admin_bulk_start_after_s
+    ):
+        await _start(state, bulk, op)
     return _status_json(state, st)
 
 

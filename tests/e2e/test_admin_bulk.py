@@ -2,9 +2,9 @@
 the owner's semantics, and bulk cancel/retry by filter (dry run, a paced workflow acting on each
 job once, status with reasons, a limit per operation).
 
-The bulk tests run a dedicated API and an in-process `ai-system` worker on the same task queue
-suffix (the bulk workflow's queue) and no relay: the retries a bulk retry creates stay queued,
-so what the test counts is exactly what the operation did.
+The bulk tests run a dedicated API, an in-process `ai-system` worker and a relay (which starts
+the bulk workflow from its outbox row) on one task queue suffix, and no job worker: the retries
+a bulk retry creates stay queued, so what the test counts is exactly what the operation did.
 """
 
 from __future__ import annotations
@@ -100,9 +100,12 @@ async def admin_tables(db: SessionMaker) -> SessionMaker:
 
 @pytest.fixture
 async def bulk_api(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncIterator[Stack]:
-    """An API and an `ai-system` worker sharing settings (a fast pace for tests)."""
-    settings = env(ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_MAX_JOBS=400)
-    async with engine_stack(settings, temporal_client, queues=("ai-system",), relay=False) as st:
+    """An `ai-system` worker and a relay; tests start an API on the same settings (a fast pace
+    for tests; the API never starts a workflow the relay was meant to start)."""
+    settings = env(
+        ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_MAX_JOBS=400, ADMIN_BULK_START_AFTER_S=3600
+    )
+    async with engine_stack(settings, temporal_client, queues=("ai-system",)) as st:
         yield st
 
 
@@ -172,6 +175,14 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
         op = r.json()
         assert op["matched"] == 300 and r.headers["location"].endswith(op["operationId"])
         final = await wait_completed(api, op["operationId"])
+        async with db() as s:
+            started_by = (
+                await s.execute(
+                    text("SELECT status FROM outbox_event WHERE aggregate_id = :id"),
+                    {"id": op["operationId"]},
+                )
+            ).scalar_one()
+        assert started_by == "published", "the relay did not start the workflow"
         assert (final["done"], final["skipped"], final["failed"], final["pending"]) == (
             300,
             0,
@@ -286,30 +297,35 @@ async def test_bulk_routes_are_for_admins_only(api: Api) -> None:
     assert_problem(bad, 422, "VALIDATION_FAILED")
 
 
-async def test_an_operation_whose_start_failed_is_started_by_its_next_read(
-    bulk_api: Stack, db: SessionMaker, temporal_client: Client
+async def test_an_operation_no_relay_started_is_started_by_its_next_read(
+    db: SessionMaker, env: Any, temporal_client: Client
 ) -> None:
-    st = bulk_api
-    failed = await make_failed_jobs(st.service, db, 3, users=("gina",))
-    # Temporal unreachable at submission: the operation is recorded, its workflow not started.
-    down = st.settings.model_copy(update={"temporal_address": "127.0.0.1:1"})
-    async with start_api(down) as api_down:
-        r = await api_down.http.post(
-            "/admin-api/ai/bulk/retry", json={"userId": "gina"}, headers=api_down.as_admin()
+    settings = env(ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_START_AFTER_S=0)
+    # A worker for the bulk workflow, but no relay: its `ai.bulk.start` row stays pending.
+    async with (
+        engine_stack(settings, temporal_client, queues=("ai-system",), relay=False) as st,
+        start_api(settings, temporal=temporal_client) as api,
+    ):
+        failed = await make_failed_jobs(st.service, db, 3, users=("gina",))
+        r = await api.http.post(
+            "/admin-api/ai/bulk/retry", json={"userId": "gina"}, headers=api.as_admin()
         )
         assert r.status_code == 202, r.text
-    operation_id = r.json()["operationId"]
-    async with db() as s:
-        started = (
-            await s.execute(
-                text("SELECT workflow_started_at FROM bulk_operation WHERE id = :id"),
-                {"id": operation_id},
-            )
-        ).scalar_one()
-    assert started is None
-    assert await retries_of(db, failed) == {}
-    # Temporal back: reading the operation starts it, and it completes.
-    async with start_api(st.settings, temporal=temporal_client) as api:
+        operation_id = r.json()["operationId"]
+        async with db() as s:
+            row = (
+                await s.execute(
+                    text(
+                        "SELECT o.status, b.workflow_started_at FROM outbox_event o "
+                        "JOIN bulk_operation b ON b.id::text = o.aggregate_id "
+                        "WHERE o.event_type = 'ai.bulk.start' AND b.id = :id"
+                    ),
+                    {"id": operation_id},
+                )
+            ).one()
+        assert (row.status, row.workflow_started_at) == ("pending", None)
+        assert await retries_of(db, failed) == {}
+        # Reading it (past ADMIN_BULK_START_AFTER_S) starts it, and it completes.
         final = await wait_completed(api, operation_id)
     assert final["done"] == 3, final
     assert await retries_of(db, failed) == dict.fromkeys(failed, 1)
