@@ -23,6 +23,7 @@ from activities.stage_support import (
 )
 from db.errors import is_unavailable
 from db.jobs import JobRow
+from db.lifecycle import lock_holder
 from db.outbox import CANCELLED, FAILED
 from engine.contracts import (
     COMPLETE,
@@ -44,6 +45,7 @@ from engine.contracts import (
 )
 from engine.errors import (
     EngineError,
+    ExecutionFailure,
     IllegalTransition,
     JobNotFound,
     LockConflict,
@@ -57,18 +59,27 @@ class BookkeepingStages(StageDeps):
 
     @activity.defn(name=PREPARE)
     async def prepare(self, inp: StageInput) -> PrepareResult:
-        """The execution plan from the job type's definition (the workflow type is the job
-        type). No SQL: the job is locked by EXECUTE when a worker slot starts it, and a job that
-        ended while it waited is found there, before any provider call."""
+        """The job type's definition (the workflow type is the job type) as an execution plan,
+        and the job: one that is no longer `queued` (cancelled while it waited, or ended) stops
+        here. A job this workflow already holds (`running` under its own lock: a run continued
+        as new while it waited on its provider, a Temporal Reset) goes on."""
         jt = self._catalog.get(activity.info().workflow_type or "")
         d = jt.definition
         cfg = self._config
+        async with self._sm() as s:
+            state = await self._jobs.lock_state(s, uuid.UUID(inp.job_id))
+        if state is None:
+            fail_final("INTERNAL_JOB_MISSING")
+        status, locked_by = state
+        ours = status == LifecycleStatus.RUNNING and lock_holder(locked_by) == inp.workflow_id
+        if status != LifecycleStatus.QUEUED and not ours:
+            return PrepareResult(run=False, lifecycle_status=status)
         # Attempts, backoff and heartbeat: the definition's own, else its queue's
         # (engine/queues.py); the settings' overrides of the lock come in through cfg.
         policy = self._execution_policy(d)
         return PrepareResult(
             run=True,
-            lifecycle_status="queued",
+            lifecycle_status=status,
             plan=ExecutionPlan(
                 queue_name=d.queue.queue_name,
                 timeout_ms=d.execution.timeout_ms,
@@ -81,30 +92,43 @@ class BookkeepingStages(StageDeps):
             ),
         )
 
-    # ---- RESOLVE (workflows started before EXECUTE took the lock) -----------------------
+    # ---- RESOLVE ----------------------------------------------------------------------
 
     @activity.defn(name=RESOLVE)
     async def resolve(self, inp: StageInput) -> ResolveResult:
-        """Check that everything EXECUTE needs exists (snapshot, credential) and name the
-        provider, model and prompt version. Only references leave this activity."""
+        """Everything EXECUTE will need, checked before the job takes a provider slot: the
+        snapshot (present, unexpired), the credential (pinned, active, decryptable: decrypted
+        here and dropped at once), the prompt version, the provider and model, and the limits.
+        A job that cannot run fails here, with its code. Only names, ids and numbers leave."""
         job_id = uuid.UUID(inp.job_id)
-        async with self._sm.begin() as s:
+        async with self._sm() as s:
             row = await self._jobs.resolve_refs(s, job_id)
             if row is None:
                 fail_final("INTERNAL_JOB_MISSING")
             jt = self._catalog.get(row.job_type)
             if not row.has_snapshot:
-                fail_final("INTERNAL_SNAPSHOT_MISSING")
-            if not await self._gateway.credential_available(
-                s, jt, row.user_id, row.credential_mode, row.credential_id
-            ):
-                fail_final("CREDENTIAL_MISSING")
-        provider = self._gateway.provider_for(jt, row.credential_mode)
+                # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
+                expired = row.snapshot_stored
+                fail_final("SNAPSHOT_EXPIRED" if expired else "INTERNAL_SNAPSHOT_MISSING")
+            try:
+                key = await self._gateway.api_key(
+                    s, jt, row.user_id, row.credential_mode, row.credential_id
+                )
+            except ExecutionFailure as f:
+                fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
+            del key  # only its availability was in question
+        d = jt.definition
+        gate = self._gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
         return ResolveResult(
             prompt_version=row.prompt_version,
             credential_mode=row.credential_mode,
-            provider=provider.name,
+            provider=self._gateway.provider_for(jt, row.credential_mode).name,
             model=self._gateway.model_for(jt, row.credential_mode),
+            credential_id=str(row.credential_id) if row.credential_id else None,
+            gate_key=f"{gate.provider}/{gate.key_ref}" if gate else "",
+            timeout_ms=d.execution.timeout_ms,
+            max_output_tokens=d.execution.max_output_tokens,
+            max_attempts=self._execution_policy(d).max_attempts,
         )
 
     # ---- PROJECT ----------------------------------------------------------------------
@@ -170,12 +194,28 @@ class BookkeepingStages(StageDeps):
 
     @activity.defn(name=COMPLETE)
     async def complete(self, inp: CompleteInput) -> CompleteResult:
-        """Reports what PROJECT committed; touches no table."""
+        """The end of a succeeded job: its usage summary (every call of every attempt, as
+        ai_usage_log holds it) and the fan-out of its completion event, woken now: PROJECT
+        wrote `ai.job.completed` without a NOTIFY (its transaction stays short), so the relay
+        publishes it to webhooks and streams at once instead of at its next poll."""
+        async with self._sm.begin() as s:
+            usage = await self._usage.summary(s, uuid.UUID(inp.job_id))
+            await self._outbox.notify(s)
+        log.info(
+            "job usage",
+            extra={
+                "job_id": inp.job_id,
+                "calls": usage.calls,
+                "tokens_in": usage.tokens_in,
+                "tokens_out": usage.tokens_out,
+                "cost_micros": int(usage.cost_usd * 1_000_000),
+            },
+        )
         return CompleteResult(
-            calls=inp.calls,
-            tokens_in=inp.tokens_in,
-            tokens_out=inp.tokens_out,
-            cost_micros=inp.cost_micros,
+            calls=usage.calls,
+            tokens_in=usage.tokens_in,
+            tokens_out=usage.tokens_out,
+            cost_micros=int(usage.cost_usd * 1_000_000),
         )
 
     # ---- finalizers -------------------------------------------------------------------

@@ -1,17 +1,19 @@
 """EXECUTE: the one expensive step, a provider call, and the only stage that holds a worker slot.
 
 One attempt:
-1. one transaction: the CAS queued → running (or this workflow's own lock, on a retry), the job
-   row, its snapshot and its credential. A job that ended while it waited for a slot (cancelled)
-   ends here without a call; an output a previous attempt already stored is reused, not bought
-   again. `running` therefore means "a worker slot is calling the provider for this job".
-2. the provider call, under the job's timeout, heartbeating to Temporal every fraction of a
-   second (never waiting on the database) while a separate task extends the SQL lock and reads
-   a cancel recorded in SQL;
-3. one transaction, still holding the slot: the usage row, then (unless a cancel arrived
-   meanwhile) the validated output and, in a savepoint, its projection and `succeeded`. So a job
-   is `running` exactly while a slot works on it. If the projector fails, the stored output is
-   left for the PROJECT stage. Only the output's hash goes back to Temporal.
+1. one transaction, once the job's (provider, key) gate admits a call: the CAS queued → running
+   (or this workflow's own lock, on a retry), the job row, its snapshot and its credential. A
+   closed gate rolls it back and returns how long to wait (the workflow waits on a timer). A
+   job that ended while it waited (cancelled) ends here without a call; an output a previous
+   attempt already stored is reused, not bought again.
+2. the provider call, under the job's timeout, heartbeating to Temporal on its own clock (never
+   waiting on the database) while a separate task extends the SQL lock and reads a cancel
+   recorded in SQL;
+3. one transaction, still holding the slot and still heartbeating: the usage row, then (unless a
+   cancel arrived meanwhile) the validated output. PROJECT projects it next. Only the output's
+   hash goes back to Temporal.
+
+So a job is `running` while a slot works on it and while PROJECT and COMPLETE finish it.
 """
 
 from __future__ import annotations
@@ -285,7 +287,9 @@ class ExecuteStage(StageDeps):
         # attempt, and a second call).
         async with _heartbeating(cfg):
             outcome, projected = await db_retry(
-                lambda: self._finish(row, model_out, owner, attempt, usage, out, digest, probe),
+                lambda: self._finish(
+                    row, model_out, owner, attempt, usage, out, digest, probe, inp.project_in_slot
+                ),
                 budget_s=cfg.db_retry_budget_s,
             )
         probe.held = False  # settled in that commit: the key answered
@@ -455,11 +459,13 @@ class ExecuteStage(StageDeps):
         out: dict[str, Any],
         digest: str,
         probe: _Probe,
+        project_in_slot: bool,
     ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
         """One transaction while the slot is still held: the paid call's usage row always;
-        then, while the job is still ours and nobody asked to cancel it, the output and, in a
-        savepoint, its projection and `succeeded`. A projector that fails leaves the stored
-        output for the PROJECT stage (with its own retries); a cancel seen here is honoured."""
+        then, while the job is still ours and nobody asked to cancel it, the output (which the
+        PROJECT stage projects next). Runs recorded before the five-stage shape also project it
+        here, in a savepoint (a projector that fails leaves the stored output for PROJECT). A
+        cancel seen here is honoured."""
         async with self._sm.begin() as s:
             await self._usage.insert(s, usage)
             await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
@@ -475,6 +481,8 @@ class ExecuteStage(StageDeps):
             await self._jobs.store_output(
                 s, row.id, owner=owner, output=out, output_hash=digest, progress=60
             )
+            if not project_in_slot:
+                return "stored", None
             try:
                 async with s.begin_nested():
                     return "projected", await self._project_in(s, row, validated, digest, owner)

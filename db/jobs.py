@@ -96,8 +96,11 @@ class ResolveRefs:
     user_id: str
     credential_mode: str
     prompt_version: str
-    has_snapshot: bool
+    has_snapshot: bool  # present and not expired
     credential_id: uuid.UUID | None = None
+    snapshot_stored: bool = True  # present, expired or not
+    lifecycle_status: str = "queued"
+    locked_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,18 @@ class JobQueries:
         )
         return [r.id for r in rows]
 
+    async def lock_state(
+        self, session: AsyncSession, job_id: uuid.UUID
+    ) -> tuple[str, str | None] | None:
+        """A job's lifecycle status and lock holder token, or None when it does not exist."""
+        row = (
+            await session.execute(
+                text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id"),
+                {"id": job_id},
+            )
+        ).first()
+        return (str(row.lifecycle_status), row.locked_by) if row else None
+
     async def resolve_refs(self, session: AsyncSession, job_id: uuid.UUID) -> ResolveRefs | None:
         """What RESOLVE needs, in one narrow query (no input/output JSON decoded)."""
         row = (
@@ -186,10 +201,12 @@ class JobQueries:
                 text(
                     """
                     SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
-                           j.credential_id,
+                           j.credential_id, j.lifecycle_status, j.locked_by,
                            EXISTS (SELECT 1 FROM ai_job_snapshot s
                                    WHERE s.job_id = j.id AND s.expires_at > now())
-                               AS has_snapshot
+                               AS has_snapshot,
+                           EXISTS (SELECT 1 FROM ai_job_snapshot s WHERE s.job_id = j.id)
+                               AS snapshot_stored
                     FROM ai_job j WHERE j.id = :id
                     """
                 ),

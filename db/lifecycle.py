@@ -91,6 +91,11 @@ class JobLockRow:
     cancel_requested_at: datetime | None
 
 
+def lock_holder(locked_by: str | None) -> str | None:
+    """The workflow id that holds a lock (the owner part of `owner_token`)."""
+    return locked_by.split("/", 1)[0] if locked_by else None
+
+
 def owner_token(owner: str, identity: str, run_id: str | None = None) -> str:
     """`locked_by` = workflow id / run id / worker identity. Ownership is decided by the workflow
     id alone (the part before the first "/"): a stage retried on another worker, or a new run

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Names of activities, shared by workflows (which call them) and activities (which define them).
+# How long a job may wait on its provider gate in one run, in history events, before the run
+# continues as new (with the attempts it spent): a job's history stays small whatever the
+# outage's length. Read by the job workflow as `contracts.GATE_WAIT_HISTORY_LIMIT`.
+GATE_WAIT_HISTORY_LIMIT = 2_000
+
 PREPARE = "prepare"
 RESOLVE = "resolve"
 EXECUTE = "execute"
@@ -86,10 +91,18 @@ class PrepareResult:
 
 @dataclass(frozen=True)
 class ResolveResult:
+    """What RESOLVE found for EXECUTE: names, versions, ids and limits only (never a key, a
+    prompt or the input)."""
+
     prompt_version: str
     credential_mode: str
     provider: str
     model: str
+    credential_id: str | None = None  # the pinned user key's id (user-key jobs)
+    gate_key: str = ""  # the (provider, key) gate the call goes through: "provider/key_ref"
+    timeout_ms: int = 0
+    max_output_tokens: int = 0
+    max_attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,10 @@ class ExecuteInput:
     # `gate_wait_s` (the workflow waits on a timer, holding no slot and spending no attempt)
     # instead of waiting inside the activity (runs recorded before the gate-wait patch).
     yield_on_gate: bool = False
+    # Project the output inside EXECUTE's last transaction, before the slot is let go (runs
+    # recorded before the five-stage shape). False: EXECUTE stores the output and its usage in
+    # one commit and the PROJECT stage projects it.
+    project_in_slot: bool = True
 
 
 @dataclass(frozen=True)
@@ -140,10 +157,11 @@ class ProjectResult:
 @dataclass(frozen=True)
 class CompleteInput:
     job_id: str
-    calls: int
-    tokens_in: int
-    tokens_out: int
-    cost_micros: int
+    # Ignored since COMPLETE reads the usage summary itself; kept so recorded inputs decode.
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_micros: int = 0
 
 
 @dataclass(frozen=True)

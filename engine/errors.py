@@ -34,6 +34,8 @@ _RULES: tuple[CodeRule, ...] = (
     # The provider refused this request as it was written (too long, malformed, unknown model):
     # sending it again changes nothing, and it says nothing about the provider's health.
     CodeRule("REQUEST_", Retry.NO),
+    # The job's input outlived its retention before it ran: nothing can bring it back.
+    CodeRule("SNAPSHOT_EXPIRED", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
     CodeRule("INTERNAL_", Retry.ONCE),
 )
@@ -82,10 +84,19 @@ PUBLIC_MESSAGES: dict[str, str] = {
         "the job again; if it keeps happening, contact support."
     ),
     "CANCELLED": "The job was cancelled.",
+    "SNAPSHOT_EXPIRED": (
+        "The job waited longer than its input is kept and can no longer run. "
+        "Create it again."
+    ),
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
     "INTERNAL_LOCK_EXPIRED": "The job's worker stopped responding and the job was abandoned.",
 }
+
+
+def non_retryable_codes() -> tuple[str, ...]:
+    """Every known code no retry can change (a retry policy's non-retryable types)."""
+    return tuple(sorted(c for c in PUBLIC_MESSAGES if retry_rule(c) is Retry.NO))
 
 
 def public_message_for(code: str) -> str:

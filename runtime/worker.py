@@ -60,7 +60,7 @@ from runtime.wiring import (
     webhook_deliverer,
 )
 from workflows.bulk import BulkWorkflow
-from workflows.job_workflow import workflow_class_for
+from workflows.job_workflow import JobWorkflow
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 log = logging.getLogger(__name__)
@@ -71,10 +71,11 @@ INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
     # Our pure modules are deterministic; passing them through keeps the per-run sandbox cost
-    # low and lets the sandbox find the generated per-job-type workflow classes.
+    # low. The workflow modules themselves are re-imported in each run's sandbox, as the SDK
+    # intends (they hold no state and import nothing heavy).
     return SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules(
-            "engine", "workflows", "pydantic", "pydantic_core", "annotated_types"
+            "engine", "pydantic", "pydantic_core", "annotated_types"
         )
     )
 
@@ -102,7 +103,7 @@ def build_workers(
     `connect_temporal`) carry the Temporal spans into these workers."""
     s = parts.settings
     workers: list[Worker] = []
-    job_workflows = [workflow_class_for(t.job_type) for t in parts.catalog]
+    job_workflows: list[type] = [JobWorkflow]
     stages = JobActivities(
         parts.sessionmaker, parts.catalog, gateway(s, telemetry), engine_config(s)
     )

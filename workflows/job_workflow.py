@@ -1,45 +1,31 @@
-"""The job workflow: one Temporal workflow type per job type, named after it, sharing one
-implementation of the stages:
+"""The job workflow: one class, registered dynamically, so every job type's executions run it
+under the job type's own workflow type name. A new job runs the engine's five stages, each an
+activity under its own name in the history (docs/architecture.md walks a job through them):
 
-    PREPARE (local)  lock queued → running, or end at once if the job already ended
-    RESOLVE (local)  snapshot, credential availability, prompt version, provider
-    EXECUTE          the provider call: heartbeats, cancellable, retried per the definition
-    PROJECT (local)  projector + markSucceeded + ai.job.completed, one transaction
+    prepare (local)   the definition and the job; a job no longer queued ends here
+    resolve (local)   snapshot, credential, prompt version, provider, model and limits; a revoked
+                      key or an expired snapshot fails the job here, before any slot is taken
+    execute           the provider call, in a worker slot (the job's `running`), retried per the
+                      definition; a closed provider gate is waited out here, on a timer
+    project (local)   projector + markSucceeded + ai.job.completed, one transaction
+    complete (local)  the usage summary, and the completion event's fan-out woken
 
-Failures after retries → FINALIZE_FAILED; cancellation → FINALIZE_CANCELLED. Both finalizers are
-shielded from a (second) cancellation so that every job reaches exactly one terminal state, and
-both report the state that actually won a race (e.g. a cancel racing PROJECT's commit).
+On failure after retries: finalize_failed; on cancellation: finalize_cancelled. Only ids,
+hashes, names and codes pass through here.
 
-Runs recorded before the `skip-complete-stage` patch ran a fifth stage, COMPLETE (local), after
-PROJECT; it only logged the usage summary. Replaying such a history still takes that branch, so
-the `complete` activity stays registered until the patch is retired.
-
-Only ids, hashes and codes pass through here.
-
-Versioning (docs/versioning.md). Workers replay open runs from their history, so a deploy must
-not change the commands an already-recorded run issues (activities and their order, timers,
-search-attribute upserts, child workflows, continue-as-new):
-
-- Gate such a change with `if workflow.patched("<id>"):` new code, `else:` old code. New runs
-  record the patch marker and take the new branch; old runs replay through the old one.
-- Once no run started before the patch can still be open (a visibility query; jobs end within
-  their timeout and retries), replace the gate by `workflow.deprecate_patch("<id>")` before the
-  new code, and drop the old branch with whatever only it used (an activity, a contract) and
-  the histories recorded before the patch. Once no run started before that deploy is open,
-  remove the `deprecate_patch` call.
-- After each such change record new histories (`python -m tests.replay.record --tag vN`) and
-  keep every older tag whose runs can still be open: `tests/replay` replays all of them.
+Runs recorded by earlier versions take the branches their patch markers name; how to change
+this file safely is docs/versioning.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -49,17 +35,12 @@ from temporalio.exceptions import (
     TimeoutType,
 )
 
+from workflows import stages
+
 with workflow.unsafe.imports_passed_through():
+    from engine import contracts
     from engine.contracts import (
-        COMPLETE,
-        EXECUTE,
-        FINALIZE_CANCELLED,
-        FINALIZE_FAILED,
-        PREPARE,
-        PROJECT,
-        RESOLVE,
         CompleteInput,
-        CompleteResult,
         ExecuteInput,
         ExecuteResult,
         ExecutionPlan,
@@ -67,17 +48,20 @@ with workflow.unsafe.imports_passed_through():
         FinalizeResult,
         JobWorkflowInput,
         JobWorkflowResult,
-        PrepareResult,
         ProjectInput,
-        ProjectResult,
-        ResolveResult,
         StageInput,
     )
-    from engine.errors import public_message_for
+    from engine.errors import non_retryable_codes, public_message_for
+    from engine.lifecycle import LifecycleStatus
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
 
+I = TypeVar("I")  # noqa: E741
 T = TypeVar("T")
+
+SUCCEEDED = LifecycleStatus.SUCCEEDED.value
+FAILED = LifecycleStatus.FAILED.value
+CANCELLED = LifecycleStatus.CANCELLED.value
 
 # Bookkeeping stages retry until PostgreSQL answers again (a database restart must not lose a
 # job); domain errors are raised non-retryable by the activities themselves.
@@ -88,33 +72,19 @@ BOOKKEEPING_RETRY = RetryPolicy(
     maximum_attempts=0,
 )
 LOCAL_TIMEOUT = timedelta(seconds=30)
-# Codes that never retry; the activity also sets non_retryable on them.
-NON_RETRYABLE = [
-    "CONTENT_SAFETY_BLOCKED",
-    "CREDENTIAL_INVALID",
-    "CREDENTIAL_MISSING",
-    "CREDENTIAL_INSUFFICIENT_BALANCE",
-    "REQUEST_TOO_LARGE",
-    "REQUEST_REJECTED",
-    "CANCELLED",
-]
 
-# Patch ids: each one gates a change of the commands a run issues (see the module docstring).
+# Patch ids: each one gates a change of the commands a run issues (docs/versioning.md).
 SKIP_COMPLETE_STAGE = "skip-complete-stage"
 # EXECUTE does the CAS queued -> running when a worker slot starts it; RESOLVE no longer runs.
 EXECUTE_OWNS_RUNNING = "execute-owns-running"
-# A job whose provider key is paused or whose breaker is open waits here, on a timer, instead
-# of inside EXECUTE: it holds no slot, spends no attempt and no EXECUTE timeout runs while it
-# waits, however long the provider stays closed.
-GATE_WAIT_IN_WORKFLOW = "gate-wait-in-workflow"
+# The five stages, each under its own name: resolve before the slot, project and complete after
+# it; a closed provider gate is waited out on a workflow timer.
+FIVE_STAGES = "five-stages"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
-# gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job
-# a few events a minute, and a reopened gate is seen within the cap.
+# gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
+# few events a minute, and a reopened gate is seen within the cap.
 GATE_WAIT_CAP_S = 15.0
-# Past this many history events while waiting on the gate, the run continues as new (with the
-# attempts it spent), so a job's history stays small whatever the outage's length.
-GATE_WAIT_HISTORY_LIMIT = 2_000
 
 
 def _error_code(err: BaseException) -> str:
@@ -140,30 +110,28 @@ def _is_cancellation(err: BaseException) -> bool:
     return False
 
 
-class JobWorkflowBase:
+class JobStages:
+    """The job workflow's logic; `JobWorkflow` registers it for every job type."""
+
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
         stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id, run_id=info.run_id)
         self._set_status(None, inp)
 
         try:
-            prep = await self._local(PREPARE, stage, PrepareResult)
+            prep = await self._local(stages.prepare, stage)
             if not prep.run or prep.plan is None:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
             plan = prep.plan
+            if workflow.patched(FIVE_STAGES):
+                return await self._five_stages(inp, stage, plan)
             if workflow.patched(EXECUTE_OWNS_RUNNING):
-                # EXECUTE takes the job (queued -> running) when a worker slot starts it and
-                # projects it before it lets the slot go, so `running` means a slot works on
-                # it; it also finds a job that ended while it waited, before any provider call.
-                # PROJECT runs only when the projection inside EXECUTE failed.
-                if workflow.patched(GATE_WAIT_IN_WORKFLOW):
-                    executed = await self._execute_through_gate(inp, plan)
-                else:
-                    executed = await self._execute(inp, plan)
+                # Runs of tag v3: EXECUTE took the job when a slot started it and projected it
+                # before letting the slot go; PROJECT ran only when that projection failed.
+                executed = await self._execute(inp, plan)
                 if executed.lifecycle_status is not None:
-                    # Projected inside EXECUTE (succeeded), or ended before it ran.
                     self._set_status(executed.lifecycle_status)
                     return JobWorkflowResult(
                         inp.jobId,
@@ -171,26 +139,24 @@ class JobWorkflowBase:
                         output_hash=executed.output_hash or None,
                     )
             else:
-                # Histories from before the patch: PREPARE locked the job, RESOLVE read it.
-                self._set_status("running")
-                await self._local(RESOLVE, stage, ResolveResult)
+                # Runs of tags v1/v2: PREPARE locked the job, RESOLVE read it.
+                self._set_status(LifecycleStatus.RUNNING.value)
+                await self._local(stages.resolve, stage)
                 executed = await self._execute(inp, plan)
             projected = await self._local(
-                PROJECT,
+                stages.project,
                 ProjectInput(
                     job_id=inp.jobId, run_id=info.run_id, output_hash=executed.output_hash
                 ),
-                ProjectResult,
             )
-            if projected.lifecycle_status != "succeeded":
+            if projected.lifecycle_status != SUCCEEDED:
                 self._set_status(projected.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
-            self._set_status("succeeded")
+            self._set_status(SUCCEEDED)
             if not workflow.patched(SKIP_COMPLETE_STAGE):
-                # Histories from before the patch. COMPLETE only logged the usage summary that
-                # PROJECT had committed, at the price of one more command per job.
+                # Runs of tag v1: COMPLETE reported the usage summary PROJECT had committed.
                 await self._local(
-                    COMPLETE,
+                    stages.complete,
                     CompleteInput(
                         job_id=inp.jobId,
                         calls=projected.calls,
@@ -198,52 +164,76 @@ class JobWorkflowBase:
                         tokens_out=projected.tokens_out,
                         cost_micros=projected.cost_micros,
                     ),
-                    CompleteResult,
                 )
-            return JobWorkflowResult(inp.jobId, "succeeded", output_hash=executed.output_hash)
+            return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
         # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
         # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
         # the workflow fails without finalizing and the job stays `running`.
         except (FailureError, asyncio.CancelledError) as err:
-            if _is_cancellation(err):
-                fin = await self._shielded(self._local(FINALIZE_CANCELLED, stage, FinalizeResult))
-                self._set_status(fin.lifecycle_status)
-                if (
-                    fin.lifecycle_status == "cancelled"
-                    and workflow.cancellation_reason() is not None
-                ):
-                    # Shows as Canceled in the Temporal UI. Not a re-raise: when EXECUTE saw the
-                    # cancel in SQL first it failed with ApplicationError(CANCELLED), which would
-                    # mark the execution Failed while the job is cancelled.
-                    raise CancelledError("The job was cancelled.") from None
-                # Cancelled through SQL only (no Temporal cancel request), or a finish won.
-                return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
-            code = _error_code(err)
-            fin = await self._shielded(
-                self._local(
-                    FINALIZE_FAILED,
-                    FinalizeFailedInput(job_id=inp.jobId, run_id=info.run_id, code=code),
-                    FinalizeResult,
-                )
-            )
+            return await self._finalize(inp, stage, err)
+
+    async def _five_stages(
+        self, inp: JobWorkflowInput, stage: StageInput, plan: ExecutionPlan
+    ) -> JobWorkflowResult:
+        """RESOLVE, EXECUTE (through the provider gate), PROJECT, COMPLETE."""
+        await self._local(stages.resolve, stage)
+        executed = await self._execute_through_gate(inp, plan)
+        if executed.lifecycle_status is not None:
+            # The job ended before it ran (cancelled while it waited for a slot).
+            self._set_status(executed.lifecycle_status)
+            return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
+        projected = await self._local(
+            stages.project,
+            ProjectInput(
+                job_id=inp.jobId, run_id=workflow.info().run_id, output_hash=executed.output_hash
+            ),
+        )
+        self._set_status(projected.lifecycle_status)
+        if projected.lifecycle_status != SUCCEEDED:
+            return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
+        await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
+        return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
+
+    async def _finalize(
+        self, inp: JobWorkflowInput, stage: StageInput, err: BaseException
+    ) -> JobWorkflowResult:
+        """The job's one terminal state after a failure or a cancel, whatever won the race."""
+        if _is_cancellation(err):
+            fin = await self._shielded(self._local(stages.finalize_cancelled, stage))
             self._set_status(fin.lifecycle_status)
-            if fin.lifecycle_status == "failed":
-                raise ApplicationError(
-                    public_message_for(code), type=code, non_retryable=True
-                ) from None
+            if fin.lifecycle_status == CANCELLED and workflow.cancellation_reason() is not None:
+                # Shows as Canceled in the Temporal UI. Not a re-raise: when EXECUTE saw the
+                # cancel in SQL first it failed with ApplicationError(CANCELLED), which would
+                # mark the execution Failed while the job is cancelled.
+                raise CancelledError("The job was cancelled.") from None
+            # Cancelled through SQL only (no Temporal cancel request), or a finish won.
             return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
+        code = _error_code(err)
+        fin = await self._shielded(
+            self._local(
+                stages.finalize_failed,
+                FinalizeFailedInput(job_id=inp.jobId, run_id=stage.run_id, code=code),
+            )
+        )
+        self._set_status(fin.lifecycle_status)
+        if fin.lifecycle_status == FAILED:
+            message = public_message_for(code)
+            raise ApplicationError(message, type=code, non_retryable=True) from None
+        return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
 
     async def _execute_through_gate(
         self, inp: JobWorkflowInput, plan: ExecutionPlan
     ) -> ExecuteResult:
         """EXECUTE, asked again after each wait its provider gate names. A gated EXECUTE
-        returned before it took the job (still `queued`, progress 0) and before it spent an
-        attempt; the next one starts with the attempts spent so far and only the remaining
-        ones in its retry policy."""
+        returned before it spent an attempt (the job still `queued`, progress 0, unless a 429
+        answered its call); the next one starts with the attempts spent so far and only the
+        remaining ones in its retry policy."""
         spent = inp.attemptsSpent
         looks = 0
         while True:
-            executed = await self._execute(inp, plan, attempt_offset=spent, yield_on_gate=True)
+            executed = await self._execute(
+                inp, plan, attempt_offset=spent, yield_on_gate=True, project_in_slot=False
+            )
             if executed.gate_wait_s <= 0:
                 return executed
             spent = max(spent, executed.attempt - 1)
@@ -251,7 +241,7 @@ class JobWorkflowBase:
             wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
             # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
             await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
-            if workflow.info().get_current_history_length() > GATE_WAIT_HISTORY_LIMIT:
+            if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
                 workflow.continue_as_new(
                     JobWorkflowInput(
                         jobId=inp.jobId,
@@ -269,10 +259,11 @@ class JobWorkflowBase:
         *,
         attempt_offset: int = 0,
         yield_on_gate: bool = False,
+        project_in_slot: bool = True,
     ) -> ExecuteResult:
         info = workflow.info()
-        executed: ExecuteResult = await workflow.execute_activity(
-            EXECUTE,
+        return await workflow.execute_activity(
+            stages.execute,
             ExecuteInput(
                 job_id=inp.jobId,
                 workflow_id=info.workflow_id,
@@ -281,8 +272,8 @@ class JobWorkflowBase:
                 abort_strategy=plan.abort_strategy,
                 attempt_offset=attempt_offset,
                 yield_on_gate=yield_on_gate,
+                project_in_slot=project_in_slot,
             ),
-            result_type=ExecuteResult,
             # The activity enforces timeoutMs itself (-> TIMEOUT per abortStrategy); this is
             # the backstop for a hung worker, with room for EXECUTE's own database retries.
             start_to_close_timeout=timedelta(
@@ -293,25 +284,19 @@ class JobWorkflowBase:
                 initial_interval=timedelta(milliseconds=max(plan.backoff_ms, 1)),
                 backoff_coefficient=2.0,
                 maximum_attempts=max(plan.max_attempts - attempt_offset, 1),
-                non_retryable_error_types=NON_RETRYABLE,
+                non_retryable_error_types=list(non_retryable_codes()),
             ),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        return executed
 
     @staticmethod
-    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
-        result: T = await workflow.execute_local_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=LOCAL_TIMEOUT,
-            retry_policy=BOOKKEEPING_RETRY,
+    async def _local(stage: Callable[[I], Awaitable[T]], arg: I) -> T:
+        return await workflow.execute_local_activity(
+            stage, arg, start_to_close_timeout=LOCAL_TIMEOUT, retry_policy=BOOKKEEPING_RETRY
         )
-        return result
 
     @staticmethod
-    async def _shielded(aw: Awaitable[T]) -> T:
+    async def _shielded(aw: Awaitable[FinalizeResult]) -> FinalizeResult:
         """Run a finalizer to completion even if the workflow is cancelled meanwhile."""
         task = asyncio.ensure_future(aw)
         while True:
@@ -331,24 +316,12 @@ class JobWorkflowBase:
             workflow.upsert_search_attributes(updates)
 
 
-_CLASSES: dict[str, type] = {}
+@workflow.defn(dynamic=True)
+class JobWorkflow(JobStages):
+    """Every job type's workflow: the workflow type is the job type's name (the relay starts
+    `<jobType>`), so one class serves them all and recorded histories of each replay here."""
 
-
-def workflow_class_for(job_type: str) -> type:
-    """The workflow class of one job type, created once and published as a module global so the
-    sandbox (which imports this module passed through) finds it by name."""
-    if job_type in _CLASSES:
-        return _CLASSES[job_type]
-    name = f"JobWorkflow_{job_type}"
-
-    async def run(self: JobWorkflowBase, inp: JobWorkflowInput) -> JobWorkflowResult:
+    @workflow.run
+    async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
+        inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
         return await self.execute_job(inp)
-
-    run.__qualname__ = f"{name}.run"
-    run.__annotations__ = {"inp": JobWorkflowInput, "return": JobWorkflowResult}
-    cls = type(name, (JobWorkflowBase,), {"run": workflow.run(run), "__module__": __name__})
-    cls.__qualname__ = name
-    cls = workflow.defn(name=job_type)(cls)
-    globals()[name] = cls
-    _CLASSES[job_type] = cls
-    return cls

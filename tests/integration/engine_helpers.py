@@ -9,12 +9,13 @@ crash/reconcile and privacy modules (the stack itself is `tests.stack.engine_sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from sqlalchemy import text
-from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -197,3 +198,31 @@ async def history_blobs(client: Client, wid: str) -> tuple[bytes, str]:
     """A workflow's full history as protobuf bytes (payload data verbatim) and as JSON."""
     h = await client.get_workflow_handle(wid).fetch_history()
     return History(events=h.events).SerializeToString(), h.to_json()
+
+
+def stage_names(history: Any) -> list[str]:
+    """The stages a job's history ran, in order, as the Temporal UI lists them: each local
+    activity (a `core_local_activity` marker) and each regular activity once (its first
+    scheduling; a retry is the same activity)."""
+    names: list[str] = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            attrs = e.marker_recorded_event_attributes
+            if attrs.marker_name == "core_local_activity":
+                data = json.loads(bytes(attrs.details["data"].payloads[0].data))
+                names.append(str(data["activity_type"]))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+    return names
+
+
+def local_stages(history: Any) -> list[str]:
+    """The local activities (PostgreSQL-only stages) a history ran, in order."""
+    return [
+        json.loads(bytes(e.marker_recorded_event_attributes.details["data"].payloads[0].data))[
+            "activity_type"
+        ]
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    ]

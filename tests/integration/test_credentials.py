@@ -26,6 +26,7 @@ from jobs.credentials import rotate_credential_keys
 from providers.crypto import CredentialCipher, credential_aad, generate_key_setting
 from runtime import cli
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.engine_helpers import stage_names
 from tests.integration.provider_helpers import PLATFORM_KEY, api_client, auth, fake_env, usage_rows
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually
@@ -208,10 +209,13 @@ async def test_key_revoked_between_creation_and_execution_fails_credential_missi
         row = await stack.wait_status(job_id, "succeeded", "failed", timeout=30)
         assert (row.lifecycle_status, row.error_code) == ("failed", "CREDENTIAL_MISSING")
         assert (await fake.acalls())["count"] == 0
-        # EXECUTE's first transaction found no usable key: one attempt, no call, no retry.
-        assert row.attempt_count == 1
-        [u] = await usage_rows(stack, job_id)
-        assert (u.attempt_no, u.error_code, u.tokens_in) == (1, "CREDENTIAL_MISSING", 0)
+        # RESOLVE found no usable key: the job failed before it took a provider slot, so no
+        # attempt was spent and no call was logged.
+        assert row.attempt_count == 0
+        assert await usage_rows(stack, job_id) == []
+        history = await temporal_client.get_workflow_handle(row.workflow_id).fetch_history()
+        assert "execute" not in stage_names(history)
+        assert stage_names(history)[:2] == ["prepare", "resolve"]
 
 
 async def test_key_revoked_during_a_retry_fails_non_retryable_at_execute(

@@ -23,6 +23,7 @@ from jobs.types import synthetic
 from tests.integration.engine_helpers import (
     LIFECYCLE_SA,
     job_facts,
+    local_stages,
     scalar,
     wait_activity_started,
     wait_jobs,
@@ -46,8 +47,8 @@ async def test_queued_job_cancelled_never_runs(
         with pytest.raises(JobAlreadyCancelled):
             await st.service.cancel(job_id, "u1")
 
-    # Now the relay starts its workflow and a worker runs it: EXECUTE's CAS finds the job
-    # cancelled and ends it before any provider call.
+    # Now the relay starts its workflow and a worker runs it: PREPARE finds the job cancelled
+    # and the workflow ends there, before RESOLVE and before any provider slot.
     async with engine_stack(settings, temporal_client) as st:
         wid = st.workflow_id(job_id)
         desc = await wait_workflow_closed(temporal_client, wid)
@@ -57,12 +58,13 @@ async def test_queued_job_cancelled_never_runs(
         assert desc.typed_search_attributes.get(LIFECYCLE_SA) == "cancelled"
 
         history = await temporal_client.get_workflow_handle(wid).fetch_history()
-        completed = [
+        scheduled = [
             e
             for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         ]
-        assert len(completed) == 1  # one EXECUTE attempt, which found the job ended
+        assert scheduled == []  # no EXECUTE: the job never asked for a slot
+        assert [s for s in local_stages(history) if s.startswith("finalize")] == []
 
         row = await st.job(job_id)
         assert row.lifecycle_status == "cancelled"

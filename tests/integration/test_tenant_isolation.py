@@ -343,9 +343,9 @@ async def test_a_long_wait_on_the_gate_continues_as_new_and_keeps_its_attempts(
 ) -> None:
     """Past the history limit a waiting run continues as new (the history stays bounded
     whatever the outage's length); the new run still waits, then runs with no attempt spent."""
-    from workflows import job_workflow
+    from engine import contracts
 
-    monkeypatch.setattr(job_workflow, "GATE_WAIT_HISTORY_LIMIT", 5)
+    monkeypatch.setattr(contracts, "GATE_WAIT_HISTORY_LIMIT", 5)
     await fake.ascript([], default=VALID)
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     async with db.begin() as s:

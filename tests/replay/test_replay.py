@@ -13,7 +13,7 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -28,7 +28,6 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from engine.contracts import (
     COMPLETE,
-    PREPARE,
     RECONCILER_WORKFLOW,
     RELAY_WORKFLOW,
     CompleteResult,
@@ -39,15 +38,18 @@ from engine.definition import QUEUE_NAMES
 from jobs.types import default_catalog
 from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
+from workflows import stages
 from workflows.job_workflow import (
     EXECUTE_OWNS_RUNNING,
+    FIVE_STAGES,
     SKIP_COMPLETE_STAGE,
-    JobWorkflowBase,
-    workflow_class_for,
+    JobStages,
+    JobWorkflow,
 )
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
 
 NAME = re.compile(r"^(?P<workflow>[a-z_]+)-v(?P<tag>[0-9]+)-(?P<case>[a-z_]+)\.json$")
 SYSTEM_TYPES = {"relay": RELAY_WORKFLOW, "reconciler": RECONCILER_WORKFLOW}
@@ -55,6 +57,8 @@ SYSTEM_TYPES = {"relay": RELAY_WORKFLOW, "reconciler": RECONCILER_WORKFLOW}
 PATCH_TAG = 2
 # The first tag recorded with the `execute-owns-running` patch.
 EXECUTE_TAG = 3
+# The first tag recorded with the `five-stages` patch.
+FIVE_STAGES_TAG = 4
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,7 @@ def recorded() -> tuple[Recorded, ...]:
 
 def current_workflows() -> list[type]:
     """What the workers register: a workflow per job type, the relay and the reconciler."""
-    jobs = [workflow_class_for(jt.job_type) for jt in default_catalog()]
-    return [*jobs, RelayWorkflow, ReconcilerWorkflow]
+    return [JobWorkflow, RelayWorkflow, ReconcilerWorkflow]
 
 
 async def replay(workflows: list[type], records: Sequence[Recorded]) -> dict[str, Exception]:
@@ -113,6 +116,15 @@ async def replay_with(
 def workflow_type(r: Recorded) -> str:
     first = r.history.events[0]
     return str(first.workflow_execution_started_event_attributes.workflow_type.name)
+
+
+def regular_activities(r: Recorded) -> list[str]:
+    """The regular activities a history scheduled (each retry is the same scheduled one)."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in r.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
 
 
 def local_activities(r: Recorded) -> list[str]:
@@ -182,7 +194,7 @@ def test_histories_before_the_patch_ran_complete_and_after_it_do_not() -> None:
         if r.tag < PATCH_TAG:
             assert stages == ["prepare", "resolve", "project", COMPLETE], r.path.name
             assert patches(r) == [], r.path.name
-        else:
+        elif r.tag < FIVE_STAGES_TAG:
             assert COMPLETE not in stages, r.path.name
         if r.tag == PATCH_TAG:
             assert patches(r) == [SKIP_COMPLETE_STAGE], r.path.name
@@ -224,23 +236,23 @@ async def test_every_history_replays_against_current_code() -> None:
 # patch: replaying must report non-determinism for histories the change contradicts.
 
 
-class _WithoutComplete(JobWorkflowBase):
+class _WithoutComplete(JobStages):
     """The `skip-complete-stage` change made without `workflow.patched`."""
 
     @staticmethod
-    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
-        if name == COMPLETE:
+    async def _local(stage: Callable[[I], Awaitable[T]], arg: I) -> T:
+        if stage is stages.complete:
             return cast(T, CompleteResult(calls=0, tokens_in=0, tokens_out=0, cost_micros=0))
-        return await JobWorkflowBase._local(name, arg, result_type)
+        return await JobStages._local(stage, arg)
 
 
-class _ExtraResolve(JobWorkflowBase):
+class _ExtraResolve(JobStages):
     """A pause (a timer) added after PREPARE without `workflow.patched`."""
 
     @staticmethod
-    async def _local(name: str, arg: Any, result_type: type[T]) -> T:
-        result = await JobWorkflowBase._local(name, arg, result_type)
-        if name == PREPARE:
+    async def _local(stage: Callable[[I], Awaitable[T]], arg: I) -> T:
+        result = await JobStages._local(stage, arg)
+        if stage is stages.prepare:
             await asyncio.sleep(1)  # a durable timer in workflow code: a new command
         return result
 
@@ -303,9 +315,29 @@ def test_histories_after_execute_took_the_lock_run_prepare_then_execute_only() -
     ]
     assert {r.tag for r in succeeded} >= {EXECUTE_TAG - 1, EXECUTE_TAG}
     for r in succeeded:
+        if r.tag >= FIVE_STAGES_TAG:
+            continue  # the five-stage shape, pinned below
         if r.tag >= EXECUTE_TAG:
             assert local_activities(r) == ["prepare"], r.path.name
             assert EXECUTE_OWNS_RUNNING in patches(r), r.path.name
         else:
             assert "resolve" in local_activities(r), r.path.name
             assert EXECUTE_OWNS_RUNNING not in patches(r), r.path.name
+
+
+def test_histories_from_the_five_stage_shape_run_every_stage_under_its_name() -> None:
+    """From tag 4 on (`five-stages`): prepare, resolve, execute, project and complete, each an
+    activity of its own; a failure ends in finalize_failed after execute, a cancel in
+    finalize_cancelled."""
+    newest = [r for r in recorded() if r.tag >= FIVE_STAGES_TAG and r.workflow not in SYSTEM_TYPES]
+    assert {r.case for r in newest} >= {"success", "retry", "fail", "cancel"}
+    for r in newest:
+        assert patches(r) == [FIVE_STAGES], r.path.name
+        assert regular_activities(r) == ["execute"], r.path.name
+        expected = {
+            "success": ["prepare", "resolve", "project", COMPLETE],
+            "retry": ["prepare", "resolve", "project", COMPLETE],
+            "fail": ["prepare", "resolve", "finalize_failed"],
+            "cancel": ["prepare", "resolve", "finalize_cancelled"],
+        }[r.case]
+        assert local_activities(r) == expected, r.path.name

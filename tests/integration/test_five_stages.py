@@ -1,0 +1,74 @@
+"""A new job's history shows the engine's five stages under their own names, in order, as an
+operator sees them in the Temporal UI: prepare, resolve, execute, project, complete; a failure
+ends in finalize_failed and a cancel in finalize_cancelled; a job that cannot run (its key was
+revoked: see test_credentials) stops at resolve, before it ever asks for a provider slot."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from temporalio.client import Client
+
+from db.session import SessionMaker
+from engine.settings import Settings
+from tests.integration.engine_helpers import stage_names, wait_activity_started
+from tests.stack import Stack, engine_stack
+
+pytestmark = pytest.mark.slow
+
+
+async def stages_of(st: Stack, client: Client, job: uuid.UUID) -> list[str]:
+    history = await client.get_workflow_handle(st.workflow_id(job)).fetch_history()
+    return stage_names(history)
+
+
+async def test_a_succeeded_job_runs_the_five_stages_in_order(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client) as st:
+        job = await st.create(input={"delayMs": 0})
+        row = await st.wait_status(job)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert await stages_of(st, temporal_client, job) == [
+            "prepare",
+            "resolve",
+            "execute",
+            "project",
+            "complete",
+        ]
+        assert row.progress == 100
+
+
+async def test_a_job_whose_output_stays_invalid_fails_after_execute(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client) as st:
+        job = await st.create(input={"invalidOutput": True})
+        row = await st.wait_status(job, timeout=60)
+        assert (row.lifecycle_status, row.error_code) == ("failed", "VALIDATION_OUTPUT_INVALID")
+        # One `execute` in the list: its retries are attempts of the same activity.
+        assert await stages_of(st, temporal_client, job) == [
+            "prepare",
+            "resolve",
+            "execute",
+            "finalize_failed",
+        ]
+
+
+async def test_a_job_cancelled_while_it_runs_ends_in_finalize_cancelled(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client) as st:
+        job = await st.create(input={"hang": True})
+        await wait_activity_started(temporal_client, st.workflow_id(job))
+        result = await st.service.cancel(job, "u1")
+        assert result.outcome == "cancel_requested"
+        row = await st.wait_status(job, timeout=60)
+        assert row.lifecycle_status == "cancelled"
+        assert await stages_of(st, temporal_client, job) == [
+            "prepare",
+            "resolve",
+            "execute",
+            "finalize_cancelled",
+        ]
