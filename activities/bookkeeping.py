@@ -195,12 +195,12 @@ class BookkeepingStages(StageDeps):
     @activity.defn(name=COMPLETE)
     async def complete(self, inp: CompleteInput) -> CompleteResult:
         """The end of a succeeded job: its usage summary (every call of every attempt, as
-        ai_usage_log holds it) and the fan-out of its completion event, woken now: PROJECT
-        wrote `ai.job.completed` without a NOTIFY (its transaction stays short), so the relay
-        publishes it to webhooks and streams at once instead of at its next poll."""
-        async with self._sm.begin() as s:
+        ai_usage_log holds it), logged and returned. A read: the completion event was written
+        by PROJECT in the transaction that ended the job (event streams were woken by that
+        commit; the relay publishes it to the owner's webhooks), so nothing here can be
+        done twice."""
+        async with self._sm() as s:
             usage = await self._usage.summary(s, uuid.UUID(inp.job_id))
-            await self._outbox.notify(s)
         log.info(
             "job usage",
             extra={

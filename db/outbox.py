@@ -96,11 +96,6 @@ _INSERT = text(
 
 
 class OutboxRepository:
-    async def notify(self, session: AsyncSession) -> None:
-        """Wake the relays (delivered at commit): an event written without a NOTIFY is
-        published now rather than at their next poll."""
-        await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-
     """Stateless; every method runs in the session it is given and never commits."""
 
     async def insert(
