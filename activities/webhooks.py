@@ -29,16 +29,15 @@ import httpx
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import webhooks as repo
-from db.jobs import JobQueries
 from db.session import SessionMaker
 from db.webhooks import DeliveryRow
 from engine.errors import EngineError
+from jobs.views import Owner, find_job
 from jobs.webhooks import (
     Resolver,
     UrlRefused,
     check_url,
     event_body,
-    job_status_json,
     public_addresses,
     signature_header,
     signing_secrets,
@@ -146,7 +145,6 @@ class WebhookDeliverer:
         self.config = config
         self._resolve = resolve
         self._clock = clock
-        self._jobs = JobQueries()
         self._metrics = metrics or worker_metrics()
         self._busy: dict[uuid.UUID, int] = {}  # endpoint → requests in flight
         self._busy_users: dict[str, int] = {}  # user → requests in flight
@@ -247,8 +245,8 @@ class WebhookDeliverer:
     async def _attempt(self, row: DeliveryRow) -> Outcome:
         async with self._sm() as s:
             endpoint = await repo.get_endpoint(s, row.endpoint_id)
-            job = await self._jobs.get(s, uuid.UUID(row.job_id))
-            artifacts = (await self._jobs.artifacts(s, [job.id]))[job.id] if job else []
+            # Read as the endpoint's owner sees it: a webhook carries only its owner's job.
+            job = await find_job(s, uuid.UUID(row.job_id), Owner(row.user_id))
         if endpoint is None or endpoint.deleted_at is not None:
             return Outcome(False, error="endpoint deleted", dead=True)
         if job is None:
@@ -262,7 +260,7 @@ class WebhookDeliverer:
         except EngineError as exc:
             return Outcome(False, error=exc.code, dead=isinstance(exc, UrlRefused))
         body = json.dumps(
-            event_body(row.event_type, row.occurred_at, job_status_json(job, artifacts)),
+            event_body(row.event_type, row.occurred_at, job.view()),
             separators=(",", ":"),
             ensure_ascii=False,
         ).encode()

@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 RESYNC = "resync"  # a queue item: re-read everything this subscriber follows
 QUEUE_SIZE = 256
 _OWNER_CACHE = 10_000
-_jobs = JobQueries()
 
 
 # Seconds a refused client waits before it tries again (streams last minutes: a few seconds
@@ -279,7 +278,7 @@ class JobEventHub:
         if owner is None:
             try:
                 async with self._sm() as s:
-                    found = await _jobs.get_owner(s, job_id)
+                    found = await JobQueries().get_owner(s, job_id)
             except Exception:
                 log.warning("job event listener could not read a job's owner")
                 return

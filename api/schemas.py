@@ -1,5 +1,6 @@
-"""Response and request models (JSON in camelCase). JobStatusResponse's shape is frozen: clients
-depend on it (docs/api.md)."""
+"""Request models and the API's own response envelopes (JSON in camelCase). A job's own models
+(JobStatusResponse, its frozen public shape, and the admin view) live in jobs/views.py, the one
+place that builds a job's JSON; the pages here wrap them with the API's opaque cursors."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from api import cursors
-from db.jobs import ArtifactRef, JobRow
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import CredentialMode, QueueName
 from engine.lifecycle import StatusName
+from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
+from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
 
 Status = StatusName
 Queue = QueueName
@@ -68,50 +70,12 @@ def compact_json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
-class Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-
-class ArtifactOut(Camel):
-    artifact_type: str
-    artifact_id: str
-
-
-class ResultOut(Camel):
-    artifact_count: int
-    artifacts: list[ArtifactOut]
-
-
-class JobStatusResponse(Camel):
-    job_id: uuid.UUID
-    job_type: str
-    lifecycle_status: Status
-    queue_name: str
-    priority: int
-    progress: int
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    error_code: str | None = None
-    public_error_message: str | None = None
-    result: ResultOut | None = None
-
-
 class CancelResponse(JobStatusResponse):
     cancel_outcome: Literal["cancelled", "cancel_requested"]
 
 
-class AdminJobResponse(JobStatusResponse):
-    user_id: str
-    target_type: str
-    target_id: str
-    internal_error_message: str | None = None
-    workflow_id: str
-    temporal_ui_url: str
-    attempt_count: int
-    cancel_requested_at: datetime | None = None
-    retried_from_job_id: uuid.UUID | None = None
-    output_hash: str | None = None
+class RetriedJobResponse(JobStatusResponse):
+    retried_from_job_id: uuid.UUID
 
 
 class JobPage(Camel):
@@ -155,37 +119,15 @@ class CreateJobBody(Camel):
         return v
 
 
-def status_response(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "job_id": row.id,
-        "job_type": row.job_type,
-        "lifecycle_status": row.lifecycle_status,
-        "queue_name": row.queue_name,
-        "priority": row.priority,
-        "progress": row.progress,
-        "created_at": row.created_at,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-        "error_code": row.error_code,
-        "public_error_message": row.public_error_message,
-        "result": None,
-    }
-    if artifacts or row.lifecycle_status == "succeeded":
-        data["result"] = ResultOut(
-            artifact_count=len(artifacts),
-            artifacts=[
-                ArtifactOut(artifact_type=a.artifact_type, artifact_id=a.artifact_id)
-                for a in artifacts
-            ],
-        )
-    return data
+def encode_cursor(key: JobKey | None) -> str | None:
+    """The opaque cursor of a job page's `next_after` (None: no next page)."""
+    if key is None:
+        return None
+    created_at, job_id = key
+    return cursors.encode(f"{created_at.isoformat()}|{job_id}")
 
 
-def encode_cursor(row: JobRow) -> str:
-    return cursors.encode(f"{row.created_at.isoformat()}|{row.id}")
-
-
-def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+def decode_cursor(cursor: str | None) -> JobKey | None:
     if not cursor:
         return None
     created, _, job_id = cursors.decode(cursor).partition("|")
@@ -200,27 +142,19 @@ def decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
 _ARTIFACT_CURSOR_PREFIX = "art:"
 
 
-class ArtifactItem(Camel):
-    artifact_type: str
-    artifact_id: str
-    ordinal: int
-    content: dict[str, Any] | None = Field(
-        default=None,
-        description="The projected business row as the job type exposes it (camelCase); null "
-        "when the job type has no view or the row is gone.",
-    )
-
-
 class ArtifactPage(Camel):
     items: list[ArtifactItem]
     next_cursor: str | None = None
 
 
-def encode_artifact_cursor(ordinal: int, row_id: int) -> str:
-    return cursors.encode_ints(_ARTIFACT_CURSOR_PREFIX, ordinal, row_id)
+def encode_artifact_cursor(key: ArtifactKey | None) -> str | None:
+    """The opaque cursor of an artifact page's `next_after` (None: no next page)."""
+    if key is None:
+        return None
+    return cursors.encode_ints(_ARTIFACT_CURSOR_PREFIX, *key)
 
 
-def decode_artifact_cursor(cursor: str | None) -> tuple[int, int] | None:
+def decode_artifact_cursor(cursor: str | None) -> ArtifactKey | None:
     """(ordinal, ai_job_artifact.id) of the last artifact of the previous page."""
     values = cursors.decode_ints(
         cursor, _ARTIFACT_CURSOR_PREFIX, (cursors.INT32_MAX, cursors.INT64_MAX)

@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from db import webhooks as repo
-from db.jobs import ArtifactRef, JobRow
 from db.session import SessionMaker
 from db.webhooks import WEBHOOK_EVENTS, EndpointRow
 from engine.errors import (
@@ -37,6 +36,7 @@ from engine.errors import (
     ValidationFailed,
     WebhookNotFound,
 )
+from jobs.views import JobStatusResponse
 from providers.crypto import CredentialCipher
 
 log = logging.getLogger(__name__)
@@ -189,34 +189,14 @@ def _ts(value: datetime | None) -> str | None:
     return text.replace("+00:00", "Z")
 
 
-def job_status_json(row: JobRow, artifacts: Sequence[ArtifactRef]) -> dict[str, Any]:
-    """The JSON of the API's JobStatusResponse (camelCase), built without the api package."""
-    result: dict[str, Any] | None = None
-    if artifacts or row.lifecycle_status == "succeeded":
-        result = {
-            "artifactCount": len(artifacts),
-            "artifacts": [
-                {"artifactType": a.artifact_type, "artifactId": a.artifact_id} for a in artifacts
-            ],
-        }
+def event_body(event_type: str, occurred_at: datetime, job: JobStatusResponse) -> dict[str, Any]:
+    """`{type, timestamp, data}`: `data` is the job's public view (jobs/views.py), the same JSON
+    as `GET /api/ai/jobs/{jobId}` returns."""
     return {
-        "jobId": str(row.id),
-        "jobType": row.job_type,
-        "lifecycleStatus": row.lifecycle_status,
-        "queueName": row.queue_name,
-        "priority": row.priority,
-        "progress": row.progress,
-        "createdAt": _ts(row.created_at),
-        "startedAt": _ts(row.started_at),
-        "finishedAt": _ts(row.finished_at),
-        "errorCode": row.error_code,
-        "publicErrorMessage": row.public_error_message,
-        "result": result,
+        "type": event_type,
+        "timestamp": _ts(occurred_at),
+        "data": job.model_dump(mode="json", by_alias=True),
     }
-
-
-def event_body(event_type: str, occurred_at: datetime, data: dict[str, Any]) -> dict[str, Any]:
-    return {"type": event_type, "timestamp": _ts(occurred_at), "data": data}
 
 
 # ---- endpoints (the API's use cases) ---------------------------------------------------------

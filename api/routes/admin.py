@@ -8,10 +8,8 @@ import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
-from urllib.parse import quote
 
-from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Query, Response
 from pydantic import BeforeValidator
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,20 +19,19 @@ from api.schemas import (
     NO_NUL,
     AdminJobDetailResponse,
     AdminJobPage,
-    AdminJobResponse,
     CancelResponse,
-    JobStatusResponse,
     Queue,
+    RetriedJobResponse,
     Status,
     StuckOut,
     decode_cursor,
     encode_cursor,
-    status_response,
 )
 from api.stuck import stuck_for
-from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
-from engine.errors import JobNotFound
+from db.jobs import JobFilter, JobRow
+from jobs import views
 from jobs.audit import JOB_CANCEL, JOB_LIST, JOB_RETRY, JOB_VIEW, AuditEntry, AuditLog
+from jobs.views import JobStatusResponse, TemporalLink
 
 router = APIRouter(prefix="/admin-api/ai/jobs", tags=["admin"])
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
@@ -45,28 +42,6 @@ def iso_datetime(value: Any) -> Any:
     if isinstance(value, str) and not _ISO_DATE.match(value):
         raise ValueError("must be an RFC 3339 date-time")
     return value
-
-
-_jobs = JobQueries()
-
-
-def admin_json(state: State, row: JobRow, arts: list[ArtifactRef]) -> dict[str, Any]:
-    ui = state.settings.temporal_ui_url.rstrip("/")
-    ns = quote(state.settings.temporal_namespace, safe="")
-    data = status_response(row, arts)
-    data.update(
-        user_id=row.user_id,
-        target_type=row.target_type,
-        target_id=row.target_id,
-        internal_error_message=row.internal_error_message,
-        workflow_id=row.workflow_id,
-        temporal_ui_url=f"{ui}/namespaces/{ns}/workflows/{quote(row.workflow_id, safe='')}",
-        attempt_count=row.attempt_count,
-        cancel_requested_at=row.cancel_requested_at,
-        retried_from_job_id=row.retried_from_job_id,
-        output_hash=row.output_hash,
-    )
-    return AdminJobResponse(**data).model_dump(mode="json", by_alias=True)
 
 
 @router.get("", response_model=AdminJobPage, summary="List and filter all jobs")
@@ -87,7 +62,7 @@ async def list_jobs(
     ] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-) -> dict[str, Any]:
+) -> AdminJobPage:
     f = JobFilter(
         user_id=user_id,
         job_type=job_type,
@@ -97,21 +72,17 @@ async def list_jobs(
         created_to=created_to,
     )
     after = decode_cursor(cursor)
+    link = TemporalLink.from_settings(state.settings)
     async with state.sessionmaker() as s:
-        rows = await _jobs.list_jobs(s, f, after=after, limit=limit + 1)
-        page = rows[:limit]
-        arts = await _jobs.artifacts(s, [r.id for r in page])
+        page = await views.admin_job_page(s, f, link, after=after, limit=limit)
     # The page shows every listed job's internalErrorMessage: a view of internals.
     await AuditLog(state.sessionmaker).record(
         AuditEntry(admin.user_id, JOB_LIST, "job", None),
         "ok",
         filter={k: str(v) for k, v in f.__dict__.items() if v is not None},
-        count=len(page),
+        count=len(page.items),
     )
-    return {
-        "items": [admin_json(state, r, arts[r.id]) for r in page],
-        "nextCursor": encode_cursor(page[-1]) if len(rows) > limit else None,
-    }
+    return AdminJobPage(items=page.items, next_cursor=encode_cursor(page.next_after))
 
 
 @router.get(
@@ -124,36 +95,37 @@ async def list_jobs(
         "computed live; null when nothing is wrong or Temporal cannot be asked in time."
     ),
 )
-async def get_job(job_id: uuid.UUID, state: State, admin: Admin) -> dict[str, Any]:
+async def get_job(job_id: uuid.UUID, state: State, admin: Admin) -> AdminJobDetailResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_VIEW, "job", str(job_id))
     async with audit.refusals(entry), state.sessionmaker() as s:
-        row = await _jobs.get(s, job_id)
-        if row is None:
-            raise JobNotFound("Job not found.")
-        arts = await _jobs.artifacts(s, [job_id])
+        job = await views.read_job(s, job_id, admin)
     await audit.record(entry, "ok")
     # After the session is returned: the stuck check may wait on Temporal for up to 2 s.
-    stuck = await stuck_for(state, row)
-    body = admin_json(state, row, arts[job_id])
-    body["stuck"] = (
-        StuckOut(reason=stuck.reason, detail=stuck.detail, since=stuck.since).model_dump(
-            mode="json", by_alias=True
-        )
+    stuck = await stuck_for(state, job.row)
+    return AdminJobDetailResponse(
+        **dict(job.admin_view(TemporalLink.from_settings(state.settings))),
+        stuck=StuckOut(reason=stuck.reason, detail=stuck.detail, since=stuck.since)
         if stuck
-        else None
+        else None,
     )
-    return body
 
 
 @router.post(
     "/{job_id}/retry",
     status_code=201,
-    response_model=JobStatusResponse,
-    responses={200: {"model": JobStatusResponse, "description": "Already retried: that job"}},
+    # The body is JobStatusResponse plus `retriedFromJobId` (RetriedJobResponse): declared as
+    # the documented JobStatusResponse, and rendered from the model as it is returned.
+    response_model=None,
+    responses={
+        201: {"model": JobStatusResponse},
+        200: {"model": JobStatusResponse, "description": "Already retried: that job"},
+    },
     summary="Retry a failed or cancelled job as a new job",
 )
-async def retry_job(job_id: uuid.UUID, state: State, admin: Admin) -> JSONResponse:
+async def retry_job(
+    job_id: uuid.UUID, state: State, admin: Admin, response: Response
+) -> RetriedJobResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_RETRY, "job", str(job_id))
 
@@ -164,17 +136,10 @@ async def retry_job(job_id: uuid.UUID, state: State, admin: Admin) -> JSONRespon
         result = await state.jobs.retry(job_id, within=recorded)
     if not result.created:
         await audit.record(entry, "already_retried", retryJobId=str(result.job.id))
-    async with state.sessionmaker() as s:
-        arts = await _jobs.artifacts(s, [result.job.id])
-    body = JobStatusResponse(**status_response(result.job, arts[result.job.id])).model_dump(
-        mode="json", by_alias=True
-    )
-    body["retriedFromJobId"] = str(job_id)
-    return JSONResponse(
-        body,
-        status_code=201 if result.created else 200,
-        headers={"Location": f"/admin-api/ai/jobs/{result.job.id}"},
-    )
+    response.status_code = 201 if result.created else 200
+    response.headers["Location"] = f"/admin-api/ai/jobs/{result.job.id}"
+    job = await views.present(state.sessionmaker, result.job)
+    return RetriedJobResponse(**dict(job), retried_from_job_id=job_id)
 
 
 @router.post(
@@ -189,7 +154,9 @@ async def retry_job(job_id: uuid.UUID, state: State, admin: Admin) -> JSONRespon
         "`JOB_NOT_CANCELLABLE`, or `JOB_ALREADY_CANCELLED`)."
     ),
 )
-async def cancel_job(job_id: uuid.UUID, state: State, admin: Admin) -> JSONResponse:
+async def cancel_job(
+    job_id: uuid.UUID, state: State, admin: Admin, response: Response
+) -> CancelResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_CANCEL, "job", str(job_id))
 
@@ -205,11 +172,6 @@ async def cancel_job(job_id: uuid.UUID, state: State, admin: Admin) -> JSONRespo
             within=recorded,
         )
     async with state.sessionmaker() as s:
-        row = await _jobs.get(s, job_id)
-        assert row is not None  # jobs are never deleted
-        arts = await _jobs.artifacts(s, [job_id])
-    body = JobStatusResponse(**status_response(row, arts[job_id])).model_dump(
-        mode="json", by_alias=True
-    )
-    body["cancelOutcome"] = result.outcome
-    return JSONResponse(body, status_code=200 if result.outcome == "cancelled" else 202)
+        job = await views.job_status(s, job_id, admin)
+    response.status_code = 200 if result.outcome == "cancelled" else 202
+    return CancelResponse(**dict(job), cancel_outcome=result.outcome)

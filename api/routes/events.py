@@ -14,7 +14,6 @@ route answers 429 `TOO_MANY_STREAMS` with Retry-After.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 import weakref
@@ -30,13 +29,13 @@ from starlette.types import Receive, Scope, Send
 from api.deps import State, User
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
-from api.schemas import JobStatusResponse, status_response
 from db.jobs import JobQueries, JobRow
-from engine.errors import JobNotFound, ValidationFailed
+from engine.errors import ValidationFailed
 from engine.lifecycle import TERMINAL
+from jobs import views
+from jobs.views import JobRead, Viewer
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
-_jobs = JobQueries()
 RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream
 _SEEN = 1000  # jobs whose last sent state the all-jobs stream remembers
 _MAX_VERSION = 2**63 - 1
@@ -79,23 +78,15 @@ def _last_id(value: str | None) -> int:
     return n
 
 
-async def _read(state: State, job_id: uuid.UUID) -> tuple[JobRow, dict[str, Any]] | None:
+async def _read(state: State, job_id: uuid.UUID, viewer: Viewer) -> JobRead | None:
+    """The job as `viewer` may see it (the same view as `GET /api/ai/jobs/{jobId}`)."""
     async with state.sessionmaker() as s:
-        row = await _jobs.get(s, job_id)
-        if row is None:
-            return None
-        arts = (
-            (await _jobs.artifacts(s, [job_id]))[job_id]
-            if row.lifecycle_status == "succeeded"
-            else []
-        )
-    body = JobStatusResponse(**status_response(row, arts)).model_dump(mode="json", by_alias=True)
-    return row, body
+        return await views.find_job(s, job_id, viewer)
 
 
-def _event(row: JobRow, body: dict[str, Any], event_id: int | None = None) -> ServerSentEvent:
-    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return ServerSentEvent(data=data, id=str(event_id or version(row)), event="status")
+def _event(job: JobRead, event_id: int | None = None) -> ServerSentEvent:
+    data = job.view().model_dump_json(by_alias=True)
+    return ServerSentEvent(data=data, id=str(event_id or version(job.row)), event="status")
 
 
 class _SlottedStream(EventSourceResponse):
@@ -156,7 +147,7 @@ async def user_events(
 
     async def changed_since(cutoff: int) -> list[uuid.UUID]:
         async with state.sessionmaker() as s:
-            return await _jobs.changed_since(s, user_id, cutoff, limit=RESYNC_LIMIT)
+            return await JobQueries().changed_since(s, user_id, cutoff, limit=RESYNC_LIMIT)
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
         sent: OrderedDict[uuid.UUID, tuple[str, int]] = OrderedDict()
@@ -167,10 +158,10 @@ async def user_events(
         async def emit(job_ids: list[uuid.UUID]) -> AsyncIterator[ServerSentEvent]:
             nonlocal high
             for job_id in job_ids:
-                got = await _read(state, job_id)
+                got = await _read(state, job_id, principal)
                 if got is None:
                     continue
-                row, body = got
+                row = got.row
                 key = (row.lifecycle_status, row.progress)
                 if sent.get(job_id) == key:
                     continue
@@ -179,7 +170,7 @@ async def user_events(
                 if len(sent) > _SEEN:
                     sent.popitem(last=False)
                 high = max(high, version(row))
-                yield _event(row, body)
+                yield _event(got)
 
         async with hub.subscribe_user(user_id) as sub:
             if since >= 0:
@@ -214,9 +205,7 @@ async def job_events(
 ) -> EventSourceResponse:
     since = _last_id(last_event_id)
     async with state.sessionmaker() as s:
-        owner = await _jobs.get_owner(s, job_id)
-    if owner is None or (not principal.is_admin and owner[1] != principal.user_id):
-        raise JobNotFound("Job not found.")
+        await views.check_visible(s, job_id, principal)
     hub = state.events
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
@@ -224,10 +213,10 @@ async def job_events(
             last_key: tuple[str, int] | None = None
             high = since
             while True:
-                got = await _read(state, job_id)
+                got = await _read(state, job_id, principal)
                 if got is None:
                     return
-                row, body = got
+                row = got.row
                 key = (row.lifecycle_status, row.progress)
                 # The version decides only the first event (resume). After that a change of
                 # state or progress is always sent: `updated_at` is a transaction's start time,
@@ -235,7 +224,7 @@ async def job_events(
                 fresh = version(row) > high if last_key is None else key != last_key
                 if fresh:
                     high, last_key = max(high, version(row)), key
-                    yield _event(row, body, high)
+                    yield _event(got, high)
                 if row.lifecycle_status in TERMINAL:
                     return
                 await sub.next_batch()

@@ -1,0 +1,338 @@
+"""A job as its readers see it: the one public model, the one owner check and the reads.
+
+Every reader of a job goes through here: the jobs and admin routes, the event streams
+(`api/routes/events.py`) and the webhook body (`activities/webhooks.py`), so the JSON of a job is
+the same wherever a client meets it. `JobStatusResponse` is the frozen shape of
+docs/contracts.md; the admin view adds the internals only SUPER_ADMIN may see.
+
+The owner check (`can_see`): a job is visible to its owner and to admins; for anyone else it is
+`JOB_NOT_FOUND`, the same answer as for a job that does not exist, so a job id never tells an
+outsider whether the job exists.
+
+The reads run in the session the caller gives them (one pooled session per request) and never
+write. Paging is keyset paging: a page says where the next one starts (`Page.next_after`) and the
+API turns that into its opaque cursor (`api/schemas.py`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
+from db.session import SessionMaker
+from engine.errors import JobNotFound
+from engine.lifecycle import StatusName
+from engine.settings import Settings
+from jobs.spec import Catalog
+
+# ---- the models (their names are the OpenAPI schema names: keep them) --------------------
+
+
+class Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class ArtifactOut(Camel):
+    artifact_type: str
+    artifact_id: str
+
+
+class ResultOut(Camel):
+    artifact_count: int
+    artifacts: list[ArtifactOut]
+
+
+# The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
+class JobStatusResponse(Camel):
+    job_id: uuid.UUID
+    job_type: str
+    lifecycle_status: StatusName
+    queue_name: str
+    priority: int
+    progress: int
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error_code: str | None = None
+    public_error_message: str | None = None
+    result: ResultOut | None = None
+
+
+# SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
+class AdminJobResponse(JobStatusResponse):
+    user_id: str
+    target_type: str
+    target_id: str
+    internal_error_message: str | None = None
+    workflow_id: str
+    temporal_ui_url: str
+    attempt_count: int
+    cancel_requested_at: datetime | None = None
+    retried_from_job_id: uuid.UUID | None = None
+    output_hash: str | None = None
+
+
+class ArtifactItem(Camel):
+    artifact_type: str
+    artifact_id: str
+    ordinal: int
+    content: dict[str, Any] | None = Field(
+        default=None,
+        description="The projected business row as the job type exposes it (camelCase); null "
+        "when the job type has no view or the row is gone.",
+    )
+
+
+# ---- who may see a job ------------------------------------------------------------------
+
+
+class Viewer(Protocol):
+    """Who reads: the API's authenticated principal, or `Owner` for a reader acting for a user
+    (the webhook deliverer acts for the endpoint's owner)."""
+
+    @property
+    def user_id(self) -> str: ...
+
+    @property
+    def is_admin(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A plain user as a viewer: sees their own jobs only."""
+
+    user_id: str
+    is_admin: bool = False
+
+
+def can_see(viewer: Viewer, owner_id: str) -> bool:
+    """The one owner rule: the owner and admins see a job; nobody else does."""
+    return viewer.is_admin or owner_id == viewer.user_id
+
+
+def not_found() -> JobNotFound:
+    """The one answer for a missing job and for someone else's: they must not differ."""
+    return JobNotFound("Job not found.")
+
+
+async def check_visible(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> str:
+    """The job's type when `viewer` may see the job, else JobNotFound. One narrow query: what a
+    route needs before it streams or pages a job's parts."""
+    owner = await JobQueries().get_owner(session, job_id)
+    if owner is None or not can_see(viewer, owner[1]):
+        raise not_found()
+    return owner[0]
+
+
+# ---- one job ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemporalLink:
+    """Where the Temporal Web UI shows a workflow (TEMPORAL_UI_URL, TEMPORAL_NAMESPACE)."""
+
+    ui_url: str
+    namespace: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TemporalLink:
+        return cls(settings.temporal_ui_url, settings.temporal_namespace)
+
+    def workflow_url(self, workflow_id: str) -> str:
+        ui = self.ui_url.rstrip("/")
+        ns = quote(self.namespace, safe="")
+        return f"{ui}/namespaces/{ns}/workflows/{quote(workflow_id, safe='')}"
+
+
+def _public_fields(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
+    # `result` is present once a job succeeded (an empty list when it projected nothing).
+    result = None
+    if artifacts or row.lifecycle_status == "succeeded":
+        result = ResultOut(
+            artifact_count=len(artifacts),
+            artifacts=[
+                ArtifactOut(artifact_type=a.artifact_type, artifact_id=a.artifact_id)
+                for a in artifacts
+            ],
+        )
+    return {
+        "job_id": row.id,
+        "job_type": row.job_type,
+        "lifecycle_status": row.lifecycle_status,
+        "queue_name": row.queue_name,
+        "priority": row.priority,
+        "progress": row.progress,
+        "created_at": row.created_at,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "error_code": row.error_code,
+        "public_error_message": row.public_error_message,
+        "result": result,
+    }
+
+
+def job_view(row: JobRow, artifacts: list[ArtifactRef]) -> JobStatusResponse:
+    return JobStatusResponse(**_public_fields(row, artifacts))
+
+
+def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) -> AdminJobResponse:
+    return AdminJobResponse(
+        **_public_fields(row, artifacts),
+        user_id=row.user_id,
+        target_type=row.target_type,
+        target_id=row.target_id,
+        internal_error_message=row.internal_error_message,
+        workflow_id=row.workflow_id,
+        temporal_ui_url=link.workflow_url(row.workflow_id),
+        attempt_count=row.attempt_count,
+        cancel_requested_at=row.cancel_requested_at,
+        retried_from_job_id=row.retried_from_job_id,
+        output_hash=row.output_hash,
+    )
+
+
+@dataclass(frozen=True)
+class JobRead:
+    """A job's row and its artifacts, read in one session: what every view is built from."""
+
+    row: JobRow
+    artifacts: list[ArtifactRef]
+
+    def view(self) -> JobStatusResponse:
+        return job_view(self.row, self.artifacts)
+
+    def admin_view(self, link: TemporalLink) -> AdminJobResponse:
+        return admin_view(self.row, self.artifacts, link)
+
+
+async def _artifacts_of(session: AsyncSession, row: JobRow) -> list[ArtifactRef]:
+    # Artifacts are written in the transaction that marks a job succeeded: no other job has
+    # any, so only a succeeded job costs the second query.
+    if row.lifecycle_status != "succeeded":
+        return []
+    return (await JobQueries().artifacts(session, [row.id]))[row.id]
+
+
+async def find_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobRead | None:
+    """The job as `viewer` may see it; None when it is missing or someone else's."""
+    row = await JobQueries().get(session, job_id)
+    if row is None or not can_see(viewer, row.user_id):
+        return None
+    return JobRead(row, await _artifacts_of(session, row))
+
+
+async def present(sessionmaker: SessionMaker, row: JobRow) -> JobStatusResponse:
+    """The public view of a row the caller already holds (a create's answer): a session is
+    opened only for a succeeded job's artifacts."""
+    if row.lifecycle_status != "succeeded":
+        return job_view(row, [])
+    async with sessionmaker() as s:
+        return job_view(row, await _artifacts_of(s, row))
+
+
+async def read_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobRead:
+    """As `find_job`, but a job the viewer may not see is JobNotFound (404)."""
+    found = await find_job(session, job_id, viewer)
+    if found is None:
+        raise not_found()
+    return found
+
+
+async def job_status(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobStatusResponse:
+    """`GET /api/ai/jobs/{jobId}`: the public view, or JobNotFound."""
+    return (await read_job(session, job_id, viewer)).view()
+
+
+# ---- pages --------------------------------------------------------------------------------
+
+T = TypeVar("T")
+K = TypeVar("K")
+
+JobKey = tuple[datetime, uuid.UUID]  # (created_at, id) of the last job of a page
+ArtifactKey = tuple[int, int]  # (ordinal, ai_job_artifact.id) of the last artifact of a page
+
+
+@dataclass(frozen=True)
+class Page(Generic[T, K]):
+    """One page of items; `next_after` is where the next page starts (None: this was the last)."""
+
+    items: list[T]
+    next_after: K | None
+
+
+async def _job_rows(
+    session: AsyncSession, f: JobFilter, after: JobKey | None, limit: int
+) -> tuple[list[JobRow], dict[uuid.UUID, list[ArtifactRef]], JobKey | None]:
+    jobs = JobQueries()
+    # One row past the page says whether another page follows.
+    rows = await jobs.list_jobs(session, f, after=after, limit=limit + 1)
+    page = rows[:limit]
+    arts = await jobs.artifacts(session, [r.id for r in page])
+    nxt = (page[-1].created_at, page[-1].id) if len(rows) > limit else None
+    return page, arts, nxt
+
+
+async def job_page(
+    session: AsyncSession,
+    viewer: Viewer,
+    f: JobFilter,
+    *,
+    after: JobKey | None,
+    limit: int,
+) -> Page[JobStatusResponse, JobKey]:
+    """A page of jobs, newest first. A viewer who is not an admin pages their own jobs only,
+    whatever the filter says."""
+    if not viewer.is_admin:
+        f = JobFilter(**{**f.__dict__, "user_id": viewer.user_id})
+    rows, arts, nxt = await _job_rows(session, f, after, limit)
+    return Page([job_view(r, arts[r.id]) for r in rows], nxt)
+
+
+async def admin_job_page(
+    session: AsyncSession,
+    f: JobFilter,
+    link: TemporalLink,
+    *,
+    after: JobKey | None,
+    limit: int,
+) -> Page[AdminJobResponse, JobKey]:
+    """A page of any user's jobs with their internals (SUPER_ADMIN's list), newest first."""
+    rows, arts, nxt = await _job_rows(session, f, after, limit)
+    return Page([admin_view(r, arts[r.id], link) for r in rows], nxt)
+
+
+async def artifact_page(
+    session: AsyncSession,
+    catalog: Catalog,
+    job_id: uuid.UUID,
+    viewer: Viewer,
+    *,
+    after: ArtifactKey | None,
+    limit: int,
+) -> Page[ArtifactItem, ArtifactKey]:
+    """A page of a job's artifacts in ordinal order, each with what its job type exposes of the
+    projected row (`content`, or None); JobNotFound when the viewer may not see the job."""
+    job_type = await check_visible(session, job_id, viewer)
+    rows = await JobQueries().artifact_page(session, job_id, after=after, limit=limit + 1)
+    page = rows[:limit]
+    view = catalog.get(job_type).artifact_view if job_type in catalog else None
+    contents = await view(session, job_id, [a.artifact_id for _, a in page]) if view else {}
+    items = [
+        ArtifactItem(
+            artifact_type=a.artifact_type,
+            artifact_id=a.artifact_id,
+            ordinal=a.ordinal,
+            content=contents.get(a.artifact_id),
+        )
+        for _, a in page
+    ]
+    nxt = (page[-1][1].ordinal, page[-1][0]) if len(rows) > limit else None
+    return Page(items, nxt)

@@ -1,0 +1,222 @@
+"""jobs/views.py on a real PostgreSQL: the one public view of a job, the one owner rule
+(someone else's job reads exactly like a missing one; admins see all), the pages of jobs and
+artifacts, and the webhook body built from the same view."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from db.jobs import JobFilter, JobQueries
+from db.lifecycle import LifecycleRepository, NewJob
+from db.session import SessionMaker
+from engine.errors import JobNotFound
+from jobs import views
+from jobs.types import default_catalog
+from jobs.views import JobStatusResponse, Owner, TemporalLink
+from jobs.webhooks import event_body
+
+# The frozen shape of docs/contracts.md: what every client parses.
+PUBLIC_KEYS = [
+    "jobId",
+    "jobType",
+    "lifecycleStatus",
+    "queueName",
+    "priority",
+    "progress",
+    "createdAt",
+    "startedAt",
+    "finishedAt",
+    "errorCode",
+    "publicErrorMessage",
+    "result",
+]
+ADMIN = Owner("root", is_admin=True)
+
+
+async def insert_job(sm: SessionMaker, user_id: str) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    job = NewJob(
+        id=job_id,
+        user_id=user_id,
+        job_type="synthetic",
+        target_type="test",
+        target_id="t1",
+        idempotency_key=None,
+        request_fingerprint="f" * 64,
+        queue_name="ai-interactive",
+        priority=50,
+        input={"secret": "job input"},
+        credential_mode="platform_key",
+        credential_id=None,
+        prompt_version="v1",
+        input_schema_version="synthetic.input.v1",
+        output_schema_version="synthetic.output.v1",
+        max_retry_count=1,
+        workflow_id=f"ai-interactive:synthetic:{job_id}",
+    )
+    async with sm.begin() as s:
+        await LifecycleRepository().create(s, job)
+    return job_id
+
+
+async def succeed(sm: SessionMaker, job_id: uuid.UUID, artifact_ids: list[str]) -> None:
+    """Runs the job to `succeeded` with its artifacts, as PROJECT does (one transaction)."""
+    async with sm.begin() as s:
+        await LifecycleRepository().lock(s, job_id, owner="run-1", identity="w1", ttl_s=60)
+    async with sm.begin() as s:
+        for ordinal, artifact_id in enumerate(artifact_ids):
+            await JobQueries().insert_artifact(s, job_id, "note", artifact_id, ordinal)
+        await LifecycleRepository().mark_succeeded(s, job_id)
+
+
+async def status(sm: SessionMaker, job_id: uuid.UUID, viewer: views.Viewer) -> JobStatusResponse:
+    async with sm() as s:
+        return await views.job_status(s, job_id, viewer)
+
+
+async def refusal(sm: SessionMaker, job_id: uuid.UUID, viewer: views.Viewer) -> tuple[str, str]:
+    with pytest.raises(JobNotFound) as caught:
+        await status(sm, job_id, viewer)
+    return caught.value.code, caught.value.public_message
+
+
+async def test_someone_elses_job_reads_exactly_like_a_missing_one(db: SessionMaker) -> None:
+    job_id = await insert_job(db, "alice")
+
+    assert (await status(db, job_id, Owner("alice"))).job_id == job_id
+    assert (await status(db, job_id, ADMIN)).job_id == job_id  # admins see all
+    others = await refusal(db, job_id, Owner("bob"))
+    missing = await refusal(db, uuid.uuid4(), Owner("bob"))
+    assert others == missing == ("JOB_NOT_FOUND", "Job not found.")
+
+    async with db() as s:
+        assert await views.find_job(s, job_id, Owner("bob")) is None
+        assert await views.check_visible(s, job_id, Owner("alice")) == "synthetic"
+        with pytest.raises(JobNotFound):
+            await views.check_visible(s, job_id, Owner("bob"))
+
+
+async def test_the_public_view_is_the_frozen_shape_without_internals(db: SessionMaker) -> None:
+    queued = await insert_job(db, "alice")
+    done = await insert_job(db, "alice")
+    await succeed(db, done, ["a2", "a1"])
+    empty = await insert_job(db, "alice")
+    await succeed(db, empty, [])
+
+    body = json.loads((await status(db, queued, Owner("alice"))).model_dump_json(by_alias=True))
+    assert list(body) == PUBLIC_KEYS
+    assert body["lifecycleStatus"] == "queued" and body["result"] is None
+    assert "job input" not in json.dumps(body) and "userId" not in body
+
+    ok = (await status(db, done, Owner("alice"))).model_dump(mode="json", by_alias=True)
+    assert ok["result"] == {
+        "artifactCount": 2,
+        "artifacts": [
+            {"artifactType": "note", "artifactId": "a2"},
+            {"artifactType": "note", "artifactId": "a1"},
+        ],
+    }
+    # A succeeded job that projected nothing says so: a result with no artifacts.
+    none = (await status(db, empty, Owner("alice"))).model_dump(mode="json", by_alias=True)
+    assert none["result"] == {"artifactCount": 0, "artifacts": []}
+
+
+async def test_the_admin_view_adds_the_internals_and_the_temporal_link(db: SessionMaker) -> None:
+    job_id = await insert_job(db, "alice")
+    link = TemporalLink("http://ui:8233/", "my ns")
+    async with db() as s:
+        job = await views.read_job(s, job_id, ADMIN)
+    admin = job.admin_view(link).model_dump(mode="json", by_alias=True)
+    public = job.view().model_dump(mode="json", by_alias=True)
+
+    assert {k: admin[k] for k in public} == public
+    assert admin["userId"] == "alice"
+    assert admin["workflowId"] == f"ai-interactive:synthetic:{job_id}"
+    assert admin["temporalUiUrl"] == (
+        f"http://ui:8233/namespaces/my%20ns/workflows/ai-interactive%3Asynthetic%3A{job_id}"
+    )
+
+
+async def test_a_users_page_holds_only_their_jobs_whatever_the_filter(db: SessionMaker) -> None:
+    mine = [await insert_job(db, "alice") for _ in range(5)]
+    theirs = await insert_job(db, "bob")
+
+    seen: list[uuid.UUID] = []
+    after: views.JobKey | None = None
+    async with db() as s:
+        for _ in range(3):
+            # The filter names bob: alice's page is still alice's.
+            page = await views.job_page(
+                s, Owner("alice"), JobFilter(user_id="bob"), after=after, limit=2
+            )
+            seen += [j.job_id for j in page.items]
+            after = page.next_after
+            if after is None:
+                break
+    assert after is None  # 5 jobs in pages of 2: the third page is the last
+    assert sorted(seen) == sorted(mine) and len(seen) == len(set(seen)) == 5
+
+    async with db() as s:
+        admin_page = await views.admin_job_page(
+            s, JobFilter(user_id="bob"), TemporalLink("http://ui", "default"), after=None, limit=10
+        )
+    assert [j.job_id for j in admin_page.items] == [theirs] and admin_page.next_after is None
+    assert admin_page.items[0].user_id == "bob"
+
+
+async def test_artifact_pages_follow_the_ordinal_and_the_owner_rule(db: SessionMaker) -> None:
+    job_id = await insert_job(db, "alice")
+    await succeed(db, job_id, ["x0", "x1", "x2"])
+    catalog = default_catalog()
+
+    async with db() as s:
+        first = await views.artifact_page(s, catalog, job_id, Owner("alice"), after=None, limit=2)
+        second = await views.artifact_page(
+            s, catalog, job_id, Owner("alice"), after=first.next_after, limit=2
+        )
+        with pytest.raises(JobNotFound):
+            await views.artifact_page(s, catalog, job_id, Owner("bob"), after=None, limit=2)
+    assert [(a.artifact_id, a.ordinal) for a in first.items] == [("x0", 0), ("x1", 1)]
+    assert first.next_after is not None
+    assert [a.artifact_id for a in second.items] == ["x2"] and second.next_after is None
+
+
+async def test_the_webhook_body_carries_the_same_view_for_its_owner_only(db: SessionMaker) -> None:
+    job_id = await insert_job(db, "alice")
+    await succeed(db, job_id, ["a"])
+    async with db() as s:
+        job = await views.find_job(s, job_id, Owner("alice"))
+        stranger = await views.find_job(s, job_id, Owner("bob"))
+    assert job is not None and stranger is None
+    at = datetime(2026, 12, 2, 16, 34, 12, 123456, tzinfo=UTC)
+
+    body = event_body("ai.job.completed", at, job.view())
+
+    assert body["type"] == "ai.job.completed"
+    assert body["timestamp"] == "2026-12-02T16:34:12.123456Z"
+    assert json.dumps(body["data"], separators=(",", ":"), ensure_ascii=False) == (
+        job.view().model_dump_json(by_alias=True)
+    )
+
+
+@dataclass(frozen=True)
+class _Principal:
+    """The API's principal has this shape: a `Viewer` without being an `Owner`."""
+
+    user_id: str
+    roles: frozenset[str]
+
+    @property
+    def is_admin(self) -> bool:
+        return "SUPER_ADMIN" in self.roles
+
+
+async def test_any_principal_shaped_viewer_gets_the_same_rule(db: SessionMaker) -> None:
+    job_id = await insert_job(db, "alice")
+    assert (await status(db, job_id, _Principal("x", frozenset({"SUPER_ADMIN"})))).job_id == job_id
+    await refusal(db, job_id, _Principal("x", frozenset()))
