@@ -41,18 +41,26 @@ KNOWN_CODES: frozenset[str] = frozenset(PUBLIC_MESSAGES) | {
     "INTERNAL_ILLEGAL_TRANSITION",
     "VALIDATION_FAILED",
 }
-_FAMILIES = ("PROVIDER_", "VALIDATION_", "CONTENT_SAFETY_", "CREDENTIAL_", "INTERNAL_")
+_FAMILIES = (
+    "PROVIDER_",
+    "VALIDATION_",
+    "CONTENT_SAFETY_",
+    "CREDENTIAL_",
+    "REQUEST_",
+    "INTERNAL_",
+)
 
-# Activity names (engine.contracts) → the stage they time; RESOLVE and COMPLETE only run in
-# histories recorded before they were folded into EXECUTE and PROJECT.
+# Activity names (engine.contracts) → the stage they time: the five stages and the finalizers.
 STAGE_OF_ACTIVITY: dict[str, str] = {
     "prepare": "prepare",
+    "resolve": "resolve",
     "execute": "execute",
     "project": "project",
+    "complete": "complete",
     "finalize_failed": "finalize",
     "finalize_cancelled": "finalize",
 }
-STAGES = ("prepare", "execute", "project", "finalize")
+STAGES = ("prepare", "resolve", "execute", "project", "complete", "finalize")
 RECONCILER_ACTIONS = (
     "expired_lock_failed",
     "outbox_requeued",

@@ -189,7 +189,9 @@ async def test_metrics_count_the_jobs_that_ran(api: Api, workers: Stack, worker_
     assert d(worker_before, after, stage, stage="execute") == 7  # 5 jobs, 2 of them twice
     assert d(worker_before, after, stage, stage="prepare") == 5
     assert d(worker_before, after, stage, stage="finalize") == 1
-    assert d(worker_before, after, stage, stage="project") == 0  # projected inside EXECUTE
+    assert d(worker_before, after, stage, stage="resolve") == 5
+    assert d(worker_before, after, stage, stage="project") == succeeded
+    assert d(worker_before, after, stage, stage="complete") == succeeded
     wait = "aijobs_queue_wait_seconds_count"
     assert d(worker_before, after, wait, job_type="synthetic", queue="ai-interactive") == 5
     started = "aijobs_relay_dispatch_total"
