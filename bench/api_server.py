@@ -127,7 +127,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     setup_logging(Settings().log_level, process="bench-api")
     # The same server options as `aijobs api` (runtime/cli.py cmd_api).
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        build_app(),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="asyncio",
+        http="h11",
+    )
     hard_exit(0)
 
 

@@ -123,7 +123,17 @@ def cmd_api(args: argparse.Namespace) -> int:
     app = api_app(s)
     telemetry.instrument_app(app)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        # The event loop and HTTP parser are named, not "auto": a dev install that happens to
+        # have uvloop/httptools (a test tool pulls them in) serves like the production image.
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            loop="asyncio",
+            http="h11",
+        )
     finally:
         telemetry.shutdown()
     return 0

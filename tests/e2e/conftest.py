@@ -91,7 +91,13 @@ async def serve(app: FastAPI, *, port: int = 0, start_timeout: float = 20.0) -> 
     sock.bind(("127.0.0.1", port))
     port = int(sock.getsockname()[1])
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        http="h11",  # as `aijobs api` serves (runtime/cli.py)
     )
     server = _Server(config)
 
