@@ -1,13 +1,12 @@
-"""The Temporal baseline: a bare workflow with one no-op regular activity, and its worker.
-
-`python -m bench.baseline worker --address A --task-queue Q` runs the worker with the same
-settings as the engine's `ai-interactive` worker (runtime/worker.py): max_concurrent_activities =
-AI_INTERACTIVE_CONCURRENCY, 200 local activities, 100 workflow tasks, the sandboxed runner with
-this package passed through (as the engine passes its own workflow modules through). The client
-side (a plain start loop, direct start latency) is in `bench/figures.py`.
-
-This module is also the workflow's module, which the sandbox imports: keep its top-level imports
-to the standard library and temporalio.
+"""The Temporal baselines' worker: `python -m bench.baseline worker --shape one|five --address A
+--task-queue Q` runs one of the bare workflows of `bench/bare_workflows.py` (`one`: a no-op
+regular activity; `five`: the engine's stage shape, four local activities and one regular one)
+with the same settings as the engine's `ai-interactive` worker (runtime/worker.py):
+max_concurrent_activities = AI_INTERACTIVE_CONCURRENCY, 200 local activities, 100 workflow tasks,
+the sandboxed runner with the workflow's module re-imported in each run's sandbox (the engine
+passes only its pure `engine` package and pydantic through, which a bare workflow does not
+import). The task queue has the dev server's one partition, as the engine's has. The client side
+(a plain start loop, direct start latency) is in `bench/figures.py`.
 """
 
 from __future__ import annotations
@@ -18,52 +17,86 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from temporalio import activity, workflow
-
+from bench.bare_workflows import (
+    NOOP_ACTIVITY,
+    NOOP_WORKFLOW,
+    SHAPE_ACTIVITIES,
+    SHAPE_WORKFLOW,
+    NoopWorkflow,
+    ShapeWorkflow,
+    noop,
+)
 from bench.teardown import hard_exit
 
-NOOP_WORKFLOW = "BenchNoopWorkflow"
-NOOP_ACTIVITY = "bench_noop"
+if TYPE_CHECKING:
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+__all__ = [
+    "NOOP_ACTIVITY",
+    "NOOP_WORKFLOW",
+    "SHAPES",
+    "SHAPE_WORKFLOW",
+    "build_worker",
+    "main",
+    "run_worker",
+]
+
+# --shape: the workflow class and the activities the worker registers.
+SHAPES: dict[str, tuple[type, Sequence[Any]]] = {
+    "one": (NoopWorkflow, [noop]),
+    "five": (ShapeWorkflow, list(SHAPE_ACTIVITIES)),
+}
 
 
-@activity.defn(name=NOOP_ACTIVITY)
-async def noop() -> None:
-    return None
+def build_worker(
+    client: Client,
+    *,
+    shape: str,
+    task_queue: str,
+    max_concurrent_activities: int = 2,
+    max_concurrent_local_activities: int = 200,
+    max_concurrent_workflow_tasks: int = 100,
+) -> Worker:
+    """The bare worker of `shape` ("one" or "five"), configured as the engine's job worker."""
+    from temporalio.worker import Worker
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-
-@workflow.defn(name=NOOP_WORKFLOW)
-class NoopWorkflow:
-    @workflow.run
-    async def run(self) -> None:
-        await workflow.execute_activity(NOOP_ACTIVITY, start_to_close_timeout=timedelta(seconds=30))
+    workflow_cls, activities = SHAPES[shape]
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[workflow_cls],
+        activities=activities,
+        max_concurrent_activities=max_concurrent_activities,
+        max_concurrent_local_activities=max_concurrent_local_activities,
+        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        workflow_runner=SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default),
+    )
 
 
 async def run_worker(args: argparse.Namespace) -> None:
     from temporalio.client import Client
-    from temporalio.worker import Worker
-    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     client = await Client.connect(args.address, namespace=args.namespace)
-    worker = Worker(
+    worker = build_worker(
         client,
+        shape=args.shape,
         task_queue=args.task_queue,
-        workflows=[NoopWorkflow],
-        activities=[noop],
         max_concurrent_activities=args.max_concurrent_activities,
         max_concurrent_local_activities=args.max_concurrent_local_activities,
         max_concurrent_workflow_tasks=args.max_concurrent_workflow_tasks,
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules("bench")
-        ),
     )
     async with worker:
-        print(f"baseline worker polling {args.task_queue}", file=sys.stderr, flush=True)
+        print(
+            f"baseline worker ({args.shape}) polling {args.task_queue}", file=sys.stderr, flush=True
+        )
         await stop.wait()
 
 
@@ -71,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.baseline")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker", help="run the baseline worker until SIGTERM")
+    w.add_argument("--shape", choices=sorted(SHAPES), default="one")
     w.add_argument("--address", required=True)
     w.add_argument("--namespace", default="default")
     w.add_argument("--task-queue", required=True)

@@ -4,10 +4,11 @@ each repetition, interleaving engine and baseline so slow drift on a shared mach
 How each figure is measured:
 1. Throughput: N synthetic jobs created through `JobService.create` (the bench's own pool,
    bounded concurrency) while SQL is polled until all N are `succeeded`; jobs/s = N / (first
-   create → poll sees N). Baseline: N bare workflows started by a plain client loop at the
-   same concurrency, each awaited; jobs/s = N / (first start → last result). CPU per job:
-   /proc/<pid>/stat of the worker processes (and relay, Temporal server, PostgreSQL) around
-   each repetition, the idle rate subtracted from the engine's settle time.
+   create → poll sees N). Baselines (`bench/bare_workflows.py`): N bare workflows, one no-op
+   activity or the engine's five-stage shape with no-op bodies, started by a plain client loop
+   at the same concurrency, each awaited; jobs/s = N / (first start → last result). CPU per
+   job: /proc/<pid>/stat of the worker processes (and relay, Temporal server, PostgreSQL)
+   around each repetition, the idle rate subtracted from the engine's settle time.
 2. Latency: jobs created open-loop at a fixed rate; per job `finished_at - created_at` from SQL.
 3. Relay: jobs created one at a time, `gap` apart; commit = wall clock right after `create`
    returns, start = the WorkflowExecutionStarted event_time of the job's workflow history.
@@ -42,7 +43,7 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 
-from bench.baseline import NOOP_WORKFLOW
+from bench.bare_workflows import NOOP_WORKFLOW, SHAPE_WORKFLOW
 from bench.infra import Admin, EngineDb, Proc, check_alive, pgbench_path
 from bench.stats import summary_ms
 from engine import search_attributes
@@ -129,7 +130,11 @@ async def engine_throughput(ctx: Ctx, n: int, tag: str) -> dict[str, Any]:
     }
 
 
-async def baseline_throughput(ctx: Ctx, queue: str, n: int, tag: str) -> dict[str, Any]:
+async def baseline_throughput(
+    ctx: Ctx, queue: str, n: int, tag: str, *, shape: bool = False
+) -> dict[str, Any]:
+    """`shape`: the five-stage bare workflow (it takes the id, as a job workflow takes its job's);
+    otherwise the one-activity one."""
     start_sem = asyncio.Semaphore(ctx.concurrency)
     # Results are awaited in start order with the same bound, so at most `concurrency`
     # long-polls are open; workflows finish roughly in start order, so none waits long.
@@ -138,9 +143,13 @@ async def baseline_throughput(ctx: Ctx, queue: str, n: int, tag: str) -> dict[st
 
     async def one(i: int) -> None:
         async with start_sem:
-            h = await ctx.client.start_workflow(
-                NOOP_WORKFLOW, id=f"bench-noop-{tag}-{run}-{i}", task_queue=queue
-            )
+            if shape:
+                wid = f"bench-shape-{tag}-{run}-{i}"
+                h = await ctx.client.start_workflow(SHAPE_WORKFLOW, wid, id=wid, task_queue=queue)
+            else:
+                h = await ctx.client.start_workflow(
+                    NOOP_WORKFLOW, id=f"bench-noop-{tag}-{run}-{i}", task_queue=queue
+                )
         async with result_sem:
             await h.result()
 

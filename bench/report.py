@@ -155,31 +155,46 @@ def render(data: dict[str, Any]) -> str:
 
     tp = figs.get("throughput", {})
     if "engine" in tp:
-        row(
-            "1",
-            f"End-to-end throughput, N={p['jobs']} synthetic jobs (jobs/s)",
-            num(tp["engine"]["median_jobs_per_s"]),
-            num(tp["baseline"]["median_jobs_per_s"]) + " (bare workflow + no-op activity)",
-            num(tp["ratio"], ".2f"),
-            "≥ 0.7",
-            met(tp["met"]),
-        )
+        for side, label, key in (
+            ("shape", "bare 5-stage shape: 4 local + 1 regular no-op activities", "shape_"),
+            ("baseline", "bare workflow + one no-op activity", ""),
+        ):
+            if side not in tp:
+                continue
+            row(
+                "1",
+                f"End-to-end throughput, N={p['jobs']} synthetic jobs (jobs/s) vs {label}",
+                num(tp["engine"]["median_jobs_per_s"]),
+                num(tp[side]["median_jobs_per_s"]),
+                f"{num(tp[f'{key}ratio'], '.2f')} (per rep "
+                f"{num(tp.get(f'{key}ratio_per_rep_median'), '.2f')})",
+                "≥ " + tp[f"{key}target"].removeprefix(">= "),
+                met(tp[f"{key}met"]),
+            )
     if "median_own_cpu_s_per_job" in tp.get("engine", {}):
-        te, tb = tp["engine"], tp["baseline"]
+        te = tp["engine"]
         ec = te["median_cpu_s_per_job"]
-        row(
-            "1",
-            "CPU s/job during 1, in ms: engine worker + relay vs the bare worker; "
-            "total = with the Temporal server and PostgreSQL",
-            f"{1e3 * te['median_own_cpu_s_per_job']:.2f} (worker "
-            f"{1e3 * ec['engine_worker']:.2f} + relay {1e3 * ec['relay']:.2f}); total "
-            f"{1e3 * te['median_total_cpu_s_per_job']:.2f}",
-            f"{1e3 * tb['median_own_cpu_s_per_job']:.2f} (worker); total "
-            f"{1e3 * tb['median_total_cpu_s_per_job']:.2f}",
-            f"{num(tp['cpu_ratio'], '.2f')} (total {num(tp['cpu_total_ratio'], '.2f')})",
-            "≤ 1.5",
-            met(tp["cpu_met"]),
-        )
+        for side, label, key, worker in (
+            ("shape", "the bare 5-stage worker", "shape_", "shape_worker"),
+            ("baseline", "the bare one-activity worker", "", "baseline_worker"),
+        ):
+            if side not in tp:
+                continue
+            tb = tp[side]
+            row(
+                "1",
+                f"CPU s/job during 1, in ms: engine worker + relay vs {label}; "
+                "total = with the Temporal server and PostgreSQL",
+                f"{1e3 * te['median_own_cpu_s_per_job']:.2f} (worker "
+                f"{1e3 * ec['engine_worker']:.2f} + relay {1e3 * ec['relay']:.2f}); total "
+                f"{1e3 * te['median_total_cpu_s_per_job']:.2f}",
+                f"{1e3 * tb['median_cpu_s_per_job'][worker]:.2f} (worker); total "
+                f"{1e3 * tb['median_total_cpu_s_per_job']:.2f}",
+                f"{num(tp[f'{key}cpu_ratio'], '.2f')} "
+                f"(total {num(tp[f'{key}cpu_total_ratio'], '.2f')})",
+                "≤ 1.5" if side == "baseline" else "—",
+                met(tp["cpu_met"]) if side == "baseline" else "—",
+            )
     elif "throughput" in failed:
         error_row("1", "End-to-end throughput")
     lat = figs.get("latency", {})
@@ -259,7 +274,7 @@ def render(data: dict[str, Any]) -> str:
             "5",
             "PostgreSQL commits per job (xact_commit Δ ÷ jobs, during 1)",
             num(pg["commits_per_job"], ".2f"),
-            target="≤ 4",
+            target="≤ " + pg["commits_target"].removeprefix("<= "),
             met_=met(pg["commits_met"]),
         )
     if "load_pct" in pg:
@@ -293,7 +308,10 @@ def render(data: dict[str, Any]) -> str:
             "-",
             "Peak RSS (VmHWM): engine worker / API / relay (MB)",
             " / ".join(num(rss.get(k), ".0f") for k in ("engine_worker", "api", "relay")),
-            num(rss.get("baseline_worker"), ".0f") + " (baseline worker)",
+            num(rss.get("baseline_worker"), ".0f")
+            + " (one-activity worker) / "
+            + num(rss.get("shape_worker"), ".0f")
+            + " (5-stage worker)",
         )
     lines: list[str] = []
     if rows:

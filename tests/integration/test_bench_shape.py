@@ -1,0 +1,29 @@
+"""The bench's same-shape baseline (`bench/bare_workflows.py`) runs the engine's stage shape:
+the same stages in the same order, the same ones local, so engine ÷ baseline in `make bench`
+compares the stages' work and not a different number of activities."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client
+
+from bench.bare_workflows import SHAPE_WORKFLOW
+from bench.baseline import build_worker
+from engine.contracts import COMPLETE, EXECUTE, PREPARE, PROJECT, RESOLVE
+from tests.integration.engine_helpers import local_stages, stage_names
+
+
+async def test_the_same_shape_baseline_runs_the_engine_stages_in_order(
+    temporal_client: Client,
+) -> None:
+    queue = f"bench-shape-test-{uuid.uuid4().hex[:8]}"
+    wid = f"bench-shape-test-{uuid.uuid4().hex[:8]}"
+    async with build_worker(temporal_client, shape="five", task_queue=queue):
+        handle = await temporal_client.start_workflow(SHAPE_WORKFLOW, wid, id=wid, task_queue=queue)
+        assert await handle.result() == wid
+        history = await handle.fetch_history()
+    engine_order = [PREPARE, RESOLVE, EXECUTE, PROJECT, COMPLETE]
+    assert stage_names(history) == [f"bench_{name}" for name in engine_order]
+    # EXECUTE is the one regular activity (the engine's provider slot); the rest are local.
+    assert local_stages(history) == [f"bench_{name}" for name in engine_order if name != EXECUTE]
