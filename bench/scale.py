@@ -70,6 +70,7 @@ OUTBOX_RETENTION_DAYS = 7
 
 
 def _type_columns() -> dict[str, list[Any]]:
+    from engine.queues import resolve_execution
     from jobs.types import default_catalog
 
     defs = [jt.definition for jt in default_catalog()]
@@ -95,7 +96,8 @@ def _type_columns() -> dict[str, list[Any]]:
         "prompt": [d.prompt_version for d in ordered],
         "in_schema": [d.input.schema_version for d in ordered],
         "out_schema": [d.output.schema_version for d in ordered],
-        "retries": [d.execution.max_retries for d in ordered],
+        # The effective count a create stores (the queue's when the definition sets none).
+        "retries": [resolve_execution(d).max_retries for d in ordered],
     }
 
 
