@@ -55,6 +55,7 @@ from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
+from jobs.views import Owner, can_see, not_found
 
 log = logging.getLogger(__name__)
 # `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
@@ -421,15 +422,6 @@ class JobService:
                 )
         return None
 
-    # ---- read ---------------------------------------------------------------------------
-
-    async def get_visible(self, job_id: uuid.UUID, user_id: str, *, admin: bool) -> JobRow:
-        async with self._sm.begin() as s:
-            row = await self._jobs.get(s, job_id)
-        if row is None or (not admin and row.user_id != user_id):
-            raise JobNotFound("Job not found.")
-        return row
-
     # ---- cancel -------------------------------------------------------------------------
 
     async def cancel(
@@ -448,8 +440,9 @@ class JobService:
         recorded: the EXECUTE heartbeat reads it and the reconciler re-sends the cancel."""
         async with self._sm.begin() as s:
             row = await self._jobs.get_for_update(s, job_id)
-            if row is None or (not admin and row.user_id != user_id):
-                raise JobNotFound("Job not found.")
+            # The one owner rule (jobs/views.py): someone else's job reads as missing.
+            if row is None or not can_see(Owner(user_id, is_admin=admin), row.user_id):
+                raise not_found()
             current = LifecycleStatus(row.lifecycle_status)
             jt = self._catalog.get(row.job_type) if row.job_type in self._catalog else None
             if (
