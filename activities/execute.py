@@ -1,18 +1,22 @@
 """EXECUTE: the one expensive step, a provider call, and the only stage that holds a worker slot.
 
-One attempt:
-1. one transaction, once the job's (provider, key) gate admits a call: the CAS queued → running
-   (or this workflow's own lock, on a retry), the job row, its snapshot and its credential. A
-   closed gate rolls it back and returns how long to wait (the workflow waits on a timer). A
-   job that ended while it waited (cancelled) ends here without a call; an output a previous
-   attempt already stored is reused, not bought again.
-2. the provider call, under the job's timeout, heartbeating to Temporal on its own clock (never
-   waiting on the database) while a separate task extends the SQL lock and reads a cancel
-   recorded in SQL;
-3. one transaction, still holding the slot and still heartbeating: the usage row, then (unless a
-   cancel arrived meanwhile) the validated output. PROJECT projects it next. Only the output's
-   hash goes back to Temporal.
+`Execute.execute` runs one `_Attempt`, in small steps:
+1. `begin`: one transaction, once the job's (provider, key) gate admits a call: the CAS
+   queued → running (or this workflow's own lock, on a retry), the job row, its snapshot and
+   its credential. A closed gate rolls it back and returns how long to wait (the workflow waits
+   on a timer). A job that ended while it waited (cancelled) ends here without a call; an output
+   a previous attempt already stored is reused, not bought again.
+2. `call`: the prompt, the content-safety check and the provider call, under the job's timeout,
+   heartbeating to Temporal on its own clock (never waiting on the database) while a separate
+   task extends the SQL lock and reads a cancel recorded in SQL; then the output's validation.
+3. `fail` (`record_failure`): the failed call's usage row, the attempt's bookkeeping and what it
+   tells the key's gate, in one transaction; then the failure the taxonomy names. A 429 is
+   waited out under the same attempt number.
+4. `finish`: one transaction, still holding the slot and still heartbeating: the usage row,
+   then (unless a cancel arrived meanwhile) the validated output. PROJECT projects it next.
+   Only the output's hash goes back to Temporal.
 
+The gate's half-open probe, when this attempt holds it, is settled on every exit path.
 So a job is `running` while a slot works on it and while PROJECT and COMPLETE finish it.
 """
 
@@ -24,27 +28,25 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 
-from activities.failures import internal_message, loggable, private_strings
-from activities.stage_support import (
-    EngineConfig,
-    StageDeps,
-    db_retry,
+from activities.deps import EngineConfig, StageDeps, lock_owner, log
+from activities.failures import (
     fail_attempt,
     fail_final,
-    lock_owner,
-    log,
-    log_completed,
+    internal_message,
+    loggable,
+    private_strings,
     summarise_validation,
 )
+from activities.project import log_completed, project_output
 from activities.telemetry import observe_call, retry_follows, seconds_since
 from db.errors import is_unavailable
 from db.jobs import JobRow
@@ -58,6 +60,7 @@ from engine.redaction import redact
 from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 
+T = TypeVar("T")
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
 # A 429 is the provider asking the key to wait, not a failed attempt: the job waits out the pause
 # in its workflow and calls again under the same attempt number, this many times per attempt
@@ -89,57 +92,195 @@ class _Probe:
     held: bool = False
 
 
-class ExecuteStage(StageDeps):
+@dataclass
+class _Called:
+    """What the provider call came to: an output that validated, or the failure to record."""
+
+    provider: str
+    model: str
+    latency_ms: int
+    cost: Decimal  # priced once: the metric and the usage row agree
+    response: ProviderResponse | None = None
+    failure: ExecutionFailure | None = None
+    out: dict[str, Any] | None = None  # the output as stored
+    model_out: BaseModel | None = None  # the same, as the projector takes it
+
+
+class Execute:
+    """The EXECUTE stage of one worker; each activity attempt is one `_Attempt`."""
+
+    def __init__(self, deps: StageDeps) -> None:
+        self._d = deps
+
     @activity.defn(name=EXECUTE)
     async def execute(self, inp: ExecuteInput) -> ExecuteResult:
         info = activity.info()
         # The job's attempt number: earlier EXECUTE activities of this job (before a wait on
         # its gate) spent `attempt_offset`; Temporal counts this activity's own.
-        attempt = inp.attempt_offset + info.attempt
-        job_id = uuid.UUID(inp.job_id)
-        owner = lock_owner()
-
+        attempt = _Attempt(
+            self._d,
+            inp,
+            number=inp.attempt_offset + info.attempt,
+            owner=lock_owner(),
+            run_id=info.workflow_run_id,
+        )
         if inp.yield_on_gate:
-            begun = await self._begin_once(job_id, owner, info.workflow_run_id)
+            begun = await attempt.begin()
             if begun.gate_wait_s > 0:
-                return ExecuteResult(output_hash="", attempt=attempt, gate_wait_s=begun.gate_wait_s)
+                return ExecuteResult(
+                    output_hash="", attempt=attempt.number, gate_wait_s=begun.gate_wait_s
+                )
         else:  # a run recorded before the workflow waited on the gate itself
-            begun = await self._begin_when_provider_admits(job_id, owner, info.workflow_run_id)
-        probe = _Probe(begun.gate, begun.probe)
-        try:
-            return await self._run(inp, attempt, owner, begun, probe)
-        finally:
-            if probe.held:
-                # No outcome settled the probe (an error in the bookkeeping itself): let the
-                # next caller probe instead of waiting for the probe's TTL.
-                await asyncio.shield(self._release_probe(probe))
+            begun = await attempt.begin_when_admitted()
+        return await attempt.run(begun)
 
-    async def _run(
-        self, inp: ExecuteInput, attempt: int, owner: str, begun: _Begun, probe: _Probe
-    ) -> ExecuteResult:
-        cfg = self._config
+
+class _Attempt:
+    """One EXECUTE attempt of one job, from its first transaction to its last."""
+
+    def __init__(
+        self, deps: StageDeps, inp: ExecuteInput, *, number: int, owner: str, run_id: str | None
+    ) -> None:
+        self._d = deps
+        self._cfg: EngineConfig = deps.config
+        self.inp = inp
+        self.number = number
+        self.owner = owner
+        self.run_id = run_id
+        self.job_id = uuid.UUID(inp.job_id)
+        self.probe = _Probe()
+
+    # ---- the first transaction ---------------------------------------------------------
+
+    async def begin(self) -> _Begun:
+        """The first transaction, heartbeating while the database is slow or away. A closed
+        gate rolls it back (the job stays `queued`) and says how long to wait."""
+        async with _heartbeating(self._cfg):
+            try:
+                return await db_retry(self._begin_transaction, budget_s=self._cfg.db_retry_budget_s)
+            except _ProviderClosed as closed:
+                return _Begun(gate_wait_s=closed.wait_s)
+
+    async def begin_when_admitted(self) -> _Begun:
+        """The first transaction, once the job's provider admits a call. While it is paused
+        (a 429's Retry-After) or its breaker is open, the transaction is rolled back (the job
+        stays `queued`), the attempt is not spent, and this slot waits, heartbeating."""
+        announced = False
+        while True:
+            begun = await self.begin()
+            if begun.gate_wait_s <= 0:
+                return begun
+            if not announced:
+                log.info(
+                    "provider paused; the job waits without spending an attempt",
+                    extra={"job_id": self.inp.job_id},
+                )
+                announced = True
+            deadline = time.monotonic() + min(max(begun.gate_wait_s, 0.2), 5.0)
+            while time.monotonic() < deadline:
+                activity.heartbeat()
+                await asyncio.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
+
+    async def _begin_transaction(self) -> _Begun:
+        d, job_id = self._d, self.job_id
+        async with d.sessionmaker.begin() as s:
+            try:
+                await d.lifecycle.lock(
+                    s,
+                    job_id,
+                    owner=self.owner,
+                    identity=self._cfg.identity,
+                    # The workflow type is the job type: its lock, before the row is read.
+                    ttl_s=d.lock_policy(activity.info().workflow_type or "")[0],
+                    run_id=self.run_id,
+                )
+            except IllegalTransition as exc:
+                return _Begun(ended=str(exc.from_status))  # cancelled while it waited, or done
+            except LockConflict:
+                fail_final("INTERNAL_NOT_LOCK_OWNER")
+            except JobNotFound:
+                fail_final("INTERNAL_JOB_MISSING")
+            row = await d.jobs.get(s, job_id)
+            if row is None:
+                fail_final("INTERNAL_JOB_MISSING")
+            if row.cancel_requested_at is not None:
+                fail_final("CANCELLED")
+            if row.output_hash is not None and row.output is not None:
+                return _Begun(reuse_hash=row.output_hash)
+            snapshot = await d.jobs.get_snapshot(s, job_id)
+            if snapshot is None:
+                fail_final("INTERNAL_SNAPSHOT_MISSING")
+            jt = d.catalog.get(row.job_type)
+            gate = d.gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
+            admission = None
+            if gate is not None:
+                admission = await d.gate.admit(
+                    s, gate, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
+                )
+                if admission.wait_s > 0:
+                    raise _ProviderClosed(admission.wait_s)  # rolls the CAS back: still queued
+            begun = _Begun(
+                row=row,
+                snapshot=snapshot,
+                job_type=jt,
+                gate=gate,
+                probe=bool(admission and admission.probe),
+            )
+            try:
+                begun.api_key = await d.gateway.api_key(
+                    s, jt, row.user_id, row.credential_mode, row.credential_id
+                )
+            except ExecutionFailure as f:
+                begun.key_failure = f
+            return begun
+
+    # ---- the steps after it ------------------------------------------------------------
+
+    async def run(self, begun: _Begun) -> ExecuteResult:
+        """The steps after the first transaction. A probe no outcome settled (an error in the
+        bookkeeping itself) is released on the way out, so the next caller probes instead of
+        waiting for the probe's TTL."""
+        self.probe = _Probe(begun.gate, begun.probe)
+        try:
+            return await self._steps(begun)
+        finally:
+            if self.probe.held:
+                await asyncio.shield(self._release_probe())
+
+    async def _steps(self, begun: _Begun) -> ExecuteResult:
         if begun.ended is not None:
             activity.logger.info(
-                "job ended before it ran", extra={"job_id": inp.job_id, "status": begun.ended}
+                "job ended before it ran", extra={"job_id": self.inp.job_id, "status": begun.ended}
             )
-            return ExecuteResult(output_hash="", attempt=attempt, lifecycle_status=begun.ended)
+            return ExecuteResult(output_hash="", attempt=self.number, lifecycle_status=begun.ended)
         if begun.reuse_hash is not None:
-            activity.logger.info("output already stored; reused", extra={"job_id": inp.job_id})
-            return ExecuteResult(output_hash=begun.reuse_hash, attempt=attempt)
+            activity.logger.info("output already stored; reused", extra={"job_id": self.inp.job_id})
+            return ExecuteResult(output_hash=begun.reuse_hash, attempt=self.number)
         row, snapshot, jt = begun.row, begun.snapshot, begun.job_type
         assert row is not None and snapshot is not None and jt is not None
-        if attempt == 1:  # the job just left the queue: a worker slot took it
-            self._metrics.waited(row.job_type, row.queue_name, seconds_since(row.created_at))
+        if self.number == 1:  # the job just left the queue: a worker slot took it
+            self._d.metrics.waited(row.job_type, row.queue_name, seconds_since(row.created_at))
         # Recorded after the first transaction ended: it held the row lock the CAS took, and
         # the failure is written from another connection.
         if begun.key_failure is not None:
-            await self._record_failure(
-                row, attempt, begun.key_failure, provider="none", model="none", probe=probe
-            )
-            fail_attempt(begun.key_failure.code, attempt=attempt)
+            await self.record_failure(row, begun.key_failure, provider="none", model="none")
+            fail_attempt(begun.key_failure.code, attempt=self.number)
+        called = await self.call(row, snapshot, jt, begun)
+        if called.failure is not None:
+            return await self.fail(row, called, called.failure)
+        return await self.finish(row, called)
 
-        provider = self._gateway.provider_for(jt, row.credential_mode)
-        model_name = self._gateway.model_for(jt, row.credential_mode)
+    # ---- the call ----------------------------------------------------------------------
+
+    async def call(
+        self, row: JobRow, snapshot: dict[str, Any], jt: AnyJobType, begun: _Begun
+    ) -> _Called:
+        """The prompt, its content-safety check, the provider call and the output's validation.
+        Every way it can end becomes a failure code, except a cancellation (a workflow cancel,
+        or a drained worker's grace running out), which is recorded and then goes on."""
+        d = self._d
+        provider = d.gateway.provider_for(jt, row.credential_mode)
+        model_name = d.gateway.model_for(jt, row.credential_mode)
         started = time.monotonic()
         response: ProviderResponse | None = None
         failure: ExecutionFailure | None = None
@@ -147,41 +288,13 @@ class ExecuteStage(StageDeps):
         model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
         try:
-            model_in = jt.input_model.model_validate(snapshot["input"])
-            correction = None
-            if attempt > 1 and row.correction_hint:
-                correction = (
-                    f"Your previous answer was rejected: {row.correction_hint}. "
-                    "Answer again with JSON that matches the schema exactly."
-                )
-            prompt = jt.prompt(model_in, correction)
-            if jt.definition.security.content_safety_check:
-                self._gateway.safety.check([prompt.system, prompt.user])
-            output_model: type[BaseModel] = jt.output_model
-            request = ProviderRequest(
-                job_id=inp.job_id,
-                job_type=row.job_type,
-                attempt=attempt,
-                model=model_name,
-                system_prompt=prompt.system,
-                user_prompt=prompt.user,
-                output_schema=_output_schema(output_model),
-                timeout_s=inp.timeout_ms / 1000,
-                max_tokens=jt.definition.execution.max_output_tokens,
-                api_key=begun.api_key,
-                synthetic=(
-                    jt.synthetic_behaviour(model_in)
-                    if jt.synthetic_behaviour is not None
-                    else SyntheticBehaviour(output=jt.synthetic_output(model_in))
-                ),
-            )
-            begun.api_key = None
+            request = self._request(row, snapshot, jt, model_name, begun)
             called = True
-            response = await self._call(row.id, owner, inp, provider, request)
+            response = await self._provider_call(provider, request)
             out, model_out, failure = _validated_output(jt, response)
         except TimeoutError:
             failure = ExecutionFailure(
-                "TIMEOUT", internal_message=f"provider call exceeded {inp.timeout_ms} ms"
+                "TIMEOUT", internal_message=f"provider call exceeded {self.inp.timeout_ms} ms"
             )
         except ExecutionFailure as f:
             failure = f
@@ -193,7 +306,7 @@ class ExecuteStage(StageDeps):
             code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
             if called:
                 observe_call(
-                    self._metrics,
+                    d.metrics,
                     provider.name,
                     model_name,
                     time.monotonic() - started,
@@ -201,21 +314,19 @@ class ExecuteStage(StageDeps):
                     response=None,
                 )
             await asyncio.shield(
-                self._record_failure(
+                self.record_failure(
                     row,
-                    attempt,
                     ExecutionFailure(code),
                     provider=provider.name,
                     model=model_name,
                     latency_ms=int((time.monotonic() - started) * 1000),
-                    probe=probe,
                 )
             )
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
             log.warning(
                 "EXECUTE failed with an unexpected error",
-                extra={"job_id": inp.job_id, "attempt": attempt},
+                extra={"job_id": self.inp.job_id, "attempt": self.number},
                 exc_info=loggable(exc),
             )
             private = private_strings(
@@ -230,13 +341,13 @@ class ExecuteStage(StageDeps):
         latency_ms = int((time.monotonic() - started) * 1000)
         # Priced once (an unknown model is reported once per call), for the metric and the row.
         cost = (
-            self._gateway.prices.cost_usd(response.model, response.tokens_in, response.tokens_out)
+            d.gateway.prices.cost_usd(response.model, response.tokens_in, response.tokens_out)
             if response is not None
             else Decimal(0)
         )
         if called:
             observe_call(
-                self._metrics,
+                d.metrics,
                 provider.name,
                 model_name,
                 latency_ms / 1000,
@@ -244,175 +355,69 @@ class ExecuteStage(StageDeps):
                 response=response,
                 cost_usd=cost,
             )
-        if failure is not None:
-            await self._record_failure(
-                row,
-                attempt,
-                failure,
-                provider=provider.name,
-                model=model_name,
-                latency_ms=latency_ms,
-                response=response,
-                cost=cost,
-                probe=probe,
+        return _Called(
+            provider=provider.name,
+            model=model_name,
+            latency_ms=latency_ms,
+            cost=cost,
+            response=response,
+            failure=failure,
+            out=out,
+            model_out=model_out,
+        )
+
+    def _request(
+        self, row: JobRow, snapshot: dict[str, Any], jt: AnyJobType, model: str, begun: _Begun
+    ) -> ProviderRequest:
+        """The provider request: the prompt (with the correction after an invalid answer),
+        checked for content safety when the job type asks. The decrypted key moves into the
+        request and leaves `begun`."""
+        model_in = jt.input_model.model_validate(snapshot["input"])
+        correction = None
+        if self.number > 1 and row.correction_hint:
+            correction = (
+                f"Your previous answer was rejected: {row.correction_hint}. "
+                "Answer again with JSON that matches the schema exactly."
             )
-            retry_after = failure.retry_after_float
-            if retry_after is not None:
-                retry_after = min(retry_after, cfg.retry_after_max_s)
-            if (
-                failure.code == "PROVIDER_RATE_LIMITED"
-                and inp.yield_on_gate
-                and await self._rate_limit_is_free(row.id, attempt)
-            ):
-                # The key is paused now (recorded above); the job waits on its workflow's
-                # timer, and the attempt is not spent.
-                return ExecuteResult(
-                    output_hash="", attempt=attempt, gate_wait_s=retry_after or 1.0
-                )
-            if retry_follows(failure.code, attempt=attempt, abort_strategy=inp.abort_strategy):
-                self._metrics.execute_retry(row.job_type, failure.code)
-            fail_attempt(
-                failure.code,
-                attempt=attempt,
-                abort_strategy=inp.abort_strategy,
-                retry_after_s=retry_after,
-            )
+        prompt = jt.prompt(model_in, correction)
+        if jt.definition.security.content_safety_check:
+            self._d.gateway.safety.check([prompt.system, prompt.user])
+        output_model: type[BaseModel] = jt.output_model
+        request = ProviderRequest(
+            job_id=self.inp.job_id,
+            job_type=row.job_type,
+            attempt=self.number,
+            model=model,
+            system_prompt=prompt.system,
+            user_prompt=prompt.user,
+            output_schema=_output_schema(output_model),
+            timeout_s=self.inp.timeout_ms / 1000,
+            max_tokens=jt.definition.execution.max_output_tokens,
+            api_key=begun.api_key,
+            synthetic=(
+                jt.synthetic_behaviour(model_in)
+                if jt.synthetic_behaviour is not None
+                else SyntheticBehaviour(output=jt.synthetic_output(model_in))
+            ),
+        )
+        begun.api_key = None
+        return request
 
-        assert out is not None and model_out is not None and response is not None
-        digest = output_hash(out)
-        usage = self._usage_row(row, attempt, response, None, latency_ms, cost=cost)
-        # The provider answered: a database outage now must not cost another provider call.
-        # Heartbeats go on until the last commit: a slow or locked database while saving a paid
-        # answer must never look like a dead worker to Temporal (which would start a second
-        # attempt, and a second call).
-        async with _heartbeating(cfg):
-            outcome, projected = await db_retry(
-                lambda: self._finish(
-                    row, model_out, owner, attempt, usage, out, digest, probe, inp.project_in_slot
-                ),
-                budget_s=cfg.db_retry_budget_s,
-            )
-        probe.held = False  # settled in that commit: the key answered
-        if outcome == "cancelled":
-            fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
-        if outcome == "not_owner":
-            fail_final("INTERNAL_NOT_LOCK_OWNER")
-        if projected is not None:
-            self._metrics.job_finished(row.job_type, "succeeded")
-            log_completed(inp.job_id, projected)
-            return ExecuteResult(output_hash=digest, attempt=attempt, lifecycle_status="succeeded")
-        return ExecuteResult(output_hash=digest, attempt=attempt)  # PROJECT takes it from here
-
-    # ---- the first transaction ---------------------------------------------------------
-
-    async def _begin_when_provider_admits(
-        self, job_id: uuid.UUID, owner: str, run_id: str | None
-    ) -> _Begun:
-        """The first transaction, once the job's provider admits a call. While it is paused
-        (a 429's Retry-After) or its breaker is open, the transaction is rolled back (the job
-        stays `queued`), the attempt is not spent, and this slot waits, heartbeating."""
-        announced = False
-        while True:
-            begun = await self._begin_once(job_id, owner, run_id)
-            if begun.gate_wait_s <= 0:
-                return begun
-            if not announced:
-                log.info(
-                    "provider paused; the job waits without spending an attempt",
-                    extra={"job_id": str(job_id)},
-                )
-                announced = True
-            deadline = time.monotonic() + min(max(begun.gate_wait_s, 0.2), 5.0)
-            while time.monotonic() < deadline:
-                activity.heartbeat()
-                await asyncio.sleep(min(0.5, max(deadline - time.monotonic(), 0.01)))
-
-    async def _begin_once(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
-        """The first transaction, heartbeating while the database is slow or away. A closed
-        gate rolls it back (the job stays `queued`) and says how long to wait."""
-        cfg = self._config
-        async with _heartbeating(cfg):
-            try:
-                return await db_retry(
-                    lambda: self._begin(job_id, owner, run_id), budget_s=cfg.db_retry_budget_s
-                )
-            except _ProviderClosed as closed:
-                return _Begun(gate_wait_s=closed.wait_s)
-
-    async def _begin(self, job_id: uuid.UUID, owner: str, run_id: str | None) -> _Begun:
-        cfg = self._config
-        async with self._sm.begin() as s:
-            try:
-                await self._lifecycle.lock(
-                    s,
-                    job_id,
-                    owner=owner,
-                    identity=cfg.identity,
-                    # The workflow type is the job type: its lock, before the row is read.
-                    ttl_s=self._lock_policy(activity.info().workflow_type or "")[0],
-                    run_id=run_id,
-                )
-            except IllegalTransition as exc:
-                return _Begun(ended=str(exc.from_status))  # cancelled while it waited, or done
-            except LockConflict:
-                fail_final("INTERNAL_NOT_LOCK_OWNER")
-            except JobNotFound:
-                fail_final("INTERNAL_JOB_MISSING")
-            row = await self._jobs.get(s, job_id)
-            if row is None:
-                fail_final("INTERNAL_JOB_MISSING")
-            if row.cancel_requested_at is not None:
-                fail_final("CANCELLED")
-            if row.output_hash is not None and row.output is not None:
-                return _Begun(reuse_hash=row.output_hash)
-            snapshot = await self._jobs.get_snapshot(s, job_id)
-            if snapshot is None:
-                fail_final("INTERNAL_SNAPSHOT_MISSING")
-            jt = self._catalog.get(row.job_type)
-            gate = self._gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
-            admission = None
-            if gate is not None:
-                admission = await self._gate.admit(
-                    s, gate, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
-                )
-                if admission.wait_s > 0:
-                    raise _ProviderClosed(admission.wait_s)  # rolls the CAS back: still queued
-            begun = _Begun(
-                row=row,
-                snapshot=snapshot,
-                job_type=jt,
-                gate=gate,
-                probe=bool(admission and admission.probe),
-            )
-            try:
-                begun.api_key = await self._gateway.api_key(
-                    s, jt, row.user_id, row.credential_mode, row.credential_id
-                )
-            except ExecutionFailure as f:
-                begun.key_failure = f
-            return begun
-
-    # ---- the call ----------------------------------------------------------------------
-
-    async def _call(
-        self,
-        job_id: uuid.UUID,
-        owner: str,
-        inp: ExecuteInput,
-        provider: Provider,
-        request: ProviderRequest,
+    async def _provider_call(
+        self, provider: Provider, request: ProviderRequest
     ) -> ProviderResponse:
         """The provider call under the definition's timeout. Heartbeats go to Temporal on their
         own clock (so a workflow cancel arrives within about a second, and a slow database can
         never starve them); the SQL lock is extended by a separate task, which also aborts the
         call when SQL says the job was cancelled or is no longer ours."""
-        ttl_s, extend_every_s = self._lock_policy(request.job_type)
+        d, job_id, owner = self._d, self.job_id, self.owner
+        ttl_s, extend_every_s = d.lock_policy(request.job_type)
         call = asyncio.ensure_future(provider.generate(request))
         self_cancelled = False
 
         async def extend_once() -> ExtendResult:
-            async with self._sm.begin() as s:
-                return await self._lifecycle.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
+            async with d.sessionmaker.begin() as s:
+                return await d.lifecycle.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
 
         async def beat() -> None:
             interval = _beat_interval_s()
@@ -435,7 +440,7 @@ class ExecuteStage(StageDeps):
 
         helpers = [asyncio.ensure_future(beat()), asyncio.ensure_future(extend())]
         try:
-            async with asyncio.timeout(inp.timeout_ms / 1000):
+            async with asyncio.timeout(self.inp.timeout_ms / 1000):
                 return await call
         except asyncio.CancelledError:
             if self_cancelled and not _current_task_cancelling():
@@ -447,126 +452,104 @@ class ExecuteStage(StageDeps):
             if not call.done():
                 call.cancel()
 
-    # ---- the last transaction and the bookkeeping of failures --------------------------
+    # ---- a failed call -----------------------------------------------------------------
 
-    async def _finish(
+    async def fail(self, row: JobRow, called: _Called, failure: ExecutionFailure) -> ExecuteResult:
+        """Record the failed call, then fail the attempt as the taxonomy says; a 429 while the
+        job may still wait for free returns the pause for the workflow to wait out instead."""
+        await self.record_failure(
+            row,
+            failure,
+            provider=called.provider,
+            model=called.model,
+            latency_ms=called.latency_ms,
+            response=called.response,
+            cost=called.cost,
+        )
+        retry_after = failure.retry_after_float
+        if retry_after is not None:
+            retry_after = min(retry_after, self._cfg.retry_after_max_s)
+        if (
+            failure.code == "PROVIDER_RATE_LIMITED"
+            and self.inp.yield_on_gate
+            and await self._rate_limit_is_free()
+        ):
+            # The key is paused now (recorded above); the job waits on its workflow's
+            # timer, and the attempt is not spent.
+            return ExecuteResult(
+                output_hash="", attempt=self.number, gate_wait_s=retry_after or 1.0
+            )
+        abort_strategy = self.inp.abort_strategy
+        if retry_follows(failure.code, attempt=self.number, abort_strategy=abort_strategy):
+            self._d.metrics.execute_retry(row.job_type, failure.code)
+        fail_attempt(
+            failure.code,
+            attempt=self.number,
+            abort_strategy=abort_strategy,
+            retry_after_s=retry_after,
+        )
+
+    async def record_failure(
         self,
         row: JobRow,
-        validated: BaseModel,
-        owner: str,
-        attempt: int,
-        usage: UsageRow,
-        out: dict[str, Any],
-        digest: str,
-        probe: _Probe,
-        project_in_slot: bool,
-    ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
-        """One transaction while the slot is still held: the paid call's usage row always;
-        then, while the job is still ours and nobody asked to cancel it, the output (which the
-        PROJECT stage projects next). Runs recorded before the five-stage shape also project it
-        here, in a savepoint (a projector that fails leaves the stored output for PROJECT). A
-        cancel seen here is honoured."""
-        async with self._sm.begin() as s:
-            await self._usage.insert(s, usage)
-            await self._jobs.record_attempt(s, row.id, attempt=attempt, internal_error=None)
-            if probe.gate is not None:
-                await self._gate.reachable(s, probe.gate)
-            ext = await self._lifecycle.extend_lock(
-                s, row.id, owner=owner, ttl_s=self._lock_policy(row.job_type)[0]
-            )
-            if not ext.extended:
-                return "not_owner", None
-            if ext.cancel_requested:
-                return "cancelled", None  # the commit still settles the probe
-            await self._jobs.store_output(
-                s, row.id, owner=owner, output=out, output_hash=digest, progress=60
-            )
-            if not project_in_slot:
-                return "stored", None
-            try:
-                async with s.begin_nested():
-                    return "projected", await self._project_in(s, row, validated, digest, owner)
-            except Exception as exc:
-                if is_unavailable(exc):
-                    raise
-                log.warning(
-                    "projection inside EXECUTE failed; PROJECT will retry it",
-                    extra={"job_id": str(row.id), "error_type": type(exc).__name__},
-                    exc_info=loggable(exc),
-                )
-                await self._jobs.record_attempt(
-                    s,
-                    row.id,
-                    attempt=attempt,
-                    internal_error=internal_message(
-                        exc,
-                        private=private_strings(row.input, out),
-                        context="projection failed",
-                    ),
-                )
-                return "stored", None
-
-    async def _record_failure(
-        self,
-        row: JobRow,
-        attempt: int,
         failure: ExecutionFailure,
         *,
         provider: str,
         model: str,
-        probe: _Probe,
         latency_ms: int = 0,
         response: ProviderResponse | None = None,
         cost: Decimal = Decimal(0),
     ) -> None:
         """The failed attempt's usage row and bookkeeping, and what the failure tells the job's
         gate, in one transaction (heartbeating: a slow database is not a dead worker)."""
-        cfg = self._config
-        async with _heartbeating(cfg), self._sm.begin() as s:
-            await self._usage.insert(
+        d = self._d
+        async with _heartbeating(self._cfg), d.sessionmaker.begin() as s:
+            await d.usage.insert(
                 s,
-                self._usage_row(
-                    row, attempt, response, failure.code, latency_ms, provider, model, cost=cost
+                _usage_row(
+                    row,
+                    self.number,
+                    response,
+                    failure.code,
+                    latency_ms,
+                    provider,
+                    model,
+                    cost=cost,
                 ),
             )
-            if probe.gate is not None:
-                await self._note_provider_failure(s, row, probe, failure, cfg)
-            await self._jobs.record_attempt(
+            if self.probe.gate is not None:
+                await self._note_provider_failure(s, row, failure)
+            await d.jobs.record_attempt(
                 s,
                 row.id,
-                attempt=attempt,
+                attempt=self.number,
                 internal_error=failure.internal_message or failure.code,
                 correction_hint=failure.correction_hint,
             )
-        probe.held = False
+        self.probe.held = False
         log.info(
             "provider attempt failed",
             extra={
                 "job_id": str(row.id),
-                "attempt": attempt,
+                "attempt": self.number,
                 "error_code": failure.code,
                 "fault": failure.fault.value,
             },
         )
 
     async def _note_provider_failure(
-        self,
-        s: AsyncSession,
-        row: JobRow,
-        probe: _Probe,
-        failure: ExecutionFailure,
-        cfg: EngineConfig,
+        self, s: AsyncSession, row: JobRow, failure: ExecutionFailure
     ) -> None:
         """What this failure tells every worker about the job's (provider, key): a 429 pauses
         that key's calls for the Retry-After; only health failures (5xx, transport errors,
         timeouts) count towards its breaker; any other answer shows the provider reachable.
         A request's own error (400, 413, 422...) and a key's (401/403, 402) touch no other
         job. A probe that learned nothing (no call, a cancel) is released."""
-        gate = probe.gate
+        d, cfg, gate = self._d, self._cfg, self.probe.gate
         assert gate is not None
         if failure.code == "PROVIDER_RATE_LIMITED":
             pause_s = min(failure.retry_after_float or 1.0, cfg.retry_after_max_s)
-            await self._gate.pause(s, gate, pause_s)
+            await d.gate.pause(s, gate, pause_s)
             log.warning(
                 "provider rate limited this key; its calls pause on every worker",
                 extra={
@@ -578,7 +561,7 @@ class ExecuteStage(StageDeps):
                 },
             )
         elif failure.fault is Fault.PROVIDER:
-            opened = await self._gate.failed(
+            opened = await d.gate.failed(
                 s, gate, threshold=cfg.breaker_failures, cooldown_s=cfg.breaker_cooldown_s
             )
             if opened:
@@ -593,51 +576,155 @@ class ExecuteStage(StageDeps):
                     },
                 )
         elif failure.answered:
-            await self._gate.reachable(s, gate)
-        elif probe.held:
-            await self._gate.release_probe(s, gate)
+            await d.gate.reachable(s, gate)
+        elif self.probe.held:
+            await d.gate.release_probe(s, gate)
 
-    async def _rate_limit_is_free(self, job_id: uuid.UUID, attempt: int) -> bool:
-        async with self._sm() as s:
-            seen = await self._usage.calls_with(s, job_id, attempt, "PROVIDER_RATE_LIMITED")
+    async def _rate_limit_is_free(self) -> bool:
+        async with self._d.sessionmaker() as s:
+            seen = await self._d.usage.calls_with(
+                s, self.job_id, self.number, "PROVIDER_RATE_LIMITED"
+            )
         return seen <= FREE_RATE_LIMITS_PER_ATTEMPT
 
-    async def _release_probe(self, probe: _Probe) -> None:
-        if probe.gate is None:
+    async def _release_probe(self) -> None:
+        gate = self.probe.gate
+        if gate is None:
             return
         try:
-            async with self._sm.begin() as s:
-                await self._gate.release_probe(s, probe.gate)
-            probe.held = False
+            async with self._d.sessionmaker.begin() as s:
+                await self._d.gate.release_probe(s, gate)
+            self.probe.held = False
         except Exception:  # the probe's TTL still bounds it
             log.warning("could not release a provider probe", exc_info=True)
 
-    @staticmethod
-    def _usage_row(
+    # ---- the last transaction ----------------------------------------------------------
+
+    async def finish(self, row: JobRow, called: _Called) -> ExecuteResult:
+        """The provider answered with a valid output: store it with the call's usage, still
+        holding the slot. A database outage now must not cost another provider call, so the
+        transaction is retried through it; heartbeats go on until it commits: a slow or locked
+        database while saving a paid answer must never look like a dead worker to Temporal
+        (which would start a second attempt, and a second call)."""
+        out, model_out, response = called.out, called.model_out, called.response
+        assert out is not None and model_out is not None and response is not None
+        digest = output_hash(out)
+        usage = _usage_row(row, self.number, response, None, called.latency_ms, cost=called.cost)
+        async with _heartbeating(self._cfg):
+            outcome, projected = await db_retry(
+                lambda: self._last_transaction(row, model_out, usage, out, digest),
+                budget_s=self._cfg.db_retry_budget_s,
+            )
+        self.probe.held = False  # settled in that commit: the key answered
+        if outcome == "cancelled":
+            fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
+        if outcome == "not_owner":
+            fail_final("INTERNAL_NOT_LOCK_OWNER")
+        if projected is not None:
+            self._d.metrics.job_finished(row.job_type, "succeeded")
+            log_completed(self.inp.job_id, projected)
+            return ExecuteResult(
+                output_hash=digest, attempt=self.number, lifecycle_status="succeeded"
+            )
+        return ExecuteResult(output_hash=digest, attempt=self.number)  # PROJECT takes it from here
+
+    async def _last_transaction(
+        self,
         row: JobRow,
-        attempt: int,
-        response: ProviderResponse | None,
-        error_code: str | None,
-        latency_ms: int,
-        provider: str | None = None,
-        model: str | None = None,
-        *,
-        cost: Decimal = Decimal(0),
-    ) -> UsageRow:
-        """One call's ai_usage_log row; `cost` was priced once by the caller."""
-        return UsageRow(
-            job_id=row.id,
-            user_id=row.user_id,
-            attempt_no=attempt,
-            credential_mode=row.credential_mode,
-            provider=response.provider if response else (provider or "unknown"),
-            model=response.model if response else (model or "unknown"),
-            tokens_in=response.tokens_in if response else 0,
-            tokens_out=response.tokens_out if response else 0,
-            cost_usd=cost if response else Decimal(0),
-            latency_ms=latency_ms,
-            error_code=error_code,
-        )
+        validated: BaseModel,
+        usage: UsageRow,
+        out: dict[str, Any],
+        digest: str,
+    ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
+        """One transaction while the slot is still held: the paid call's usage row always;
+        then, while the job is still ours and nobody asked to cancel it, the output (which the
+        PROJECT stage projects next). Runs recorded before the five-stage shape also project it
+        here, in a savepoint (a projector that fails leaves the stored output for PROJECT). A
+        cancel seen here is honoured."""
+        d, owner = self._d, self.owner
+        async with d.sessionmaker.begin() as s:
+            await d.usage.insert(s, usage)
+            await d.jobs.record_attempt(s, row.id, attempt=self.number, internal_error=None)
+            if self.probe.gate is not None:
+                await d.gate.reachable(s, self.probe.gate)
+            ext = await d.lifecycle.extend_lock(
+                s, row.id, owner=owner, ttl_s=d.lock_policy(row.job_type)[0]
+            )
+            if not ext.extended:
+                return "not_owner", None
+            if ext.cancel_requested:
+                return "cancelled", None  # the commit still settles the probe
+            await d.jobs.store_output(
+                s, row.id, owner=owner, output=out, output_hash=digest, progress=60
+            )
+            if not self.inp.project_in_slot:
+                return "stored", None
+            try:
+                async with s.begin_nested():
+                    return "projected", await project_output(d, s, row, validated, digest, owner)
+            except Exception as exc:
+                if is_unavailable(exc):
+                    raise
+                log.warning(
+                    "projection inside EXECUTE failed; PROJECT will retry it",
+                    extra={"job_id": str(row.id), "error_type": type(exc).__name__},
+                    exc_info=loggable(exc),
+                )
+                await d.jobs.record_attempt(
+                    s,
+                    row.id,
+                    attempt=self.number,
+                    internal_error=internal_message(
+                        exc,
+                        private=private_strings(row.input, out),
+                        context="projection failed",
+                    ),
+                )
+                return "stored", None
+
+
+def _usage_row(
+    row: JobRow,
+    attempt: int,
+    response: ProviderResponse | None,
+    error_code: str | None,
+    latency_ms: int,
+    provider: str | None = None,
+    model: str | None = None,
+    *,
+    cost: Decimal = Decimal(0),
+) -> UsageRow:
+    """One call's ai_usage_log row; `cost` was priced once by the caller."""
+    return UsageRow(
+        job_id=row.id,
+        user_id=row.user_id,
+        attempt_no=attempt,
+        credential_mode=row.credential_mode,
+        provider=response.provider if response else (provider or "unknown"),
+        model=response.model if response else (model or "unknown"),
+        tokens_in=response.tokens_in if response else 0,
+        tokens_out=response.tokens_out if response else 0,
+        cost_usd=cost if response else Decimal(0),
+        latency_ms=latency_ms,
+        error_code=error_code,
+    )
+
+
+async def db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float) -> T:
+    """EXECUTE's own transactions ride out a database outage (heartbeating meanwhile) instead of
+    failing the attempt: a lost connection must not spend one of the job's provider attempts."""
+    delay = 0.5
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            return await op()
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("database unavailable in EXECUTE; retrying in %.1fs", delay)
+            activity.heartbeat()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 4.0)
 
 
 def _validated_output(

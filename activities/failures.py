@@ -12,6 +12,12 @@
   message (a driver error's as its SQLSTATE only; any message that quotes the job's input,
   output or key is withheld) and the engine's own frames as `file:line in function`, bounded.
   No locals, no arguments, no source lines.
+
+How a job stage fails (the error taxonomy, `engine/errors.py`): an attempt that may be retried
+raises `ApplicationError(type=CODE, non_retryable=False)` and Temporal's retry policy decides
+(`fail_attempt`); a failure nothing a retry could change raises it non-retryable (`fail_final`,
+`fail_domain`). The message is always the code's public message; details for operators go to
+`ai_job.internal_error_message`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import (
@@ -32,7 +40,7 @@ from temporalio.worker import (
 )
 
 from db.errors import is_unavailable, sqlstate
-from engine.errors import public_message_for
+from engine.errors import EngineError, is_retryable, public_message_for
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +162,41 @@ def internal_message(exc: BaseException, *, private: Iterable[str] = (), context
     if len(text) > INTERNAL_MESSAGE_MAX_CHARS:
         text = text[: INTERNAL_MESSAGE_MAX_CHARS - 1] + "…"
     return text
+
+
+def fail_attempt(
+    code: str,
+    *,
+    attempt: int,
+    abort_strategy: str = "retry",
+    retry_after_s: float | None = None,
+) -> NoReturn:
+    """This attempt failed with `code`; the taxonomy says whether another may follow."""
+    raise ApplicationError(
+        public_message_for(code),
+        type=code,
+        non_retryable=not is_retryable(code, attempt=attempt, abort_strategy=abort_strategy),
+        next_retry_delay=timedelta(seconds=retry_after_s) if retry_after_s else None,
+    )
+
+
+def fail_final(code: str) -> NoReturn:
+    """A failure no retry can change (a missing job, a lost lock, a cancel)."""
+    raise ApplicationError(public_message_for(code), type=code, non_retryable=True)
+
+
+def fail_domain(exc: EngineError) -> NoReturn:
+    """A domain error in a bookkeeping stage is final: retrying cannot change the answer."""
+    raise ApplicationError(exc.public_message, type=exc.code, non_retryable=True) from None
+
+
+def summarise_validation(exc: ValidationError) -> str:
+    """What was wrong with an output, without the output itself (pydantic's messages)."""
+    parts = []
+    for e in exc.errors(include_url=False, include_input=False)[:10]:
+        loc = ".".join(str(p) for p in e.get("loc", ())) or "(root)"
+        parts.append(f"{loc}: {e.get('msg', '')}")
+    return "; ".join(parts)
 
 
 class MessageWithheld(Exception):

@@ -1,26 +1,64 @@
-"""The job stages as Temporal activities, built once per worker:
+"""The job stages of one worker, each an object built from the same `StageDeps`:
 
-    PREPARE   (local)  the execution plan from the job type's definition; no SQL
-    EXECUTE            the provider call: the CAS queued → running, one paid call per attempt,
-                       heartbeats, cancellation, validation, the stored output
-    PROJECT   (local)  projector + markSucceeded + ai.job.completed, one transaction
-    finalizers (local) the job's one `failed` or `cancelled`
+    prepare            (local)  `activities/prepare.py`   the plan; a job no longer queued stops
+    resolve            (local)  `activities/resolve.py`   snapshot, key, prompt, provider, limits
+    execute                     `activities/execute.py`   the provider call, in a worker slot
+    project            (local)  `activities/project.py`   projector + succeeded, one transaction
+    complete           (local)  `activities/complete.py`  the usage summary
+    finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
+    finalize_cancelled
 
-EXECUTE lives in `activities/execute.py`, the others in `activities/bookkeeping.py`, what they
-share (configuration, failure rules) in `activities/stage_support.py`.
+The activity names are the constants of `engine/contracts.py`; the workflow calls them through
+the typed stubs of `workflows/stages.py`. How a stage fails is `activities/failures.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from activities.bookkeeping import BookkeepingStages
-from activities.execute import ExecuteStage
-from activities.stage_support import EngineConfig
+from activities.complete import Complete
+from activities.deps import EngineConfig, StageDeps
+from activities.execute import Execute
+from activities.finalize import Finalize
+from activities.metrics import WorkerMetrics, worker_metrics
+from activities.prepare import Prepare
+from activities.project import Project
+from activities.resolve import Resolve
+from db.session import SessionMaker
+from jobs.gateway import Gateway
+from jobs.spec import Catalog
 
 
-class JobActivities(BookkeepingStages, ExecuteStage):
-    def all(self) -> list[Any]:
+class JobActivities:
+    """The stages a job worker registers, built once from their dependencies. Each attribute
+    is a stage's `@activity.defn` method, bound to its own stage object."""
+
+    def __init__(
+        self,
+        sessionmaker: SessionMaker,
+        catalog: Catalog,
+        gateway: Gateway,
+        config: EngineConfig | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.deps = StageDeps(
+            sessionmaker,
+            catalog,
+            gateway,
+            config=config or EngineConfig(),
+            metrics=metrics or worker_metrics(),
+        )
+        finalize = Finalize(self.deps)
+        self.prepare = Prepare(self.deps).prepare
+        self.resolve = Resolve(self.deps).resolve
+        self.execute = Execute(self.deps).execute
+        self.project = Project(self.deps).project
+        self.complete = Complete(self.deps).complete
+        self.finalize_failed = finalize.finalize_failed
+        self.finalize_cancelled = finalize.finalize_cancelled
+
+    def all(self) -> list[Callable[..., Any]]:
         return [
             self.prepare,
             self.resolve,
@@ -32,4 +70,4 @@ class JobActivities(BookkeepingStages, ExecuteStage):
         ]
 
 
-__all__ = ["EngineConfig", "JobActivities"]
+__all__ = ["EngineConfig", "JobActivities", "StageDeps"]

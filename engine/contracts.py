@@ -3,18 +3,23 @@
 Plain dataclasses of ids, hashes, codes and numbers only: never job input, snapshot content,
 prompts, model output or credentials (docs/contracts.md, privacy). They are imported inside the
 workflow sandbox.
+
+Recorded histories hold these payloads as JSON objects, and a payload recorded by an earlier
+version may carry a field removed since: the default data converter ignores a key the dataclass
+does not declare, so such a payload still decodes (tests/unit/test_recorded_payloads.py). A
+field added later needs a default, or payloads recorded without it no longer decode.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Names of activities, shared by workflows (which call them) and activities (which define them).
 # How long a job may wait on its provider gate in one run, in history events, before the run
 # continues as new (with the attempts it spent): a job's history stays small whatever the
 # outage's length. Read by the job workflow as `contracts.GATE_WAIT_HISTORY_LIMIT`.
 GATE_WAIT_HISTORY_LIMIT = 2_000
 
+# Names of activities, shared by workflows (which call them) and activities (which define them).
 PREPARE = "prepare"
 RESOLVE = "resolve"
 EXECUTE = "execute"
@@ -61,20 +66,17 @@ class JobWorkflowInput:
 @dataclass(frozen=True)
 class StageInput:
     job_id: str
-    workflow_id: str
-    run_id: str
+    workflow_id: str  # PREPARE: a job `running` under this workflow's own lock goes on
 
 
 @dataclass(frozen=True)
 class ExecutionPlan:
     """What the workflow needs from the job's definition, read once by PREPARE."""
 
-    queue_name: str
     timeout_ms: int
     max_attempts: int
     backoff_ms: int
     abort_strategy: str
-    cancellable: bool
     heartbeat_timeout_ms: int
     # EXECUTE's start-to-close: the job's timeout plus room for its own database retries.
     start_to_close_ms: int = 0
@@ -91,15 +93,15 @@ class PrepareResult:
 
 @dataclass(frozen=True)
 class ResolveResult:
-    """What RESOLVE found for EXECUTE: names, versions, ids and limits only (never a key, a
-    prompt or the input)."""
+    """What RESOLVE found, for the operator who reads the job's history in the Temporal UI (no
+    code reads it: EXECUTE resolves its own row in its first transaction): names, versions, ids
+    and limits only (never a key, a prompt, the input or a user id)."""
 
     prompt_version: str
     credential_mode: str
     provider: str
     model: str
     credential_id: str | None = None  # the pinned user key's id (user-key jobs)
-    gate_key: str = ""  # the (provider, key) gate the call goes through: "provider/key_ref"
     timeout_ms: int = 0
     max_output_tokens: int = 0
     max_attempts: int = 0
@@ -107,9 +109,8 @@ class ResolveResult:
 
 @dataclass(frozen=True)
 class ExecuteInput:
+    # The workflow and run ids are the activity's own (`activity.info()`): not repeated here.
     job_id: str
-    workflow_id: str
-    run_id: str
     timeout_ms: int
     abort_strategy: str
     # Provider attempts spent by earlier EXECUTE activities of this job (the job's attempt
@@ -139,7 +140,6 @@ class ExecuteResult:
 @dataclass(frozen=True)
 class ProjectInput:
     job_id: str
-    run_id: str
     output_hash: str
 
 
@@ -147,7 +147,7 @@ class ProjectInput:
 class ProjectResult:
     lifecycle_status: str
     artifact_count: int
-    # The job's usage, summed in PROJECT's transaction (COMPLETE reports it without a query).
+    # The job's usage, summed in PROJECT's transaction (its "job completed" log line).
     calls: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
@@ -156,12 +156,7 @@ class ProjectResult:
 
 @dataclass(frozen=True)
 class CompleteInput:
-    job_id: str
-    # Ignored since COMPLETE reads the usage summary itself; kept so recorded inputs decode.
-    calls: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost_micros: int = 0
+    job_id: str  # COMPLETE reads the job's usage summary itself
 
 
 @dataclass(frozen=True)
@@ -175,7 +170,6 @@ class CompleteResult:
 @dataclass(frozen=True)
 class FinalizeFailedInput:
     job_id: str
-    run_id: str
     code: str
 
 

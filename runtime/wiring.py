@@ -13,17 +13,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 
-from activities.gateway import Gateway
+from activities.deps import EngineConfig
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
-from activities.stages import EngineConfig
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.credentials import credential_cipher
+from jobs.gateway import Gateway
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog

@@ -115,7 +115,7 @@ class JobStages:
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
-        stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id, run_id=info.run_id)
+        stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id)
         self._set_status(None, inp)
 
         try:
@@ -144,10 +144,7 @@ class JobStages:
                 await self._local(stages.resolve, stage)
                 executed = await self._execute(inp, plan)
             projected = await self._local(
-                stages.project,
-                ProjectInput(
-                    job_id=inp.jobId, run_id=info.run_id, output_hash=executed.output_hash
-                ),
+                stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
             )
             if projected.lifecycle_status != SUCCEEDED:
                 self._set_status(projected.lifecycle_status)
@@ -155,16 +152,7 @@ class JobStages:
             self._set_status(SUCCEEDED)
             if not workflow.patched(SKIP_COMPLETE_STAGE):
                 # Runs of tag v1: COMPLETE reported the usage summary PROJECT had committed.
-                await self._local(
-                    stages.complete,
-                    CompleteInput(
-                        job_id=inp.jobId,
-                        calls=projected.calls,
-                        tokens_in=projected.tokens_in,
-                        tokens_out=projected.tokens_out,
-                        cost_micros=projected.cost_micros,
-                    ),
-                )
+                await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
             return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
         # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
         # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
@@ -183,10 +171,7 @@ class JobStages:
             self._set_status(executed.lifecycle_status)
             return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
         projected = await self._local(
-            stages.project,
-            ProjectInput(
-                job_id=inp.jobId, run_id=workflow.info().run_id, output_hash=executed.output_hash
-            ),
+            stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
         )
         self._set_status(projected.lifecycle_status)
         if projected.lifecycle_status != SUCCEEDED:
@@ -212,7 +197,7 @@ class JobStages:
         fin = await self._shielded(
             self._local(
                 stages.finalize_failed,
-                FinalizeFailedInput(job_id=inp.jobId, run_id=stage.run_id, code=code),
+                FinalizeFailedInput(job_id=inp.jobId, code=code),
             )
         )
         self._set_status(fin.lifecycle_status)
@@ -261,13 +246,10 @@ class JobStages:
         yield_on_gate: bool = False,
         project_in_slot: bool = True,
     ) -> ExecuteResult:
-        info = workflow.info()
         return await workflow.execute_activity(
             stages.execute,
             ExecuteInput(
                 job_id=inp.jobId,
-                workflow_id=info.workflow_id,
-                run_id=info.run_id,
                 timeout_ms=plan.timeout_ms,
                 abort_strategy=plan.abort_strategy,
                 attempt_offset=attempt_offset,

@@ -288,7 +288,7 @@ async def test_projector_failing_once_is_retried_and_writes_once(
     jt = scripted_job_type("t_project_flaky", project=project)
     async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
         job_id = await st.create(job_type=jt.job_type, input={"echo": {"k": 1}})
-        row, desc = await finished(st, job_id, jt.job_type)
+        row, _desc = await finished(st, job_id, jt.job_type)
         assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
         assert calls[job_id] == 2
         assert "projection failed: RuntimeError: projector failure #1" in (
@@ -303,7 +303,7 @@ async def test_projector_failing_once_is_retried_and_writes_once(
         acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
         again = await ActivityEnvironment().run(
             acts.project,
-            ProjectInput(job_id=str(job_id), run_id=desc.run_id, output_hash=row.output_hash),
+            ProjectInput(job_id=str(job_id), output_hash=row.output_hash),
         )
         assert again == ProjectResult("succeeded", 1)
         assert calls[job_id] == 2
@@ -374,11 +374,7 @@ async def test_concurrent_duplicate_projection_writes_once(
         duplicate = asyncio.ensure_future(
             env.run(
                 acts.project,
-                ProjectInput(
-                    job_id=str(job_id),
-                    run_id=row.locked_by.split("/")[0],
-                    output_hash=row.output_hash,
-                ),
+                ProjectInput(job_id=str(job_id), output_hash=row.output_hash),
             )
         )
         # The duplicate waits on the first transaction's row lock before it can go on.

@@ -61,9 +61,7 @@ def env_for(
 
 
 def execute_input(job: uuid.UUID, timeout_ms: int = 30_000) -> ExecuteInput:
-    return ExecuteInput(
-        job_id=str(job), workflow_id="", run_id="", timeout_ms=timeout_ms, abort_strategy="retry"
-    )
+    return ExecuteInput(job_id=str(job), timeout_ms=timeout_ms, abort_strategy="retry")
 
 
 # ---- honest states ---------------------------------------------------------------------------
@@ -152,7 +150,7 @@ async def test_an_output_already_stored_is_reused_not_bought_again(
         # PROJECT (the workflow's next stage) finishes it; a late attempt then ends at once.
         await env_for(st, job, 1, wid).run(
             acts.project,
-            ProjectInput(job_id=str(job), run_id="", output_hash=first.output_hash),
+            ProjectInput(job_id=str(job), output_hash=first.output_hash),
         )
         third = await env_for(st, job, 3, wid).run(acts.execute, execute_input(job))
         assert third.lifecycle_status == "succeeded"
@@ -175,22 +173,22 @@ async def test_heartbeats_never_wait_on_the_database(
             await asyncio.Event().wait()  # never answers
 
         # The first transaction locks the job; only the extensions during the call hang.
-        original = acts._lifecycle.extend_lock
+        original = acts.deps.lifecycle.extend_lock
         beats: list[float] = []
         env = env_for(st, job)
         env.on_heartbeat = lambda *a: beats.append(time.monotonic())
 
         async def run() -> Any:
             # A lock extension that hangs, patched in for this test only.
-            acts._lifecycle.extend_lock = stuck_extend  # type: ignore[method-assign]
+            acts.deps.lifecycle.extend_lock = stuck_extend  # type: ignore[method-assign]
             try:
                 return await env.run(acts.execute, execute_input(job))
             finally:
-                acts._lifecycle.extend_lock = original  # type: ignore[method-assign]
+                acts.deps.lifecycle.extend_lock = original  # type: ignore[method-assign]
 
         task = asyncio.ensure_future(run())
         await asyncio.sleep(2.0)
-        acts._lifecycle.extend_lock = original  # type: ignore[method-assign]  # the store needs it
+        acts.deps.lifecycle.extend_lock = original  # type: ignore[method-assign]  # the store needs it
         result = await task
         assert result.output_hash
         assert extensions >= 1
@@ -238,7 +236,7 @@ async def test_a_failure_after_a_cancel_request_ends_cancelled(
         acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
         fin = await env_for(st, job).run(
             acts.finalize_failed,
-            FinalizeFailedInput(job_id=str(job), run_id="", code="INTERNAL_WORKER_LOST"),
+            FinalizeFailedInput(job_id=str(job), code="INTERNAL_WORKER_LOST"),
         )
         assert fin.lifecycle_status == "cancelled"
         assert (await st.job(job)).lifecycle_status == "cancelled"
@@ -252,7 +250,7 @@ async def test_a_job_that_never_started_running_fails_instead_of_staying_queued(
         acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
         fin = await env_for(st, job).run(
             acts.finalize_failed,
-            FinalizeFailedInput(job_id=str(job), run_id="", code="INTERNAL_SNAPSHOT_MISSING"),
+            FinalizeFailedInput(job_id=str(job), code="INTERNAL_SNAPSHOT_MISSING"),
         )
         assert fin.lifecycle_status == "failed"
         row = await st.job(job)

@@ -1,5 +1,7 @@
-"""Which provider and which key a job's EXECUTE uses. The decrypted key lives only in the
-EXECUTE activity's stack frame; it never reaches a return value, a log line or Temporal."""
+"""Which provider, model, key and provider gate a job's calls use: a use case of the job
+stages (RESOLVE checks the key before the job asks for a slot, EXECUTE calls with it). The
+decrypted key lives only in those activities' stack frames; it never reaches a return value, a
+log line or Temporal."""
 
 from __future__ import annotations
 
@@ -75,18 +77,6 @@ class Gateway:
             return None
         return row
 
-    async def credential_available(
-        self,
-        session: AsyncSession,
-        jt: AnyJobType,
-        user_id: str,
-        mode: str,
-        credential_id: uuid.UUID | None = None,
-    ) -> bool:
-        if mode == USER_DEEPSEEK_KEY:
-            return await self._user_key_row(session, user_id, credential_id) is not None
-        return True
-
     async def api_key(
         self,
         session: AsyncSession,
@@ -95,7 +85,8 @@ class Gateway:
         mode: str,
         credential_id: uuid.UUID | None = None,
     ) -> str | None:
-        """Decrypt the job's key (EXECUTE only). Revoked or missing → CREDENTIAL_MISSING."""
+        """Decrypt the job's key (RESOLVE checks it, EXECUTE uses it). Revoked or missing →
+        CREDENTIAL_MISSING."""
         if self.provider_for(jt, mode).name == "synthetic":
             return None
         if mode == PLATFORM_KEY:

@@ -1,0 +1,41 @@
+"""COMPLETE (a local activity): the end of a succeeded job."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio import activity
+
+from activities.deps import StageDeps, log
+from engine.contracts import COMPLETE, CompleteInput, CompleteResult
+
+
+class Complete:
+    def __init__(self, deps: StageDeps) -> None:
+        self._d = deps
+
+    @activity.defn(name=COMPLETE)
+    async def complete(self, inp: CompleteInput) -> CompleteResult:
+        """The job's usage summary (every call of every attempt, as ai_usage_log holds it),
+        logged and returned. A read: the completion event was written by PROJECT in the
+        transaction that ended the job (event streams were woken by that commit; the relay
+        publishes it to the owner's webhooks), so nothing here can be done twice."""
+        async with self._d.sessionmaker() as s:
+            usage = await self._d.usage.summary(s, uuid.UUID(inp.job_id))
+        cost_micros = int(usage.cost_usd * 1_000_000)
+        log.info(
+            "job usage",
+            extra={
+                "job_id": inp.job_id,
+                "calls": usage.calls,
+                "tokens_in": usage.tokens_in,
+                "tokens_out": usage.tokens_out,
+                "cost_micros": cost_micros,
+            },
+        )
+        return CompleteResult(
+            calls=usage.calls,
+            tokens_in=usage.tokens_in,
+            tokens_out=usage.tokens_out,
+            cost_micros=cost_micros,
+        )

@@ -1,0 +1,96 @@
+"""What every job stage is built from: one frozen `StageDeps` per worker, passed to each stage
+object (`activities/prepare.py`, `resolve.py`, `execute.py`, `project.py`, `complete.py`,
+`finalize.py`). The stages share these and nothing else: no base class, no state of their own
+beyond what they are given, so each can be built and run alone (tests build one stage).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+from temporalio import activity
+
+from activities.metrics import WorkerMetrics, worker_metrics
+from db.jobs import JobQueries
+from db.lifecycle import LifecycleRepository
+from db.outbox import OutboxRepository
+from db.provider_gate import ProviderGate
+from db.session import SessionMaker
+from db.usage import UsageRepository
+from engine.definition import JobDefinition
+from engine.queues import ResolvedExecution, resolve_execution
+from jobs.gateway import Gateway
+from jobs.spec import Catalog
+
+# Every stage logs under this one name (the log lines of a job's stages read together, and
+# docs/observability.md's examples name it).
+log = logging.getLogger("activities.stages")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Operators' overrides of the queues' lock (AI_LOCK_TTL_S, AI_HEARTBEAT_TIMEOUT_MS); None:
+    # each job type's own value, else its queue's (engine/queues.py, `StageDeps.execution_policy`).
+    lock_ttl_s: int | None = None
+    heartbeat_timeout_ms: int | None = None
+    # How often EXECUTE extends lock_until in SQL. None: every half of the job's lock TTL.
+    lock_extend_every_s: float | None = None
+    # How long EXECUTE's own transactions wait out a database outage before the attempt fails.
+    # EXECUTE's start-to-close timeout is the job's timeout plus twice this plus a margin, so a
+    # database blip after the provider answered never turns into TIMEOUT or a second call.
+    db_retry_budget_s: float = 60.0
+    # A provider's Retry-After is honoured up to this many seconds.
+    retry_after_max_s: float = 300.0
+    # The circuit breaker: this many consecutive failed calls open it for `cooldown` seconds.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 30.0
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    @property
+    def execute_margin_ms(self) -> int:
+        return int((2 * self.db_retry_budget_s + 15) * 1000)
+
+
+@dataclass(frozen=True)
+class StageDeps:
+    """Built once per worker (runtime/worker.py). The repositories are stateless: each method
+    runs in the session it is given, and the stage that opened the session owns the
+    transaction."""
+
+    sessionmaker: SessionMaker
+    catalog: Catalog
+    gateway: Gateway
+    config: EngineConfig = field(default_factory=EngineConfig)
+    metrics: WorkerMetrics = field(default_factory=worker_metrics)
+    lifecycle: LifecycleRepository = field(default_factory=LifecycleRepository)
+    jobs: JobQueries = field(default_factory=JobQueries)
+    outbox: OutboxRepository = field(default_factory=OutboxRepository)
+    usage: UsageRepository = field(default_factory=UsageRepository)
+    gate: ProviderGate = field(default_factory=ProviderGate)
+
+    def execution_policy(self, d: JobDefinition) -> ResolvedExecution:
+        """The job type's attempts, backoff and lock: its own, the operator's override of the
+        lock, else its queue's. The one place the stages read them."""
+        cfg = self.config
+        return resolve_execution(
+            d, heartbeat_timeout_ms=cfg.heartbeat_timeout_ms, lock_ttl_s=cfg.lock_ttl_s
+        )
+
+    def lock_policy(self, job_type: str) -> tuple[int, float]:
+        """The SQL lock TTL of a job of `job_type` and how often EXECUTE extends it."""
+        policy = self.execution_policy(self.catalog.get(job_type).definition)
+        every = self.config.lock_extend_every_s or policy.lock_extend_every_s
+        return policy.lock_ttl_s, every
+
+
+def lock_owner() -> str:
+    """The lock owner of the job this activity works on: its workflow id, one per job and the
+    same across runs (a Temporal Reset, a continue-as-new keep the lock). The owner part of
+    `db/lifecycle.py` `owner_token`, compared by `lock_holder`."""
+    workflow_id = activity.info().workflow_id
+    if not workflow_id:
+        raise RuntimeError("a job stage runs only inside its job's workflow")
+    return workflow_id

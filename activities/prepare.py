@@ -1,0 +1,51 @@
+"""PREPARE (a local activity): the job type's definition as an execution plan, and the job's
+state. A job no longer `queued` (cancelled while it waited, or ended) stops here, before any
+other stage runs."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio import activity
+
+from activities.deps import StageDeps
+from activities.failures import fail_final
+from db.lifecycle import lock_holder
+from engine.contracts import PREPARE, ExecutionPlan, PrepareResult, StageInput
+from engine.lifecycle import LifecycleStatus
+
+
+class Prepare:
+    def __init__(self, deps: StageDeps) -> None:
+        self._d = deps
+
+    @activity.defn(name=PREPARE)
+    async def prepare(self, inp: StageInput) -> PrepareResult:
+        """The job type's definition (the workflow type is the job type) as an execution plan,
+        and the job: one that is no longer `queued` (cancelled while it waited, or ended) stops
+        here. A job this workflow already holds (`running` under its own lock: a run continued
+        as new while it waited on its provider, a Temporal Reset) goes on."""
+        d = self._d.catalog.get(activity.info().workflow_type or "").definition
+        async with self._d.sessionmaker() as s:
+            state = await self._d.jobs.lock_state(s, uuid.UUID(inp.job_id))
+        if state is None:
+            fail_final("INTERNAL_JOB_MISSING")
+        status, locked_by = state
+        ours = status == LifecycleStatus.RUNNING and lock_holder(locked_by) == inp.workflow_id
+        if status != LifecycleStatus.QUEUED and not ours:
+            return PrepareResult(run=False, lifecycle_status=status)
+        # Attempts, backoff and heartbeat: the definition's own, else its queue's
+        # (engine/queues.py); the settings' overrides of the lock come in through the config.
+        policy = self._d.execution_policy(d)
+        return PrepareResult(
+            run=True,
+            lifecycle_status=status,
+            plan=ExecutionPlan(
+                timeout_ms=d.execution.timeout_ms,
+                max_attempts=policy.max_attempts,
+                backoff_ms=policy.backoff_ms,
+                abort_strategy=d.execution.abort_strategy,
+                heartbeat_timeout_ms=policy.heartbeat_timeout_ms,
+                start_to_close_ms=d.execution.timeout_ms + self._d.config.execute_margin_ms,
+            ),
+        )

@@ -1,0 +1,54 @@
+"""RESOLVE (a local activity): everything EXECUTE will need, checked before the job asks for a
+provider slot. A job that cannot run (its key revoked, its snapshot expired) fails here, with
+its code, and never takes a slot."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio import activity
+
+from activities.deps import StageDeps
+from activities.failures import fail_final
+from engine.contracts import RESOLVE, ResolveResult, StageInput
+from engine.errors import ExecutionFailure
+
+
+class Resolve:
+    def __init__(self, deps: StageDeps) -> None:
+        self._d = deps
+
+    @activity.defn(name=RESOLVE)
+    async def resolve(self, inp: StageInput) -> ResolveResult:
+        """The snapshot (present, unexpired), the credential (pinned, active, decryptable:
+        decrypted here and dropped at once), the prompt version, the provider and model, and
+        the limits. Only names, ids and numbers leave: the result is what an operator reads in
+        the Temporal UI."""
+        d = self._d
+        async with d.sessionmaker() as s:
+            row = await d.jobs.resolve_refs(s, uuid.UUID(inp.job_id))
+            if row is None:
+                fail_final("INTERNAL_JOB_MISSING")
+            jt = d.catalog.get(row.job_type)
+            if not row.has_snapshot:
+                # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
+                expired = row.snapshot_stored
+                fail_final("SNAPSHOT_EXPIRED" if expired else "INTERNAL_SNAPSHOT_MISSING")
+            try:
+                key = await d.gateway.api_key(
+                    s, jt, row.user_id, row.credential_mode, row.credential_id
+                )
+            except ExecutionFailure as f:
+                fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
+            del key  # only its availability was in question
+        definition = jt.definition
+        return ResolveResult(
+            prompt_version=row.prompt_version,
+            credential_mode=row.credential_mode,
+            provider=d.gateway.provider_for(jt, row.credential_mode).name,
+            model=d.gateway.model_for(jt, row.credential_mode),
+            credential_id=str(row.credential_id) if row.credential_id else None,
+            timeout_ms=definition.execution.timeout_ms,
+            max_output_tokens=definition.execution.max_output_tokens,
+            max_attempts=d.execution_policy(definition).max_attempts,
+        )
