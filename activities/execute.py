@@ -301,26 +301,8 @@ class _Attempt:
         except _SelfCancelled:
             failure = ExecutionFailure("CANCELLED", internal_message="cancel requested (SQL)")
         except asyncio.CancelledError:
-            # A workflow cancel, or a worker shutdown whose grace period ran out: record the
-            # aborted call under what really happened, then let the cancellation go.
-            code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
-            if called:
-                observe_call(
-                    d.metrics,
-                    provider.name,
-                    model_name,
-                    time.monotonic() - started,
-                    error_code=code,
-                    response=None,
-                )
             await asyncio.shield(
-                self.record_failure(
-                    row,
-                    ExecutionFailure(code),
-                    provider=provider.name,
-                    model=model_name,
-                    latency_ms=int((time.monotonic() - started) * 1000),
-                )
+                self._record_aborted(row, provider.name, model_name, started, called)
             )
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
@@ -364,6 +346,30 @@ class _Attempt:
             failure=failure,
             out=out,
             model_out=model_out,
+        )
+
+    async def _record_aborted(
+        self, row: JobRow, provider: str, model: str, started: float, called: bool
+    ) -> None:
+        """A workflow cancel, or a worker shutdown whose grace period ran out, stopped the
+        attempt: the aborted call is recorded under what really happened (the caller then lets
+        the cancellation go)."""
+        code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
+        if called:
+            observe_call(
+                self._d.metrics,
+                provider,
+                model,
+                time.monotonic() - started,
+                error_code=code,
+                response=None,
+            )
+        await self.record_failure(
+            row,
+            ExecutionFailure(code),
+            provider=provider,
+            model=model,
+            latency_ms=int((time.monotonic() - started) * 1000),
         )
 
     def _request(
