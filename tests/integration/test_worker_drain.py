@@ -70,13 +70,25 @@ async def test_a_multi_queue_worker_drains_its_queues_at_once(
         finally:
             stop.set()
             await asyncio.wait_for(worker, 90)
-        # Both in-flight calls finished (no attempt thrown away) ...
+        # Both in-flight calls finished and their answers were kept (no attempt thrown away):
+        # the output is stored with its usage; project and complete wait for the next worker.
         for job in (front, back):
             row = await stack.job(job)
-            assert (row.lifecycle_status, row.attempt_count) == ("succeeded", 1), row
+            assert row.attempt_count == 1 and row.output_hash is not None, row
             assert (await job_facts(db, job)).usage == [(1, None)]
         # ... within one call's time: neither queue went on taking work while the other drained.
         assert took < CALL_MS / 1000 + 1.5, f"stopping took {took:.1f} s"
         for job in waiting:
             row = await stack.job(job)
             assert (row.lifecycle_status, row.attempt_count) == ("queued", 0), row
+        # The next worker finishes the drained jobs from their stored answers: no second call.
+        stop = asyncio.Event()
+        worker = asyncio.create_task(run_workers(temporal_client, stack.parts, JOB_QUEUES, stop))
+        try:
+            for job in (front, back):
+                row = await stack.wait_status(job, timeout=30)
+                assert (row.lifecycle_status, row.attempt_count) == ("succeeded", 1), row
+                assert (await job_facts(db, job)).usage == [(1, None)]
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 90)
