@@ -163,7 +163,7 @@ def holds(needle: str, history_json: str) -> bool:
 
 def test_histories_cover_every_workflow_and_case() -> None:
     """The newest tag covers each path through the job workflow, a success on each job queue,
-    and the system workflows. Every job type runs the same workflow code (`workflow_class_for`),
+    and the system workflows. Every job type runs the same workflow code (`JobWorkflow`),
     so a new job type needs no new history; a removed one fails the replay above while
     histories of it are kept."""
     records = recorded()
