@@ -26,6 +26,9 @@ from runtime.embedded import free_port, start_postgres, start_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 
+# A per-test timeout's report names the hung `await` of an async test (see tests/timeouts.py).
+from tests.timeouts import pytest_timeout_set_timer  # noqa: F401
+
 # Every table of the models: a table added later is emptied between tests without a list to keep.
 TABLES = ", ".join(Base.metadata.tables)
 

@@ -20,7 +20,8 @@ from temporalio.worker import Worker
 from activities.relay import Relay
 from db.credentials import active_user_key_id
 from db.jobs import JobQueries
-from engine.definition import RetryBackoff
+from engine.definition import QUEUE_NAMES, QueueSpec, RetryBackoff
+from engine.lifecycle import TERMINAL_VALUES
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.spec import AnyJobType, Catalog
@@ -30,9 +31,10 @@ from runtime.wiring import Parts, build_parts, create_policy, relay_config
 from runtime.worker import build_workers
 from tests.support import eventually
 
-TERMINAL = ("succeeded", "failed", "cancelled")
-INTERACTIVE = ("ai-interactive",)
-JOB_QUEUES = ("ai-interactive", "ai-background")
+# The engine's own names, not re-typed: a renamed status or queue cannot leave the tests behind.
+TERMINAL = TERMINAL_VALUES
+INTERACTIVE = (QueueSpec().queue_name,)  # the queue of a definition that names none
+JOB_QUEUES = QUEUE_NAMES
 
 
 def make_settings(database_url: str, temporal_address: str, **overrides: Any) -> Settings:

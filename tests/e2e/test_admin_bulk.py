@@ -10,68 +10,19 @@ a bulk retry creates stay queued, so what the test counts is exactly what the op
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker
-from jobs.service import CreateJobRequest, JobService
+from engine.definition import SYSTEM_QUEUE
 from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.integration.engine_helpers import OUTAGE, make_failed_jobs, retries_of
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
-
-OUTAGE = "PROVIDER_UNAVAILABLE"
-
-
-async def make_failed_jobs(
-    service: JobService,
-    db: SessionMaker,
-    n: int,
-    *,
-    users: Sequence[str] = ("alice", "bob", "carol"),
-    code: str = OUTAGE,
-) -> list[uuid.UUID]:
-    """`n` synthetic jobs created through the service, then failed with `code` through the
-    lifecycle repository (queued → running → failed, as a provider outage would leave them)."""
-    ids = [
-        (
-            await service.create(
-                CreateJobRequest(
-                    user_id=users[i % len(users)],
-                    job_type="synthetic",
-                    target_type="lesson",
-                    target_id=f"lesson-{i}",
-                    input={"echo": {"n": i}},
-                    internal=True,
-                )
-            )
-        ).job.id
-        for i in range(n)
-    ]
-    repo = LifecycleRepository()
-    async with db.begin() as s:
-        for job_id in ids:
-            await repo.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
-            await repo.mark_failed(
-                s, job_id, code, "The AI provider is unavailable.", "test: simulated outage"
-            )
-    return ids
-
-
-async def retries_of(db: SessionMaker, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
-    async with db() as s:
-        rows = await s.execute(
-            text(
-                "SELECT retried_from_job_id AS orig, count(*) AS n FROM ai_job "
-                "WHERE retried_from_job_id = ANY(:ids) GROUP BY retried_from_job_id"
-            ),
-            {"ids": list(ids)},
-        )
-        return {r.orig: int(r.n) for r in rows}
 
 
 async def wait_completed(api: Api, operation_id: str, timeout: float = 30.0) -> dict[str, Any]:
@@ -105,7 +56,7 @@ async def bulk_api(db: SessionMaker, env: Any, temporal_client: Client) -> Async
     settings = env(
         ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_MAX_JOBS=400, ADMIN_BULK_START_AFTER_S=3600
     )
-    async with engine_stack(settings, temporal_client, queues=("ai-system",)) as st:
+    async with engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,)) as st:
         yield st
 
 
@@ -303,7 +254,7 @@ async def test_an_operation_no_relay_started_is_started_by_its_next_read(
     settings = env(ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_START_AFTER_S=0)
     # A worker for the bulk workflow, but no relay: its `ai.bulk.start` row stays pending.
     async with (
-        engine_stack(settings, temporal_client, queues=("ai-system",), relay=False) as st,
+        engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,), relay=False) as st,
         start_api(settings, temporal=temporal_client) as api,
     ):
         failed = await make_failed_jobs(st.service, db, 3, users=("gina",))

@@ -39,7 +39,7 @@ from bench.isolation import (
 from db.session import SessionMaker
 from providers.crypto import generate_key_setting
 from tests.e2e.conftest import Api, assert_no_leak, start_api
-from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack
 from tests.support import eventually
 

@@ -7,15 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
-import hmac
 import json
 import socket
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -24,6 +19,7 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from activities.webhooks import WebhookConfig, WebhookDeliverer, http_client
+from db.outbox import CANCELLED, COMPLETED, FAILED
 from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
 from engine.definition import SYSTEM_QUEUE
@@ -34,104 +30,9 @@ from runtime.worker import run_workers
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.stack import Stack
 from tests.support import eventually
+from tests.webhook_helpers import Received, assert_fresh, closed_port, receiver, verified_by
 
-ALL_EVENTS = ["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
-
-
-# ---- the receiver ---------------------------------------------------------------------------
-
-
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
-    at: float
-
-
-@dataclass
-class Receiver:
-    """Answers each POST with the next scripted status (then 200) and records it."""
-
-    statuses: list[int] = field(default_factory=list)
-    requests: list[Received] = field(default_factory=list)
-    url: str = ""
-
-    async def wait_for(self, n: int, timeout: float = 15.0) -> list[Received]:
-        async def arrived() -> bool:
-            return len(self.requests) >= n
-
-        await eventually(
-            arrived,
-            timeout=timeout,
-            interval=0.02,
-            what=lambda: f"{n} deliveries ({len(self.requests)} so far)",
-        )
-        return list(self.requests)
-
-
-@contextlib.contextmanager
-def receiver(*statuses: int) -> Iterator[Receiver]:
-    rec = Receiver(list(statuses))
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length", "0")))
-            with lock:
-                code = rec.statuses.pop(0) if rec.statuses else 200
-                rec.requests.append(
-                    Received({k.lower(): v for k, v in self.headers.items()}, body, time.time())
-                )
-            self.send_response(code)
-            self.send_header("content-length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    rec.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield rec
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
-# ---- Standard Webhooks verification, from the spec -------------------------------------------
-
-
-def expected_signature(secret: str, msg_id: str, timestamp: str, body: bytes) -> str:
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    signed = msg_id.encode() + b"." + timestamp.encode() + b"." + body
-    return base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-
-
-def verified_by(secret: str, req: Received) -> bool:
-    """True when one of the `v1,` signatures of the request is the secret's (constant-time)."""
-    want = expected_signature(
-        secret, req.headers["webhook-id"], req.headers["webhook-timestamp"], req.body
-    )
-    for entry in req.headers["webhook-signature"].split(" "):
-        version, _, sig = entry.partition(",")
-        if version == "v1" and hmac.compare_digest(sig, want):
-            return True
-    return False
-
-
-def assert_fresh(req: Received) -> None:
-    assert abs(int(req.headers["webhook-timestamp"]) - time.time()) < 60
+ALL_EVENTS = [COMPLETED, FAILED, CANCELLED]
 
 
 # ---- fixtures ---------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Helpers for the engine integration tests, shared by the `test_engine_*`, relay,
 crash/reconcile and privacy modules (the stack itself is `tests.stack.engine_stack`).
 
+- `new_job`, `insert_job`: a queued job of the synthetic type, created by the lifecycle repository;
+  `make_failed_jobs`: jobs a provider outage failed; `retries_of`: the retries made of them;
+- `worker_processes`, `start_worker`: real `aijobs worker` subprocesses, stopped at the end;
 - `scripted_job_type`: a copy of the synthetic job type with another name and execution policy;
 - waits on SQL and Temporal state, built on `tests.support.eventually`;
 - small SQL readers for the facts the tests assert.
@@ -8,10 +11,15 @@ crash/reconcile and privacy modules (the stack itself is `tests.stack.engine_sta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy import text
@@ -20,16 +28,138 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from db.lifecycle import LifecycleRepository, NewJob
 from db.session import SessionMaker
 from engine import search_attributes
+from engine.contracts import workflow_id
+from engine.errors import public_message_for
+from jobs.service import CreateJobRequest, JobService
 from jobs.spec import AnyJobType, Projector
 from jobs.types import synthetic
-from tests.stack import TERMINAL, variant
+from tests.stack import INTERACTIVE, TERMINAL, variant
 from tests.support import eventually
 
 JOB_ID_SA = search_attributes.JOB_ID
 JOB_TYPE_SA = search_attributes.JOB_TYPE
 LIFECYCLE_SA = search_attributes.LIFECYCLE_STATUS
+
+
+# ---- jobs written straight to SQL ------------------------------------------------------------
+
+
+def new_job(user_id: str = "u1") -> NewJob:
+    job_id = uuid.uuid4()
+    return NewJob(
+        id=job_id,
+        user_id=user_id,
+        job_type="synthetic",
+        target_type="test",
+        target_id="t1",
+        idempotency_key=None,
+        request_fingerprint="f" * 64,
+        queue_name=INTERACTIVE[0],
+        priority=50,
+        input={},
+        credential_mode="platform_key",
+        credential_id=None,
+        prompt_version="v1",
+        input_schema_version="synthetic.input.v1",
+        output_schema_version="synthetic.output.v1",
+        max_retry_count=1,
+        workflow_id=workflow_id(INTERACTIVE[0], "synthetic", str(job_id)),
+    )
+
+
+async def insert_job(sm: SessionMaker, user_id: str = "u1") -> uuid.UUID:
+    job = new_job(user_id)
+    async with sm.begin() as s:
+        await LifecycleRepository().create(s, job)
+    return job.id
+
+
+OUTAGE = "PROVIDER_UNAVAILABLE"  # the code a provider outage fails a job with
+
+
+async def make_failed_jobs(
+    service: JobService,
+    db: SessionMaker,
+    n: int,
+    *,
+    users: Sequence[str] = ("alice", "bob", "carol"),
+    code: str = OUTAGE,
+) -> list[uuid.UUID]:
+    """`n` synthetic jobs created through the service, then failed with `code` through the
+    lifecycle repository (queued → running → failed, as a provider outage would leave them)."""
+    ids = [
+        (
+            await service.create(
+                CreateJobRequest(
+                    user_id=users[i % len(users)],
+                    job_type="synthetic",
+                    target_type="lesson",
+                    target_id=f"lesson-{i}",
+                    input={"echo": {"n": i}},
+                    internal=True,
+                )
+            )
+        ).job.id
+        for i in range(n)
+    ]
+    repo = LifecycleRepository()
+    async with db.begin() as s:
+        for job_id in ids:
+            await repo.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
+            await repo.mark_failed(
+                s, job_id, code, public_message_for(code), "test: simulated outage"
+            )
+    return ids
+
+
+async def retries_of(db: SessionMaker, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+    async with db() as s:
+        rows = await s.execute(
+            text(
+                "SELECT retried_from_job_id AS orig, count(*) AS n FROM ai_job "
+                "WHERE retried_from_job_id = ANY(:ids) GROUP BY retried_from_job_id"
+            ),
+            {"ids": list(ids)},
+        )
+        return {r.orig: int(r.n) for r in rows}
+
+
+# ---- worker subprocesses (crash and restart tests) -------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def worker_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Worker subprocesses started by the test; whatever is left is stopped at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "worker", "--queue", INTERACTIVE[0]],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 # ---- test-only job types -------------------------------------------------------------------

@@ -20,13 +20,17 @@ from engine.contracts import BULK_WORKFLOW, BulkInput, BulkResult
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
-from tests.e2e.test_admin_bulk import make_failed_jobs, retries_of
-from tests.integration.engine_helpers import rows, wait_workflow_closed
+from tests.integration.engine_helpers import (
+    make_failed_jobs,
+    retries_of,
+    rows,
+    wait_workflow_closed,
+)
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
 from workflows.bulk import PAGES_PER_RUN
 
-SYSTEM = ("ai-system",)
+SYSTEM = (SYSTEM_QUEUE,)
 
 
 @pytest.fixture

@@ -3,19 +3,16 @@ right again when it and Temporal disagree (real PostgreSQL, real Temporal dev se
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.reconciler import Reconciler, ReconcilerConfig
+from db.outbox import COMPLETED
 from db.session import SessionMaker
 from runtime.wiring import reconciler_config
 from tests.integration.engine_helpers import (
@@ -24,46 +21,14 @@ from tests.integration.engine_helpers import (
     job_facts,
     rows,
     scalar,
+    start_worker,
     wait_activity_started,
     wait_workflow_closed,
+    worker_processes,
 )
 from tests.stack import engine_stack, make_settings
 
-REPO = Path(__file__).resolve().parents[2]
-COMPLETED = "ai.job.completed"
-
-
 # ---- worker crash --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def worker_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Worker subprocesses started by the test; whatever is left is stopped at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-
-
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "worker", "--queue", "ai-interactive"],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 async def test_worker_killed_during_execute_job_still_succeeds_once(

@@ -26,6 +26,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
 from db.jobs import JobQueries
+from db.outbox import COMPLETED, FAILED
 from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult, ProjectInput, ProjectResult
 from engine.errors import public_message_for
@@ -47,8 +48,6 @@ from tests.integration.engine_helpers import (
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
 
-COMPLETED = "ai.job.completed"
-FAILED = "ai.job.failed"
 # Text that must never reach a public error message.
 INTERNAL_MARKERS = ("synthetic failure", "Traceback", "attempt", "/", "Error(", "{")
 

@@ -25,10 +25,8 @@ from jobs.key_rotation import ROTATIONS
 from jobs.webhooks import WebhookService, endpoint_aad
 from providers.crypto import CredentialCipher, generate_key_setting
 from runtime import cli
-from tests.e2e.test_webhooks import receiver, verified_by
-from tests.integration.engine_helpers import execute, rows
-from tests.integration.test_lifecycle_repo import insert_job
-from tests.integration.test_webhook_fairness import publish_completed, running, statuses
+from tests.integration.engine_helpers import execute, insert_job, rows
+from tests.webhook_helpers import publish_completed, receiver, running, statuses, verified_by
 
 OLD = generate_key_setting("old")
 NEW = generate_key_setting("new")

@@ -18,10 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.jobs import JobQueries, JobRow
-from db.lifecycle import LifecycleRepository, NewJob, owner_token
+from db.lifecycle import LifecycleRepository, owner_token
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus, is_legal
+from tests.integration.engine_helpers import insert_job
 
 S = LifecycleStatus
 T = TypeVar("T")
@@ -32,36 +33,6 @@ async def in_tx(sm: SessionMaker, op: Callable[[AsyncSession], Awaitable[T]]) ->
     """One repository call in a transaction of its own, committed when it returns."""
     async with sm.begin() as s:
         return await op(s)
-
-
-def new_job(user_id: str = "u1") -> NewJob:
-    job_id = uuid.uuid4()
-    return NewJob(
-        id=job_id,
-        user_id=user_id,
-        job_type="synthetic",
-        target_type="test",
-        target_id="t1",
-        idempotency_key=None,
-        request_fingerprint="f" * 64,
-        queue_name="ai-interactive",
-        priority=50,
-        input={},
-        credential_mode="platform_key",
-        credential_id=None,
-        prompt_version="v1",
-        input_schema_version="synthetic.input.v1",
-        output_schema_version="synthetic.output.v1",
-        max_retry_count=1,
-        workflow_id=f"ai-interactive:synthetic:{job_id}",
-    )
-
-
-async def insert_job(sm: SessionMaker, user_id: str = "u1") -> uuid.UUID:
-    job = new_job(user_id)
-    async with sm.begin() as s:
-        await LifecycleRepository().create(s, job)
-    return job.id
 
 
 async def get(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:

@@ -29,8 +29,13 @@ from engine.settings import Settings
 from jobs.spec import ProjectionContext
 from jobs.types import synthetic
 from runtime.wiring import engine_config, gateway
-from tests.integration.engine_helpers import job_facts, scripted_job_type, wait_activity_started
-from tests.integration.test_crash_and_reconcile import start_worker, worker_processes
+from tests.integration.engine_helpers import (
+    job_facts,
+    scripted_job_type,
+    start_worker,
+    wait_activity_started,
+    worker_processes,
+)
 from tests.stack import Stack, engine_stack, make_settings
 from tests.support import eventually
 

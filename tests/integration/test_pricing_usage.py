@@ -11,7 +11,7 @@ from db.session import SessionMaker
 from providers.pricing import PriceTable
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import fake_env, usage_rows
-from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 DATED = "gpt-4o-mini-2024-07-18"

@@ -18,7 +18,7 @@ from runtime.wiring import reconciler_config
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import scripted_job_type
 from tests.integration.provider_helpers import fake_env, user_prompts
-from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 
 PHONE_LIKE = "Order 5551234 shipped to ada@example.com."

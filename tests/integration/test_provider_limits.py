@@ -17,7 +17,7 @@ from db.session import SessionMaker
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import scalar
 from tests.integration.provider_helpers import fake_env
-from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually
 

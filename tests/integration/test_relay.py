@@ -10,7 +10,7 @@ import uuid
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from db.outbox import ENQUEUE, OutboxRepository
+from db.outbox import COMPLETED, ENQUEUE, OutboxRepository
 from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, workflow_id
 from engine.settings import Settings
@@ -26,8 +26,6 @@ from tests.integration.engine_helpers import (
 )
 from tests.stack import engine_stack, make_settings, new_relay, relay_running
 from tests.support import eventually
-
-COMPLETED = "ai.job.completed"
 
 
 async def runs_of(client: Client, wid: str) -> list[str]:

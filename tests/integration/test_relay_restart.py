@@ -16,8 +16,8 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
-from tests.integration.test_crash_and_reconcile import worker_processes
-from tests.stack import engine_stack, make_settings
+from tests.integration.engine_helpers import worker_processes
+from tests.stack import INTERACTIVE, engine_stack, make_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -52,9 +52,7 @@ async def test_relay_survives_the_death_of_its_worker(
     logs = tempfile.TemporaryDirectory(prefix="aijobs-relay-")
     log = Path(logs.name) / "system.log"
     # Job workers in process; the relay only in the ai-system worker subprocesses.
-    async with engine_stack(
-        settings, temporal_client, queues=("ai-interactive",), relay=False
-    ) as st:
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
         try:
             with logs, worker_processes() as ps:
                 ps.append(start_system_worker(env, log))

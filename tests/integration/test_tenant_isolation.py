@@ -24,7 +24,7 @@ from providers.crypto import generate_key_setting
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import scalar
 from tests.integration.provider_helpers import PLATFORM_KEY, api_client, auth, fake_env
-from tests.integration.test_job_types import INPUTS, SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from tests.support import eventually
 

@@ -11,24 +11,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
 
 from activities.metrics import WorkerMetrics
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db import webhooks as repo
 from db.session import SessionMaker
-from jobs.credentials import credential_cipher
-from jobs.webhooks import WebhookService
-from tests.e2e.test_webhooks import closed_port, receiver, verified_by
-from tests.integration.engine_helpers import execute, rows, scalar
-from tests.integration.test_lifecycle_repo import insert_job
-from tests.stack import make_settings
+from tests.integration.engine_helpers import execute, insert_job, rows, scalar
 from tests.support import eventually
+from tests.webhook_helpers import (
+    CIPHER,
+    closed_port,
+    fanned_out,
+    publish_completed,
+    receiver,
+    running,
+    service,
+    statuses,
+    verified_by,
+)
 
 HANG_ENDPOINTS = 30
 HANG_JOBS = 5
@@ -75,54 +79,6 @@ async def hanging_server() -> AsyncIterator[Hanging]:
         state.hang_up()
         server.close()
         await server.wait_closed()
-
-
-CIPHER = credential_cipher(make_settings("postgresql://unused", "unused:7233"))
-
-
-def service(db: SessionMaker, max_endpoints: int = 50) -> WebhookService:
-    return WebhookService(
-        db, CIPHER, allow_private=True, rotation_grace_s=3600.0, max_endpoints=max_endpoints
-    )
-
-
-async def publish_completed(db: SessionMaker, job_id: uuid.UUID) -> int:
-    """A published `ai.job.completed` outbox row for the job, fanned out to its owner's webhooks
-    the way the relay does it (in the transaction that publishes it)."""
-    async with db.begin() as s:
-        event_id = int(
-            await s.scalar(
-                text(
-                    "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, "
-                    "dedupe_key, payload, status, published_at) VALUES ('ai.job.completed', "
-                    "'ai_job', :jid, :dk, '{}'::jsonb, 'published', now()) RETURNING id"
-                ),
-                {"jid": str(job_id), "dk": f"ai.job.completed:{job_id}"},
-            )
-        )
-        await repo.fan_out(s, [event_id])
-    return event_id
-
-
-async def statuses(db: SessionMaker, user_id: str) -> list[str]:
-    found = await rows(
-        db,
-        "SELECT d.status FROM webhook_delivery d JOIN webhook_endpoint e ON e.id = d.endpoint_id "
-        "WHERE e.user_id = :u ORDER BY d.id",
-        u=user_id,
-    )
-    return [r.status for r in found]
-
-
-@contextlib.asynccontextmanager
-async def running(d: WebhookDeliverer) -> AsyncIterator[WebhookDeliverer]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(d.run(stop))
-    try:
-        yield d
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 FAIR = WebhookConfig(
@@ -173,14 +129,6 @@ async def test_a_user_with_hanging_receivers_does_not_delay_another_users_delive
                 await eventually(a_share_taken, what=lambda: f"{hang.open_now} of A's open")
                 assert hang.most_open == FAIR.max_in_flight_per_user
                 hang.hang_up()  # the deliverer then stops without waiting out 10 s timeouts
-
-
-async def fanned_out(db: SessionMaker, user: str, endpoints: int, jobs: int) -> None:
-    svc = service(db)
-    for i in range(endpoints):
-        await svc.create(user, f"http://127.0.0.1:9/{user}/{i}", None)
-    for _ in range(jobs):
-        await publish_completed(db, await insert_job(db, user))
 
 
 async def test_concurrent_claims_are_disjoint_fair_and_a_dead_claims_rows_come_back(

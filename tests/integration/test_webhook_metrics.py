@@ -13,7 +13,7 @@ from api.metrics import ApiMetrics
 from db.session import SessionMaker
 from db.webhooks import OLDEST_DUE_SQL
 from tests.integration.engine_helpers import execute, scalar
-from tests.integration.test_webhook_fairness import fanned_out
+from tests.webhook_helpers import fanned_out
 
 
 async def _backlog(db: SessionMaker) -> float:

@@ -16,9 +16,7 @@ from engine.settings import ConfigurationError, Settings
 from providers.pricing import PRICES, Price, PriceTable, parse_fallback, parse_prices
 from runtime import cli
 from runtime.wiring import gateway, price_problems
-from tests.unit.test_production_settings import GOOD_SECRET, environ, prod
-
-__all__ = ["environ"]  # the fixture, imported for its use below
+from tests.unit.settings_helpers import GOOD_SECRET, prod
 
 MILLION = 1_000_000
 

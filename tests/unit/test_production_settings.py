@@ -27,36 +27,13 @@ from providers.crypto import DEV_ENCRYPTION_KEY as CRYPTO_DEV_KEY
 from providers.crypto import CredentialCipher, generate_key_setting
 from runtime import cli
 from runtime.devstack import TOKEN_TTL_S, use_development_environment
+from tests.unit.settings_helpers import GOOD_SECRET, prod
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD_SECRET = "a-production-jwt-secret-of-at-least-32-bytes"
 PROVIDER_QUEUES = QUEUE_NAMES
 ALL_ROLES: tuple[Role, ...] = get_args(Role)
 # The public development key, spelled another way: other key id, urlsafe, no padding.
 DEV_KEY_RESPELLED = "prod:" + DEV_ENCRYPTION_KEY.partition(":")[2].rstrip("=")
-
-
-def setting_names() -> set[str]:
-    names: set[str] = set()
-    for field in Settings.model_fields.values():
-        if field.alias:
-            names.add(field.alias)
-        choices = getattr(field.validation_alias, "choices", ())
-        names.update(c for c in choices if isinstance(c, str))
-    return names
-
-
-@pytest.fixture
-def environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """An environment without any engine setting: whatever the caller's shell exports."""
-    for name in os.environ:
-        if name.upper() in setting_names():
-            monkeypatch.delenv(name)
-    return monkeypatch
-
-
-def prod(**env: Any) -> Settings:
-    return Settings.model_validate({"AIJOBS_ENV": "production", **env})
 
 
 # ---- defaults ----------------------------------------------------------------------------
