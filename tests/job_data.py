@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The longest job type name the registry accepts (64 characters).
+LONGEST = "t" + "_long_name" * 6 + "_ab"
+
 SOURCE = (
     "Photosynthesis converts light energy into chemical energy. It takes place in the "
     "chloroplasts of plant cells. Chlorophyll absorbs mostly blue and red light.\n"

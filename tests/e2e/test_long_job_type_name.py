@@ -8,30 +8,16 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
-from engine.definition import JOB_TYPE_PATTERN, JobDefinition, validate_definition
-from engine.errors import InvalidJobDefinition
+from engine.definition import JobDefinition
 from jobs.spec import Catalog
 from jobs.types import synthetic
 from tests.e2e.conftest import start_api
+from tests.job_data import LONGEST
 from tests.stack import catalog_with, engine_stack, make_settings
-
-LONGEST = "t" + "_long_name" * 6 + "_ab"  # 64 characters
-
-
-def test_the_name_is_the_longest_the_registry_accepts() -> None:
-    assert len(LONGEST) == 64 and JOB_TYPE_PATTERN.fullmatch(LONGEST)
-    assert not JOB_TYPE_PATTERN.fullmatch(LONGEST + "x")
-
-
-def test_registration_refuses_a_version_no_job_could_store() -> None:
-    too_long = JobDefinition(job_type="fine_name", prompt_version="v" * 129)
-    with pytest.raises(InvalidJobDefinition, match="prompt_version"):
-        validate_definition(too_long)
 
 
 async def test_a_job_type_with_the_longest_name_is_created_and_runs(
