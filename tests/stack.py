@@ -116,7 +116,7 @@ class Stack:
         )
 
     def workflow_id(
-        self, job_id: uuid.UUID, job_type: str = "synthetic", queue: str = "ai-interactive"
+        self, job_id: uuid.UUID, job_type: str = "synthetic", queue: str = INTERACTIVE[0]
     ) -> str:
         return f"{queue}:{job_type}:{job_id}"
 

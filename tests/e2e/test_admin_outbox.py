@@ -22,7 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from db.outbox import ENQUEUE, NOTIFY_CHANNEL, OutboxRepository
 from db.session import SessionMaker, libpq_url
 from tests.e2e.conftest import Api, assert_problem
-from tests.stack import Stack, engine_stack
+from tests.stack import INTERACTIVE, Stack, engine_stack
 from tests.support import eventually
 
 PATH = "/admin-api/ai/outbox"
@@ -326,7 +326,7 @@ async def test_requeued_dead_enqueue_really_runs_the_job(
     assert str(event_id) in stuck["detail"] and "RPCError: unavailable" in stuck["detail"]
     assert stuck["since"] is not None
 
-    async with engine_stack(env(), temporal_client, queues=("ai-interactive",)):
+    async with engine_stack(env(), temporal_client, queues=INTERACTIVE):
         await asyncio.sleep(1.0)  # several relay polls (0.2 s): a dead row is never claimed
         assert (await api.get(job))["lifecycleStatus"] == "queued"
         assert (await row_of(db, event_id))["status"] == "dead"

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from api.events import STREAM_RETRY_AFTER_S, JobEventHub, StreamSlots
 from db.jobs import JobQueries
 from tests.e2e.conftest import Api, assert_problem, start_api
-from tests.stack import Stack, engine_stack
+from tests.stack import INTERACTIVE, Stack, engine_stack
 from tests.support import eventually
 
 
@@ -110,7 +110,7 @@ async def test_queued_running_succeeded_in_order(api: Api, env: Any, temporal_cl
     reader = asyncio.create_task(read())
     await wait_for(lambda: len(got) >= 1)
     assert got[0].data["lifecycleStatus"] == "queued"
-    async with engine_stack(env(), temporal_client, queues=("ai-interactive",)):
+    async with engine_stack(env(), temporal_client, queues=INTERACTIVE):
         await asyncio.wait_for(reader, 60)
     states = [e.data["lifecycleStatus"] for e in got]
     assert states[0] == "queued" and states[-1] == "succeeded"

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from tests.servers import own_servers
-from tests.stack import TERMINAL, Stack, engine_stack, make_settings
+from tests.stack import INTERACTIVE, TERMINAL, Stack, engine_stack, make_settings
 from tests.support import eventually
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ async def test_postgres_and_temporal_restarted_under_load() -> None:
             OUTBOX_LOCK_TTL_S=5,
             RELAY_POLL_INTERVAL_S=0.2,
         )
-        async with engine_stack(settings, client, queues=("ai-interactive",)) as stack:
+        async with engine_stack(settings, client, queues=INTERACTIVE) as stack:
             ids = await _create_when_up(stack, JOBS_BEFORE)
 
             # Wait until work is in flight, then take PostgreSQL away for a moment.

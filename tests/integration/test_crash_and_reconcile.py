@@ -12,7 +12,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.reconciler import Reconciler, ReconcilerConfig
-from db.outbox import COMPLETED
+from db.outbox import COMPLETED, FAILED
 from db.session import SessionMaker
 from runtime.wiring import reconciler_config
 from tests.integration.engine_helpers import (
@@ -118,7 +118,7 @@ async def test_reconciler_fails_expired_lock_of_a_gone_workflow_only(
         assert row.error_code == "INTERNAL_LOCK_EXPIRED"
         assert "lock expired" in (row.internal_error_message or "")
         assert row.public_error_message and "lock" not in row.public_error_message.lower()
-        assert (await job_facts(db, gone)).events.get("ai.job.failed") == 1
+        assert (await job_facts(db, gone)).events.get(FAILED) == 1
 
         # A job whose workflow still runs is left alone, however old its lock looks.
         row = await st.job(alive)

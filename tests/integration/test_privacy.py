@@ -20,6 +20,7 @@ from engine.contracts import (
     RELAY_WORKFLOW_ID,
     ReconcileResult,
 )
+from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.spec import ProjectionContext
 from runtime.worker import ensure_system_workflows
@@ -30,7 +31,7 @@ from tests.integration.engine_helpers import (
     wait_activity_started,
     wait_workflow_closed,
 )
-from tests.stack import Stack, engine_stack
+from tests.stack import INTERACTIVE, Stack, engine_stack
 
 
 def sentinel() -> str:
@@ -97,7 +98,7 @@ async def test_relay_and_reconciler_histories_carry_no_job_data(
 ) -> None:
     secret = sentinel()
     async with engine_stack(
-        settings, temporal_client, queues=("ai-interactive", "ai-system"), relay=False
+        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
     ) as st:
         relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
         await ensure_system_workflows(temporal_client, settings)
@@ -120,7 +121,7 @@ async def test_relay_and_reconciler_histories_carry_no_job_data(
             result = await temporal_client.execute_workflow(
                 RECONCILER_WORKFLOW,
                 id=rec_wid,
-                task_queue=settings.task_queue("ai-system"),
+                task_queue=settings.task_queue(SYSTEM_QUEUE),
                 result_type=ReconcileResult,
             )
             assert result.expired_locks_failed == 1

@@ -13,6 +13,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from db.outbox import COMPLETED, ENQUEUE, OutboxRepository
 from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, workflow_id
+from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from runtime.worker import ensure_system_workflows
 from tests.integration.engine_helpers import (
@@ -24,7 +25,7 @@ from tests.integration.engine_helpers import (
     wait_jobs,
     wait_workflow_closed,
 )
-from tests.stack import engine_stack, make_settings, new_relay, relay_running
+from tests.stack import INTERACTIVE, engine_stack, make_settings, new_relay, relay_running
 from tests.support import eventually
 
 
@@ -158,7 +159,7 @@ async def test_two_relays_500_jobs_each_published_and_started_once(
         assert await scalar(db, "SELECT count(DISTINCT job_id) FROM ai_usage_log") == JOBS_500
 
         # Temporal: 500 executions on this test's queue, one per job id.
-        tq = settings.task_queue("ai-interactive")
+        tq = settings.task_queue(INTERACTIVE[0])
 
         async def counted() -> int | None:
             n = (await temporal_client.count_workflows(f"TaskQueue = '{tq}'")).count
@@ -175,7 +176,7 @@ async def test_relay_workflow_dispatches_and_skips_unknown_events(
     """The production path: the singleton relay workflow on `ai-system` runs the relay as a
     long-lived activity; an event type nobody knows is acknowledged, never dispatched."""
     async with engine_stack(
-        settings, temporal_client, queues=("ai-interactive", "ai-system"), relay=False
+        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
     ) as st:
         relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
         await ensure_system_workflows(temporal_client, settings)
@@ -222,7 +223,7 @@ async def test_relay_workflow_dispatches_and_skips_unknown_events(
                 db, "SELECT attempt_count, last_error FROM outbox_event WHERE id = :i", i=event_id
             )
             assert unknown.attempt_count == 1 and unknown.last_error is None
-            wid = workflow_id("ai-interactive", "synthetic", str(ghost))
+            wid = workflow_id(INTERACTIVE[0], "synthetic", str(ghost))
             assert await describe_or_none(temporal_client, wid) is None  # not dispatched
             # The job's own events went through the same relay.
             assert await published(ENQUEUE, str(job_id))

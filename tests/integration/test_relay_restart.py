@@ -16,6 +16,7 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
+from engine.definition import SYSTEM_QUEUE
 from tests.integration.engine_helpers import worker_processes
 from tests.stack import INTERACTIVE, engine_stack, make_settings
 
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 def start_system_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "worker", "--queue", "ai-system"],
+            [sys.executable, "-m", "runtime.cli", "worker", "--queue", SYSTEM_QUEUE],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -23,13 +23,14 @@ from activities.reconciler import Reconciler
 from db.outbox import OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
 from engine.contracts import RELAY_WORKFLOW_ID
+from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, EnqueueNotWritten
 from runtime.embedded import temporal_binary
 from runtime.wiring import reconciler_config
 from runtime.worker import ensure_system_workflows
 from tests.integration.engine_helpers import execute
-from tests.stack import engine_stack, new_relay, relay_running
+from tests.stack import INTERACTIVE, engine_stack, new_relay, relay_running
 from tests.support import eventually
 
 pytestmark = pytest.mark.slow
@@ -251,7 +252,7 @@ async def test_a_terminated_relay_workflow_is_started_again(
 ) -> None:
     relay_id = RELAY_WORKFLOW_ID + settings.task_queue_suffix
     async with engine_stack(
-        settings, temporal_client, queues=("ai-interactive", "ai-system"), relay=False
+        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
     ) as st:
         await ensure_system_workflows(temporal_client, settings)
         first = await st.create()

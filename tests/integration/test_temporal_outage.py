@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+from engine.definition import SYSTEM_QUEUE
 from runtime.worker import ensure_system_workflows
 from tests.servers import own_servers
-from tests.stack import engine_stack, make_settings
+from tests.stack import INTERACTIVE, engine_stack, make_settings
 from tests.support import eventually
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() ->
             OUTBOX_LOCK_TTL_S=10,
         )
         async with engine_stack(
-            settings, client, queues=("ai-interactive", "ai-system"), relay=False
+            settings, client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
         ) as stack:
             await ensure_system_workflows(client, settings)
             warm = await stack.create(input={"delayMs": 100})

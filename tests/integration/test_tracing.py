@@ -38,7 +38,7 @@ from runtime.telemetry import SANITIZE_ENV, Telemetry, tracing_from_env, tracing
 from runtime.wiring import api_app, connect_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import PLATFORM_KEY, auth, fake_env, user_prompts
-from tests.stack import Stack, catalog_with, engine_stack, make_settings
+from tests.stack import JOB_QUEUES, Stack, catalog_with, engine_stack, make_settings
 from tests.support import eventually
 
 JOB_TYPE = "flashcard_generation"
@@ -60,7 +60,7 @@ async def traced_stack(
         engine_stack(
             settings,
             client,
-            queues=("ai-interactive", "ai-background"),
+            queues=JOB_QUEUES,
             catalog=catalog_with(),
             telemetry=telemetry,
         ) as stack,
