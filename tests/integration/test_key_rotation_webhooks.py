@@ -3,9 +3,8 @@ documented rotation (prepend a new key, run rotate-keys, drop the old key) deliv
 signed with the secrets their owners hold. Real PostgreSQL, the real command (configured from
 the environment as in production), a real HTTP receiver on 127.0.0.1.
 
-The list of encrypted columns is not written here: it is derived from the models' `encrypted`
-marker, which the rotation itself iterates over, and every binary column must carry the marker
-or be declared not secret, so a future encrypted column cannot be forgotten by rotate-keys."""
+That every binary column is encrypted and rotated (or declared not secret) is checked without a
+server in tests/unit/test_encrypted_columns.py."""
 
 from __future__ import annotations
 
@@ -14,14 +13,10 @@ import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import LargeBinary
 
 from activities.metrics import WorkerMetrics
 from activities.webhooks import WebhookConfig, WebhookDeliverer
-from db.key_rotation import encrypted_columns
-from db.models import ENCRYPTED, Base
 from db.session import SessionMaker
-from jobs.key_rotation import ROTATIONS
 from jobs.webhooks import WebhookService, endpoint_aad
 from providers.crypto import CredentialCipher, generate_key_setting
 from runtime import cli
@@ -31,45 +26,6 @@ from tests.webhook_helpers import publish_completed, receiver, running, statuses
 OLD = generate_key_setting("old")
 NEW = generate_key_setting("new")
 LOST = generate_key_setting("lost")  # a key no ring holds any more
-
-# Binary columns that hold no secret (none today). Adding a bytea column means marking it
-# `info=encrypted(...)` in db/models.py, or listing it here with the reason it is not secret.
-NOT_SECRET: dict[str, str] = {}
-
-
-def binary_columns() -> set[str]:
-    return {
-        f"{t.name}.{c.name}"
-        for t in Base.metadata.sorted_tables
-        for c in t.columns
-        if isinstance(c.type, LargeBinary)
-    }
-
-
-def marked_columns() -> set[str]:
-    return {
-        f"{t.name}.{c.name}"
-        for t in Base.metadata.sorted_tables
-        for c in t.columns
-        if ENCRYPTED in c.info
-    }
-
-
-def test_every_binary_column_is_encrypted_and_rotated_or_declared_not_secret() -> None:
-    binary = binary_columns()
-    assert binary, "the models have encrypted columns"
-    assert binary == marked_columns() | set(NOT_SECRET), (
-        "a binary column is neither marked encrypted nor declared not secret"
-    )
-    assert not marked_columns() & set(NOT_SECRET)
-    # What the rotation iterates over is the marker, and it knows how to rotate each of them.
-    assert {c.name for c in encrypted_columns(Base.metadata)} == marked_columns()
-    assert set(ROTATIONS) == marked_columns()
-    assert {
-        "user_model_credential.ciphertext",
-        "webhook_endpoint.secret_ciphertext",
-        "webhook_endpoint.previous_secret_ciphertext",
-    } <= marked_columns()
 
 
 def _service(db: SessionMaker, ring: str) -> WebhookService:

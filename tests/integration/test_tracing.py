@@ -360,14 +360,3 @@ async def test_traces_are_exported_over_otlp_http_without_job_content(
     assert row.workflow_id in {
         a.value.string_value for a in by_name[f"StartWorkflow:{JOB_TYPE}"].attributes
     }
-
-
-def test_tracing_is_off_without_an_endpoint() -> None:
-    off = tracing_from_env("aijobs-x", environ={})
-    assert not off.enabled
-    assert off.client_interceptors() == []
-    disabled = tracing_from_env(
-        "aijobs-x",
-        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"},
-    )
-    assert not disabled.enabled

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from activities.metrics import WorkerMetrics
 from api.metrics import ApiMetrics
 from engine.settings import DEFAULT_TEMPORAL_METRICS_PORT, DEFAULT_WORKER_METRICS_PORT, Settings
+from runtime.telemetry import tracing_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -132,3 +133,14 @@ def test_promtool_checks_and_unit_tests_the_rules(tmp_path: Path) -> None:
         text=True,
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_tracing_is_off_without_an_endpoint() -> None:
+    off = tracing_from_env("aijobs-x", environ={})
+    assert not off.enabled
+    assert off.client_interceptors() == []
+    disabled = tracing_from_env(
+        "aijobs-x",
+        environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"},
+    )
+    assert not disabled.enabled
