@@ -371,6 +371,26 @@ class Admin:
             )
         )
 
+    async def wait_quiet(self, timeout_s: float = 30.0) -> None:
+        """Until no session on the engine's database is inside a transaction or a statement.
+        A load generator that stopped leaves requests the server still runs; a TRUNCATE then
+        (ACCESS EXCLUSIVE on every table, one after another) and a create in flight (ai_job,
+        then outbox_event) take the same locks in opposite orders and deadlock."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            busy = int(
+                await self.one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                    "AND backend_type = 'client backend' AND state <> 'idle'",
+                    (DB_NAME,),
+                )
+            )
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{busy} session(s) still busy after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+
 
 # ---- engine processes ---------------------------------------------------------------------
 

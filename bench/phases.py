@@ -508,6 +508,7 @@ async def phase_api(
     ids: list[str] = []
 
     async def seed() -> None:
+        await ctx.admin.wait_quiet()  # the requests of the last load still running
         await ctx.edb.truncate()
         ids.clear()
         for u in get_users:
