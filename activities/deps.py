@@ -16,7 +16,6 @@ from temporalio import activity
 from activities.metrics import WorkerMetrics, worker_metrics
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
-from db.outbox import OutboxRepository
 from db.provider_gate import ProviderGate
 from db.session import SessionMaker
 from db.usage import UsageRepository
@@ -67,7 +66,6 @@ class StageDeps:
     metrics: WorkerMetrics = field(default_factory=worker_metrics)
     lifecycle: LifecycleRepository = field(default_factory=LifecycleRepository)
     jobs: JobQueries = field(default_factory=JobQueries)
-    outbox: OutboxRepository = field(default_factory=OutboxRepository)
     usage: UsageRepository = field(default_factory=UsageRepository)
     gate: ProviderGate = field(default_factory=ProviderGate)
 

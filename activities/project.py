@@ -23,10 +23,10 @@ from activities.failures import (
 )
 from db.errors import is_unavailable
 from db.jobs import JobRow
-from db.outbox import COMPLETED
 from engine.contracts import PROJECT, ProjectInput, ProjectResult
 from engine.errors import EngineError, IllegalTransition, LockConflict
 from engine.lifecycle import LifecycleStatus
+from jobs import lifecycle
 from jobs.spec import ProjectionContext
 
 
@@ -98,9 +98,10 @@ class Project:
 async def project_output(
     d: StageDeps, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str
 ) -> ProjectResult:
-    """Projector + artifacts + markSucceeded + `ai.job.completed` + the usage summary, in the
-    caller's transaction. Idempotent through unique keys (a repeated projection of the same
-    output writes nothing new); raises what the projector raises."""
+    """Projector + artifacts + `jobs/lifecycle.py` `succeed` (`succeeded` with its
+    `ai.job.completed`) + the usage summary, in the caller's transaction. Idempotent through
+    unique keys (a repeated projection of the same output writes nothing new); raises what the
+    projector raises."""
     jt = d.catalog.get(row.job_type)
     ctx = ProjectionContext(
         job_id=row.id,
@@ -112,20 +113,13 @@ async def project_output(
     artifacts = await jt.project(s, ctx, out)
     for a in artifacts:
         await d.jobs.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
-    await d.lifecycle.mark_succeeded(s, row.id, owner=owner)
-    await d.outbox.insert(
+    await lifecycle.succeed(
         s,
-        event_type=COMPLETED,
-        aggregate_type="AiJob",
-        aggregate_id=str(row.id),
-        dedupe_key=f"{COMPLETED}:{row.id}",
-        payload={
-            "jobId": str(row.id),
-            "jobType": row.job_type,
-            "outputHash": digest,
-            "artifactCount": len(artifacts),
-        },
-        notify=False,
+        row.id,
+        job_type=row.job_type,
+        owner=owner,
+        output_hash=digest,
+        artifact_count=len(artifacts),
     )
     usage = await d.usage.summary(s, row.id)
     return ProjectResult(

@@ -57,11 +57,12 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from db import audit as audit_db
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
-from db.outbox import FAILED, OutboxRepository
+from db.outbox import OutboxRepository
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, RELAY_WORKFLOW, ReconcileResult, RelayInput
-from engine.errors import IllegalTransition, public_message_for
+from engine.errors import IllegalTransition
 from engine.workflow_state import MISSING, WorkflowState, workflow_state
+from jobs import lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -547,25 +548,14 @@ class Reconciler:
     async def _fail_abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:
         try:
             async with self._sm.begin() as s:
-                await self._lifecycle.mark_failed(
+                await lifecycle.fail(
                     s,
                     job_id,
-                    "INTERNAL_LOCK_EXPIRED",
-                    public_message_for("INTERNAL_LOCK_EXPIRED"),
-                    "reconciler: lock expired and the workflow is closed or missing",
-                )
-                await self._outbox.insert(
-                    s,
-                    event_type=FAILED,
-                    aggregate_type="AiJob",
-                    aggregate_id=str(job_id),
-                    dedupe_key=f"{FAILED}:{job_id}",
-                    payload={
-                        "jobId": str(job_id),
-                        "jobType": job_type,
-                        "errorCode": "INTERNAL_LOCK_EXPIRED",
-                    },
-                    notify=False,
+                    job_type=job_type,
+                    code="INTERNAL_LOCK_EXPIRED",
+                    internal_message=(
+                        "reconciler: lock expired and the workflow is closed or missing"
+                    ),
                 )
         except IllegalTransition:
             return False  # it ended meanwhile

@@ -39,6 +39,16 @@ async def listen_connection(database_url: str) -> psycopg.AsyncConnection[object
     return await session_listen_connection(database_url, NOTIFY_CHANNEL)
 
 
+# A job's domain events: one of each per job at most (`job_event_dedupe_key`), written only by
+# jobs/lifecycle.py in the transaction that ends the job.
+JOB_EVENTS = (COMPLETED, FAILED, CANCELLED)
+
+
+def job_event_dedupe_key(event_type: str, job_id: object) -> str:
+    """A job event's unique key: the event and the job, so a repeated ending writes nothing."""
+    return f"{event_type}:{job_id}"
+
+
 def enqueue_dedupe_key(job_id: object) -> str:
     """The enqueue row's unique key: derived from the job id alone, so no client-chosen
     Idempotency-Key (or user id) can ever collide with another job's enqueue. Idempotency of
@@ -129,6 +139,30 @@ class OutboxRepository:
         if row is not None and notify:
             await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
         return int(row.id) if row else None
+
+    async def insert_job_event(
+        self,
+        session: AsyncSession,
+        event_type: str,
+        job_id: object,
+        payload: dict[str, Any],
+    ) -> int | None:
+        """A job's domain event (`JOB_EVENTS`), in the caller's transaction: the one that ends
+        the job (jobs/lifecycle.py is the only caller). A second write of the same event for the
+        same job is a no-op (None). It sends no `NOTIFY ai_outbox` (job events never have): the
+        relay takes it on its next poll, and event streams are woken by the terminal CAS's own
+        `ai_job_changed` notification."""
+        if event_type not in JOB_EVENTS:
+            raise ValueError(f"{event_type!r} is not a job event")
+        return await self.insert(
+            session,
+            event_type=event_type,
+            aggregate_type="AiJob",
+            aggregate_id=str(job_id),
+            dedupe_key=job_event_dedupe_key(event_type, job_id),
+            payload=payload,
+            notify=False,
+        )
 
     async def claim_batch(
         self, session: AsyncSession, *, owner: str, limit: int

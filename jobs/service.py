@@ -28,7 +28,7 @@ from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
-from db.outbox import CANCELLED, ENQUEUE, OutboxRepository, enqueue_dedupe_key
+from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.contracts import workflow_id
@@ -53,6 +53,7 @@ from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
+from jobs import lifecycle
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
 from jobs.views import Owner, can_see, not_found
@@ -454,17 +455,8 @@ class JobService:
                 # cannot cancel it by being quick.
                 raise JobNotCancellable("This job type cannot be cancelled.")
             if current == LifecycleStatus.QUEUED:
-                await self._lifecycle.mark_cancelled_if_queued(s, job_id)
-                # The job's end, in the transaction that ends it (webhooks, streams).
-                await self._outbox.insert(
-                    s,
-                    event_type=CANCELLED,
-                    aggregate_type="AiJob",
-                    aggregate_id=str(job_id),
-                    dedupe_key=f"{CANCELLED}:{job_id}",
-                    payload={"jobId": str(job_id)},
-                    notify=False,
-                )
+                # The job's end and its event, in this transaction (webhooks, streams).
+                await lifecycle.cancel(s, job_id, only_if_queued=True)
                 outcome: Literal["cancelled", "cancel_requested"] = "cancelled"
             elif current == LifecycleStatus.RUNNING:
                 await self._lifecycle.request_cancel(s, job_id)

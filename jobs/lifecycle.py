@@ -1,0 +1,140 @@
+"""A job's ending: the one home of every terminal transition.
+
+Each function runs in the caller's session (the caller owns the transaction and commits it) and
+writes two things together: the compare-and-set of `lifecycle_status` (through
+`db/lifecycle.py` `LifecycleRepository`, still the only writer of that column, whose statement
+also sends `pg_notify('ai_job_changed', ...)`) and the job's domain event in the outbox
+(`db/outbox.py` `OutboxRepository.insert_job_event`). Both commit or neither does, so a job that
+ends always has its `ai.job.completed`, `ai.job.failed` or `ai.job.cancelled` row, and webhooks
+and streams learn of every ending. `tests/unit/test_lifecycle_home.py` fails if a terminal state
+is written anywhere else.
+
+- `succeed`: running → succeeded, by the lock's owner only; `ai.job.completed` with `jobId`,
+  `jobType`, `outputHash`, `artifactCount`.
+- `fail`: running → failed; `ai.job.failed` with `jobId`, `jobType`, `errorCode`.
+- `cancel`: queued (or running) → cancelled; `ai.job.cancelled` with `jobId`.
+- `finalize_failed`: the ending of a job whose execution gave up (a requested cancel wins; a job
+  that never ran goes through `running`): one of the two above.
+
+A CAS that finds another state raises what the repository raises (`IllegalTransition`,
+`LockConflict`, `JobNotFound`) and writes no event: whoever ended the job first wrote its one.
+Metrics are the callers' business, counted after their commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.jobs import JobQueries
+from db.lifecycle import LifecycleRepository
+from db.outbox import CANCELLED, COMPLETED, FAILED, OutboxRepository
+from engine.errors import public_message_for
+from engine.lifecycle import LifecycleStatus
+
+# `finalize_failed` takes a never-run job's lock and ends it in the same transaction, so the
+# lock's expiry is never read: any TTL does.
+_TRANSIENT_LOCK_TTL_S = 60
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How `finalize_failed` ended a job: its terminal state, the code it ended with (what
+    `job_finished` counts) and its type."""
+
+    status: LifecycleStatus
+    code: str
+    job_type: str
+
+
+async def succeed(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    job_type: str,
+    owner: str,
+    output_hash: str,
+    artifact_count: int,
+) -> None:
+    """running → succeeded (only by the lock's `owner`, the job's workflow id), progress 100,
+    and `ai.job.completed`. The projector's rows and artifacts are written before this, in the
+    same transaction."""
+    await LifecycleRepository().mark_succeeded(s, job_id, owner=owner)
+    await OutboxRepository().insert_job_event(
+        s,
+        COMPLETED,
+        job_id,
+        {
+            "jobId": str(job_id),
+            "jobType": job_type,
+            "outputHash": output_hash,
+            "artifactCount": artifact_count,
+        },
+    )
+
+
+async def fail(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    job_type: str,
+    code: str,
+    internal_message: str | None = None,
+) -> None:
+    """running → failed with `code` and its public message, and `ai.job.failed`.
+    `internal_message=None` keeps what an attempt already recorded (operators read it)."""
+    await LifecycleRepository().mark_failed(
+        s, job_id, code, public_message_for(code), internal_message
+    )
+    await OutboxRepository().insert_job_event(
+        s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
+    )
+
+
+async def cancel(
+    s: AsyncSession, job_id: uuid.UUID, *, only_if_queued: bool = False
+) -> LifecycleStatus:
+    """queued|running → cancelled (`only_if_queued`: queued only, the cancel API's rule, since a
+    running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
+    came from."""
+    lifecycle = LifecycleRepository()
+    if only_if_queued:
+        await lifecycle.mark_cancelled_if_queued(s, job_id)
+        came_from = LifecycleStatus.QUEUED
+    else:
+        came_from = await lifecycle.mark_cancelled(s, job_id)
+    await OutboxRepository().insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+    return came_from
+
+
+async def finalize_failed(
+    s: AsyncSession, job_id: uuid.UUID, *, code: str, owner: str, identity: str
+) -> Ending | None:
+    """The one ending of a job whose execution gave up with `code` (attempts used up, or a
+    code that is never retried). None when the job row is gone.
+
+    - A cancel the user asked for wins over a failure that followed it: a queued or running job
+      with `cancel_requested_at` ends `cancelled` (a worker lost during a cancel ends it so).
+    - A job that never got as far as `running` (its first EXECUTE transaction never committed)
+      is locked by `owner` (the workflow id; `identity` names the worker) and failed in this
+      same transaction, so it cannot stay queued behind a closed workflow; the lifecycle table
+      has no queued → failed.
+    - Otherwise running → failed, keeping the internal message the attempts recorded.
+    """
+    row = await JobQueries().get(s, job_id)
+    if row is None:
+        return None
+    if row.cancel_requested_at is not None and row.lifecycle_status in (
+        LifecycleStatus.QUEUED,
+        LifecycleStatus.RUNNING,
+    ):
+        await cancel(s, job_id)
+        return Ending(LifecycleStatus.CANCELLED, "CANCELLED", row.job_type)
+    if row.lifecycle_status == LifecycleStatus.QUEUED:
+        await LifecycleRepository().lock(
+            s, job_id, owner=owner, identity=identity, ttl_s=_TRANSIENT_LOCK_TTL_S
+        )
+    await fail(s, job_id, job_type=row.job_type, code=code)
+    return Ending(LifecycleStatus.FAILED, code, row.job_type)

@@ -1,0 +1,106 @@
+"""A job's ending has one home (jobs/lifecycle.py): it writes the terminal state and its outbox
+event together, so no ending can go without its event. Checked on the source: a terminal CAS,
+a job event or an SQL write of `lifecycle_status` anywhere else fails here.
+
+The engine's packages are scanned (tests and bench seed states on purpose and are not)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from db import outbox
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = ("engine", "db", "providers", "jobs", "workflows", "activities", "api", "runtime")
+HOME = Path("jobs/lifecycle.py")
+WRITER = Path("db/lifecycle.py")  # the repository whose CAS the home calls
+# LifecycleRepository's terminal transitions. `OutboxRepository.mark_failed` shares a name with
+# one of them: a call whose receiver names the outbox is that one.
+TERMINAL_CAS = {"mark_succeeded", "mark_failed", "mark_cancelled", "mark_cancelled_if_queued"}
+JOB_EVENT_NAMES = {"COMPLETED", "FAILED", "CANCELLED"}
+# An SQL assignment to lifecycle_status: between SET and the WHERE (or end) of a statement.
+SQL_SETS_STATUS = re.compile(r"\bSET\b(?:(?!\bWHERE\b).)*?\blifecycle_status\s*=", re.I | re.S)
+
+
+def sources() -> list[tuple[Path, str, ast.Module]]:
+    found = []
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue  # the schema's history, not a writer of jobs
+            text = path.read_text()
+            found.append((path.relative_to(ROOT), text, ast.parse(text, filename=str(path))))
+    return found
+
+
+def terminal_writes(path: Path, text: str, tree: ast.Module) -> list[str]:
+    """Every terminal transition, job event and SQL status write in one module."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            receiver = ast.get_source_segment(text, node.func.value) or ""
+            if name in TERMINAL_CAS and not (name == "mark_failed" and "outbox" in receiver):
+                found.append(f"{path}:{node.lineno} {name}")
+            if name == "insert_job_event":
+                found.append(f"{path}:{node.lineno} {name}")
+            for kw in node.keywords:
+                # A job event written by hand through the generic insert.
+                value = kw.value
+                named = (
+                    value.id
+                    if isinstance(value, ast.Name)
+                    else value.value
+                    if isinstance(value, ast.Constant)
+                    else None
+                )
+                if kw.arg == "event_type" and (
+                    named in JOB_EVENT_NAMES or named in outbox.JOB_EVENTS
+                ):
+                    found.append(f"{path}:{node.lineno} event_type={named}")
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and SQL_SETS_STATUS.search(node.value)
+        ):
+            found.append(f"{path}:{node.lineno} SQL sets lifecycle_status")
+    return found
+
+
+def test_only_the_home_ends_a_job() -> None:
+    elsewhere = sorted(
+        w
+        for path, text, tree in sources()
+        if path not in (HOME, WRITER)
+        for w in terminal_writes(path, text, tree)
+    )
+    assert elsewhere == [], f"a job ends through {HOME} only: {elsewhere}"
+
+
+def test_the_checker_sees_the_home_writing() -> None:
+    # Guards the tests above: the home's own writes (every terminal CAS, the job event) are what
+    # the checker finds, so it cannot pass by seeing nothing.
+    (home,) = [(p, t, tree) for p, t, tree in sources() if p == HOME]
+    names = {w.split()[-1] for w in terminal_writes(*home)}
+    assert names >= TERMINAL_CAS | {"insert_job_event"}
+    (writer,) = [(p, t, tree) for p, t, tree in sources() if p == WRITER]
+    assert any(w.endswith("SQL sets lifecycle_status") for w in terminal_writes(*writer))
+
+
+def test_the_checker_flags_a_hand_written_ending() -> None:
+    # What a second ending site would look like: each of its three writes is found.
+    snippet = """
+async def end(s, d, job_id):
+    await d.lifecycle.mark_cancelled(s, job_id)
+    await d.outbox.insert(s, event_type=CANCELLED, aggregate_id=str(job_id))
+    await s.execute(text("UPDATE ai_job SET lifecycle_status = 'failed' WHERE id = :id"))
+    await self._outbox.mark_failed(s, 1, owner="relay", error="x")
+"""
+    found = terminal_writes(Path("x.py"), snippet, ast.parse(snippet))
+    assert sorted(found) == [
+        "x.py:3 mark_cancelled",
+        "x.py:4 event_type=CANCELLED",
+        "x.py:5 SQL sets lifecycle_status",
+    ]
