@@ -38,6 +38,14 @@ class Gateway:
     # What a call costs, per model (the usage row's cost_usd).
     prices: PriceTable = field(default_factory=PriceTable)
 
+    async def aclose(self) -> None:
+        """Close the providers' HTTP connections (a stopping worker leaves no socket open)."""
+        providers = (self.provider, self.user_provider, self.synthetic)
+        for p in {id(p): p for p in providers if p is not None}.values():
+            close = getattr(p, "aclose", None)
+            if close is not None:
+                await close()
+
     def provider_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> Provider:
         if jt.always_synthetic:
             return self.synthetic

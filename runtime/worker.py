@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 from temporalio.client import (
@@ -98,15 +98,18 @@ def build_workers(
     *,
     relay: Relay | None = None,
     telemetry: Telemetry | None = None,
+    on_close: list[Callable[[], Awaitable[None]]] | None = None,
 ) -> list[Worker]:
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
-    `connect_temporal`) carry the Temporal spans into these workers."""
+    `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
+    the workers have stopped (the providers' HTTP clients) is appended to `on_close`."""
     s = parts.settings
     workers: list[Worker] = []
     job_workflows: list[type] = [JobWorkflow]
-    stages = JobActivities(
-        parts.sessionmaker, parts.catalog, gateway(s, telemetry), engine_config(s)
-    )
+    gw = gateway(s, telemetry)
+    if on_close is not None:
+        on_close.append(gw.aclose)
+    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, engine_config(s))
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
@@ -218,7 +221,8 @@ async def run_workers(
     *,
     telemetry: Telemetry | None = None,
 ) -> None:
-    workers = build_workers(client, parts, queues, telemetry=telemetry)
+    closers: list[Callable[[], Awaitable[None]]] = []
+    workers = build_workers(client, parts, queues, telemetry=telemetry, on_close=closers)
     deliverer: asyncio.Task[None] | None = None
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
@@ -239,6 +243,8 @@ async def run_workers(
         if deliverer is not None:
             stop.set()
             await deliverer
+        for close in closers:
+            await close()
 
 
 __all__ = [

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,10 +156,13 @@ async def engine_stack(
     stack = Stack(settings, parts, client, svc, r)
     stop = asyncio.Event()
     relay_task: asyncio.Task[None] | None = None
+    closers: list[Callable[[], Awaitable[None]]] = []
     try:
         async with contextlib.AsyncExitStack() as es:
             if queues:
-                stack.workers = build_workers(client, parts, tuple(queues), telemetry=telemetry)
+                stack.workers = build_workers(
+                    client, parts, tuple(queues), telemetry=telemetry, on_close=closers
+                )
                 for w in stack.workers:
                     await es.enter_async_context(w)
             if relay:
@@ -174,6 +177,8 @@ async def engine_stack(
             relay_task.cancel()
             with contextlib.suppress(BaseException):
                 await relay_task
+        for close in closers:
+            await close()
         await parts.close()
 
 

@@ -26,7 +26,7 @@ from jobs.credentials import rotate_credential_keys
 from providers.crypto import CredentialCipher, credential_aad, generate_key_setting
 from runtime import cli
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.integration.engine_helpers import stage_names
+from tests.integration.engine_helpers import stage_names, wait_workflow_closed
 from tests.integration.provider_helpers import PLATFORM_KEY, api_client, auth, fake_env, usage_rows
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually
@@ -213,6 +213,7 @@ async def test_key_revoked_between_creation_and_execution_fails_credential_missi
         # attempt was spent and no call was logged.
         assert row.attempt_count == 0
         assert await usage_rows(stack, job_id) == []
+        await wait_workflow_closed(temporal_client, row.workflow_id)  # markers written
         history = await temporal_client.get_workflow_handle(row.workflow_id).fetch_history()
         assert "execute" not in stage_names(history)
         assert stage_names(history)[:2] == ["prepare", "resolve"]

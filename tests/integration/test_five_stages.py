@@ -12,13 +12,20 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.settings import Settings
-from tests.integration.engine_helpers import stage_names, wait_activity_started
+from tests.integration.engine_helpers import (
+    stage_names,
+    wait_activity_started,
+    wait_workflow_closed,
+)
 from tests.stack import Stack, engine_stack
 
 pytestmark = pytest.mark.slow
 
 
 async def stages_of(st: Stack, client: Client, job: uuid.UUID) -> list[str]:
+    """Once the workflow has closed: a local activity's marker is written with the workflow
+    task that follows it, after the stage's own commit that SQL already shows."""
+    await wait_workflow_closed(client, st.workflow_id(job))
     history = await client.get_workflow_handle(st.workflow_id(job)).fetch_history()
     return stage_names(history)
 
