@@ -39,7 +39,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from db.errors import is_unavailable, sqlstate
+from db.errors import is_driver_error, is_unavailable, sqlstate
 from engine.errors import EngineError, is_retryable, public_message_for
 
 log = logging.getLogger(__name__)
@@ -122,18 +122,11 @@ def exception_message(exc: BaseException, private: Iterable[str] = ()) -> str:
     """`exc`'s own message as an admin may read it: a database driver's as its SQLSTATE only
     (its text repeats statement parameters, hence job data), any other's bounded and withheld
     when it quotes one of the `private` strings."""
-    if _is_driver_error(exc):
+    if is_driver_error(exc):
         state = sqlstate(exc)
         return f"SQLSTATE {state}" if state else "(driver message withheld)"
     message = str(exc)[:EXCEPTION_MESSAGE_MAX_CHARS]
     return WITHHELD if quotes_any(message, private) else message
-
-
-def _is_driver_error(exc: BaseException) -> bool:
-    from psycopg import Error as PsycopgError
-    from sqlalchemy.exc import DBAPIError
-
-    return isinstance(exc, (DBAPIError, PsycopgError))
 
 
 def type_name(t: type[BaseException]) -> str:
@@ -208,7 +201,7 @@ def loggable(exc: BaseException) -> tuple[type[BaseException], BaseException, An
     """`exc_info` for logging `exc`: its full traceback, its type and (for a driver error) its
     SQLSTATE, but never its message."""
     name = type_name(type(exc))
-    state = sqlstate(exc) if _is_driver_error(exc) else None
+    state = sqlstate(exc) if is_driver_error(exc) else None
     stand_in = MessageWithheld(f"{name}" + (f" (SQLSTATE {state})" if state else ""))
     return MessageWithheld, stand_in, exc.__traceback__
 

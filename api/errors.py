@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -102,7 +101,7 @@ def install(app: FastAPI) -> None:
             headers=headers,
         )
 
-    async def db_down(request: Request, exc: DBAPIError) -> JSONResponse:
+    async def db_down(request: Request, exc: Exception) -> JSONResponse:
         log.error("database unavailable on %s", request.url.path)
         return problem(
             503,

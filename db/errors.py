@@ -1,9 +1,12 @@
 """Driver errors become domain questions at one edge: every decision about what a database error
 means (a unique violation, the lifecycle trigger, an unreachable database) is taken here, and the
-rest of the code asks these functions instead of inspecting driver exceptions."""
+rest of the code asks these functions instead of inspecting driver exceptions. Nothing outside
+db/ imports `sqlalchemy.exc` or psycopg's errors (tests/unit/test_error_edge.py): code above
+catches `Exception` and asks here what it was."""
 
 from __future__ import annotations
 
+import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 UNIQUE_VIOLATION = "23505"
@@ -19,6 +22,12 @@ def constraint_name(exc: BaseException) -> str | None:
     orig = getattr(exc, "orig", exc)
     diag = getattr(orig, "diag", None)
     return getattr(diag, "constraint_name", None) if diag is not None else None
+
+
+def is_driver_error(exc: BaseException) -> bool:
+    """An error raised by the database driver (wrapped by SQLAlchemy or not): its text may
+    repeat statement parameters, so callers show its SQLSTATE, never its message."""
+    return isinstance(exc, (DBAPIError, psycopg.Error))
 
 
 def is_unique_violation(exc: BaseException, constraint: str | None = None) -> bool:

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.credentials import owned_active_key_id
@@ -333,7 +332,7 @@ class JobService:
                 if within is not None:
                     assert row is not None
                     await within(s, row)
-        except DBAPIError as exc:
+        except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is not None and is_unique_violation(exc):
                 async with self._sm.begin() as s:
@@ -513,7 +512,7 @@ class JobService:
                 ),
                 within=within,
             )
-        except DBAPIError as exc:
+        except Exception as exc:
             if not is_unique_violation(exc):
                 raise
             async with self._sm.begin() as s:
