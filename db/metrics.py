@@ -59,7 +59,10 @@ async def read_engine_state(
     Runs in the caller's transaction (the statement timeout is local to it)."""
     state = EngineState()
     timeout_ms = max(1, int(timeout_s * 1000))
-    await session.execute(text(f"SET LOCAL statement_timeout = {timeout_ms}"))
+    # SET takes no bind parameter; set_config(..., is_local => true) is SET LOCAL that does.
+    await session.execute(
+        text("SELECT set_config('statement_timeout', :ms, true)"), {"ms": str(timeout_ms)}
+    )
     for r in await session.execute(text(ACTIVE_JOBS_SQL)):
         state.active[(r.job_type, r.lifecycle_status)] = int(r.n)
     for r in await session.execute(text(RECENT_JOBS_SQL), {"w": recent_window_s}):

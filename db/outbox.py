@@ -90,8 +90,12 @@ class ParkedPage:
 # A job id as the enqueue row's aggregate_id spells it; anything else names no job.
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
-# The outbox_event columns an OutboxRow is read from: its fields, in order.
+# The outbox_event columns an OutboxRow is read from: its fields, in order. The statements below
+# interpolate only this module's constants (column lists, the channel name); every value a caller
+# passes is a bind parameter.
 _COLUMNS = ", ".join(f.name for f in fields(OutboxRow))
+# NOTIFY takes no bind parameter; the channel is this module's constant.
+_NOTIFY = text(f"NOTIFY {NOTIFY_CHANNEL}")
 
 _INSERT = text(
     """
@@ -137,7 +141,7 @@ class OutboxRepository:
             )
         ).first()
         if row is not None and notify:
-            await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+            await session.execute(_NOTIFY)
         return int(row.id) if row else None
 
     async def insert_job_event(
@@ -360,7 +364,7 @@ class OutboxRepository:
         closed = [int(r.id) for r in rows if r.kind == "closed"]
         (last,) = [r for r in rows if r.kind == "page"]
         if revived:
-            await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+            await session.execute(_NOTIFY)
         return ParkedPage(
             revived=revived,
             closed=closed,
@@ -391,22 +395,6 @@ class OutboxRepository:
             {"lim": limit},
         )
         return [OutboxRow(**r._mapping) for r in rows]
-
-    async def requeue_dead(self, session: AsyncSession, ids: Sequence[int]) -> int:
-        """Admin: give dead rows a fresh set of attempts."""
-        result = await session.execute(
-            text(
-                """
-                UPDATE outbox_event SET status = 'pending', attempt_count = 0,
-                       available_at = now(), last_error = NULL
-                WHERE id = ANY(:ids) AND status IN ('dead', 'failed')
-                """
-            ),
-            {"ids": list(ids)},
-        )
-        if result.rowcount:  # type: ignore[attr-defined]
-            await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-        return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def delete_published(
         self, session: AsyncSession, *, older_than_days: int, limit: int = 5000
@@ -440,7 +428,7 @@ class OutboxRepository:
             {"id": event_id},
         )
         if result.rowcount:  # type: ignore[attr-defined]
-            await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+            await session.execute(_NOTIFY)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
@@ -509,34 +497,41 @@ async def get_summary(session: AsyncSession, event_id: int) -> OutboxSummary | N
     return OutboxSummary(**row._mapping) if row else None
 
 
-async def requeue(session: AsyncSession, event_id: int) -> OutboxSummary | None:
-    """Admin: a dead, failed or pending row goes (back) to `pending` with a fresh set of
-    attempts, available now, and the relays are woken (NOTIFY, delivered at commit). None when
-    the row is missing or not requeueable; the caller tells which with `get_summary`.
+async def requeue(session: AsyncSession, event_ids: Sequence[int]) -> list[OutboxSummary]:
+    """The one operator requeue (the admin API for one row, `aijobs outbox --requeue` for all
+    parked rows): each dead, failed or pending row goes (back) to `pending` with a fresh set of
+    attempts, available now, and the relays are woken (NOTIFY, delivered at commit). Returns the
+    rows it requeued, in id order; a missing or not requeueable id is left out (the caller tells
+    which with `get_summary`).
 
     `last_error` is kept: it is why the row needed an operator, and the next failure overwrites
     it anyway. Races with a relay: a claim holds the row lock (`FOR UPDATE SKIP LOCKED`) until
     its transaction commits; this UPDATE then re-checks the status on the committed version,
     finds `processing` and changes nothing, so a row being dispatched is never reset under it.
+    (The reconciler's `requeue_published` is not an operator's requeue: it sends a published
+    enqueue whose workflow is missing out again, and never touches a parked row.)
     """
-    row = (
+    if not event_ids:
+        return []
+    rows = (
         await session.execute(
             text(
+                # _SUMMARY is a column list of this module; every value is a bind parameter.
                 f"""
                 UPDATE outbox_event SET status = 'pending', attempt_count = 0,
                        available_at = now(),
                        locked_by = NULL, locked_at = NULL
-                WHERE id = :id AND status = ANY(:ok)
+                WHERE id = ANY(:ids) AND status = ANY(:ok)
                 RETURNING {_SUMMARY}
                 """
             ),
-            {"id": event_id, "ok": list(REQUEUEABLE)},
+            {"ids": list(event_ids), "ok": list(REQUEUEABLE)},
         )
-    ).first()
-    if row is None:
-        return None
-    await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-    return OutboxSummary(**row._mapping)
+    ).all()
+    if not rows:
+        return []
+    await session.execute(_NOTIFY)
+    return sorted((OutboxSummary(**r._mapping) for r in rows), key=lambda r: r.id)
 
 
 async def enqueue_row_for_job(session: AsyncSession, job_id: str) -> OutboxRow | None:

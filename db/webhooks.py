@@ -55,6 +55,8 @@ class EndpointRow:
     deleted_at: datetime | None
 
 
+# The statements of this module interpolate only its own constants (these column lists, a fixed
+# " FOR UPDATE"); every value a caller passes (ids, URLs, statuses, limits) is a bind parameter.
 _ENDPOINT = (
     "id, user_id, url, event_types, key_id, secret_ciphertext, previous_key_id, "
     "previous_secret_ciphertext, previous_valid_until, created_at, deleted_at"
@@ -143,7 +145,7 @@ async def lock_user_endpoints(session: AsyncSession, user_id: str) -> int:
 async def get_endpoint(
     session: AsyncSession, endpoint_id: uuid.UUID, *, for_update: bool = False
 ) -> EndpointRow | None:
-    lock = " FOR UPDATE" if for_update else ""
+    lock = " FOR UPDATE" if for_update else ""  # a constant clause, never a caller's text
     row = (
         await session.execute(
             text(f"SELECT {_ENDPOINT} FROM webhook_endpoint WHERE id = :id{lock}"),

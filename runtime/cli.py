@@ -256,11 +256,11 @@ def cmd_setup_temporal(args: argparse.Namespace) -> int:
 
 
 async def _outbox_dead(settings: Settings, requeue: bool) -> None:
-    from db.outbox import OutboxRepository
+    from db import outbox
     from runtime.wiring import build_parts
 
     parts = build_parts(settings)
-    repo = OutboxRepository()
+    repo = outbox.OutboxRepository()
     try:
         async with parts.sessionmaker.begin() as s:
             dead = await repo.list_dead(s, limit=1000)
@@ -270,7 +270,7 @@ async def _outbox_dead(settings: Settings, requeue: bool) -> None:
                     f"{(r.last_error or '')[:120]}"
                 )
             if requeue and dead:
-                n = await repo.requeue_dead(s, [r.id for r in dead])
+                n = len(await outbox.requeue(s, [r.id for r in dead]))
                 print(f"requeued {n} dead events")
     finally:
         await parts.close()

@@ -101,8 +101,8 @@ async def requeue_event(
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, OUTBOX_REQUEUE, "outbox_event", str(event_id))
     async with audit.refusals(entry), state.sessionmaker.begin() as s:
-        row = await outbox.requeue(s, event_id)
-        if row is None:
+        requeued = await outbox.requeue(s, [event_id])
+        if not requeued:
             current = await outbox.get_summary(s, event_id)
             if current is None:
                 raise OutboxEventNotFound("No outbox event has this id.")
@@ -110,6 +110,7 @@ async def requeue_event(
                 f"The event is {current.status}: only dead, failed or pending events can be "
                 "requeued."
             )
+        (row,) = requeued
         # In the requeue's transaction: the entry exists if and only if the requeue does.
         await audit.write(s, entry, "requeued", eventType=row.event_type, jobId=row.job_id)
     log.info(

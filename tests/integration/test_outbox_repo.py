@@ -1,7 +1,8 @@
 """The transactional outbox on a real PostgreSQL: concurrent claimers never
 share a row, only the claimer marks its rows, failures back off and end `dead` after 3 attempts,
-an admin requeues dead rows, a dead claimer's rows come back after the TTL (the crash window),
-and the dedupe key makes a second insert a no-op."""
+the one operator requeue gives parked rows fresh attempts (keeping their error), a dead
+claimer's rows come back after the TTL (the crash window), and the dedupe key makes a second
+insert a no-op."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import itertools
 
 from sqlalchemy import text
 
+from db import outbox
 from db.outbox import ENQUEUE, MAX_ATTEMPTS, OutboxRepository, OutboxRow
 from db.session import SessionMaker
 
@@ -174,10 +176,16 @@ async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: Sess
     ]
 
     async with db.begin() as s:
-        assert await repo.requeue_dead(s, [event_id]) == 1
-        assert await repo.requeue_dead(s, [event_id]) == 0  # no longer parked
+        assert [e.id for e in await outbox.requeue(s, [event_id, 10**12])] == [event_id]
+        # Pending is requeueable too (available now again): a repeated requeue is harmless.
+        assert [e.status for e in await outbox.requeue(s, [event_id])] == ["pending"]
     r = (await rows(db, [event_id]))[event_id]
-    assert (r.status, r.attempt_count, r.last_error) == ("pending", 0, None)
+    # The one rule: fresh attempts, and the error that needed an operator kept.
+    assert (r.status, r.attempt_count, r.last_error) == (
+        "pending",
+        0,
+        f"start failed #{MAX_ATTEMPTS}",
+    )
     async with db() as s:
         assert await repo.list_dead(s) == []
     (again,) = await claim(db, "relay-c", 10)
