@@ -69,7 +69,7 @@ RECONCILER_ACTIONS = (
     "stuck_workflow",
     "enqueue_revived",
     "enqueue_closed",
-    "relay_restarted",
+    "relay_retired",
     "private_data_purged",
     "outbox_deleted",
 )
@@ -227,6 +227,13 @@ class WorkerMetrics:
             ["status"],
             registry=reg,
         )
+        self.poller_restarts = Counter(
+            "aijobs_poller_restarts_total",
+            "Times a supervised poller loop (relay, webhooks) failed or ended early and was "
+            "started again by its process (runtime/supervisor.py).",
+            ["poller"],
+            registry=reg,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         for outcome in WEBHOOK_OUTCOMES:
@@ -323,6 +330,13 @@ class WorkerMetrics:
         """One delivery attempt's recorded outcome (one of WEBHOOK_OUTCOMES; others ignored)."""
         if outcome in WEBHOOK_OUTCOMES:
             self._child(self.webhook_deliveries, outcome).inc()
+
+    def poller_restarts_prepared(self, poller: str) -> None:
+        """The poller's series exists at 0 from its start, so a rate over it is defined."""
+        self._child(self.poller_restarts, _label(poller))
+
+    def poller_restarted(self, poller: str) -> None:
+        self._child(self.poller_restarts, _label(poller)).inc()
 
     def relay_lagged(self, queue: str, seconds: float) -> None:
         self._child(self.relay_lag, _label(queue)).observe(max(0.0, seconds))

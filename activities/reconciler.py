@@ -13,7 +13,9 @@ phases, in this order:
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
-- relay: if the singleton relay workflow is not running, it is started again;
+- relay: a run of the retired `outbox_relay` workflow that an older version left open is
+  terminated (the relay is a supervised loop of every `ai-system` worker process now, and no
+  worker serves that workflow's activity any more);
 - retention: expired snapshots deleted; input and output of old terminal jobs removed; published
   outbox rows deleted after OUTBOX_RETENTION_DAYS; admin audit entries after
   ADMIN_AUDIT_RETENTION_DAYS.
@@ -50,16 +52,16 @@ from temporalio.api.workflowservice.v1 import (
     ListWorkflowExecutionsRequest,
 )
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.relay import retire_relay_workflow
 from db import audit as audit_db
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
 from db.outbox import OutboxRepository
 from db.session import SessionMaker
-from engine.contracts import RECONCILE_ONCE, RELAY_WORKFLOW, ReconcileResult, RelayInput
+from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
 from engine.workflow_state import MISSING, WorkflowState, workflow_state
 from jobs import lifecycle
@@ -104,9 +106,8 @@ class ReconcilerConfig:
     retention_days: int = 30
     outbox_retention_days: int = 7
     audit_retention_days: int = 365
-    # The singleton relay workflow this reconciler keeps alive (None: not its job).
+    # The retired relay workflow whose open run this reconciler terminates (None: not its job).
     relay_workflow_id: str | None = None
-    relay_task_queue: str | None = None
     # Per-pass limits (tests shrink them; production keeps the module constants).
     page: int = PAGE
     rows_per_phase: int = ROWS_PER_PHASE
@@ -127,7 +128,6 @@ class _Pass:
     failed: list[str] = field(default_factory=list)
     cut_short: list[str] = field(default_factory=list)
     reported_stuck: set[uuid.UUID] = field(default_factory=set)
-    relay_restarted: bool = False
 
     def add(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -199,7 +199,7 @@ class Reconciler:
                 "stuck_workflow": stuck,
                 "enqueue_revived": c.get("enqueue_revived", 0),
                 "enqueue_closed": c.get("enqueue_closed", 0),
-                "relay_restarted": int(p.relay_restarted),
+                "relay_retired": c.get("relay_retired", 0),
                 "private_data_purged": c.get("private_data_purged", 0),
                 "outbox_deleted": c.get("outbox_deleted", 0),
             },
@@ -214,7 +214,9 @@ class Reconciler:
             details=p.details[:50],
             stuck_workflows=stuck,
             enqueues_revived=c.get("enqueue_revived", 0),
-            relay_restarted=p.relay_restarted,
+            # The relay is no longer restarted by anyone but its process's supervisor; the
+            # field stays in the contract (recorded results carry it) and is always false.
+            relay_restarted=False,
             private_data_purged=c.get("private_data_purged", 0),
             outbox_deleted=c.get("outbox_deleted", 0),
             enqueues_closed=c.get("enqueue_closed", 0),
@@ -513,13 +515,13 @@ class Reconciler:
         self._cursor[phase.name] = after
 
     async def _relay(self, p: _Pass, phase: _Phase) -> None:
-        cfg = self.config
-        if cfg.relay_workflow_id and cfg.relay_task_queue:
-            p.relay_restarted = await self._ensure_relay(
-                p, cfg.relay_workflow_id, cfg.relay_task_queue
-            )
-            if p.relay_restarted:
-                p.details.append("relay workflow restarted")
+        relay_id = self.config.relay_workflow_id
+        if relay_id is None or not (await self._describe(p, relay_id)).running:
+            return
+        p.temporal_calls += 2  # its describe and terminate
+        if await retire_relay_workflow(self._client, relay_id):
+            p.add("relay_retired")
+            p.details.append("legacy relay workflow retired")
 
     async def _retention(self, p: _Pass, phase: _Phase) -> None:
         """One bounded page of each kind per pass (their queries carry the limits)."""
@@ -561,27 +563,6 @@ class Reconciler:
             return False  # it ended meanwhile
         self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
         log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
-        return True
-
-    async def _ensure_relay(self, p: _Pass, relay_id: str, task_queue: str) -> bool:
-        """Start the relay workflow if no run of it is open (terminated, failed, never
-        started). Returns True when a new run was started."""
-        state = await self._describe(p, relay_id)
-        if state.running:
-            return False
-        p.temporal_calls += 1
-        await self._client.start_workflow(
-            RELAY_WORKFLOW,
-            RelayInput(),
-            id=relay_id,
-            task_queue=task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        )
-        log.warning(
-            "relay workflow was not running; started it again",
-            extra={"workflow_id": relay_id, "alert": "AIJOBS_RELAY_RESTARTED"},
-        )
         return True
 
 

@@ -1,10 +1,16 @@
 """The outbox relay (docs/architecture.md): claim → start workflow → mark published.
 
-Runs as one long-lived activity of the singleton relay workflow on `ai-system` (heartbeating, so
-Temporal restarts it elsewhere if its worker dies), or standalone via `aijobs relay`. Several
-relays may run at once: claims are disjoint (SKIP LOCKED) and a workflow id is per job, so a row
-dispatched twice after a crash starts its workflow once ("already started" counts as success).
-Nothing is sent to Temporal while a transaction is open.
+Runs as a plain loop (`Relay.run`) under the supervisor of the `ai-system` worker process
+(runtime/supervisor.py), beside the webhook deliverer, or standalone via `aijobs relay`: both
+pollers follow one model, see docs/architecture.md "Pollers". Several relays may run at once:
+claims are disjoint (SKIP LOCKED) and a workflow id is per job, so a row dispatched twice after a
+crash starts its workflow once ("already started" counts as success). Nothing is sent to
+Temporal while a transaction is open.
+
+The relay used to be a long heartbeating activity of a singleton `outbox_relay` workflow. That
+workflow stays registered so that its recorded histories replay; it is no longer started, and a
+run an older version left open is terminated (`retire_relay_workflow`) at worker start and by
+the reconciler, since no worker serves its activity any more.
 """
 
 from __future__ import annotations
@@ -16,15 +22,14 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
 from opentelemetry import context as otel_context
-from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import (
     Priority,
     SearchAttributePair,
@@ -52,10 +57,8 @@ from db.session import SessionMaker
 from engine import search_attributes
 from engine.contracts import (
     BULK_WORKFLOW,
-    RELAY_LOOP,
     BulkInput,
     JobWorkflowInput,
-    RelayInput,
     bulk_workflow_id,
     workflow_id,
 )
@@ -108,30 +111,16 @@ class Relay:
 
     # ---- the loop ----------------------------------------------------------------------
 
-    @activity.defn(name=RELAY_LOOP)
-    async def relay_loop(self, inp: RelayInput) -> None:
-        await self.run(heartbeat=activity.heartbeat, budget_s=50 * 60)
-
-    async def run(
-        self,
-        *,
-        stop: asyncio.Event | None = None,
-        heartbeat: Callable[[], None] | None = None,
-        budget_s: float | None = None,
-    ) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Drain, then sleep until NOTIFY or the poll interval; release expired claims now and
-        then. Returns when `stop` is set or the time budget is used (the workflow then
-        continues-as-new)."""
-        deadline = time.monotonic() + budget_s if budget_s else None
+        then. Returns when `stop` is set. A failed iteration (PostgreSQL restarting, a network
+        blip) backs off here; anything else escapes to the supervisor, which starts the loop
+        again."""
         last_release = 0.0
         failures = 0
         listener: psycopg.AsyncConnection[object] | None = None
         try:
-            while not (stop and stop.is_set()):
-                if deadline and time.monotonic() > deadline:
-                    return
-                if heartbeat:
-                    heartbeat()
+            while not stop.is_set():
                 if listener is None or listener.closed:
                     listener = await self._listen()
                 try:
@@ -139,16 +128,17 @@ class Relay:
                         last_release = time.monotonic()
                         await self.release_expired()
                     while await self.run_once() >= self.config.batch_size:
-                        if heartbeat:
-                            heartbeat()
+                        if stop.is_set():
+                            return
                     failures = 0
                 except Exception:
-                    # PostgreSQL restarting, a network blip...: keep the relay alive and back
-                    # off. Rows claimed but not marked stay `processing` until their TTL, then
-                    # go out again; starting a workflow twice is a no-op.
+                    # Keep the relay alive and back off. Rows claimed but not marked stay
+                    # `processing` until their TTL, then go out again; starting a workflow
+                    # twice is a no-op.
                     failures += 1
                     log.warning("relay iteration failed (%d in a row); backing off", failures)
-                    await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), min(5.0, 0.2 * 2**failures))
                     continue
                 await self._wait(listener, stop)
         finally:
@@ -164,12 +154,14 @@ class Relay:
             return None
 
     async def _wait(
-        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event | None
+        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
     ) -> None:
-        """NOTIFY is only a hint: wake on it or after the poll interval, whichever is first."""
+        """NOTIFY is only a hint: wake on it, on the stop or after the poll interval, whichever
+        is first."""
         timeout = self.config.poll_interval_s
         if listener is None:
-            await asyncio.sleep(timeout)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout)
             return
         try:
             async for _ in listener.notifies(timeout=timeout, stop_after=1):
@@ -360,6 +352,33 @@ class Relay:
                 kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
                 return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
         return None
+
+
+async def retire_relay_workflow(client: Client, workflow_id: str) -> bool:
+    """Terminate the open run of the retired `outbox_relay` workflow, if there is one (an older
+    version started it; no worker serves its activity any more, so it would retry that activity
+    forever). Returns True when a run was terminated. The relay itself runs as a supervised loop
+    in every `ai-system` worker process; nothing is lost with the workflow."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        return False
+    try:
+        await handle.terminate(reason="the relay runs as a supervised loop in ai-system workers")
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False  # it closed meanwhile
+        raise
+    log.warning(
+        "retired the legacy relay workflow",
+        extra={"workflow_id": workflow_id, "alert": "AIJOBS_RELAY_WORKFLOW_RETIRED"},
+    )
+    return True
 
 
 @contextlib.contextmanager

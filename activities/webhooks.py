@@ -1,14 +1,17 @@
 """The webhook deliverer: claims due `webhook_delivery` rows and POSTs them, signed (Standard
 Webhooks), to their endpoints. See docs/webhooks.md.
 
-Runs as a plain asyncio task beside the relay (the `ai-system` worker process, `aijobs relay`);
-several may run at once (claims are disjoint, SKIP LOCKED). Bounded: at most `max_in_flight`
-requests, at most one per endpoint and at most `max_in_flight_per_user` per user per process,
-each under a hard time limit, so a slow or dead receiver holds one slot, and a user whose
-receivers all hang holds that user's share, never another user's turn (claims go round-robin
-per user, see db/webhooks.py `claim_due`); jobs never wait for a webhook. No transaction is open
-during a request. Neither secrets nor bodies are logged. The same loop purges finished rows
-after their retention, a bounded batch at a time, every `purge_interval_s`.
+Runs as a plain loop beside the relay, both under the supervisor of the `ai-system` worker
+process or `aijobs relay` (runtime/supervisor.py; docs/architecture.md "Pollers"); several may
+run at once (claims are disjoint, SKIP LOCKED). A claim is fenced by the attempt number its own
+UPDATE wrote: only that claim records the outcome, so no process identity is trusted for it.
+Bounded: at most `max_in_flight` requests, at most one per endpoint and at most
+`max_in_flight_per_user` per user per process, each under a hard time limit, so a slow or dead
+receiver holds one slot, and a user whose receivers all hang holds that user's share, never another
+user's turn (claims go round-robin per user, see db/webhooks.py `claim_due`); jobs never wait for a
+webhook. No transaction is open during a request. Neither secrets nor bodies are logged. The same
+loop purges finished rows after their retention, a bounded batch at a time, every
+`purge_interval_s`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpcore
@@ -69,6 +74,11 @@ class WebhookConfig:
     purge_interval_s: float = 300.0
     purge_batch: int = 1000
     purge_batches: int = 10
+    # Names this deliverer in its log lines; unique per instance (a uuid4: a pid or a memory
+    # address can come back in another process or later in this one).
+    owner: str = field(
+        default_factory=lambda: f"webhooks:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+    )
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -166,7 +176,11 @@ class WebhookDeliverer:
                     failures = 0
                 except Exception:
                     failures += 1
-                    log.warning("webhook claim failed (%d in a row); backing off", failures)
+                    log.warning(
+                        "webhook claim failed (%d in a row); backing off",
+                        failures,
+                        extra={"deliverer": self.config.owner},
+                    )
                     await _sleep_or_stop(stop, min(5.0, 0.2 * 2**failures))
                     continue
                 if not claimed:
@@ -321,6 +335,7 @@ class WebhookDeliverer:
             status,
             extra={
                 "delivery_id": row.id,
+                "deliverer": self.config.owner,
                 "webhook_endpoint": str(row.endpoint_id),
                 "job_id": row.job_id,
                 "attempt": row.attempt_count,

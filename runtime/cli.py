@@ -182,21 +182,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
-    from activities.relay import Relay
+    """The two pollers of an `ai-system` worker (relay and webhook deliverer, supervised), with
+    no Temporal worker: e.g. more dispatch capacity beside the system workers."""
     from runtime.telemetry import start_metrics_server, temporal_runtime
-    from runtime.wiring import build_parts, connect_temporal, relay_config, webhook_deliverer
+    from runtime.wiring import build_parts, connect_temporal
+    from runtime.worker import run_pollers
 
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
     _serve_metrics(s, start_metrics_server)
     parts = build_parts(s)
     client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
-    deliverer = asyncio.create_task(webhook_deliverer(parts).run(stop), name="webhooks")
     try:
-        await Relay(parts.sessionmaker, client, parts.catalog, relay_config(s)).run(stop=stop)
+        await run_pollers(client, parts, stop)
     finally:
         stop.set()
-        await deliverer
         await parts.close()
         telemetry.shutdown()
 
@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--queue", action="append", help="ai-interactive | ai-background | ai-system")
     w.set_defaults(func=cmd_worker)
 
-    sub.add_parser("relay", help="run a standalone outbox relay").set_defaults(func=cmd_relay)
+    sub.add_parser("relay", help="run the relay and webhook pollers").set_defaults(func=cmd_relay)
     sub.add_parser("reconcile", help="run the reconciler once").set_defaults(func=cmd_reconcile)
 
     t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET")

@@ -1,5 +1,6 @@
 """`aijobs dev`: PostgreSQL + Temporal (with Web UI) + migrations + one worker per task queue
-(the relay runs in the ai-system worker) + the API, supervised in one terminal.
+(the ai-system worker also runs the relay and webhook pollers) + the API, supervised in one
+terminal.
 
 Ctrl-C / SIGTERM stops the children in reverse order: API and workers first (they drain), then
 Temporal, then PostgreSQL (clean shutdown, so no stale postmaster.pid). Every child also has the

@@ -20,7 +20,7 @@ from activities.relay import RelayConfig
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
-from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.definition import QUEUE_NAMES
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
@@ -183,7 +183,6 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         outbox_retention_days=settings.outbox_retention_days,
         audit_retention_days=settings.admin_audit_retention_days,
         relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
-        relay_task_queue=settings.task_queue(SYSTEM_QUEUE),
     )
 
 

@@ -4,7 +4,9 @@
 `max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
 AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
 activity there, so the limit caps concurrent provider calls while the bookkeeping stages (local
-activities) run unthrottled. `ai-system` runs the relay workflow and the reconciler schedule.
+activities) run unthrottled. `ai-system` runs the reconciler schedule and the admin bulk
+workflows; its process also runs the two pollers, the outbox relay and the webhook deliverer, as
+supervised loops (`run_pollers`, docs/architecture.md "Pollers").
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
 )
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -33,22 +34,17 @@ from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
-from activities.relay import Relay
+from activities.relay import Relay, retire_relay_workflow
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
-from engine.contracts import (
-    RECONCILER_SCHEDULE_ID,
-    RECONCILER_WORKFLOW,
-    RELAY_WORKFLOW,
-    RELAY_WORKFLOW_ID,
-    RelayInput,
-)
+from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW, RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
+from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
     Parts,
@@ -96,7 +92,6 @@ def build_workers(
     parts: Parts,
     queues: Sequence[str],
     *,
-    relay: Relay | None = None,
     telemetry: Telemetry | None = None,
     on_close: list[Callable[[], Awaitable[None]]] | None = None,
 ) -> list[Worker]:
@@ -140,7 +135,6 @@ def build_workers(
                 )
             )
         elif q == SYSTEM_QUEUE:
-            relay = relay or Relay(parts.sessionmaker, client, parts.catalog, relay_config(s))
             reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s))
             # Admin bulk operations act through the same use cases as the API (same catalog,
             # same create policy: a bulk retry is an internal create, outside user quotas).
@@ -161,8 +155,10 @@ def build_workers(
                 Worker(
                     client,
                     task_queue=s.task_queue(q),
+                    # RelayWorkflow only so that a run an older version left open can take its
+                    # workflow tasks until it is retired (workflows/system.py).
                     workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
-                    activities=[relay.relay_loop, reconciler.reconcile_once, *bulk.all()],
+                    activities=[reconciler.reconcile_once, *bulk.all()],
                     max_concurrent_activities=8,
                     workflow_runner=sandbox_runner(),
                     interceptors=[PublicFailureInterceptor()],
@@ -174,14 +170,9 @@ def build_workers(
 
 
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:
-    """Start the singleton relay workflow and the reconciler schedule (idempotent)."""
-    await client.start_workflow(
-        RELAY_WORKFLOW,
-        RelayInput(),
-        id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
-        task_queue=settings.task_queue(SYSTEM_QUEUE),
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
+    """Start the reconciler schedule (idempotent), and terminate an open run of the retired
+    relay workflow an older version started (the relay is one of this process's pollers)."""
+    await retire_relay_workflow(client, RELAY_WORKFLOW_ID + settings.task_queue_suffix)
     with contextlib.suppress(ScheduleAlreadyRunningError):
         await client.create_schedule(
             RECONCILER_SCHEDULE_ID + settings.task_queue_suffix,
@@ -213,6 +204,21 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
             log.warning("a worker failed to shut down cleanly: %s", type(result).__name__)
 
 
+async def run_pollers(
+    client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
+) -> None:
+    """The outbox relay and the webhook deliverer, each a plain loop under `supervise` (restarted
+    with backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set.
+    Every `ai-system` worker process (and `aijobs relay`) runs both: their claims are disjoint,
+    so any number of processes may (docs/architecture.md "Pollers")."""
+    relay = relay or Relay(parts.sessionmaker, client, parts.catalog, relay_config(parts.settings))
+    deliverer = webhook_deliverer(parts)
+    await asyncio.gather(
+        supervise("relay", relay.run, stop),
+        supervise("webhooks", deliverer.run, stop),
+    )
+
+
 async def run_workers(
     client: Client,
     parts: Parts,
@@ -223,11 +229,10 @@ async def run_workers(
 ) -> None:
     closers: list[Callable[[], Awaitable[None]]] = []
     workers = build_workers(client, parts, queues, telemetry=telemetry, on_close=closers)
-    deliverer: asyncio.Task[None] | None = None
+    pollers: asyncio.Task[None] | None = None
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
-        # Webhooks go out from this process beside the relay, as a plain task (not an activity).
-        deliverer = asyncio.create_task(webhook_deliverer(parts).run(stop), name="webhooks")
+        pollers = asyncio.create_task(run_pollers(client, parts, stop), name="pollers")
     log.info("workers running", extra={"queues": list(queues)})
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -240,9 +245,9 @@ async def run_workers(
                 # them all first (the stack's own shutdowns then return at once).
                 await shutdown_together(workers)
     finally:
-        if deliverer is not None:
+        if pollers is not None:
             stop.set()
-            await deliverer
+            await pollers
         for close in closers:
             await close()
 
@@ -252,6 +257,7 @@ __all__ = [
     "build_workers",
     "ensure_system_workflows",
     "relay_config",
+    "run_pollers",
     "run_workers",
     "shutdown_together",
 ]

@@ -1,4 +1,10 @@
-"""Workflows of the `ai-system` queue: the singleton outbox relay and the reconciler."""
+"""Workflows of the `ai-system` queue: the reconciler, and the retired outbox relay workflow.
+
+The relay is a supervised loop of the `ai-system` worker process now (activities/relay.py,
+docs/architecture.md "Pollers"). `RelayWorkflow` is kept, unchanged and registered, only so that
+its recorded histories (tests/replay/histories/relay-*.json) replay and a run an older version
+left open can still take its workflow tasks until it is terminated (`retire_relay_workflow`).
+Nothing starts it; do not change its commands."""
 
 from __future__ import annotations
 
@@ -20,8 +26,9 @@ with workflow.unsafe.imports_passed_through():
 
 @workflow.defn(name=RELAY_WORKFLOW)
 class RelayWorkflow:
-    """Runs the long-lived relay activity; Temporal restarts it elsewhere if its worker dies
-    (heartbeat timeout), and continue-as-new keeps the history short."""
+    """Retired (see the module docstring). It ran the long-lived relay activity, which Temporal
+    restarted elsewhere when its worker died (heartbeat timeout), and continued-as-new to keep
+    its history short."""
 
     @workflow.run
     async def run(self, inp: RelayInput) -> None:

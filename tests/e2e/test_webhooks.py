@@ -20,7 +20,7 @@ from temporalio.client import Client
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.outbox import CANCELLED, COMPLETED, FAILED
 from db.session import SessionMaker
-from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
+from engine.contracts import RECONCILER_SCHEDULE_ID
 from engine.definition import SYSTEM_QUEUE
 from jobs.credentials import credential_cipher
 from runtime.wiring import build_parts
@@ -311,8 +311,6 @@ async def test_the_ai_system_worker_runs_the_deliverer(
         suffix = settings.task_queue_suffix
         with contextlib.suppress(Exception):
             await temporal_client.get_schedule_handle(RECONCILER_SCHEDULE_ID + suffix).delete()
-        with contextlib.suppress(Exception):
-            await temporal_client.get_workflow_handle(RELAY_WORKFLOW_ID + suffix).terminate()
 
 
 async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack) -> None:

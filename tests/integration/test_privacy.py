@@ -15,15 +15,12 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.session import SessionMaker
 from engine.contracts import (
-    RECONCILER_SCHEDULE_ID,
     RECONCILER_WORKFLOW,
-    RELAY_WORKFLOW_ID,
     ReconcileResult,
 )
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.spec import ProjectionContext
-from runtime.worker import ensure_system_workflows
 from tests.integration.engine_helpers import (
     execute,
     history_blobs,
@@ -93,49 +90,39 @@ async def test_failed_jobs_keep_input_out_of_temporal(
             assert internal.encode() not in raw
 
 
-async def test_relay_and_reconciler_histories_carry_no_job_data(
+async def test_reconciler_history_carries_no_job_data(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
+    """The system workflow's history names jobs by id only. (The relay has no history: it is a
+    plain loop of the ai-system worker process, see docs/architecture.md "Pollers".)"""
     secret = sentinel()
-    async with engine_stack(
-        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
-    ) as st:
-        relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
-        await ensure_system_workflows(temporal_client, settings)
-        try:
-            await wait_activity_started(temporal_client, relay_wid, "relay_loop")
-            done = await job_with_secret(st, secret)
-            assert (await st.wait_status(done, timeout=30)).lifecycle_status == "succeeded"
+    async with engine_stack(settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as st:
+        done = await job_with_secret(st, secret)
+        assert (await st.wait_status(done, timeout=30)).lifecycle_status == "succeeded"
 
-            # A job the reconciler has to end: running, workflow gone, lock expired.
-            stuck = await job_with_secret(st, secret, hang=True)
-            await st.wait_status(stuck, "running", timeout=30)
-            await wait_activity_started(temporal_client, st.workflow_id(stuck), "execute")
-            await temporal_client.get_workflow_handle(st.workflow_id(stuck)).terminate("test")
-            await execute(
-                db,
-                "UPDATE ai_job SET lock_until = now() - interval '10 minutes' WHERE id = :j",
-                j=stuck,
-            )
-            rec_wid = f"reconcile-{uuid.uuid4().hex[:8]}{settings.task_queue_suffix}"
-            result = await temporal_client.execute_workflow(
-                RECONCILER_WORKFLOW,
-                id=rec_wid,
-                task_queue=settings.task_queue(SYSTEM_QUEUE),
-                result_type=ReconcileResult,
-            )
-            assert result.expired_locks_failed == 1
-            assert (await st.job(stuck)).error_code == "INTERNAL_LOCK_EXPIRED"
+        # A job the reconciler has to end: running, workflow gone, lock expired.
+        stuck = await job_with_secret(st, secret, hang=True)
+        await st.wait_status(stuck, "running", timeout=30)
+        await wait_activity_started(temporal_client, st.workflow_id(stuck), "execute")
+        await temporal_client.get_workflow_handle(st.workflow_id(stuck)).terminate("test")
+        await execute(
+            db,
+            "UPDATE ai_job SET lock_until = now() - interval '10 minutes' WHERE id = :j",
+            j=stuck,
+        )
+        rec_wid = f"reconcile-{uuid.uuid4().hex[:8]}{settings.task_queue_suffix}"
+        result = await temporal_client.execute_workflow(
+            RECONCILER_WORKFLOW,
+            id=rec_wid,
+            task_queue=settings.task_queue(SYSTEM_QUEUE),
+            result_type=ReconcileResult,
+        )
+        assert result.expired_locks_failed == 1
+        assert (await st.job(stuck)).error_code == "INTERNAL_LOCK_EXPIRED"
 
-            await assert_absent(temporal_client, rec_wid, secret, present=str(stuck))
-            await assert_absent(temporal_client, relay_wid, secret, present="relay_loop")
-            for j in (done, stuck):
-                await assert_absent(temporal_client, st.workflow_id(j), secret, present=str(j))
-        finally:
-            await temporal_client.get_workflow_handle(relay_wid).terminate("test over")
-            await temporal_client.get_schedule_handle(
-                RECONCILER_SCHEDULE_ID + settings.task_queue_suffix
-            ).delete()
+        await assert_absent(temporal_client, rec_wid, secret, present=str(stuck))
+        for j in (done, stuck):
+            await assert_absent(temporal_client, st.workflow_id(j), secret, present=str(j))
 
 
 async def test_no_user_id_or_client_key_reaches_temporal(

@@ -1,5 +1,6 @@
 """The outbox relay on the real PostgreSQL and Temporal dev server: the crash
-window between claim and publish, two relays at once, and the relay workflow on `ai-system`."""
+window between claim and publish, two relays at once, the relay as a supervised loop of the
+`ai-system` worker process, and a crashed relay loop started again by its supervisor."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ import functools
 import time
 import uuid
 
+import psycopg
+from prometheus_client import REGISTRY
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from activities.metrics import worker_metrics
+from activities.relay import Relay
 from db.outbox import COMPLETED, ENQUEUE, OutboxRepository
 from db.session import SessionMaker
-from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, workflow_id
+from engine.contracts import (
+    RECONCILER_SCHEDULE_ID,
+    RELAY_WORKFLOW,
+    RELAY_WORKFLOW_ID,
+    RelayInput,
+    workflow_id,
+)
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
-from runtime.worker import ensure_system_workflows
+from runtime.worker import ensure_system_workflows, run_pollers, run_workers
 from tests.integration.engine_helpers import (
     describe_or_none,
     job_facts,
     rows,
     scalar,
-    wait_activity_started,
     wait_jobs,
     wait_workflow_closed,
 )
@@ -170,21 +180,34 @@ async def test_two_relays_500_jobs_each_published_and_started_once(
         assert ids == {st.workflow_id(j) for j in job_ids}
 
 
-async def test_relay_workflow_dispatches_and_skips_unknown_events(
+async def test_the_system_worker_process_relays_and_retires_the_old_relay_workflow(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    """The production path: the singleton relay workflow on `ai-system` runs the relay as a
-    long-lived activity; an event type nobody knows is acknowledged, never dispatched."""
-    async with engine_stack(
-        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
-    ) as st:
+    """The production path: an `ai-system` worker process runs the relay as a supervised loop
+    (no workflow); a run of the retired relay workflow that an older version left open is
+    terminated at start; an event type nobody knows is acknowledged, never dispatched."""
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
         relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
-        await ensure_system_workflows(temporal_client, settings)
+        old = await temporal_client.start_workflow(
+            RELAY_WORKFLOW,
+            RelayInput(),
+            id=relay_wid,
+            task_queue=settings.task_queue(SYSTEM_QUEUE),
+        )
+        stop = asyncio.Event()
+        system = asyncio.create_task(
+            run_workers(temporal_client, st.parts, [SYSTEM_QUEUE], stop), name="system"
+        )
         try:
-            await ensure_system_workflows(temporal_client, settings)  # idempotent
-            await wait_activity_started(temporal_client, relay_wid, "relay_loop")
 
-            job_id = await st.create(input={"echo": {"via": "relay-workflow"}})
+            async def retired() -> bool:
+                return (await old.describe()).status == WorkflowExecutionStatus.TERMINATED
+
+            # The process retires it as it starts (before its workers poll).
+            await eventually(retired, timeout=15, what="the old relay workflow terminated")
+            await ensure_system_workflows(temporal_client, settings)  # idempotent
+
+            job_id = await st.create(input={"echo": {"via": "system-worker"}})
             row = await st.wait_status(job_id, timeout=30)
             assert row.lifecycle_status == "succeeded"
 
@@ -230,11 +253,54 @@ async def test_relay_workflow_dispatches_and_skips_unknown_events(
             await eventually(
                 lambda: published(COMPLETED, str(job_id)), timeout=15, what="completed event"
             )
-            relay_desc = await temporal_client.get_workflow_handle(relay_wid).describe()
-            assert relay_desc.status == WorkflowExecutionStatus.RUNNING
+            # Nothing started the relay workflow again.
+            assert (await old.describe()).status == WorkflowExecutionStatus.TERMINATED
         finally:
-            await temporal_client.get_workflow_handle(relay_wid).terminate("test over")
+            stop.set()
+            await asyncio.wait_for(system, 30)
             schedule = temporal_client.get_schedule_handle(
                 RECONCILER_SCHEDULE_ID + settings.task_queue_suffix
             )
             await schedule.delete()
+
+
+class CrashingRelay(Relay):
+    """Fails outside its own per-iteration guard the first time it would sleep: what a bug in
+    the loop looks like to the supervisor."""
+
+    crashes = 0
+
+    async def _wait(
+        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
+    ) -> None:
+        if self.crashes == 0:
+            self.crashes += 1
+            raise RuntimeError("relay bug")
+        await super()._wait(listener, stop)
+
+
+def relay_restarts() -> float:
+    worker_metrics()  # the families exist on the default registry
+    value = REGISTRY.get_sample_value("aijobs_poller_restarts_total", {"poller": "relay"})
+    return value or 0.0
+
+
+async def test_a_crashed_relay_loop_is_started_again_and_counted(
+    settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
+        relay = CrashingRelay(
+            st.parts.sessionmaker, temporal_client, st.parts.catalog, new_relay(st).config
+        )
+        before = relay_restarts()
+        stop = asyncio.Event()
+        pollers = asyncio.create_task(run_pollers(temporal_client, st.parts, stop, relay=relay))
+        try:
+            job_id = await st.create()
+            row = await st.wait_status(job_id, timeout=30)
+            assert row.lifecycle_status == "succeeded"
+            assert relay.crashes == 1
+            assert relay_restarts() == before + 1
+        finally:
+            stop.set()
+            await asyncio.wait_for(pollers, 30)

@@ -1,13 +1,12 @@
 """No job is stranded: each way a job used to stay `queued` or `running` forever, reproduced and
-repaired (outbox dedupe, parked enqueues, closed workflows, the relay workflow, Temporal Reset).
-"""
+repaired (outbox dedupe, parked enqueues, closed workflows, the retired relay workflow, Temporal
+Reset)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-import os
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,13 +21,12 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.reconciler import Reconciler
 from db.outbox import OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
-from engine.contracts import RELAY_WORKFLOW_ID
+from engine.contracts import RELAY_WORKFLOW, RELAY_WORKFLOW_ID, RelayInput
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, EnqueueNotWritten
 from runtime.embedded import temporal_binary
 from runtime.wiring import reconciler_config
-from runtime.worker import ensure_system_workflows
 from tests.integration.engine_helpers import execute
 from tests.stack import INTERACTIVE, engine_stack, new_relay, relay_running
 from tests.support import eventually
@@ -39,7 +37,7 @@ pytestmark = pytest.mark.slow
 def reconciler(
     stack_settings: Settings, sm: SessionMaker, client: Client, **kw: object
 ) -> Reconciler:
-    # The relay runs in-process here; only the relay test lets the reconciler manage it.
+    # Only the retired-relay test lets the reconciler look for the old relay workflow.
     values: dict[str, Any] = {
         "missing_workflow_after_s": 0,
         "revive_base_s": 0,
@@ -244,44 +242,34 @@ async def test_the_reconciler_pages_through_every_expired_lock(
         assert left == 0
 
 
-# ---- the relay workflow ------------------------------------------------------------------------
+# ---- the retired relay workflow ------------------------------------------------------------------
 
 
-async def test_a_terminated_relay_workflow_is_started_again(
+async def test_an_open_run_of_the_retired_relay_workflow_is_terminated(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
+    """An older version's relay workflow, left open through a deploy, would retry an activity no
+    worker serves: the reconciler terminates it; the relay loop is unaffected."""
     relay_id = RELAY_WORKFLOW_ID + settings.task_queue_suffix
-    async with engine_stack(
-        settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE), relay=False
-    ) as st:
-        await ensure_system_workflows(temporal_client, settings)
-        first = await st.create()
-        await st.wait_status(first, "succeeded")
-        command: list[str | os.PathLike[str]] = [
-            temporal_binary(),
-            "workflow",
-            "terminate",
-            "--address",
-            temporal_client.service_client.config.target_host,
-            "--workflow-id",
-            relay_id,
-            "--reason",
-            "test: operator terminated the relay",
-        ]
-
-        def terminate_relay() -> None:
-            subprocess.run(command, check=True, capture_output=True, timeout=30)
-
-        await asyncio.to_thread(terminate_relay)
-        desc = await temporal_client.get_workflow_handle(relay_id).describe()
-        assert desc.status is not None and desc.status.name == "TERMINATED"
-        second = await st.create()
+    async with engine_stack(settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as st:
+        old = await temporal_client.start_workflow(
+            RELAY_WORKFLOW,
+            RelayInput(),
+            id=relay_id,
+            task_queue=st.settings.task_queue(SYSTEM_QUEUE),
+        )
         managing = reconciler(st.settings, db, temporal_client, relay_workflow_id=relay_id)
         result = await managing.run_once()
-        assert result.relay_restarted
-        await st.wait_status(second, "succeeded", timeout=60)
-        # A healthy relay is left alone.
-        assert not (await managing.run_once()).relay_restarted
+        assert "legacy relay workflow retired" in result.details
+        assert not result.relay_restarted
+        desc = await old.describe()
+        assert desc.status is not None and desc.status.name == "TERMINATED"
+        job = await st.create()
+        await st.wait_status(job, "succeeded", timeout=60)
+        # Nothing is open any more: the next pass leaves it alone.
+        again = await managing.run_once()
+        assert "legacy relay workflow retired" not in again.details
+        assert (await old.describe()).status == desc.status
 
 
 # ---- Temporal Reset ------------------------------------------------------------------------------

@@ -39,28 +39,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Worker
 
 from activities.reconciler import Reconciler
-from activities.relay import Relay
 from db.migrate import upgrade
 from engine.contracts import (
     RECONCILER_WORKFLOW,
-    RELAY_LOOP,
-    RELAY_WORKFLOW,
-    RELAY_WORKFLOW_ID,
     ReconcileResult,
-    RelayInput,
 )
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.types import default_catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
-from runtime.wiring import reconciler_config, relay_config
+from runtime.wiring import reconciler_config
 from runtime.worker import sandbox_runner
 from tests.integration.engine_helpers import (
     wait_activity_started,
@@ -70,8 +63,7 @@ from tests.integration.engine_helpers import (
 )
 from tests.replay import HISTORIES, SENTINEL
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
-from tests.support import eventually
-from workflows.system import ReconcilerWorkflow, RelayWorkflow
+from workflows.system import ReconcilerWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")
 SOURCE = f"Photosynthesis converts light into chemical energy ({SENTINEL}). It needs water."
@@ -149,25 +141,15 @@ async def run_jobs(st: Stack) -> dict[str, WorkflowHistory]:
 # ---- system workflows ----------------------------------------------------------------------
 
 
-class ShortRelay(Relay):
-    """The relay with a 1 s budget instead of 50 min, so that its workflow reaches
-    continue-as-new while we wait. The workflow cannot tell the difference."""
-
-    @activity.defn(name=RELAY_LOOP)
-    async def relay_loop(self, inp: RelayInput) -> None:
-        await self.run(heartbeat=activity.heartbeat, budget_s=1.0)
-
-
 @contextlib.asynccontextmanager
 async def system_worker(st: Stack) -> AsyncIterator[Worker]:
     s = st.settings
-    relay = ShortRelay(st.parts.sessionmaker, st.client, st.parts.catalog, relay_config(s))
     reconciler = Reconciler(st.parts.sessionmaker, st.client, reconciler_config(s))
     async with Worker(
         st.client,
         task_queue=s.task_queue(SYSTEM_QUEUE),
-        workflows=[RelayWorkflow, ReconcilerWorkflow],
-        activities=[relay.relay_loop, reconciler.reconcile_once],
+        workflows=[ReconcilerWorkflow],
+        activities=[reconciler.reconcile_once],
         workflow_runner=sandbox_runner(),
     ) as worker:
         yield worker
@@ -187,24 +169,8 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
         await rec.result()
         out["reconciler-{tag}-run"] = await rec.fetch_history()
 
-        # As `ensure_system_workflows` starts it; the reconciler may have started it already.
-        relay = await st.client.start_workflow(
-            RELAY_WORKFLOW,
-            RelayInput(),
-            id=RELAY_WORKFLOW_ID + s.task_queue_suffix,
-            task_queue=queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        first = st.client.get_workflow_handle(relay.id, run_id=relay.result_run_id)
-
-        async def continued() -> bool:
-            return (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
-
-        await eventually(
-            continued, timeout=30, interval=0.2, what="the relay workflow to continue-as-new"
-        )
-        out["relay-{tag}-continue"] = await first.fetch_history()
-        await st.client.get_workflow_handle(relay.id).terminate("recording done")
+        # The relay workflow is retired (a loop of the ai-system process now): the histories
+        # recorded of it before are kept and replay; no new ones are recorded.
     return out
 
 
