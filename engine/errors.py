@@ -85,8 +85,7 @@ PUBLIC_MESSAGES: dict[str, str] = {
     ),
     "CANCELLED": "The job was cancelled.",
     "SNAPSHOT_EXPIRED": (
-        "The job waited longer than its input is kept and can no longer run. "
-        "Create it again."
+        "The job waited longer than its input is kept and can no longer run. Create it again."
     ),
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
