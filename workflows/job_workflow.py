@@ -116,6 +116,12 @@ class JobStages:
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
         stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id)
+        # Runs of tag v4 on: the relay's start set JobId, JobType and LifecycleStatus already,
+        # so the run upserts only the status it ends with (one visibility write, not two). The
+        # check comes first so that older runs replay through their own commands, which begin
+        # with the upsert of JobId and JobType.
+        if workflow.patched(FIVE_STAGES):
+            return await self._five_stages(inp, stage)
         self._set_status(None, inp)
 
         try:
@@ -125,8 +131,6 @@ class JobStages:
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
             plan = prep.plan
-            if workflow.patched(FIVE_STAGES):
-                return await self._five_stages(inp, stage, plan)
             if workflow.patched(EXECUTE_OWNS_RUNNING):
                 # Runs of tag v3: EXECUTE took the job when a slot started it and projected it
                 # before letting the slot go; PROJECT ran only when that projection failed.
@@ -160,24 +164,34 @@ class JobStages:
         except (FailureError, asyncio.CancelledError) as err:
             return await self._finalize(inp, stage, err)
 
-    async def _five_stages(
-        self, inp: JobWorkflowInput, stage: StageInput, plan: ExecutionPlan
-    ) -> JobWorkflowResult:
-        """RESOLVE, EXECUTE (through the provider gate), PROJECT, COMPLETE."""
-        await self._local(stages.resolve, stage)
-        executed = await self._execute_through_gate(inp, plan)
-        if executed.lifecycle_status is not None:
-            # The job ended before it ran (cancelled while it waited for a slot).
-            self._set_status(executed.lifecycle_status)
-            return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
-        projected = await self._local(
-            stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
-        )
-        self._set_status(projected.lifecycle_status)
-        if projected.lifecycle_status != SUCCEEDED:
-            return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
-        await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
-        return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
+    async def _five_stages(self, inp: JobWorkflowInput, stage: StageInput) -> JobWorkflowResult:
+        """PREPARE, RESOLVE, EXECUTE (through the provider gate), PROJECT, COMPLETE. The
+        LifecycleStatus search attribute is upserted once, with the status the run ends with
+        (the one status a Temporal UI query by status needs; `running` is PostgreSQL's)."""
+        try:
+            prep = await self._local(stages.prepare, stage)
+            if not prep.run or prep.plan is None:
+                # Cancelled while queued (or already ended): nothing runs.
+                self._set_status(prep.lifecycle_status)
+                return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
+            await self._local(stages.resolve, stage)
+            executed = await self._execute_through_gate(inp, prep.plan)
+            if executed.lifecycle_status is not None:
+                # The job ended before it ran (cancelled while it waited for a slot).
+                self._set_status(executed.lifecycle_status)
+                return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
+            projected = await self._local(
+                stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
+            )
+            if projected.lifecycle_status != SUCCEEDED:
+                self._set_status(projected.lifecycle_status)
+                return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
+            # COMPLETE reads only; the status is upserted with the run's last commands.
+            await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
+            self._set_status(SUCCEEDED)
+            return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
+        except (FailureError, asyncio.CancelledError) as err:
+            return await self._finalize(inp, stage, err)
 
     async def _finalize(
         self, inp: JobWorkflowInput, stage: StageInput, err: BaseException
