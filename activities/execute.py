@@ -200,14 +200,14 @@ class _Attempt:
                 fail_final("INTERNAL_NOT_LOCK_OWNER")
             except JobNotFound:
                 fail_final("INTERNAL_JOB_MISSING")
-            row = await d.jobs.get(s, job_id)
-            if row is None:
+            found = await d.jobs.get_with_snapshot(s, job_id)
+            if found is None:
                 fail_final("INTERNAL_JOB_MISSING")
+            row, snapshot = found
             if row.cancel_requested_at is not None:
                 fail_final("CANCELLED")
             if row.output_hash is not None and row.output is not None:
                 return _Begun(reuse_hash=row.output_hash)
-            snapshot = await d.jobs.get_snapshot(s, job_id)
             if snapshot is None:
                 fail_final("INTERNAL_SNAPSHOT_MISSING")
             jt = d.catalog.get(row.job_type)
@@ -650,19 +650,23 @@ class _Attempt:
         d, owner = self._d, self.owner
         async with d.sessionmaker.begin() as s:
             await d.usage.insert(s, usage)
-            await d.jobs.record_attempt(s, row.id, attempt=self.number, internal_error=None)
             if self.probe.gate is not None:
                 await d.gate.reachable(s, self.probe.gate)
-            ext = await d.lifecycle.extend_lock(
-                s, row.id, owner=owner, ttl_s=d.lock_policy(row.job_type)[0]
+            # The attempt recorded, the lock extended and the output stored: one statement.
+            owned, cancel_requested = await d.jobs.settle_attempt(
+                s,
+                row.id,
+                owner=owner,
+                attempt=self.number,
+                ttl_s=d.lock_policy(row.job_type)[0],
+                output=out,
+                output_hash=digest,
+                progress=60,
             )
-            if not ext.extended:
+            if not owned:
                 return "not_owner", None
-            if ext.cancel_requested:
+            if cancel_requested:
                 return "cancelled", None  # the commit still settles the probe
-            await d.jobs.store_output(
-                s, row.id, owner=owner, output=out, output_hash=digest, progress=60
-            )
             if not self.inp.project_in_slot:
                 return "stored", None
             try:

@@ -147,6 +147,27 @@ class JobQueries:
         ).first()
         return JobRow(**row._mapping) if row else None
 
+    async def get_with_snapshot(
+        self, session: AsyncSession, job_id: uuid.UUID
+    ) -> tuple[JobRow, dict[str, Any] | None] | None:
+        """The job and its unexpired snapshot (None once expired or never stored) in one
+        statement: what EXECUTE's first transaction reads after taking the job."""
+        row = (
+            await session.execute(
+                text(
+                    f"SELECT {JOB_COLUMNS}, (SELECT s.content FROM ai_job_snapshot s "
+                    "WHERE s.job_id = ai_job.id AND s.expires_at > now()) AS snapshot_content "
+                    "FROM ai_job WHERE id = :id"
+                ),
+                {"id": job_id},
+            )
+        ).first()
+        if row is None:
+            return None
+        fields = dict(row._mapping)
+        content = fields.pop("snapshot_content")
+        return JobRow(**fields), (dict(content) if content is not None else None)
+
     async def get_for_update(self, session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
         """The job, its row locked (`FOR UPDATE`) until the caller's transaction ends: a
         decision taken on its state cannot race another writer of the row."""
@@ -435,6 +456,69 @@ class JobQueries:
             {"id": job_id, "out": output, "h": output_hash, "p": progress, "owner": owner},
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def settle_attempt(
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        *,
+        owner: str,
+        attempt: int,
+        ttl_s: int,
+        output: dict[str, Any],
+        output_hash: str,
+        progress: int,
+    ) -> tuple[bool, bool]:
+        """EXECUTE's bookkeeping after a valid answer, in one UPDATE of the row: the attempt is
+        recorded (its correction hint cleared) whoever holds the job; while `owner` holds it
+        running, its lock is extended and, unless a cancel was asked for, the output stored
+        (listeners notified). The same as `record_attempt`, `LifecycleRepository.extend_lock`
+        and `store_output` in that order, in one round trip. Returns (owned, cancel_requested);
+        the output was stored when owned and no cancel was requested."""
+        row = (
+            await session.execute(
+                text(
+                    """
+                    WITH cur AS (
+                        SELECT id, (lifecycle_status = 'running'
+                                    AND split_part(locked_by, '/', 1) = :owner) AS owned,
+                               cancel_requested_at IS NOT NULL AS cancel_requested
+                        FROM ai_job WHERE id = :id FOR UPDATE
+                    )
+                    UPDATE ai_job SET
+                        attempt_count = greatest(attempt_count, :a),
+                        correction_hint = NULL,
+                        lock_until = CASE WHEN cur.owned
+                            THEN now() + make_interval(secs => :ttl) ELSE lock_until END,
+                        output = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                            THEN :out ELSE output END,
+                        output_hash = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                            THEN :h ELSE output_hash END,
+                        progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                            THEN greatest(progress, :p) ELSE progress END,
+                        updated_at = now()
+                    FROM cur
+                    WHERE ai_job.id = cur.id
+                    RETURNING cur.owned, cur.cancel_requested,
+                        CASE WHEN cur.owned AND NOT cur.cancel_requested
+                            THEN pg_notify('ai_job_changed', ai_job.id::text) IS NULL
+                        END AS notified
+                    """
+                ).bindparams(bindparam("out", type_=JSONB)),
+                {
+                    "id": job_id,
+                    "owner": owner,
+                    "a": attempt,
+                    "ttl": ttl_s,
+                    "out": output,
+                    "h": output_hash,
+                    "p": progress,
+                },
+            )
+        ).first()
+        if row is None:
+            return False, False
+        return bool(row.owned), bool(row.cancel_requested)
 
     async def record_attempt(
         self,
