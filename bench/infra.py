@@ -225,10 +225,19 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
+# Compiled bytecode of the measured processes, outside the checkout. The image's `pip install .`
+# compiles every module, so a production worker's sandbox re-imports the workflow module from
+# bytecode at each run; a bench child that could not write bytecode (PYTHONDONTWRITEBYTECODE, set
+# in the image and in many shells) would compile the workflow source at each run instead, a cost
+# (about 2 ms per engine job, less for the baselines' smaller module) nothing ships with.
+PYCACHE = Path(tempfile.gettempdir()) / f"aijobs-bench-pycache-{os.getuid()}"
+
+
 def child_env(base: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _INHERITED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     env.update(base)
     return env
 
