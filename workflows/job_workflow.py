@@ -1,21 +1,8 @@
-"""The job workflow: one class, registered dynamically, so every job type's executions run it
-under the job type's own workflow type name. A new job runs the engine's five stages, each an
-activity under its own name in the history (docs/architecture.md walks a job through them):
-
-    prepare (local)   the definition and the job; a job no longer queued ends here
-    resolve (local)   snapshot, credential, prompt version, provider, model and limits; a revoked
-                      key or an expired snapshot fails the job here, before any slot is taken
-    execute           the provider call, in a worker slot (the job's `running`), retried per the
-                      definition; a closed provider gate is waited out here, on a timer
-    project (local)   projector + markSucceeded + ai.job.completed, one transaction
-    complete (local)  the usage summary, and the completion event's fan-out woken
-
-On failure after retries: finalize_failed; on cancellation: finalize_cancelled. Only ids,
-hashes, names and codes pass through here.
-
-Runs recorded by earlier versions take the branches their patch markers name; how to change
-this file safely is docs/versioning.md.
-"""
+"""The job workflow: one class for every job type (the workflow type is the job type's name).
+A new job runs the five stages, prepare, resolve, execute, project, complete, each an activity
+under its own name, then finalize_failed or finalize_cancelled when it does not succeed; only
+ids, hashes, names and codes pass through. The stages are docs/architecture.md; runs recorded
+by earlier versions take the branches their patch markers name (docs/versioning.md)."""
 
 from __future__ import annotations
 
