@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+from db.provider_gate import Admission, GateKey, ProviderGate
 from db.session import SessionMaker
 from providers.crypto import generate_key_setting
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -58,6 +59,26 @@ async def gate_rows(db: SessionMaker) -> list[Any]:
             )
         )
         return list(rows)
+
+
+async def set_platform_gate(
+    db: SessionMaker,
+    *,
+    consecutive_failures: int = 0,
+    open_until: str = "NULL",
+    paused_until: str = "NULL",
+) -> None:
+    """The platform key's gate row as a test starts it (an open breaker, a pause): the two
+    timestamps are SQL expressions of this module's own, never input."""
+    async with db.begin() as s:
+        await s.execute(
+            text(
+                "INSERT INTO provider_gate "
+                "(provider, key_ref, consecutive_failures, open_until, paused_until) "
+                f"VALUES (:p, 'platform', :n, {open_until}, {paused_until})"
+            ),
+            {"p": PLATFORM_PROVIDER, "n": consecutive_failures},
+        )
 
 
 async def timed_job(st: Stack, user: str, timeout: float = 60) -> float:
@@ -255,14 +276,7 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
         CONTENT_SAFETY_BLOCKLIST="forbiddenword",
         **fake_env(fake),
     )
-    async with db.begin() as s:
-        await s.execute(
-            text(
-                "INSERT INTO provider_gate (provider, key_ref, consecutive_failures, open_until) "
-                "VALUES (:p, 'platform', 5, now())"
-            ),
-            {"p": PLATFORM_PROVIDER},
-        )
+    await set_platform_gate(db, consecutive_failures=5, open_until="now()")
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         probe_input = (
             {**INPUTS[FLASH], "sourceText": "forbiddenword " + INPUTS[FLASH]["sourceText"]}
@@ -348,14 +362,7 @@ async def test_a_long_wait_on_the_gate_continues_as_new_and_keeps_its_attempts(
     monkeypatch.setattr(contracts, "GATE_WAIT_HISTORY_LIMIT", 5)
     await fake.ascript([], default=VALID)
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
-    async with db.begin() as s:
-        await s.execute(
-            text(
-                "INSERT INTO provider_gate (provider, key_ref, paused_until) "
-                "VALUES (:p, 'platform', now() + interval '5 seconds')"
-            ),
-            {"p": PLATFORM_PROVIDER},
-        )
+    await set_platform_gate(db, paused_until="now() + interval '5 seconds'")
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
         row = await st.wait_status(job, timeout=60)
@@ -365,3 +372,30 @@ async def test_a_long_wait_on_the_gate_continues_as_new_and_keeps_its_attempts(
         desc = await temporal_client.get_workflow_handle(row.workflow_id).describe()
         info = desc.raw_description.workflow_execution_info
         assert info.first_run_id and info.first_run_id != desc.run_id  # continued as new
+
+
+async def test_two_callers_racing_for_a_half_open_probe_get_exactly_one(
+    db: SessionMaker,
+) -> None:
+    """The breaker's cooldown is over and many callers on separate connections ask at once:
+    exactly one holds the probe, the others are told to wait; once it is released, exactly one
+    of the next round gets it."""
+    await set_platform_gate(db, consecutive_failures=5, open_until="now()")
+    gate = ProviderGate()
+    key = GateKey(PLATFORM_PROVIDER)
+
+    async def ask() -> Admission:
+        async with db.begin() as s:
+            return await gate.admit(s, key, probe_ttl_s=60)
+
+    first = await asyncio.gather(*(ask() for _ in range(8)))
+    assert sum(a.probe for a in first) == 1
+    assert all(a.wait_s > 0 for a in first if not a.probe)
+    async with db.begin() as s:
+        await gate.release_probe(s, key)
+    second = await asyncio.gather(*(ask() for _ in range(8)))
+    assert sum(a.probe for a in second) == 1
+    async with db.begin() as s:
+        await gate.reachable(s, key)
+    third = await asyncio.gather(*(ask() for _ in range(8)))
+    assert all(a.wait_s == 0 and not a.probe for a in third)  # closed: everyone goes
