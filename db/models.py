@@ -6,14 +6,16 @@ The Alembic migrations are the schema; a test keeps the two equal.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Date,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -146,6 +148,15 @@ class AiJob(Base):
     retried_from_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     private_data_purged_at: Mapped[datetime | None] = mapped_column(TS)
     correction_hint: Mapped[str | None] = mapped_column(Text)
+    # Tokens and money, fixed at create (db/budgets.py): the prompt's estimated input tokens,
+    # the answer budget every call sends as `max_tokens` (the type's, or less under a per-job
+    # cap), the client's per-job cap, the cost reserved against the user's budgets while the
+    # job is active, and what its calls have cost so far.
+    estimated_input_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_output_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_cost_usd: Mapped[Decimal | None] = mapped_column(Numeric(18, 8))
+    reserved_cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
+    spent_cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
@@ -254,6 +265,25 @@ class AiUsageLog(Base):
 Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)
 
 
+class AiUsageDaily(Base):
+    """`ai_usage_log` rolled up per UTC day, user, job type, model and credential mode, in the
+    transaction that writes each usage row: budgets and the usage API read this, so their cost
+    does not grow with the number of calls."""
+
+    __tablename__ = "ai_usage_daily"
+    __table_args__ = (Index("ix_ai_usage_daily_user_day", "user_id", "day"),)
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    job_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    credential_mode: Mapped[str] = mapped_column(String(32), primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    tokens_in: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    tokens_out: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), server_default=text("0"))
+
+
 class UserModelCredential(Base):
     __tablename__ = "user_model_credential"
 
@@ -345,6 +375,44 @@ class ProviderGateRow(Base):
     consecutive_failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     open_until: Mapped[datetime | None] = mapped_column(TS)
     probe_until: Mapped[datetime | None] = mapped_column(TS)
+
+
+class ProviderLimitRow(Base):
+    """One row per (provider, model, key): token buckets for requests and tokens per minute,
+    refilled at the configured (or, lower, the provider-announced) rate, shared by every
+    worker (db/provider_limits.py)."""
+
+    __tablename__ = "provider_limit"
+
+    provider: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key_ref: Mapped[str] = mapped_column(String(80), primary_key=True)
+    requests_available: Mapped[float] = mapped_column(Float)
+    tokens_available: Mapped[float] = mapped_column(Float)
+    refilled_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # What the provider's rate-limit headers announced (x-ratelimit-limit-*), and until when
+    # they said nothing is left (x-ratelimit-remaining-* 0 with its reset).
+    announced_rpm: Mapped[int | None] = mapped_column(Integer)
+    announced_tpm: Mapped[int | None] = mapped_column(Integer)
+    blocked_until: Mapped[datetime | None] = mapped_column(TS)
+
+
+class ProviderCallLease(Base):
+    """A provider call in flight under a concurrency limit; expires on its own if its worker
+    dies, so a crash never leaks a slot."""
+
+    __tablename__ = "provider_call_lease"
+    __table_args__ = (
+        Index("ix_provider_call_lease_key", "provider", "model", "key_ref", "expires_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    key_ref: Mapped[str] = mapped_column(String(80))
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    expires_at: Mapped[datetime] = mapped_column(TS)
 
 
 # ---- signed webhooks -----------------------------------------------------------------------
