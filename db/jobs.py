@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from decimal import Decimal
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,12 @@ class JobRow:
     updated_at: datetime
     private_data_purged_at: datetime | None = None
     correction_hint: str | None = None
+    # Tokens and money, fixed at create (None/0 on jobs created before they were).
+    estimated_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_cost_usd: Decimal | None = None
+    reserved_cost_usd: Decimal = Decimal(0)
+    spent_cost_usd: Decimal = Decimal(0)
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).

@@ -12,6 +12,7 @@ case or activity that calls it owns the transaction, like every repository in db
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -62,6 +63,11 @@ class NewJob:
     max_retry_count: int
     workflow_id: str
     retried_from_job_id: uuid.UUID | None = None
+    # Tokens and money (db/budgets.py): fixed at create, read by the limiter and EXECUTE.
+    estimated_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_cost_usd: Decimal | None = None
+    reserved_cost_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
