@@ -708,6 +708,7 @@ def _usage_row(
     return UsageRow(
         job_id=row.id,
         user_id=row.user_id,
+        job_type=row.job_type,
         attempt_no=attempt,
         credential_mode=row.credential_mode,
         provider=response.provider if response else (provider or "unknown"),

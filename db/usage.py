@@ -1,11 +1,21 @@
-"""`ai_usage_log`: one row per provider call, written in EXECUTE's transaction."""
+"""`ai_usage_log`: one row per provider call, written in EXECUTE's transaction, and what reads it.
+
+Writing a usage row keeps two running sums in the same statement (so in the same transaction,
+and never one without the other): the row's `ai_usage_daily` bucket (UTC day, user, job type,
+model, credential mode) and the job's `ai_job.spent_cost_usd`. Budgets and the usage API read the
+rollup, so their cost follows the number of (day, user, job type, model, mode) buckets, not the
+number of calls; a job's own usage is read from the log by its `job_id` index.
+
+Every read takes bound parameters; a grouping is chosen from a fixed mapping (`GROUPINGS`),
+never spliced from the request."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -15,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 class UsageRow:
     job_id: uuid.UUID
     user_id: str
+    job_type: str
     attempt_no: int
     credential_mode: str
     provider: str
@@ -34,19 +45,43 @@ class UsageSummary:
     cost_usd: Decimal
 
 
+# One statement on EXECUTE's hot path instead of three round trips: the log row, its daily
+# bucket and the job's spend. The bucket's day is the row's own `created_at` in UTC, so the
+# rollup and a GROUP BY over the log agree on every row's day whatever the server's time zone.
+# ON CONFLICT ... DO UPDATE locks the bucket row until commit: concurrent calls of one user, job
+# type and model on one day queue there briefly instead of losing an update. A call that cost
+# nothing (a failed attempt, the synthetic provider) leaves the job row alone.
+_INSERT = text(
+    """
+    WITH logged AS (
+        INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
+            model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, created_at)
+        VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
+            :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, now())
+        RETURNING created_at
+    ), rolled AS (
+        INSERT INTO ai_usage_daily AS d (day, user_id, job_type, model, credential_mode, calls,
+            tokens_in, tokens_out, cost_usd)
+        SELECT (logged.created_at AT TIME ZONE 'UTC')::date, :user_id, :job_type, :model,
+               :credential_mode, 1, :tokens_in, :tokens_out, :cost_usd
+        FROM logged
+        ON CONFLICT (day, user_id, job_type, model, credential_mode) DO UPDATE
+        SET calls = d.calls + 1,
+            tokens_in = d.tokens_in + EXCLUDED.tokens_in,
+            tokens_out = d.tokens_out + EXCLUDED.tokens_out,
+            cost_usd = d.cost_usd + EXCLUDED.cost_usd
+    )
+    UPDATE ai_job SET spent_cost_usd = spent_cost_usd + :cost_usd
+    WHERE id = :job_id AND CAST(:cost_usd AS numeric) <> 0
+    """
+)
+
+
 class UsageRepository:
     async def insert(self, session: AsyncSession, row: UsageRow) -> None:
-        await session.execute(
-            text(
-                """
-                INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
-                    model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, created_at)
-                VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
-                    :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, now())
-                """
-            ),
-            row.__dict__,
-        )
+        """The call's log row, its daily bucket and the job's spend, in the caller's
+        transaction (never committed here): all three or none."""
+        await session.execute(_INSERT, row.__dict__)
 
     async def calls_with(
         self, session: AsyncSession, job_id: uuid.UUID, attempt_no: int, error_code: str
@@ -82,17 +117,194 @@ class UsageRepository:
     async def user_cost_since(
         self, session: AsyncSession, user_id: str, since: datetime
     ) -> Decimal:
-        """A user's provider cost since `since` (a UTC day or month start, computed by the
-        caller, so the database's time zone never moves the boundary)."""
+        """A user's provider cost since `since`, a UTC day (or month) start computed by the
+        caller, so the database's time zone never moves the boundary. Read from the daily
+        rollup: the cost of this read follows the days in range, not the user's calls."""
         r = (
             await session.execute(
                 text(
-                    """
-                    SELECT coalesce(sum(cost_usd), 0) AS cost FROM ai_usage_log
-                    WHERE user_id = :u AND created_at >= :since
-                    """
+                    "SELECT coalesce(sum(cost_usd), 0) AS cost FROM ai_usage_daily "
+                    "WHERE user_id = :u AND day >= :since"
                 ),
-                {"u": user_id, "since": since},
+                {"u": user_id, "since": utc_day(since)},
             )
         ).one()
         return Decimal(r.cost)
+
+
+def utc_day(moment: datetime) -> date:
+    """The UTC calendar day of `moment` (a naive datetime is taken as UTC)."""
+    if moment.tzinfo is None:
+        return moment.date()
+    return moment.astimezone(UTC).date()
+
+
+# ---- the usage API's reads -------------------------------------------------------------------
+
+Grouping = Literal["day", "jobType", "model", "user", "credentialMode"]
+# The only columns a usage read may group by: the request names a key of this mapping, and the
+# column spliced into the SQL is one of these constants, never the request's text.
+GROUPINGS: dict[str, str] = {
+    "day": "day",
+    "jobType": "job_type",
+    "model": "model",
+    "user": "user_id",
+    "credentialMode": "credential_mode",
+}
+
+
+@dataclass(frozen=True)
+class UsageFilter:
+    """Which buckets a usage read sums: UTC days `start`..`end` inclusive, and optionally one
+    user, job type, model or credential mode."""
+
+    start: date
+    end: date
+    user_id: str | None = None
+    job_type: str | None = None
+    model: str | None = None
+    credential_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class UsageBucket:
+    key: str
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True)
+class AttemptUsage:
+    attempt: int
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: Decimal
+    error_codes: list[str]
+
+
+def grouped_usage_sql(group_by: str, *, from_log: bool = False) -> str:
+    """The SQL of `grouped_usage` (and of the benchmark's baseline straight from the log,
+    `from_log`). Raises KeyError for a grouping outside `GROUPINGS`."""
+    col = GROUPINGS[group_by]
+    if from_log:
+        # The same sums computed from every call instead of the rollup (the bench's baseline).
+        day = "(u.created_at AT TIME ZONE 'UTC')::date"
+        key = {"day": day, "job_type": "j.job_type"}.get(col, f"u.{col}")
+        return f"""
+            SELECT {key} AS key, count(*) AS calls, sum(u.tokens_in) AS tin,
+                   sum(u.tokens_out) AS tout, sum(u.cost_usd) AS cost
+            FROM ai_usage_log u JOIN ai_job j ON j.id = u.job_id
+            WHERE u.created_at >= CAST(:start AS date) AT TIME ZONE 'UTC'
+              AND u.created_at < (CAST(:end AS date) + 1) AT TIME ZONE 'UTC'
+              AND (CAST(:user_id AS text) IS NULL OR u.user_id = :user_id)
+              AND (CAST(:job_type AS text) IS NULL OR j.job_type = :job_type)
+              AND (CAST(:model AS text) IS NULL OR u.model = :model)
+              AND (CAST(:credential_mode AS text) IS NULL OR u.credential_mode = :credential_mode)
+            GROUP BY 1 ORDER BY 1
+        """
+    return f"""
+        SELECT {col} AS key, sum(calls) AS calls, sum(tokens_in) AS tin,
+               sum(tokens_out) AS tout, sum(cost_usd) AS cost
+        FROM ai_usage_daily
+        WHERE day BETWEEN :start AND :end
+          AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
+          AND (CAST(:job_type AS text) IS NULL OR job_type = :job_type)
+          AND (CAST(:model AS text) IS NULL OR model = :model)
+          AND (CAST(:credential_mode AS text) IS NULL OR credential_mode = :credential_mode)
+        GROUP BY 1 ORDER BY 1
+    """
+
+
+def usage_params(f: UsageFilter) -> dict[str, object]:
+    return {
+        "start": f.start,
+        "end": f.end,
+        "user_id": f.user_id,
+        "job_type": f.job_type,
+        "model": f.model,
+        "credential_mode": f.credential_mode,
+    }
+
+
+async def grouped_usage(
+    session: AsyncSession, f: UsageFilter, group_by: Grouping
+) -> list[UsageBucket]:
+    """The rollup's sums over `f`, one bucket per value of `group_by`, in key order (days as
+    `YYYY-MM-DD`)."""
+    rows = await session.execute(text(grouped_usage_sql(group_by)), usage_params(f))
+    return [
+        UsageBucket(
+            key=r.key.isoformat() if isinstance(r.key, date) else str(r.key),
+            calls=int(r.calls),
+            tokens_in=int(r.tin),
+            tokens_out=int(r.tout),
+            cost_usd=Decimal(r.cost),
+        )
+        for r in rows
+    ]
+
+
+async def job_attempts(session: AsyncSession, job_id: uuid.UUID) -> list[AttemptUsage]:
+    """A job's calls summed per attempt, in attempt order, with the error code of every failed
+    call in the order the calls were made (read by the log's `job_id` index)."""
+    rows = await session.execute(
+        text(
+            """
+            SELECT attempt_no, count(*) AS calls, sum(tokens_in) AS tin,
+                   sum(tokens_out) AS tout, sum(cost_usd) AS cost,
+                   coalesce(array_agg(error_code ORDER BY id)
+                            FILTER (WHERE error_code IS NOT NULL), '{}') AS codes
+            FROM ai_usage_log WHERE job_id = :j
+            GROUP BY attempt_no ORDER BY attempt_no
+            """
+        ),
+        {"j": job_id},
+    )
+    return [
+        AttemptUsage(
+            attempt=int(r.attempt_no),
+            calls=int(r.calls),
+            tokens_in=int(r.tin),
+            tokens_out=int(r.tout),
+            cost_usd=Decimal(r.cost),
+            error_codes=list(r.codes),
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class JobMoney:
+    """What create fixed about a job's tokens and money, and whose job it is (the owner rule
+    runs on `user_id` before anything else of it is shown)."""
+
+    user_id: str
+    estimated_input_tokens: int | None
+    max_output_tokens: int | None
+    max_cost_usd: Decimal | None
+    reserved_cost_usd: Decimal
+
+
+async def job_money(session: AsyncSession, job_id: uuid.UUID) -> JobMoney | None:
+    """The job's owner and money columns (not its input or output); None when it is missing."""
+    r = (
+        await session.execute(
+            text(
+                "SELECT user_id, estimated_input_tokens, max_output_tokens, max_cost_usd, "
+                "reserved_cost_usd FROM ai_job WHERE id = :j"
+            ),
+            {"j": job_id},
+        )
+    ).first()
+    if r is None:
+        return None
+    return JobMoney(
+        user_id=r.user_id,
+        estimated_input_tokens=r.estimated_input_tokens,
+        max_output_tokens=r.max_output_tokens,
+        max_cost_usd=r.max_cost_usd,
+        reserved_cost_usd=Decimal(r.reserved_cost_usd),
+    )
