@@ -49,6 +49,6 @@ class Resolve:
             model=d.gateway.model_for(jt, row.credential_mode),
             credential_id=str(row.credential_id) if row.credential_id else None,
             timeout_ms=definition.execution.timeout_ms,
-            max_output_tokens=definition.execution.max_output_tokens,
+            max_output_tokens=row.max_output_tokens or definition.execution.max_output_tokens,
             max_attempts=d.execution_policy(definition).max_attempts,
         )

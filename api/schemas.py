@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
-from typing import Any, Literal
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
 from api import cursors
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import CredentialMode, QueueName
 from engine.lifecycle import StatusName
+from jobs.service import RefusalLimit
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
 from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
 
@@ -101,6 +103,11 @@ class CreateJobBody(Camel):
     # One of the caller's own active keys, with credentialMode user_deepseek_key only; left
     # out: the newest. Anyone else's, a revoked or an unknown one: 404 CREDENTIAL_NOT_FOUND.
     credential_id: uuid.UUID | None = None
+    # The most the job may cost in all, in USD (a number or a decimal string); its answer budget
+    # is cut to fit, and a cap too low for its prompt is refused (422 COST_CAP_TOO_LOW).
+    max_cost_usd: Decimal | None = Field(
+        default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
+    )
 
     @field_validator("job_type", "target_type", "target_id")
     @classmethod
@@ -208,3 +215,203 @@ class AdminJobDetailResponse(AdminJobResponse):
         default=None,
         description="Why a queued or running job is not progressing; null when nothing is wrong.",
     )
+
+
+# ---- usage and cost ---------------------------------------------------------------------
+
+_USD_QUANTUM = Decimal("0.00000001")
+
+
+def usd_text(value: Decimal) -> str:
+    """USD as a decimal string with exactly 8 places (the precision usage rows are priced to):
+    a JSON number would lose digits in clients that parse it as a float."""
+    return f"{value.quantize(_USD_QUANTUM):f}"
+
+
+UsdAmount = Annotated[
+    Decimal,
+    PlainSerializer(usd_text, return_type=str),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^-?\d+\.\d{8}$",
+            "description": "USD, a decimal string with 8 places",
+            "examples": ["0.00066000"],
+        }
+    ),
+]
+UsageGroupBy = Literal["day", "jobType", "model"]
+AdminUsageGroupBy = Literal["user", "jobType", "model", "day", "credentialMode"]
+
+
+class UsageSums(Camel):
+    calls: int = Field(description="Provider calls, failed ones included", examples=[3])
+    tokens_in: int = Field(examples=[1200])
+    tokens_out: int = Field(examples=[800])
+    cost_usd: UsdAmount
+
+
+class UsageItem(UsageSums):
+    key: str = Field(
+        description="The group's value: a UTC date `YYYY-MM-DD` (day), a job type, a model, a "
+        "user id or a credential mode",
+        examples=["2026-01-31"],
+    )
+
+
+class UsageReport(Camel):
+    """Spend over UTC days `from`..`to` (inclusive), one item per group in key order; `total`
+    is the sum of the items."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "from": "2026-01-01",
+                    "to": "2026-01-30",
+                    "groupBy": "jobType",
+                    "items": [
+                        {
+                            "key": "flashcard_generation",
+                            "calls": 3,
+                            "tokensIn": 1200,
+                            "tokensOut": 800,
+                            "costUsd": "0.00066000",
+                        }
+                    ],
+                    "total": {
+                        "calls": 3,
+                        "tokensIn": 1200,
+                        "tokensOut": 800,
+                        "costUsd": "0.00066000",
+                    },
+                }
+            ]
+        },
+    )
+
+    from_: date = Field(alias="from")
+    to: date
+    group_by: str
+    items: list[UsageItem]
+    total: UsageSums
+
+
+class AttemptUsageOut(UsageSums):
+    attempt: int = Field(ge=1, examples=[1])
+    error_codes: list[str] = Field(
+        description="The error code of each failed call of the attempt, in call order",
+        examples=[["PROVIDER_UNAVAILABLE"]],
+    )
+
+
+class JobUsageResponse(UsageSums):
+    """A job's calls from its usage log, per attempt, with what create fixed about its tokens
+    and money."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "jobId": "0b6f1f52-8d0e-4c39-9a53-1f1f0f6c2a11",
+                    "calls": 2,
+                    "tokensIn": 2400,
+                    "tokensOut": 800,
+                    "costUsd": "0.00066000",
+                    "reservedCostUsd": "0.00000000",
+                    "maxCostUsd": "0.05000000",
+                    "estimatedInputTokens": 1180,
+                    "maxOutputTokens": 2048,
+                    "attempts": [
+                        {
+                            "attempt": 1,
+                            "calls": 1,
+                            "tokensIn": 1200,
+                            "tokensOut": 0,
+                            "costUsd": "0.00000000",
+                            "errorCodes": ["PROVIDER_UNAVAILABLE"],
+                        },
+                        {
+                            "attempt": 2,
+                            "calls": 1,
+                            "tokensIn": 1200,
+                            "tokensOut": 800,
+                            "costUsd": "0.00066000",
+                            "errorCodes": [],
+                        },
+                    ],
+                }
+            ]
+        },
+    )
+
+    job_id: uuid.UUID
+    reserved_cost_usd: UsdAmount = Field(
+        description="What is reserved against the user's budgets for this job"
+    )
+    max_cost_usd: UsdAmount | None = Field(default=None, description="The job's cost cap")
+    estimated_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    attempts: list[AttemptUsageOut]
+
+
+# ---- quotes -------------------------------------------------------------------------------
+
+
+class QuoteBudget(Camel):
+    window: Literal["daily", "monthly"]
+    limit_usd: UsdAmount
+    spent_usd: UsdAmount  # calls in the window
+    reserved_usd: UsdAmount  # the open reservations of your active jobs
+    remaining_usd: UsdAmount
+    resets_at: datetime
+
+
+class QuoteRefusal(Camel):
+    code: str  # the error code a create would answer with (TOO_MANY_JOBS, QUOTA_EXCEEDED)
+    limit: RefusalLimit
+    message: str
+    retry_after_s: int  # what a create's Retry-After would say
+    until: datetime  # now + retryAfterS
+
+
+class QuoteResponse(Camel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "jobType": "quiz_generation",
+                    "model": "deepseek-chat",
+                    "calls": 1,
+                    "estimatedInputTokens": 812,
+                    "maxOutputTokens": 4096,
+                    "expectedOutputTokens": 790,
+                    "estimatedCostUsd": "0.00108824",
+                    "worstCaseCostUsd": "0.00478001",
+                    "maxCostUsd": None,
+                    "admitted": True,
+                    "refusal": None,
+                    "budgets": [],
+                }
+            ]
+        },
+    )
+
+    job_type: str
+    model: str
+    calls: int  # provider calls one attempt makes
+    estimated_input_tokens: int
+    max_output_tokens: int  # each call's answer budget (cut to fit maxCostUsd)
+    expected_output_tokens: int
+    estimated_cost_usd: UsdAmount
+    worst_case_cost_usd: UsdAmount  # what a create reserves against your budgets
+    max_cost_usd: UsdAmount | None
+    admitted: bool
+    refusal: QuoteRefusal | None
+    budgets: list[QuoteBudget]

@@ -37,6 +37,9 @@ _RULES: tuple[CodeRule, ...] = (
     # The job's input outlived its retention before it ran: nothing can bring it back.
     CodeRule("SNAPSHOT_EXPIRED", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
+    # Another call would take the job past its cost cap or its user past a budget: a retry
+    # would only be refused again (a budget resets with its window; create the job again).
+    CodeRule("BUDGET_", Retry.NO),
     CodeRule("INTERNAL_", Retry.ONCE),
 )
 
@@ -84,6 +87,10 @@ PUBLIC_MESSAGES: dict[str, str] = {
         "the job again; if it keeps happening, contact support."
     ),
     "CANCELLED": "The job was cancelled.",
+    "BUDGET_EXHAUSTED": (
+        "Another attempt would exceed the job's cost cap or your AI cost budget, so the job "
+        "stopped. Create it again when the budget allows, or with a higher maxCostUsd."
+    ),
     "SNAPSHOT_EXPIRED": (
         "The job waited longer than its input is kept and can no longer run. Create it again."
     ),
@@ -216,6 +223,15 @@ class RequestTooLarge(EngineError):
     code = "REQUEST_TOO_LARGE"
     http_status = 422
     title = "Input too long for the AI model"
+
+
+class CostCapTooLow(EngineError):
+    """The client's per-job cap (`maxCostUsd`) cannot pay for the job's prompt and a useful
+    answer: refused at create, before anything is queued or reserved."""
+
+    code = "COST_CAP_TOO_LOW"
+    http_status = 422
+    title = "Cost cap too low for this job"
 
 
 class PayloadTooLarge(EngineError):

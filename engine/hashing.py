@@ -25,10 +25,12 @@ def request_fingerprint(
     priority: int | None,
     credential_mode: str | None = None,
     credential_id: str | None = None,
+    max_cost_usd: str | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
-    The effective credential mode, and the key a client named, are part of the request (who
-    pays is not a detail). Left out, they leave earlier fingerprints unchanged."""
+    The effective credential mode, the key a client named and a per-job cost cap are part of
+    the request (who pays, and how much, is not a detail). Left out, they leave earlier
+    fingerprints unchanged."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -40,4 +42,6 @@ def request_fingerprint(
         body["credentialMode"] = credential_mode
     if credential_id is not None:
         body["credentialId"] = credential_id
+    if max_cost_usd is not None:
+        body["maxCostUsd"] = max_cost_usd
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     environment: Literal["development", "test", "production"] = Field(
         default="production", alias="AIJOBS_ENV"
     )
+    # What a worst case adds to a token estimate (0.25: 25 %): budgets reserve and per-job caps
+    # bound by it. docs/benchmarks.md measures the estimate's error per job type.
+    token_estimate_margin: float = Field(default=0.25, ge=0, le=4, alias="TOKEN_ESTIMATE_MARGIN")
     quota_max_cost_usd_per_day: float = Field(default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_DAY")
     quota_max_cost_usd_per_month: float = Field(
         default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_MONTH"

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import budgets
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
@@ -53,9 +54,11 @@ from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
 from jobs import lifecycle
+from jobs.costs import JobEstimate, estimate_job
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
 from jobs.views import Owner, can_see, not_found
+from providers.pricing import PriceTable
 
 log = logging.getLogger(__name__)
 # `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
@@ -77,6 +80,19 @@ class CreatePolicy:
     fairness_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # Tokens the configured model accepts (prompt and answer); None: unknown, no check.
     context_window: int | None = None
+    # What a job's calls will cost (jobs/costs.py): the configured model (AI_MODEL), whether the
+    # platform's calls go to the synthetic provider (no key and no base URL: model "synthetic"),
+    # the prices, and the margin a worst case adds to the token estimate.
+    model: str = "synthetic"
+    platform_synthetic: bool = True
+    prices: PriceTable = dataclasses.field(default_factory=PriceTable)
+    estimate_margin: float = 0.25
+
+    def model_for(self, jt: AnyJobType, mode: str) -> str:
+        """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""
+        if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
+            return "synthetic"
+        return self.model
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible
@@ -98,6 +114,8 @@ class CreateJobRequest:
     # One of the caller's own active keys (user_deepseek_key only); None: the newest.
     credential_id: uuid.UUID | None = None
     retried_from_job_id: uuid.UUID | None = None
+    # The most this job may cost in all (USD); its answer budget is cut to fit. None: no cap.
+    max_cost_usd: Decimal | None = None
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
 
@@ -194,9 +212,28 @@ class JobService:
                 "Shorten the input."
             )
 
-    async def create(
-        self, req: CreateJobRequest, *, within: CreateHook | None = None
-    ) -> CreateJobResult:
+    def estimate(
+        self, jt: AnyJobType, model: BaseModel, mode: str, max_cost_usd: Decimal | None
+    ) -> JobEstimate:
+        """The job's tokens and cost before any call (jobs/costs.py); a cap too low for it
+        raises CostCapTooLow."""
+        model_name = self._policy.model_for(jt, mode)
+        budget = jt.definition.execution.max_output_tokens
+        expected = jt.expected_output_tokens(model) if jt.expected_output_tokens else budget // 4
+        return estimate_job(
+            [jt.prompt(model, None)],
+            model=model_name,
+            price=self._policy.prices.price_for(model_name),
+            output_budget=budget,
+            expected_output_tokens=expected,
+            margin=self._policy.estimate_margin,
+            max_cost_usd=max_cost_usd,
+        )
+
+    def checked_request(self, req: CreateJobRequest) -> CheckedRequest:
+        """Everything create decides before it touches the database: the type, the validated
+        input, priority, credential mode, the estimate and the request's fingerprint. A quote
+        stops here; create goes on."""
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
         d = jt.definition
         model = self.validate_input(jt, req.input)
@@ -214,12 +251,20 @@ class JobService:
                     {"loc": ["credentialId"], "msg": "needs user_deepseek_key", "type": "value"}
                 ],
             )
+        if req.max_cost_usd is not None and not (
+            req.max_cost_usd.is_finite() and req.max_cost_usd > 0
+        ):
+            raise ValidationFailed(
+                "maxCostUsd must be a positive number",
+                errors=[{"loc": ["maxCostUsd"], "msg": "must be > 0", "type": "value"}],
+            )
         self._check_fits_the_model(jt, model)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
                 f"targetType must be one of: {', '.join(jt.target_types)}",
                 errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
             )
+        estimate = self.estimate(jt, model, mode, req.max_cost_usd)
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
@@ -230,8 +275,37 @@ class JobService:
             priority,
             mode,
             str(req.credential_id) if req.credential_id is not None else None,
+            str(req.max_cost_usd) if req.max_cost_usd is not None else None,
         )
+        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint)
 
+    async def quote(self, req: CreateJobRequest) -> Quote:
+        """What creating `req` now would cost and whether it would be admitted: the checks and
+        the estimate of create, and its quotas and budgets read without the user's lock. It
+        writes nothing and counts against nothing."""
+        checked = self.checked_request(req)
+        if (
+            checked.mode == PLATFORM_KEY
+            and not checked.job_type.always_synthetic
+            and not self._policy.platform_key_available
+        ):
+            raise PlatformUnavailable()
+        now = dt.datetime.now(dt.UTC)
+        async with self._sm.begin() as s:
+            refusal = await self.admission_refusal(s, req.user_id, checked.estimate)
+            held = [
+                (w, await budgets.committed(s, req.user_id, w.since))
+                for w in self.budget_windows(now)
+            ]
+        return Quote(checked, refusal, held)
+
+    async def create(
+        self, req: CreateJobRequest, *, within: CreateHook | None = None
+    ) -> CreateJobResult:
+        checked = self.checked_request(req)
+        jt, d = checked.job_type, checked.job_type.definition
+        normalized, priority, mode = checked.normalized, checked.priority, checked.mode
+        estimate, fingerprint = checked.estimate, checked.fingerprint
         if req.idempotency_key is not None:
             async with self._sm.begin() as s:
                 existing = await self._jobs.find_by_idempotency_key(
@@ -264,11 +338,15 @@ class JobService:
             max_retry_count=resolve_execution(d).max_retries,
             workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
             retried_from_job_id=req.retried_from_job_id,
+            estimated_input_tokens=estimate.input_tokens,
+            max_output_tokens=estimate.output_budget,
+            max_cost_usd=req.max_cost_usd,
+            reserved_cost_usd=estimate.worst_case_cost_usd,
         )
         try:
             async with self._sm.begin() as s:
                 if not req.internal:
-                    winner = await self._enforce_quotas(s, req, fingerprint)
+                    winner = await self._enforce_quotas(s, req, fingerprint, estimate)
                     if winner is not None:
                         return winner
                 if jt.check_target is not None and not req.internal:
@@ -359,11 +437,13 @@ class JobService:
         return CreateJobResult(job=existing, created=False)
 
     async def _enforce_quotas(
-        self, s: AsyncSession, req: CreateJobRequest, fingerprint: str
+        self, s: AsyncSession, req: CreateJobRequest, fingerprint: str, estimate: JobEstimate
     ) -> CreateJobResult | None:
         """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
-        creates, so count-then-insert cannot overshoot. Under the lock, a create with a key that
-        a concurrent create just committed is answered with that job instead of a quota error."""
+        creates, so count-then-insert cannot overshoot, and the job's worst-case cost, reserved
+        by the insert that follows in this transaction, cannot take spend plus reservations
+        past a budget. Under the lock, a create with a key that a concurrent create just
+        committed is answered with that job instead of a quota error."""
         p = self._policy
         if not (
             p.max_active_jobs
@@ -380,47 +460,84 @@ class JobService:
             )
             if existing is not None:
                 return self._same_request(existing, fingerprint)
-        if p.max_active_jobs and await self._jobs.count_active(s, req.user_id) >= p.max_active_jobs:
+        refusal = await self.admission_refusal(s, req.user_id, estimate)
+        if refusal is not None:
+            raise refusal.error
+        return None
+
+    async def admission_refusal(
+        self, s: AsyncSession, user_id: str, estimate: JobEstimate
+    ) -> Refusal | None:
+        """The first quota or budget a job of `estimate` would break now, or None. Create calls
+        it under the user's lock and raises; a quote calls it without and reports."""
+        p = self._policy
+        if p.max_active_jobs and await self._jobs.count_active(s, user_id) >= p.max_active_jobs:
             # A slot frees when one of the user's jobs ends, which no clock predicts: a short,
             # fixed hint, so a polite client neither hammers nor waits a job's whole timeout.
-            raise TooManyJobs(
-                f"At most {p.max_active_jobs} active jobs per user.",
-                retry_after_s=TOO_MANY_JOBS_RETRY_AFTER_S,
+            return Refusal(
+                "active_jobs",
+                TooManyJobs(
+                    f"At most {p.max_active_jobs} active jobs per user.",
+                    retry_after_s=TOO_MANY_JOBS_RETRY_AFTER_S,
+                ),
             )
         now = dt.datetime.now(dt.UTC)
         day, month = utc_day_start(now), utc_month_start(now)
-        if p.max_jobs_per_day or p.max_jobs_per_month:
-            # Counted from the month start only when a monthly limit exists: the day count is
-            # served by the (user_id, created_at) index either way.
-            if p.max_jobs_per_day and (
-                await self._jobs.count_created_since(s, req.user_id, day) >= p.max_jobs_per_day
-            ):
-                raise QuotaExceeded(
+        # Counted from the month start only when a monthly limit exists: the day count is
+        # served by the (user_id, created_at) index either way.
+        if p.max_jobs_per_day and (
+            await self._jobs.count_created_since(s, user_id, day) >= p.max_jobs_per_day
+        ):
+            return Refusal(
+                "jobs_per_day",
+                QuotaExceeded(
                     f"At most {p.max_jobs_per_day} jobs per user per day.",
                     retry_after_s=seconds_until(next_utc_day(now), now),
-                )
-            if p.max_jobs_per_month and (
-                await self._jobs.count_created_since(s, req.user_id, month) >= p.max_jobs_per_month
-            ):
-                raise QuotaExceeded(
+                ),
+            )
+        if p.max_jobs_per_month and (
+            await self._jobs.count_created_since(s, user_id, month) >= p.max_jobs_per_month
+        ):
+            return Refusal(
+                "jobs_per_month",
+                QuotaExceeded(
                     f"At most {p.max_jobs_per_month} jobs per user per month.",
                     retry_after_s=seconds_until(next_utc_month(now), now),
-                )
-        if p.max_cost_usd_per_day:
-            spent = await self._usage.user_cost_since(s, req.user_id, day)
-            if spent >= Decimal(str(p.max_cost_usd_per_day)):
-                raise QuotaExceeded(
-                    "The daily AI cost budget is used up.",
-                    retry_after_s=seconds_until(next_utc_day(now), now),
-                )
-        if p.max_cost_usd_per_month:
-            spent = await self._usage.user_cost_since(s, req.user_id, month)
-            if spent >= Decimal(str(p.max_cost_usd_per_month)):
-                raise QuotaExceeded(
-                    "The monthly AI cost budget is used up.",
-                    retry_after_s=seconds_until(next_utc_month(now), now),
+                ),
+            )
+        for window in self.budget_windows(now):
+            held = await budgets.committed(s, user_id, window.since)
+            error = window.refusal(held, estimate.worst_case_cost_usd, now)
+            if error is not None:
+                return Refusal(
+                    "daily_cost_budget" if window.name == "daily" else "monthly_cost_budget",
+                    error,
                 )
         return None
+
+    def budget_windows(self, now: dt.datetime) -> list[BudgetWindow]:
+        """The user cost budgets in force (daily, monthly), each with its window."""
+        p = self._policy
+        out = []
+        if p.max_cost_usd_per_day:
+            out.append(
+                BudgetWindow(
+                    "daily",
+                    Decimal(str(p.max_cost_usd_per_day)),
+                    utc_day_start(now).date(),
+                    next_utc_day(now),
+                )
+            )
+        if p.max_cost_usd_per_month:
+            out.append(
+                BudgetWindow(
+                    "monthly",
+                    Decimal(str(p.max_cost_usd_per_month)),
+                    utc_month_start(now).date(),
+                    next_utc_month(now),
+                )
+            )
+        return out
 
     # ---- cancel -------------------------------------------------------------------------
 
@@ -508,6 +625,7 @@ class JobService:
                     priority=row.priority,
                     credential_mode=row.credential_mode,
                     retried_from_job_id=row.id,
+                    max_cost_usd=row.max_cost_usd,
                     internal=True,
                 ),
                 within=within,
@@ -520,6 +638,70 @@ class JobService:
             if existing is None:
                 raise
             return CreateJobResult(job=existing, created=False)
+
+
+RefusalLimit = Literal[
+    "active_jobs", "jobs_per_day", "jobs_per_month", "daily_cost_budget", "monthly_cost_budget"
+]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Which limit refuses a create now, and the 429 that says so."""
+
+    limit: RefusalLimit
+    error: TooManyJobs | QuotaExceeded
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    job_type: AnyJobType
+    normalized: dict[str, Any]
+    priority: int
+    mode: str
+    estimate: JobEstimate
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Quote:
+    checked: CheckedRequest
+    refusal: Refusal | None  # None: a create now would be admitted
+    budgets: list[tuple[BudgetWindow, budgets.Committed]]
+
+
+# Retry-After (seconds) when a budget is held by the reservations of running jobs: they end,
+# and give back what they did not spend, within a job's run time, which no clock predicts.
+RESERVATIONS_RETRY_AFTER_S = 10
+
+
+@dataclass(frozen=True)
+class BudgetWindow:
+    name: Literal["daily", "monthly"]
+    limit_usd: Decimal
+    since: dt.date
+    resets_at: dt.datetime
+
+    def refusal(
+        self, held: budgets.Committed, worst_case_usd: Decimal, now: dt.datetime
+    ) -> QuotaExceeded | None:
+        """None when a job of `worst_case_usd` fits; else the 429 to answer. When spend alone
+        leaves no room, Retry-After is the window's end; when reservations of the user's active
+        jobs hold the room, a few seconds (they settle as those jobs end)."""
+        if held.total_usd + worst_case_usd <= self.limit_usd:
+            return None
+        if held.spent_usd + worst_case_usd > self.limit_usd:
+            return QuotaExceeded(
+                f"The {self.name} AI cost budget of {self.limit_usd} USD cannot cover this job "
+                f"(up to {worst_case_usd} USD; {held.spent_usd} USD spent).",
+                retry_after_s=seconds_until(self.resets_at, now),
+            )
+        return QuotaExceeded(
+            f"The {self.name} AI cost budget of {self.limit_usd} USD is held by your running "
+            f"jobs ({held.reserved_usd} USD reserved, {held.spent_usd} USD spent); this job may "
+            f"cost up to {worst_case_usd} USD.",
+            retry_after_s=RESERVATIONS_RETRY_AFTER_S,
+        )
 
 
 class EnqueueNotWritten(RuntimeError):

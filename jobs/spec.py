@@ -109,6 +109,9 @@ class JobType(Generic[InT, OutT]):
     project: Projector[OutT] = project_output
     # How the artifacts API shows this type's artifacts (None: content is null).
     artifact_view: ArtifactView | None = view_output
+    # The answer tokens this type expects for an input (a quote's estimated cost); None: a
+    # quarter of the answer budget. The worst case always counts the whole budget.
+    expected_output_tokens: Callable[[InT], int] | None = None
     # Only the synthetic job type scripts its provider (delay, failures, hang...).
     synthetic_behaviour: Callable[[InT], SyntheticBehaviour] | None = None
     # The synthetic job type never calls a real provider, even when a key is configured.

@@ -153,6 +153,10 @@ def create_policy(settings: Settings) -> CreatePolicy:
         fairness_secret=_fairness_secret(settings),
         fairness_weights=settings.fairness_weight_map(),
         context_window=PriceTable.from_settings(settings).context_window(settings.ai_model),
+        model=settings.ai_model,
+        platform_synthetic=not (settings.deepseek_api_key or settings.ai_base_url),
+        prices=PriceTable.from_settings(settings),
+        estimate_margin=settings.token_estimate_margin,
     )
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
+from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -18,6 +20,9 @@ from api.schemas import (
     CancelResponse,
     CreateJobBody,
     JobPage,
+    QuoteBudget,
+    QuoteRefusal,
+    QuoteResponse,
     Status,
     decode_artifact_cursor,
     decode_cursor,
@@ -40,6 +45,77 @@ def _check_key(key: str | None) -> str | None:
     if not _KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
     return key
+
+
+def _request(
+    body: CreateJobBody, user_id: str, *, idempotency_key: str | None = None
+) -> CreateJobRequest:
+    return CreateJobRequest(
+        user_id=user_id,
+        job_type=body.job_type,
+        target_type=body.target_type,
+        target_id=body.target_id,
+        input=body.input,
+        priority=body.priority,
+        idempotency_key=idempotency_key,
+        credential_mode=body.credential_mode,
+        credential_id=body.credential_id,
+        max_cost_usd=body.max_cost_usd,
+    )
+
+
+@router.post(
+    "/quote",
+    response_model=QuoteResponse,
+    responses={**TOO_LARGE_RESPONSE},
+    summary="What a job would cost, and whether it would be admitted now",
+    description=(
+        "Takes a create body and answers with the model, the estimated input tokens, each "
+        "call's answer budget, the estimated and worst-case cost (the worst case is what a "
+        "create reserves against your cost budgets), and whether a create now would be "
+        "admitted; if not, which limit refuses it and until when (`refusal`). The body is "
+        "checked as a create checks it (422 for what a create would refuse). Creates nothing "
+        "and counts against nothing; a later create may still be refused if your jobs or "
+        "spend changed in between."
+    ),
+)
+async def quote_job(body: CreateJobBody, state: State, principal: User) -> QuoteResponse:
+    q = await state.jobs.quote(_request(body, principal.user_id))
+    e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
+    refusal = None
+    if q.refusal is not None:
+        after = q.refusal.error.retry_after_s or 1
+        refusal = QuoteRefusal(
+            code=q.refusal.error.code,
+            limit=q.refusal.limit,
+            message=q.refusal.error.public_message,
+            retry_after_s=after,
+            until=now + dt.timedelta(seconds=after),
+        )
+    return QuoteResponse(
+        job_type=q.checked.job_type.job_type,
+        model=e.model,
+        calls=e.calls,
+        estimated_input_tokens=e.input_tokens,
+        max_output_tokens=e.output_budget,
+        expected_output_tokens=e.expected_output_tokens,
+        estimated_cost_usd=e.estimated_cost_usd,
+        worst_case_cost_usd=e.worst_case_cost_usd,
+        max_cost_usd=body.max_cost_usd,
+        admitted=refusal is None,
+        refusal=refusal,
+        budgets=[
+            QuoteBudget(
+                window=w.name,
+                limit_usd=w.limit_usd,
+                spent_usd=held.spent_usd,
+                reserved_usd=held.reserved_usd,
+                remaining_usd=max(w.limit_usd - held.total_usd, Decimal(0)),
+                resets_at=w.resets_at,
+            )
+            for w, held in q.budgets
+        ],
+    )
 
 
 @router.post(
@@ -67,17 +143,7 @@ async def create_job(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JobStatusResponse:
     result = await state.jobs.create(
-        CreateJobRequest(
-            user_id=principal.user_id,
-            job_type=body.job_type,
-            target_type=body.target_type,
-            target_id=body.target_id,
-            input=body.input,
-            priority=body.priority,
-            idempotency_key=_check_key(idempotency_key),
-            credential_mode=body.credential_mode,
-            credential_id=body.credential_id,
-        )
+        _request(body, principal.user_id, idempotency_key=_check_key(idempotency_key))
     )
     response.status_code = 202 if result.created else 200
     response.headers["Location"] = f"/api/ai/jobs/{result.job.id}"

@@ -156,4 +156,6 @@ JOB = JobType(
     project=project,
     synthetic_output=synthetic_output,
     artifact_view=view,
+    # The answer a front and a back: about 70 tokens a card.
+    expected_output_tokens=lambda inp: 40 + 70 * inp.count,
 )

@@ -249,4 +249,6 @@ JOB = JobType(
     project=project,
     synthetic_output=synthetic_output,
     artifact_view=view,
+    # The answer a question, four choices and an explanation: about 150 tokens.
+    expected_output_tokens=lambda inp: 40 + 150 * inp.count,
 )

@@ -217,4 +217,6 @@ JOB = JobType(
     project=project,
     synthetic_output=synthetic_output,
     artifact_view=view,
+    # The answer a few weak points with their evidence and advice.
+    expected_output_tokens=lambda inp: 600,
 )

@@ -1,0 +1,108 @@
+"""What a job will cost before it runs: its estimated tokens, its answer budget, and its
+estimated and worst-case cost at the model's price.
+
+A job makes one provider call per attempt (a chunked job, one per chunk). Each call sends the
+prompt and asks for at most `max_tokens` of answer, so one call's worst case is its prompt,
+counted with a margin for the estimate's error, plus the whole answer budget, both at the
+model's price. That worst case is what create reserves against the user's budgets
+(db/budgets.py) and what a per-job cap (`maxCostUsd`) is checked against; when a cap is lower,
+the answer budget is cut so that the call cannot cost more than the cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+
+from engine.errors import CostCapTooLow
+from engine.tokens import count_chat_tokens
+from jobs.spec import Prompt
+from providers.pricing import Price
+
+_MILLION = Decimal(1_000_000)
+_CENT_FRACTION = Decimal("0.00000001")
+# Below this many answer tokens no built-in job type can write a useful answer: a cap that
+# leaves less refuses the job rather than running it to a truncated, invalid answer.
+MIN_USEFUL_OUTPUT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    model: str
+    calls: int  # provider calls of one attempt (chunks; 1 for a short source)
+    input_tokens: int  # estimated prompt tokens over all calls
+    output_budget: int  # `max_tokens` of each call
+    expected_output_tokens: int  # what the job type expects its answers to take, all calls
+    estimated_cost_usd: Decimal  # input at the estimate, answers at the expected size
+    worst_case_cost_usd: Decimal  # input with the margin, every answer at its full budget
+    call_worst_case_usd: Decimal  # the largest single call's worst case (a retry's top-up)
+
+
+def _usd(tokens_in: float, tokens_out: float, price: Price) -> Decimal:
+    raw = (
+        Decimal(str(tokens_in)) * price.usd_per_million_in
+        + Decimal(str(tokens_out)) * price.usd_per_million_out
+    ) / _MILLION
+    return raw.quantize(_CENT_FRACTION, rounding=ROUND_CEILING)
+
+
+def padded(tokens: int, margin: float) -> int:
+    """An estimate with its margin: what a bound that must hold counts."""
+    return math.ceil(tokens * (1 + margin))
+
+
+def estimate_job(
+    prompts: Sequence[Prompt],
+    *,
+    model: str,
+    price: Price,
+    output_budget: int,
+    expected_output_tokens: int,
+    margin: float,
+    max_cost_usd: Decimal | None = None,
+) -> JobEstimate:
+    """The estimate of a job whose calls send `prompts` (one per call). With `max_cost_usd`, the
+    answer budget is cut until the worst case of all calls fits the cap; a cap that leaves less
+    than a useful answer (or not even the prompts) raises `CostCapTooLow`, naming the numbers."""
+    calls = max(len(prompts), 1)
+    per_call_in = [count_chat_tokens(p.system, p.user) for p in prompts] or [0]
+    input_tokens = sum(per_call_in)
+    padded_in = sum(padded(t, margin) for t in per_call_in)
+    budget = output_budget
+    if max_cost_usd is not None and price.usd_per_million_out > 0:
+        room = max_cost_usd - _usd(padded_in, 0, price)
+        affordable = (
+            math.floor(room * _MILLION / price.usd_per_million_out / calls) if room > 0 else 0
+        )
+        budget = min(budget, affordable)
+        if budget < min(MIN_USEFUL_OUTPUT_TOKENS, output_budget):
+            worst = _usd(padded_in, calls * min(MIN_USEFUL_OUTPUT_TOKENS, output_budget), price)
+            raise CostCapTooLow(
+                f"maxCostUsd {max_cost_usd} is too low for this job: its prompt and the "
+                f"smallest useful answer may cost up to {worst} USD on {model}."
+            )
+    elif max_cost_usd is not None and _usd(padded_in, 0, price) > max_cost_usd:
+        raise CostCapTooLow(
+            f"maxCostUsd {max_cost_usd} is too low for this job: its prompt may cost up to "
+            f"{_usd(padded_in, 0, price)} USD on {model}."
+        )
+    expected_out = min(expected_output_tokens, budget * calls)
+    return JobEstimate(
+        model=model,
+        calls=calls,
+        input_tokens=input_tokens,
+        output_budget=budget,
+        expected_output_tokens=expected_out,
+        estimated_cost_usd=_usd(input_tokens, expected_out, price),
+        worst_case_cost_usd=_usd(padded_in, calls * budget, price),
+        call_worst_case_usd=_usd(padded(max(per_call_in), margin), budget, price),
+    )
+
+
+def call_worst_case_usd(
+    input_tokens: int, output_budget: int, *, price: Price, margin: float
+) -> Decimal:
+    """One call's worst case: what EXECUTE tops a job's reservation up by before a retry."""
+    return _usd(padded(input_tokens, margin), output_budget, price)
