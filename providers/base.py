@@ -44,6 +44,20 @@ class ProviderRequest:
 
 
 @dataclass(frozen=True)
+class RateLimitHeaders:
+    """What a provider's answer said about its rate limits for the key that made the call
+    (OpenAI's `x-ratelimit-*` headers): the per-minute limits, what is left of them, and the
+    seconds until each is whole again. Each is None when absent or unreadable."""
+
+    limit_requests: int | None = None
+    limit_tokens: int | None = None
+    remaining_requests: int | None = None
+    remaining_tokens: int | None = None
+    reset_requests_s: float | None = None
+    reset_tokens_s: float | None = None
+
+
+@dataclass(frozen=True)
 class ProviderResponse:
     content: str  # raw model text (JSON expected); never logged
     tokens_in: int
@@ -51,6 +65,8 @@ class ProviderResponse:
     provider: str
     model: str
     latency_ms: int
+    # The answer's rate-limit headers (None: it sent none); the limiter learns from them.
+    rate_limit: RateLimitHeaders | None = None
 
 
 @runtime_checkable

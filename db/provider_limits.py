@@ -1,0 +1,406 @@
+"""Provider limits per (provider, model, key), shared by every worker through PostgreSQL: a
+request bucket and a token bucket per minute (`provider_limit`, one row per key) and the calls
+in flight under a concurrency limit (`provider_call_lease`), so the engine slows down before
+the provider answers 429.
+
+Buckets: each holds at most its per-minute limit and refills continuously at limit/60 per
+second since `refilled_at`; a call takes one request and its tokens (estimated input plus its
+answer budget, as OpenAI counts a request against TPM). A call larger than the whole token
+bucket goes when the bucket is full (it is never starved) and leaves it in debt. A dimension
+without a limit stores +Infinity, so a limit that appears later starts with a full bucket.
+The limit in force is the lower of the configured one (AI_MODEL_LIMITS) and the one the
+provider announced in its `x-ratelimit-limit-*` headers; `blocked_until` is set when the
+provider said nothing is left (`x-ratelimit-remaining-*: 0`) until its reset.
+
+Races: a key's row is created once (INSERT ... ON CONFLICT DO NOTHING), then read with
+`SELECT ... FOR UPDATE`, which serialises the admissions of one key until their transactions
+end, and reads the latest committed buckets and leases (READ COMMITTED takes a new snapshot per
+statement, after the lock). Leases are inserted only under that row lock, so counting them
+there never over-admits; a lease expires on its own (`expires_at`) so a dead worker never
+holds a slot for ever.
+
+Cost when unused: with no configured limit the repository reads the key's row once (a
+provider may have announced limits for it) and writes nothing; a key the synthetic provider
+serves without a configured limit is never asked at all (the caller skips it).
+
+Every method runs in the caller's transaction and never commits: a wait rolls the caller's
+transaction back, so nothing is taken while a job waits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+PLATFORM_KEY_REF = "platform"
+# How long a caller held by the concurrency limit waits before it asks again: leases end when
+# calls end, which no timer predicts.
+CONCURRENCY_POLL_S = 1.0
+_MAX_NAME = 128
+_FIELDS = ("rpm", "tpm", "concurrency")
+
+WaitReason = Literal["rpm", "tpm", "concurrency", "announced"]
+
+
+@dataclass(frozen=True)
+class LimitKey:
+    """Whose bucket a call takes from: the provider's name, the model and the key's reference
+    (`platform` or `key:<credential id>`, as the provider gate names it; never the key)."""
+
+    provider: str
+    model: str
+    key_ref: str = PLATFORM_KEY_REF
+
+    def params(self) -> dict[str, str]:
+        return {"p": self.provider[:64], "m": self.model[:_MAX_NAME], "k": self.key_ref[:80]}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-minute requests and tokens and calls at once; None: unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrency: int | None = None
+
+    @property
+    def configured(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.concurrency is not None
+
+
+@dataclass(frozen=True)
+class LimitAdmission:
+    """`wait_s` 0: call now (holding `lease_id` when a concurrency limit applies, which the
+    caller settles); otherwise ask again after that long, for `reason`. `metered`: the key's
+    buckets took this call (the caller settles it to give unused tokens back)."""
+
+    wait_s: float = 0.0
+    reason: WaitReason | None = None
+    lease_id: uuid.UUID | None = None
+    metered: bool = False
+
+
+class RateLimitInfo(Protocol):
+    """What a provider's answer announced: `providers.base.RateLimitHeaders` (`db/` does not
+    import `providers/`, so the shape is named here)."""
+
+    @property
+    def limit_requests(self) -> int | None: ...
+    @property
+    def limit_tokens(self) -> int | None: ...
+    @property
+    def remaining_requests(self) -> int | None: ...
+    @property
+    def remaining_tokens(self) -> int | None: ...
+    @property
+    def reset_requests_s(self) -> float | None: ...
+    @property
+    def reset_tokens_s(self) -> float | None: ...
+
+
+class LimitTable:
+    """AI_MODEL_LIMITS: the limits of each model, looked up as "provider/model", then "model",
+    then "*" (every model); names are case-insensitive. Built once per process."""
+
+    def __init__(self, entries: Mapping[str, Limits] | None = None) -> None:
+        self._entries = {name.strip().lower(): v for name, v in (entries or {}).items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def for_model(self, provider: str, model: str) -> Limits:
+        p, m = provider.strip().lower(), model.strip().lower()
+        for name in (f"{p}/{m}", m, "*"):
+            found = self._entries.get(name)
+            if found is not None:
+                return found
+        return Limits()
+
+
+def _limit(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ValueError(f"{where}: want a positive integer or null")
+    return value
+
+
+def parse_model_limits(raw_text: str) -> LimitTable:
+    """AI_MODEL_LIMITS: a JSON object of model name ("deepseek-chat"), "provider/model" or "*"
+    -> {"rpm": int, "tpm": int, "concurrency": int}, each optional (null or absent:
+    unlimited). Empty: no limits. Raises ValueError naming the setting and the entry."""
+    if not raw_text.strip():
+        return LimitTable()
+    try:
+        raw = json.loads(raw_text)
+    except ValueError:
+        raise ValueError("AI_MODEL_LIMITS: not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("AI_MODEL_LIMITS: want a JSON object of model name -> limits")
+    out: dict[str, Limits] = {}
+    for name, entry in raw.items():
+        model = name.strip().lower()
+        if not model or len(model) > _MAX_NAME:
+            raise ValueError(f"AI_MODEL_LIMITS: a model name must have 1-{_MAX_NAME} characters")
+        where = f"AI_MODEL_LIMITS[{model[:40]!r}]"
+        if not isinstance(entry, dict) or not set(entry) <= set(_FIELDS):
+            raise ValueError(f"{where}: want an object with rpm, tpm and/or concurrency")
+        out[model] = Limits(
+            rpm=_limit(entry.get("rpm"), f"{where}.rpm"),
+            tpm=_limit(entry.get("tpm"), f"{where}.tpm"),
+            concurrency=_limit(entry.get("concurrency"), f"{where}.concurrency"),
+        )
+    return LimitTable(out)
+
+
+def _lower(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _bucket(stored: float, rate: int | None, elapsed_s: float) -> float:
+    """A bucket's content now: what was stored plus the refill since, at most its size."""
+    if rate is None:
+        return math.inf
+    return min(float(rate), stored + elapsed_s * rate / 60.0)
+
+
+_READ = """
+    SELECT requests_available, tokens_available, announced_rpm, announced_tpm,
+           greatest(extract(epoch FROM clock_timestamp() - refilled_at), 0) AS elapsed,
+           extract(epoch FROM blocked_until - clock_timestamp()) AS blocked_s,
+           clock_timestamp() AS read_at
+    FROM provider_limit WHERE provider = :p AND model = :m AND key_ref = :k
+"""
+
+
+class ProviderLimits:
+    """Every method runs in the caller's transaction and never commits."""
+
+    async def admit(
+        self,
+        s: AsyncSession,
+        key: LimitKey,
+        limits: Limits,
+        *,
+        tokens: int,
+        job_id: uuid.UUID,
+        lease_ttl_s: float,
+    ) -> LimitAdmission:
+        """Whether a call of `tokens` may go now with `key`; when it may, its request and
+        tokens are taken from the buckets (and a lease is held under a concurrency limit).
+        The row lock this takes is held until the caller's transaction ends."""
+        params = key.params()
+        if not limits.configured:
+            # Only what the provider announced can hold this key: one read, no lock, no row.
+            row = (await s.execute(text(_READ), params)).first()
+            if row is None or (
+                row.announced_rpm is None
+                and row.announced_tpm is None
+                and not (row.blocked_s and float(row.blocked_s) > 0)
+            ):
+                return LimitAdmission()
+            row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
+        else:
+            row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
+            if row is None:
+                await s.execute(
+                    text(
+                        """
+                        INSERT INTO provider_limit (provider, model, key_ref,
+                            requests_available, tokens_available, refilled_at)
+                        VALUES (:p, :m, :k, 'Infinity', 'Infinity', clock_timestamp())
+                        ON CONFLICT (provider, model, key_ref) DO NOTHING
+                        """
+                    ),
+                    params,
+                )
+                row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
+        assert row is not None  # created above, and rows are never deleted
+        if row.blocked_s is not None and float(row.blocked_s) > 0:
+            return LimitAdmission(float(row.blocked_s), "announced")
+        rpm = _lower(limits.rpm, row.announced_rpm)
+        tpm = _lower(limits.tpm, row.announced_tpm)
+        elapsed = float(row.elapsed)
+        requests = _bucket(float(row.requests_available), rpm, elapsed)
+        available = _bucket(float(row.tokens_available), tpm, elapsed)
+        wait_s: float = 0.0
+        reason: WaitReason | None = None
+        if rpm is not None and requests < 1:
+            wait_s = (1 - requests) * 60.0 / rpm
+            reason = "rpm" if rpm == limits.rpm else "announced"
+        if tpm is not None:
+            need = min(tokens, tpm)  # a call larger than the bucket goes when it is full
+            if available < need and (need - available) * 60.0 / tpm > wait_s:
+                wait_s = (need - available) * 60.0 / tpm
+                reason = "tpm" if tpm == limits.tpm else "announced"
+        if reason is not None:
+            return LimitAdmission(wait_s, reason)
+        lease_id = None
+        if limits.concurrency is not None:
+            # Expired leases (their workers died) are dropped on the way; a new statement, so
+            # it sees every lease committed before this caller got the row lock.
+            in_flight = (
+                await s.execute(
+                    text(
+                        """
+                        WITH gone AS (
+                            DELETE FROM provider_call_lease
+                            WHERE provider = :p AND model = :m AND key_ref = :k
+                              AND expires_at <= clock_timestamp()
+                        )
+                        SELECT count(*) FROM provider_call_lease
+                        WHERE provider = :p AND model = :m AND key_ref = :k
+                          AND expires_at > clock_timestamp()
+                        """
+                    ),
+                    params,
+                )
+            ).scalar_one()
+            if int(in_flight) >= limits.concurrency:
+                return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
+            lease_id = uuid.uuid4()
+            await s.execute(
+                text(
+                    """
+                    INSERT INTO provider_call_lease
+                        (id, provider, model, key_ref, job_id, tokens, expires_at)
+                    VALUES (:id, :p, :m, :k, :job, :tokens,
+                            clock_timestamp() + make_interval(secs => :ttl))
+                    """
+                ),
+                {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s},
+            )
+        if rpm is not None or tpm is not None:
+            await s.execute(
+                text(
+                    """
+                    UPDATE provider_limit SET requests_available = :r, tokens_available = :t,
+                           refilled_at = :at
+                    WHERE provider = :p AND model = :m AND key_ref = :k
+                    """
+                ),
+                {
+                    **params,
+                    "r": requests - 1 if rpm is not None else math.inf,
+                    "t": available - tokens if tpm is not None else math.inf,
+                    "at": row.read_at,
+                },
+            )
+        return LimitAdmission(lease_id=lease_id, metered=tpm is not None)
+
+    async def settle(
+        self,
+        s: AsyncSession,
+        key: LimitKey,
+        lease_id: uuid.UUID | None,
+        *,
+        tokens_reserved: int,
+        tokens_used: int,
+        headers: RateLimitInfo | None,
+        limits: Limits | None = None,
+        max_block_s: float = 300.0,
+    ) -> None:
+        """A call admitted by `admit` ended: its lease ends; the tokens it reserved and did not
+        use go back (never past the bucket's size: `limits` are the configured ones); what the
+        answer's headers say tightens the buckets (the lower of ours and the provider's
+        remaining), records the announced limits, and blocks the key until a reset when the
+        provider said nothing is left (at most `max_block_s`). Headers create the key's row
+        even without configured limits: the engine learns the provider's limits that way."""
+        params = key.params()
+        if lease_id is not None:
+            await s.execute(
+                text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id}
+            )
+        back = max(tokens_reserved - tokens_used, 0)
+        cfg = limits or Limits()
+        if headers is None:
+            if back <= 0:
+                return
+            await s.execute(
+                text(
+                    """
+                    UPDATE provider_limit SET tokens_available = least(
+                        tokens_available + :back, :cfg_tpm, announced_tpm)
+                    WHERE provider = :p AND model = :m AND key_ref = :k
+                      AND tokens_available < 'Infinity'
+                    """
+                ),
+                {**params, "back": back, "cfg_tpm": cfg.tpm},
+            )
+            return
+        block_s = max(
+            (
+                min(reset or 0.0, max_block_s)
+                for remaining, reset in (
+                    (headers.remaining_requests, headers.reset_requests_s),
+                    (headers.remaining_tokens, headers.reset_tokens_s),
+                )
+                if remaining == 0
+            ),
+            default=None,
+        )
+        # Both buckets are brought up to now (refilled at the limit in force after these
+        # headers) before the provider's remaining caps them, so `refilled_at` stays exact.
+        await s.execute(
+            text(
+                """
+                INSERT INTO provider_limit AS l (provider, model, key_ref, requests_available,
+                    tokens_available, refilled_at, announced_rpm, announced_tpm, blocked_until)
+                VALUES (:p, :m, :k,
+                        coalesce(CAST(:rem_r AS float8), 'Infinity'),
+                        coalesce(CAST(:rem_t AS float8), 'Infinity'),
+                        clock_timestamp(), :lim_r, :lim_t,
+                        clock_timestamp() + make_interval(secs => CAST(:block AS float8)))
+                ON CONFLICT (provider, model, key_ref) DO UPDATE SET
+                    requests_available = least(
+                        l.requests_available + greatest(
+                            extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                            * coalesce(least(CAST(:cfg_rpm AS integer),
+                                             coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+                                       0) / 60.0,
+                        least(CAST(:cfg_rpm AS integer),
+                              coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+                        CAST(:rem_r AS float8)),
+                    tokens_available = least(
+                        l.tokens_available + :back + greatest(
+                            extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                            * coalesce(least(CAST(:cfg_tpm AS integer),
+                                             coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+                                       0) / 60.0,
+                        least(CAST(:cfg_tpm AS integer),
+                              coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+                        CAST(:rem_t AS float8)),
+                    refilled_at = clock_timestamp(),
+                    announced_rpm = coalesce(EXCLUDED.announced_rpm, l.announced_rpm),
+                    announced_tpm = coalesce(EXCLUDED.announced_tpm, l.announced_tpm),
+                    blocked_until = CASE
+                        WHEN EXCLUDED.blocked_until IS NULL THEN l.blocked_until
+                        ELSE greatest(l.blocked_until, EXCLUDED.blocked_until) END
+                """
+            ),
+            {
+                **params,
+                "rem_r": headers.remaining_requests,
+                "rem_t": headers.remaining_tokens,
+                "lim_r": headers.limit_requests,
+                "lim_t": headers.limit_tokens,
+                "cfg_rpm": cfg.rpm,
+                "cfg_tpm": cfg.tpm,
+                "back": back,
+                "block": block_s,
+            },
+        )
+
+    async def release(self, s: AsyncSession, lease_id: uuid.UUID) -> None:
+        """A lease whose call was never settled (the bookkeeping itself failed): the slot is
+        free at once rather than when the lease expires."""
+        await s.execute(text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id})
