@@ -37,6 +37,9 @@ _EDGE_SLACK_TOKENS = 8
 # How far a hard cut steps back to avoid splitting a grapheme (a letter and its combining
 # marks, an emoji sequence, CR LF) before it gives up and cuts where the budget ends.
 _GRAPHEME_LOOKBACK = 32
+# How far back the pairing of regional indicators (flags) is counted; a longer run of flags may
+# be cut inside a flag, which keeps a hard cut's cost bounded.
+_REGIONAL_LOOKBACK = 4096
 
 # Cut points are where the next piece of text starts: after the blank lines, after the
 # sentence's end and its spaces, after the line break, after the spaces. A chunk thus ends
@@ -54,6 +57,10 @@ _SPACE = re.compile(r"\s+")
 
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 _ZWJ = "\u200d"
+
+
+def _is_regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
 
 
 class _Encoding(Protocol):
@@ -151,7 +158,7 @@ class _Planner:
 
     def _after(self, pos: int, tokens: int) -> int:
         """The offset about `tokens` tokens after `pos` (a token start, or the end)."""
-        return self.starts[min(self._token_at(pos) + tokens, self.n)]
+        return self.starts[max(min(self._token_at(pos) + tokens, self.n), 0)]
 
     def _before(self, pos: int, tokens: int) -> int:
         """The offset about `tokens` tokens before `pos` (a token start)."""
@@ -175,8 +182,18 @@ class _Planner:
             return False
         if 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F:  # skin tones, emoji tags
             return False
-        regional = range(0x1F1E6, 0x1F200)  # two regional indicators make one flag
-        return not (code in regional and ord(prev) in regional)
+        if _is_regional(ch) and _is_regional(prev):
+            # Regional indicators pair up into flags from the start of their run: a cut between
+            # two is safe after an even number of them (counted back a bounded way).
+            run = 0
+            while (
+                run < _REGIONAL_LOOKBACK
+                and pos - run > 0
+                and _is_regional(self.text[pos - run - 1])
+            ):
+                run += 1
+            return run % 2 == 0
+        return True
 
     # ---- the plan ----
 
@@ -214,7 +231,7 @@ class _Planner:
                 return start, end, tokens
             # The estimate was off at the edges: ask for fewer tokens and cut again. The budget
             # shrinks every round, so this ends (at worst with `fresh + 1`).
-            budget = min(budget - 1, budget - (tokens - self.max_tokens))
+            budget = max(min(budget - 1, budget - (tokens - self.max_tokens)), 0)
 
     def _choose_end(self, start: int, fresh: int, limit: int) -> int:
         """The best cut point in (fresh, limit]: of the best kind present, the one nearest an
