@@ -56,6 +56,7 @@ _LINE = re.compile(r"\n\s*")
 _SPACE = re.compile(r"\s+")
 
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ZWJ = "\u200d"
 
 
@@ -118,9 +119,14 @@ def plan_chunks(text: str, *, max_tokens: int, overlap_tokens: int) -> list[Chun
     if not 0 <= overlap_tokens <= max_tokens // 2:
         raise ValueError("overlap_tokens must be between 0 and half of max_tokens")
     enc = _encoding()
-    ids = enc.encode_ordinary(text) if text else []
-    if len(ids) <= max_tokens:
-        return [Chunk(0, 0, len(text), len(ids))]
+    # A str may hold surrogates (a lone one from escaped JSON); the tokenizer works on UTF-8 and
+    # would merge a pair into one character, so offsets are measured on a copy where each is
+    # the replacement character: the same length, the same indices.
+    scan = _SURROGATE.sub("\ufffd", text)
+    ids = enc.encode_ordinary(scan) if text else []
+    total = len(ids) if scan == text else count_tokens(text)
+    if total <= max_tokens:
+        return [Chunk(0, 0, len(text), total)]
     return _Planner(text, enc.decode_tokens_bytes(ids), max_tokens, overlap_tokens).plan()
 
 

@@ -53,6 +53,8 @@ FRAGMENTS = [
     "\U0001f44d\U0001f3fd",  # thumbs up + skin tone
     "supercalifragilisticexpialidocious" * 3,
     "x",
+    "\ud800",  # a lone surrogate, as escaped JSON can carry
+    "\ud83d\ude00",  # a surrogate pair the str never joined
 ]
 
 texts = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=12)), max_size=80).map(
@@ -246,6 +248,16 @@ def test_hard_cuts_keep_combining_marks_and_emoji_sequences_whole() -> None:
             # Every chunk starts and ends on a whole unit.
             assert chunk.start % len(unit) == 0 and chunk.end % len(unit) == 0, (unit, chunk)
             assert unicodedata.category(text[chunk.start]) not in ("Mn", "Mc", "Me")
+
+
+@pytest.mark.parametrize("max_tokens", [8, 40, 10_000])
+def test_surrogates_in_a_str_are_measured_as_the_characters_they_are(max_tokens: int) -> None:
+    """A lone surrogate (escaped JSON) or a pair the str never joined: offsets stay str
+    indices and every count is the exact count of the chunk's own text."""
+    text = "Some text \ud83d\ude00 and a lone \ud800 one. " * 40
+    plan = plan_chunks(text, max_tokens=max_tokens, overlap_tokens=max_tokens // 4)
+    assert_plan_rules(text, plan, max_tokens, max_tokens // 4)
+    assert (len(plan) == 1) == (count_tokens(text) <= max_tokens)
 
 
 def test_a_400k_character_source_plans_in_well_under_a_second() -> None:
