@@ -15,7 +15,7 @@ from api import errors, limits, metrics
 from api.events import JobEventHub
 from api.metrics import ApiMetrics
 from api.openapi import document_errors, job_type_bodies
-from api.routes import admin, admin_bulk, credentials, events, health, jobs, outbox
+from api.routes import admin, admin_bulk, credentials, events, health, jobs, outbox, usage
 from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
 from db.credentials import active_user_key_id
@@ -76,6 +76,7 @@ def create_app(
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
+    app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(admin_bulk.router)
     app.include_router(outbox.router)

@@ -1,0 +1,220 @@
+"""What AI calls cost, as users and admins read it.
+
+- `GET /api/ai/usage`: the caller's own spend over UTC days, grouped by day, job type or model.
+- `GET /admin-api/ai/usage`: anyone's (SUPER_ADMIN), also grouped by user or credential mode,
+  with optional filters.
+- `GET /api/ai/jobs/{jobId}/usage`: one job's calls per attempt, for its owner or an admin;
+  anyone else's job is the same 404 `JOB_NOT_FOUND` as a missing one (jobs/views.py).
+
+The ranges are read from the daily rollup (`ai_usage_daily`), kept in the transaction of every
+usage row, so a range costs what its (day, user, job type, model, mode) buckets cost, however
+many calls they hold. A job's usage is read from the log by its `job_id` index. Days are UTC
+calendar days, inclusive at both ends; a range is at most `MAX_RANGE_DAYS` long.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
+
+from api.deps import Admin, State, User
+from api.schemas import (
+    JOB_TYPE_PATTERN,
+    NO_NUL,
+    AdminUsageGroupBy,
+    AttemptUsageOut,
+    JobUsageResponse,
+    UsageGroupBy,
+    UsageItem,
+    UsageReport,
+    UsageSums,
+)
+from db.usage import Grouping, UsageBucket, UsageFilter, grouped_usage, job_attempts, job_money
+from engine.definition import CredentialMode
+from engine.errors import ValidationFailed
+from jobs.views import can_see, not_found
+
+router = APIRouter(tags=["usage"])
+
+MAX_RANGE_DAYS = 366
+DEFAULT_RANGE_DAYS = 30
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def iso_date(value: Any) -> Any:
+    """`YYYY-MM-DD` only: not a number (which pydantic would read as a Unix time)."""
+    if isinstance(value, str) and not _DATE.match(value):
+        raise ValueError("must be a date YYYY-MM-DD")
+    return value
+
+
+IsoDate = Annotated[date, BeforeValidator(iso_date)]
+FromQuery = Annotated[
+    IsoDate | None,
+    Query(
+        alias="from",
+        description="First UTC day, inclusive (default: `to` minus 29 days)",
+        examples=["2026-01-01"],
+    ),
+]
+ToQuery = Annotated[
+    IsoDate | None,
+    Query(description="Last UTC day, inclusive (default: today, UTC)", examples=["2026-01-30"]),
+]
+
+
+def _range(start: date | None, end: date | None) -> tuple[date, date]:
+    """The inclusive UTC day range a request asks for, or 422 naming the field at fault."""
+    end = end or datetime.now(UTC).date()
+    start = start or end - timedelta(days=DEFAULT_RANGE_DAYS - 1)
+    if start > end:
+        raise ValidationFailed(
+            "`from` must not be after `to`.",
+            errors=[{"loc": ["query", "from"], "msg": "after `to`", "type": "value_error"}],
+        )
+    if (end - start).days + 1 > MAX_RANGE_DAYS:
+        raise ValidationFailed(
+            f"A usage range spans at most {MAX_RANGE_DAYS} days.",
+            errors=[
+                {
+                    "loc": ["query", "from"],
+                    "msg": f"more than {MAX_RANGE_DAYS} days before `to`",
+                    "type": "value_error",
+                }
+            ],
+        )
+    return start, end
+
+
+def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -> UsageReport:
+    items = [
+        UsageItem(
+            key=b.key,
+            calls=b.calls,
+            tokens_in=b.tokens_in,
+            tokens_out=b.tokens_out,
+            cost_usd=b.cost_usd,
+        )
+        for b in buckets
+    ]
+    total = UsageSums(
+        calls=sum(b.calls for b in buckets),
+        tokens_in=sum(b.tokens_in for b in buckets),
+        tokens_out=sum(b.tokens_out for b in buckets),
+        cost_usd=sum((b.cost_usd for b in buckets), Decimal(0)),
+    )
+    return UsageReport(from_=start, to=end, group_by=group_by, items=items, total=total)
+
+
+@router.get(
+    "/api/ai/usage",
+    response_model=UsageReport,
+    summary="Your AI spend over UTC days",
+    description=(
+        "Your provider calls (failed ones included), tokens and cost over the UTC days "
+        "`from`..`to` (inclusive; `to` defaults to today, `from` to `to` minus 29 days; at most "
+        f"{MAX_RANGE_DAYS} days), grouped by `day`, `jobType` or `model`. `costUsd` is a "
+        "decimal string with 8 places. `from` after `to`, or a longer range, is 422 "
+        "`VALIDATION_FAILED` naming `from`."
+    ),
+)
+async def own_usage(
+    state: State,
+    principal: User,
+    from_: FromQuery = None,
+    to: ToQuery = None,
+    group_by: Annotated[UsageGroupBy, Query(alias="groupBy")] = "day",
+) -> UsageReport:
+    start, end = _range(from_, to)
+    f = UsageFilter(start=start, end=end, user_id=principal.user_id)
+    async with state.sessionmaker() as s:
+        buckets = await grouped_usage(s, f, group_by)
+    return _report(start, end, group_by, buckets)
+
+
+@router.get(
+    "/admin-api/ai/usage",
+    response_model=UsageReport,
+    tags=["admin"],
+    summary="Any user's AI spend over UTC days",
+    description=(
+        "As `GET /api/ai/usage`, for every user (SUPER_ADMIN): grouped by `user`, `jobType`, "
+        "`model`, `day` or `credentialMode`, optionally only one `userId`, `jobType`, `model` "
+        "or `credentialMode`."
+    ),
+)
+async def admin_usage(
+    state: State,
+    _admin: Admin,
+    from_: FromQuery = None,
+    to: ToQuery = None,
+    group_by: Annotated[AdminUsageGroupBy, Query(alias="groupBy")] = "day",
+    user_id: Annotated[str | None, Query(alias="userId", max_length=128, pattern=NO_NUL)] = None,
+    job_type: Annotated[
+        str | None, Query(alias="jobType", max_length=64, pattern=JOB_TYPE_PATTERN)
+    ] = None,
+    model: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
+    credential_mode: Annotated[CredentialMode | None, Query(alias="credentialMode")] = None,
+) -> UsageReport:
+    start, end = _range(from_, to)
+    f = UsageFilter(
+        start=start,
+        end=end,
+        user_id=user_id,
+        job_type=job_type,
+        model=model,
+        credential_mode=credential_mode,
+    )
+    grouping: Grouping = group_by
+    async with state.sessionmaker() as s:
+        buckets = await grouped_usage(s, f, grouping)
+    return _report(start, end, group_by, buckets)
+
+
+@router.get(
+    "/api/ai/jobs/{job_id}/usage",
+    response_model=JobUsageResponse,
+    tags=["jobs"],
+    summary="What one of your jobs' calls cost, per attempt",
+    description=(
+        "Every provider call of the job (failed ones included) summed, and per attempt with "
+        "the error codes of its failed calls; with the token estimate, answer budget, cost cap "
+        "and reservation create fixed. Owner or admin; anyone else's job is 404 "
+        "`JOB_NOT_FOUND`, as a missing one."
+    ),
+)
+async def job_usage(job_id: uuid.UUID, state: State, principal: User) -> JobUsageResponse:
+    async with state.sessionmaker() as s:
+        money = await job_money(s, job_id)
+        # The owner rule before any read of the job's usage: a stranger learns nothing.
+        if money is None or not can_see(principal, money.user_id):
+            raise not_found()
+        attempts = await job_attempts(s, job_id)
+    return JobUsageResponse(
+        job_id=job_id,
+        calls=sum(a.calls for a in attempts),
+        tokens_in=sum(a.tokens_in for a in attempts),
+        tokens_out=sum(a.tokens_out for a in attempts),
+        cost_usd=sum((a.cost_usd for a in attempts), Decimal(0)),
+        reserved_cost_usd=money.reserved_cost_usd,
+        max_cost_usd=money.max_cost_usd,
+        estimated_input_tokens=money.estimated_input_tokens,
+        max_output_tokens=money.max_output_tokens,
+        attempts=[
+            AttemptUsageOut(
+                attempt=a.attempt,
+                calls=a.calls,
+                tokens_in=a.tokens_in,
+                tokens_out=a.tokens_out,
+                cost_usd=a.cost_usd,
+                error_codes=a.error_codes,
+            )
+            for a in attempts
+        ],
+    )
