@@ -17,6 +17,7 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from db.jobs import JobQueries
 from db.lifecycle import LifecycleRepository
 from db.provider_gate import ProviderGate
+from db.provider_limits import LimitTable, ProviderLimits
 from db.session import SessionMaker
 from db.usage import UsageRepository
 from engine.definition import JobDefinition
@@ -46,6 +47,9 @@ class EngineConfig:
     # The circuit breaker: this many consecutive failed calls open it for `cooldown` seconds.
     breaker_failures: int = 5
     breaker_cooldown_s: float = 30.0
+    # AI_MODEL_LIMITS: requests and tokens per minute and calls at once per (provider, model,
+    # key), enforced in EXECUTE's first transaction (db/provider_limits.py).
+    model_limits: LimitTable = field(default_factory=LimitTable)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property
@@ -68,6 +72,7 @@ class StageDeps:
     jobs: JobQueries = field(default_factory=JobQueries)
     usage: UsageRepository = field(default_factory=UsageRepository)
     gate: ProviderGate = field(default_factory=ProviderGate)
+    limits: ProviderLimits = field(default_factory=ProviderLimits)
 
     def execution_policy(self, d: JobDefinition) -> ResolvedExecution:
         """The job type's attempts, backoff and lock: its own, the operator's override of the

@@ -51,7 +51,8 @@ from activities.telemetry import observe_call, retry_follows, seconds_since
 from db.errors import is_unavailable
 from db.jobs import JobRow
 from db.lifecycle import ExtendResult
-from db.provider_gate import GateKey
+from db.provider_gate import PLATFORM_KEY_REF, GateKey
+from db.provider_limits import LimitKey, Limits
 from db.usage import UsageRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
 from engine.errors import ExecutionFailure, Fault, IllegalTransition, JobNotFound, LockConflict
@@ -82,6 +83,19 @@ class _Begun:
     gate: GateKey | None = None  # the (provider, key) gate this job's call goes through
     gate_wait_s: float = 0.0  # > 0: the gate is closed; nothing was taken or spent
     probe: bool = False  # this attempt holds the gate's half-open probe
+    lease: _Lease | None = None  # what the provider limits granted this call
+
+
+@dataclass
+class _Lease:
+    """What the key's provider limits granted this call, settled (lease ended, unused tokens
+    given back, the answer's rate-limit headers recorded) with the call's end."""
+
+    key: LimitKey
+    limits: Limits
+    tokens: int  # reserved: estimated input + the answer's budget
+    lease_id: uuid.UUID | None = None  # held under a concurrency limit
+    metered: bool = False  # the token bucket took `tokens`
 
 
 @dataclass
@@ -149,6 +163,7 @@ class _Attempt:
         self.run_id = run_id
         self.job_id = uuid.UUID(inp.job_id)
         self.probe = _Probe()
+        self.lease: _Lease | None = None  # granted by the provider limits, not yet settled
 
     # ---- the first transaction ---------------------------------------------------------
 
@@ -159,6 +174,9 @@ class _Attempt:
             try:
                 return await db_retry(self._begin_transaction, budget_s=self._cfg.db_retry_budget_s)
             except _ProviderClosed as closed:
+                self._d.metrics.limiter_waited(
+                    closed.provider, closed.model, closed.reason, closed.wait_s
+                )
                 return _Begun(gate_wait_s=closed.wait_s)
 
     async def begin_when_admitted(self) -> _Begun:
@@ -217,8 +235,13 @@ class _Attempt:
                 admission = await d.gate.admit(
                     s, gate, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
                 )
-                if admission.wait_s > 0:
-                    raise _ProviderClosed(admission.wait_s)  # rolls the CAS back: still queued
+                if admission.wait_s > 0:  # rolls the CAS back: still queued
+                    raise _ProviderClosed(
+                        admission.wait_s,
+                        admission.reason or "pause",
+                        gate.provider,
+                        d.gateway.model_for(jt, row.credential_mode),
+                    )
             begun = _Begun(
                 row=row,
                 snapshot=snapshot,
@@ -232,7 +255,42 @@ class _Attempt:
                 )
             except ExecutionFailure as f:
                 begun.key_failure = f
+            if begun.key_failure is None:
+                # Last in the transaction: the key's limit row stays locked until the commit.
+                begun.lease = await self._admit_limits(s, row, jt, gate)
             return begun
+
+    async def _admit_limits(
+        self, s: AsyncSession, row: JobRow, jt: AnyJobType, gate: GateKey | None
+    ) -> _Lease | None:
+        """The provider limits of the call's (provider, model, key): its request and tokens
+        are taken, or `_ProviderClosed` says how long to wait (the caller's transaction rolls
+        back: nothing taken, no attempt spent). The synthetic provider is limited only when
+        AI_MODEL_LIMITS names its model; otherwise it costs no statement."""
+        d = self._d
+        provider = d.gateway.provider_for(jt, row.credential_mode).name
+        model = d.gateway.model_for(jt, row.credential_mode)
+        limits = self._cfg.model_limits.for_model(provider, model)
+        if gate is None and not limits.configured:
+            return None  # the synthetic provider announces nothing
+        key = LimitKey(provider, model, gate.key_ref if gate is not None else PLATFORM_KEY_REF)
+        # What OpenAI counts against TPM: the prompt and the whole answer budget. Jobs created
+        # before the estimate was stored: the type's budget and no input.
+        tokens = (row.estimated_input_tokens or 0) + (
+            row.max_output_tokens or jt.definition.execution.max_output_tokens
+        )
+        got = await d.limits.admit(
+            s,
+            key,
+            limits,
+            tokens=tokens,
+            job_id=row.id,
+            # A dead worker's lease frees the slot once the call could no longer be running.
+            lease_ttl_s=self.inp.timeout_ms / 1000 + 30,
+        )
+        if got.wait_s > 0:
+            raise _ProviderClosed(got.wait_s, got.reason or "announced", provider, model)
+        return _Lease(key, limits, tokens, got.lease_id, got.metered)
 
     # ---- the steps after it ------------------------------------------------------------
 
@@ -241,11 +299,14 @@ class _Attempt:
         bookkeeping itself) is released on the way out, so the next caller probes instead of
         waiting for the probe's TTL."""
         self.probe = _Probe(begun.gate, begun.probe)
+        self.lease = begun.lease
         try:
             return await self._steps(begun)
         finally:
             if self.probe.held:
                 await asyncio.shield(self._release_probe())
+            if self.lease is not None and self.lease.lease_id is not None:
+                await asyncio.shield(self._release_lease(self.lease.lease_id))
 
     async def _steps(self, begun: _Begun) -> ExecuteResult:
         if begun.ended is not None:
@@ -263,7 +324,9 @@ class _Attempt:
         # Recorded after the first transaction ended: it held the row lock the CAS took, and
         # the failure is written from another connection.
         if begun.key_failure is not None:
-            await self.record_failure(row, begun.key_failure, provider="none", model="none")
+            await self.record_failure(
+                row, begun.key_failure, provider="none", model="none", called=False
+            )
             fail_attempt(begun.key_failure.code, attempt=self.number)
         called = await self.call(row, snapshot, jt, begun)
         if called.failure is not None:
@@ -370,6 +433,7 @@ class _Attempt:
             provider=provider,
             model=model,
             latency_ms=int((time.monotonic() - started) * 1000),
+            called=called,
         )
 
     def _request(
@@ -398,7 +462,8 @@ class _Attempt:
             user_prompt=prompt.user,
             output_schema=_output_schema(output_model),
             timeout_s=self.inp.timeout_ms / 1000,
-            max_tokens=jt.definition.execution.max_output_tokens,
+            # The budget fixed at create (cut to fit a per-job cost cap); older jobs: the type's.
+            max_tokens=row.max_output_tokens or jt.definition.execution.max_output_tokens,
             api_key=begun.api_key,
             synthetic=(
                 jt.synthetic_behaviour(model_in)
@@ -505,9 +570,11 @@ class _Attempt:
         latency_ms: int = 0,
         response: ProviderResponse | None = None,
         cost: Decimal = Decimal(0),
+        called: bool = True,
     ) -> None:
         """The failed attempt's usage row and bookkeeping, and what the failure tells the job's
-        gate, in one transaction (heartbeating: a slow database is not a dead worker)."""
+        gate and its provider limits, in one transaction (heartbeating: a slow database is not
+        a dead worker). `called`: the provider was asked (else the reserved tokens go back)."""
         d = self._d
         async with _heartbeating(self._cfg), d.sessionmaker.begin() as s:
             await d.usage.insert(
@@ -532,7 +599,9 @@ class _Attempt:
                 internal_error=failure.internal_message or failure.code,
                 correction_hint=failure.correction_hint,
             )
+            await self._settle_lease(s, response, called=called)
         self.probe.held = False
+        self.lease = None
         log.info(
             "provider attempt failed",
             extra={
@@ -593,6 +662,43 @@ class _Attempt:
             )
         return seen <= FREE_RATE_LIMITS_PER_ATTEMPT
 
+    async def _settle_lease(
+        self, s: AsyncSession, response: ProviderResponse | None, *, called: bool
+    ) -> None:
+        """The call's end, for its key's provider limits, in the caller's transaction: the
+        lease ends, the tokens it reserved and did not use go back, and the answer's
+        rate-limit headers are recorded (even for a key no limit is configured for: what the
+        provider announces paces the next calls). A call without an answer is taken to have
+        used what it reserved (the provider may have counted it)."""
+        # Every call through a provider gate (every real provider) has a `_Lease`, limited or
+        # not, so its headers land in the row its next admission reads (the configured model's
+        # name, not the one the provider echoes).
+        lease, headers = self.lease, response.rate_limit if response is not None else None
+        if lease is None or (lease.lease_id is None and not lease.metered and headers is None):
+            return  # nothing was taken and nothing announced: no statement
+        if response is not None:
+            used = response.tokens_in + response.tokens_out
+        else:
+            used = lease.tokens if called else 0
+        await self._d.limits.settle(
+            s,
+            lease.key,
+            lease.lease_id,
+            tokens_reserved=lease.tokens if lease.metered else 0,
+            tokens_used=used,
+            headers=headers,
+            limits=lease.limits,
+            max_block_s=self._cfg.retry_after_max_s,
+        )
+
+    async def _release_lease(self, lease_id: uuid.UUID) -> None:
+        try:
+            async with self._d.sessionmaker.begin() as s:
+                await self._d.limits.release(s, lease_id)
+            self.lease = None
+        except Exception:  # the lease's TTL still bounds it
+            log.warning("could not release a provider call lease", exc_info=True)
+
     async def _release_probe(self) -> None:
         gate = self.probe.gate
         if gate is None:
@@ -618,10 +724,11 @@ class _Attempt:
         usage = _usage_row(row, self.number, response, None, called.latency_ms, cost=called.cost)
         async with _heartbeating(self._cfg):
             outcome, projected = await db_retry(
-                lambda: self._last_transaction(row, model_out, usage, out, digest),
+                lambda: self._last_transaction(row, model_out, usage, out, digest, response),
                 budget_s=self._cfg.db_retry_budget_s,
             )
         self.probe.held = False  # settled in that commit: the key answered
+        self.lease = None  # and the call's provider limits
         if outcome == "cancelled":
             fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
         if outcome == "not_owner":
@@ -641,6 +748,7 @@ class _Attempt:
         usage: UsageRow,
         out: dict[str, Any],
         digest: str,
+        response: ProviderResponse | None = None,
     ) -> tuple[Literal["projected", "stored", "cancelled", "not_owner"], ProjectResult | None]:
         """One transaction while the slot is still held: the paid call's usage row always;
         then, while the job is still ours and nobody asked to cancel it, the output (which the
@@ -663,6 +771,7 @@ class _Attempt:
                 output_hash=digest,
                 progress=60,
             )
+            await self._settle_lease(s, response, called=True)
             if not owned:
                 return "not_owner", None
             if cancel_requested:
@@ -775,11 +884,15 @@ def _output_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 class _ProviderClosed(Exception):
-    """The job's (provider, key) is paused or its breaker is open: wait, then ask again."""
+    """The job's (provider, key) is paused, its breaker is open or one of its provider limits
+    is used up (`reason`): wait, then ask again."""
 
-    def __init__(self, wait_s: float) -> None:
-        super().__init__(f"wait {wait_s:.1f}s")
+    def __init__(self, wait_s: float, reason: str, provider: str, model: str) -> None:
+        super().__init__(f"wait {wait_s:.1f}s ({reason})")
         self.wait_s = wait_s
+        self.reason = reason
+        self.provider = provider
+        self.model = model
 
 
 @contextlib.asynccontextmanager

@@ -77,6 +77,8 @@ RECONCILER_ACTIONS = (
 UNPRICED_MODEL_LABELS = 10
 RELAY_OUTCOMES = ("started", "acknowledged", "retry", "unavailable", "malformed")
 WEBHOOK_OUTCOMES = ("delivered", "failed", "dead")
+# Why a job waited before its provider call (db/provider_limits.py, db/provider_gate.py).
+LIMITER_REASONS = ("rpm", "tpm", "concurrency", "announced", "pause", "breaker")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STAGE_BUCKETS = (*_FAST, 120.0, 300.0, 600.0)
@@ -169,6 +171,21 @@ class WorkerMetrics:
             registry=reg,
         )
         self._unpriced_models: set[str] = set()
+        self.limiter_waits = Counter(
+            "aijobs_limiter_waits_total",
+            "Times EXECUTE held a job back before its provider call, by why: a limit of "
+            "AI_MODEL_LIMITS (rpm, tpm, concurrency), a limit or exhaustion the provider announced "
+            "in its rate-limit headers (announced), a 429's pause or an open breaker.",
+            ["provider", "model", "reason"],
+            registry=reg,
+        )
+        self.limiter_wait = Histogram(
+            "aijobs_limiter_wait_seconds",
+            "How long EXECUTE asked a held-back job to wait before it asks again.",
+            ["reason"],
+            buckets=_WAIT_BUCKETS,
+            registry=reg,
+        )
         self.execute_retries = Counter(
             "aijobs_execute_retries_total",
             "EXECUTE attempts that failed and will be retried, by the code that failed them "
@@ -308,6 +325,13 @@ class WorkerMetrics:
                 else:
                     self._unpriced_models.add(label)
         self._child(self.unpriced_calls, label).inc()
+
+    def limiter_waited(self, provider: str, model: str, reason: str, seconds: float) -> None:
+        """A job held back before its call; `reason` is one of LIMITER_REASONS (else `other`).
+        Provider and model come from configuration; no key, user or job is a label."""
+        label = reason if reason in LIMITER_REASONS else "other"
+        self._child(self.limiter_waits, _label(provider), _label(model), label).inc()
+        self._child(self.limiter_wait, label).observe(max(0.0, seconds))
 
     def execute_retry(self, job_type: str, error_code: str) -> None:
         self._child(self.execute_retries, _label(job_type), error_code_label(error_code)).inc()

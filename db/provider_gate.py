@@ -12,6 +12,7 @@ key's jobs, and a platform outage never blocks users who bring their own key to 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,6 +36,8 @@ class Admission:
 
     wait_s: float
     probe: bool = False
+    # Why a caller waits: "pause" (a 429's Retry-After) or "breaker" (open, or probing).
+    reason: Literal["pause", "breaker"] | None = None
 
 
 class ProviderGate:
@@ -61,11 +64,11 @@ class ProviderGate:
         if row is None:
             return Admission(0.0)
         if row.paused and float(row.paused) > 0:
-            return Admission(float(row.paused))
+            return Admission(float(row.paused), reason="pause")
         if not row.is_open:
             return Admission(0.0)
         if row.open_left is not None and float(row.open_left) > 0:
-            return Admission(float(row.open_left))
+            return Admission(float(row.open_left), reason="breaker")
         claimed = (
             await s.execute(
                 text(
@@ -83,7 +86,7 @@ class ProviderGate:
             return Admission(0.0, probe=True)
         # Someone else's probe is out: its outcome decides. Ask again soon, never later than
         # the probe's own deadline.
-        return Admission(min(2.0, max(float(row.probe_left or 0.0), 0.5)))
+        return Admission(min(2.0, max(float(row.probe_left or 0.0), 0.5)), reason="breaker")
 
     async def pause(self, s: AsyncSession, key: GateKey, seconds: float) -> None:
         """A 429 with Retry-After: every worker holds its calls with this key that long. The

@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     # price of a model the table does not know (JSON; unset: the table's most expensive).
     ai_model_prices: str = Field(default="", alias="AI_MODEL_PRICES")
     ai_model_fallback_price: str = Field(default="", alias="AI_MODEL_FALLBACK_PRICE")
+    # Provider limits per model (JSON: model, "provider/model" or "*" -> {"rpm", "tpm",
+    # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
+    # docs/limits.md). Empty: only what providers announce in their rate-limit headers.
+    ai_model_limits: str = Field(default="", alias="AI_MODEL_LIMITS")
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )

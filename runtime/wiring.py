@@ -18,6 +18,7 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.webhooks import WebhookConfig, WebhookDeliverer
+from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES
@@ -167,6 +168,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         retry_after_max_s=settings.retry_after_max_s,
         breaker_failures=settings.provider_breaker_failures,
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
+        # Raises ValueError naming AI_MODEL_LIMITS and the entry: a worker does not start.
+        model_limits=parse_model_limits(settings.ai_model_limits),
     )
 
 

@@ -25,7 +25,12 @@ answered by the first matching rule's step and consumes no queued step (one tena
 input rejected while the others' calls go through).
 
 Any step may carry `echo_model`: the `model` the answer reports instead of the requested one
-(OpenAI answers a request for `gpt-4o-mini` with a dated id such as `gpt-4o-mini-2024-07-18`).
+(OpenAI answers a request for `gpt-4o-mini` with a dated id such as `gpt-4o-mini-2024-07-18`),
+and `headers`: extra response headers of a `valid` or `slow` answer (OpenAI's
+`x-ratelimit-*`).
+
+`GET /_calls` also reports when each call arrived (`started_at`, epoch seconds) and the most
+calls it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
 
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
@@ -108,6 +113,9 @@ class _FakeState:
         self.authorizations: list[str | None] = []
         self.models: list[str | None] = []
         self.messages: list[Any] = []  # each call's `messages` (prompts: fake data only)
+        self.started_at: list[float] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def reset(self) -> None:
         self.steps.clear()
@@ -116,6 +124,8 @@ class _FakeState:
         self.authorizations.clear()
         self.models.clear()
         self.messages.clear()
+        self.started_at.clear()
+        self.in_flight = self.max_in_flight = 0
 
     def next_step(self) -> dict[str, Any]:
         return self.steps.popleft() if self.steps else self.default
@@ -153,7 +163,8 @@ def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
             finish_reason="stop",
             tokens_in=int(step.get("tokens_in", 11)),
             tokens_out=int(step.get("tokens_out", 7)),
-        )
+        ),
+        headers={str(k): str(v) for k, v in dict(step.get("headers") or {}).items()},
     )
 
 
@@ -174,6 +185,15 @@ def create_fake_app() -> FastAPI:
     app.state.fake = state
 
     async def chat_completions(request: Request) -> JSONResponse:
+        state.started_at.append(time.time())
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            return await answer(request)
+        finally:
+            state.in_flight -= 1
+
+    async def answer(request: Request) -> JSONResponse:
         try:
             body = json.loads(await request.body())
         except ValueError:
@@ -264,6 +284,8 @@ def create_fake_app() -> FastAPI:
             "count": len(state.authorizations),
             "authorizations": list(state.authorizations),
             "models": list(state.models),
+            "started_at": list(state.started_at),
+            "max_in_flight": state.max_in_flight,
         }
 
     @app.get("/_messages")
