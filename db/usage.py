@@ -185,48 +185,51 @@ class AttemptUsage:
     error_codes: list[str]
 
 
-def grouped_usage_sql(group_by: str, *, from_log: bool = False) -> str:
+# The optional filters of a usage read: (UsageFilter field, rollup column, log column).
+_FILTERS = (
+    ("user_id", "user_id", "u.user_id"),
+    ("job_type", "job_type", "j.job_type"),
+    ("model", "model", "u.model"),
+    ("credential_mode", "credential_mode", "u.credential_mode"),
+)
+
+
+def grouped_usage_sql(group_by: str, f: UsageFilter, *, from_log: bool = False) -> str:
     """The SQL of `grouped_usage` (and of the benchmark's baseline straight from the log,
-    `from_log`). Raises KeyError for a grouping outside `GROUPINGS`."""
+    `from_log`). Only column names from the fixed tables above are spliced in, one condition per
+    filter that is set (so each shape gets its own plan, and `user_id` reaches its index);
+    every value is a bound parameter. Raises KeyError for a grouping outside `GROUPINGS`."""
     col = GROUPINGS[group_by]
+    given = [(name, rolled, logged) for name, rolled, logged in _FILTERS if getattr(f, name)]
     if from_log:
         # The same sums computed from every call instead of the rollup (the bench's baseline).
         day = "(u.created_at AT TIME ZONE 'UTC')::date"
         key = {"day": day, "job_type": "j.job_type"}.get(col, f"u.{col}")
+        where = "".join(f" AND {logged} = :{name}" for name, _, logged in given)
+        # The log has no job type: only a read by job type joins the job.
+        join = " JOIN ai_job j ON j.id = u.job_id" if "j.job_type" in key + where else ""
         return f"""
             SELECT {key} AS key, count(*) AS calls, sum(u.tokens_in) AS tin,
                    sum(u.tokens_out) AS tout, sum(u.cost_usd) AS cost
-            FROM ai_usage_log u JOIN ai_job j ON j.id = u.job_id
+            FROM ai_usage_log u{join}
             WHERE u.created_at >= CAST(:start AS date) AT TIME ZONE 'UTC'
-              AND u.created_at < (CAST(:end AS date) + 1) AT TIME ZONE 'UTC'
-              AND (CAST(:user_id AS text) IS NULL OR u.user_id = :user_id)
-              AND (CAST(:job_type AS text) IS NULL OR j.job_type = :job_type)
-              AND (CAST(:model AS text) IS NULL OR u.model = :model)
-              AND (CAST(:credential_mode AS text) IS NULL OR u.credential_mode = :credential_mode)
+              AND u.created_at < (CAST(:end AS date) + 1) AT TIME ZONE 'UTC'{where}
             GROUP BY 1 ORDER BY 1
         """
+    where = "".join(f" AND {rolled} = :{name}" for name, rolled, _ in given)
     return f"""
         SELECT {col} AS key, sum(calls) AS calls, sum(tokens_in) AS tin,
                sum(tokens_out) AS tout, sum(cost_usd) AS cost
         FROM ai_usage_daily
-        WHERE day BETWEEN :start AND :end
-          AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id)
-          AND (CAST(:job_type AS text) IS NULL OR job_type = :job_type)
-          AND (CAST(:model AS text) IS NULL OR model = :model)
-          AND (CAST(:credential_mode AS text) IS NULL OR credential_mode = :credential_mode)
+        WHERE day BETWEEN :start AND :end{where}
         GROUP BY 1 ORDER BY 1
     """
 
 
 def usage_params(f: UsageFilter) -> dict[str, object]:
-    return {
-        "start": f.start,
-        "end": f.end,
-        "user_id": f.user_id,
-        "job_type": f.job_type,
-        "model": f.model,
-        "credential_mode": f.credential_mode,
-    }
+    params: dict[str, object] = {"start": f.start, "end": f.end}
+    params.update({name: getattr(f, name) for name, _, _ in _FILTERS if getattr(f, name)})
+    return params
 
 
 async def grouped_usage(
@@ -234,7 +237,7 @@ async def grouped_usage(
 ) -> list[UsageBucket]:
     """The rollup's sums over `f`, one bucket per value of `group_by`, in key order (days as
     `YYYY-MM-DD`)."""
-    rows = await session.execute(text(grouped_usage_sql(group_by)), usage_params(f))
+    rows = await session.execute(text(grouped_usage_sql(group_by, f)), usage_params(f))
     return [
         UsageBucket(
             key=r.key.isoformat() if isinstance(r.key, date) else str(r.key),
@@ -247,22 +250,20 @@ async def grouped_usage(
     ]
 
 
+JOB_ATTEMPTS_SQL = """
+    SELECT attempt_no, count(*) AS calls, sum(tokens_in) AS tin,
+           sum(tokens_out) AS tout, sum(cost_usd) AS cost,
+           coalesce(array_agg(error_code ORDER BY id)
+                    FILTER (WHERE error_code IS NOT NULL), '{}') AS codes
+    FROM ai_usage_log WHERE job_id = :j
+    GROUP BY attempt_no ORDER BY attempt_no
+"""
+
+
 async def job_attempts(session: AsyncSession, job_id: uuid.UUID) -> list[AttemptUsage]:
     """A job's calls summed per attempt, in attempt order, with the error code of every failed
     call in the order the calls were made (read by the log's `job_id` index)."""
-    rows = await session.execute(
-        text(
-            """
-            SELECT attempt_no, count(*) AS calls, sum(tokens_in) AS tin,
-                   sum(tokens_out) AS tout, sum(cost_usd) AS cost,
-                   coalesce(array_agg(error_code ORDER BY id)
-                            FILTER (WHERE error_code IS NOT NULL), '{}') AS codes
-            FROM ai_usage_log WHERE job_id = :j
-            GROUP BY attempt_no ORDER BY attempt_no
-            """
-        ),
-        {"j": job_id},
-    )
+    rows = await session.execute(text(JOB_ATTEMPTS_SQL), {"j": job_id})
     return [
         AttemptUsage(
             attempt=int(r.attempt_no),

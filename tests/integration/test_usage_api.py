@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+from bench.usage import run_on
 from db.session import SessionMaker
 from db.usage import UsageRepository, UsageRow
 from engine.settings import Settings
@@ -395,3 +396,25 @@ async def test_rollup_equals_the_log_after_concurrent_inserts(
     assert sum(r[5] for r in from_log) == WRITERS * CALLS_EACH
     assert [tuple(r) for r in rollup] == [tuple(r) for r in from_log]
     assert all(spent == total and total > 0 for _, spent, total in spend), spend
+
+
+# ---- the benchmark, small -------------------------------------------------------------------
+
+
+async def test_the_usage_bench_runs_small_and_its_reads_use_their_indexes(
+    db: SessionMaker, database_url: str
+) -> None:
+    """`python -m bench.usage --rows 20000`, on this test's database: the load's rollup equals
+    the log (checked inside), and the per-user and per-job reads go through their indexes."""
+    figures = await run_on(database_url, rows=20_000, users=100, repeat=2, baseline_repeat=1)
+    reads = {r.name: r for r in figures.reads}
+    assert figures.jobs == 1000 and figures.rollup_rows > 0
+    assert set(reads) >= {"own day", "own jobType", "own model", "job usage"}
+    for name in ("own day", "own jobType", "own model"):
+        assert reads[name].indexes == ["ix_ai_usage_daily_user_day"], reads[name]
+    assert reads["job usage"].indexes == ["ix_ai_usage_log_job_id"]
+    assert set(figures.ratios) == {"user", "jobType", "model", "day", "credentialMode"}
+    # The same admin sums from the rollup and from the log (the baseline reads one day range).
+    assert {g: reads[f"admin {g}"].rows for g in figures.ratios} == {
+        g: reads[f"admin {g} from the log"].rows for g in figures.ratios
+    }
