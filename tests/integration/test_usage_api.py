@@ -418,3 +418,29 @@ async def test_the_usage_bench_runs_small_and_its_reads_use_their_indexes(
     assert {g: reads[f"admin {g}"].rows for g in figures.ratios} == {
         g: reads[f"admin {g} from the log"].rows for g in figures.ratios
     }
+
+
+async def test_the_usage_routes_are_documented(settings: Settings) -> None:
+    async with api_client(settings) as (_, c):
+        spec = (await c.get("/openapi.json")).json()
+    paths = spec["paths"]
+    own = paths["/api/ai/usage"]["get"]
+    admin = paths["/admin-api/ai/usage"]["get"]
+    job = paths["/api/ai/jobs/{job_id}/usage"]["get"]
+    assert {"401", "422", "503"} <= own["responses"].keys()
+    assert {"401", "403", "422"} <= admin["responses"].keys()
+    assert {"401", "404"} <= job["responses"].keys()
+    assert {p["name"] for p in own["parameters"]} == {"from", "to", "groupBy"}
+    assert {p["name"] for p in admin["parameters"]} == {
+        "from",
+        "to",
+        "groupBy",
+        "userId",
+        "jobType",
+        "model",
+        "credentialMode",
+    }
+    comps = spec["components"]["schemas"]
+    assert comps["UsageReport"]["examples"] and comps["JobUsageResponse"]["examples"]
+    cost = comps["UsageSums"]["properties"]["costUsd"]
+    assert cost["type"] == "string" and re.fullmatch(cost["pattern"], "0.00066000")
