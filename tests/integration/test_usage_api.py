@@ -163,9 +163,8 @@ async def test_usage_endpoints_sum_to_the_jobs_figures_and_stay_with_their_owner
             for j, u in ((retried, "alice"), (plain, "alice"), (bobs, "bob"))
         }
         async with db() as s:
-            spent: dict[uuid.UUID, Decimal] = dict(
-                (await s.execute(text("SELECT id, spent_cost_usd FROM ai_job"))).tuples().all()
-            )
+            rows = (await s.execute(text("SELECT id, spent_cost_usd FROM ai_job"))).all()
+        spent: dict[uuid.UUID, Decimal] = {r[0]: r[1] for r in rows}
         assert spent == {j: sums[3] for j, sums in per_job.items()}
 
         alice_total = tuple(map(sum, zip(per_job[retried], per_job[plain], strict=True)))
