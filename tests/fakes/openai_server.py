@@ -29,8 +29,8 @@ Any step may carry `echo_model`: the `model` the answer reports instead of the r
 and `headers`: extra response headers of a `valid` or `slow` answer (OpenAI's
 `x-ratelimit-*`).
 
-`GET /_calls` also reports when each call arrived (`started_at`, epoch seconds) and the most
-calls it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
+`GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
+it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
 
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
@@ -284,9 +284,11 @@ def create_fake_app() -> FastAPI:
             "count": len(state.authorizations),
             "authorizations": list(state.authorizations),
             "models": list(state.models),
-            "started_at": list(state.started_at),
-            "max_in_flight": state.max_in_flight,
         }
+
+    @app.get("/_timings")
+    async def timings() -> dict[str, Any]:
+        return {"started_at": list(state.started_at), "max_in_flight": state.max_in_flight}
 
     @app.get("/_messages")
     async def messages() -> dict[str, Any]:
@@ -442,6 +444,14 @@ class FakeOpenAIServer:
     async def acalls(self) -> dict[str, Any]:
         async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.get(f"{self.root_url}/_calls")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
+            return result
+
+    async def atimings(self) -> dict[str, Any]:
+        """`started_at` (each call's arrival, epoch seconds) and `max_in_flight`."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_timings")
             response.raise_for_status()
             result: dict[str, Any] = response.json()
             return result

@@ -200,7 +200,7 @@ async def test_a_token_limit_smaller_than_the_load_spreads_the_calls_out(
         per_call = await job_tokens(st, jobs[0])
         assert per_call > 1000
         assert [await job_tokens(st, j) for j in jobs] == [per_call] * 5
-        starts = sorted((await fake.acalls())["started_at"])
+        starts = sorted((await fake.atimings())["started_at"])
         assert len(starts) == 5
         # Call k (1-based) needs k calls' tokens from a bucket that started empty at t0.
         for k, started in enumerate(starts, start=1):
@@ -227,9 +227,8 @@ async def test_a_concurrency_limit_of_one_never_has_two_calls_in_flight(
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         jobs = [await st.create(job_type=FLASH, input=INPUTS[FLASH]) for _ in range(4)]
         await succeeded_once(st, jobs)
-    calls = await fake.acalls()
-    assert calls["count"] == 4
-    assert calls["max_in_flight"] == 1
+    assert (await fake.acalls())["count"] == 4
+    assert (await fake.atimings())["max_in_flight"] == 1
     assert await scalar(db, "SELECT count(*) FROM provider_call_lease") == 0  # all settled
 
 
@@ -256,7 +255,7 @@ async def test_a_providers_remaining_zero_holds_the_next_call_until_its_reset(
         assert row is not None and row.announced_rpm == 60
         second = await st.create(job_type=FLASH, input=INPUTS[FLASH])
         await succeeded_once(st, [second])
-    first_call, second_call = (await fake.acalls())["started_at"]
+    first_call, second_call = (await fake.atimings())["started_at"]
     assert second_call >= float(row.blocked_until)
     assert second_call - first_call >= 1.9  # ~2 s: the reset the provider announced
 
@@ -290,7 +289,7 @@ async def test_a_dead_workers_lease_expires_and_frees_the_slot(
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
         await succeeded_once(st, [job], timeout=30)
-    [started] = (await fake.acalls())["started_at"]
+    [started] = (await fake.atimings())["started_at"]
     assert started >= float(expires)  # held while the lease lived, not a moment longer than
     assert started < float(expires) + 20  # its expiry plus the workflow's backoff
     assert await scalar(db, "SELECT count(*) FROM provider_call_lease") == 0  # swept
