@@ -9,12 +9,14 @@ import httpx
 import pytest
 
 from db.provider_limits import Limits, LimitTable, parse_model_limits
+from engine.settings import Settings
 from providers.base import ProviderRequest, RateLimitHeaders
 from providers.openai_compat import (
     OpenAICompatibleProvider,
     parse_duration_s,
     parse_rate_limit_headers,
 )
+from runtime.wiring import engine_config
 
 
 @pytest.mark.parametrize(
@@ -152,3 +154,16 @@ def test_model_limits_setting() -> None:
 def test_malformed_model_limits_name_the_entry(text: str, names: str) -> None:
     with pytest.raises(ValueError, match="^" + names.replace("[", r"\[").replace(".", r"\.")):
         parse_model_limits(text)
+
+
+def test_a_worker_is_built_with_the_setting_and_refuses_a_malformed_one() -> None:
+    good = Settings.model_validate(
+        {"AIJOBS_ENV": "test", "AI_MODEL_LIMITS": '{"synthetic": {"concurrency": 1}}'}
+    )
+    assert engine_config(good).model_limits.for_model("synthetic", "synthetic") == Limits(
+        concurrency=1
+    )
+    assert not engine_config(Settings.model_validate({"AIJOBS_ENV": "test"})).model_limits
+    bad = Settings.model_validate({"AIJOBS_ENV": "test", "AI_MODEL_LIMITS": '{"x": {"rpm": -1}}'})
+    with pytest.raises(ValueError, match=r"AI_MODEL_LIMITS\['x'\]\.rpm"):
+        engine_config(bad)
