@@ -108,6 +108,7 @@ class ResolveRefs:
     snapshot_stored: bool = True  # present, expired or not
     lifecycle_status: str = "queued"
     locked_by: str | None = None
+    max_output_tokens: int | None = None  # fixed at create; None on older jobs
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ class JobQueries:
                     """
                     SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
                            j.credential_id, j.lifecycle_status, j.locked_by,
+                           j.max_output_tokens,
                            EXISTS (SELECT 1 FROM ai_job_snapshot s
                                    WHERE s.job_id = j.id AND s.expires_at > now())
                                AS has_snapshot,
