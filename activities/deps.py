@@ -50,6 +50,11 @@ class EngineConfig:
     # AI_MODEL_LIMITS: requests and tokens per minute and calls at once per (provider, model,
     # key), enforced in EXECUTE's first transaction (db/provider_limits.py).
     model_limits: LimitTable = field(default_factory=LimitTable)
+    # The user cost budgets (QUOTA_MAX_COST_USD_PER_DAY/_MONTH; 0: none) and the estimate's
+    # margin (TOKEN_ESTIMATE_MARGIN): a call after a paid one is reserved against them first.
+    budget_per_day_usd: float = 0.0
+    budget_per_month_usd: float = 0.0
+    estimate_margin: float = 0.25
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property

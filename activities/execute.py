@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import json
 import time
@@ -58,6 +59,7 @@ from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
 from engine.errors import ExecutionFailure, Fault, IllegalTransition, JobNotFound, LockConflict
 from engine.hashing import output_hash
 from engine.redaction import redact
+from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call
 from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 
@@ -82,6 +84,7 @@ class _Begun:
     key_failure: ExecutionFailure | None = None
     gate: GateKey | None = None  # the (provider, key) gate this job's call goes through
     gate_wait_s: float = 0.0  # > 0: the gate is closed; nothing was taken or spent
+    gate_reason: str = ""  # why (engine/contracts.py ExecuteResult.gate_reason)
     probe: bool = False  # this attempt holds the gate's half-open probe
     lease: _Lease | None = None  # what the provider limits granted this call
 
@@ -142,7 +145,10 @@ class Execute:
             begun = await attempt.begin()
             if begun.gate_wait_s > 0:
                 return ExecuteResult(
-                    output_hash="", attempt=attempt.number, gate_wait_s=begun.gate_wait_s
+                    output_hash="",
+                    attempt=attempt.number,
+                    gate_wait_s=begun.gate_wait_s,
+                    gate_reason=begun.gate_reason,
                 )
         else:  # a run recorded before the workflow waited on the gate itself
             begun = await attempt.begin_when_admitted()
@@ -177,7 +183,7 @@ class _Attempt:
                 self._d.metrics.limiter_waited(
                     closed.provider, closed.model, closed.reason, closed.wait_s
                 )
-                return _Begun(gate_wait_s=closed.wait_s)
+                return _Begun(gate_wait_s=closed.wait_s, gate_reason=closed.reason)
 
     async def begin_when_admitted(self) -> _Begun:
         """The first transaction, once the job's provider admits a call. While it is paused
@@ -249,6 +255,9 @@ class _Attempt:
                 gate=gate,
                 probe=bool(admission and admission.probe),
             )
+            if row.estimated_input_tokens is not None and await self._refused_by_budget(s, row, jt):
+                # Rolls the CAS back; the job ends failed without another call.
+                fail_final("BUDGET_EXHAUSTED")
             try:
                 begun.api_key = await d.gateway.api_key(
                     s, jt, row.user_id, row.credential_mode, row.credential_id
@@ -259,6 +268,37 @@ class _Attempt:
                 # Last in the transaction: the key's limit row stays locked until the commit.
                 begun.lease = await self._admit_limits(s, row, jt, gate)
             return begun
+
+    async def _refused_by_budget(self, s: AsyncSession, row: JobRow, jt: AnyJobType) -> bool:
+        """Whether this call would take the job past its cost cap, or its user past a budget,
+        beyond what create reserved (jobs/costs.py `cover_next_call`): only a call after a paid
+        one can. Covered calls grow the job's reservation in this transaction."""
+        cfg = self._cfg
+        model = self._d.gateway.model_for(jt, row.credential_mode)
+        worst = call_worst_case_usd(
+            row.estimated_input_tokens or 0,
+            row.max_output_tokens or jt.definition.execution.max_output_tokens,
+            price=self._d.gateway.prices.price_for(model),
+            margin=cfg.estimate_margin,
+        )
+        refused = await cover_next_call(
+            s,
+            job_id=row.id,
+            user_id=row.user_id,
+            reserved_usd=row.reserved_cost_usd,
+            spent_usd=row.spent_cost_usd,
+            max_cost_usd=row.max_cost_usd,
+            call_worst_usd=worst,
+            windows=budget_windows(
+                cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
+            ),
+        )
+        if refused is not None:
+            log.info(
+                "another call would exceed a cost limit; the job stops",
+                extra={"job_id": self.inp.job_id, "limit": refused, "attempt": self.number},
+            )
+        return refused is not None
 
     async def _admit_limits(
         self, s: AsyncSession, row: JobRow, jt: AnyJobType, gate: GateKey | None

@@ -135,6 +135,13 @@ class ExecuteResult:
     lifecycle_status: str | None = None
     # > 0: the provider gate held the job; nothing happened, ask again after this long.
     gate_wait_s: float = 0.0
+    # Why: "pause", "breaker" (polled with a growing wait) or a provider limit (LIMIT_WAITS:
+    # the wait is exactly what the limit needs, so the workflow waits just that).
+    gate_reason: str = ""
+
+
+# The gate reasons whose wait is exact: a provider limit's bucket refills at a known rate.
+LIMIT_WAITS = frozenset({"rpm", "tpm", "concurrency", "announced"})
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,18 @@ the answer budget is cut so that the call cannot cost more than the cap.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
+from typing import Literal
 
-from engine.errors import CostCapTooLow
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import budgets
+from engine.errors import CostCapTooLow, QuotaExceeded
 from engine.tokens import count_chat_tokens
 from jobs.spec import Prompt
 from providers.pricing import Price
@@ -106,3 +112,118 @@ def call_worst_case_usd(
 ) -> Decimal:
     """One call's worst case: what EXECUTE tops a job's reservation up by before a retry."""
     return _usd(padded(input_tokens, margin), output_budget, price)
+
+
+# ---- budget windows ---------------------------------------------------------------------
+
+# Retry-After (seconds) when a budget is held by the reservations of running jobs: they end,
+# and give back what they did not spend, within a job's run time, which no clock predicts.
+RESERVATIONS_RETRY_AFTER_S = 10
+
+
+@dataclass(frozen=True)
+class BudgetWindow:
+    name: Literal["daily", "monthly"]
+    limit_usd: Decimal
+    since: dt.date
+    resets_at: dt.datetime
+
+    def refusal(
+        self, held: budgets.Committed, worst_case_usd: Decimal, now: dt.datetime
+    ) -> QuotaExceeded | None:
+        """None when a job of `worst_case_usd` fits; else the 429 to answer. When spend alone
+        leaves no room, Retry-After is the window's end; when reservations of the user's active
+        jobs hold the room, a few seconds (they settle as those jobs end)."""
+        if held.total_usd + worst_case_usd <= self.limit_usd:
+            return None
+        if held.spent_usd + worst_case_usd > self.limit_usd:
+            return QuotaExceeded(
+                f"The {self.name} AI cost budget of {self.limit_usd} USD cannot cover this job "
+                f"(up to {worst_case_usd} USD; {held.spent_usd} USD spent).",
+                retry_after_s=seconds_until(self.resets_at, now),
+            )
+        return QuotaExceeded(
+            f"The {self.name} AI cost budget of {self.limit_usd} USD is held by your running "
+            f"jobs ({held.reserved_usd} USD reserved, {held.spent_usd} USD spent); this job may "
+            f"cost up to {worst_case_usd} USD.",
+            retry_after_s=RESERVATIONS_RETRY_AFTER_S,
+        )
+
+
+def budget_windows(per_day: float, per_month: float, now: dt.datetime) -> list[BudgetWindow]:
+    """The user cost budgets in force (0: none), each with its UTC window."""
+    out = []
+    if per_day:
+        out.append(
+            BudgetWindow(
+                "daily", Decimal(str(per_day)), utc_day_start(now).date(), next_utc_day(now)
+            )
+        )
+    if per_month:
+        out.append(
+            BudgetWindow(
+                "monthly",
+                Decimal(str(per_month)),
+                utc_month_start(now).date(),
+                next_utc_month(now),
+            )
+        )
+    return out
+
+
+def utc_day_start(now: dt.datetime) -> dt.datetime:
+    return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def utc_month_start(now: dt.datetime) -> dt.datetime:
+    return utc_day_start(now).replace(day=1)
+
+
+def next_utc_day(now: dt.datetime) -> dt.datetime:
+    return utc_day_start(now) + dt.timedelta(days=1)
+
+
+def next_utc_month(now: dt.datetime) -> dt.datetime:
+    start = utc_month_start(now)
+    return (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+
+
+def seconds_until(moment: dt.datetime, now: dt.datetime) -> int:
+    return max(1, int((moment - now).total_seconds()))
+
+
+async def cover_next_call(
+    s: AsyncSession,
+    *,
+    job_id: uuid.UUID,
+    user_id: str,
+    reserved_usd: Decimal,
+    spent_usd: Decimal,
+    max_cost_usd: Decimal | None,
+    call_worst_usd: Decimal,
+    windows: Sequence[BudgetWindow],
+) -> str | None:
+    """Before a job's next call (a retry after a paid answer), reserve what it may cost. The
+    create reserved one call's worst case; when what the job has spent plus another worst case
+    exceeds that, the reservation grows under the user's budget lock, as a create's would. None
+    when the call is covered; else what refuses it ("cap", "daily", "monthly"): the job stops
+    with BUDGET_EXHAUSTED rather than spend past a limit."""
+    needed = spent_usd + call_worst_usd
+    if needed <= reserved_usd:
+        return None
+    if max_cost_usd is not None and needed > max_cost_usd:
+        return "cap"
+    if windows:
+        await budgets.lock_user(s, user_id)
+        for w in windows:
+            held = await budgets.committed(s, user_id, w.since, excluding=job_id)
+            # `held` counts this job's spend in the window, not its reservation: the job will
+            # hold `call_worst_usd` beyond what it spent.
+            if held.total_usd + call_worst_usd > w.limit_usd:
+                return w.name
+    await budgets.reserve(s, job_id, needed)
+    return None

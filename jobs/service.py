@@ -54,7 +54,17 @@ from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
 from jobs import lifecycle
-from jobs.costs import JobEstimate, estimate_job
+from jobs.costs import (
+    BudgetWindow,
+    JobEstimate,
+    budget_windows,
+    estimate_job,
+    next_utc_day,
+    next_utc_month,
+    seconds_until,
+    utc_day_start,
+    utc_month_start,
+)
 from jobs.spec import AnyJobType, Catalog
 from jobs.tracecontext import current_trace_context
 from jobs.views import Owner, can_see, not_found
@@ -517,27 +527,9 @@ class JobService:
 
     def budget_windows(self, now: dt.datetime) -> list[BudgetWindow]:
         """The user cost budgets in force (daily, monthly), each with its window."""
-        p = self._policy
-        out = []
-        if p.max_cost_usd_per_day:
-            out.append(
-                BudgetWindow(
-                    "daily",
-                    Decimal(str(p.max_cost_usd_per_day)),
-                    utc_day_start(now).date(),
-                    next_utc_day(now),
-                )
-            )
-        if p.max_cost_usd_per_month:
-            out.append(
-                BudgetWindow(
-                    "monthly",
-                    Decimal(str(p.max_cost_usd_per_month)),
-                    utc_month_start(now).date(),
-                    next_utc_month(now),
-                )
-            )
-        return out
+        return budget_windows(
+            self._policy.max_cost_usd_per_day, self._policy.max_cost_usd_per_month, now
+        )
 
     # ---- cancel -------------------------------------------------------------------------
 
@@ -670,40 +662,6 @@ class Quote:
     budgets: list[tuple[BudgetWindow, budgets.Committed]]
 
 
-# Retry-After (seconds) when a budget is held by the reservations of running jobs: they end,
-# and give back what they did not spend, within a job's run time, which no clock predicts.
-RESERVATIONS_RETRY_AFTER_S = 10
-
-
-@dataclass(frozen=True)
-class BudgetWindow:
-    name: Literal["daily", "monthly"]
-    limit_usd: Decimal
-    since: dt.date
-    resets_at: dt.datetime
-
-    def refusal(
-        self, held: budgets.Committed, worst_case_usd: Decimal, now: dt.datetime
-    ) -> QuotaExceeded | None:
-        """None when a job of `worst_case_usd` fits; else the 429 to answer. When spend alone
-        leaves no room, Retry-After is the window's end; when reservations of the user's active
-        jobs hold the room, a few seconds (they settle as those jobs end)."""
-        if held.total_usd + worst_case_usd <= self.limit_usd:
-            return None
-        if held.spent_usd + worst_case_usd > self.limit_usd:
-            return QuotaExceeded(
-                f"The {self.name} AI cost budget of {self.limit_usd} USD cannot cover this job "
-                f"(up to {worst_case_usd} USD; {held.spent_usd} USD spent).",
-                retry_after_s=seconds_until(self.resets_at, now),
-            )
-        return QuotaExceeded(
-            f"The {self.name} AI cost budget of {self.limit_usd} USD is held by your running "
-            f"jobs ({held.reserved_usd} USD reserved, {held.spent_usd} USD spent); this job may "
-            f"cost up to {worst_case_usd} USD.",
-            retry_after_s=RESERVATIONS_RETRY_AFTER_S,
-        )
-
-
 class EnqueueNotWritten(RuntimeError):
     """The create transaction could not write its job's enqueue row (an invariant broke)."""
 
@@ -718,31 +676,6 @@ def _finite(value: Any, depth: int = 0) -> bool:
     if isinstance(value, list | tuple):
         return all(_finite(v, depth + 1) for v in value)
     return True
-
-
-def utc_day_start(now: dt.datetime) -> dt.datetime:
-    return now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def utc_month_start(now: dt.datetime) -> dt.datetime:
-    return utc_day_start(now).replace(day=1)
-
-
-def next_utc_day(now: dt.datetime) -> dt.datetime:
-    return utc_day_start(now) + dt.timedelta(days=1)
-
-
-def next_utc_month(now: dt.datetime) -> dt.datetime:
-    start = utc_month_start(now)
-    return (
-        start.replace(year=start.year + 1, month=1)
-        if start.month == 12
-        else start.replace(month=start.month + 1)
-    )
-
-
-def seconds_until(moment: dt.datetime, now: dt.datetime) -> int:
-    return max(1, int((moment - now).total_seconds()))
 
 
 def seconds_until_utc_midnight() -> int:

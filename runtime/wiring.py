@@ -170,6 +170,9 @@ def engine_config(settings: Settings) -> EngineConfig:
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
         # Raises ValueError naming AI_MODEL_LIMITS and the entry: a worker does not start.
         model_limits=parse_model_limits(settings.ai_model_limits),
+        budget_per_day_usd=settings.quota_max_cost_usd_per_day,
+        budget_per_month_usd=settings.quota_max_cost_usd_per_month,
+        estimate_margin=settings.token_estimate_margin,
     )
 
 

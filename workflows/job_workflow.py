@@ -67,6 +67,8 @@ EXECUTE_OWNS_RUNNING = "execute-owns-running"
 # The five stages, each under its own name: resolve before the slot, project and complete after
 # it; a closed provider gate is waited out on a workflow timer.
 FIVE_STAGES = "five-stages"
+# A provider limit's wait (its bucket's exact refill time) is waited as it is, not backed off.
+EXACT_LIMIT_WAITS = "exact-limit-waits"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -223,8 +225,15 @@ class JobStages:
             if executed.gate_wait_s <= 0:
                 return executed
             spent = max(spent, executed.attempt - 1)
-            looks += 1
-            wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
+            if executed.gate_reason in contracts.LIMIT_WAITS and workflow.patched(
+                EXACT_LIMIT_WAITS
+            ):
+                # A limit says exactly when its bucket has room: a growing wait would only
+                # pace the job slower than the limit allows (1 s is Temporal's timer floor).
+                wait_s = max(executed.gate_wait_s, 1.0)
+            else:
+                looks += 1
+                wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
             # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
             await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
             if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import uuid
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from sqlalchemy import text
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker, libpq_url
+from db.usage import UsageRepository, UsageRow
 from engine.errors import (
     IdempotencyKeyReused,
     JobAlreadyCancelled,
@@ -508,14 +510,23 @@ async def test_monthly_cost_budget(db: SessionMaker) -> None:
     )
     job = (await svc.create(request())).job
     async with db.begin() as s:
-        await s.execute(
-            text(
-                "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
-                "model, tokens_in, tokens_out, cost_usd, latency_ms, created_at) VALUES "
-                "(:j, 'u1', 1, 'platform_key', 'deepseek', 'deepseek-chat', 1, 1, 1.5, 1, "
-                ":at)"
+        # Through the repository: budgets read the daily rollup its insert keeps.
+        await UsageRepository().insert(
+            s,
+            UsageRow(
+                job_id=job.id,
+                user_id="u1",
+                job_type=job.job_type,
+                attempt_no=1,
+                credential_mode="platform_key",
+                provider="deepseek",
+                model="deepseek-chat",
+                tokens_in=1,
+                tokens_out=1,
+                cost_usd=Decimal("1.5"),
+                latency_ms=1,
+                error_code=None,
             ),
-            {"j": job.id, "at": dt.datetime.now(dt.UTC).replace(day=1, hour=0, minute=0)},
         )
     with pytest.raises(QuotaExceeded) as info:
         await svc.create(request(target_id="t2"))
