@@ -440,6 +440,11 @@ class _Attempt:
                 response=response,
                 cost_usd=cost,
             )
+        # A retry with a correction sends more than was estimated: only first prompts count.
+        if response is not None and row.estimated_input_tokens and not row.correction_hint:
+            d.metrics.estimate_checked(
+                row.job_type, model_name, row.estimated_input_tokens, response.tokens_in
+            )
         return _Called(
             provider=provider.name,
             model=model_name,

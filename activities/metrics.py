@@ -105,6 +105,11 @@ def _label(value: str, limit: int = 64) -> str:
     return value[:limit] if value else "unknown"
 
 
+# Reported / estimated input tokens: tight around 1, with tails wide enough to catch a
+# vocabulary that counts twice or half as many.
+_ESTIMATE_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0)
+
+
 class WorkerMetrics:
     """The worker-side families. One instance per registry: the default registry's is
     `worker_metrics()`."""
@@ -184,6 +189,14 @@ class WorkerMetrics:
             "How long EXECUTE asked a held-back job to wait before it asks again.",
             ["reason"],
             buckets=_WAIT_BUCKETS,
+            registry=reg,
+        )
+        self.estimate_ratio = Histogram(
+            "aijobs_token_estimate_ratio",
+            "A call's provider-reported input tokens divided by the job's estimate at create "
+            "(1 = exact; above 1 + TOKEN_ESTIMATE_MARGIN, a worst case undercounted).",
+            ["job_type", "model"],
+            buckets=_ESTIMATE_BUCKETS,
             registry=reg,
         )
         self.execute_retries = Counter(
@@ -332,6 +345,13 @@ class WorkerMetrics:
         label = reason if reason in LIMITER_REASONS else "other"
         self._child(self.limiter_waits, _label(provider), _label(model), label).inc()
         self._child(self.limiter_wait, label).observe(max(0.0, seconds))
+
+    def estimate_checked(self, job_type: str, model: str, estimated: int, reported: int) -> None:
+        """One answered call's reported input tokens against the job's estimate."""
+        if estimated > 0 and reported > 0:
+            self._child(self.estimate_ratio, _label(job_type), _label(model)).observe(
+                reported / estimated
+            )
 
     def execute_retry(self, job_type: str, error_code: str) -> None:
         self._child(self.execute_retries, _label(job_type), error_code_label(error_code)).inc()

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from db import webhooks
+from db import budgets, webhooks
 from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
@@ -58,6 +58,9 @@ class _Snapshot:
     outbox: dict[tuple[str, str], int] = field(default_factory=dict)
     oldest_pending_s: float = 0.0
     webhook_backlog_s: float = 0.0
+    reserved_usd: float = 0.0
+    spent_today_usd: float = 0.0
+    spent_month_usd: float = 0.0
     ok: bool = False
     took_s: float = 0.0
 
@@ -79,6 +82,9 @@ class EngineStateCollector(Collector):
       waited (0 when none), read from the pending rows only.
     - `aijobs_webhook_backlog_oldest_age_seconds`: how long the oldest due, undelivered webhook
       delivery has waited for a deliverer (0 when none), from the due-rows index.
+    - `aijobs_cost_reserved_usd` and `aijobs_cost_spent_usd{window}`: the open reservations of
+      active jobs (same partial index) and the calls' cost this UTC day and month (a range of
+      the daily rollup's key): reserved versus spent, for every user together.
 
     The queries run with a short statement timeout and at most once per `min_interval_s`
     (several Prometheus replicas scraping share one read). `aijobs_metrics_sql_up` says whether
@@ -124,11 +130,15 @@ class EngineStateCollector(Collector):
             )
             # In the same transaction: the statement timeout set above bounds it too.
             backlog_s = await webhooks.oldest_due_age_s(s)
+            money = await budgets.reserved_and_spent(s)
         snap = _Snapshot(
             active=state.active,
             recent=state.recent,
             oldest_pending_s=state.oldest_pending_s,
             webhook_backlog_s=backlog_s,
+            reserved_usd=float(money.reserved_usd),
+            spent_today_usd=float(money.spent_today_usd),
+            spent_month_usd=float(money.spent_month_usd),
         )
         for (event_type, status), n in state.outbox.items():
             key = (event_type if event_type in _EVENT_TYPES else "other", status)
@@ -189,6 +199,20 @@ class EngineStateCollector(Collector):
         )
         backlog.add_metric([], snap.webhook_backlog_s)
         yield backlog
+        reserved = GaugeMetricFamily(
+            "aijobs_cost_reserved_usd",
+            "What active jobs hold against their users' cost budgets beyond what they spent.",
+        )
+        reserved.add_metric([], snap.reserved_usd)
+        yield reserved
+        spent = GaugeMetricFamily(
+            "aijobs_cost_spent_usd",
+            "What provider calls cost in the current UTC budget window (day, month).",
+            labels=["window"],
+        )
+        spent.add_metric(["day"], snap.spent_today_usd)
+        spent.add_metric(["month"], snap.spent_month_usd)
+        yield spent
 
 
 def _with_zeros(

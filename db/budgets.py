@@ -98,19 +98,29 @@ async def reserve(s: AsyncSession, job_id: uuid.UUID, reserved_usd: Decimal) -> 
     )
 
 
-async def reserved_and_spent(s: AsyncSession) -> tuple[Decimal, Decimal]:
-    """Every active job's open reservation, and every call's cost today (UTC): the metrics'
-    reserved-versus-spent gauges."""
+@dataclass(frozen=True)
+class Money:
+    reserved_usd: Decimal  # every active job's open reservation
+    spent_today_usd: Decimal  # every call's cost this UTC day
+    spent_month_usd: Decimal  # and this UTC month
+
+
+async def reserved_and_spent(s: AsyncSession) -> Money:
+    """The metrics' reserved-versus-spent gauges: open reservations through the partial index
+    on active jobs, spend from the rollup's days of this month (a range of its primary key)."""
     row = (
         await s.execute(
             text(
                 f"""
+                WITH today AS (SELECT (now() AT TIME ZONE 'UTC')::date AS d)
                 SELECT (SELECT coalesce(sum(greatest(reserved_cost_usd - spent_cost_usd, 0)), 0)
                         FROM ai_job WHERE {ACTIVE_SQL}) AS reserved,
-                       (SELECT coalesce(sum(cost_usd), 0) FROM ai_usage_daily
-                        WHERE day = (now() AT TIME ZONE 'UTC')::date) AS spent
+                       (SELECT coalesce(sum(cost_usd), 0) FROM ai_usage_daily, today
+                        WHERE day = today.d) AS spent_today,
+                       (SELECT coalesce(sum(cost_usd), 0) FROM ai_usage_daily, today
+                        WHERE day >= date_trunc('month', today.d)::date) AS spent_month
                 """
             )
         )
     ).one()
-    return Decimal(row.reserved), Decimal(row.spent)
+    return Money(Decimal(row.reserved), Decimal(row.spent_today), Decimal(row.spent_month))
