@@ -31,6 +31,8 @@ and `headers`: extra response headers of a `valid` or `slow` answer (OpenAI's
 
 `GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
 it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
+`GET /_max_tokens` reports the answer budget (`max_tokens`, or null) each call asked for, in
+order, for the cost-cap tests.
 
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
@@ -114,6 +116,7 @@ class _FakeState:
         self.models: list[str | None] = []
         self.messages: list[Any] = []  # each call's `messages` (prompts: fake data only)
         self.started_at: list[float] = []
+        self.max_tokens: list[int | None] = []
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -125,6 +128,7 @@ class _FakeState:
         self.models.clear()
         self.messages.clear()
         self.started_at.clear()
+        self.max_tokens.clear()
         self.in_flight = self.max_in_flight = 0
 
     def next_step(self) -> dict[str, Any]:
@@ -202,6 +206,8 @@ def create_fake_app() -> FastAPI:
         state.authorizations.append(request.headers.get("authorization"))
         state.models.append(model if isinstance(model, str) else None)
         state.messages.append(body.get("messages") if isinstance(body, dict) else None)
+        budget = body.get("max_tokens") if isinstance(body, dict) else None
+        state.max_tokens.append(budget if isinstance(budget, int) else None)
         if not isinstance(body, dict):
             return JSONResponse(
                 {"error": {"message": "invalid JSON body", "code": "invalid_request"}},
@@ -289,6 +295,10 @@ def create_fake_app() -> FastAPI:
     @app.get("/_timings")
     async def timings() -> dict[str, Any]:
         return {"started_at": list(state.started_at), "max_in_flight": state.max_in_flight}
+
+    @app.get("/_max_tokens")
+    async def max_tokens() -> dict[str, Any]:
+        return {"max_tokens": list(state.max_tokens)}
 
     @app.get("/_messages")
     async def messages() -> dict[str, Any]:
@@ -454,6 +464,14 @@ class FakeOpenAIServer:
             response = await client.get(f"{self.root_url}/_timings")
             response.raise_for_status()
             result: dict[str, Any] = response.json()
+            return result
+
+    async def amax_tokens(self) -> list[int | None]:
+        """The `max_tokens` each chat call asked for (None where absent), in order."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_max_tokens")
+            response.raise_for_status()
+            result: list[int | None] = response.json()["max_tokens"]
             return result
 
     async def amessages(self) -> list[Any]:
