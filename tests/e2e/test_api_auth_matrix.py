@@ -41,7 +41,12 @@ ROUTES = {
     "admin_list": Route("GET", "/admin-api/ai/jobs", "queued"),
     "admin_get": Route("GET", "/admin-api/ai/jobs/{job}", "queued"),
     "admin_retry": Route("POST", "/admin-api/ai/jobs/{job}/retry", "cancelled"),
+    "quote": Route("POST", "/api/ai/jobs/quote"),
+    "usage": Route("GET", "/api/ai/usage"),
+    "job_usage": Route("GET", "/api/ai/jobs/{job}/usage", "queued"),
+    "admin_usage": Route("GET", "/admin-api/ai/usage"),
 }
+WITH_BODY = ("create", "quote")
 
 # The contract. A cell is the status, or (status, problem code).
 U401 = (401, "UNAUTHENTICATED")
@@ -56,6 +61,10 @@ EXPECTED: dict[str, tuple[Any, ...]] = {
     "admin_list": (U401, U401, U401, F403, F403, 200),
     "admin_get": (U401, U401, U401, F403, F403, 200),
     "admin_retry": (U401, U401, U401, F403, F403, 201),
+    "quote": (U401, U401, U401, 200, 200, 200),  # each caller's own budgets; creates nothing
+    "usage": (U401, U401, U401, 200, 200, 200),  # each caller's own spend
+    "job_usage": (U401, U401, U401, N404, 200, 200),  # owner or admin, as the job itself
+    "admin_usage": (U401, U401, U401, F403, F403, 200),
 }
 CASES = [(route, who) for route in ROUTES for who in WHO]
 
@@ -92,7 +101,7 @@ async def test_route_access(api: Api, db: SessionMaker, route: str, who: str) ->
         spec.method,
         spec.path.format(job=job),
         headers=headers_for(api, who),
-        json=body if route == "create" else None,
+        json=body if route in WITH_BODY else None,
     )
 
     want = EXPECTED[route][WHO.index(who)]
@@ -120,6 +129,13 @@ async def test_route_access(api: Api, db: SessionMaker, route: str, who: str) ->
         assert data["items"][0]["userId"] == OWNER
     elif route == "admin_get":
         assert data["jobId"] == job and data["userId"] == OWNER
+    elif route == "quote":
+        assert data["admitted"] is True and data["jobType"] == "synthetic"
+        assert await state_of(db) == before  # a quote creates nothing
+    elif route in ("usage", "admin_usage"):
+        assert data["total"]["calls"] == 0 and data["items"] == []
+    elif route == "job_usage":
+        assert data["jobId"] == job and data["calls"] == 0
     elif route == "admin_retry":
         assert data["retriedFromJobId"] == job
         assert (await api.admin_get(data["jobId"]))["userId"] == OWNER
