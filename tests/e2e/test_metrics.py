@@ -34,6 +34,8 @@ ALLOWED_LABELS = {
     "action",
     "stage",  # aijobs_stage_duration_seconds: prepare | execute | project | finalize
     "le",  # histogram buckets
+    "window",  # aijobs_cost_spent_usd: day | month
+    "reason",  # aijobs_limiter_wait*: rpm | tpm | concurrency | announced | pause | breaker
 }
 Key = tuple[str, frozenset[tuple[str, str]]]
 
@@ -45,6 +47,8 @@ API_FAMILIES = {
     "aijobs_outbox_events": ("gauge", {"event_type", "status"}),
     "aijobs_outbox_oldest_pending_age_seconds": ("gauge", set()),
     "aijobs_metrics_sql_up": ("gauge", set()),
+    "aijobs_cost_reserved_usd": ("gauge", set()),
+    "aijobs_cost_spent_usd": ("gauge", {"window"}),
 }
 WORKER_FAMILIES = {
     "aijobs_jobs_finished": ("counter", {"job_type", "status", "error_code"}),
