@@ -27,10 +27,12 @@ BUDGET_S = 45.0
 # A schema-valid request may still be refused with 422 where validity depends on what no schema
 # can state: an opaque cursor the server never issued, an Idempotency-Key already used with
 # another body or a credential mode without a stored key (a create, or an admin retry of a job
-# whose owner has no key left), a webhook URL that is not http(s).
+# whose owner has no key left), a webhook URL that is not http(s), a usage range whose `from` is
+# after its `to` or more than 366 days before it, a `maxCostUsd` with more than 8 decimal places
+# (a quote checks a body as a create does; the schema does not state the places).
 PAGED_OR_STATEFUL = (
-    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit)"
-    r"(/\{job_id\}/(artifacts|retry))?$"
+    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit|usage)"
+    r"(/\{job_id\}/(artifacts|retry)|/quote)?$"
 )
 CONFIG = f"""
 [[operations]]
