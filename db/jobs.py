@@ -63,6 +63,7 @@ class JobRow:
     max_cost_usd: Decimal | None = None
     reserved_cost_usd: Decimal = Decimal(0)
     spent_cost_usd: Decimal = Decimal(0)
+    chunk_count: int | None = None  # a long source's chunks (db/chunks.py); None: one call
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).

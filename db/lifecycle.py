@@ -68,6 +68,7 @@ class NewJob:
     max_output_tokens: int | None = None
     max_cost_usd: Decimal | None = None
     reserved_cost_usd: Decimal = Decimal(0)
+    chunk_count: int | None = None  # set with the job's chunk plan (db/chunks.py)
 
 
 @dataclass(frozen=True)

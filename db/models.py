@@ -157,8 +157,34 @@ class AiJob(Base):
     max_cost_usd: Mapped[Decimal | None] = mapped_column(Numeric(18, 8))
     reserved_cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
     spent_cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
+    # A long source's chunks (ai_job_chunk rows); None: the job makes one call per attempt.
+    chunk_count: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiJobChunk(Base):
+    """One chunk of a long source (db/chunks.py): its character range in the job's input (the
+    text itself stays in the snapshot), the items it is asked for, its own attempts, and once it
+    succeeded its validated output (private, like `ai_job.output`)."""
+
+    __tablename__ = "ai_job_chunk"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), primary_key=True
+    )
+    chunk_no: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_char: Mapped[int] = mapped_column(Integer)
+    end_char: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer)  # the chunk call's estimated prompt
+    item_count: Mapped[int] = mapped_column(Integer)  # items this chunk is asked for
+    status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    output_hash: Mapped[str | None] = mapped_column(String(64))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    finished_at: Mapped[datetime | None] = mapped_column(TS)
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
 
 class AiJobSnapshot(Base):
@@ -259,6 +285,7 @@ class AiUsageLog(Base):
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
     latency_ms: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     error_code: Mapped[str | None] = mapped_column(String(64))
+    chunk_no: Mapped[int | None] = mapped_column(Integer)  # a chunked job's chunk; else None
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
 
