@@ -56,6 +56,20 @@ class Artifact:
     ordinal: int
 
 
+@dataclass(frozen=True)
+class ChunkSpec:
+    """How a job type runs over a source longer than one prompt (jobs/chunked.py): which input
+    field holds the source and which the requested item count, which output field lists the
+    items, what makes two items the same (a question, a card's front), and the most items one
+    call may be asked for (its output schema's bound)."""
+
+    source_field: str
+    count_field: str
+    items_field: str
+    item_key: Callable[[Mapping[str, Any]], str]
+    max_items_per_call: int
+
+
 InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT", bound=BaseModel)
 
@@ -112,6 +126,8 @@ class JobType(Generic[InT, OutT]):
     # The answer tokens this type expects for an input (a quote's estimated cost); None: a
     # quarter of the answer budget. The worst case always counts the whole budget.
     expected_output_tokens: Callable[[InT], int] | None = None
+    # Set: a source too long for one prompt is split into chunks, one call each, and merged.
+    chunking: ChunkSpec | None = None
     # Only the synthetic job type scripts its provider (delay, failures, hang...).
     synthetic_behaviour: Callable[[InT], SyntheticBehaviour] | None = None
     # The synthetic job type never calls a real provider, even when a key is configured.

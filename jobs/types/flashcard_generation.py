@@ -1,6 +1,7 @@
 """`flashcard_generation`: question/answer flashcards from a source text.
 
-Input: `sourceText` (1..20000 chars) and `count`, the most cards wanted (1..30, default 10).
+Input: `sourceText` (1..400000 chars; past one prompt it runs as chunks) and `count`, the most
+cards wanted (1..30, default 10).
 Output: 1..30 cards with a `front` (a prompt or question) and a `back` (its answer). Projects one
 `flashcard` row (and artifact) per card.
 """
@@ -18,6 +19,7 @@ from db.models import Flashcard
 from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     Artifact,
+    ChunkSpec,
     JobInput,
     JobOutput,
     JobType,
@@ -33,8 +35,12 @@ ARTIFACT_TYPE = "flashcard"
 PROMPT_VERSION = "flashcard_generation.v1"
 
 
+# The longest source a job takes: one prompt up to the per-call budget, chunks beyond it.
+MAX_SOURCE_CHARS = 400_000
+
+
 class FlashcardGenerationInput(JobInput):
-    source_text: str = Field(min_length=1, max_length=20_000)
+    source_text: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
     count: int = Field(default=10, ge=1, le=30)
 
     @field_validator("source_text")
@@ -158,4 +164,12 @@ JOB = JobType(
     artifact_view=view,
     # The answer a front and a back: about 70 tokens a card.
     expected_output_tokens=lambda inp: 40 + 70 * inp.count,
+    # A source longer than one prompt runs as chunks, merged by distinct front (jobs/chunked.py).
+    chunking=ChunkSpec(
+        source_field="source_text",
+        count_field="count",
+        items_field="flashcards",
+        item_key=lambda item: str(item.get("front", "")),
+        max_items_per_call=30,
+    ),
 )

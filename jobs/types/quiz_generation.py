@@ -1,9 +1,10 @@
 """`quiz_generation`: multiple-choice questions about a source text.
 
-Input: `sourceText` (1..20000 chars), `count` (1..20, default 5), `difficulty`
-(easy|medium|hard, default medium). Output: 1..20 questions, each with exactly four distinct
-choices, the 0-based index of the correct one and an explanation. Projects one `quiz_question`
-row (and artifact) per question; the difficulty stored on a row is the one the user asked for.
+Input: `sourceText` (1..400000 chars; past one prompt it runs as chunks), `count` (1..20,
+default 5), `difficulty` (easy|medium|hard, default medium). Output: 1..20 questions, each
+with exactly four distinct choices, the 0-based index of the correct one and an explanation.
+Projects one `quiz_question` row (and artifact) per question; the difficulty stored on a row is
+the one the user asked for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from db.models import AiJob, QuizQuestion
 from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     Artifact,
+    ChunkSpec,
     JobInput,
     JobOutput,
     JobType,
@@ -36,8 +38,12 @@ PROMPT_VERSION = "quiz_generation.v1"
 Difficulty = Literal["easy", "medium", "hard"]
 
 
+# The longest source a job takes: one prompt up to the per-call budget, chunks beyond it.
+MAX_SOURCE_CHARS = 400_000
+
+
 class QuizGenerationInput(JobInput):
-    source_text: str = Field(min_length=1, max_length=20_000)
+    source_text: str = Field(min_length=1, max_length=MAX_SOURCE_CHARS)
     count: int = Field(default=5, ge=1, le=20)
     difficulty: Difficulty = "medium"
 
@@ -251,4 +257,12 @@ JOB = JobType(
     artifact_view=view,
     # The answer a question, four choices and an explanation: about 150 tokens.
     expected_output_tokens=lambda inp: 40 + 150 * inp.count,
+    # A source longer than one prompt runs as chunks, merged by distinct question (jobs/chunked.py).
+    chunking=ChunkSpec(
+        source_field="source_text",
+        count_field="count",
+        items_field="questions",
+        item_key=lambda item: str(item.get("question", "")),
+        max_items_per_call=20,
+    ),
 )
