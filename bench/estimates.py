@@ -45,7 +45,8 @@ from pydantic import BaseModel
 
 from bench.stats import median, percentile
 from engine.tokens import count_chat_tokens
-from jobs.spec import AnyJobType
+from jobs.chunked import ChunkPolicy, chunk_prompt, plan
+from jobs.spec import AnyJobType, Prompt
 from jobs.types import flashcard_generation, quiz_generation, weak_point_analysis
 
 # The built-in job types that call a real provider (`synthetic` never does).
@@ -55,11 +56,11 @@ JOB_TYPES: tuple[AnyJobType, ...] = (
     weak_point_analysis.JOB,
 )
 LANGUAGES = ("en", "zh", "ja", "code")
-# Source text sizes in characters (the text types accept up to 20,000) and, for
-# weak_point_analysis, numbers of answers (it accepts up to 100).
-SOURCE_CHARS = (300, 2_000, 8_000, 19_000)
+# Source text sizes in characters (past one call's input budget a source runs as chunks, one
+# call each) and, for weak_point_analysis, numbers of answers (it accepts up to 100).
+SOURCE_CHARS = (300, 2_000, 8_000, 19_000, 100_000)
 ANSWER_COUNTS = (3, 20, 60, 100)
-SEEDS = 6  # inputs per size: 4 sizes x 6 seeds = 24 samples per row
+SEEDS = 6  # inputs per size: 24 or 30 samples per row
 DEFAULT_MARGIN = 0.25  # TOKEN_ESTIMATE_MARGIN's default (engine/settings.py)
 # DeepSeek's chat template for a system and a user message, non-thinking mode: BOS before the
 # system prompt, a role token before the user message, the assistant role token and the
@@ -300,8 +301,9 @@ class Sample:
     language: str
     size: int  # source characters, or answers for weak_point_analysis
     seed: int
-    estimate: int  # count_chat_tokens of the prompt
-    reference: int  # DeepSeek's prompt tokens
+    calls: int  # provider calls: 1, or the chunks of a long source
+    estimate: int  # count_chat_tokens of the prompts, over all calls
+    reference: int  # DeepSeek's prompt tokens, over all calls
     expected_output: int  # the type's expected_output_tokens(inp)
     reference_output: int  # DeepSeek tokens of the stand-in answer
 
@@ -310,7 +312,12 @@ def measure_one(
     jt: AnyJobType, language: str, size: int, seed: int, counter: TextCounter
 ) -> Sample:
     inp = job_input(jt, language, size, seed)
-    prompt = jt.prompt(inp)  # as EXECUTE builds a first attempt's
+    # As EXECUTE builds a first attempt's prompts: one, or one per chunk of a long source
+    # (chunked at the default AI_CHUNK_INPUT_TOKENS, as create plans them).
+    chunks = plan(jt, inp, ChunkPolicy())
+    prompts: list[Prompt] = (
+        [chunk_prompt(jt, inp, c) for c in chunks] if chunks else [jt.prompt(inp)]
+    )
     answer = json.dumps(jt.synthetic_output(inp), ensure_ascii=False)
     expected = jt.expected_output_tokens(inp) if jt.expected_output_tokens else 0
     return Sample(
@@ -318,8 +325,11 @@ def measure_one(
         language=language,
         size=size,
         seed=seed,
-        estimate=count_chat_tokens(prompt.system, prompt.user),
-        reference=counter.count(prompt.system) + counter.count(prompt.user) + counter.framing(),
+        calls=len(prompts),
+        estimate=sum(count_chat_tokens(p.system, p.user) for p in prompts),
+        reference=sum(
+            counter.count(p.system) + counter.count(p.user) + counter.framing() for p in prompts
+        ),
         expected_output=expected,
         reference_output=counter.count(answer) + DEEPSEEK_EOS,
     )
@@ -347,6 +357,7 @@ class Row:
     job_type: str
     language: str
     samples: int
+    max_calls: int  # the most calls one sample's job makes (chunks)
     reference_median: float  # DeepSeek prompt tokens
     error_median: float  # estimate / reference - 1
     error_p95: float
@@ -373,6 +384,7 @@ def summarize(samples: Sequence[Sample], margin: float) -> list[Row]:
                 job_type=job_type,
                 language=language,
                 samples=len(group),
+                max_calls=max(s.calls for s in group),
                 reference_median=median([s.reference for s in group]),
                 error_median=median(err),
                 error_p95=percentile(err, 95),
@@ -396,13 +408,14 @@ def render(rows: Sequence[Row], margin: float) -> str:
     lines = [
         "Prompt: estimate (cl100k + OpenAI framing) vs DeepSeek V4 tokenizer + chat framing",
         "",
-        "| job type | language | n | DeepSeek tokens (median) | error median | error p95 "
-        f"| worst under | margin for p95 / all | {margin:.0%} covers p95 |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| job type | language | n | calls (max) | DeepSeek tokens (median) | error median "
+        f"| error p95 | worst under | margin for p95 / all | {margin:.0%} covers p95 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.job_type} | {r.language} | {r.samples} | {r.reference_median:,.0f} "
+            f"| {r.job_type} | {r.language} | {r.samples} | {r.max_calls} "
+            f"| {r.reference_median:,.0f} "
             f"| {_pct(r.error_median)} | {_pct(r.error_p95)} | {_pct(min(r.error_min, 0.0))} "
             f"| {max(r.margin_p95, 0.0):.2f} / {max(r.margin_max, 0.0):.2f} "
             f"| {'yes' if r.covered else '**NO**'} |"

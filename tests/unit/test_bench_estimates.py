@@ -10,6 +10,7 @@ from bench.estimates import (
     LANGUAGES,
     DeepSeekCounter,
     measure,
+    measure_one,
     render,
     summarize,
 )
@@ -47,6 +48,18 @@ def test_deepseek_framing_is_four_special_tokens() -> None:
     # Begin-of-sentence, the user and assistant role tokens and </think>: each must encode as
     # one token, else the tokenizer does not know them and the reference counts their text.
     assert DeepSeekCounter().framing() == 4
+
+
+def test_a_source_past_one_call_is_counted_over_its_chunks() -> None:
+    quiz = next(jt for jt in JOB_TYPES if jt.job_type == "quiz_generation")
+    one = measure_one(quiz, "zh", 2_000, 0, DeepSeekCounter())
+    long = measure_one(quiz, "zh", 19_000, 0, DeepSeekCounter())
+    assert one.calls == 1
+    # 19,000 Chinese characters are about 22,000 estimated tokens, past one call's budget of
+    # 16,000: two calls, each repeating the system prompt (~300 tokens) around its part.
+    assert long.calls >= 2
+    assert long.reference > 9_000 + long.calls * 300
+    assert 1.5 < long.estimate / long.reference < 2.5  # cl100k's CJK count, as in one call
 
 
 class _DoubleCounter:
