@@ -25,9 +25,10 @@ Status = StatusName
 Queue = QueueName
 # Deeper `input` documents fail pydantic's serializer (depth ~255) inside create: refuse them here.
 MAX_INPUT_DEPTH = 64
-# A job's `input` is kept (jsonb) and turned into provider prompts: bound it well below
-# MAX_REQUEST_BYTES, measured as compact UTF-8 JSON (close to what the jsonb column holds).
-MAX_INPUT_BYTES = 256 * 1024
+# A job's `input` is kept (jsonb) and turned into provider prompts: bound it below
+# MAX_REQUEST_BYTES, measured as compact UTF-8 JSON (close to what the jsonb column holds). Room
+# for a long source of 400,000 characters in any script (CJK takes 3 bytes a character).
+MAX_INPUT_BYTES = 1536 * 1024
 # A query filter that PostgreSQL can compare: text columns cannot hold NUL (driver DataError).
 NO_NUL = r"^[^\x00]*$"
 # A jobType filter that no job type could match is a 422.

@@ -105,7 +105,8 @@ class Settings(BaseSettings):
     quota_max_active_jobs: int = Field(default=50, ge=0, alias="QUOTA_MAX_ACTIVE_JOBS")
     quota_max_jobs_per_day: int = Field(default=1000, ge=0, alias="QUOTA_MAX_JOBS_PER_DAY")
     quota_max_jobs_per_month: int = Field(default=20_000, ge=0, alias="QUOTA_MAX_JOBS_PER_MONTH")
-    max_request_bytes: int = Field(default=1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
+    # Past it: 413. Room for a long source of 400,000 characters, UTF-8 or \u-escaped.
+    max_request_bytes: int = Field(default=3 * 1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
     # Seconds between keep-alive comments on the API's server-sent event streams.
     sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
     # Concurrent event streams one API process serves, per user and in all (past either: 429
@@ -120,6 +121,14 @@ class Settings(BaseSettings):
     # What a worst case adds to a token estimate (0.25: 25 %): budgets reserve and per-job caps
     # bound by it. docs/benchmarks.md measures the estimate's error per job type.
     token_estimate_margin: float = Field(default=0.25, ge=0, le=4, alias="TOKEN_ESTIMATE_MARGIN")
+    # A long source's per-call prompt budget in tokens: a quiz or flashcard source past it runs
+    # as chunks, one call each (never more than the model's window leaves beside the answer).
+    ai_chunk_input_tokens: int = Field(
+        default=16_000, ge=1_000, le=1_000_000, alias="AI_CHUNK_INPUT_TOKENS"
+    )
+    # How many chunks of one job are in flight at once (a window over the job's chunk calls; the
+    # worker slots and provider limits still bound them).
+    ai_chunk_concurrency: int = Field(default=4, ge=1, le=64, alias="AI_CHUNK_CONCURRENCY")
     quota_max_cost_usd_per_day: float = Field(default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_DAY")
     quota_max_cost_usd_per_month: float = Field(
         default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_MONTH"

@@ -54,12 +54,16 @@ def chunk_input(jt: AnyJobType, inp: BaseModel, source: str, item_count: int) ->
     return inp.model_copy(update={spec.source_field: source, spec.count_field: item_count})
 
 
-def chunk_prompt(jt: AnyJobType, inp: BaseModel, chunk: PlannedChunk) -> Prompt:
+def chunk_model(jt: AnyJobType, inp: BaseModel, chunk: PlannedChunk) -> BaseModel:
+    """The input of one planned chunk's call, cut from the job's whole input."""
     spec = jt.chunking
     assert spec is not None
     source: str = getattr(inp, spec.source_field)
-    part = source[chunk.start_char : chunk.end_char]
-    return jt.prompt(chunk_input(jt, inp, part, chunk.item_count), None)
+    return chunk_input(jt, inp, source[chunk.start_char : chunk.end_char], chunk.item_count)
+
+
+def chunk_prompt(jt: AnyJobType, inp: BaseModel, chunk: PlannedChunk) -> Prompt:
+    return jt.prompt(chunk_model(jt, inp, chunk), None)
 
 
 def plan(
@@ -81,7 +85,9 @@ def plan(
     count: int = getattr(inp, spec.count_field)
     # What the prompt costs around its source: the per-call budget less this is the chunk's.
     frame = jt.prompt(chunk_input(jt, inp, "", count), None)
-    chunk_budget = max(budget - count_chat_tokens(frame.system, frame.user), MIN_CHUNK_TOKENS)
+    chunk_budget = budget - count_chat_tokens(frame.system, frame.user)
+    if chunk_budget < MIN_CHUNK_TOKENS:
+        return None  # no chunk would be worth a call: the job is refused as too large
     chunks = plan_chunks(
         source,
         max_tokens=chunk_budget,

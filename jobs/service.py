@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import budgets
+from db.chunks import PlannedChunk, insert_plan
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
@@ -53,7 +54,7 @@ from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tokens import estimate_prompt_tokens
-from jobs import lifecycle
+from jobs import chunked, lifecycle
 from jobs.costs import (
     BudgetWindow,
     JobEstimate,
@@ -97,6 +98,8 @@ class CreatePolicy:
     platform_synthetic: bool = True
     prices: PriceTable = dataclasses.field(default_factory=PriceTable)
     estimate_margin: float = 0.25
+    # A long source's per-call input budget (AI_CHUNK_INPUT_TOKENS): past it, chunks.
+    chunking: chunked.ChunkPolicy = dataclasses.field(default_factory=chunked.ChunkPolicy)
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""
@@ -205,12 +208,26 @@ class JobService:
                 errors=validation_errors(exc),
             ) from None
 
-    def _check_fits_the_model(self, jt: AnyJobType, model: BaseModel) -> None:
+    def plan_chunks(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
+        """A long source's chunks (jobs/chunked.py), or None: one call. Each chunk's prompt fits
+        the per-call budget, and never more than the model's window leaves beside the answer."""
+        if jt.chunking is None:
+            return None
+        window = None if jt.always_synthetic else self._policy.context_window
+        leaves = window - jt.definition.execution.max_output_tokens if window is not None else None
+        return chunked.plan(
+            jt, model, self._policy.chunking, window_budget=max(leaves, 1) if leaves else None
+        )
+
+    def _check_fits_the_model(
+        self, jt: AnyJobType, model: BaseModel, chunks: list[PlannedChunk] | None
+    ) -> None:
         """Refuse (422 REQUEST_TOO_LARGE, naming the limit) a job whose prompt, by a lower-bound
         estimate, plus its output budget cannot fit the model's context window: no provider
-        call could succeed, so nothing is queued, retried or paid for."""
+        call could succeed, so nothing is queued, retried or paid for. A chunked job's calls are
+        its chunks', each planned within the window."""
         window = self._policy.context_window
-        if window is None or jt.always_synthetic:
+        if window is None or jt.always_synthetic or chunks:
             return
         prompt = jt.prompt(model, None)
         needed = estimate_prompt_tokens(prompt.system, prompt.user)
@@ -223,15 +240,24 @@ class JobService:
             )
 
     def estimate(
-        self, jt: AnyJobType, model: BaseModel, mode: str, max_cost_usd: Decimal | None
+        self,
+        jt: AnyJobType,
+        model: BaseModel,
+        mode: str,
+        max_cost_usd: Decimal | None,
+        chunks: list[PlannedChunk] | None = None,
     ) -> JobEstimate:
-        """The job's tokens and cost before any call (jobs/costs.py); a cap too low for it
-        raises CostCapTooLow."""
+        """The job's tokens and cost before any call (jobs/costs.py), over all its chunks' calls
+        for a long source; a cap too low for it raises CostCapTooLow."""
         model_name = self._policy.model_for(jt, mode)
         budget = jt.definition.execution.max_output_tokens
-        expected = jt.expected_output_tokens(model) if jt.expected_output_tokens else budget // 4
+        inputs = [chunked.chunk_model(jt, model, c) for c in chunks] if chunks else [model]
+        expected = sum(
+            jt.expected_output_tokens(i) if jt.expected_output_tokens else budget // 4
+            for i in inputs
+        )
         return estimate_job(
-            [jt.prompt(model, None)],
+            [jt.prompt(i, None) for i in inputs],
             model=model_name,
             price=self._policy.prices.price_for(model_name),
             output_budget=budget,
@@ -268,13 +294,14 @@ class JobService:
                 "maxCostUsd must be a positive number",
                 errors=[{"loc": ["maxCostUsd"], "msg": "must be > 0", "type": "value"}],
             )
-        self._check_fits_the_model(jt, model)
+        chunks = self.plan_chunks(jt, model)
+        self._check_fits_the_model(jt, model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
                 f"targetType must be one of: {', '.join(jt.target_types)}",
                 errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
             )
-        estimate = self.estimate(jt, model, mode, req.max_cost_usd)
+        estimate = self.estimate(jt, model, mode, req.max_cost_usd, chunks)
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
@@ -287,7 +314,7 @@ class JobService:
             str(req.credential_id) if req.credential_id is not None else None,
             str(req.max_cost_usd) if req.max_cost_usd is not None else None,
         )
-        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint)
+        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks)
 
     async def quote(self, req: CreateJobRequest) -> Quote:
         """What creating `req` now would cost and whether it would be admitted: the checks and
@@ -352,6 +379,7 @@ class JobService:
             max_output_tokens=estimate.output_budget,
             max_cost_usd=req.max_cost_usd,
             reserved_cost_usd=estimate.worst_case_cost_usd,
+            chunk_count=len(checked.chunks) if checked.chunks else None,
         )
         try:
             async with self._sm.begin() as s:
@@ -381,6 +409,8 @@ class JobService:
                         raise CredentialMissing("No active credential for user_deepseek_key.")
                     new = dataclasses.replace(new, credential_id=credential_id)
                 await self._lifecycle.create(s, new)
+                if checked.chunks:
+                    await insert_plan(s, job_id, checked.chunks)
                 await self._jobs.insert_snapshot(
                     s,
                     job_id,
@@ -653,6 +683,7 @@ class CheckedRequest:
     mode: str
     estimate: JobEstimate
     fingerprint: str
+    chunks: list[PlannedChunk] | None = None  # a long source's plan; None: one call
 
 
 @dataclass(frozen=True)

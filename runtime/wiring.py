@@ -25,6 +25,7 @@ from engine.definition import QUEUE_NAMES
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
+from jobs.chunked import ChunkPolicy
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
@@ -158,6 +159,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         platform_synthetic=not (settings.deepseek_api_key or settings.ai_base_url),
         prices=PriceTable.from_settings(settings),
         estimate_margin=settings.token_estimate_margin,
+        chunking=ChunkPolicy(max_input_tokens=settings.ai_chunk_input_tokens),
     )
 
 

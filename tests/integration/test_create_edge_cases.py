@@ -70,15 +70,17 @@ async def test_an_input_that_cannot_fit_the_models_window_is_refused_at_create(
     """Prompt (a lower-bound estimate) + the type's output budget over the configured model's
     context window: 422 REQUEST_TOO_LARGE naming the limit, nothing queued. A shorter input to
     the same model is accepted."""
+    # 4400 tokens leave 304 beside the answer budget of 4096: not even one chunk of a long
+    # source fits with its prompt, so chunking cannot help either.
     small = Settings.model_validate(
         {
             "AIJOBS_ENV": "test",
             "AI_MODEL": "tiny-model",
-            "AI_MODEL_PRICES": '{"tiny-model": {"input": 1, "output": 2, "context_window": 6000}}',
+            "AI_MODEL_PRICES": '{"tiny-model": {"input": 1, "output": 2, "context_window": 4400}}',
         }
     )
     policy = dataclasses.replace(create_policy(small), max_active_jobs=0, max_jobs_per_day=0)
-    assert policy.context_window == 6000
+    assert policy.context_window == 4400
     svc = JobService(db, default_catalog(), policy)
     long_text = "Photosynthesis turns light into chemical energy in the chloroplasts. " * 200
     with pytest.raises(RequestTooLarge) as refused:
@@ -86,10 +88,21 @@ async def test_an_input_that_cannot_fit_the_models_window_is_refused_at_create(
             _req(job_type="flashcard_generation", input={"sourceText": long_text, "count": 2})
         )
     assert refused.value.http_status == 422
-    assert "6000" in refused.value.public_message and "4096" in refused.value.public_message
+    assert "4400" in refused.value.public_message and "4096" in refused.value.public_message
     async with db() as s:
         assert (await s.execute(text("SELECT count(*) FROM ai_job"))).scalar_one() == 0
     fits = await svc.create(
-        _req(job_type="flashcard_generation", input={"sourceText": long_text[:2000], "count": 2})
+        _req(job_type="flashcard_generation", input={"sourceText": long_text[:200], "count": 2})
     )
-    assert fits.created
+    assert fits.created and fits.job.chunk_count is None
+    # A larger window leaves room for chunks: the same long source is planned as several calls,
+    # each within the window, instead of being refused.
+    roomy = dataclasses.replace(policy, context_window=6000)
+    chunked = await JobService(db, default_catalog(), roomy).create(
+        _req(
+            job_type="flashcard_generation",
+            input={"sourceText": long_text, "count": 2},
+            idempotency_key="k2",
+        )
+    )
+    assert chunked.created and (chunked.job.chunk_count or 0) >= 2

@@ -43,7 +43,7 @@ def test_definitions_follow_design_section_7() -> None:
     [
         (quiz, {"sourceText": ""}),
         (quiz, {"sourceText": "   \n "}),
-        (quiz, {"sourceText": "x" * 20_001}),
+        (quiz, {"sourceText": "x" * (quiz.MAX_SOURCE_CHARS + 1)}),
         (quiz, {"sourceText": "text", "count": 0}),
         (quiz, {"sourceText": "text", "count": 21}),
         (quiz, {"sourceText": "text", "difficulty": "impossible"}),
