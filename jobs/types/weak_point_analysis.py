@@ -217,6 +217,8 @@ JOB = JobType(
     project=project,
     synthetic_output=synthetic_output,
     artifact_view=view,
-    # The answer a few weak points with their evidence and advice.
-    expected_output_tokens=lambda inp: 600,
+    # The answer cites the wrong answers as evidence (about 120 tokens each, at most 10 x 10).
+    expected_output_tokens=lambda inp: (
+        60 + 120 * min(sum(not a.is_correct for a in inp.answers), 100)
+    ),
 )
