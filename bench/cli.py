@@ -17,7 +17,17 @@ from bench.phases import run_all
 from bench.report import Results, render, write
 from bench.teardown import hard_exit
 
-FIGURES = ("throughput", "latency", "relay", "postgres", "scaling", "api", "scale", "fairness")
+FIGURES = (
+    "throughput",
+    "latency",
+    "relay",
+    "postgres",
+    "scaling",
+    "api",
+    "scale",
+    "fairness",
+    "tracing",
+)
 DEFAULTS: dict[str, Any] = {
     "jobs": 500,
     "reps": 3,

@@ -9,6 +9,7 @@ subprocesses in a `finally`, and a failing figure is recorded while the run goes
   D. the API server: real routes interleaved with bare routes (4), driven by wrk;
   E. the scale figure: list and quota queries on empty tables, then on a seeded history (7).
   F. the fairness figure: a relay + worker stack with fairness on, then one with it off (8).
+  G. the tracing figure: one stack per sampling mode (off, 10 %, 100 %), exporting (9).
 
 What each single run measures is in `bench/figures.py`; the table is `bench/report.py`.
 """
@@ -51,6 +52,8 @@ from bench.stats import median, ratio
 from bench.wrk import WRK_THREADS
 
 IDLE_PROBE_S = 6.0
+SCALING_IDLE_PROBE_S = 3.0
+SCALING_SETTLE_S = 2.0
 SCALE_WARMUP = 5  # untimed runs of each scale query before its timed runs
 SCALE_PAGES = 5  # timed retention pages (after one untimed)
 API_GET_JOBS = 256  # seeded jobs the GET routes read, one user each
@@ -109,6 +112,10 @@ async def run_all(args: argparse.Namespace, sv: Servers, res: Results) -> None:
             from bench.fairness import phase_fairness
 
             await guarded(res, "fairness", lambda: phase_fairness(ctx, args, sv, knobs, res))
+        if "tracing" in args.want:
+            from bench.tracing import phase_tracing
+
+            await guarded(res, "tracing", lambda: phase_tracing(ctx, args, sv, knobs, res))
         derive(res)
     finally:
         await engine.dispose()
@@ -452,17 +459,46 @@ async def phase_two_workers(
         ctx.watch = list(stack.procs)
         progress(f"scaling: warm-up ({args.warmup_jobs} jobs, 2 workers)")
         await engine_throughput(ctx, args.warmup_jobs, "warm2")
+        # The same parties as figure 1's engine side, so the CPU split of 1 and 2 workers compare.
+        meter: CpuMeter = {
+            "engine_worker": lambda: sum(process_cpu_s(p.pid) for p in stack.workers),
+            "relay": lambda: process_cpu_s(stack.relay.pid),
+            "temporal": lambda: process_cpu_s(sv.temporal.process.pid),
+            "postgres": lambda: tree_cpu_s(sv.pg.pid),
+        }
+        cpu0, t0 = read_cpu(meter), time.perf_counter()
+        await asyncio.sleep(SCALING_IDLE_PROBE_S)
+        idle_s = time.perf_counter() - t0
+        idle_cpu = {k: v / idle_s for k, v in cpu_delta(cpu0, read_cpu(meter)).items()}
         runs = []
         for r in range(args.reps):
+            cpu0, t0 = read_cpu(meter), time.perf_counter()
             e = await engine_throughput(ctx, args.jobs, f"s{r}")
-            progress(f"scaling rep {r + 1}/{args.reps}: 2 workers {e['jobs_per_s']:.1f} jobs/s")
+            # Trailing completions land in a short settle, whose idle CPU is subtracted.
+            await asyncio.sleep(SCALING_SETTLE_S)
+            extra_s = (time.perf_counter() - t0) - e["elapsed_s"]
+            e["cpu_s"] = {
+                k: v - idle_cpu[k] * extra_s for k, v in cpu_delta(cpu0, read_cpu(meter)).items()
+            }
+            e["cpu_s_per_job"] = {k: v / args.jobs for k, v in e["cpu_s"].items()}
+            progress(
+                f"scaling rep {r + 1}/{args.reps}: 2 workers {e['jobs_per_s']:.1f} jobs/s, CPU "
+                f"ms/job workers {1e3 * e['cpu_s_per_job']['engine_worker']:.2f}, total "
+                f"{1e3 * sum(e['cpu_s_per_job'].values()):.2f}"
+            )
             runs.append(e)
     finally:
         ctx.watch = []
         stack.stop()
         res.record_procs(stack.procs)
     f = res.fig("scaling")
-    f["two_workers"] = {"reps": runs, "median_jobs_per_s": median([e["jobs_per_s"] for e in runs])}
+    f["two_workers"] = {
+        "reps": runs,
+        "median_jobs_per_s": median([e["jobs_per_s"] for e in runs]),
+        "median_cpu_s_per_job": {
+            k: median([e["cpu_s_per_job"][k] for e in runs]) for k in runs[0]["cpu_s_per_job"]
+        },
+    }
 
 
 async def wait_http(url: str, timeout_s: float, procs: list[Proc]) -> None:
@@ -561,6 +597,10 @@ async def phase_api(
         res.record_procs([api])
         with contextlib.suppress(Exception):
             await ctx.edb.truncate()
+    try:
+        f["statements"] = await _create_path_statements(env)
+    finally:
+        await ctx.edb.truncate()  # its jobs' enqueue rows must not reach a later stack's relay
     for name, rr in runs.items():
         f[name] = {
             "reps": rr,
@@ -585,6 +625,33 @@ async def phase_api(
             res.data["errors"].append(
                 {"where": "api", "error": f"transport errors on {route}/{bare}; see the reps"}
             )
+
+
+async def _create_path_statements(env: dict[str, str]) -> dict[str, Any]:
+    """The round trips of one real create and one real read (`bench/statements.py`, in a
+    process of its own with the API server's environment), and of the bare routes."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.statements",
+        "--requests",
+        "20",
+        "--jwt-secret",
+        BENCH_JWT_SECRET,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.statements failed: {err.decode()[-2000:]}")
+    counted: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    progress(
+        f"api: round trips per request: POST {counted['post']['round_trips']:g} "
+        f"(bare {counted['post_bare']['round_trips']:g}), GET "
+        f"{counted['get']['round_trips']:g} (bare {counted['get_bare']['round_trips']:g})"
+    )
+    return counted
 
 
 API_ROUTES = ("get", "get_bare", "post", "post_bare")
@@ -736,6 +803,26 @@ def derive(res: Results) -> None:
         )
         sc["target"] = ">= 1.4"
         sc["met"] = sc["ratio"] >= 1.4
+        # What one core buys: jobs/s over the machine's cores, and jobs per CPU second of
+        # every party (worker(s), relay, Temporal server, PostgreSQL) from the measured split.
+        cores = res.data["machine"]["usable_cores"]
+        one_cpu = {
+            k: tp["engine"]["median_cpu_s_per_job"][k] for k in (*ENGINE_OWN_CPU, *SERVER_CPU)
+        }
+        two_cpu = sc["two_workers"]["median_cpu_s_per_job"]
+        for key, jps, cpu in (
+            ("one_worker", sc["one_worker_median_jobs_per_s"], one_cpu),
+            ("two_workers", sc["two_workers"]["median_jobs_per_s"], two_cpu),
+        ):
+            total = sum(cpu.values())
+            sc[f"{key}_split"] = {
+                "cpu_ms_per_job": {k: 1e3 * v for k, v in cpu.items()},
+                "total_cpu_ms_per_job": 1e3 * total,
+                "share": {k: v / total for k, v in cpu.items()},
+                "jobs_per_s_per_core": jps / cores,
+                "jobs_per_cpu_s": 1 / total,
+                "cores_busy": jps * total,
+            }
     procs = res.data["processes"]
 
     def peak(prefix: str) -> float | None:

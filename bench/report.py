@@ -266,6 +266,19 @@ def render(data: dict[str, Any]) -> str:
                 num(ratio(api[route]["median_p99_ms"], api[bare]["median_p99_ms"]), ".2f")
                 + " (p99)",
             )
+        st = api.get("statements")
+        for route, bare, label in (("post", "post_bare", "POST"), ("get", "get_bare", "GET")):
+            if not st or route not in st:
+                continue
+            per = st[route]["per_request"]
+            row(
+                "4",
+                f"{label} round trips to PostgreSQL per request (SQLAlchemy events, in-process)",
+                f"{st[route]['round_trips']:g}: "
+                + ", ".join(f"{k} x{v:g}" for k, v in per.items()),
+                f"{st[bare]['round_trips']:g} (bare)",
+                num(ratio(st[route]["round_trips"], st[bare]["round_trips"]), ".2f"),
+            )
     elif "api" in failed:
         error_row("4", "API overhead")
     pg = figs.get("postgres", {})
@@ -300,8 +313,27 @@ def render(data: dict[str, Any]) -> str:
             "≥ 1.4",
             met(sc["met"]),
         )
-    elif "scaling" in failed:
+    for key, label in (("one_worker", "1 worker"), ("two_workers", "2 workers")):
+        split = sc.get(f"{key}_split")
+        if split is None:
+            continue
+        ms = split["cpu_ms_per_job"]
+        row(
+            "6",
+            f"CPU ms/job with {label}: worker(s) / relay / Temporal / PostgreSQL (total; "
+            "jobs/s per core; cores busy)",
+            " / ".join(f"{ms[k]:.1f}" for k in ("engine_worker", "relay", "temporal", "postgres"))
+            + f" ({split['total_cpu_ms_per_job']:.1f}; {split['jobs_per_s_per_core']:.1f}; "
+            f"{split['cores_busy']:.2f})",
+        )
+    if "ratio" not in sc and "scaling" in failed:
         error_row("6", "Worker scaling")
+    if "tracing" in figs:
+        from bench.tracing import render as render_tracing
+
+        rows += render_tracing(figs["tracing"])
+    elif "tracing" in failed:
+        error_row("9", "Tracing cost")
     rss = data.get("peak_rss_mb", {})
     if any(rss.values()):
         row(
