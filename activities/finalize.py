@@ -35,8 +35,14 @@ class Finalize:
         job_id = uuid.UUID(inp.job_id)
         try:
             async with d.sessionmaker.begin() as s:
+                # A long-source job keeps its succeeded chunks' items in this transaction.
                 ending = await lifecycle.finalize_failed(
-                    s, job_id, code=inp.code, owner=lock_owner(), identity=d.config.identity
+                    s,
+                    job_id,
+                    code=inp.code,
+                    owner=lock_owner(),
+                    identity=d.config.identity,
+                    catalog=d.catalog,
                 )
             if ending is None:
                 return FinalizeResult("failed")  # the row is gone; the execution failed
@@ -58,7 +64,8 @@ class Finalize:
         job_id = uuid.UUID(inp.job_id)
         try:
             async with d.sessionmaker.begin() as s:
-                await lifecycle.cancel(s, job_id)
+                # A long-source job keeps its succeeded chunks' items in this transaction.
+                await lifecycle.cancel(s, job_id, catalog=d.catalog)
             job_type = activity.info().workflow_type or ""  # a job workflow is named after its type
             d.metrics.job_finished(job_type, "cancelled", "CANCELLED")
             return FinalizeResult("cancelled")

@@ -16,6 +16,13 @@ is written anywhere else.
 - `finalize_failed`: the ending of a job whose execution gave up (a requested cancel wins; a job
   that never ran goes through `running`): one of the two above.
 
+Partial results are kept: `fail`, `cancel` and `finalize_failed` given the catalog end a
+long-source job whose chunks partly succeeded with `keep_partial` in the same transaction: the
+succeeded chunks' outputs merged (`jobs.chunked.merge_outputs`, cut at the requested count),
+projected by the job type's projector (business rows + artifacts) and stored as the job's
+output. The terminal state and code still say why it stopped; the job's view shows
+`result.partial`. One transaction, so the items are kept exactly when the ending is written.
+
 A CAS that finds another state raises what the repository raises (`IllegalTransition`,
 `LockConflict`, `JobNotFound`) and writes no event: whoever ended the job first wrote its one.
 Metrics are the callers' business, counted after their commit.
@@ -23,16 +30,25 @@ Metrics are the callers' business, counted after their commit.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.jobs import JobQueries
+from db.chunks import store_merged_output, succeeded_chunks
+from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
 from db.outbox import CANCELLED, COMPLETED, FAILED, OutboxRepository
 from engine.errors import public_message_for
+from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
+from jobs.chunked import merge_outputs
+from jobs.spec import AnyJobType, Catalog, ProjectionContext
+
+log = logging.getLogger(__name__)
 
 # `finalize_failed` takes a never-run job's lock and ends it in the same transaction, so the
 # lock's expiry is never read: any TTL does.
@@ -82,23 +98,32 @@ async def fail(
     job_type: str,
     code: str,
     internal_message: str | None = None,
+    catalog: Catalog | None = None,
 ) -> None:
     """running → failed with `code` and its public message, and `ai.job.failed`.
-    `internal_message=None` keeps what an attempt already recorded (operators read it)."""
+    `internal_message=None` keeps what an attempt already recorded (operators read it). With
+    `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`)."""
     await LifecycleRepository().mark_failed(
         s, job_id, code, public_message_for(code), internal_message
     )
     await OutboxRepository().insert_job_event(
         s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
     )
+    if catalog is not None:
+        await keep_partial(s, catalog, job_id)
 
 
 async def cancel(
-    s: AsyncSession, job_id: uuid.UUID, *, only_if_queued: bool = False
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    only_if_queued: bool = False,
+    catalog: Catalog | None = None,
 ) -> LifecycleStatus:
     """queued|running → cancelled (`only_if_queued`: queued only, the cancel API's rule, since a
     running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
-    came from."""
+    came from. With `catalog`, a long-source job cancelled while running keeps what its
+    succeeded chunks produced (`keep_partial`; a queued job has none)."""
     lifecycle = LifecycleRepository()
     if only_if_queued:
         await lifecycle.mark_cancelled_if_queued(s, job_id)
@@ -106,11 +131,74 @@ async def cancel(
     else:
         came_from = await lifecycle.mark_cancelled(s, job_id)
     await OutboxRepository().insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+    if catalog is not None and came_from == LifecycleStatus.RUNNING:
+        await keep_partial(s, catalog, job_id)
     return came_from
 
 
+async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> int:
+    """In the transaction that ends a long-source job early: merge its succeeded chunks'
+    outputs (chunk order, repeats dropped, cut at the requested count), project them with the
+    job type's projector and store the merged output. Returns how many artifacts it kept (0
+    for a one-call job, a type that does not chunk, or no succeeded chunk). Idempotent like
+    every projection: ids come from (job, ordinal)."""
+    row = await JobQueries().get(s, job_id)
+    if row is None or row.chunk_count is None or row.job_type not in catalog:
+        return 0
+    jt = catalog.get(row.job_type)
+    spec = jt.chunking
+    if spec is None:
+        return 0
+    chunks = await succeeded_chunks(s, job_id)
+    if not chunks:
+        return 0
+    count = int(getattr(jt.input_model.model_validate(row.input), spec.count_field))
+    merged = merge_outputs(jt, [c.output for c in chunks], count)
+    if not merged.get(spec.items_field):
+        return 0
+    try:
+        out = jt.output_model.model_validate(merged)
+    except ValidationError:
+        # Each chunk's output was validated on its own; a merge the schema still refuses is
+        # not kept rather than blocking the ending (the job ends as it would have).
+        log.warning("partial output not kept: invalid merge", extra={"job_id": str(job_id)})
+        return 0
+    stored = out.model_dump(mode="json")
+    digest = output_hash(stored)
+    return await _project_kept(s, jt, row, out, stored, digest)
+
+
+async def _project_kept(
+    s: AsyncSession,
+    jt: AnyJobType,
+    row: JobRow,
+    out: BaseModel,
+    stored: dict[str, Any],
+    digest: str,
+) -> int:
+    ctx = ProjectionContext(
+        job_id=row.id,
+        user_id=row.user_id,
+        target_type=row.target_type,
+        target_id=row.target_id,
+        output_hash=digest,
+    )
+    artifacts = await jt.project(s, ctx, out)
+    jobs = JobQueries()
+    for a in artifacts:
+        await jobs.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
+    await store_merged_output(s, row.id, output=stored, output_hash=digest)
+    return len(artifacts)
+
+
 async def finalize_failed(
-    s: AsyncSession, job_id: uuid.UUID, *, code: str, owner: str, identity: str
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str,
+    owner: str,
+    identity: str,
+    catalog: Catalog | None = None,
 ) -> Ending | None:
     """The one ending of a job whose execution gave up with `code` (attempts used up, or a
     code that is never retried). None when the job row is gone.
@@ -122,6 +210,9 @@ async def finalize_failed(
       same transaction, so it cannot stay queued behind a closed workflow; the lifecycle table
       has no queued → failed.
     - Otherwise running → failed, keeping the internal message the attempts recorded.
+
+    With `catalog`, a long-source job keeps what its succeeded chunks produced, whichever of
+    the two it ends as (`keep_partial`).
     """
     row = await JobQueries().get(s, job_id)
     if row is None:
@@ -130,11 +221,11 @@ async def finalize_failed(
         LifecycleStatus.QUEUED,
         LifecycleStatus.RUNNING,
     ):
-        await cancel(s, job_id)
+        await cancel(s, job_id, catalog=catalog)
         return Ending(LifecycleStatus.CANCELLED, "CANCELLED", row.job_type)
     if row.lifecycle_status == LifecycleStatus.QUEUED:
         await LifecycleRepository().lock(
             s, job_id, owner=owner, identity=identity, ttl_s=_TRANSIENT_LOCK_TTL_S
         )
-    await fail(s, job_id, job_type=row.job_type, code=code)
+    await fail(s, job_id, job_type=row.job_type, code=code, catalog=catalog)
     return Ending(LifecycleStatus.FAILED, code, row.job_type)

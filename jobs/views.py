@@ -22,10 +22,18 @@ from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.chunks import SucceededChunk, job_chunking, succeeded_chunks
 from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
 from db.session import SessionMaker
 from engine.errors import JobNotFound
@@ -48,6 +56,23 @@ class ArtifactOut(Camel):
 class ResultOut(Camel):
     artifact_count: int
     artifacts: list[ArtifactOut]
+    partial: bool = Field(
+        default=False,
+        description="Present, and true, only on a long-source job that failed, was cancelled "
+        "or timed out after some of its chunks succeeded: the artifacts are the items those "
+        "chunks produced, kept; `lifecycleStatus` and `errorCode` still say why it stopped. "
+        "Absent otherwise.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _partial_only_when_true(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        # The frozen shape stays `{artifactCount, artifacts}` for every job that is not partial.
+        data: dict[str, Any] = handler(self)
+        if not self.partial:
+            data.pop("partial", None)
+        return data
 
 
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
@@ -87,8 +112,59 @@ class ArtifactItem(Camel):
     content: dict[str, Any] | None = Field(
         default=None,
         description="The projected business row as the job type exposes it (camelCase); null "
-        "when the job type has no view or the row is gone.",
+        "when the job type has no view or the row is gone. For an item that is not final, the "
+        "chunk's output item with its fields in camelCase.",
     )
+    final: bool = Field(
+        default=True,
+        description="True: a projected artifact, as the job keeps it. False: an item of a "
+        "long-source chunk that succeeded while the job still runs; the final artifacts "
+        "replace these once the job ends (repeats across chunks dropped, renumbered).",
+    )
+    chunk: int | None = Field(
+        default=None,
+        description="The chunk an item that is not final came from (`ordinal` is then its "
+        "index within that chunk's output); null for final artifacts and one-call jobs.",
+    )
+
+
+# An item of a long source's chunk before the job ends: no business row exists yet, so it is
+# named by its place, (chunk, index within the chunk), and typed by this name.
+CHUNK_ITEM_TYPE = "chunk_item"
+
+
+@dataclass(frozen=True)
+class ChunkItem:
+    """One item of a succeeded chunk's output, as clients see it before the merge."""
+
+    chunk: int
+    ordinal: int
+    content: dict[str, Any]
+
+
+def item_content(item: Any) -> dict[str, Any]:
+    """A chunk's output item as a client sees it: its fields in camelCase (the names the
+    artifact views use for the same fields)."""
+    if not isinstance(item, dict):
+        return {"value": item}
+    return {to_camel(str(k)): v for k, v in item.items()}
+
+
+def chunk_items(catalog: Catalog, job_type: str, chunk: SucceededChunk) -> list[ChunkItem]:
+    """The items of one succeeded chunk, in the chunk's order (empty for a type that does not
+    chunk)."""
+    spec = catalog.get(job_type).chunking if job_type in catalog else None
+    if spec is None:
+        return []
+    items = chunk.output.get(spec.items_field) or []
+    return [ChunkItem(chunk.chunk_no, n, item_content(it)) for n, it in enumerate(items)]
+
+
+async def landed_chunks(
+    session: AsyncSession, job_id: uuid.UUID, *, exclude: list[int] | None = None
+) -> list[SucceededChunk]:
+    """The job's succeeded chunks but those in `exclude` (a stream's already sent)."""
+    return await succeeded_chunks(session, job_id, exclude=exclude or ())
 
 
 # ---- who may see a job ------------------------------------------------------------------
@@ -153,7 +229,8 @@ class TemporalLink:
 
 
 def _public_fields(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
-    # `result` is present once a job succeeded (an empty list when it projected nothing).
+    # `result` is present once a job succeeded (an empty list when it projected nothing), and
+    # on a long-source job that ended early with the items of its succeeded chunks (`partial`).
     result = None
     if artifacts or row.lifecycle_status == "succeeded":
         result = ResultOut(
@@ -162,6 +239,7 @@ def _public_fields(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
                 ArtifactOut(artifact_type=a.artifact_type, artifact_id=a.artifact_id)
                 for a in artifacts
             ],
+            partial=row.lifecycle_status != "succeeded",
         )
     return {
         "job_id": row.id,
@@ -213,10 +291,18 @@ class JobRead:
         return admin_view(self.row, self.artifacts, link)
 
 
+def _may_have_artifacts(row: JobRow) -> bool:
+    # Artifacts are written in the transaction that ends a job: when it succeeds, and when a
+    # long-source job fails or is cancelled after some chunks succeeded (what they produced is
+    # kept). No other job has any, so only these cost the second query.
+    status = row.lifecycle_status
+    return status == "succeeded" or (
+        row.chunk_count is not None and status in ("failed", "cancelled")
+    )
+
+
 async def _artifacts_of(session: AsyncSession, row: JobRow) -> list[ArtifactRef]:
-    # Artifacts are written in the transaction that marks a job succeeded: no other job has
-    # any, so only a succeeded job costs the second query.
-    if row.lifecycle_status != "succeeded":
+    if not _may_have_artifacts(row):
         return []
     return (await JobQueries().artifacts(session, [row.id]))[row.id]
 
@@ -231,8 +317,8 @@ async def find_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
 
 async def present(sessionmaker: SessionMaker, row: JobRow) -> JobStatusResponse:
     """The public view of a row the caller already holds (a create's answer): a session is
-    opened only for a succeeded job's artifacts."""
-    if row.lifecycle_status != "succeeded":
+    opened only for a job that may have artifacts."""
+    if not _may_have_artifacts(row):
         return job_view(row, [])
     async with sessionmaker() as s:
         return job_view(row, await _artifacts_of(s, row))
@@ -319,8 +405,15 @@ async def artifact_page(
     limit: int,
 ) -> Page[ArtifactItem, ArtifactKey]:
     """A page of a job's artifacts in ordinal order, each with what its job type exposes of the
-    projected row (`content`, or None); JobNotFound when the viewer may not see the job."""
+    projected row (`content`, or None); JobNotFound when the viewer may not see the job.
+
+    A long-source job that has not ended has no artifacts yet: its page lists the items of its
+    succeeded chunks instead (`final` false), in (chunk, index) order, paged by their position
+    in that order (the page key's first part; its second is 0)."""
     job_type = await check_visible(session, job_id, viewer)
+    state = await job_chunking(session, job_id)
+    if state is not None and state[1] is not None and state[0] in ("queued", "running"):
+        return await _chunk_item_page(session, catalog, job_type, job_id, after, limit)
     rows = await JobQueries().artifact_page(session, job_id, after=after, limit=limit + 1)
     page = rows[:limit]
     view = catalog.get(job_type).artifact_view if job_type in catalog else None
@@ -336,3 +429,33 @@ async def artifact_page(
     ]
     nxt = (page[-1][1].ordinal, page[-1][0]) if len(rows) > limit else None
     return Page(items, nxt)
+
+
+async def _chunk_item_page(
+    session: AsyncSession,
+    catalog: Catalog,
+    job_type: str,
+    job_id: uuid.UUID,
+    after: ArtifactKey | None,
+    limit: int,
+) -> Page[ArtifactItem, ArtifactKey]:
+    """The items of a running long-source job's succeeded chunks: a few dozen at most (the
+    requested count plus one per chunk), so they are read whole and the page cut here."""
+    items = [
+        it for c in await landed_chunks(session, job_id) for it in chunk_items(catalog, job_type, c)
+    ]
+    start = after[0] + 1 if after is not None else 0
+    page = items[start : start + limit]
+    out = [
+        ArtifactItem(
+            artifact_type=CHUNK_ITEM_TYPE,
+            artifact_id=f"{it.chunk}:{it.ordinal}",
+            ordinal=it.ordinal,
+            content=it.content,
+            final=False,
+            chunk=it.chunk,
+        )
+        for it in page
+    ]
+    last = start + len(page) - 1
+    return Page(out, (last, 0) if start + limit < len(items) else None)

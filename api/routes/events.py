@@ -2,8 +2,17 @@
 
 Each event is `id: <version>`, `event: status`, `data: <JobStatusResponse JSON>`. A job's version
 is its `updated_at` in microseconds since the epoch: it only grows, so a client that reconnects
-with `Last-Event-ID` gets the current state only if it is newer than what it has seen. Keep-alive
-comments go out every `SSE_PING_S` seconds. Wake-ups come from the process's one LISTEN
+with `Last-Event-ID` gets the current state only if it is newer than what it has seen.
+
+A long-source job's items are streamed as its chunks succeed, before its terminal event: one
+`event: item` per item of each succeeded chunk, `data: {jobId, chunk, ordinal, content}`
+(`content`: the chunk's output item with its fields in camelCase, as the artifacts API shows it
+while the job runs). Each chunk is sent once per stream. A chunk's version is its `finished_at`
+(written with its 'succeeded', in the transaction that raises the job's progress), and its item
+events carry that version as their id (never less than an id already sent); a reconnect with
+`Last-Event-ID` gets only the chunks newer than that id. One-call jobs send no item events.
+
+Keep-alive comments go out every `SSE_PING_S` seconds. Wake-ups come from the process's one LISTEN
 connection (`api/events.py`); a stream re-reads its job when woken, never on a timer.
 
 Each stream holds one of the process's stream slots (`api/events.py` `StreamSlots`), taken
@@ -14,6 +23,7 @@ route answers 429 `TOO_MANY_STREAMS` with Retry-After.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 import weakref
@@ -33,7 +43,7 @@ from db.jobs import JobQueries, JobRow
 from engine.errors import ValidationFailed
 from engine.lifecycle import TERMINAL
 from jobs import views
-from jobs.views import JobRead, Viewer
+from jobs.views import JobRead, Viewer, chunk_items, landed_chunks
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
 RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream
@@ -42,7 +52,9 @@ _MAX_VERSION = 2**63 - 1
 
 _STREAM = {
     "description": "An event stream: `id` (the job's version), `event: status`, `data` (a "
-    "JobStatusResponse as JSON); keep-alive comments in between.",
+    "JobStatusResponse as JSON); for a long-source job also `event: item`, `data` "
+    "`{jobId, chunk, ordinal, content}`, one per item of each chunk as it succeeds; keep-alive "
+    "comments in between.",
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
 }
 _TOO_MANY = {
@@ -64,9 +76,13 @@ _LAST_EVENT_ID = Header(
 )
 
 
-def version(row: JobRow) -> int:
-    delta = row.updated_at - datetime(1970, 1, 1, tzinfo=row.updated_at.tzinfo)
+def _micros(at: datetime) -> int:
+    delta = at - datetime(1970, 1, 1, tzinfo=at.tzinfo)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def version(row: JobRow) -> int:
+    return _micros(row.updated_at)
 
 
 def _last_id(value: str | None) -> int:
@@ -87,6 +103,35 @@ async def _read(state: State, job_id: uuid.UUID, viewer: Viewer) -> JobRead | No
 def _event(job: JobRead, event_id: int | None = None) -> ServerSentEvent:
     data = job.view().model_dump_json(by_alias=True)
     return ServerSentEvent(data=data, id=str(event_id or version(job.row)), event="status")
+
+
+async def _item_events(
+    state: State, row: JobRow, sent: set[int], since: int, high: int
+) -> tuple[list[ServerSentEvent], int]:
+    """The `item` events of the job's chunks that succeeded since this stream last looked
+    (`sent`: the chunk numbers already handled, updated here), and the stream's new high id.
+    A chunk no newer than `since` (the client's Last-Event-ID) was delivered before the
+    reconnect and is skipped. One-call jobs cost no query."""
+    if row.chunk_count is None:
+        return [], high
+    async with state.sessionmaker() as s:
+        chunks = await landed_chunks(s, row.id, exclude=sorted(sent))
+    events: list[ServerSentEvent] = []
+    for chunk in chunks:
+        sent.add(chunk.chunk_no)
+        at = _micros(chunk.finished_at) if chunk.finished_at is not None else version(row)
+        if at <= since:
+            continue
+        high = max(high, at)
+        for item in chunk_items(state.catalog, row.job_type, chunk):
+            data = {
+                "jobId": str(row.id),
+                "chunk": item.chunk,
+                "ordinal": item.ordinal,
+                "content": item.content,
+            }
+            events.append(ServerSentEvent(data=json.dumps(data), id=str(high), event="item"))
+    return events, high
 
 
 class _SlottedStream(EventSourceResponse):
@@ -129,8 +174,9 @@ def _stream(
     "/events",
     summary="Follow all of your jobs (server-sent events)",
     description=(
-        "One `status` event each time one of your jobs is created or changes state or progress. "
-        "Never closed by a job's end. With `Last-Event-ID`, first the jobs changed since then "
+        "One `status` event each time one of your jobs is created or changes state or progress, "
+        "and a long-source job's `item` events as its chunks succeed. Never closed by a job's "
+        "end. With `Last-Event-ID`, first the jobs changed since then "
         "(at most 100)."
     ),
     response_class=EventSourceResponse,
@@ -151,6 +197,8 @@ async def user_events(
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
         sent: OrderedDict[uuid.UUID, tuple[str, int]] = OrderedDict()
+        # The chunks whose items were sent, per long-source job (forgotten with `sent`).
+        chunks_sent: dict[uuid.UUID, set[int]] = {}
         # The newest version seen (or the stream's start): after a reconnect of the listener,
         # the jobs changed since shortly before it are re-read.
         high = since if since >= 0 else int(time.time() * 1_000_000)
@@ -162,13 +210,20 @@ async def user_events(
                 if got is None:
                     continue
                 row = got.row
+                # Items before the status event that reports their chunk's progress.
+                items, _ = await _item_events(
+                    state, row, chunks_sent.setdefault(job_id, set()), since, -1
+                )
+                for ev in items:
+                    yield ev
                 key = (row.lifecycle_status, row.progress)
                 if sent.get(job_id) == key:
                     continue
                 sent[job_id] = key
                 sent.move_to_end(job_id)
                 if len(sent) > _SEEN:
-                    sent.popitem(last=False)
+                    forgotten, _ = sent.popitem(last=False)
+                    chunks_sent.pop(forgotten, None)
                 high = max(high, version(row))
                 yield _event(got)
 
@@ -191,8 +246,10 @@ async def user_events(
     summary="Follow one of your jobs (server-sent events)",
     description=(
         "First the job's current state, then one `status` event per change of state or "
-        "progress; the stream ends after a terminal state. With `Last-Event-ID`, the current "
-        "state is sent only if it is newer than that event."
+        "progress; the stream ends after a terminal state. A long-source job's items come as "
+        "`item` events as its chunks succeed, each chunk once, before the terminal event. With "
+        "`Last-Event-ID`, the current state and the chunks' items are sent only if newer than "
+        "that event."
     ),
     response_class=EventSourceResponse,
     responses=_RESPONSES,
@@ -212,6 +269,7 @@ async def job_events(
         async with hub.subscribe_job(job_id) as sub:
             last_key: tuple[str, int] | None = None
             high = since
+            chunks_sent: set[int] = set()
             while True:
                 got = await _read(state, job_id, principal)
                 if got is None:
@@ -222,6 +280,11 @@ async def job_events(
                 # state or progress is always sent: `updated_at` is a transaction's start time,
                 # so a later change can carry an older one. Ids never go down.
                 fresh = version(row) > high if last_key is None else key != last_key
+                # A long source's new items go first: before the status event of their
+                # chunk's progress, and always before the terminal one.
+                items, high = await _item_events(state, row, chunks_sent, since, high)
+                for ev in items:
+                    yield ev
                 if fresh:
                     high, last_key = max(high, version(row)), key
                     yield _event(got, high)
