@@ -55,6 +55,9 @@ class EngineConfig:
     budget_per_day_usd: float = 0.0
     budget_per_month_usd: float = 0.0
     estimate_margin: float = 0.25
+    # AI_CHUNK_CONCURRENCY: a long source's chunk calls one job keeps in flight at once. RESOLVE
+    # reports it, so the window is part of the run's history and replays the same.
+    chunk_concurrency: int = 4
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property

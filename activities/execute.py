@@ -16,6 +16,13 @@
    then (unless a cancel arrived meanwhile) the validated output. PROJECT projects it next.
    Only the output's hash goes back to Temporal.
 
+A long source's chunk (`ExecuteInput.chunk_no`) is the same attempt over one chunk: its row is
+locked and marked running in the first transaction (its own attempt counted), the gate, the
+limits and the cost cover count the chunk's tokens, the prompt is the chunk's
+(`jobs.chunked.chunk_model`), and the last transaction stores the chunk's output
+(`db/chunks.py` `settle`) instead of the job's; MERGE makes the job's output from the chunks.
+All chunk activities of one workflow share its lock owner (the workflow id).
+
 The gate's half-open probe, when this attempt holds it, is settled on every exit path.
 So a job is `running` while a slot works on it and while PROJECT and COMPLETE finish it.
 """
@@ -49,6 +56,8 @@ from activities.failures import (
 )
 from activities.project import log_completed, project_output
 from activities.telemetry import observe_call, retry_follows, seconds_since
+from db import chunks as chunk_repo
+from db.chunks import ChunkRow
 from db.errors import is_unavailable
 from db.jobs import JobRow
 from db.lifecycle import ExtendResult
@@ -59,7 +68,8 @@ from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
 from engine.errors import ExecutionFailure, Fault, IllegalTransition, JobNotFound, LockConflict
 from engine.hashing import output_hash
 from engine.redaction import redact
-from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call
+from jobs.chunked import chunk_model
+from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.spec import AnyJobType
 from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
 
@@ -87,6 +97,7 @@ class _Begun:
     gate_reason: str = ""  # why (engine/contracts.py ExecuteResult.gate_reason)
     probe: bool = False  # this attempt holds the gate's half-open probe
     lease: _Lease | None = None  # what the provider limits granted this call
+    chunk: ChunkRow | None = None  # the long source's chunk this call is for
 
 
 @dataclass
@@ -170,6 +181,8 @@ class _Attempt:
         self.job_id = uuid.UUID(inp.job_id)
         self.probe = _Probe()
         self.lease: _Lease | None = None  # granted by the provider limits, not yet settled
+        self.chunk_no = inp.chunk_no
+        self.chunk: ChunkRow | None = None  # read (and locked) by the first transaction
 
     # ---- the first transaction ---------------------------------------------------------
 
@@ -230,7 +243,15 @@ class _Attempt:
             row, snapshot = found
             if row.cancel_requested_at is not None:
                 fail_final("CANCELLED")
-            if row.output_hash is not None and row.output is not None:
+            if self.chunk_no is not None:
+                # Locked until the commit: a retry racing a lost attempt of the same chunk
+                # decides on its status after this one.
+                self.chunk = await chunk_repo.get_for_update(s, job_id, self.chunk_no)
+                if self.chunk is None:
+                    fail_final("INTERNAL_CHUNK_MISSING")
+                if self.chunk.status == "succeeded" and self.chunk.output_hash is not None:
+                    return _Begun(reuse_hash=self.chunk.output_hash)  # paid for already
+            elif row.output_hash is not None and row.output is not None:
                 return _Begun(reuse_hash=row.output_hash)
             if snapshot is None:
                 fail_final("INTERNAL_SNAPSHOT_MISSING")
@@ -254,6 +275,7 @@ class _Attempt:
                 job_type=jt,
                 gate=gate,
                 probe=bool(admission and admission.probe),
+                chunk=self.chunk,
             )
             if row.estimated_input_tokens is not None and await self._refused_by_budget(s, row, jt):
                 # Rolls the CAS back; the job ends failed without another call.
@@ -267,6 +289,9 @@ class _Attempt:
             if begun.key_failure is None:
                 # Last in the transaction: the key's limit row stays locked until the commit.
                 begun.lease = await self._admit_limits(s, row, jt, gate)
+            if self.chunk is not None:
+                # After every check that rolls back: only an attempt that runs is counted.
+                await chunk_repo.start_attempt(s, job_id, self.chunk.chunk_no, self.number)
             return begun
 
     async def _refused_by_budget(self, s: AsyncSession, row: JobRow, jt: AnyJobType) -> bool:
@@ -275,12 +300,23 @@ class _Attempt:
         one can. Covered calls grow the job's reservation in this transaction."""
         cfg = self._cfg
         model = self._d.gateway.model_for(jt, row.credential_mode)
-        worst = call_worst_case_usd(
-            row.estimated_input_tokens or 0,
-            row.max_output_tokens or jt.definition.execution.max_output_tokens,
-            price=self._d.gateway.prices.price_for(model),
-            margin=cfg.estimate_margin,
-        )
+        price = self._d.gateway.prices.price_for(model)
+        budget = row.max_output_tokens or jt.definition.execution.max_output_tokens
+        if self.chunk is not None:
+            # A chunked job's reservation holds every chunk not yet succeeded (this one and
+            # those in flight included), each padded as create padded it and priced once as
+            # create priced the whole: with nothing spent, exactly what create reserved.
+            unfinished = await chunk_repo.unfinished_input_tokens(s, row.id)
+            worst = call_worst_case_usd(
+                sum(padded(t, cfg.estimate_margin) for t in unfinished),
+                budget * len(unfinished),
+                price=price,
+                margin=0.0,
+            )
+        else:
+            worst = call_worst_case_usd(
+                row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
+            )
         refused = await cover_next_call(
             s,
             job_id=row.id,
@@ -315,8 +351,11 @@ class _Attempt:
             return None  # the synthetic provider announces nothing
         key = LimitKey(provider, model, gate.key_ref if gate is not None else PLATFORM_KEY_REF)
         # What OpenAI counts against TPM: the prompt and the whole answer budget. Jobs created
-        # before the estimate was stored: the type's budget and no input.
-        tokens = (row.estimated_input_tokens or 0) + (
+        # before the estimate was stored: the type's budget and no input. A chunk: its prompt.
+        prompt_tokens = (
+            self.chunk.input_tokens if self.chunk is not None else row.estimated_input_tokens
+        )
+        tokens = (prompt_tokens or 0) + (
             row.max_output_tokens or jt.definition.execution.max_output_tokens
         )
         got = await d.limits.admit(
@@ -359,7 +398,7 @@ class _Attempt:
             return ExecuteResult(output_hash=begun.reuse_hash, attempt=self.number)
         row, snapshot, jt = begun.row, begun.snapshot, begun.job_type
         assert row is not None and snapshot is not None and jt is not None
-        if self.number == 1:  # the job just left the queue: a worker slot took it
+        if self.number == 1 and self.chunk_no in (None, 0):  # the job just left the queue
             self._d.metrics.waited(row.job_type, row.queue_name, seconds_since(row.created_at))
         # Recorded after the first transaction ended: it held the row lock the CAS took, and
         # the failure is written from another connection.
@@ -441,10 +480,11 @@ class _Attempt:
                 cost_usd=cost,
             )
         # A retry with a correction sends more than was estimated: only first prompts count.
-        if response is not None and row.estimated_input_tokens and not row.correction_hint:
-            d.metrics.estimate_checked(
-                row.job_type, model_name, row.estimated_input_tokens, response.tokens_in
-            )
+        estimated = (
+            self.chunk.input_tokens if self.chunk is not None else row.estimated_input_tokens
+        )
+        if response is not None and estimated and not row.correction_hint:
+            d.metrics.estimate_checked(row.job_type, model_name, estimated, response.tokens_in)
         return _Called(
             provider=provider.name,
             model=model_name,
@@ -488,6 +528,8 @@ class _Attempt:
         checked for content safety when the job type asks. The decrypted key moves into the
         request and leaves `begun`."""
         model_in = jt.input_model.model_validate(snapshot["input"])
+        if self.chunk is not None:
+            model_in = chunk_model(jt, model_in, self.chunk.planned())  # its text, its share
         correction = None
         if self.number > 1 and row.correction_hint:
             correction = (
@@ -633,6 +675,7 @@ class _Attempt:
                     provider,
                     model,
                     cost=cost,
+                    chunk_no=self.chunk_no,
                 ),
             )
             if self.probe.gate is not None:
@@ -644,6 +687,8 @@ class _Attempt:
                 internal_error=failure.internal_message or failure.code,
                 correction_hint=failure.correction_hint,
             )
+            if self.chunk_no is not None:
+                await chunk_repo.record_failure(s, row.id, self.chunk_no, self.number, failure.code)
             await self._settle_lease(s, response, called=called)
         self.probe.held = False
         self.lease = None
@@ -652,6 +697,7 @@ class _Attempt:
             extra={
                 "job_id": str(row.id),
                 "attempt": self.number,
+                "chunk_no": self.chunk_no,
                 "error_code": failure.code,
                 "fault": failure.fault.value,
             },
@@ -766,7 +812,15 @@ class _Attempt:
         out, model_out, response = called.out, called.model_out, called.response
         assert out is not None and model_out is not None and response is not None
         digest = output_hash(out)
-        usage = _usage_row(row, self.number, response, None, called.latency_ms, cost=called.cost)
+        usage = _usage_row(
+            row,
+            self.number,
+            response,
+            None,
+            called.latency_ms,
+            cost=called.cost,
+            chunk_no=self.chunk_no,
+        )
         async with _heartbeating(self._cfg):
             outcome, projected = await db_retry(
                 lambda: self._last_transaction(row, model_out, usage, out, digest, response),
@@ -805,6 +859,23 @@ class _Attempt:
             await d.usage.insert(s, usage)
             if self.probe.gate is not None:
                 await d.gate.reachable(s, self.probe.gate)
+            if self.chunk_no is not None:
+                # The chunk's output, its job's lock, attempts and progress (MERGE makes the
+                # job's output once every chunk succeeded).
+                owned, cancel_requested = await chunk_repo.settle(
+                    s,
+                    row.id,
+                    self.chunk_no,
+                    owner=owner,
+                    attempt=self.number,
+                    ttl_s=d.lock_policy(row.job_type)[0],
+                    output=out,
+                    output_hash=digest,
+                )
+                await self._settle_lease(s, response, called=True)
+                if not owned:
+                    return "not_owner", None
+                return ("cancelled" if cancel_requested else "stored"), None
             # The attempt recorded, the lock extended and the output stored: one statement.
             owned, cancel_requested = await d.jobs.settle_attempt(
                 s,
@@ -857,6 +928,7 @@ def _usage_row(
     model: str | None = None,
     *,
     cost: Decimal = Decimal(0),
+    chunk_no: int | None = None,
 ) -> UsageRow:
     """One call's ai_usage_log row; `cost` was priced once by the caller."""
     return UsageRow(
@@ -872,6 +944,7 @@ def _usage_row(
         cost_usd=cost if response else Decimal(0),
         latency_ms=latency_ms,
         error_code=error_code,
+        chunk_no=chunk_no,
     )
 
 
@@ -898,7 +971,25 @@ def _validated_output(
     """The output as stored (validated, redacted when the job type asks) and as the model the
     projector takes, or why it is not valid."""
     try:
-        validated = jt.output_model.model_validate(json.loads(response.content))
+        data = json.loads(response.content)
+    except ValueError:
+        data = _NOT_JSON
+    return validated_output(jt, data)
+
+
+_NOT_JSON = object()  # an answer that did not parse: reported as such, never validated
+
+
+def validated_output(
+    jt: AnyJobType, data: Any
+) -> tuple[dict[str, Any] | None, BaseModel | None, ExecutionFailure | None]:
+    """`data` as the job's output: validated by the type's output model, redacted when the type
+    asks (as stored, and as the model the projector takes), or why it is not valid. The one
+    rule for a provider's answer and for MERGE's merged chunks alike."""
+    try:
+        if data is _NOT_JSON:
+            raise ValueError("not JSON")
+        validated = jt.output_model.model_validate(data)
     except (ValueError, ValidationError) as exc:
         detail = (
             summarise_validation(exc)

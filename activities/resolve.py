@@ -10,6 +10,7 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
+from db import chunks as chunk_repo
 from engine.contracts import RESOLVE, ResolveResult, StageInput
 from engine.errors import ExecutionFailure
 
@@ -41,6 +42,8 @@ class Resolve:
             except ExecutionFailure as f:
                 fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
             del key  # only its availability was in question
+            # A long source's chunks: numbers and counts only (the ranges stay in SQL).
+            chunks = await chunk_repo.chunk_states(s, uuid.UUID(inp.job_id))
         definition = jt.definition
         return ResolveResult(
             prompt_version=row.prompt_version,
@@ -51,4 +54,8 @@ class Resolve:
             timeout_ms=definition.execution.timeout_ms,
             max_output_tokens=row.max_output_tokens or definition.execution.max_output_tokens,
             max_attempts=d.execution_policy(definition).max_attempts,
+            chunk_count=len(chunks),
+            chunk_concurrency=d.config.chunk_concurrency if chunks else 0,
+            chunks_done=[c.chunk_no for c in chunks if c.status == "succeeded"],
+            chunk_attempts=[c.attempt_count for c in chunks],
         )

@@ -5,6 +5,7 @@
     execute                     `activities/execute.py`   the provider call, in a worker slot
     project            (local)  `activities/project.py`   projector + succeeded, one transaction
     complete           (local)  `activities/complete.py`  the usage summary
+    merge              (local)  `activities/merge.py`     a long source's chunks, one output
     finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
     finalize_cancelled
 
@@ -21,6 +22,7 @@ from activities.complete import Complete
 from activities.deps import EngineConfig, StageDeps
 from activities.execute import Execute
 from activities.finalize import Finalize
+from activities.merge import Merge
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.prepare import Prepare
 from activities.project import Project
@@ -55,6 +57,7 @@ class JobActivities:
         self.execute = Execute(self.deps).execute
         self.project = Project(self.deps).project
         self.complete = Complete(self.deps).complete
+        self.merge = Merge(self.deps).merge
         self.finalize_failed = finalize.finalize_failed
         self.finalize_cancelled = finalize.finalize_cancelled
 
@@ -65,6 +68,7 @@ class JobActivities:
             self.execute,
             self.project,
             self.complete,
+            self.merge,
             self.finalize_failed,
             self.finalize_cancelled,
         ]

@@ -35,6 +35,7 @@ class UsageRow:
     cost_usd: Decimal
     latency_ms: int
     error_code: str | None
+    chunk_no: int | None = None  # a long source's chunk the call was for (None: one call)
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ _INSERT = text(
     """
     WITH logged AS (
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
-            model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, created_at)
+            model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, created_at)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
-            :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, now())
+            :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, now())
         RETURNING created_at
     ), rolled AS (
         INSERT INTO ai_usage_daily AS d (day, user_id, job_type, model, credential_mode, calls,

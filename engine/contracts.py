@@ -25,6 +25,7 @@ RESOLVE = "resolve"
 EXECUTE = "execute"
 PROJECT = "project"
 COMPLETE = "complete"
+MERGE = "merge"
 FINALIZE_FAILED = "finalize_failed"
 FINALIZE_CANCELLED = "finalize_cancelled"
 RELAY_LOOP = "relay_loop"
@@ -93,9 +94,10 @@ class PrepareResult:
 
 @dataclass(frozen=True)
 class ResolveResult:
-    """What RESOLVE found, for the operator who reads the job's history in the Temporal UI (no
-    code reads it: EXECUTE resolves its own row in its first transaction): names, versions, ids
-    and limits only (never a key, a prompt, the input or a user id)."""
+    """What RESOLVE found, for the operator who reads the job's history in the Temporal UI
+    (EXECUTE resolves its own row in its first transaction; the workflow reads only the chunk
+    fields): names, versions, ids, limits and chunk numbers only (never a key, a prompt, the
+    input or a user id)."""
 
     prompt_version: str
     credential_mode: str
@@ -105,6 +107,15 @@ class ResolveResult:
     timeout_ms: int = 0
     max_output_tokens: int = 0
     max_attempts: int = 0
+    # A long source's chunks (0: one call), read by the workflow (runs with the
+    # `chunked-fan-out` patch): how many, how many in flight at once (the worker's
+    # AI_CHUNK_CONCURRENCY, a result so that replay sees the same window), the chunks already
+    # succeeded (copied by an admin retry, or done before a continue-as-new: not run again) and
+    # each chunk's attempts spent so far (by chunk number), so its retries stay its own.
+    chunk_count: int = 0
+    chunk_concurrency: int = 0
+    chunks_done: list[int] = field(default_factory=list)
+    chunk_attempts: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,9 @@ class ExecuteInput:
     # recorded before the five-stage shape). False: EXECUTE stores the output and its usage in
     # one commit and the PROJECT stage projects it.
     project_in_slot: bool = True
+    # A long source's chunk this activity calls for (None: the job's one call). Its attempt
+    # number is the chunk's own (`attempt_offset` counts that chunk's earlier attempts).
+    chunk_no: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,17 @@ class ExecuteResult:
 
 # The gate reasons whose wait is exact: a provider limit's bucket refills at a known rate.
 LIMIT_WAITS = frozenset({"rpm", "tpm", "concurrency", "announced"})
+
+
+@dataclass(frozen=True)
+class MergeInput:
+    job_id: str  # MERGE reads the job's succeeded chunks itself
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    output_hash: str  # of the merged output, stored as the job's output
+    item_count: int  # distinct items kept
 
 
 @dataclass(frozen=True)

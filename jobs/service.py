@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import budgets
 from db.chunks import PlannedChunk, insert_plan
+from db.chunks import copy_succeeded as copy_succeeded_chunks
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
 from db.jobs import JobQueries, JobRow
@@ -636,6 +637,15 @@ class JobService:
             return CreateJobResult(job=existing, created=False)
         if row.private_data_purged_at is not None:
             raise JobNotRetryable("The job's input has expired under the retention rule.")
+        original = row.id
+
+        async def keep_paid_chunks(s: AsyncSession, new: JobRow) -> None:
+            # A long source's chunks the original already paid for are copied into the retry's
+            # plan (same ranges only), in its create transaction: it calls for the others.
+            await copy_succeeded_chunks(s, from_job=original, to_job=new.id)
+            if within is not None:
+                await within(s, new)
+
         try:
             return await self.create(
                 CreateJobRequest(
@@ -650,7 +660,7 @@ class JobService:
                     max_cost_usd=row.max_cost_usd,
                     internal=True,
                 ),
-                within=within,
+                within=keep_paid_chunks,
             )
         except Exception as exc:
             if not is_unique_violation(exc):

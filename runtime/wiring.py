@@ -23,9 +23,9 @@ from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES
 from engine.settings import DEV_JWT_SECRET, Role, Settings
+from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
-from jobs.chunked import ChunkPolicy
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
@@ -175,6 +175,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         budget_per_day_usd=settings.quota_max_cost_usd_per_day,
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
         estimate_margin=settings.token_estimate_margin,
+        chunk_concurrency=settings.ai_chunk_concurrency,
     )
 
 

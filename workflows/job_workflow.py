@@ -35,7 +35,9 @@ with workflow.unsafe.imports_passed_through():
         FinalizeResult,
         JobWorkflowInput,
         JobWorkflowResult,
+        MergeInput,
         ProjectInput,
+        ResolveResult,
         StageInput,
     )
     from engine.errors import non_retryable_codes, public_message_for
@@ -69,6 +71,9 @@ EXECUTE_OWNS_RUNNING = "execute-owns-running"
 FIVE_STAGES = "five-stages"
 # A provider limit's wait (its bucket's exact refill time) is waited as it is, not backed off.
 EXACT_LIMIT_WAITS = "exact-limit-waits"
+# A long source runs as its chunks: one EXECUTE per chunk (a window of them in flight), then
+# MERGE, then PROJECT. Runs before it called one EXECUTE over the whole source.
+CHUNKED_FAN_OUT = "chunked-fan-out"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -86,6 +91,12 @@ def _error_code(err: BaseException) -> str:
             return "INTERNAL_WORKER_LOST"
         return "TIMEOUT"
     return "INTERNAL_ERROR"
+
+
+class _HistoryFull(Exception):
+    """A chunk waited on its gate until the run's history passed GATE_WAIT_HISTORY_LIMIT: the
+    fan-out lets the chunks in flight end, then continues as new (a new run resumes from what
+    SQL says is done, each chunk with the attempts it spent)."""
 
 
 def _is_cancellation(err: BaseException) -> bool:
@@ -163,8 +174,12 @@ class JobStages:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
-            await self._local(stages.resolve, stage)
-            executed = await self._execute_through_gate(inp, prep.plan)
+            resolved = await self._local(stages.resolve, stage)
+            # Only a chunked job asks for the patch: other jobs' commands are unchanged.
+            if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
+                executed = await self._execute_chunks(inp, prep.plan, resolved)
+            else:
+                executed = await self._execute_through_gate(inp, prep.plan)
             if executed.lifecycle_status is not None:
                 # The job ended before it ran (cancelled while it waited for a slot).
                 self._set_status(executed.lifecycle_status)
@@ -209,18 +224,96 @@ class JobStages:
             raise ApplicationError(message, type=code, non_retryable=True) from None
         return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
 
+    async def _execute_chunks(
+        self, inp: JobWorkflowInput, plan: ExecutionPlan, resolved: ResolveResult
+    ) -> ExecuteResult:
+        """A long source's chunks, each one EXECUTE through its own gate loop with its own
+        retry policy (its attempts are its own), at most `chunk_concurrency` in flight; chunks
+        already succeeded are skipped. Then MERGE stores the job's output. A chunk that fails
+        for good cancels the others in flight (each records its aborted call) and fails the
+        job with its own code. Only the job id, chunk numbers and counts reach the history."""
+        done = set(resolved.chunks_done)
+        todo = iter(n for n in range(resolved.chunk_count) if n not in done)
+        window = max(resolved.chunk_concurrency, 1)
+        spent = resolved.chunk_attempts
+        running: list[asyncio.Task[ExecuteResult]] = []
+        ended: ExecuteResult | None = None
+        history_full = False
+        nxt = next(todo, None)
+        try:
+            while True:
+                while nxt is not None and len(running) < window and not history_full and not ended:
+                    offset = spent[nxt] if nxt < len(spent) else 0
+                    running.append(
+                        asyncio.ensure_future(
+                            self._execute_through_gate(inp, plan, chunk_no=nxt, spent=offset)
+                        )
+                    )
+                    nxt = next(todo, None)
+                if not running:
+                    break
+                # workflow.wait, not asyncio.wait: its result is the same on every replay.
+                finished, _ = await workflow.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in [t for t in running if t in finished]:  # in the order they began
+                    running.remove(task)
+                    try:
+                        result = task.result()
+                    except _HistoryFull:
+                        history_full = True
+                        continue
+                    if result.lifecycle_status is not None:
+                        ended = result  # the job ended before it ran (cancelled while queued)
+        except BaseException:
+            for task in running:
+                task.cancel()
+            if running:
+                await workflow.wait(running)  # each aborted call is recorded before the end
+            raise
+        if ended is not None:
+            return ended
+        if history_full:
+            workflow.continue_as_new(
+                JobWorkflowInput(
+                    jobId=inp.jobId,
+                    jobType=inp.jobType,
+                    idempotencyKey=inp.idempotencyKey,
+                    createdAt=inp.createdAt,
+                )
+            )
+        merged = await self._local(stages.merge, MergeInput(job_id=inp.jobId))
+        return ExecuteResult(output_hash=merged.output_hash, attempt=0)
+
     async def _execute_through_gate(
-        self, inp: JobWorkflowInput, plan: ExecutionPlan
+        self,
+        inp: JobWorkflowInput,
+        plan: ExecutionPlan,
+        *,
+        chunk_no: int | None = None,
+        spent: int | None = None,
     ) -> ExecuteResult:
         """EXECUTE, asked again after each wait its provider gate names. A gated EXECUTE
         returned before it spent an attempt (the job still `queued`, progress 0, unless a 429
         answered its call); the next one starts with the attempts spent so far and only the
-        remaining ones in its retry policy."""
-        spent = inp.attemptsSpent
+        remaining ones in its retry policy. With `chunk_no`: that chunk's EXECUTE, `spent` its
+        own attempts so far; its activity id names the chunk (`execute-chunk-3`, then
+        `execute-chunk-3-2`... after each wait), never its text."""
+        spent = inp.attemptsSpent if spent is None else spent
         looks = 0
+        schedules = 0
         while True:
+            schedules += 1
             executed = await self._execute(
-                inp, plan, attempt_offset=spent, yield_on_gate=True, project_in_slot=False
+                inp,
+                plan,
+                attempt_offset=spent,
+                yield_on_gate=True,
+                project_in_slot=False,
+                chunk_no=chunk_no,
+                activity_id=(
+                    None
+                    if chunk_no is None
+                    else f"execute-chunk-{chunk_no}" + (f"-{schedules}" if schedules > 1 else "")
+                ),
             )
             if executed.gate_wait_s <= 0:
                 return executed
@@ -237,6 +330,8 @@ class JobStages:
             # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
             await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
             if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
+                if chunk_no is not None:
+                    raise _HistoryFull()  # the fan-out continues as new once its chunks end
                 workflow.continue_as_new(
                     JobWorkflowInput(
                         jobId=inp.jobId,
@@ -255,6 +350,8 @@ class JobStages:
         attempt_offset: int = 0,
         yield_on_gate: bool = False,
         project_in_slot: bool = True,
+        chunk_no: int | None = None,
+        activity_id: str | None = None,
     ) -> ExecuteResult:
         return await workflow.execute_activity(
             stages.execute,
@@ -265,7 +362,10 @@ class JobStages:
                 attempt_offset=attempt_offset,
                 yield_on_gate=yield_on_gate,
                 project_in_slot=project_in_slot,
+                chunk_no=chunk_no,
             ),
+            activity_id=activity_id,
+            summary=None if chunk_no is None else f"chunk {chunk_no}",
             # The activity enforces timeoutMs itself (-> TIMEOUT per abortStrategy); this is
             # the backstop for a hung worker, with room for EXECUTE's own database retries.
             start_to_close_timeout=timedelta(

@@ -14,6 +14,7 @@ from engine.contracts import (
     EXECUTE,
     FINALIZE_CANCELLED,
     FINALIZE_FAILED,
+    MERGE,
     PREPARE,
     PROJECT,
     RESOLVE,
@@ -23,6 +24,8 @@ from engine.contracts import (
     ExecuteResult,
     FinalizeFailedInput,
     FinalizeResult,
+    MergeInput,
+    MergeResult,
     PrepareResult,
     ProjectInput,
     ProjectResult,
@@ -53,6 +56,11 @@ async def execute(inp: ExecuteInput) -> ExecuteResult:
 @activity.defn(name=PROJECT)
 async def project(inp: ProjectInput) -> ProjectResult:
     _stub(PROJECT)
+
+
+@activity.defn(name=MERGE)
+async def merge(inp: MergeInput) -> MergeResult:
+    _stub(MERGE)
 
 
 @activity.defn(name=COMPLETE)
