@@ -22,14 +22,7 @@ from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -56,23 +49,16 @@ class ArtifactOut(Camel):
 class ResultOut(Camel):
     artifact_count: int
     artifacts: list[ArtifactOut]
+    # Left out unless true: the frozen shape stays `{artifactCount, artifacts}` for every job
+    # that is not partial.
     partial: bool = Field(
         default=False,
+        exclude_if=lambda v: not v,
         description="Present, and true, only on a long-source job that failed, was cancelled "
         "or timed out after some of its chunks succeeded: the artifacts are the items those "
         "chunks produced, kept; `lifecycleStatus` and `errorCode` still say why it stopped. "
         "Absent otherwise.",
     )
-
-    @model_serializer(mode="wrap")
-    def _partial_only_when_true(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, Any]:
-        # The frozen shape stays `{artifactCount, artifacts}` for every job that is not partial.
-        data: dict[str, Any] = handler(self)
-        if not self.partial:
-            data.pop("partial", None)
-        return data
 
 
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
