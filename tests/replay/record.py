@@ -10,6 +10,8 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
   provider, as everywhere in test settings without a key);
 - synthetic: a retry then success (`failTimes: 1`), a failure after its retries (`failTimes: 5`)
   and a cancel while EXECUTE runs (a long `delayMs`, cancelled through `JobService.cancel`);
+- quiz_generation over a long source (`chunked`, from v5): its chunks' EXECUTEs, MERGE, PROJECT
+  (the per-call budget is cut to AI_CHUNK_INPUT_TOKENS=1000 so a short text makes 3 chunks);
 - the relay workflow's first run up to its continue-as-new, and one reconciler run.
 
 Record under a new tag whenever workflow code changes and commit the files next to the older
@@ -67,6 +69,17 @@ from workflows.system import ReconcilerWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")
 SOURCE = f"Photosynthesis converts light into chemical energy ({SENTINEL}). It needs water."
+# Three chunks at CHUNK_SETTINGS' per-call budget: distinct sentences, the sentinel in the first.
+LONG_SOURCE = "\n\n".join(
+    [SOURCE]
+    + [
+        f"Paragraph {i} explains that enzyme catalysts{i} accelerate reactions{i} inside cells. "
+        f"Researchers measured temperature{i} effects on molecules{i} carefully. "
+        f"Observation{i} shows membranes{i} transport nutrients efficiently."
+        for i in range(40)
+    ]
+)
+CHUNK_SETTINGS = {"AI_CHUNK_INPUT_TOKENS": 1000}
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,7 @@ def cases() -> list[Case]:
         Case("synthetic", "retry", {"failTimes": 1, "echo": echo}, "succeeded"),
         Case("synthetic", "fail", {"failTimes": 5, "echo": echo}, "failed"),
         Case("synthetic", "cancel", {"delayMs": 120_000, "echo": echo}, "cancelled"),
+        Case("quiz_generation", "chunked", {"sourceText": LONG_SOURCE, "count": 4}, "succeeded"),
     ]
     inputs: dict[str, dict[str, Any]] = {
         "quiz_generation": {"sourceText": SOURCE, "count": 2},
@@ -130,6 +144,8 @@ async def run_jobs(st: Stack) -> dict[str, WorkflowHistory]:
         assert final[job_id] == c.expect, (c, row.error_code, row.internal_error_message)
         if c.case == "retry":
             assert row.attempt_count == 2, row.attempt_count
+        if c.case == "chunked":
+            assert row.chunk_count == 3, row.chunk_count
         # The sentinel really went in, so its absence from the histories means something.
         assert SENTINEL in json.dumps(row.input), row.input
         await wait_workflow_closed(st.client, row.workflow_id)
@@ -209,7 +225,7 @@ async def record(tag: str, out_dir: Path) -> list[Path]:
                 ],
             )
             client = await Client.connect(temporal.address, namespace="default")
-            settings: Settings = make_settings(pg.uri, temporal.address)
+            settings: Settings = make_settings(pg.uri, temporal.address, **CHUNK_SETTINGS)
             async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
                 histories = await run_jobs(st)
                 histories.update(await run_system(st))

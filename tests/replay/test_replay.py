@@ -40,6 +40,7 @@ from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
 from workflows import stages
 from workflows.job_workflow import (
+    CHUNKED_FAN_OUT,
     EXECUTE_OWNS_RUNNING,
     FIVE_STAGES,
     SKIP_COMPLETE_STAGE,
@@ -59,6 +60,8 @@ PATCH_TAG = 2
 EXECUTE_TAG = 3
 # The first tag recorded with the `five-stages` patch.
 FIVE_STAGES_TAG = 4
+# The first tag recorded with a chunked job (the `chunked-fan-out` patch).
+CHUNKED_TAG = 5
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def test_histories_cover_every_workflow_and_case() -> None:
     assert set(first_on_queue) == set(QUEUE_NAMES)
     expected = {(job_type, "success") for job_type in first_on_queue.values()}
     expected |= {("synthetic", c) for c in ("success", "retry", "fail", "cancel")}
-    expected |= {("reconciler", "run")}
+    expected |= {("quiz_generation", "chunked"), ("reconciler", "run")}
     assert expected <= newest, sorted(expected - newest)
     # The retired relay workflow records nothing new; its kept histories still replay (above).
     assert any(r.workflow == "relay" for r in records)
@@ -331,7 +334,11 @@ def test_histories_from_the_five_stage_shape_run_every_stage_under_its_name() ->
     """From tag 4 on (`five-stages`): prepare, resolve, execute, project and complete, each an
     activity of its own; a failure ends in finalize_failed after execute, a cancel in
     finalize_cancelled."""
-    newest = [r for r in recorded() if r.tag >= FIVE_STAGES_TAG and r.workflow not in SYSTEM_TYPES]
+    newest = [
+        r
+        for r in recorded()
+        if r.tag >= FIVE_STAGES_TAG and r.workflow not in SYSTEM_TYPES and r.case != "chunked"
+    ]
     assert {r.case for r in newest} >= {"success", "retry", "fail", "cancel"}
     for r in newest:
         assert patches(r) == [FIVE_STAGES], r.path.name
@@ -343,3 +350,22 @@ def test_histories_from_the_five_stage_shape_run_every_stage_under_its_name() ->
             "cancel": ["prepare", "resolve", "finalize_cancelled"],
         }[r.case]
         assert local_activities(r) == expected, r.path.name
+
+
+def test_histories_of_a_chunked_job_run_each_chunk_then_merge() -> None:
+    """From tag 5 on (`chunked-fan-out`, asked only by a chunked job): one EXECUTE per chunk,
+    each under an activity id that names its chunk, then MERGE before PROJECT and COMPLETE;
+    about six events a chunk."""
+    chunked = [r for r in recorded() if r.case == "chunked"]
+    assert {r.tag for r in chunked} >= {CHUNKED_TAG}
+    for r in chunked:
+        assert patches(r) == [FIVE_STAGES, CHUNKED_FAN_OUT], r.path.name
+        ids = [
+            e.activity_task_scheduled_event_attributes.activity_id
+            for e in r.history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        assert sorted(ids) == [f"execute-chunk-{n}" for n in range(len(ids))], r.path.name
+        assert len(ids) >= 2 and set(regular_activities(r)) == {"execute"}
+        assert local_activities(r) == ["prepare", "resolve", "merge", "project", COMPLETE]
+        assert len(r.history.events) <= 25 + 6 * len(ids), len(r.history.events)

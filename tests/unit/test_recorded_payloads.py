@@ -24,6 +24,7 @@ from engine.contracts import (
     EXECUTE,
     FINALIZE_CANCELLED,
     FINALIZE_FAILED,
+    MERGE,
     PREPARE,
     PROJECT,
     RESOLVE,
@@ -37,6 +38,7 @@ STUBS: dict[str, Callable[..., Any]] = {
     EXECUTE: stages.execute,
     PROJECT: stages.project,
     COMPLETE: stages.complete,
+    MERGE: stages.merge,
     FINALIZE_FAILED: stages.finalize_failed,
     FINALIZE_CANCELLED: stages.finalize_cancelled,
 }
