@@ -87,9 +87,8 @@ async def succeed_chunk(db: SessionMaker, job_id: str, chunk: PlannedChunk, tota
     async with db.begin() as s:
         raw = await s.scalar(text("SELECT input FROM ai_job WHERE id = :j"), {"j": job_id})
         inp = QUIZ.input_model.model_validate(raw)
-        out = QUIZ.output_model.model_validate(
-            QUIZ.synthetic_output(chunk_model(QUIZ, inp, chunk))
-        ).model_dump(mode="json")
+        part = QUIZ.input_model.model_validate(chunk_model(QUIZ, inp, chunk).model_dump())
+        out = QUIZ.output_model.model_validate(QUIZ.synthetic_output(part)).model_dump(mode="json")
         await s.execute(
             text(
                 "UPDATE ai_job_chunk SET status = 'succeeded', attempt_count = 1, output = :o, "
