@@ -251,3 +251,47 @@ async def test_an_admin_retry_calls_only_for_the_chunk_that_failed(
         assert [c.output_hash for c in copied[:2]] == [c.output_hash for c in chunks[:2]]
         assert [c.attempt_count for c in copied] == [0, 0, 1]
         assert len(row2.output["questions"]) == 5
+
+
+async def test_a_chunk_that_fails_for_good_fails_the_job_and_cancels_the_others(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    source = long_source(paragraphs=40)
+    settings = make_settings(
+        database_url,
+        temporal_address,
+        **fake_env(fake, AI_CHUNK_CONCURRENCY=4, AI_INTERACTIVE_CONCURRENCY=4, **SMALL_CALLS),
+    )
+    async with engine_stack(settings, temporal_client) as st:
+        inp = quiz_generation.QuizGenerationInput.model_validate({"sourceText": source})
+        plan = st.service.plan_chunks(st.parts.catalog.get(QUIZ), inp)
+        assert plan is not None and len(plan) == 3, plan
+        only_last = source[plan[1].end_char : plan[2].end_char]
+        needle = next(w for w in only_last.split() if w.startswith("reactions"))
+        # Chunk 2 is refused for good (a 400: not retried); the others would take a minute.
+        await fake.ascript(
+            [],
+            default={"kind": "slow", "delay_s": 60, "content": quiz_answer(5)},
+            rules=[(needle, {"kind": "status", "status": 400})],
+        )
+        job = await st.create(job_type=QUIZ, input={"sourceText": source})
+        row = await st.wait_status(job, timeout=30)
+        assert (row.lifecycle_status, row.error_code) == ("failed", "REQUEST_REJECTED")
+        calls = await rows(
+            st,
+            "SELECT chunk_no, error_code FROM ai_usage_log WHERE job_id = :j ORDER BY chunk_no",
+            job,
+        )
+        # One call each; the two in flight were cancelled and recorded so.
+        assert [(c.chunk_no, c.error_code) for c in calls] == [
+            (0, "CANCELLED"),
+            (1, "CANCELLED"),
+            (2, "REQUEST_REJECTED"),
+        ]
+        chunks = await chunk_table(st, job)
+        assert [c.status for c in chunks] == ["failed", "failed", "failed"]
+        assert chunks[2].error_code == "REQUEST_REJECTED"
