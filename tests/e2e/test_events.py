@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,30 +15,9 @@ from sqlalchemy import text
 from api.events import STREAM_RETRY_AFTER_S, JobEventHub, StreamSlots
 from db.jobs import JobQueries
 from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.sse import Event, events_of
 from tests.stack import INTERACTIVE, Stack, engine_stack
 from tests.support import eventually
-
-
-@dataclass
-class Event:
-    id: str | None
-    event: str | None
-    data: dict[str, Any]
-
-
-async def events_of(response: httpx.Response) -> AsyncIterator[Event | str]:
-    """Parses an event stream: yields Events, and comments as their text."""
-    fields: dict[str, str] = {}
-    async for line in response.aiter_lines():
-        if line == "":
-            if "data" in fields:
-                yield Event(fields.get("id"), fields.get("event"), json.loads(fields["data"]))
-            fields = {}
-        elif line.startswith(":"):
-            yield line[1:].strip()
-        else:
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
 
 
 def hub(api: Api) -> JobEventHub:

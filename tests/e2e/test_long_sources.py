@@ -18,10 +18,10 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from tests.e2e.conftest import Api, start_api
-from tests.e2e.test_events import Event, events_of
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import history_blobs, local_stages, wait_workflow_closed
 from tests.integration.provider_helpers import fake_env
+from tests.sse import Event, events_of
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
 
