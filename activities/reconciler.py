@@ -65,6 +65,7 @@ from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
 from engine.workflow_state import MISSING, WorkflowState, workflow_state
 from jobs import lifecycle
+from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,12 @@ class Reconciler:
         client: Client,
         config: ReconcilerConfig | None = None,
         metrics: WorkerMetrics | None = None,
+        *,
+        catalog: Catalog | None = None,
     ) -> None:
         self._sm = sessionmaker
+        # The job types: an abandoned long-source job keeps what its chunks produced.
+        self._catalog = catalog
         self._metrics = metrics or worker_metrics()
         self._client = client
         self.config = config or ReconcilerConfig()
@@ -558,6 +563,7 @@ class Reconciler:
                     internal_message=(
                         "reconciler: lock expired and the workflow is closed or missing"
                     ),
+                    catalog=self._catalog,
                 )
         except IllegalTransition:
             return False  # it ended meanwhile

@@ -214,7 +214,9 @@ async def _reconcile_main(s: Settings) -> None:
     parts = build_parts(s)
     client = await connect_temporal(s)
     try:
-        result = await Reconciler(parts.sessionmaker, client, reconciler_config(s)).run_once()
+        result = await Reconciler(
+            parts.sessionmaker, client, reconciler_config(s), catalog=parts.catalog
+        ).run_once()
         print(result)
     finally:
         await parts.close()

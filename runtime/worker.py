@@ -135,7 +135,9 @@ def build_workers(
                 )
             )
         elif q == SYSTEM_QUEUE:
-            reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s))
+            reconciler = Reconciler(
+                parts.sessionmaker, client, reconciler_config(s), catalog=parts.catalog
+            )
             # Admin bulk operations act through the same use cases as the API (same catalog,
             # same create policy: a bulk retry is an internal create, outside user quotas).
             bulk = BulkActivities(

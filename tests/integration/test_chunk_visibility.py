@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -20,7 +21,9 @@ from typing import Any
 import pytest
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
+from temporalio.client import Client
 
+from activities.reconciler import Reconciler
 from db.chunks import PlannedChunk
 from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker
@@ -30,6 +33,7 @@ from jobs import lifecycle
 from jobs.chunked import chunk_model
 from jobs.types import default_catalog
 from jobs.types.quiz_generation import JOB as QUIZ
+from runtime.wiring import reconciler_config
 from tests.e2e.conftest import Api, start_api
 from tests.support import eventually
 
@@ -313,3 +317,31 @@ async def test_a_failure_before_any_chunk_keeps_nothing_and_the_shape_is_unchang
     finally:
         await s1.stop()
     assert [e for _, e, _ in s1.events] == ["status"]
+
+
+async def test_an_abandoned_long_job_failed_by_the_reconciler_keeps_its_chunks(
+    api: Api, db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    """A worker vanished mid-job and its workflow is gone: the reconciler fails the job
+    (INTERNAL_LOCK_EXPIRED) and, like every other ending, keeps what the chunks produced."""
+    job_id = await long_quiz(api, count=20)
+    chunks = await chunks_of(db, job_id)
+    await start_running(db, job_id)
+    out = await succeed_chunk(db, job_id, chunks[0], len(chunks))
+    async with db.begin() as s:
+        await s.execute(
+            text("UPDATE ai_job SET lock_until = now() - interval '1 hour' WHERE id = :j"),
+            {"j": job_id},
+        )
+    cfg = dataclasses.replace(
+        reconciler_config(settings),
+        missing_workflow_after_s=0,
+        revive_base_s=0,
+        relay_workflow_id=None,
+    )
+    result = await Reconciler(db, temporal_client, cfg, catalog=CATALOG).run_once()
+    assert result.expired_locks_failed == 1
+    job = await api.get(job_id)
+    assert job["lifecycleStatus"] == "failed" and job["errorCode"] == "INTERNAL_LOCK_EXPIRED"
+    assert job["result"]["partial"] is True
+    assert job["result"]["artifactCount"] == len(out["questions"]) >= 2
