@@ -749,7 +749,7 @@ class _Attempt:
     async def _rate_limit_is_free(self) -> bool:
         async with self._d.sessionmaker() as s:
             seen = await self._d.usage.calls_with(
-                s, self.job_id, self.number, "PROVIDER_RATE_LIMITED"
+                s, self.job_id, self.number, "PROVIDER_RATE_LIMITED", chunk_no=self.inp.chunk_no
             )
         return seen <= FREE_RATE_LIMITS_PER_ATTEMPT
 

@@ -85,16 +85,24 @@ class UsageRepository:
         await session.execute(_INSERT, row.__dict__)
 
     async def calls_with(
-        self, session: AsyncSession, job_id: uuid.UUID, attempt_no: int, error_code: str
+        self,
+        session: AsyncSession,
+        job_id: uuid.UUID,
+        attempt_no: int,
+        error_code: str,
+        *,
+        chunk_no: int | None = None,
     ) -> int:
-        """How many calls of one attempt of a job ended with `error_code`."""
+        """How many calls of one attempt of a job (of one chunk's, for a chunked job) ended
+        with `error_code`."""
         n = (
             await session.execute(
                 text(
                     "SELECT count(*) FROM ai_usage_log "
-                    "WHERE job_id = :j AND attempt_no = :a AND error_code = :c"
+                    "WHERE job_id = :j AND attempt_no = :a AND error_code = :c "
+                    "AND chunk_no IS NOT DISTINCT FROM CAST(:k AS integer)"
                 ),
-                {"j": job_id, "a": attempt_no, "c": error_code},
+                {"j": job_id, "a": attempt_no, "c": error_code, "k": chunk_no},
             )
         ).scalar_one()
         return int(n)
