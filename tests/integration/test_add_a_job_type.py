@@ -157,6 +157,8 @@ async def test_a_new_job_type_runs_end_to_end_from_its_module_alone(
                 "artifactId": str(job_id),
                 "ordinal": 0,
                 "content": {"summary": "one two three"},
+                "final": True,  # projected: the job succeeded
+                "chunk": None,  # a one-call job
             }
         ]
         # Another user sees none of it.
