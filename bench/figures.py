@@ -17,9 +17,11 @@ How each figure is measured:
    the Python client (`bench/loadgen.py`) only when wrk is not installed.
 5. PostgreSQL: `xact_commit` of the engine's database over each throughput repetition, minus the
    bench's own statements and the idle relay's polling; pgbench on the same server for the rate.
-6. Scaling: throughput (1) with two worker processes on one task queue.
+6. Scaling: throughput (1) with two worker processes on one task queue, and the CPU per job of
+   each party (workers, relay, Temporal server, PostgreSQL) around each repetition.
 7. Scale: list and quota queries on empty tables and on a seeded history (`bench/scale.py`).
 8. Fairness: user B's 4 jobs behind user A's backlog, fairness on and off (`bench/fairness.py`).
+9. Tracing: worker CPU per job with tracing off, sampled at 10 % and at 100 % (`bench/tracing.py`).
 """
 
 from __future__ import annotations

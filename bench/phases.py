@@ -5,8 +5,9 @@ subprocesses in a `finally`, and a failing figure is recorded while the run goes
      throughput (1, and commits for 5) interleaved with both baselines, relay latency (3)
      interleaved with direct starts, latency (2);
   B. pgbench on the same PostgreSQL, nothing else running (5);
-  C. engine stack with TWO workers: throughput (6);
-  D. the API server: real routes interleaved with bare routes (4), driven by wrk;
+  C. engine stack with TWO workers: throughput and the CPU split per job (6);
+  D. the API server: real routes interleaved with bare routes (4), driven by wrk; then each
+     route's round trips to PostgreSQL (`bench/statements.py`);
   E. the scale figure: list and quota queries on empty tables, then on a seeded history (7).
   F. the fairness figure: a relay + worker stack with fairness on, then one with it off (8).
   G. the tracing figure: one stack per sampling mode (off, 10 %, 100 %), exporting (9).
