@@ -444,7 +444,7 @@ class Query:
 def queries() -> list[Query]:
     from db.jobs import JobFilter, JobQueries
     from db.outbox import OutboxRepository
-    from jobs.service import utc_day_start, utc_month_start
+    from jobs.costs import utc_day_start, utc_month_start
 
     jq = JobQueries()
     ob = OutboxRepository()
