@@ -258,7 +258,9 @@ class JobService:
             for i in inputs
         )
         return estimate_job(
-            [jt.prompt(i, None) for i in inputs],
+            # A synthetic job type's calls are free and never reach a provider: no prompt is
+            # built for it here (EXECUTE builds it, and a failure there is the job's own).
+            [] if jt.always_synthetic else [jt.prompt(i, None) for i in inputs],
             model=model_name,
             price=self._policy.prices.price_for(model_name),
             output_budget=budget,
