@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from decimal import Decimal
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -349,6 +349,34 @@ class JobQueries:
                 )
             ).scalar_one()
         )
+
+    async def quota_counts(
+        self,
+        session: AsyncSession,
+        user_id: str,
+        *,
+        active: bool,
+        day: datetime | None,
+        month: datetime | None,
+    ) -> tuple[int, int, int]:
+        """(active jobs, created since `day`, created since `month`) of a user in one round
+        trip; a count not asked for (False / None) is 0 and not computed. Each count is
+        served by its index (the active partial index; (user_id, created_at))."""
+        parts = [
+            f"(SELECT count(*) FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL})" if active else "0",
+            "(SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :day)"
+            if day is not None
+            else "0",
+            "(SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :month)"
+            if month is not None
+            else "0",
+        ]
+        row = (
+            await session.execute(
+                text(f"SELECT {', '.join(parts)}"), {"u": user_id, "day": day, "month": month}
+            )
+        ).one()
+        return int(row[0]), int(row[1]), int(row[2])
 
     async def count_created_since(
         self, session: AsyncSession, user_id: str, since: datetime

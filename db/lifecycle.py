@@ -11,14 +11,15 @@ case or activity that calls it owns the transaction, like every repository in db
 
 from __future__ import annotations
 
+import functools
 import uuid
-from decimal import Decimal
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -128,6 +129,13 @@ _INSERT = text(
 ).bindparams(bindparam("input", type_=JSONB))
 
 
+@functools.cache
+def _insert_returning(columns: str) -> TextClause:
+    return text(str(_INSERT.text).replace("RETURNING ", f"RETURNING {columns}, ", 1)).bindparams(
+        bindparam("input", type_=JSONB)
+    )
+
+
 _CANCELLED_SETS = (
     "error_code = 'CANCELLED', public_error_message = 'The job was cancelled.', "
     "cancel_requested_at = coalesce(cancel_requested_at, now())"
@@ -139,9 +147,17 @@ class LifecycleRepository:
 
     # ---- (new) -> queued --------------------------------------------------------------
 
-    async def create(self, session: AsyncSession, job: NewJob) -> None:
-        """Insert a queued job, inside the caller's create transaction."""
-        await session.execute(_INSERT, job.__dict__)
+    async def create(
+        self, session: AsyncSession, job: NewJob, *, returning: str | None = None
+    ) -> dict[str, Any] | None:
+        """Insert a queued job, inside the caller's create transaction. With `returning` (a
+        column list of our own, e.g. db/jobs.py JOB_COLUMNS), the new row's columns come back
+        from the same statement, saving a read."""
+        if returning is None:
+            await session.execute(_INSERT, job.__dict__)
+            return None
+        row = (await session.execute(_insert_returning(returning), job.__dict__)).one()
+        return {k: v for k, v in row._mapping.items() if k != "notified"}
 
     # ---- queued -> running --------------------------------------------------------------
 

@@ -107,6 +107,13 @@ _INSERT = text(
     RETURNING id
     """
 ).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
+# The same insert waking the relays in the same round trip: pg_notify runs for an inserted row
+# only (a duplicate returns nothing), and is transactional like NOTIFY.
+_INSERT_NOTIFY = text(
+    str(_INSERT.text).replace(
+        "RETURNING id", f"RETURNING id, pg_notify('{NOTIFY_CHANNEL}', '') IS NULL AS notified"
+    )
+).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
 
 
 class OutboxRepository:
@@ -129,7 +136,7 @@ class OutboxRepository:
         `trace_context` (W3C headers) lets the relay continue the writer's trace."""
         row = (
             await session.execute(
-                _INSERT,
+                _INSERT_NOTIFY if notify else _INSERT,
                 {
                     "event_type": event_type,
                     "aggregate_type": aggregate_type,
@@ -140,8 +147,6 @@ class OutboxRepository:
                 },
             )
         ).first()
-        if row is not None and notify:
-            await session.execute(_NOTIFY)
         return int(row.id) if row else None
 
     async def insert_job_event(

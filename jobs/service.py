@@ -28,7 +28,7 @@ from db.chunks import PlannedChunk, insert_plan
 from db.chunks import copy_succeeded as copy_succeeded_chunks
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
-from db.jobs import JobQueries, JobRow
+from db.jobs import JOB_COLUMNS, JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
 from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
@@ -411,7 +411,9 @@ class JobService:
                     if credential_id is None:
                         raise CredentialMissing("No active credential for user_deepseek_key.")
                     new = dataclasses.replace(new, credential_id=credential_id)
-                await self._lifecycle.create(s, new)
+                created = await self._lifecycle.create(s, new, returning=JOB_COLUMNS)
+                assert created is not None
+                row = JobRow(**created)
                 if checked.chunks:
                     await insert_plan(s, job_id, checked.chunks)
                 await self._jobs.insert_snapshot(
@@ -449,9 +451,7 @@ class JobService:
                 if enqueued is None:
                     # A job without its enqueue row would wait forever: roll the create back.
                     raise EnqueueNotWritten(str(job_id))
-                row = await self._jobs.get(s, job_id)
                 if within is not None:
-                    assert row is not None
                     await within(s, row)
         except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
@@ -514,7 +514,17 @@ class JobService:
         """The first quota or budget a job of `estimate` would break now, or None. Create calls
         it under the user's lock and raises; a quote calls it without and reports."""
         p = self._policy
-        if p.max_active_jobs and await self._jobs.count_active(s, user_id) >= p.max_active_jobs:
+        now = dt.datetime.now(dt.UTC)
+        day, month = utc_day_start(now), utc_month_start(now)
+        # One round trip for the three counts; each only when its limit exists.
+        active, today, this_month = await self._jobs.quota_counts(
+            s,
+            user_id,
+            active=bool(p.max_active_jobs),
+            day=day if p.max_jobs_per_day else None,
+            month=month if p.max_jobs_per_month else None,
+        )
+        if p.max_active_jobs and active >= p.max_active_jobs:
             # A slot frees when one of the user's jobs ends, which no clock predicts: a short,
             # fixed hint, so a polite client neither hammers nor waits a job's whole timeout.
             return Refusal(
@@ -524,13 +534,7 @@ class JobService:
                     retry_after_s=TOO_MANY_JOBS_RETRY_AFTER_S,
                 ),
             )
-        now = dt.datetime.now(dt.UTC)
-        day, month = utc_day_start(now), utc_month_start(now)
-        # Counted from the month start only when a monthly limit exists: the day count is
-        # served by the (user_id, created_at) index either way.
-        if p.max_jobs_per_day and (
-            await self._jobs.count_created_since(s, user_id, day) >= p.max_jobs_per_day
-        ):
+        if p.max_jobs_per_day and today >= p.max_jobs_per_day:
             return Refusal(
                 "jobs_per_day",
                 QuotaExceeded(
@@ -538,9 +542,7 @@ class JobService:
                     retry_after_s=seconds_until(next_utc_day(now), now),
                 ),
             )
-        if p.max_jobs_per_month and (
-            await self._jobs.count_created_since(s, user_id, month) >= p.max_jobs_per_month
-        ):
+        if p.max_jobs_per_month and this_month >= p.max_jobs_per_month:
             return Refusal(
                 "jobs_per_month",
                 QuotaExceeded(

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from db.jobs import JobQueries, JobRow
 from db.lifecycle import LifecycleRepository
@@ -250,7 +250,6 @@ STEPS = [
     ("_lifecycle", "create"),
     ("_jobs", "insert_snapshot"),
     ("_outbox", "insert"),
-    ("_jobs", "get"),
 ]
 
 
@@ -553,3 +552,37 @@ QUIZ_INPUT = {"sourceText": "Photosynthesis happens in chloroplasts.", "count": 
 
 async def _some_key() -> uuid.UUID:
     return uuid.uuid4()
+
+
+async def test_a_create_takes_seven_round_trips_with_quotas_on(db: SessionMaker) -> None:
+    """The create path's statements, counted as PostgreSQL sees them: BEGIN, the user's lock,
+    the three quota counts in one SELECT, the job (read back by its own INSERT ... RETURNING),
+    its snapshot, its enqueue row (waking the relays in the same statement), COMMIT."""
+    engine = db.kw["bind"].sync_engine
+    sent: list[str] = []
+
+    def on_statement(*args: Any) -> None:
+        sent.append(" ".join(str(args[2]).split()[:3]))
+
+    def on_begin(conn: Any) -> None:
+        sent.append("BEGIN")
+
+    def on_commit(conn: Any) -> None:
+        sent.append("COMMIT")
+
+    svc = service(db, CreatePolicy())  # the default quotas: active, per day, per month
+    await svc.create(request(target_id="warm-up"))
+    listeners = [
+        ("before_cursor_execute", on_statement),
+        ("begin", on_begin),
+        ("commit", on_commit),
+    ]
+    for name, fn in listeners:
+        event.listen(engine, name, fn)
+    try:
+        await svc.create(request(target_id="counted"))
+    finally:
+        for name, fn in listeners:
+            event.remove(engine, name, fn)
+    assert len(sent) == 7, sent
+    assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
