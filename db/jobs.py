@@ -331,15 +331,6 @@ class JobQueries:
         )
         return [JobRow(**r._mapping) for r in rows]
 
-    async def lock_user_quota(self, session: AsyncSession, user_id: str) -> None:
-        """Serialise one user's creates until the caller's transaction ends (a transaction-scoped
-        advisory lock keyed by the user id): count-then-insert under it cannot overshoot a
-        quota."""
-        await session.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended('ai_job_quota:' || :u, 0))"),
-            {"u": user_id},
-        )
-
     async def count_active(self, session: AsyncSession, user_id: str) -> int:
         return int(
             (

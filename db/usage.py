@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date
 from decimal import Decimal
 from typing import Literal
 
@@ -122,30 +122,6 @@ class UsageRepository:
             )
         ).one()
         return UsageSummary(int(r.calls), int(r.tin), int(r.tout), Decimal(r.cost))
-
-    async def user_cost_since(
-        self, session: AsyncSession, user_id: str, since: datetime
-    ) -> Decimal:
-        """A user's provider cost since `since`, a UTC day (or month) start computed by the
-        caller, so the database's time zone never moves the boundary. Read from the daily
-        rollup: the cost of this read follows the days in range, not the user's calls."""
-        r = (
-            await session.execute(
-                text(
-                    "SELECT coalesce(sum(cost_usd), 0) AS cost FROM ai_usage_daily "
-                    "WHERE user_id = :u AND day >= :since"
-                ),
-                {"u": user_id, "since": utc_day(since)},
-            )
-        ).one()
-        return Decimal(r.cost)
-
-
-def utc_day(moment: datetime) -> date:
-    """The UTC calendar day of `moment` (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        return moment.date()
-    return moment.astimezone(UTC).date()
 
 
 # ---- the usage API's reads -------------------------------------------------------------------

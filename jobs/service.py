@@ -32,7 +32,6 @@ from db.jobs import JOB_COLUMNS, JobQueries, JobRow
 from db.lifecycle import LifecycleRepository, NewJob
 from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
 from db.session import SessionMaker
-from db.usage import UsageRepository
 from engine.contracts import workflow_id
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import (
@@ -181,7 +180,6 @@ class JobService:
         self._lifecycle = LifecycleRepository()
         self._outbox = OutboxRepository()
         self._jobs = JobQueries()
-        self._usage = UsageRepository()
         self._credential_lookup = credential_lookup
 
     # ---- create -------------------------------------------------------------------------
@@ -496,7 +494,7 @@ class JobService:
             or p.max_cost_usd_per_month
         ):
             return None
-        await self._jobs.lock_user_quota(s, req.user_id)
+        await budgets.lock_user(s, req.user_id)
         if req.idempotency_key is not None:
             existing = await self._jobs.find_by_idempotency_key(
                 s, req.user_id, req.job_type, req.idempotency_key
