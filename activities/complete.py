@@ -7,6 +7,7 @@ import uuid
 from temporalio import activity
 
 from activities.deps import StageDeps, log
+from db import usage as usage_db
 from engine.contracts import COMPLETE, CompleteInput, CompleteResult
 
 
@@ -21,7 +22,7 @@ class Complete:
         transaction that ended the job (event streams were woken by that commit; the relay
         publishes it to the owner's webhooks), so nothing here can be done twice."""
         async with self._d.sessionmaker() as s:
-            usage = await self._d.usage.summary(s, uuid.UUID(inp.job_id))
+            usage = await usage_db.summary(s, uuid.UUID(inp.job_id))
         cost_micros = int(usage.cost_usd * 1_000_000)
         log.info(
             "job usage",

@@ -14,12 +14,8 @@ from dataclasses import dataclass, field
 from temporalio import activity
 
 from activities.metrics import WorkerMetrics, worker_metrics
-from db.jobs import JobQueries
-from db.lifecycle import LifecycleRepository
-from db.provider_gate import ProviderGate
-from db.provider_limits import LimitTable, ProviderLimits
+from db.provider_limits import LimitTable
 from db.session import SessionMaker
-from db.usage import UsageRepository
 from engine.definition import JobDefinition
 from engine.queues import ResolvedExecution, resolve_execution
 from jobs.gateway import Gateway
@@ -67,20 +63,14 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StageDeps:
-    """Built once per worker (runtime/worker.py). The repositories are stateless: each method
-    runs in the session it is given, and the stage that opened the session owns the
-    transaction."""
+    """Built once per worker (runtime/worker.py). The stages call the `db/` modules' functions
+    directly, in the session the stage opened; the stage owns the transaction."""
 
     sessionmaker: SessionMaker
     catalog: Catalog
     gateway: Gateway
     config: EngineConfig = field(default_factory=EngineConfig)
     metrics: WorkerMetrics = field(default_factory=worker_metrics)
-    lifecycle: LifecycleRepository = field(default_factory=LifecycleRepository)
-    jobs: JobQueries = field(default_factory=JobQueries)
-    usage: UsageRepository = field(default_factory=UsageRepository)
-    gate: ProviderGate = field(default_factory=ProviderGate)
-    limits: ProviderLimits = field(default_factory=ProviderLimits)
 
     def execution_policy(self, d: JobDefinition) -> ResolvedExecution:
         """The job type's attempts, backoff and lock: its own, the operator's override of the

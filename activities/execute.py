@@ -56,7 +56,12 @@ from activities.failures import (
 )
 from activities.project import log_completed, project_output
 from activities.telemetry import observe_call, retry_follows, seconds_since
-from db import chunks as chunk_repo
+from db import chunks as chunks_db
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import provider_gate as provider_gate_db
+from db import provider_limits as provider_limits_db
+from db import usage as usage_db
 from db.chunks import ChunkRow
 from db.errors import is_unavailable
 from db.jobs import JobRow
@@ -222,7 +227,7 @@ class _Attempt:
         d, job_id = self._d, self.job_id
         async with d.sessionmaker.begin() as s:
             try:
-                await d.lifecycle.lock(
+                await lifecycle_db.lock(
                     s,
                     job_id,
                     owner=self.owner,
@@ -237,7 +242,7 @@ class _Attempt:
                 fail_final("INTERNAL_NOT_LOCK_OWNER")
             except JobNotFound:
                 fail_final("INTERNAL_JOB_MISSING")
-            found = await d.jobs.get_with_snapshot(s, job_id)
+            found = await jobs_db.get_with_snapshot(s, job_id)
             if found is None:
                 fail_final("INTERNAL_JOB_MISSING")
             row, snapshot = found
@@ -246,7 +251,7 @@ class _Attempt:
             if self.chunk_no is not None:
                 # Locked until the commit: a retry racing a lost attempt of the same chunk
                 # decides on its status after this one.
-                self.chunk = await chunk_repo.get_for_update(s, job_id, self.chunk_no)
+                self.chunk = await chunks_db.get_for_update(s, job_id, self.chunk_no)
                 if self.chunk is None:
                     fail_final("INTERNAL_CHUNK_MISSING")
                 if self.chunk.status == "succeeded" and self.chunk.output_hash is not None:
@@ -259,7 +264,7 @@ class _Attempt:
             gate = d.gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
             admission = None
             if gate is not None:
-                admission = await d.gate.admit(
+                admission = await provider_gate_db.admit(
                     s, gate, probe_ttl_s=jt.definition.execution.timeout_ms / 1000 + 30
                 )
                 if admission.wait_s > 0:  # rolls the CAS back: still queued
@@ -291,7 +296,7 @@ class _Attempt:
                 begun.lease = await self._admit_limits(s, row, jt, gate)
             if self.chunk is not None:
                 # After every check that rolls back: only an attempt that runs is counted.
-                await chunk_repo.start_attempt(s, job_id, self.chunk.chunk_no, self.number)
+                await chunks_db.start_attempt(s, job_id, self.chunk.chunk_no, self.number)
             return begun
 
     async def _refused_by_budget(self, s: AsyncSession, row: JobRow, jt: AnyJobType) -> bool:
@@ -306,7 +311,7 @@ class _Attempt:
             # A chunked job's reservation holds every chunk not yet succeeded (this one and
             # those in flight included), each padded as create padded it and priced once as
             # create priced the whole: with nothing spent, exactly what create reserved.
-            unfinished = await chunk_repo.unfinished_input_tokens(s, row.id)
+            unfinished = await chunks_db.unfinished_input_tokens(s, row.id)
             worst = call_worst_case_usd(
                 sum(padded(t, cfg.estimate_margin) for t in unfinished),
                 budget * len(unfinished),
@@ -358,7 +363,7 @@ class _Attempt:
         tokens = (prompt_tokens or 0) + (
             row.max_output_tokens or jt.definition.execution.max_output_tokens
         )
-        got = await d.limits.admit(
+        got = await provider_limits_db.admit(
             s,
             key,
             limits,
@@ -575,7 +580,7 @@ class _Attempt:
 
         async def extend_once() -> ExtendResult:
             async with d.sessionmaker.begin() as s:
-                return await d.lifecycle.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
+                return await lifecycle_db.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
 
         async def beat() -> None:
             interval = _beat_interval_s()
@@ -664,7 +669,7 @@ class _Attempt:
         a dead worker). `called`: the provider was asked (else the reserved tokens go back)."""
         d = self._d
         async with _heartbeating(self._cfg), d.sessionmaker.begin() as s:
-            await d.usage.insert(
+            await usage_db.insert(
                 s,
                 _usage_row(
                     row,
@@ -680,7 +685,7 @@ class _Attempt:
             )
             if self.probe.gate is not None:
                 await self._note_provider_failure(s, row, failure)
-            await d.jobs.record_attempt(
+            await lifecycle_db.record_attempt(
                 s,
                 row.id,
                 attempt=self.number,
@@ -688,7 +693,7 @@ class _Attempt:
                 correction_hint=failure.correction_hint,
             )
             if self.chunk_no is not None:
-                await chunk_repo.record_failure(s, row.id, self.chunk_no, self.number, failure.code)
+                await chunks_db.record_failure(s, row.id, self.chunk_no, self.number, failure.code)
             await self._settle_lease(s, response, called=called)
         self.probe.held = False
         self.lease = None
@@ -711,11 +716,11 @@ class _Attempt:
         timeouts) count towards its breaker; any other answer shows the provider reachable.
         A request's own error (400, 413, 422...) and a key's (401/403, 402) touch no other
         job. A probe that learned nothing (no call, a cancel) is released."""
-        d, cfg, gate = self._d, self._cfg, self.probe.gate
+        cfg, gate = self._cfg, self.probe.gate
         assert gate is not None
         if failure.code == "PROVIDER_RATE_LIMITED":
             pause_s = min(failure.retry_after_float or 1.0, cfg.retry_after_max_s)
-            await d.gate.pause(s, gate, pause_s)
+            await provider_gate_db.pause(s, gate, pause_s)
             log.warning(
                 "provider rate limited this key; its calls pause on every worker",
                 extra={
@@ -727,7 +732,7 @@ class _Attempt:
                 },
             )
         elif failure.fault is Fault.PROVIDER:
-            opened = await d.gate.failed(
+            opened = await provider_gate_db.failed(
                 s, gate, threshold=cfg.breaker_failures, cooldown_s=cfg.breaker_cooldown_s
             )
             if opened:
@@ -742,13 +747,13 @@ class _Attempt:
                     },
                 )
         elif failure.answered:
-            await d.gate.reachable(s, gate)
+            await provider_gate_db.reachable(s, gate)
         elif self.probe.held:
-            await d.gate.release_probe(s, gate)
+            await provider_gate_db.release_probe(s, gate)
 
     async def _rate_limit_is_free(self) -> bool:
         async with self._d.sessionmaker() as s:
-            seen = await self._d.usage.calls_with(
+            seen = await usage_db.calls_with(
                 s, self.job_id, self.number, "PROVIDER_RATE_LIMITED", chunk_no=self.inp.chunk_no
             )
         return seen <= FREE_RATE_LIMITS_PER_ATTEMPT
@@ -771,7 +776,7 @@ class _Attempt:
             used = response.tokens_in + response.tokens_out
         else:
             used = lease.tokens if called else 0
-        await self._d.limits.settle(
+        await provider_limits_db.settle(
             s,
             lease.key,
             lease.lease_id,
@@ -785,7 +790,7 @@ class _Attempt:
     async def _release_lease(self, lease_id: uuid.UUID) -> None:
         try:
             async with self._d.sessionmaker.begin() as s:
-                await self._d.limits.release(s, lease_id)
+                await provider_limits_db.release(s, lease_id)
             self.lease = None
         except Exception:  # the lease's TTL still bounds it
             log.warning("could not release a provider call lease", exc_info=True)
@@ -796,7 +801,7 @@ class _Attempt:
             return
         try:
             async with self._d.sessionmaker.begin() as s:
-                await self._d.gate.release_probe(s, gate)
+                await provider_gate_db.release_probe(s, gate)
             self.probe.held = False
         except Exception:  # the probe's TTL still bounds it
             log.warning("could not release a provider probe", exc_info=True)
@@ -856,13 +861,13 @@ class _Attempt:
         cancel seen here is honoured."""
         d, owner = self._d, self.owner
         async with d.sessionmaker.begin() as s:
-            await d.usage.insert(s, usage)
+            await usage_db.insert(s, usage)
             if self.probe.gate is not None:
-                await d.gate.reachable(s, self.probe.gate)
+                await provider_gate_db.reachable(s, self.probe.gate)
             if self.chunk_no is not None:
                 # The chunk's output, its job's lock, attempts and progress (MERGE makes the
                 # job's output once every chunk succeeded).
-                owned, cancel_requested = await chunk_repo.settle(
+                owned, cancel_requested = await chunks_db.settle(
                     s,
                     row.id,
                     self.chunk_no,
@@ -877,7 +882,7 @@ class _Attempt:
                     return "not_owner", None
                 return ("cancelled" if cancel_requested else "stored"), None
             # The attempt recorded, the lock extended and the output stored: one statement.
-            owned, cancel_requested = await d.jobs.settle_attempt(
+            owned, cancel_requested = await lifecycle_db.settle_attempt(
                 s,
                 row.id,
                 owner=owner,
@@ -905,7 +910,7 @@ class _Attempt:
                     extra={"job_id": str(row.id), "error_type": type(exc).__name__},
                     exc_info=loggable(exc),
                 )
-                await d.jobs.record_attempt(
+                await lifecycle_db.record_attempt(
                     s,
                     row.id,
                     attempt=self.number,

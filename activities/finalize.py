@@ -10,6 +10,7 @@ import uuid
 from temporalio import activity
 
 from activities.deps import StageDeps, lock_owner
+from db import jobs as jobs_db
 from engine.contracts import (
     FINALIZE_CANCELLED,
     FINALIZE_FAILED,
@@ -51,7 +52,7 @@ class Finalize:
             return FinalizeResult(ending.status.value)
         except (IllegalTransition, LockConflict):
             async with d.sessionmaker.begin() as s:
-                current = await d.jobs.get(s, job_id)
+                current = await jobs_db.get(s, job_id)
             return FinalizeResult(current.lifecycle_status if current else "failed")
         except JobNotFound:
             return FinalizeResult("failed")

@@ -4,7 +4,7 @@ Runs after every chunk's EXECUTE succeeded, before PROJECT. One transaction: the
 chunks' outputs in chunk order, merged by `jobs.chunked.merge_outputs` (items whose key
 normalises the same as an earlier one dropped, cut at the requested count), validated by the
 job type's output model (`activities.execute.validated_output`, the rule a one-call answer
-meets) and stored as the job's output and hash by `JobQueries.store_output`, the lock owner's
+meets) and stored as the job's output and hash by `lifecycle.store_output`, the lock owner's
 write of an output (listeners notified). PROJECT then projects it like any output.
 
 A local activity, not a regular one: it reads PostgreSQL and writes one row, never calls a
@@ -23,7 +23,9 @@ from temporalio import activity
 from activities.deps import StageDeps, lock_owner, log
 from activities.execute import validated_output
 from activities.failures import fail_final
-from db import chunks as chunk_repo
+from db import chunks as chunks_db
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
 from engine.contracts import MERGE, MergeInput, MergeResult
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
@@ -41,7 +43,7 @@ class Merge:
         d = self._d
         job_id = uuid.UUID(inp.job_id)
         async with d.sessionmaker.begin() as s:
-            row = await d.jobs.get_for_update(s, job_id)
+            row = await jobs_db.get_for_update(s, job_id)
             if row is None:
                 fail_final("INTERNAL_JOB_MISSING")
             if row.lifecycle_status != LifecycleStatus.RUNNING:
@@ -51,7 +53,7 @@ class Merge:
             spec = jt.chunking
             if spec is None or not row.chunk_count:
                 fail_final("INTERNAL_NOT_CHUNKED")
-            done = await chunk_repo.succeeded_chunks(s, job_id)
+            done = await chunks_db.succeeded_chunks(s, job_id)
             if len(done) != row.chunk_count:
                 fail_final("INTERNAL_CHUNK_MISSING")  # the workflow merges after every chunk
             count = int(getattr(jt.input_model.model_validate(row.input), spec.count_field))
@@ -64,7 +66,7 @@ class Merge:
             digest = output_hash(out)
             if row.output_hash == digest:
                 return MergeResult(output_hash=digest, item_count=len(out[spec.items_field]))
-            stored = await d.jobs.store_output(
+            stored = await lifecycle_db.store_output(
                 s, job_id, owner=lock_owner(), output=out, output_hash=digest, progress=90
             )
             if not stored:

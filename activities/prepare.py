@@ -10,6 +10,7 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
+from db import lifecycle as lifecycle_db
 from db.lifecycle import lock_holder
 from engine.contracts import PREPARE, ExecutionPlan, PrepareResult, StageInput
 from engine.lifecycle import LifecycleStatus
@@ -27,7 +28,7 @@ class Prepare:
         as new while it waited on its provider, a Temporal Reset) goes on."""
         d = self._d.catalog.get(activity.info().workflow_type or "").definition
         async with self._d.sessionmaker() as s:
-            state = await self._d.jobs.lock_state(s, uuid.UUID(inp.job_id))
+            state = await lifecycle_db.lock_state(s, uuid.UUID(inp.job_id))
         if state is None:
             fail_final("INTERNAL_JOB_MISSING")
         status, locked_by = state

@@ -21,13 +21,16 @@ from activities.failures import (
     loggable,
     private_strings,
 )
+from db import artifacts as artifacts_db
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import usage as usage_db
 from db.errors import is_unavailable
 from db.jobs import JobRow
 from engine.contracts import PROJECT, ProjectInput, ProjectResult
 from engine.errors import EngineError, IllegalTransition, LockConflict
 from engine.lifecycle import LifecycleStatus
 from jobs import lifecycle
-from jobs.spec import ProjectionContext
 
 
 class Project:
@@ -45,11 +48,11 @@ class Project:
         row: JobRow | None = None
         try:
             async with d.sessionmaker.begin() as s:
-                row = await d.jobs.get(s, job_id)
+                row = await jobs_db.get(s, job_id)
                 if row is None:
                     fail_final("INTERNAL_JOB_MISSING")
                 if row.lifecycle_status != LifecycleStatus.RUNNING:
-                    arts = await d.jobs.artifacts(s, [job_id])
+                    arts = await artifacts_db.artifacts(s, [job_id])
                     return ProjectResult(row.lifecycle_status, len(arts[job_id]))
                 if row.output is None or row.output_hash != inp.output_hash:
                     fail_final("INTERNAL_OUTPUT_MISMATCH")
@@ -64,8 +67,8 @@ class Project:
         except (IllegalTransition, LockConflict):
             # A concurrent PROJECT (or a cancel) won the row: report what the job is now.
             async with d.sessionmaker.begin() as s:
-                row = await d.jobs.get(s, job_id)
-                arts = await d.jobs.artifacts(s, [job_id])
+                row = await jobs_db.get(s, job_id)
+                arts = await artifacts_db.artifacts(s, [job_id])
             if row is None:
                 fail_final("INTERNAL_JOB_MISSING")
             return ProjectResult(row.lifecycle_status, len(arts[job_id]))
@@ -88,7 +91,7 @@ class Project:
     async def _note_internal(self, job_id: uuid.UUID, message: str) -> None:
         try:
             async with self._d.sessionmaker.begin() as s:
-                await self._d.jobs.record_attempt(
+                await lifecycle_db.record_attempt(
                     s, job_id, attempt=0, internal_error=message[:2000]
                 )
         except Exception:
@@ -102,29 +105,19 @@ async def project_output(
     `ai.job.completed`) + the usage summary, in the caller's transaction. Idempotent through
     unique keys (a repeated projection of the same output writes nothing new); raises what the
     projector raises."""
-    jt = d.catalog.get(row.job_type)
-    ctx = ProjectionContext(
-        job_id=row.id,
-        user_id=row.user_id,
-        target_type=row.target_type,
-        target_id=row.target_id,
-        output_hash=digest,
-    )
-    artifacts = await jt.project(s, ctx, out)
-    for a in artifacts:
-        await d.jobs.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
+    count = await lifecycle.project_artifacts(s, d.catalog.get(row.job_type), row, out, digest)
     await lifecycle.succeed(
         s,
         row.id,
         job_type=row.job_type,
         owner=owner,
         output_hash=digest,
-        artifact_count=len(artifacts),
+        artifact_count=count,
     )
-    usage = await d.usage.summary(s, row.id)
+    usage = await usage_db.summary(s, row.id)
     return ProjectResult(
         LifecycleStatus.SUCCEEDED.value,
-        len(artifacts),
+        count,
         calls=usage.calls,
         tokens_in=usage.tokens_in,
         tokens_out=usage.tokens_out,

@@ -57,9 +57,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay import retire_relay_workflow
 from db import audit as audit_db
-from db.jobs import JobQueries
-from db.lifecycle import LifecycleRepository
-from db.outbox import OutboxRepository
+from db import outbox as outbox_db
+from db import reconciler as reconciler_db
+from db import snapshots as snapshots_db
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
@@ -166,9 +166,6 @@ class Reconciler:
         self._metrics = metrics or worker_metrics()
         self._client = client
         self.config = config or ReconcilerConfig()
-        self._lifecycle = LifecycleRepository()
-        self._jobs = JobQueries()
-        self._outbox = OutboxRepository()
         # Where each phase stopped in the previous pass of this process (None: the start).
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
@@ -221,7 +218,6 @@ class Reconciler:
             enqueues_revived=c.get("enqueue_revived", 0),
             # The relay is no longer restarted by anyone but its process's supervisor; the
             # field stays in the contract (recorded results carry it) and is always false.
-            relay_restarted=False,
             private_data_purged=c.get("private_data_purged", 0),
             outbox_deleted=c.get("outbox_deleted", 0),
             enqueues_closed=c.get("enqueue_closed", 0),
@@ -336,7 +332,7 @@ class Reconciler:
                 self._cut(p, phase)
                 break
             async with self._sm.begin() as s:
-                page = await self._lifecycle.find_expired_locks(
+                page = await reconciler_db.find_expired_locks(
                     s, cfg.lock_grace_s, after=after, limit=cfg.page
                 )
             seen += len(page)
@@ -376,7 +372,7 @@ class Reconciler:
                 break
             limit = min(cfg.page, cfg.rows_per_phase - seen)
             async with self._sm.begin() as s:
-                page = await self._jobs.waiting_jobs_page(
+                page = await reconciler_db.waiting_jobs_page(
                     s, published_before_s=cfg.missing_workflow_after_s, after=after, limit=limit
                 )
             seen += len(page)
@@ -408,7 +404,7 @@ class Reconciler:
                 self._report_stuck(p, job_id, wf_id, state)
             return
         async with self._sm.begin() as s:
-            if await self._outbox.requeue_published(s, event_id):
+            if await outbox_db.requeue_published(s, event_id):
                 p.add("outbox_requeued")
                 p.details.append(f"requeued {job_id}")
                 log.warning(
@@ -424,7 +420,7 @@ class Reconciler:
             return
         after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
         async with self._sm.begin() as s:
-            page = await self._jobs.waiting_jobs_page(
+            page = await reconciler_db.waiting_jobs_page(
                 s,
                 published_before_s=cfg.missing_workflow_after_s,
                 after=after,
@@ -455,7 +451,7 @@ class Reconciler:
                 break
             limit = min(cfg.page, cfg.rows_per_phase - seen)
             async with self._sm.begin() as s:
-                page = await self._outbox.repair_parked_enqueues(
+                page = await outbox_db.repair_parked_enqueues(
                     s,
                     after_id=after,
                     limit=limit,
@@ -495,7 +491,7 @@ class Reconciler:
                 self._cut(p, phase)
                 break
             async with self._sm.begin() as s:
-                page = await self._jobs.cancel_requested_page(
+                page = await reconciler_db.cancel_requested_page(
                     s, older_than_s=cfg.cancel_resend_after_s, after=after, limit=cfg.page
                 )
             if not page:
@@ -531,16 +527,16 @@ class Reconciler:
     async def _retention(self, p: _Pass, phase: _Phase) -> None:
         """One bounded page of each kind per pass (their queries carry the limits)."""
         async with self._sm.begin() as s:
-            p.add("snapshot_deleted", await self._jobs.delete_expired_snapshots(s))
+            p.add("snapshot_deleted", await snapshots_db.delete_expired_snapshots(s))
         async with self._sm.begin() as s:
             p.add(
                 "private_data_purged",
-                await self._jobs.purge_private_data(s, retention_days=self.config.retention_days),
+                await snapshots_db.purge_private_data(s, retention_days=self.config.retention_days),
             )
         async with self._sm.begin() as s:
             p.add(
                 "outbox_deleted",
-                await self._outbox.delete_published(
+                await outbox_db.delete_published(
                     s, older_than_days=self.config.outbox_retention_days
                 ),
             )

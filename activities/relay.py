@@ -41,14 +41,14 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
-from db import webhooks
+from db import outbox as outbox_db
+from db import webhooks as webhooks_db
 from db.bulk import BULK_START
 from db.outbox import (
     CANCELLED,
     COMPLETED,
     ENQUEUE,
     FAILED,
-    OutboxRepository,
     OutboxRow,
     enqueue_dedupe_key,
     listen_connection,
@@ -104,7 +104,6 @@ class Relay:
         self._client = client
         self._catalog = catalog
         self.config = config
-        self._outbox = OutboxRepository()
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)
         self.unavailable_streak = 0
@@ -174,14 +173,14 @@ class Relay:
 
     async def release_expired(self) -> int:
         async with self._sm.begin() as s:
-            n = await self._outbox.release_expired(s, ttl_s=self.config.lock_ttl_s)
+            n = await outbox_db.release_expired(s, ttl_s=self.config.lock_ttl_s)
         if n:
             log.warning("released %d expired outbox claims", n)
         return n
 
     async def claim(self) -> list[OutboxRow]:
         async with self._sm.begin() as s:
-            return await self._outbox.claim_batch(
+            return await outbox_db.claim_batch(
                 s, owner=self.config.owner, limit=self.config.batch_size
             )
 
@@ -202,19 +201,17 @@ class Relay:
                 outcome = "started" if r.event_type == ENQUEUE else "acknowledged"
             self._metrics.relayed(_event_label(r.event_type), outcome)
         async with self._sm.begin() as s:
-            await self._outbox.mark_published(s, ok, owner=self.config.owner)
+            await outbox_db.mark_published(s, ok, owner=self.config.owner)
             # A job's end becomes its owner's webhook deliveries in this same transaction.
-            await webhooks.fan_out(
+            await webhooks_db.fan_out(
                 s, [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
             )
             for row, res in failed:
                 if res.kind == "malformed":
-                    await self._outbox.mark_dead(
-                        s, row.id, owner=self.config.owner, error=res.error
-                    )
+                    await outbox_db.mark_dead(s, row.id, owner=self.config.owner, error=res.error)
                     status: str | None = "dead"
                 else:
-                    status = await self._outbox.mark_failed(
+                    status = await outbox_db.mark_failed(
                         s,
                         row.id,
                         owner=self.config.owner,

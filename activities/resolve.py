@@ -10,7 +10,8 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
-from db import chunks as chunk_repo
+from db import chunks as chunks_db
+from db import jobs as jobs_db
 from engine.contracts import RESOLVE, ResolveResult, StageInput
 from engine.errors import ExecutionFailure
 
@@ -27,7 +28,7 @@ class Resolve:
         the Temporal UI."""
         d = self._d
         async with d.sessionmaker() as s:
-            row = await d.jobs.resolve_refs(s, uuid.UUID(inp.job_id))
+            row = await jobs_db.resolve_refs(s, uuid.UUID(inp.job_id))
             if row is None:
                 fail_final("INTERNAL_JOB_MISSING")
             jt = d.catalog.get(row.job_type)
@@ -43,7 +44,7 @@ class Resolve:
                 fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
             del key  # only its availability was in question
             # A long source's chunks: numbers and counts only (the ranges stay in SQL).
-            chunks = await chunk_repo.chunk_states(s, uuid.UUID(inp.job_id))
+            chunks = await chunks_db.chunk_states(s, uuid.UUID(inp.job_id))
         definition = jt.definition
         return ResolveResult(
             prompt_version=row.prompt_version,

@@ -33,7 +33,7 @@ import httpcore
 import httpx
 
 from activities.metrics import WorkerMetrics, worker_metrics
-from db import webhooks as repo
+from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from db.webhooks import DeliveryRow
 from engine.errors import EngineError
@@ -200,7 +200,7 @@ class WebhookDeliverer:
         if free <= 0:
             return 0
         async with self._sm.begin() as s:
-            rows = await repo.claim_due(
+            rows = await webhooks_db.claim_due(
                 s,
                 limit=free,
                 busy_endpoints=list(self._busy),
@@ -236,7 +236,7 @@ class WebhookDeliverer:
         total = 0
         for _ in range(self.config.purge_batches):
             async with self._sm.begin() as s:
-                n = await repo.purge_finished(
+                n = await webhooks_db.purge_finished(
                     s, older_than_s=self.config.retention_s, limit=self.config.purge_batch
                 )
             total += n
@@ -258,7 +258,7 @@ class WebhookDeliverer:
 
     async def _attempt(self, row: DeliveryRow) -> Outcome:
         async with self._sm() as s:
-            endpoint = await repo.get_endpoint(s, row.endpoint_id)
+            endpoint = await webhooks_db.get_endpoint(s, row.endpoint_id)
             # Read as the endpoint's owner sees it: a webhook carries only its owner's job.
             job = await find_job(s, uuid.UUID(row.job_id), Owner(row.user_id))
         if endpoint is None or endpoint.deleted_at is not None:
@@ -306,16 +306,18 @@ class WebhookDeliverer:
     async def _record(self, row: DeliveryRow, outcome: Outcome) -> None:
         async with self._sm.begin() as s:
             if outcome.delivered:
-                recorded = await repo.mark_delivered(
+                recorded = await webhooks_db.mark_delivered(
                     s, row.id, attempt=row.attempt_count, status_code=outcome.status_code or 200
                 )
                 status = "delivered" if recorded else "lost"
             elif outcome.dead:
-                await repo.mark_dead(s, row.id, attempt=row.attempt_count, error=outcome.error)
+                await webhooks_db.mark_dead(
+                    s, row.id, attempt=row.attempt_count, error=outcome.error
+                )
                 status = "dead"
             else:
                 status = (
-                    await repo.mark_attempt_failed(
+                    await webhooks_db.mark_attempt_failed(
                         s,
                         row.id,
                         attempt=row.attempt_count,

@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from db.jobs import JobQueries
+from db import jobs as jobs_db
 from db.lifecycle import JOB_CHANGED_CHANNEL
 from db.session import SessionMaker, listen_connection, ping_connection
 from engine.errors import EngineError
@@ -278,7 +278,7 @@ class JobEventHub:
         if owner is None:
             try:
                 async with self._sm() as s:
-                    found = await JobQueries().get_owner(s, job_id)
+                    found = await jobs_db.get_owner(s, job_id)
             except Exception:
                 log.warning("job event listener could not read a job's owner")
                 return

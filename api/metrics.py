@@ -37,7 +37,8 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from db import budgets, webhooks
+from db import budgets as budgets_db
+from db import webhooks as webhooks_db
 from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
@@ -129,8 +130,8 @@ class EngineStateCollector(Collector):
                 s, recent_window_s=self.recent_window_s, timeout_s=self.timeout_s
             )
             # In the same transaction: the statement timeout set above bounds it too.
-            backlog_s = await webhooks.oldest_due_age_s(s)
-            money = await budgets.reserved_and_spent(s)
+            backlog_s = await webhooks_db.oldest_due_age_s(s)
+            money = await budgets_db.reserved_and_spent(s)
         snap = _Snapshot(
             active=state.active,
             recent=state.recent,

@@ -17,8 +17,10 @@ from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 from temporalio.service import RPCError, RPCStatusCode
 
 from api.state import AppState
-from db.jobs import JobQueries, JobRow
-from db.outbox import OutboxRow, enqueue_row_for_job
+from db import jobs as jobs_db
+from db.jobs import JobRow
+from db.outbox import OutboxRow
+from db.outbox_admin import enqueue_row_for_job
 from engine.lifecycle import ACTIVE_VALUES
 from engine.workflow_state import workflow_state
 
@@ -161,7 +163,7 @@ async def stuck_for(state: AppState, job: JobRow) -> Stuck | None:
         # the transaction that ends its job (PROJECT, or a cancel) commits. Read the job again:
         # if it has ended meanwhile, nothing is wrong.
         async with state.sessionmaker() as s:
-            now = await JobQueries().get(s, job.id)
+            now = await jobs_db.get(s, job.id)
         if now is None or now.lifecycle_status not in ACTIVE:
             return None
     return found

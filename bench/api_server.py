@@ -22,9 +22,11 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from sqlalchemy import text
 
 from bench.teardown import hard_exit
-from db.jobs import JobQueries
-from db.lifecycle import LifecycleRepository, NewJob
-from db.outbox import ENQUEUE, OutboxRepository
+from db import lifecycle as lifecycle_db
+from db import outbox as outbox_db
+from db import snapshots as snapshots_db
+from db.lifecycle import NewJob
+from db.outbox import ENQUEUE
 from engine.contracts import workflow_id
 from engine.queues import resolve_execution
 from jobs.types.synthetic import DEFINITION as SYNTHETIC
@@ -59,7 +61,7 @@ async def bare_create(request: Request) -> dict[str, Any]:
     d = SYNTHETIC
     sm = request.app.state.aijobs.sessionmaker
     async with sm.begin() as s:
-        await LifecycleRepository().create(
+        await lifecycle_db.create(
             s,
             NewJob(
                 id=job_id,
@@ -81,14 +83,14 @@ async def bare_create(request: Request) -> dict[str, Any]:
                 workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
             ),
         )
-        await JobQueries().insert_snapshot(
+        await snapshots_db.insert_snapshot(
             s,
             job_id,
             {"input": inp, "targetType": body.get("targetType"), "targetId": body.get("targetId")},
             "v1",
             30,
         )
-        await OutboxRepository().insert(
+        await outbox_db.insert(
             s,
             event_type=ENQUEUE,
             aggregate_type="AiJob",

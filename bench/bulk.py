@@ -25,8 +25,8 @@ from sqlalchemy import text
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from db import lifecycle as lifecycle_db
 from db.jobs import JobFilter
-from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker
 from engine.contracts import BULK_WORKFLOW, BulkResult
 from engine.definition import SYSTEM_QUEUE
@@ -66,11 +66,10 @@ async def seed(service: JobService, sm: SessionMaker, n: int) -> None:
         ).job.id
         for i in range(n)
     ]
-    repo = LifecycleRepository()
     async with sm.begin() as s:
         for job_id in ids:
-            await repo.lock(s, job_id, owner=f"bench-{job_id}", identity="bench", ttl_s=60)
-            await repo.mark_failed(s, job_id, "PROVIDER_UNAVAILABLE", "outage", "bench")
+            await lifecycle_db.lock(s, job_id, owner=f"bench-{job_id}", identity="bench", ttl_s=60)
+            await lifecycle_db.mark_failed(s, job_id, "PROVIDER_UNAVAILABLE", "outage", "bench")
 
 
 async def history(client: Client, wid: str, first_run_id: str) -> tuple[int, int, int, int]:

@@ -765,7 +765,7 @@ async def phase_scale(args: argparse.Namespace, sv: Servers, res: Results) -> No
     capture = scale.StatementCapture(engine)
     f = res.fig("scale")
     f["method"] = (
-        "db.jobs.JobQueries / db.outbox.OutboxRepository through a db.session pool; each sample "
+        "db.jobs / db.outbox through a db.session pool; each sample "
         "is session checkout + statement + release; list limit 21"
     )
     kw = {"runs": args.scale_runs, "warmup": SCALE_WARMUP, "write_pages": SCALE_PAGES}

@@ -20,7 +20,7 @@ faster; freshly built indexes are more compact than ones grown by inserts. After
 is not flushed during the measurements.
 
 What is measured, at 0 seeded rows and again after seeding, through the engine's own code
-(`db.jobs.JobQueries` / `db.outbox.OutboxRepository` on a pool built by `db.session`):
+(`db.jobs` / `db.outbox` on a pool built by `db.session`):
 - each list query the API issues (limit 21 = a page of 20 plus the next-cursor probe), and the
   two counts of a create's quota check, `runs` times after `warmup` runs; p50 / p95;
 - EXPLAIN (ANALYZE, BUFFERS) of the exact statement and parameters the code sent (captured from
@@ -442,30 +442,30 @@ class Query:
 
 
 def queries() -> list[Query]:
-    from db.jobs import JobFilter, JobQueries
-    from db.outbox import OutboxRepository
+    from db import jobs as jobs_db
+    from db import outbox as outbox_db
+    from db.jobs import JobFilter
     from jobs.costs import utc_day_start, utc_month_start
-
-    jq = JobQueries()
-    ob = OutboxRepository()
 
     def lister(f: JobFilter) -> Callable[[Any], Awaitable[Any]]:
         async def run(s: Any) -> Any:
-            return await jq.list_jobs(s, f, after=None, limit=LIST_LIMIT)
+            return await jobs_db.list_jobs(s, f, after=None, limit=LIST_LIMIT)
 
         return run
 
     async def active(s: Any) -> Any:
-        return await jq.count_active(s, HOT_USER)
+        return await jobs_db.quota_counts(s, HOT_USER, active=True, day=None, month=None)
 
     async def today(s: Any) -> Any:
-        return await jq.count_created_since(s, HOT_USER, utc_day_start(datetime.now(UTC)))
+        day = utc_day_start(datetime.now(UTC))
+        return await jobs_db.quota_counts(s, HOT_USER, active=False, day=day, month=None)
 
     async def month(s: Any) -> Any:
-        return await jq.count_created_since(s, HOT_USER, utc_month_start(datetime.now(UTC)))
+        month = utc_month_start(datetime.now(UTC))
+        return await jobs_db.quota_counts(s, HOT_USER, active=False, day=None, month=month)
 
     async def retention(s: Any) -> Any:
-        return await ob.delete_published(s, older_than_days=OUTBOX_RETENTION_DAYS)
+        return await outbox_db.delete_published(s, older_than_days=OUTBOX_RETENTION_DAYS)
 
     return [
         Query(
@@ -493,9 +493,9 @@ def queries() -> list[Query]:
             "GET /admin-api/ai/jobs?userId=<that user>",
             lister(JobFilter(user_id=HOT_USER)),
         ),
-        Query("quota_active", "create quota: count_active(that user)", active),
-        Query("quota_day", "create quota: count_created_since(that user, UTC day)", today),
-        Query("quota_month", "create quota: count_created_since(that user, UTC month)", month),
+        Query("quota_active", "create quota: active jobs of that user", active),
+        Query("quota_day", "create quota: jobs that user created this UTC day", today),
+        Query("quota_month", "create quota: jobs that user created this UTC month", month),
         Query(
             "outbox_retention",
             f"reconciler: delete_published(older_than_days={OUTBOX_RETENTION_DAYS}), one page",

@@ -142,277 +142,344 @@ _CANCELLED_SETS = (
 )
 
 
-class LifecycleRepository:
-    """Stateless; every method runs in the caller's session and never commits."""
+# ---- (new) -> queued --------------------------------------------------------------
 
-    # ---- (new) -> queued --------------------------------------------------------------
 
-    async def create(
-        self, session: AsyncSession, job: NewJob, *, returning: str | None = None
-    ) -> dict[str, Any] | None:
-        """Insert a queued job, inside the caller's create transaction. With `returning` (a
-        column list of our own, e.g. db/jobs.py JOB_COLUMNS), the new row's columns come back
-        from the same statement, saving a read."""
-        if returning is None:
-            await session.execute(_INSERT, job.__dict__)
-            return None
-        row = (await session.execute(_insert_returning(returning), job.__dict__)).one()
-        return {k: v for k, v in row._mapping.items() if k != "notified"}
+async def create(
+    session: AsyncSession, job: NewJob, *, returning: str | None = None
+) -> dict[str, Any] | None:
+    """Insert a queued job, inside the caller's create transaction. With `returning` (a
+    column list of our own, e.g. db/jobs.py JOB_COLUMNS), the new row's columns come back
+    from the same statement, saving a read."""
+    if returning is None:
+        await session.execute(_INSERT, job.__dict__)
+        return None
+    row = (await session.execute(_insert_returning(returning), job.__dict__)).one()
+    return {k: v for k, v in row._mapping.items() if k != "notified"}
 
-    # ---- queued -> running --------------------------------------------------------------
 
-    async def lock(
-        self,
-        session: AsyncSession,
-        job_id: uuid.UUID,
-        *,
-        owner: str,
-        identity: str,
-        ttl_s: int,
-        run_id: str | None = None,
-    ) -> LockedJob:
-        """CAS queued → running. A retry by the same workflow (any run of it) finds its own lock
-        and succeeds (the UPDATE matches `running` rows it owns); anyone else gets
-        `LockConflict`."""
-        token = owner_token(owner, identity, run_id)
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE ai_job SET
-                        lifecycle_status = 'running', status = 'processing',
-                        locked_by = :token, locked_at = now(),
-                        lock_until = now() + make_interval(secs => :ttl),
-                        started_at = coalesce(started_at, now()),
-                        progress = greatest(progress, 10), updated_at = now()
-                    WHERE id = :id AND (
-                        lifecycle_status = 'queued'
-                        OR (lifecycle_status = 'running'
-                            AND split_part(locked_by, '/', 1) = :owner))
-                    RETURNING id, job_type, queue_name, locked_by, lock_until,
-                              (started_at < now()) AS reacquired,
-                              pg_notify('ai_job_changed', id::text) IS NULL AS notified
-                    """
-                ),
-                {"id": job_id, "token": token, "ttl": ttl_s, "owner": owner},
-            )
-        ).first()
-        if row is None:
-            current = await self._current(session, job_id)
-            if current is None:
-                raise JobNotFound()
-            status, locked_by = current
-            if status == S.RUNNING:
-                raise LockConflict(str(job_id), locked_by)
-            raise IllegalTransition(str(job_id), status, S.RUNNING)
-        return LockedJob(
-            id=row.id,
-            job_type=row.job_type,
-            queue_name=row.queue_name,
-            locked_by=row.locked_by,
-            lock_until=row.lock_until,
-            reacquired=bool(row.reacquired),
-        )
+# ---- queued -> running --------------------------------------------------------------
 
-    async def extend_lock(
-        self, session: AsyncSession, job_id: uuid.UUID, *, owner: str, ttl_s: int
-    ) -> ExtendResult:
-        """The heartbeat: only the owner, only while running. Also reports a pending cancel."""
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl),
-                                      updated_at = now()
-                    WHERE id = :id AND lifecycle_status = 'running'
-                      AND split_part(locked_by, '/', 1) = :owner
-                    RETURNING cancel_requested_at
-                    """
-                ),
-                {"id": job_id, "ttl": ttl_s, "owner": owner},
-            )
-        ).first()
-        if row is None:
-            return ExtendResult(extended=False, cancel_requested=False)
-        return ExtendResult(extended=True, cancel_requested=row.cancel_requested_at is not None)
 
-    # ---- running -> terminal ------------------------------------------------------------
-
-    async def mark_succeeded(
-        self, session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
-    ) -> None:
-        await self._transition(
-            session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra="progress = 100"
-        )
-
-    async def mark_failed(
-        self,
-        session: AsyncSession,
-        job_id: uuid.UUID,
-        code: str,
-        public_message: str,
-        internal_message: str | None = None,
-        *,
-        owner: str | None = None,
-    ) -> None:
-        """running → failed. `internal_message=None` keeps what an attempt already recorded."""
-        await self._transition(
-            session,
-            job_id,
-            (S.RUNNING,),
-            S.FAILED,
-            owner=owner,
-            extra=(
-                "error_code = :code, public_error_message = :public, "
-                "internal_error_message = coalesce(:internal, internal_error_message)"
+async def lock(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    identity: str,
+    ttl_s: int,
+    run_id: str | None = None,
+) -> LockedJob:
+    """CAS queued → running. A retry by the same workflow (any run of it) finds its own lock
+    and succeeds (the UPDATE matches `running` rows it owns); anyone else gets
+    `LockConflict`."""
+    token = owner_token(owner, identity, run_id)
+    row = (
+        await session.execute(
+            text(
+                """
+                UPDATE ai_job SET
+                    lifecycle_status = 'running', status = 'processing',
+                    locked_by = :token, locked_at = now(),
+                    lock_until = now() + make_interval(secs => :ttl),
+                    started_at = coalesce(started_at, now()),
+                    progress = greatest(progress, 10), updated_at = now()
+                WHERE id = :id AND (
+                    lifecycle_status = 'queued'
+                    OR (lifecycle_status = 'running'
+                        AND split_part(locked_by, '/', 1) = :owner))
+                RETURNING id, job_type, queue_name, locked_by, lock_until,
+                          (started_at < now()) AS reacquired,
+                          pg_notify('ai_job_changed', id::text) IS NULL AS notified
+                """
             ),
-            params={"code": code, "public": public_message, "internal": internal_message},
+            {"id": job_id, "token": token, "ttl": ttl_s, "owner": owner},
         )
-
-    async def mark_cancelled(self, session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
-        """queued|running → cancelled; returns the state it came from."""
-        return await self._transition(
-            session, job_id, (S.QUEUED, S.RUNNING), S.CANCELLED, extra=_CANCELLED_SETS
-        )
-
-    async def mark_cancelled_if_queued(self, session: AsyncSession, job_id: uuid.UUID) -> None:
-        """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow)."""
-        await self._transition(session, job_id, (S.QUEUED,), S.CANCELLED, extra=_CANCELLED_SETS)
-
-    async def request_cancel(self, session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
-        """Set cancel_requested_at on a running job (no state change); returns the job's state.
-        The caller cancels the workflow after this commits."""
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE ai_job SET
-                        cancel_requested_at = coalesce(cancel_requested_at, now()),
-                        updated_at = now()
-                    WHERE id = :id AND lifecycle_status = 'running'
-                    RETURNING lifecycle_status
-                    """
-                ),
-                {"id": job_id},
-            )
-        ).first()
-        if row is not None:
-            return S(row.lifecycle_status)
-        current = await self._current(session, job_id)
+    ).first()
+    if row is None:
+        current = await lock_state(session, job_id)
         if current is None:
             raise JobNotFound()
-        return S(current[0])
+        status, locked_by = current
+        if status == S.RUNNING:
+            raise LockConflict(str(job_id), locked_by)
+        raise IllegalTransition(str(job_id), status, S.RUNNING)
+    return LockedJob(
+        id=row.id,
+        job_type=row.job_type,
+        queue_name=row.queue_name,
+        locked_by=row.locked_by,
+        lock_until=row.lock_until,
+        reacquired=bool(row.reacquired),
+    )
 
-    async def _transition(
-        self,
-        s: AsyncSession,
-        job_id: uuid.UUID,
-        from_states: Sequence[LifecycleStatus],
-        to: LifecycleStatus,
-        *,
-        owner: str | None = None,
-        extra: str = "",
-        params: dict[str, Any] | None = None,
-    ) -> LifecycleStatus:
-        for f in from_states:
-            assert is_legal(f, to), f"{f} -> {to} is not in the transition table"
-        owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if owner else ""
-        sets = f", {extra}" if extra else ""
-        stmt = text(
-            f"""
-            WITH prev AS (SELECT lifecycle_status FROM ai_job WHERE id = :id FOR UPDATE)
-            UPDATE ai_job SET lifecycle_status = :to, status = :legacy,
-                finished_at = now(), lock_until = NULL, updated_at = now(){sets}
-            FROM prev
-            WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
-            RETURNING prev.lifecycle_status AS from_status,
-                pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
-            """
-        )
-        row = (
-            await s.execute(
-                stmt,
-                {
-                    "id": job_id,
-                    "to": str(to),
-                    "legacy": LEGACY_STATUS[to],
-                    "from_states": [str(f) for f in from_states],
-                    "owner": owner,
-                    **(params or {}),
-                },
-            )
-        ).first()
-        if row is None:
-            current = await self._current(s, job_id)
-            if current is None:
-                raise JobNotFound()
-            status, locked_by = current
-            if owner and status in from_states:
-                # The state matched but the lock belongs to another workflow: not ours to finish.
-                raise LockConflict(str(job_id), locked_by)
-            raise IllegalTransition(str(job_id), status, to)
-        return S(row.from_status)
 
-    @staticmethod
-    async def _current(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, str | None] | None:
-        row = (
-            await s.execute(
-                text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id"),
-                {"id": job_id},
-            )
-        ).first()
-        return (row.lifecycle_status, row.locked_by) if row else None
-
-    # ---- reads --------------------------------------------------------------------------
-
-    async def find_by_lifecycle_status(
-        self,
-        session: AsyncSession,
-        statuses: Sequence[LifecycleStatus],
-        *,
-        queue_name: str | None = None,
-        limit: int = 100,
-    ) -> list[uuid.UUID]:
-        rows = await session.execute(
+async def extend_lock(
+    session: AsyncSession, job_id: uuid.UUID, *, owner: str, ttl_s: int
+) -> ExtendResult:
+    """The heartbeat: only the owner, only while running. Also reports a pending cancel."""
+    row = (
+        await session.execute(
             text(
                 """
-                SELECT id FROM ai_job
-                WHERE lifecycle_status = ANY(:st)
-                  AND (CAST(:q AS text) IS NULL OR queue_name = :q)
-                ORDER BY created_at, id LIMIT :lim
+                UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl),
+                                  updated_at = now()
+                WHERE id = :id AND lifecycle_status = 'running'
+                  AND split_part(locked_by, '/', 1) = :owner
+                RETURNING cancel_requested_at
                 """
             ),
-            {"st": [str(x) for x in statuses], "q": queue_name, "lim": limit},
+            {"id": job_id, "ttl": ttl_s, "owner": owner},
         )
-        return [r.id for r in rows]
+    ).first()
+    if row is None:
+        return ExtendResult(extended=False, cancel_requested=False)
+    return ExtendResult(extended=True, cancel_requested=row.cancel_requested_at is not None)
 
-    async def find_expired_locks(
-        self,
-        session: AsyncSession,
-        threshold_s: float,
-        *,
-        after: tuple[datetime | None, uuid.UUID] | None = None,
-        limit: int = 100,
-    ) -> list[JobLockRow]:
-        """Running jobs whose lock_until lies more than `threshold_s` in the past, in
-        (lock_until, id) order, after the keyset `after`: callers page through all of them."""
-        rows = await session.execute(
+
+# ---- running -> terminal ------------------------------------------------------------
+
+
+async def mark_succeeded(
+    session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
+) -> None:
+    await _transition(
+        session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra="progress = 100"
+    )
+
+
+async def mark_failed(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    code: str,
+    public_message: str,
+    internal_message: str | None = None,
+    *,
+    owner: str | None = None,
+) -> None:
+    """running → failed. `internal_message=None` keeps what an attempt already recorded."""
+    await _transition(
+        session,
+        job_id,
+        (S.RUNNING,),
+        S.FAILED,
+        owner=owner,
+        extra=(
+            "error_code = :code, public_error_message = :public, "
+            "internal_error_message = coalesce(:internal, internal_error_message)"
+        ),
+        params={"code": code, "public": public_message, "internal": internal_message},
+    )
+
+
+async def mark_cancelled(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
+    """queued|running → cancelled; returns the state it came from."""
+    return await _transition(
+        session, job_id, (S.QUEUED, S.RUNNING), S.CANCELLED, extra=_CANCELLED_SETS
+    )
+
+
+async def mark_cancelled_if_queued(session: AsyncSession, job_id: uuid.UUID) -> None:
+    """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow)."""
+    await _transition(session, job_id, (S.QUEUED,), S.CANCELLED, extra=_CANCELLED_SETS)
+
+
+async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
+    """Set cancel_requested_at on a running job (no state change); returns the job's state.
+    The caller cancels the workflow after this commits."""
+    row = (
+        await session.execute(
             text(
                 """
-                SELECT id, job_type, queue_name, workflow_id, locked_by, lock_until,
-                       cancel_requested_at
-                FROM ai_job
-                WHERE lifecycle_status = 'running'
-                  AND lock_until < now() - make_interval(secs => :th)
-                  AND (CAST(:al AS timestamptz) IS NULL OR (lock_until, id) > (:al, :ai))
-                ORDER BY lock_until, id LIMIT :lim
+                UPDATE ai_job SET
+                    cancel_requested_at = coalesce(cancel_requested_at, now()),
+                    updated_at = now()
+                WHERE id = :id AND lifecycle_status = 'running'
+                RETURNING lifecycle_status
                 """
             ),
+            {"id": job_id},
+        )
+    ).first()
+    if row is not None:
+        return S(row.lifecycle_status)
+    current = await lock_state(session, job_id)
+    if current is None:
+        raise JobNotFound()
+    return S(current[0])
+
+
+async def _transition(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    from_states: Sequence[LifecycleStatus],
+    to: LifecycleStatus,
+    *,
+    owner: str | None = None,
+    extra: str = "",
+    params: dict[str, Any] | None = None,
+) -> LifecycleStatus:
+    for f in from_states:
+        assert is_legal(f, to), f"{f} -> {to} is not in the transition table"
+    owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if owner else ""
+    sets = f", {extra}" if extra else ""
+    stmt = text(
+        f"""
+        WITH prev AS (SELECT lifecycle_status FROM ai_job WHERE id = :id FOR UPDATE)
+        UPDATE ai_job SET lifecycle_status = :to, status = :legacy,
+            finished_at = now(), lock_until = NULL, updated_at = now(){sets}
+        FROM prev
+        WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
+        RETURNING prev.lifecycle_status AS from_status,
+            pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
+        """
+    )
+    row = (
+        await s.execute(
+            stmt,
             {
-                "th": threshold_s,
-                "lim": limit,
-                "al": after[0] if after else None,
-                "ai": after[1] if after else None,
+                "id": job_id,
+                "to": str(to),
+                "legacy": LEGACY_STATUS[to],
+                "from_states": [str(f) for f in from_states],
+                "owner": owner,
+                **(params or {}),
             },
         )
-        return [JobLockRow(**r._mapping) for r in rows]
+    ).first()
+    if row is None:
+        current = await lock_state(s, job_id)
+        if current is None:
+            raise JobNotFound()
+        status, locked_by = current
+        if owner and status in from_states:
+            # The state matched but the lock belongs to another workflow: not ours to finish.
+            raise LockConflict(str(job_id), locked_by)
+        raise IllegalTransition(str(job_id), status, to)
+    return S(row.from_status)
+
+
+async def lock_state(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, str | None] | None:
+    """A job's lifecycle status and lock holder token, or None when it does not exist."""
+    row = (
+        await s.execute(
+            text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id"),
+            {"id": job_id},
+        )
+    ).first()
+    return (str(row.lifecycle_status), row.locked_by) if row else None
+
+
+# ---- reads --------------------------------------------------------------------------
+
+
+async def store_output(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    output: dict[str, Any],
+    output_hash: str,
+    progress: int,
+) -> bool:
+    """Only the lock owner of a running job may store an output. Progress changes, so the
+    job's listeners are notified (`ai_job_changed`, in this transaction)."""
+    result = await session.execute(
+        text(
+            """
+            UPDATE ai_job SET output = :out, output_hash = :h,
+                   progress = greatest(progress, :p), updated_at = now()
+            WHERE id = :id AND lifecycle_status = 'running'
+              AND split_part(locked_by, '/', 1) = :owner
+            RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
+            """
+        ).bindparams(bindparam("out", type_=JSONB)),
+        {"id": job_id, "out": output, "h": output_hash, "p": progress, "owner": owner},
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def settle_attempt(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    attempt: int,
+    ttl_s: int,
+    output: dict[str, Any],
+    output_hash: str,
+    progress: int,
+) -> tuple[bool, bool]:
+    """EXECUTE's bookkeeping after a valid answer, in one UPDATE of the row: the attempt is
+    recorded (its correction hint cleared) whoever holds the job; while `owner` holds it
+    running, its lock is extended and, unless a cancel was asked for, the output stored
+    (listeners notified). The same as `record_attempt`, `lifecycle.extend_lock`
+    and `store_output` in that order, in one round trip. Returns (owned, cancel_requested);
+    the output was stored when owned and no cancel was requested."""
+    row = (
+        await session.execute(
+            text(
+                """
+                WITH cur AS (
+                    SELECT id, (lifecycle_status = 'running'
+                                AND split_part(locked_by, '/', 1) = :owner) AS owned,
+                           cancel_requested_at IS NOT NULL AS cancel_requested
+                    FROM ai_job WHERE id = :id FOR UPDATE
+                )
+                UPDATE ai_job SET
+                    attempt_count = greatest(attempt_count, :a),
+                    correction_hint = NULL,
+                    lock_until = CASE WHEN cur.owned
+                        THEN now() + make_interval(secs => :ttl) ELSE lock_until END,
+                    output = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                        THEN :out ELSE output END,
+                    output_hash = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                        THEN :h ELSE output_hash END,
+                    progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
+                        THEN greatest(progress, :p) ELSE progress END,
+                    updated_at = now()
+                FROM cur
+                WHERE ai_job.id = cur.id
+                RETURNING cur.owned, cur.cancel_requested,
+                    CASE WHEN cur.owned AND NOT cur.cancel_requested
+                        THEN pg_notify('ai_job_changed', ai_job.id::text) IS NULL
+                    END AS notified
+                """
+            ).bindparams(bindparam("out", type_=JSONB)),
+            {
+                "id": job_id,
+                "owner": owner,
+                "a": attempt,
+                "ttl": ttl_s,
+                "out": output,
+                "h": output_hash,
+                "p": progress,
+            },
+        )
+    ).first()
+    if row is None:
+        return False, False
+    return bool(row.owned), bool(row.cancel_requested)
+
+
+async def record_attempt(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    attempt: int,
+    internal_error: str | None,
+    correction_hint: str | None = None,
+) -> None:
+    """An attempt's bookkeeping; `correction_hint` is what the next attempt's prompt is told
+    was wrong with this one (None clears it)."""
+    await session.execute(
+        text(
+            """
+            UPDATE ai_job SET attempt_count = greatest(attempt_count, :a),
+                   internal_error_message = coalesce(:e, internal_error_message),
+                   correction_hint = :c, updated_at = now()
+            WHERE id = :id
+            """
+        ),
+        {"id": job_id, "a": attempt, "e": internal_error, "c": correction_hint},
+    )

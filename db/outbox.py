@@ -93,9 +93,9 @@ _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 # The outbox_event columns an OutboxRow is read from: its fields, in order. The statements below
 # interpolate only this module's constants (column lists, the channel name); every value a caller
 # passes is a bind parameter.
-_COLUMNS = ", ".join(f.name for f in fields(OutboxRow))
+COLUMNS = ", ".join(f.name for f in fields(OutboxRow))
 # NOTIFY takes no bind parameter; the channel is this module's constant.
-_NOTIFY = text(f"NOTIFY {NOTIFY_CHANNEL}")
+NOTIFY = text(f"NOTIFY {NOTIFY_CHANNEL}")
 
 _INSERT = text(
     """
@@ -116,441 +116,297 @@ _INSERT_NOTIFY = text(
 ).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
 
 
-class OutboxRepository:
-    """Stateless; every method runs in the session it is given and never commits."""
-
-    async def insert(
-        self,
-        session: AsyncSession,
-        *,
-        event_type: str,
-        aggregate_type: str,
-        aggregate_id: str,
-        dedupe_key: str,
-        payload: dict[str, Any],
-        notify: bool = True,
-        trace_context: dict[str, str] | None = None,
-    ) -> int | None:
-        """Insert in the caller's transaction. A duplicate dedupe_key is an idempotent no-op
-        (returns None). NOTIFY is transactional: relays are woken only if the row commits.
-        `trace_context` (W3C headers) lets the relay continue the writer's trace."""
-        row = (
-            await session.execute(
-                _INSERT_NOTIFY if notify else _INSERT,
-                {
-                    "event_type": event_type,
-                    "aggregate_type": aggregate_type,
-                    "aggregate_id": aggregate_id,
-                    "dedupe_key": dedupe_key,
-                    "payload": payload,
-                    "trace_context": trace_context,
-                },
-            )
-        ).first()
-        return int(row.id) if row else None
-
-    async def insert_job_event(
-        self,
-        session: AsyncSession,
-        event_type: str,
-        job_id: object,
-        payload: dict[str, Any],
-    ) -> int | None:
-        """A job's domain event (`JOB_EVENTS`), in the caller's transaction: the one that ends
-        the job (jobs/lifecycle.py is the only caller). A second write of the same event for the
-        same job is a no-op (None). It sends no `NOTIFY ai_outbox` (job events never have): the
-        relay takes it on its next poll, and event streams are woken by the terminal CAS's own
-        `ai_job_changed` notification."""
-        if event_type not in JOB_EVENTS:
-            raise ValueError(f"{event_type!r} is not a job event")
-        return await self.insert(
-            session,
-            event_type=event_type,
-            aggregate_type="AiJob",
-            aggregate_id=str(job_id),
-            dedupe_key=job_event_dedupe_key(event_type, job_id),
-            payload=payload,
-            notify=False,
-        )
-
-    async def claim_batch(
-        self, session: AsyncSession, *, owner: str, limit: int
-    ) -> list[OutboxRow]:
-        rows = await session.execute(
-            text(
-                f"""
-                WITH c AS (
-                    SELECT id FROM outbox_event
-                    WHERE status = 'pending' AND available_at <= now()
-                    ORDER BY available_at, id
-                    LIMIT :lim
-                    FOR UPDATE SKIP LOCKED)
-                UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
-                       locked_at = now(), attempt_count = o.attempt_count + 1
-                FROM c WHERE o.id = c.id AND o.status = 'pending'
-                RETURNING {", ".join("o." + c.strip() for c in _COLUMNS.split(","))}
-                """
-            ),
-            {"lim": limit, "owner": owner},
-        )
-        return sorted((OutboxRow(**r._mapping) for r in rows), key=lambda r: r.id)
-
-    async def mark_published(self, session: AsyncSession, ids: Sequence[int], *, owner: str) -> int:
-        """Only the claimer's own `processing` rows: a row released and re-claimed by another
-        relay meanwhile is that relay's to mark."""
-        if not ids:
-            return 0
-        result = await session.execute(
-            text(
-                """
-                UPDATE outbox_event SET status = 'published', published_at = now(),
-                       locked_by = NULL, locked_at = NULL
-                WHERE id = ANY(:ids) AND status = 'processing' AND locked_by = :owner
-                """
-            ),
-            {"ids": list(ids), "owner": owner},
-        )
-        return int(result.rowcount)  # type: ignore[attr-defined]
-
-    async def mark_failed(
-        self,
-        session: AsyncSession,
-        event_id: int,
-        *,
-        owner: str,
-        error: str,
-        base_backoff_s: float = 1.0,
-        max_attempts: int = MAX_ATTEMPTS,
-        max_backoff_s: float = MAX_BACKOFF_S,
-        count_attempt: bool = True,
-    ) -> str | None:
-        """Back to pending with capped exponential backoff, or `failed` after `max_attempts`
-        claims. `count_attempt=False` (the dispatch target was unreachable, e.g. Temporal is
-        down) gives the claim back: an outage of any length never exhausts a row.
-        Returns the new status (None if the row was no longer ours)."""
-        row = (
-            await session.execute(
-                text(
-                    """
-                    UPDATE outbox_event SET
-                        attempt_count = CASE WHEN :counted THEN attempt_count
-                                             ELSE greatest(attempt_count - 1, 0) END,
-                        status = CASE WHEN :counted AND attempt_count >= :max THEN 'failed'
-                                      ELSE 'pending' END,
-                        available_at = now() + make_interval(secs => least(:cap,
-                            :base * power(2, least(greatest(attempt_count - 1, 0), 20)))),
-                        last_error = left(:err, 2000), locked_by = NULL, locked_at = NULL
-                    WHERE id = :id AND status = 'processing' AND locked_by = :owner
-                    RETURNING status
-                    """
-                ),
-                {
-                    "id": event_id,
-                    "owner": owner,
-                    "err": error,
-                    "base": base_backoff_s,
-                    "max": max_attempts,
-                    "cap": max_backoff_s,
-                    "counted": count_attempt,
-                },
-            )
-        ).first()
-        return str(row.status) if row else None
-
-    async def mark_dead(
-        self, session: AsyncSession, event_id: int, *, owner: str, error: str
-    ) -> bool:
-        """A row that can never succeed (malformed payload): parked for an operator, alone; the
-        rest of its batch goes on."""
-        result = await session.execute(
-            text(
-                """
-                UPDATE outbox_event SET status = 'dead', last_error = left(:err, 2000),
-                       locked_by = NULL, locked_at = NULL
-                WHERE id = :id AND status = 'processing' AND locked_by = :owner
-                """
-            ),
-            {"id": event_id, "owner": owner, "err": error},
-        )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    async def revive_stalled_enqueues(
-        self,
-        session: AsyncSession,
-        *,
-        base_s: float = 30.0,
-        cap_s: float = MAX_BACKOFF_S,
-        limit: int = 500,
-    ) -> list[tuple[int, str]]:
-        """The first page of `repair_parked_enqueues` (from the oldest parked row): returns the
-        (event id, job id) of the rows it revived. The reconciler pages with a cursor instead."""
-        page = await self.repair_parked_enqueues(
-            session, after_id=0, limit=limit, base_s=base_s, cap_s=cap_s
-        )
-        return page.revived
-
-    async def repair_parked_enqueues(
-        self,
-        session: AsyncSession,
-        *,
-        after_id: int,
-        limit: int,
-        base_s: float = 30.0,
-        cap_s: float = MAX_BACKOFF_S,
-    ) -> ParkedPage:
-        """Reconciler, one page of the `ai.job.enqueue` rows parked as `failed` (or `dead` by an
-        older relay) with an id above `after_id`, in id order (the partial index
-        `ix_outbox_event_parked_enqueue` holds exactly these rows), each looked at once:
-
-        - its job is still `queued`: the row goes out again (`pending`, fresh attempts) once a
-          capped backoff that grows with each revival has passed (`available_at` is when the
-          row was parked plus its last backoff); a payload that does not name its job stays put;
-        - its job ended (`succeeded`, `failed`, `cancelled`): nothing is left to dispatch, so the
-          row is closed: `published` now, with the reason first in `last_error`; outbox
-          retention deletes it with the other published rows;
-        - otherwise (backoff not over, job `running`, no such job): left as it is.
-
-        Closing is what keeps the set of parked rows made of rows that may still matter, so a
-        page never fills up with rows of jobs that ended. `next_after` is the last id looked at
-        (the caller's cursor); `seen` < `limit` means the end was reached."""
-        rows = (
-            await session.execute(
-                text(
-                    """
-                    WITH page AS (
-                        SELECT o.id, j.lifecycle_status AS job_status,
-                               (j.lifecycle_status = 'queued'
-                                AND o.payload->>'jobId' = o.aggregate_id
-                                AND o.payload ? 'jobType' AND o.payload ? 'queueName'
-                                AND o.available_at + make_interval(secs => least(:cap,
-                                      :base * power(2, least(o.revive_count, 20)))) <= now())
-                                   AS due
-                        FROM outbox_event o
-                        LEFT JOIN ai_job j ON j.id = CASE
-                            WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
-                        WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
-                          AND o.id > :after
-                        ORDER BY o.id LIMIT :lim
-                    ),
-                    revived AS (
-                        UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
-                               revive_count = o.revive_count + 1, available_at = now()
-                        FROM page p
-                        WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
-                        RETURNING o.id, o.aggregate_id
-                    ),
-                    closed AS (
-                        UPDATE outbox_event o SET status = 'published', published_at = now(),
-                               locked_by = NULL, locked_at = NULL,
-                               last_error = left('closed: job ' || p.job_status
-                                   || ' while its enqueue was parked; last error: '
-                                   || coalesce(o.last_error, '-'), 2000)
-                        FROM page p
-                        WHERE o.id = p.id AND o.status IN ('failed', 'dead')
-                          AND p.job_status IN ('succeeded', 'failed', 'cancelled')
-                        RETURNING o.id
-                    )
-                    SELECT 'revived' AS kind, id, aggregate_id FROM revived
-                    UNION ALL SELECT 'closed', id, NULL FROM closed
-                    UNION ALL SELECT 'page', max(id), count(*)::text FROM page
-                    """
-                ),
-                {
-                    "ev": ENQUEUE,
-                    "base": base_s,
-                    "cap": cap_s,
-                    "lim": limit,
-                    "after": after_id,
-                    "uuid_re": _UUID_RE,
-                },
-            )
-        ).all()
-        revived = [(int(r.id), str(r.aggregate_id)) for r in rows if r.kind == "revived"]
-        closed = [int(r.id) for r in rows if r.kind == "closed"]
-        (last,) = [r for r in rows if r.kind == "page"]
-        if revived:
-            await session.execute(_NOTIFY)
-        return ParkedPage(
-            revived=revived,
-            closed=closed,
-            seen=int(last.aggregate_id),
-            next_after=int(last.id) if last.id is not None else after_id,
-        )
-
-    async def release_expired(self, session: AsyncSession, *, ttl_s: float) -> int:
-        """`processing` rows whose claimer went silent for `ttl_s` go back to pending."""
-        result = await session.execute(
-            text(
-                """
-                UPDATE outbox_event SET status = 'pending', locked_by = NULL, locked_at = NULL
-                WHERE status = 'processing' AND locked_at < now() - make_interval(secs => :ttl)
-                """
-            ),
-            {"ttl": ttl_s},
-        )
-        return int(result.rowcount)  # type: ignore[attr-defined]
-
-    async def list_dead(self, session: AsyncSession, *, limit: int = 100) -> list[OutboxRow]:
-        """Rows an operator may need to look at: `dead` and `failed`."""
-        rows = await session.execute(
-            text(
-                f"SELECT {_COLUMNS} FROM outbox_event WHERE status IN ('dead', 'failed') "
-                "ORDER BY id LIMIT :lim"
-            ),
-            {"lim": limit},
-        )
-        return [OutboxRow(**r._mapping) for r in rows]
-
-    async def delete_published(
-        self, session: AsyncSession, *, older_than_days: int, limit: int = 5000
-    ) -> int:
-        """Retention: published rows are history once their effect is done. A page at a time
-        (the partial index on published_at serves it), so a pass never holds long locks."""
-        result = await session.execute(
-            text(
-                """
-                DELETE FROM outbox_event WHERE id IN (
-                    SELECT id FROM outbox_event
-                    WHERE status = 'published'
-                      AND published_at < now() - make_interval(days => :d)
-                    ORDER BY published_at LIMIT :lim)
-                """
-            ),
-            {"d": older_than_days, "lim": limit},
-        )
-        return int(result.rowcount)  # type: ignore[attr-defined]
-
-    async def requeue_published(self, session: AsyncSession, event_id: int) -> bool:
-        """Reconciler: a published enqueue whose workflow does not exist goes out again."""
-        result = await session.execute(
-            text(
-                """
-                UPDATE outbox_event SET status = 'pending', available_at = now(),
-                       published_at = NULL, attempt_count = 0
-                WHERE id = :id AND status = 'published'
-                """
-            ),
-            {"id": event_id},
-        )
-        if result.rowcount:  # type: ignore[attr-defined]
-            await session.execute(_NOTIFY)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-# ---- operator views and repair (admin API) -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OutboxSummary:
-    """An outbox row as operators see it: the payload stays in the database, only its `jobId`
-    leaves (payloads may one day carry more than ids; an admin page must never echo them)."""
-
-    id: int
-    event_type: str
-    aggregate_id: str
-    status: str
-    attempt_count: int
-    available_at: datetime
-    locked_by: str | None
-    last_error: str | None
-    published_at: datetime | None
-    created_at: datetime
-    job_id: str | None
-
-
-_SUMMARY = (
-    "id, event_type, aggregate_id, status, attempt_count, available_at, locked_by, last_error, "
-    "published_at, created_at, payload->>'jobId' AS job_id"
-)
-# `pending` is requeueable too: a row backing off (available_at in the future) becomes
-# available now, which also makes a repeated requeue harmless.
-REQUEUEABLE = ("dead", "failed", "pending")
-
-
-async def list_page(
+async def insert(
     session: AsyncSession,
     *,
-    status: str | None = None,
-    event_type: str | None = None,
-    before_id: int | None = None,
-    limit: int = 20,
-) -> list[OutboxSummary]:
-    """Newest first, keyset on id (the primary key): a page never shifts under inserts, since
-    new rows have larger ids than any cursor already handed out."""
+    event_type: str,
+    aggregate_type: str,
+    aggregate_id: str,
+    dedupe_key: str,
+    payload: dict[str, Any],
+    notify: bool = True,
+    trace_context: dict[str, str] | None = None,
+) -> int | None:
+    """Insert in the caller's transaction. A duplicate dedupe_key is an idempotent no-op
+    (returns None). NOTIFY is transactional: relays are woken only if the row commits.
+    `trace_context` (W3C headers) lets the relay continue the writer's trace."""
+    row = (
+        await session.execute(
+            _INSERT_NOTIFY if notify else _INSERT,
+            {
+                "event_type": event_type,
+                "aggregate_type": aggregate_type,
+                "aggregate_id": aggregate_id,
+                "dedupe_key": dedupe_key,
+                "payload": payload,
+                "trace_context": trace_context,
+            },
+        )
+    ).first()
+    return int(row.id) if row else None
+
+
+async def insert_job_event(
+    session: AsyncSession,
+    event_type: str,
+    job_id: object,
+    payload: dict[str, Any],
+) -> int | None:
+    """A job's domain event (`JOB_EVENTS`), in the caller's transaction: the one that ends
+    the job (jobs/lifecycle.py is the only caller). A second write of the same event for the
+    same job is a no-op (None). It sends no `NOTIFY ai_outbox` (job events never have): the
+    relay takes it on its next poll, and event streams are woken by the terminal CAS's own
+    `ai_job_changed` notification."""
+    if event_type not in JOB_EVENTS:
+        raise ValueError(f"{event_type!r} is not a job event")
+    return await insert(
+        session,
+        event_type=event_type,
+        aggregate_type="AiJob",
+        aggregate_id=str(job_id),
+        dedupe_key=job_event_dedupe_key(event_type, job_id),
+        payload=payload,
+        notify=False,
+    )
+
+
+async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
     rows = await session.execute(
         text(
             f"""
-            SELECT {_SUMMARY} FROM outbox_event
-            WHERE (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
-              AND (CAST(:etype AS text) IS NULL OR event_type = CAST(:etype AS text))
-              AND (CAST(:before AS bigint) IS NULL OR id < CAST(:before AS bigint))
-            ORDER BY id DESC
-            LIMIT :lim
+            WITH c AS (
+                SELECT id FROM outbox_event
+                WHERE status = 'pending' AND available_at <= now()
+                ORDER BY available_at, id
+                LIMIT :lim
+                FOR UPDATE SKIP LOCKED)
+            UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
+                   locked_at = now(), attempt_count = o.attempt_count + 1
+            FROM c WHERE o.id = c.id AND o.status = 'pending'
+            RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
             """
         ),
-        {"status": status, "etype": event_type, "before": before_id, "lim": limit},
+        {"lim": limit, "owner": owner},
     )
-    return [OutboxSummary(**r._mapping) for r in rows]
+    return sorted((OutboxRow(**r._mapping) for r in rows), key=lambda r: r.id)
 
 
-async def get_summary(session: AsyncSession, event_id: int) -> OutboxSummary | None:
+async def mark_published(session: AsyncSession, ids: Sequence[int], *, owner: str) -> int:
+    """Only the claimer's own `processing` rows: a row released and re-claimed by another
+    relay meanwhile is that relay's to mark."""
+    if not ids:
+        return 0
+    result = await session.execute(
+        text(
+            """
+            UPDATE outbox_event SET status = 'published', published_at = now(),
+                   locked_by = NULL, locked_at = NULL
+            WHERE id = ANY(:ids) AND status = 'processing' AND locked_by = :owner
+            """
+        ),
+        {"ids": list(ids), "owner": owner},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def mark_failed(
+    session: AsyncSession,
+    event_id: int,
+    *,
+    owner: str,
+    error: str,
+    base_backoff_s: float = 1.0,
+    max_attempts: int = MAX_ATTEMPTS,
+    max_backoff_s: float = MAX_BACKOFF_S,
+    count_attempt: bool = True,
+) -> str | None:
+    """Back to pending with capped exponential backoff, or `failed` after `max_attempts`
+    claims. `count_attempt=False` (the dispatch target was unreachable, e.g. Temporal is
+    down) gives the claim back: an outage of any length never exhausts a row.
+    Returns the new status (None if the row was no longer ours)."""
     row = (
         await session.execute(
-            text(f"SELECT {_SUMMARY} FROM outbox_event WHERE id = :id"), {"id": event_id}
+            text(
+                """
+                UPDATE outbox_event SET
+                    attempt_count = CASE WHEN :counted THEN attempt_count
+                                         ELSE greatest(attempt_count - 1, 0) END,
+                    status = CASE WHEN :counted AND attempt_count >= :max THEN 'failed'
+                                  ELSE 'pending' END,
+                    available_at = now() + make_interval(secs => least(:cap,
+                        :base * power(2, least(greatest(attempt_count - 1, 0), 20)))),
+                    last_error = left(:err, 2000), locked_by = NULL, locked_at = NULL
+                WHERE id = :id AND status = 'processing' AND locked_by = :owner
+                RETURNING status
+                """
+            ),
+            {
+                "id": event_id,
+                "owner": owner,
+                "err": error,
+                "base": base_backoff_s,
+                "max": max_attempts,
+                "cap": max_backoff_s,
+                "counted": count_attempt,
+            },
         )
     ).first()
-    return OutboxSummary(**row._mapping) if row else None
+    return str(row.status) if row else None
 
 
-async def requeue(session: AsyncSession, event_ids: Sequence[int]) -> list[OutboxSummary]:
-    """The one operator requeue (the admin API for one row, `aijobs outbox --requeue` for all
-    parked rows): each dead, failed or pending row goes (back) to `pending` with a fresh set of
-    attempts, available now, and the relays are woken (NOTIFY, delivered at commit). Returns the
-    rows it requeued, in id order; a missing or not requeueable id is left out (the caller tells
-    which with `get_summary`).
+async def mark_dead(session: AsyncSession, event_id: int, *, owner: str, error: str) -> bool:
+    """A row that can never succeed (malformed payload): parked for an operator, alone; the
+    rest of its batch goes on."""
+    result = await session.execute(
+        text(
+            """
+            UPDATE outbox_event SET status = 'dead', last_error = left(:err, 2000),
+                   locked_by = NULL, locked_at = NULL
+            WHERE id = :id AND status = 'processing' AND locked_by = :owner
+            """
+        ),
+        {"id": event_id, "owner": owner, "err": error},
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
-    `last_error` is kept: it is why the row needed an operator, and the next failure overwrites
-    it anyway. Races with a relay: a claim holds the row lock (`FOR UPDATE SKIP LOCKED`) until
-    its transaction commits; this UPDATE then re-checks the status on the committed version,
-    finds `processing` and changes nothing, so a row being dispatched is never reset under it.
-    (The reconciler's `requeue_published` is not an operator's requeue: it sends a published
-    enqueue whose workflow is missing out again, and never touches a parked row.)
-    """
-    if not event_ids:
-        return []
+
+async def repair_parked_enqueues(
+    session: AsyncSession,
+    *,
+    after_id: int,
+    limit: int,
+    base_s: float = 30.0,
+    cap_s: float = MAX_BACKOFF_S,
+) -> ParkedPage:
+    """Reconciler, one page of the `ai.job.enqueue` rows parked as `failed` (or `dead` by an
+    older relay) with an id above `after_id`, in id order (the partial index
+    `ix_outbox_event_parked_enqueue` holds exactly these rows), each looked at once:
+
+    - its job is still `queued`: the row goes out again (`pending`, fresh attempts) once a
+      capped backoff that grows with each revival has passed (`available_at` is when the
+      row was parked plus its last backoff); a payload that does not name its job stays put;
+    - its job ended (`succeeded`, `failed`, `cancelled`): nothing is left to dispatch, so the
+      row is closed: `published` now, with the reason first in `last_error`; outbox
+      retention deletes it with the other published rows;
+    - otherwise (backoff not over, job `running`, no such job): left as it is.
+
+    Closing is what keeps the set of parked rows made of rows that may still matter, so a
+    page never fills up with rows of jobs that ended. `next_after` is the last id looked at
+    (the caller's cursor); `seen` < `limit` means the end was reached."""
     rows = (
         await session.execute(
             text(
-                # _SUMMARY is a column list of this module; every value is a bind parameter.
-                f"""
-                UPDATE outbox_event SET status = 'pending', attempt_count = 0,
-                       available_at = now(),
-                       locked_by = NULL, locked_at = NULL
-                WHERE id = ANY(:ids) AND status = ANY(:ok)
-                RETURNING {_SUMMARY}
+                """
+                WITH page AS (
+                    SELECT o.id, j.lifecycle_status AS job_status,
+                           (j.lifecycle_status = 'queued'
+                            AND o.payload->>'jobId' = o.aggregate_id
+                            AND o.payload ? 'jobType' AND o.payload ? 'queueName'
+                            AND o.available_at + make_interval(secs => least(:cap,
+                                  :base * power(2, least(o.revive_count, 20)))) <= now())
+                               AS due
+                    FROM outbox_event o
+                    LEFT JOIN ai_job j ON j.id = CASE
+                        WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
+                    WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
+                      AND o.id > :after
+                    ORDER BY o.id LIMIT :lim
+                ),
+                revived AS (
+                    UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
+                           revive_count = o.revive_count + 1, available_at = now()
+                    FROM page p
+                    WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
+                    RETURNING o.id, o.aggregate_id
+                ),
+                closed AS (
+                    UPDATE outbox_event o SET status = 'published', published_at = now(),
+                           locked_by = NULL, locked_at = NULL,
+                           last_error = left('closed: job ' || p.job_status
+                               || ' while its enqueue was parked; last error: '
+                               || coalesce(o.last_error, '-'), 2000)
+                    FROM page p
+                    WHERE o.id = p.id AND o.status IN ('failed', 'dead')
+                      AND p.job_status IN ('succeeded', 'failed', 'cancelled')
+                    RETURNING o.id
+                )
+                SELECT 'revived' AS kind, id, aggregate_id FROM revived
+                UNION ALL SELECT 'closed', id, NULL FROM closed
+                UNION ALL SELECT 'page', max(id), count(*)::text FROM page
                 """
             ),
-            {"ids": list(event_ids), "ok": list(REQUEUEABLE)},
+            {
+                "ev": ENQUEUE,
+                "base": base_s,
+                "cap": cap_s,
+                "lim": limit,
+                "after": after_id,
+                "uuid_re": _UUID_RE,
+            },
         )
     ).all()
-    if not rows:
-        return []
-    await session.execute(_NOTIFY)
-    return sorted((OutboxSummary(**r._mapping) for r in rows), key=lambda r: r.id)
+    revived = [(int(r.id), str(r.aggregate_id)) for r in rows if r.kind == "revived"]
+    closed = [int(r.id) for r in rows if r.kind == "closed"]
+    (last,) = [r for r in rows if r.kind == "page"]
+    if revived:
+        await session.execute(NOTIFY)
+    return ParkedPage(
+        revived=revived,
+        closed=closed,
+        seen=int(last.aggregate_id),
+        next_after=int(last.id) if last.id is not None else after_id,
+    )
 
 
-async def enqueue_row_for_job(session: AsyncSession, job_id: str) -> OutboxRow | None:
-    """The job's `ai.job.enqueue` event (one per job, written in its create transaction)."""
-    row = (
-        await session.execute(
-            text(
-                f"""
-                SELECT {_COLUMNS} FROM outbox_event
-                WHERE aggregate_id = :aid AND event_type = :etype
-                ORDER BY id DESC LIMIT 1
-                """
-            ),
-            {"aid": job_id, "etype": ENQUEUE},
-        )
-    ).first()
-    return OutboxRow(**row._mapping) if row else None
+async def release_expired(session: AsyncSession, *, ttl_s: float) -> int:
+    """`processing` rows whose claimer went silent for `ttl_s` go back to pending."""
+    result = await session.execute(
+        text(
+            """
+            UPDATE outbox_event SET status = 'pending', locked_by = NULL, locked_at = NULL
+            WHERE status = 'processing' AND locked_at < now() - make_interval(secs => :ttl)
+            """
+        ),
+        {"ttl": ttl_s},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def delete_published(
+    session: AsyncSession, *, older_than_days: int, limit: int = 5000
+) -> int:
+    """Retention: published rows are history once their effect is done. A page at a time
+    (the partial index on published_at serves it), so a pass never holds long locks."""
+    result = await session.execute(
+        text(
+            """
+            DELETE FROM outbox_event WHERE id IN (
+                SELECT id FROM outbox_event
+                WHERE status = 'published'
+                  AND published_at < now() - make_interval(days => :d)
+                ORDER BY published_at LIMIT :lim)
+            """
+        ),
+        {"d": older_than_days, "lim": limit},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def requeue_published(session: AsyncSession, event_id: int) -> bool:
+    """Reconciler: a published enqueue whose workflow does not exist goes out again."""
+    result = await session.execute(
+        text(
+            """
+            UPDATE outbox_event SET status = 'pending', available_at = now(),
+                   published_at = NULL, attempt_count = 0
+            WHERE id = :id AND status = 'published'
+            """
+        ),
+        {"id": event_id},
+    )
+    if result.rowcount:  # type: ignore[attr-defined]
+        await session.execute(NOTIFY)
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ---- operator views and repair (admin API) -------------------------------------------------

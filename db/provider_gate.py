@@ -40,129 +40,128 @@ class Admission:
     reason: Literal["pause", "breaker"] | None = None
 
 
-class ProviderGate:
-    """Every method runs in the caller's transaction and never commits."""
-
-    async def admit(self, s: AsyncSession, key: GateKey, *, probe_ttl_s: float) -> Admission:
-        """Whether a call with `key` may go now. When the breaker's cooldown is over, exactly
-        one caller claims the probe; the others wait for its outcome. `probe_ttl_s` only
-        bounds a probe whose worker died without settling it."""
-        row = (
-            await s.execute(
-                text(
-                    """
-                    SELECT greatest(extract(epoch FROM paused_until - now()), 0) AS paused,
-                           extract(epoch FROM open_until - now()) AS open_left,
-                           open_until IS NOT NULL AS is_open,
-                           greatest(extract(epoch FROM probe_until - now()), 0) AS probe_left
-                    FROM provider_gate WHERE provider = :p AND key_ref = :k
-                    """
-                ),
-                key.params(),
-            )
-        ).first()
-        if row is None:
-            return Admission(0.0)
-        if row.paused and float(row.paused) > 0:
-            return Admission(float(row.paused), reason="pause")
-        if not row.is_open:
-            return Admission(0.0)
-        if row.open_left is not None and float(row.open_left) > 0:
-            return Admission(float(row.open_left), reason="breaker")
-        claimed = (
-            await s.execute(
-                text(
-                    """
-                    UPDATE provider_gate SET probe_until = now() + make_interval(secs => :ttl)
-                    WHERE provider = :p AND key_ref = :k
-                      AND (probe_until IS NULL OR probe_until < now())
-                    RETURNING provider
-                    """
-                ),
-                {**key.params(), "ttl": probe_ttl_s},
-            )
-        ).first()
-        if claimed:
-            return Admission(0.0, probe=True)
-        # Someone else's probe is out: its outcome decides. Ask again soon, never later than
-        # the probe's own deadline.
-        return Admission(min(2.0, max(float(row.probe_left or 0.0), 0.5)), reason="breaker")
-
-    async def pause(self, s: AsyncSession, key: GateKey, seconds: float) -> None:
-        """A 429 with Retry-After: every worker holds its calls with this key that long. The
-        key answered, so its breaker closes (an open breaker and a pause never stack)."""
+async def admit(s: AsyncSession, key: GateKey, *, probe_ttl_s: float) -> Admission:
+    """Whether a call with `key` may go now. When the breaker's cooldown is over, exactly
+    one caller claims the probe; the others wait for its outcome. `probe_ttl_s` only
+    bounds a probe whose worker died without settling it."""
+    row = (
         await s.execute(
             text(
                 """
-                INSERT INTO provider_gate (provider, key_ref, paused_until, consecutive_failures)
-                VALUES (:p, :k, now() + make_interval(secs => :sec), 0)
+                SELECT greatest(extract(epoch FROM paused_until - now()), 0) AS paused,
+                       extract(epoch FROM open_until - now()) AS open_left,
+                       open_until IS NOT NULL AS is_open,
+                       greatest(extract(epoch FROM probe_until - now()), 0) AS probe_left
+                FROM provider_gate WHERE provider = :p AND key_ref = :k
+                """
+            ),
+            key.params(),
+        )
+    ).first()
+    if row is None:
+        return Admission(0.0)
+    if row.paused and float(row.paused) > 0:
+        return Admission(float(row.paused), reason="pause")
+    if not row.is_open:
+        return Admission(0.0)
+    if row.open_left is not None and float(row.open_left) > 0:
+        return Admission(float(row.open_left), reason="breaker")
+    claimed = (
+        await s.execute(
+            text(
+                """
+                UPDATE provider_gate SET probe_until = now() + make_interval(secs => :ttl)
+                WHERE provider = :p AND key_ref = :k
+                  AND (probe_until IS NULL OR probe_until < now())
+                RETURNING provider
+                """
+            ),
+            {**key.params(), "ttl": probe_ttl_s},
+        )
+    ).first()
+    if claimed:
+        return Admission(0.0, probe=True)
+    # Someone else's probe is out: its outcome decides. Ask again soon, never later than
+    # the probe's own deadline.
+    return Admission(min(2.0, max(float(row.probe_left or 0.0), 0.5)), reason="breaker")
+
+
+async def pause(s: AsyncSession, key: GateKey, seconds: float) -> None:
+    """A 429 with Retry-After: every worker holds its calls with this key that long. The
+    key answered, so its breaker closes (an open breaker and a pause never stack)."""
+    await s.execute(
+        text(
+            """
+            INSERT INTO provider_gate (provider, key_ref, paused_until, consecutive_failures)
+            VALUES (:p, :k, now() + make_interval(secs => :sec), 0)
+            ON CONFLICT (provider, key_ref) DO UPDATE SET
+                paused_until = greatest(
+                    coalesce(provider_gate.paused_until, now()), EXCLUDED.paused_until),
+                consecutive_failures = 0, open_until = NULL, probe_until = NULL
+            """
+        ),
+        {**key.params(), "sec": seconds},
+    )
+
+
+async def failed(s: AsyncSession, key: GateKey, *, threshold: int, cooldown_s: float) -> bool:
+    """One more consecutive health failure; opens the breaker at `threshold` (a failed
+    probe opens it again and releases the probe). Returns True when this call opened it."""
+    row = (
+        await s.execute(
+            text(
+                """
+                INSERT INTO provider_gate (provider, key_ref, consecutive_failures)
+                VALUES (:p, :k, 1)
                 ON CONFLICT (provider, key_ref) DO UPDATE SET
-                    paused_until = greatest(
-                        coalesce(provider_gate.paused_until, now()), EXCLUDED.paused_until),
-                    consecutive_failures = 0, open_until = NULL, probe_until = NULL
-                """
-            ),
-            {**key.params(), "sec": seconds},
-        )
-
-    async def failed(
-        self, s: AsyncSession, key: GateKey, *, threshold: int, cooldown_s: float
-    ) -> bool:
-        """One more consecutive health failure; opens the breaker at `threshold` (a failed
-        probe opens it again and releases the probe). Returns True when this call opened it."""
-        row = (
-            await s.execute(
-                text(
-                    """
-                    INSERT INTO provider_gate (provider, key_ref, consecutive_failures)
-                    VALUES (:p, :k, 1)
-                    ON CONFLICT (provider, key_ref) DO UPDATE SET
-                        consecutive_failures = provider_gate.consecutive_failures + 1
-                    RETURNING consecutive_failures, open_until IS NOT NULL AS was_open
-                    """
-                ),
-                key.params(),
-            )
-        ).one()
-        if int(row.consecutive_failures) < threshold:
-            return False
-        await s.execute(
-            text(
-                """
-                UPDATE provider_gate SET open_until = now() + make_interval(secs => :cool),
-                       probe_until = NULL
-                WHERE provider = :p AND key_ref = :k
-                """
-            ),
-            {**key.params(), "cool": cooldown_s},
-        )
-        return not bool(row.was_open)
-
-    async def reachable(self, s: AsyncSession, key: GateKey) -> None:
-        """The provider answered a call made with this key (a valid answer, or any answer that
-        is not a health failure): the breaker closes and the count starts again."""
-        await s.execute(
-            text(
-                """
-                UPDATE provider_gate SET consecutive_failures = 0, open_until = NULL,
-                       probe_until = NULL
-                WHERE provider = :p AND key_ref = :k
-                  AND (consecutive_failures > 0 OR open_until IS NOT NULL
-                       OR probe_until IS NOT NULL)
+                    consecutive_failures = provider_gate.consecutive_failures + 1
+                RETURNING consecutive_failures, open_until IS NOT NULL AS was_open
                 """
             ),
             key.params(),
         )
+    ).one()
+    if int(row.consecutive_failures) < threshold:
+        return False
+    await s.execute(
+        text(
+            """
+            UPDATE provider_gate SET open_until = now() + make_interval(secs => :cool),
+                   probe_until = NULL
+            WHERE provider = :p AND key_ref = :k
+            """
+        ),
+        {**key.params(), "cool": cooldown_s},
+    )
+    return not bool(row.was_open)
 
-    async def release_probe(self, s: AsyncSession, key: GateKey) -> None:
-        """The probe ended without telling anything about the provider (no call was made, the
-        job was cancelled, the worker is stopping): the next caller may probe at once."""
-        await s.execute(
-            text(
-                """
-                UPDATE provider_gate SET probe_until = NULL
-                WHERE provider = :p AND key_ref = :k AND probe_until IS NOT NULL
-                """
-            ),
-            key.params(),
-        )
+
+async def reachable(s: AsyncSession, key: GateKey) -> None:
+    """The provider answered a call made with this key (a valid answer, or any answer that
+    is not a health failure): the breaker closes and the count starts again."""
+    await s.execute(
+        text(
+            """
+            UPDATE provider_gate SET consecutive_failures = 0, open_until = NULL,
+                   probe_until = NULL
+            WHERE provider = :p AND key_ref = :k
+              AND (consecutive_failures > 0 OR open_until IS NOT NULL
+                   OR probe_until IS NOT NULL)
+            """
+        ),
+        key.params(),
+    )
+
+
+async def release_probe(s: AsyncSession, key: GateKey) -> None:
+    """The probe ended without telling anything about the provider (no call was made, the
+    job was cancelled, the worker is stopping): the next caller may probe at once."""
+    await s.execute(
+        text(
+            """
+            UPDATE provider_gate SET probe_until = NULL
+            WHERE provider = :p AND key_ref = :k AND probe_until IS NOT NULL
+            """
+        ),
+        key.params(),
+    )

@@ -182,225 +182,220 @@ _READ = """
 """
 
 
-class ProviderLimits:
-    """Every method runs in the caller's transaction and never commits."""
-
-    async def admit(
-        self,
-        s: AsyncSession,
-        key: LimitKey,
-        limits: Limits,
-        *,
-        tokens: int,
-        job_id: uuid.UUID,
-        lease_ttl_s: float,
-    ) -> LimitAdmission:
-        """Whether a call of `tokens` may go now with `key`; when it may, its request and
-        tokens are taken from the buckets (and a lease is held under a concurrency limit).
-        The row lock this takes is held until the caller's transaction ends."""
-        params = key.params()
-        if not limits.configured:
-            # Only what the provider announced can hold this key: one read, no lock, no row.
-            row = (await s.execute(text(_READ), params)).first()
-            if row is None or (
-                row.announced_rpm is None
-                and row.announced_tpm is None
-                and not (row.blocked_s and float(row.blocked_s) > 0)
-            ):
-                return LimitAdmission()
+async def admit(
+    s: AsyncSession,
+    key: LimitKey,
+    limits: Limits,
+    *,
+    tokens: int,
+    job_id: uuid.UUID,
+    lease_ttl_s: float,
+) -> LimitAdmission:
+    """Whether a call of `tokens` may go now with `key`; when it may, its request and
+    tokens are taken from the buckets (and a lease is held under a concurrency limit).
+    The row lock this takes is held until the caller's transaction ends."""
+    params = key.params()
+    if not limits.configured:
+        # Only what the provider announced can hold this key: one read, no lock, no row.
+        row = (await s.execute(text(_READ), params)).first()
+        if row is None or (
+            row.announced_rpm is None
+            and row.announced_tpm is None
+            and not (row.blocked_s and float(row.blocked_s) > 0)
+        ):
+            return LimitAdmission()
+        row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
+    else:
+        row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
+        if row is None:
+            await s.execute(
+                text(
+                    """
+                    INSERT INTO provider_limit (provider, model, key_ref,
+                        requests_available, tokens_available, refilled_at)
+                    VALUES (:p, :m, :k, 'Infinity', 'Infinity', clock_timestamp())
+                    ON CONFLICT (provider, model, key_ref) DO NOTHING
+                    """
+                ),
+                params,
+            )
             row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-        else:
-            row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-            if row is None:
-                await s.execute(
-                    text(
-                        """
-                        INSERT INTO provider_limit (provider, model, key_ref,
-                            requests_available, tokens_available, refilled_at)
-                        VALUES (:p, :m, :k, 'Infinity', 'Infinity', clock_timestamp())
-                        ON CONFLICT (provider, model, key_ref) DO NOTHING
-                        """
-                    ),
-                    params,
-                )
-                row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-        assert row is not None  # created above, and rows are never deleted
-        if row.blocked_s is not None and float(row.blocked_s) > 0:
-            return LimitAdmission(float(row.blocked_s), "announced")
-        rpm = _lower(limits.rpm, row.announced_rpm)
-        tpm = _lower(limits.tpm, row.announced_tpm)
-        elapsed = float(row.elapsed)
-        requests = _bucket(float(row.requests_available), rpm, elapsed)
-        available = _bucket(float(row.tokens_available), tpm, elapsed)
-        wait_s: float = 0.0
-        reason: WaitReason | None = None
-        if rpm is not None and requests < 1:
-            wait_s = (1 - requests) * 60.0 / rpm
-            reason = "rpm" if rpm == limits.rpm else "announced"
-        if tpm is not None:
-            need = min(tokens, tpm)  # a call larger than the bucket goes when it is full
-            if available < need and (need - available) * 60.0 / tpm > wait_s:
-                wait_s = (need - available) * 60.0 / tpm
-                reason = "tpm" if tpm == limits.tpm else "announced"
-        if reason is not None:
-            return LimitAdmission(wait_s, reason)
-        lease_id = None
-        if limits.concurrency is not None:
-            # Expired leases (their workers died) are dropped on the way; a new statement, so
-            # it sees every lease committed before this caller got the row lock.
-            in_flight = (
-                await s.execute(
-                    text(
-                        """
-                        WITH gone AS (
-                            DELETE FROM provider_call_lease
-                            WHERE provider = :p AND model = :m AND key_ref = :k
-                              AND expires_at <= clock_timestamp()
-                        )
-                        SELECT count(*) FROM provider_call_lease
+    assert row is not None  # created above, and rows are never deleted
+    if row.blocked_s is not None and float(row.blocked_s) > 0:
+        return LimitAdmission(float(row.blocked_s), "announced")
+    rpm = _lower(limits.rpm, row.announced_rpm)
+    tpm = _lower(limits.tpm, row.announced_tpm)
+    elapsed = float(row.elapsed)
+    requests = _bucket(float(row.requests_available), rpm, elapsed)
+    available = _bucket(float(row.tokens_available), tpm, elapsed)
+    wait_s: float = 0.0
+    reason: WaitReason | None = None
+    if rpm is not None and requests < 1:
+        wait_s = (1 - requests) * 60.0 / rpm
+        reason = "rpm" if rpm == limits.rpm else "announced"
+    if tpm is not None:
+        need = min(tokens, tpm)  # a call larger than the bucket goes when it is full
+        if available < need and (need - available) * 60.0 / tpm > wait_s:
+            wait_s = (need - available) * 60.0 / tpm
+            reason = "tpm" if tpm == limits.tpm else "announced"
+    if reason is not None:
+        return LimitAdmission(wait_s, reason)
+    lease_id = None
+    if limits.concurrency is not None:
+        # Expired leases (their workers died) are dropped on the way; a new statement, so
+        # it sees every lease committed before this caller got the row lock.
+        in_flight = (
+            await s.execute(
+                text(
+                    """
+                    WITH gone AS (
+                        DELETE FROM provider_call_lease
                         WHERE provider = :p AND model = :m AND key_ref = :k
-                          AND expires_at > clock_timestamp()
-                        """
-                    ),
-                    params,
-                )
-            ).scalar_one()
-            if int(in_flight) >= limits.concurrency:
-                return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
-            lease_id = uuid.uuid4()
-            await s.execute(
-                text(
-                    """
-                    INSERT INTO provider_call_lease
-                        (id, provider, model, key_ref, job_id, tokens, expires_at)
-                    VALUES (:id, :p, :m, :k, :job, :tokens,
-                            clock_timestamp() + make_interval(secs => :ttl))
-                    """
-                ),
-                {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s},
-            )
-        if rpm is not None or tpm is not None:
-            await s.execute(
-                text(
-                    """
-                    UPDATE provider_limit SET requests_available = :r, tokens_available = :t,
-                           refilled_at = :at
+                          AND expires_at <= clock_timestamp()
+                    )
+                    SELECT count(*) FROM provider_call_lease
                     WHERE provider = :p AND model = :m AND key_ref = :k
+                      AND expires_at > clock_timestamp()
                     """
                 ),
-                {
-                    **params,
-                    "r": requests - 1 if rpm is not None else math.inf,
-                    "t": available - tokens if tpm is not None else math.inf,
-                    "at": row.read_at,
-                },
+                params,
             )
-        return LimitAdmission(lease_id=lease_id, metered=tpm is not None)
-
-    async def settle(
-        self,
-        s: AsyncSession,
-        key: LimitKey,
-        lease_id: uuid.UUID | None,
-        *,
-        tokens_reserved: int,
-        tokens_used: int,
-        headers: RateLimitInfo | None,
-        limits: Limits | None = None,
-        max_block_s: float = 300.0,
-    ) -> None:
-        """A call admitted by `admit` ended: its lease ends; the tokens it reserved and did not
-        use go back (never past the bucket's size: `limits` are the configured ones); what the
-        answer's headers say tightens the buckets (the lower of ours and the provider's
-        remaining), records the announced limits, and blocks the key until a reset when the
-        provider said nothing is left (at most `max_block_s`). Headers create the key's row
-        even without configured limits: the engine learns the provider's limits that way."""
-        params = key.params()
-        if lease_id is not None:
-            await s.execute(
-                text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id}
-            )
-        back = max(tokens_reserved - tokens_used, 0)
-        cfg = limits or Limits()
-        if headers is None:
-            if back <= 0:
-                return
-            await s.execute(
-                text(
-                    """
-                    UPDATE provider_limit SET tokens_available = least(
-                        tokens_available + :back, :cfg_tpm, announced_tpm)
-                    WHERE provider = :p AND model = :m AND key_ref = :k
-                      AND tokens_available < 'Infinity'
-                    """
-                ),
-                {**params, "back": back, "cfg_tpm": cfg.tpm},
-            )
-            return
-        block_s = max(
-            (
-                min(reset or 0.0, max_block_s)
-                for remaining, reset in (
-                    (headers.remaining_requests, headers.reset_requests_s),
-                    (headers.remaining_tokens, headers.reset_tokens_s),
-                )
-                if remaining == 0
-            ),
-            default=None,
-        )
-        # Both buckets are brought up to now (refilled at the limit in force after these
-        # headers) before the provider's remaining caps them, so `refilled_at` stays exact.
+        ).scalar_one()
+        if int(in_flight) >= limits.concurrency:
+            return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
+        lease_id = uuid.uuid4()
         await s.execute(
             text(
                 """
-                INSERT INTO provider_limit AS l (provider, model, key_ref, requests_available,
-                    tokens_available, refilled_at, announced_rpm, announced_tpm, blocked_until)
-                VALUES (:p, :m, :k,
-                        coalesce(CAST(:rem_r AS float8), 'Infinity'),
-                        coalesce(CAST(:rem_t AS float8), 'Infinity'),
-                        clock_timestamp(), :lim_r, :lim_t,
-                        clock_timestamp() + make_interval(secs => CAST(:block AS float8)))
-                ON CONFLICT (provider, model, key_ref) DO UPDATE SET
-                    requests_available = least(
-                        l.requests_available + greatest(
-                            extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
-                            * coalesce(least(CAST(:cfg_rpm AS integer),
-                                             coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
-                                       0) / 60.0,
-                        least(CAST(:cfg_rpm AS integer),
-                              coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
-                        CAST(:rem_r AS float8)),
-                    tokens_available = least(
-                        l.tokens_available + :back + greatest(
-                            extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
-                            * coalesce(least(CAST(:cfg_tpm AS integer),
-                                             coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
-                                       0) / 60.0,
-                        least(CAST(:cfg_tpm AS integer),
-                              coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
-                        CAST(:rem_t AS float8)),
-                    refilled_at = clock_timestamp(),
-                    announced_rpm = coalesce(EXCLUDED.announced_rpm, l.announced_rpm),
-                    announced_tpm = coalesce(EXCLUDED.announced_tpm, l.announced_tpm),
-                    blocked_until = CASE
-                        WHEN EXCLUDED.blocked_until IS NULL THEN l.blocked_until
-                        ELSE greatest(l.blocked_until, EXCLUDED.blocked_until) END
+                INSERT INTO provider_call_lease
+                    (id, provider, model, key_ref, job_id, tokens, expires_at)
+                VALUES (:id, :p, :m, :k, :job, :tokens,
+                        clock_timestamp() + make_interval(secs => :ttl))
+                """
+            ),
+            {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s},
+        )
+    if rpm is not None or tpm is not None:
+        await s.execute(
+            text(
+                """
+                UPDATE provider_limit SET requests_available = :r, tokens_available = :t,
+                       refilled_at = :at
+                WHERE provider = :p AND model = :m AND key_ref = :k
                 """
             ),
             {
                 **params,
-                "rem_r": headers.remaining_requests,
-                "rem_t": headers.remaining_tokens,
-                "lim_r": headers.limit_requests,
-                "lim_t": headers.limit_tokens,
-                "cfg_rpm": cfg.rpm,
-                "cfg_tpm": cfg.tpm,
-                "back": back,
-                "block": block_s,
+                "r": requests - 1 if rpm is not None else math.inf,
+                "t": available - tokens if tpm is not None else math.inf,
+                "at": row.read_at,
             },
         )
+    return LimitAdmission(lease_id=lease_id, metered=tpm is not None)
 
-    async def release(self, s: AsyncSession, lease_id: uuid.UUID) -> None:
-        """A lease whose call was never settled (the bookkeeping itself failed): the slot is
-        free at once rather than when the lease expires."""
+
+async def settle(
+    s: AsyncSession,
+    key: LimitKey,
+    lease_id: uuid.UUID | None,
+    *,
+    tokens_reserved: int,
+    tokens_used: int,
+    headers: RateLimitInfo | None,
+    limits: Limits | None = None,
+    max_block_s: float = 300.0,
+) -> None:
+    """A call admitted by `admit` ended: its lease ends; the tokens it reserved and did not
+    use go back (never past the bucket's size: `limits` are the configured ones); what the
+    answer's headers say tightens the buckets (the lower of ours and the provider's
+    remaining), records the announced limits, and blocks the key until a reset when the
+    provider said nothing is left (at most `max_block_s`). Headers create the key's row
+    even without configured limits: the engine learns the provider's limits that way."""
+    params = key.params()
+    if lease_id is not None:
         await s.execute(text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id})
+    back = max(tokens_reserved - tokens_used, 0)
+    cfg = limits or Limits()
+    if headers is None:
+        if back <= 0:
+            return
+        await s.execute(
+            text(
+                """
+                UPDATE provider_limit SET tokens_available = least(
+                    tokens_available + :back, :cfg_tpm, announced_tpm)
+                WHERE provider = :p AND model = :m AND key_ref = :k
+                  AND tokens_available < 'Infinity'
+                """
+            ),
+            {**params, "back": back, "cfg_tpm": cfg.tpm},
+        )
+        return
+    block_s = max(
+        (
+            min(reset or 0.0, max_block_s)
+            for remaining, reset in (
+                (headers.remaining_requests, headers.reset_requests_s),
+                (headers.remaining_tokens, headers.reset_tokens_s),
+            )
+            if remaining == 0
+        ),
+        default=None,
+    )
+    # Both buckets are brought up to now (refilled at the limit in force after these
+    # headers) before the provider's remaining caps them, so `refilled_at` stays exact.
+    await s.execute(
+        text(
+            """
+            INSERT INTO provider_limit AS l (provider, model, key_ref, requests_available,
+                tokens_available, refilled_at, announced_rpm, announced_tpm, blocked_until)
+            VALUES (:p, :m, :k,
+                    coalesce(CAST(:rem_r AS float8), 'Infinity'),
+                    coalesce(CAST(:rem_t AS float8), 'Infinity'),
+                    clock_timestamp(), :lim_r, :lim_t,
+                    clock_timestamp() + make_interval(secs => CAST(:block AS float8)))
+            ON CONFLICT (provider, model, key_ref) DO UPDATE SET
+                requests_available = least(
+                    l.requests_available + greatest(
+                        extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                        * coalesce(least(CAST(:cfg_rpm AS integer),
+                                         coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+                                   0) / 60.0,
+                    least(CAST(:cfg_rpm AS integer),
+                          coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+                    CAST(:rem_r AS float8)),
+                tokens_available = least(
+                    l.tokens_available + :back + greatest(
+                        extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                        * coalesce(least(CAST(:cfg_tpm AS integer),
+                                         coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+                                   0) / 60.0,
+                    least(CAST(:cfg_tpm AS integer),
+                          coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+                    CAST(:rem_t AS float8)),
+                refilled_at = clock_timestamp(),
+                announced_rpm = coalesce(EXCLUDED.announced_rpm, l.announced_rpm),
+                announced_tpm = coalesce(EXCLUDED.announced_tpm, l.announced_tpm),
+                blocked_until = CASE
+                    WHEN EXCLUDED.blocked_until IS NULL THEN l.blocked_until
+                    ELSE greatest(l.blocked_until, EXCLUDED.blocked_until) END
+            """
+        ),
+        {
+            **params,
+            "rem_r": headers.remaining_requests,
+            "rem_t": headers.remaining_tokens,
+            "lim_r": headers.limit_requests,
+            "lim_t": headers.limit_tokens,
+            "cfg_rpm": cfg.rpm,
+            "cfg_tpm": cfg.tpm,
+            "back": back,
+            "block": block_s,
+        },
+    )
+
+
+async def release(s: AsyncSession, lease_id: uuid.UUID) -> None:
+    """A lease whose call was never settled (the bookkeeping itself failed): the slot is
+    free at once rather than when the lease expires."""
+    await s.execute(text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id})

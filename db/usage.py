@@ -78,50 +78,50 @@ _INSERT = text(
 )
 
 
-class UsageRepository:
-    async def insert(self, session: AsyncSession, row: UsageRow) -> None:
-        """The call's log row, its daily bucket and the job's spend, in the caller's
-        transaction (never committed here): all three or none."""
-        await session.execute(_INSERT, row.__dict__)
+async def insert(session: AsyncSession, row: UsageRow) -> None:
+    """The call's log row, its daily bucket and the job's spend, in the caller's
+    transaction (never committed here): all three or none."""
+    await session.execute(_INSERT, row.__dict__)
 
-    async def calls_with(
-        self,
-        session: AsyncSession,
-        job_id: uuid.UUID,
-        attempt_no: int,
-        error_code: str,
-        *,
-        chunk_no: int | None = None,
-    ) -> int:
-        """How many calls of one attempt of a job (of one chunk's, for a chunked job) ended
-        with `error_code`."""
-        n = (
-            await session.execute(
-                text(
-                    "SELECT count(*) FROM ai_usage_log "
-                    "WHERE job_id = :j AND attempt_no = :a AND error_code = :c "
-                    "AND chunk_no IS NOT DISTINCT FROM CAST(:k AS integer)"
-                ),
-                {"j": job_id, "a": attempt_no, "c": error_code, "k": chunk_no},
-            )
-        ).scalar_one()
-        return int(n)
 
-    async def summary(self, session: AsyncSession, job_id: uuid.UUID) -> UsageSummary:
-        r = (
-            await session.execute(
-                text(
-                    """
-                    SELECT count(*) AS calls, coalesce(sum(tokens_in), 0) AS tin,
-                           coalesce(sum(tokens_out), 0) AS tout,
-                           coalesce(sum(cost_usd), 0) AS cost
-                    FROM ai_usage_log WHERE job_id = :id
-                    """
-                ),
-                {"id": job_id},
-            )
-        ).one()
-        return UsageSummary(int(r.calls), int(r.tin), int(r.tout), Decimal(r.cost))
+async def calls_with(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    attempt_no: int,
+    error_code: str,
+    *,
+    chunk_no: int | None = None,
+) -> int:
+    """How many calls of one attempt of a job (of one chunk's, for a chunked job) ended
+    with `error_code`."""
+    n = (
+        await session.execute(
+            text(
+                "SELECT count(*) FROM ai_usage_log "
+                "WHERE job_id = :j AND attempt_no = :a AND error_code = :c "
+                "AND chunk_no IS NOT DISTINCT FROM CAST(:k AS integer)"
+            ),
+            {"j": job_id, "a": attempt_no, "c": error_code, "k": chunk_no},
+        )
+    ).scalar_one()
+    return int(n)
+
+
+async def summary(session: AsyncSession, job_id: uuid.UUID) -> UsageSummary:
+    r = (
+        await session.execute(
+            text(
+                """
+                SELECT count(*) AS calls, coalesce(sum(tokens_in), 0) AS tin,
+                       coalesce(sum(tokens_out), 0) AS tout,
+                       coalesce(sum(cost_usd), 0) AS cost
+                FROM ai_usage_log WHERE job_id = :id
+                """
+            ),
+            {"id": job_id},
+        )
+    ).one()
+    return UsageSummary(int(r.calls), int(r.tin), int(r.tout), Decimal(r.cost))
 
 
 # ---- the usage API's reads -------------------------------------------------------------------

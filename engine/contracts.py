@@ -234,7 +234,6 @@ class ReconcileResult:
     details: list[str] = field(default_factory=list)
     stuck_workflows: int = 0
     enqueues_revived: int = 0
-    relay_restarted: bool = False
     private_data_purged: int = 0
     outbox_deleted: int = 0
     # Enqueue rows of jobs that ended while the row was parked, closed (published, with reason).

@@ -22,8 +22,9 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import bulk as bulk_db
-from db.jobs import JobFilter, JobQueries, JobRow
-from db.outbox import OutboxRepository
+from db import jobs as jobs_db
+from db import outbox as outbox_db
+from db.jobs import JobFilter, JobRow
 from db.session import SessionMaker
 from engine.contracts import BulkInput, BulkResult, bulk_workflow_id
 from engine.errors import (
@@ -101,7 +102,6 @@ class BulkService:
         self._jobs = jobs
         self._policy = policy
         self._audit = audit or AuditLog(sessionmaker)
-        self._queries = JobQueries()
 
     # ---- submission ---------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class BulkService:
                 frozen = await bulk_db.freeze_items(s, operation_id, f, limit)
                 # The relay starts the workflow once this commits (ids and numbers only).
                 start = self.workflow_input_for(operation_id, action)
-                await OutboxRepository().insert(
+                await outbox_db.insert(
                     s,
                     event_type=bulk_db.BULK_START,
                     aggregate_type="BulkOperation",
@@ -302,7 +302,7 @@ class BulkService:
         if isinstance(exc, JobAlreadyCancelled):
             return "already_cancelled"
         async with self._sm.begin() as s:
-            row = await self._queries.get(s, job_id)
+            row = await jobs_db.get(s, job_id)
         status = LifecycleStatus(row.lifecycle_status) if row is not None else None
         if action == "retry":
             if status in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):

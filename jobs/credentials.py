@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import uuid
 
-from db.credentials import CredentialRepository, CredentialRow
+from db import credentials as credentials_db
+from db.credentials import CredentialRow
 from db.session import SessionMaker
 from engine.errors import CredentialNotFound, CredentialStorageUnavailable, ExecutionFailure
 from engine.settings import Settings, current_key_is_development
@@ -48,7 +49,6 @@ class CredentialService:
     def __init__(self, sessionmaker: SessionMaker, cipher: CredentialCipher | None) -> None:
         self._sm = sessionmaker
         self._cipher = cipher
-        self._repo = CredentialRepository()
 
     async def add(self, user_id: str, provider: str, secret: str) -> CredentialRow:
         if self._cipher is None:
@@ -60,10 +60,10 @@ class CredentialService:
             secret, aad=credential_aad(user_id, provider, credential_id)
         )
         async with self._sm.begin() as s:
-            for old in await self._repo.list_for_user(s, user_id):
+            for old in await credentials_db.list_for_user(s, user_id):
                 if old.provider == provider and old.revoked_at is None:
-                    await self._repo.revoke(s, user_id, old.id)
-            row = await self._repo.add(
+                    await credentials_db.revoke(s, user_id, old.id)
+            row = await credentials_db.add(
                 s,
                 user_id=user_id,
                 provider=provider,
@@ -77,13 +77,13 @@ class CredentialService:
 
     async def list(self, user_id: str) -> list[CredentialRow]:
         async with self._sm() as s:
-            return await self._repo.list_for_user(s, user_id)
+            return await credentials_db.list_for_user(s, user_id)
 
     async def revoke(self, user_id: str, credential_id: uuid.UUID) -> None:
         """Idempotent for the owner; someone else's or a missing key → CredentialNotFound."""
         async with self._sm.begin() as s:
-            if not await self._repo.revoke(s, user_id, credential_id):
-                row = await self._repo.get(s, credential_id)
+            if not await credentials_db.revoke(s, user_id, credential_id):
+                row = await credentials_db.get(s, credential_id)
                 if row is None or row.user_id != user_id:
                     raise CredentialNotFound("Credential not found.")
         log.info("credential revoked", extra={"credential_id": str(credential_id)})
@@ -96,10 +96,9 @@ async def rotate_credential_keys(
     One transaction; the rows are locked (`FOR UPDATE`), so a concurrent revoke waits. Returns
     (rotated, already_current, undecryptable): a row that no key of the ring opens is left as it
     is and reported, never fatal to the others."""
-    repo = CredentialRepository()
     rotated = current = failed = 0
     async with sessionmaker.begin() as s:
-        for row in await repo.all_active(s):
+        for row in await credentials_db.all_active(s):
             try:
                 plain, bound = decrypt_credential(
                     cipher,
@@ -121,6 +120,6 @@ async def rotate_credential_keys(
                 plain, aad=credential_aad(row.user_id, row.provider, row.id)
             )
             del plain
-            await repo.replace_ciphertext(s, row.id, key_id, blob)
+            await credentials_db.replace_ciphertext(s, row.id, key_id, blob)
             rotated += 1
     return rotated, current, failed

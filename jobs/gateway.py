@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.credentials import CredentialRepository, CredentialRow
+from db import credentials as credentials_db
+from db.credentials import CredentialRow
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import ExecutionFailure
@@ -77,10 +78,9 @@ class Gateway:
     ) -> CredentialRow | None:
         """The key pinned on the job at create (revoked or someone else's → None); jobs created
         before keys were pinned use the user's current key."""
-        repo = CredentialRepository()
         if credential_id is None:
-            return await repo.active_for_user(session, user_id, USER_KEY_PROVIDER)
-        row = await repo.get(session, credential_id)
+            return await credentials_db.active_for_user(session, user_id, USER_KEY_PROVIDER)
+        row = await credentials_db.get(session, credential_id)
         if row is None or row.user_id != user_id or row.revoked_at is not None:
             return None
         return row

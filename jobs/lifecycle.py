@@ -2,9 +2,9 @@
 
 Each function runs in the caller's session (the caller owns the transaction and commits it) and
 writes two things together: the compare-and-set of `lifecycle_status` (through
-`db/lifecycle.py` `LifecycleRepository`, still the only writer of that column, whose statement
+`db/lifecycle.py`, still the only writer of that column, whose statement
 also sends `pg_notify('ai_job_changed', ...)`) and the job's domain event in the outbox
-(`db/outbox.py` `OutboxRepository.insert_job_event`). Both commit or neither does, so a job that
+(`db/outbox.py` `outbox.insert_job_event`). Both commit or neither does, so a job that
 ends always has its `ai.job.completed`, `ai.job.failed` or `ai.job.cancelled` row, and webhooks
 and streams learn of every ending. `tests/unit/test_lifecycle_home.py` fails if a terminal state
 is written anywhere else.
@@ -33,15 +33,17 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import artifacts as artifacts_db
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import outbox as outbox_db
 from db.chunks import store_merged_output, succeeded_chunks
-from db.jobs import JobQueries, JobRow
-from db.lifecycle import LifecycleRepository
-from db.outbox import CANCELLED, COMPLETED, FAILED, OutboxRepository
+from db.jobs import JobRow
+from db.outbox import CANCELLED, COMPLETED, FAILED
 from engine.errors import public_message_for
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
@@ -77,8 +79,8 @@ async def succeed(
     """running → succeeded (only by the lock's `owner`, the job's workflow id), progress 100,
     and `ai.job.completed`. The projector's rows and artifacts are written before this, in the
     same transaction."""
-    await LifecycleRepository().mark_succeeded(s, job_id, owner=owner)
-    await OutboxRepository().insert_job_event(
+    await lifecycle_db.mark_succeeded(s, job_id, owner=owner)
+    await outbox_db.insert_job_event(
         s,
         COMPLETED,
         job_id,
@@ -103,10 +105,8 @@ async def fail(
     """running → failed with `code` and its public message, and `ai.job.failed`.
     `internal_message=None` keeps what an attempt already recorded (operators read it). With
     `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`)."""
-    await LifecycleRepository().mark_failed(
-        s, job_id, code, public_message_for(code), internal_message
-    )
-    await OutboxRepository().insert_job_event(
+    await lifecycle_db.mark_failed(s, job_id, code, public_message_for(code), internal_message)
+    await outbox_db.insert_job_event(
         s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
     )
     if catalog is not None:
@@ -124,13 +124,12 @@ async def cancel(
     running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
     came from. With `catalog`, a long-source job cancelled while running keeps what its
     succeeded chunks produced (`keep_partial`; a queued job has none)."""
-    lifecycle = LifecycleRepository()
     if only_if_queued:
-        await lifecycle.mark_cancelled_if_queued(s, job_id)
+        await lifecycle_db.mark_cancelled_if_queued(s, job_id)
         came_from = LifecycleStatus.QUEUED
     else:
-        came_from = await lifecycle.mark_cancelled(s, job_id)
-    await OutboxRepository().insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+        came_from = await lifecycle_db.mark_cancelled(s, job_id)
+    await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
     return came_from
@@ -142,7 +141,7 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
     job type's projector and store the merged output. Returns how many artifacts it kept (0
     for a one-call job, a type that does not chunk, or no succeeded chunk). Idempotent like
     every projection: ids come from (job, ordinal)."""
-    row = await JobQueries().get(s, job_id)
+    row = await jobs_db.get(s, job_id)
     if row is None or row.chunk_count is None or row.job_type not in catalog:
         return 0
     jt = catalog.get(row.job_type)
@@ -165,17 +164,17 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
         return 0
     stored = out.model_dump(mode="json")
     digest = output_hash(stored)
-    return await _project_kept(s, jt, row, out, stored, digest)
+    count = await project_artifacts(s, jt, row, out, digest)
+    await store_merged_output(s, row.id, output=stored, output_hash=digest)
+    return count
 
 
-async def _project_kept(
-    s: AsyncSession,
-    jt: AnyJobType,
-    row: JobRow,
-    out: BaseModel,
-    stored: dict[str, Any],
-    digest: str,
+async def project_artifacts(
+    s: AsyncSession, jt: AnyJobType, row: JobRow, out: BaseModel, digest: str
 ) -> int:
+    """The job type's projector run on a validated output, and one artifact row per thing it
+    wrote, in the caller's transaction; returns how many. Idempotent through the projections'
+    unique keys: projecting the same output again writes nothing new."""
     ctx = ProjectionContext(
         job_id=row.id,
         user_id=row.user_id,
@@ -184,10 +183,8 @@ async def _project_kept(
         output_hash=digest,
     )
     artifacts = await jt.project(s, ctx, out)
-    jobs = JobQueries()
     for a in artifacts:
-        await jobs.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
-    await store_merged_output(s, row.id, output=stored, output_hash=digest)
+        await artifacts_db.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
     return len(artifacts)
 
 
@@ -214,7 +211,7 @@ async def finalize_failed(
     With `catalog`, a long-source job keeps what its succeeded chunks produced, whichever of
     the two it ends as (`keep_partial`).
     """
-    row = await JobQueries().get(s, job_id)
+    row = await jobs_db.get(s, job_id)
     if row is None:
         return None
     if row.cancel_requested_at is not None and row.lifecycle_status in (
@@ -224,7 +221,7 @@ async def finalize_failed(
         await cancel(s, job_id, catalog=catalog)
         return Ending(LifecycleStatus.CANCELLED, "CANCELLED", row.job_type)
     if row.lifecycle_status == LifecycleStatus.QUEUED:
-        await LifecycleRepository().lock(
+        await lifecycle_db.lock(
             s, job_id, owner=owner, identity=identity, ttl_s=_TRANSIENT_LOCK_TTL_S
         )
     await fail(s, job_id, job_type=row.job_type, code=code, catalog=catalog)

@@ -23,14 +23,18 @@ from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import budgets
+from db import budgets as budgets_db
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import outbox as outbox_db
+from db import snapshots as snapshots_db
 from db.chunks import PlannedChunk, insert_plan
 from db.chunks import copy_succeeded as copy_succeeded_chunks
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
-from db.jobs import JOB_COLUMNS, JobQueries, JobRow
-from db.lifecycle import LifecycleRepository, NewJob
-from db.outbox import ENQUEUE, OutboxRepository, enqueue_dedupe_key
+from db.jobs import JOB_COLUMNS, JobRow
+from db.lifecycle import NewJob
+from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
 from engine.contracts import workflow_id
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
@@ -177,9 +181,6 @@ class JobService:
         self._sm = sessionmaker
         self._catalog = catalog
         self._policy = policy
-        self._lifecycle = LifecycleRepository()
-        self._outbox = OutboxRepository()
-        self._jobs = JobQueries()
         self._credential_lookup = credential_lookup
 
     # ---- create -------------------------------------------------------------------------
@@ -332,7 +333,7 @@ class JobService:
         async with self._sm.begin() as s:
             refusal = await self.admission_refusal(s, req.user_id, checked.estimate)
             held = [
-                (w, await budgets.committed(s, req.user_id, w.since))
+                (w, await budgets_db.committed(s, req.user_id, w.since))
                 for w in self.budget_windows(now)
             ]
         return Quote(checked, refusal, held)
@@ -346,7 +347,7 @@ class JobService:
         estimate, fingerprint = checked.estimate, checked.fingerprint
         if req.idempotency_key is not None:
             async with self._sm.begin() as s:
-                existing = await self._jobs.find_by_idempotency_key(
+                existing = await jobs_db.find_by_idempotency_key(
                     s, req.user_id, d.job_type, req.idempotency_key
                 )
             if existing is not None:
@@ -409,12 +410,12 @@ class JobService:
                     if credential_id is None:
                         raise CredentialMissing("No active credential for user_deepseek_key.")
                     new = dataclasses.replace(new, credential_id=credential_id)
-                created = await self._lifecycle.create(s, new, returning=JOB_COLUMNS)
+                created = await lifecycle_db.create(s, new, returning=JOB_COLUMNS)
                 assert created is not None
                 row = JobRow(**created)
                 if checked.chunks:
                     await insert_plan(s, job_id, checked.chunks)
-                await self._jobs.insert_snapshot(
+                await snapshots_db.insert_snapshot(
                     s,
                     job_id,
                     {
@@ -428,7 +429,7 @@ class JobService:
                     SNAPSHOT_VERBATIM,
                     self._policy.snapshot_ttl_days,
                 )
-                enqueued = await self._outbox.insert(
+                enqueued = await outbox_db.insert(
                     s,
                     event_type=ENQUEUE,
                     aggregate_type="AiJob",
@@ -455,7 +456,7 @@ class JobService:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is not None and is_unique_violation(exc):
                 async with self._sm.begin() as s:
-                    existing = await self._jobs.find_by_idempotency_key(
+                    existing = await jobs_db.find_by_idempotency_key(
                         s, req.user_id, d.job_type, req.idempotency_key
                     )
                 if existing is not None:
@@ -494,9 +495,9 @@ class JobService:
             or p.max_cost_usd_per_month
         ):
             return None
-        await budgets.lock_user(s, req.user_id)
+        await budgets_db.lock_user(s, req.user_id)
         if req.idempotency_key is not None:
-            existing = await self._jobs.find_by_idempotency_key(
+            existing = await jobs_db.find_by_idempotency_key(
                 s, req.user_id, req.job_type, req.idempotency_key
             )
             if existing is not None:
@@ -515,7 +516,7 @@ class JobService:
         now = dt.datetime.now(dt.UTC)
         day, month = utc_day_start(now), utc_month_start(now)
         # One round trip for the three counts; each only when its limit exists.
-        active, today, this_month = await self._jobs.quota_counts(
+        active, today, this_month = await jobs_db.quota_counts(
             s,
             user_id,
             active=bool(p.max_active_jobs),
@@ -549,7 +550,7 @@ class JobService:
                 ),
             )
         for window in self.budget_windows(now):
-            held = await budgets.committed(s, user_id, window.since)
+            held = await budgets_db.committed(s, user_id, window.since)
             error = window.refusal(held, estimate.worst_case_cost_usd, now)
             if error is not None:
                 return Refusal(
@@ -581,7 +582,7 @@ class JobService:
         commit, outside the transaction. If that Temporal call fails, the request stays
         recorded: the EXECUTE heartbeat reads it and the reconciler re-sends the cancel."""
         async with self._sm.begin() as s:
-            row = await self._jobs.get_for_update(s, job_id)
+            row = await jobs_db.get_for_update(s, job_id)
             # The one owner rule (jobs/views.py): someone else's job reads as missing.
             if row is None or not can_see(Owner(user_id, is_admin=admin), row.user_id):
                 raise not_found()
@@ -600,7 +601,7 @@ class JobService:
                 await lifecycle.cancel(s, job_id, only_if_queued=True)
                 outcome: Literal["cancelled", "cancel_requested"] = "cancelled"
             elif current == LifecycleStatus.RUNNING:
-                await self._lifecycle.request_cancel(s, job_id)
+                await lifecycle_db.request_cancel(s, job_id)
                 outcome = "cancel_requested"
             elif current == LifecycleStatus.CANCELLED:
                 raise JobAlreadyCancelled("The job is already cancelled.")
@@ -629,8 +630,8 @@ class JobService:
         idempotency key a user could have claimed first. A double-click returns the same job.
         `within` runs in the transaction that creates the retry (not when one existed)."""
         async with self._sm.begin() as s:
-            row = await self._jobs.get(s, job_id)
-            existing = await self._jobs.find_retry_of(s, job_id) if row is not None else None
+            row = await jobs_db.get(s, job_id)
+            existing = await jobs_db.find_retry_of(s, job_id) if row is not None else None
         if row is None:
             raise JobNotFound("Job not found.")
         if row.lifecycle_status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
@@ -668,7 +669,7 @@ class JobService:
             if not is_unique_violation(exc):
                 raise
             async with self._sm.begin() as s:
-                existing = await self._jobs.find_retry_of(s, job_id)
+                existing = await jobs_db.find_retry_of(s, job_id)
             if existing is None:
                 raise
             return CreateJobResult(job=existing, created=False)
@@ -702,7 +703,7 @@ class CheckedRequest:
 class Quote:
     checked: CheckedRequest
     refusal: Refusal | None  # None: a create now would be admitted
-    budgets: list[tuple[BudgetWindow, budgets.Committed]]
+    budgets: list[tuple[BudgetWindow, budgets_db.Committed]]
 
 
 class EnqueueNotWritten(RuntimeError):

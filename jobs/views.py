@@ -26,8 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import artifacts as artifacts_db
+from db import jobs as jobs_db
+from db.artifacts import ArtifactRef
 from db.chunks import SucceededChunk, job_chunking, succeeded_chunks
-from db.jobs import ArtifactRef, JobFilter, JobQueries, JobRow
+from db.jobs import JobFilter, JobRow
 from db.session import SessionMaker
 from engine.errors import JobNotFound
 from engine.lifecycle import StatusName
@@ -188,7 +191,7 @@ def not_found() -> JobNotFound:
 async def check_visible(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> str:
     """The job's type when `viewer` may see the job, else JobNotFound. One narrow query: what a
     route needs before it streams or pages a job's parts."""
-    owner = await JobQueries().get_owner(session, job_id)
+    owner = await jobs_db.get_owner(session, job_id)
     if owner is None or not can_see(viewer, owner[1]):
         raise not_found()
     return owner[0]
@@ -290,12 +293,12 @@ def _may_have_artifacts(row: JobRow) -> bool:
 async def _artifacts_of(session: AsyncSession, row: JobRow) -> list[ArtifactRef]:
     if not _may_have_artifacts(row):
         return []
-    return (await JobQueries().artifacts(session, [row.id]))[row.id]
+    return (await artifacts_db.artifacts(session, [row.id]))[row.id]
 
 
 async def find_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobRead | None:
     """The job as `viewer` may see it; None when it is missing or someone else's."""
-    row = await JobQueries().get(session, job_id)
+    row = await jobs_db.get(session, job_id)
     if row is None or not can_see(viewer, row.user_id):
         return None
     return JobRead(row, await _artifacts_of(session, row))
@@ -343,11 +346,10 @@ class Page(Generic[T, K]):
 async def _job_rows(
     session: AsyncSession, f: JobFilter, after: JobKey | None, limit: int
 ) -> tuple[list[JobRow], dict[uuid.UUID, list[ArtifactRef]], JobKey | None]:
-    jobs = JobQueries()
     # One row past the page says whether another page follows.
-    rows = await jobs.list_jobs(session, f, after=after, limit=limit + 1)
+    rows = await jobs_db.list_jobs(session, f, after=after, limit=limit + 1)
     page = rows[:limit]
-    arts = await jobs.artifacts(session, [r.id for r in page])
+    arts = await artifacts_db.artifacts(session, [r.id for r in page])
     nxt = (page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return page, arts, nxt
 
@@ -400,7 +402,7 @@ async def artifact_page(
     state = await job_chunking(session, job_id)
     if state is not None and state[1] is not None and state[0] in ("queued", "running"):
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit)
-    rows = await JobQueries().artifact_page(session, job_id, after=after, limit=limit + 1)
+    rows = await artifacts_db.artifact_page(session, job_id, after=after, limit=limit + 1)
     page = rows[:limit]
     view = catalog.get(job_type).artifact_view if job_type in catalog else None
     contents = await view(session, job_id, [a.artifact_id for _, a in page]) if view else {}

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from db import webhooks as repo
+from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from db.webhooks import WEBHOOK_EVENTS, EndpointRow
 from engine.errors import (
@@ -249,11 +249,11 @@ class WebhookService:
         secret = new_secret()
         key_id, blob = cipher.encrypt(secret, aad=endpoint_aad(endpoint_id))
         async with self._sm.begin() as s:
-            if await repo.lock_user_endpoints(s, user_id) >= self._max_endpoints:
+            if await webhooks_db.lock_user_endpoints(s, user_id) >= self._max_endpoints:
                 raise WebhookLimitReached(
                     f"A user can register at most {self._max_endpoints} webhooks; delete one first."
                 )
-            row = await repo.insert_endpoint(
+            row = await webhooks_db.insert_endpoint(
                 s,
                 endpoint_id=endpoint_id,
                 user_id=user_id,
@@ -267,11 +267,11 @@ class WebhookService:
 
     async def list(self, user_id: str) -> list[EndpointRow]:
         async with self._sm() as s:
-            return await repo.list_endpoints(s, user_id)
+            return await webhooks_db.list_endpoints(s, user_id)
 
     async def delete(self, user_id: str, endpoint_id: uuid.UUID) -> None:
         async with self._sm.begin() as s:
-            if not await repo.delete_endpoint(s, user_id, endpoint_id):
+            if not await webhooks_db.delete_endpoint(s, user_id, endpoint_id):
                 raise WebhookNotFound("Webhook not found.")
         log.info("webhook deleted", extra={"webhook_id": str(endpoint_id)})
 
@@ -282,10 +282,10 @@ class WebhookService:
         secret = new_secret()
         key_id, blob = cipher.encrypt(secret, aad=endpoint_aad(endpoint_id))
         async with self._sm.begin() as s:
-            current = await repo.get_endpoint(s, endpoint_id, for_update=True)
+            current = await webhooks_db.get_endpoint(s, endpoint_id, for_update=True)
             if current is None or current.user_id != user_id or current.deleted_at is not None:
                 raise WebhookNotFound("Webhook not found.")
-            row = await repo.rotate_secret(
+            row = await webhooks_db.rotate_secret(
                 s,
                 endpoint_id,
                 key_id=key_id,

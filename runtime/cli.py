@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from db import outbox_admin as outbox_admin_db
 from engine.settings import ConfigurationError, Role, Settings
 
 if TYPE_CHECKING:
@@ -258,21 +259,19 @@ def cmd_setup_temporal(args: argparse.Namespace) -> int:
 
 
 async def _outbox_dead(settings: Settings, requeue: bool) -> None:
-    from db import outbox
     from runtime.wiring import build_parts
 
     parts = build_parts(settings)
-    repo = outbox.OutboxRepository()
     try:
         async with parts.sessionmaker.begin() as s:
-            dead = await repo.list_dead(s, limit=1000)
+            dead = await outbox_admin_db.list_dead(s, limit=1000)
             for r in dead:
                 print(
                     f"{r.id}\t{r.event_type}\t{r.aggregate_id}\tattempts={r.attempt_count}\t"
                     f"{(r.last_error or '')[:120]}"
                 )
             if requeue and dead:
-                n = len(await outbox.requeue(s, [r.id for r in dead]))
+                n = len(await outbox_admin_db.requeue(s, [r.id for r in dead]))
                 print(f"requeued {n} dead events")
     finally:
         await parts.close()

@@ -18,8 +18,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.relay import Relay
+from db import jobs as jobs_db
 from db.credentials import active_user_key_id
-from db.jobs import JobQueries
 from engine.definition import QUEUE_NAMES, QueueSpec, RetryBackoff
 from engine.lifecycle import TERMINAL_VALUES
 from engine.settings import Settings
@@ -97,7 +97,7 @@ class Stack:
 
     async def job(self, job_id: uuid.UUID) -> Any:
         async with self.parts.sessionmaker() as s:
-            return await JobQueries().get(s, job_id)
+            return await jobs_db.get(s, job_id)
 
     async def wait_status(self, job_id: uuid.UUID, *statuses: str, timeout: float = 30.0) -> Any:
         """Poll SQL (the source of truth) until the job reaches one of `statuses` (default: a

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import text
 
 from activities.webhooks import WebhookDeliverer
-from db import webhooks as repo
+from db import webhooks as webhooks_db
 from db.outbox import COMPLETED
 from db.session import SessionMaker
 from jobs.credentials import credential_cipher
@@ -154,7 +154,7 @@ async def publish_completed(db: SessionMaker, job_id: uuid.UUID) -> int:
                 {"event": COMPLETED, "jid": str(job_id), "dk": f"{COMPLETED}:{job_id}"},
             )
         )
-        await repo.fan_out(s, [event_id])
+        await webhooks_db.fan_out(s, [event_id])
     return event_id
 
 

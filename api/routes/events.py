@@ -39,7 +39,8 @@ from starlette.types import Receive, Scope, Send
 from api.deps import State, User
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
-from db.jobs import JobQueries, JobRow
+from db import jobs as jobs_db
+from db.jobs import JobRow
 from engine.errors import ValidationFailed
 from engine.lifecycle import TERMINAL
 from jobs import views
@@ -193,7 +194,7 @@ async def user_events(
 
     async def changed_since(cutoff: int) -> list[uuid.UUID]:
         async with state.sessionmaker() as s:
-            return await JobQueries().changed_since(s, user_id, cutoff, limit=RESYNC_LIMIT)
+            return await jobs_db.changed_since(s, user_id, cutoff, limit=RESYNC_LIMIT)
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
         sent: OrderedDict[uuid.UUID, tuple[str, int]] = OrderedDict()

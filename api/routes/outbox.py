@@ -14,8 +14,8 @@ from fastapi import APIRouter, Path, Query
 from api import cursors
 from api.deps import Admin, State
 from api.schemas import EVENT_TYPE_PATTERN, OutboxEventOut, OutboxPage, OutboxStatus
-from db import outbox
-from db.outbox import OutboxSummary
+from db import outbox_admin as outbox_admin_db
+from db.outbox_admin import OutboxSummary
 from engine.errors import OutboxEventNotFound, OutboxNotRequeueable
 from jobs.audit import OUTBOX_REQUEUE, AuditEntry, AuditLog
 
@@ -70,7 +70,7 @@ async def list_events(
 ) -> dict[str, Any]:
     before = decode_cursor(cursor)
     async with state.sessionmaker() as s:
-        rows = await outbox.list_page(
+        rows = await outbox_admin_db.list_page(
             s, status=status_, event_type=event_type, before_id=before, limit=limit + 1
         )
     page = rows[:limit]
@@ -101,9 +101,9 @@ async def requeue_event(
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, OUTBOX_REQUEUE, "outbox_event", str(event_id))
     async with audit.refusals(entry), state.sessionmaker.begin() as s:
-        requeued = await outbox.requeue(s, [event_id])
+        requeued = await outbox_admin_db.requeue(s, [event_id])
         if not requeued:
-            current = await outbox.get_summary(s, event_id)
+            current = await outbox_admin_db.get_summary(s, event_id)
             if current is None:
                 raise OutboxEventNotFound("No outbox event has this id.")
             raise OutboxNotRequeueable(

@@ -21,7 +21,7 @@ from api.deps import Admin, State, User
 from api.errors import PROBLEM
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
-from db import webhooks as repo
+from db import webhooks as webhooks_db
 from db.webhooks import DeliveryRow, DeliveryStatus, EndpointRow, WebhookEvent
 from engine.errors import (
     WebhookDeliveryNotFound,
@@ -208,7 +208,9 @@ async def list_deliveries(
 ) -> dict[str, Any]:
     before = _decode_cursor(cursor)
     async with state.sessionmaker() as s:
-        rows = await repo.list_deliveries(s, status=status_, before_id=before, limit=limit + 1)
+        rows = await webhooks_db.list_deliveries(
+            s, status=status_, before_id=before, limit=limit + 1
+        )
     page = rows[:limit]
     return {
         "items": [_delivery(r) for r in page],
@@ -232,9 +234,9 @@ async def replay_delivery(
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, DELIVERY_REPLAY, "webhook_delivery", str(delivery_id))
     async with audit.refusals(entry), state.sessionmaker.begin() as s:
-        row = await repo.replay(s, delivery_id)
+        row = await webhooks_db.replay(s, delivery_id)
         if row is None:
-            current = await repo.get_delivery(s, delivery_id)
+            current = await webhooks_db.get_delivery(s, delivery_id)
             if current is None:
                 raise WebhookDeliveryNotFound("No webhook delivery has this id.")
             raise WebhookDeliveryNotReplayable(f"The delivery is {current.status}.")

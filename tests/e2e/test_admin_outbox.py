@@ -19,7 +19,8 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from db.outbox import ENQUEUE, NOTIFY_CHANNEL, OutboxRepository
+from db import outbox as outbox_db
+from db.outbox import ENQUEUE, NOTIFY_CHANNEL
 from db.session import SessionMaker, libpq_url
 from tests.e2e.conftest import Api, assert_problem
 from tests.stack import INTERACTIVE, Stack, engine_stack
@@ -56,7 +57,7 @@ async def insert_event(
     """An outbox row through the repository, then put into `status` by SQL."""
     job_id = job_id or str(uuid.uuid4())
     async with db.begin() as s:
-        event_id = await OutboxRepository().insert(
+        event_id = await outbox_db.insert(
             s,
             event_type=event_type,
             aggregate_type="AiJob",

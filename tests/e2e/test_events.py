@@ -13,7 +13,7 @@ import httpx
 from sqlalchemy import text
 
 from api.events import STREAM_RETRY_AFTER_S, JobEventHub, StreamSlots
-from db.jobs import JobQueries
+from db import jobs as jobs_db
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.sse import Event, events_of
 from tests.stack import INTERACTIVE, Stack, engine_stack
@@ -304,7 +304,7 @@ async def test_server_shutdown_frees_the_slots(db: Any, env: Any) -> None:
 
 
 async def test_the_resume_query_uses_its_index(db: Any) -> None:
-    """`JobQueries.changed_since` (the all-jobs stream's resume) reads the (user_id,
+    """`jobs.changed_since` (the all-jobs stream's resume) reads the (user_id,
     updated_at) index in order, instead of all of a user's jobs sorted."""
     async with db.begin() as s:
         await s.execute(
@@ -334,7 +334,7 @@ async def test_the_resume_query_uses_its_index(db: Any) -> None:
                 {"u": "u7", "since": 0, "lim": 100},
             )
         )
-        found = await JobQueries().changed_since(s, "u7", 0, limit=100)
+        found = await jobs_db.changed_since(s, "u7", 0, limit=100)
         await s.rollback()
     assert "ix_ai_job_user_updated" in plan, plan
     assert "Sort" not in plan, plan

@@ -28,7 +28,8 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from db.lifecycle import LifecycleRepository, NewJob
+from db import lifecycle as lifecycle_db
+from db.lifecycle import NewJob
 from db.session import SessionMaker
 from engine import search_attributes
 from engine.contracts import workflow_id
@@ -73,7 +74,7 @@ def new_job(user_id: str = "u1") -> NewJob:
 async def insert_job(sm: SessionMaker, user_id: str = "u1") -> uuid.UUID:
     job = new_job(user_id)
     async with sm.begin() as s:
-        await LifecycleRepository().create(s, job)
+        await lifecycle_db.create(s, job)
     return job.id
 
 
@@ -105,11 +106,10 @@ async def make_failed_jobs(
         ).job.id
         for i in range(n)
     ]
-    repo = LifecycleRepository()
     async with db.begin() as s:
         for job_id in ids:
-            await repo.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
-            await repo.mark_failed(
+            await lifecycle_db.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
+            await lifecycle_db.mark_failed(
                 s, job_id, code, public_message_for(code), "test: simulated outage"
             )
     return ids

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from db import budgets
+from db import budgets as budgets_db
+from db import usage as usage_db
 from db.session import SessionMaker
-from db.usage import UsageRepository, UsageRow
+from db.usage import UsageRow
 from engine.errors import CostCapTooLow, IdempotencyKeyReused, QuotaExceeded
 from jobs import lifecycle
 from jobs.costs import (
@@ -62,13 +63,13 @@ def usd(value: Decimal) -> Decimal:
 
 async def reserved_open(sm: SessionMaker, user_id: str) -> Decimal:
     async with sm() as s:
-        return await budgets.open_reservations(s, user_id)
+        return await budgets_db.open_reservations(s, user_id)
 
 
 async def spend(sm: SessionMaker, job_id: uuid.UUID, user_id: str, cost: Decimal) -> None:
     """One paid call of the job, written as EXECUTE writes it (log, rollup, job spend)."""
     async with sm.begin() as s:
-        await UsageRepository().insert(
+        await usage_db.insert(
             s,
             UsageRow(
                 job_id=job_id,
@@ -139,7 +140,7 @@ async def test_an_ended_job_gives_back_what_it_did_not_spend(db: SessionMaker) -
     async with db.begin() as s:
         await lifecycle.cancel(s, first.id, only_if_queued=True)
     async with db() as s:
-        held = await budgets.committed(s, "u1", dt.datetime.now(dt.UTC).date())
+        held = await budgets_db.committed(s, "u1", dt.datetime.now(dt.UTC).date())
     assert held.spent_usd == tenth
     assert held.reserved_usd == worst  # only the second job's
     assert (await svc.create(quiz(target="c"))).created

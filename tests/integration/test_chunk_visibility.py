@@ -24,8 +24,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from temporalio.client import Client
 
 from activities.reconciler import Reconciler
+from db import lifecycle as lifecycle_db
 from db.chunks import PlannedChunk
-from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker
 from engine.hashing import output_hash
 from engine.settings import Settings
@@ -69,9 +69,7 @@ async def long_quiz(api: Api, count: int = 12, source: str = LONG) -> str:
 async def start_running(db: SessionMaker, job_id: str) -> None:
     async with db.begin() as s:
         wf = await s.scalar(text("SELECT workflow_id FROM ai_job WHERE id = :j"), {"j": job_id})
-        await LifecycleRepository().lock(
-            s, uuid.UUID(job_id), owner=str(wf), identity="test", ttl_s=60
-        )
+        await lifecycle_db.lock(s, uuid.UUID(job_id), owner=str(wf), identity="test", ttl_s=60)
 
 
 async def chunks_of(db: SessionMaker, job_id: str) -> list[PlannedChunk]:

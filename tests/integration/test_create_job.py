@@ -15,10 +15,12 @@ import psycopg
 import pytest
 from sqlalchemy import event, text
 
-from db.jobs import JobQueries, JobRow
-from db.lifecycle import LifecycleRepository
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import usage as usage_db
+from db.jobs import JobRow
 from db.session import SessionMaker, libpq_url
-from db.usage import UsageRepository, UsageRow
+from db.usage import UsageRow
 from engine.errors import (
     IdempotencyKeyReused,
     JobAlreadyCancelled,
@@ -67,7 +69,7 @@ async def counts(sm: SessionMaker) -> tuple[int, int, int]:
 
 async def get(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
     async with sm() as s:
-        row = await JobQueries().get(s, job_id)
+        row = await jobs_db.get(s, job_id)
     assert row is not None
     return row
 
@@ -144,7 +146,7 @@ async def test_active_job_quota_does_not_overshoot_under_concurrency(db: Session
     # Ending one active job frees a slot.
     done = next(r for r in results if not isinstance(r, BaseException))
     async with db.begin() as s:
-        await LifecycleRepository().mark_cancelled(s, done.job.id)
+        await lifecycle_db.mark_cancelled(s, done.job.id)
     assert (await svc.create(request(target_id="t-again"))).created
     with pytest.raises(TooManyJobs):
         await svc.create(request(target_id="t-over"))
@@ -156,7 +158,7 @@ async def test_daily_quota(db: SessionMaker) -> None:
     assert all(c.created for c in created)
     # Cancelling does not give the day's quota back.
     async with db.begin() as s:
-        await LifecycleRepository().mark_cancelled(s, created[0].job.id)
+        await lifecycle_db.mark_cancelled(s, created[0].job.id)
     with pytest.raises(QuotaExceeded) as info:
         await svc.create(request(target_id="t4"))
     assert info.value.retry_after_s is not None
@@ -338,14 +340,13 @@ async def test_concurrent_cancels_of_a_queued_job(db: SessionMaker) -> None:
 
 async def test_cancel_a_finished_job(db: SessionMaker) -> None:
     svc = service(db)
-    repo = LifecycleRepository()
     done = (await svc.create(request(target_id="a"))).job
     failed = (await svc.create(request(target_id="b"))).job
     async with db.begin() as s:
-        await repo.lock(s, done.id, owner="run-1", identity="w", ttl_s=60)
-        await repo.mark_succeeded(s, done.id, owner="run-1")
-        await repo.lock(s, failed.id, owner="run-2", identity="w", ttl_s=60)
-        await repo.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
+        await lifecycle_db.lock(s, done.id, owner="run-1", identity="w", ttl_s=60)
+        await lifecycle_db.mark_succeeded(s, done.id, owner="run-1")
+        await lifecycle_db.lock(s, failed.id, owner="run-2", identity="w", ttl_s=60)
+        await lifecycle_db.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
     for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
         before = await get(db, job_id)
         with pytest.raises(JobNotCancellable):
@@ -358,7 +359,7 @@ async def test_cancel_a_running_job_requests_it(db: SessionMaker) -> None:
     svc = service(db)
     job = (await svc.create(request())).job
     async with db.begin() as s:
-        await LifecycleRepository().lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
+        await lifecycle_db.lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
     rec = CancelRecorder()
     res = await svc.cancel(job.id, "u1", cancel_workflow=rec)
     assert res.outcome == "cancel_requested"
@@ -393,10 +394,9 @@ async def test_cancel_someone_elses_job_is_not_found(db: SessionMaker) -> None:
 
 async def failed_job(svc: JobService, sm: SessionMaker, **kw: Any) -> JobRow:
     job = (await svc.create(request(**kw))).job
-    repo = LifecycleRepository()
     async with sm.begin() as s:
-        await repo.lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
-        await repo.mark_failed(s, job.id, "PROVIDER_UNAVAILABLE", "down")
+        await lifecycle_db.lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
+        await lifecycle_db.mark_failed(s, job.id, "PROVIDER_UNAVAILABLE", "down")
     return await get(sm, job.id)
 
 
@@ -448,14 +448,13 @@ async def test_retry_bypasses_quotas(db: SessionMaker) -> None:
 
 async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker) -> None:
     svc = service(db)
-    repo = LifecycleRepository()
     queued = (await svc.create(request(target_id="q"))).job
     running = (await svc.create(request(target_id="r"))).job
     done = (await svc.create(request(target_id="s"))).job
     async with db.begin() as s:
-        await repo.lock(s, running.id, owner="run-r", identity="w", ttl_s=60)
-        await repo.lock(s, done.id, owner="run-s", identity="w", ttl_s=60)
-        await repo.mark_succeeded(s, done.id)
+        await lifecycle_db.lock(s, running.id, owner="run-r", identity="w", ttl_s=60)
+        await lifecycle_db.lock(s, done.id, owner="run-s", identity="w", ttl_s=60)
+        await lifecycle_db.mark_succeeded(s, done.id)
     for job_id in (queued.id, running.id, done.id):
         with pytest.raises(JobNotRetryable):
             await svc.retry(job_id)
@@ -510,7 +509,7 @@ async def test_monthly_cost_budget(db: SessionMaker) -> None:
     job = (await svc.create(request())).job
     async with db.begin() as s:
         # Through the repository: budgets read the daily rollup its insert keeps.
-        await UsageRepository().insert(
+        await usage_db.insert(
             s,
             UsageRow(
                 job_id=job.id,

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
-from db.jobs import JobQueries
+from db import artifacts as artifacts_db
 from db.outbox import COMPLETED, FAILED
 from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult, ProjectInput, ProjectResult
@@ -320,7 +320,7 @@ async def test_projector_failing_once_is_retried_and_writes_once(
                 s, ctx, synthetic.SyntheticOutput.model_validate(row.output)
             )
             inserted = [
-                await JobQueries().insert_artifact(
+                await artifacts_db.insert_artifact(
                     s, job_id, a.artifact_type, a.artifact_id, a.ordinal
                 )
                 for a in arts

@@ -11,8 +11,10 @@ from datetime import datetime
 
 from sqlalchemy import text
 
-from db.jobs import JobQueries, JobRow
-from db.lifecycle import LifecycleRepository
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import snapshots as snapshots_db
+from db.jobs import JobRow
 from db.session import SessionMaker
 from tests.integration.engine_helpers import insert_job
 
@@ -23,20 +25,20 @@ OUT = {"answer": 42}
 async def _running(sm: SessionMaker, owner: str = "wf-1") -> uuid.UUID:
     job_id = await insert_job(sm)
     async with sm.begin() as s:
-        await LifecycleRepository().lock(s, job_id, owner=owner, identity="w1", ttl_s=1)
+        await lifecycle_db.lock(s, job_id, owner=owner, identity="w1", ttl_s=1)
     return job_id
 
 
 async def _row(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
     async with sm() as s:
-        row = await JobQueries().get(s, job_id)
+        row = await jobs_db.get(s, job_id)
     assert row is not None
     return row
 
 
 async def _settle(sm: SessionMaker, job_id: uuid.UUID, owner: str) -> tuple[bool, bool]:
     async with sm.begin() as s:
-        return await JobQueries().settle_attempt(
+        return await lifecycle_db.settle_attempt(
             s,
             job_id,
             owner=owner,
@@ -56,7 +58,7 @@ def _lock_until(row: JobRow) -> datetime:
 async def test_the_owner_stores_extends_and_records(db: SessionMaker) -> None:
     job_id = await _running(db)
     async with db.begin() as s:
-        await JobQueries().record_attempt(
+        await lifecycle_db.record_attempt(
             s, job_id, attempt=1, internal_error="x", correction_hint="fix it"
         )
     before = await _row(db, job_id)
@@ -81,7 +83,7 @@ async def test_another_owner_records_the_attempt_only(db: SessionMaker) -> None:
 async def test_a_requested_cancel_stores_nothing(db: SessionMaker) -> None:
     job_id = await _running(db)
     async with db.begin() as s:
-        await LifecycleRepository().request_cancel(s, job_id)
+        await lifecycle_db.request_cancel(s, job_id)
     assert await _settle(db, job_id, "wf-1") == (True, True)
     row = await _row(db, job_id)
     assert row.output is None and row.output_hash is None and row.progress < 60
@@ -99,16 +101,17 @@ async def test_a_missing_job_is_not_owned(db: SessionMaker) -> None:
 
 
 async def test_the_job_and_its_unexpired_snapshot_in_one_read(db: SessionMaker) -> None:
-    jobs = JobQueries()
     job_id = await insert_job(db)
     async with db() as s:
-        assert await jobs.get_with_snapshot(s, uuid.uuid4()) is None
-        found = await jobs.get_with_snapshot(s, job_id)
+        assert await jobs_db.get_with_snapshot(s, uuid.uuid4()) is None
+        found = await jobs_db.get_with_snapshot(s, job_id)
     assert found is not None and found[0].id == job_id and found[1] is None
     async with db.begin() as s:
-        await jobs.insert_snapshot(s, job_id, {"text": "t"}, redaction_version="1", ttl_days=1)
+        await snapshots_db.insert_snapshot(
+            s, job_id, {"text": "t"}, redaction_version="1", ttl_days=1
+        )
     async with db() as s:
-        found = await jobs.get_with_snapshot(s, job_id)
+        found = await jobs_db.get_with_snapshot(s, job_id)
     assert found is not None and found[1] == {"text": "t"}
     async with db.begin() as s:
         await s.execute(
@@ -118,5 +121,5 @@ async def test_the_job_and_its_unexpired_snapshot_in_one_read(db: SessionMaker) 
             {"j": job_id},
         )
     async with db() as s:
-        found = await jobs.get_with_snapshot(s, job_id)
+        found = await jobs_db.get_with_snapshot(s, job_id)
     assert found is not None and found[1] is None

@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.jobs import JobQueries, JobRow
-from db.lifecycle import LifecycleRepository, owner_token
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import reconciler as reconciler_db
+from db.jobs import JobRow
+from db.lifecycle import owner_token
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus, is_legal
@@ -37,16 +40,14 @@ async def in_tx(sm: SessionMaker, op: Callable[[AsyncSession], Awaitable[T]]) ->
 
 async def get(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
     async with sm() as s:
-        row = await JobQueries().get(s, job_id)
+        row = await jobs_db.get(s, job_id)
     assert row is not None
     return row
 
 
 async def running_job(sm: SessionMaker, run_id: str = "run-1") -> uuid.UUID:
     job_id = await insert_job(sm)
-    await in_tx(
-        sm, lambda s: LifecycleRepository().lock(s, job_id, owner=run_id, identity="w1", ttl_s=TTL)
-    )
+    await in_tx(sm, lambda s: lifecycle_db.lock(s, job_id, owner=run_id, identity="w1", ttl_s=TTL))
     return job_id
 
 
@@ -94,9 +95,7 @@ def check_invariants(row: JobRow, m: Model) -> None:
     assert row.internal_error_message == m.internal, m.log
 
 
-async def apply(
-    repo: LifecycleRepository, sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model
-) -> None:
+async def apply(sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model) -> None:
     """Run one op and check its result against the model; updates the model."""
     name = op[0]
     call: Awaitable[Any]
@@ -118,7 +117,7 @@ async def apply(
 
     if name == "lock":
         run = op[1]
-        call = in_tx(sm, lambda s: repo.lock(s, job_id, owner=run, identity="w", ttl_s=TTL))
+        call = in_tx(sm, lambda s: lifecycle_db.lock(s, job_id, owner=run, identity="w", ttl_s=TTL))
         if m.status == S.QUEUED or (m.status == S.RUNNING and m.owner == run):
             locked = await call
             assert locked.reacquired is (m.status == S.RUNNING), m.log
@@ -130,7 +129,9 @@ async def apply(
             await expect_illegal(S.RUNNING, call)
     elif name == "extend":
         run = op[1]
-        res = await in_tx(sm, lambda s: repo.extend_lock(s, job_id, owner=run, ttl_s=TTL * 2))
+        res = await in_tx(
+            sm, lambda s: lifecycle_db.extend_lock(s, job_id, owner=run, ttl_s=TTL * 2)
+        )
         if m.status == S.RUNNING and m.owner == run:
             assert res.extended and res.cancel_requested is m.cancel_requested, m.log
             after = await get(sm, job_id)
@@ -143,11 +144,11 @@ async def apply(
         run = op[1]
         to = S.SUCCEEDED if name == "succeed" else S.FAILED
         if name == "succeed":
-            call = in_tx(sm, lambda s: repo.mark_succeeded(s, job_id, owner=run))
+            call = in_tx(sm, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner=run))
         else:
             call = in_tx(
                 sm,
-                lambda s: repo.mark_failed(
+                lambda s: lifecycle_db.mark_failed(
                     s, job_id, "PROVIDER_UNAVAILABLE", "public text", op[2], owner=run
                 ),
             )
@@ -166,9 +167,9 @@ async def apply(
     elif name in ("cancel", "cancel_if_queued"):
         allowed = (S.QUEUED, S.RUNNING) if name == "cancel" else (S.QUEUED,)
         if name == "cancel":
-            call = in_tx(sm, lambda s: repo.mark_cancelled(s, job_id))
+            call = in_tx(sm, lambda s: lifecycle_db.mark_cancelled(s, job_id))
         else:
-            call = in_tx(sm, lambda s: repo.mark_cancelled_if_queued(s, job_id))
+            call = in_tx(sm, lambda s: lifecycle_db.mark_cancelled_if_queued(s, job_id))
         if m.status in allowed:
             result = await call
             if name == "cancel":
@@ -181,7 +182,7 @@ async def apply(
             assert (info.value.from_status, info.value.to_status) == (m.status, S.CANCELLED)
             assert await get(sm, job_id) == before, m.log
     elif name == "request_cancel":
-        assert await in_tx(sm, lambda s: repo.request_cancel(s, job_id)) == m.status, m.log
+        assert await in_tx(sm, lambda s: lifecycle_db.request_cancel(s, job_id)) == m.status, m.log
         if m.status == S.RUNNING:
             after = await get(sm, job_id)
             if m.cancel_requested:  # the first request's time is kept
@@ -191,7 +192,7 @@ async def apply(
             assert await get(sm, job_id) == before, m.log
     elif name == "note":
         async with sm.begin() as s:
-            await JobQueries().record_attempt(s, job_id, attempt=1, internal_error=op[1])
+            await lifecycle_db.record_attempt(s, job_id, attempt=1, internal_error=op[1])
         m.internal = op[1]
     else:  # pragma: no cover
         raise AssertionError(op)
@@ -205,12 +206,11 @@ async def test_random_call_sequences_follow_the_transition_table(
 ) -> None:
     """Each example drives a fresh job; a legal call changes exactly what the table says, an
     illegal one raises IllegalTransition/LockConflict naming the states and changes nothing."""
-    repo = LifecycleRepository()
     job_id = await insert_job(sessionmaker, user_id=f"prop-{uuid.uuid4().hex[:8]}")
     m = Model()
     check_invariants(await get(sessionmaker, job_id), m)
     for op in ops:
-        await apply(repo, sessionmaker, job_id, op, m)
+        await apply(sessionmaker, job_id, op, m)
 
 
 # ---- lock (CAS queued -> running) -----------------------------------------------------------
@@ -218,7 +218,6 @@ async def test_random_call_sequences_follow_the_transition_table(
 
 async def test_concurrent_lockers_exactly_one_wins(db: SessionMaker) -> None:
     """Eight workflow runs race for each of ten queued jobs on separate connections."""
-    repo = LifecycleRepository()
     jobs = [await insert_job(db) for _ in range(10)]
     runs = [f"run-{i}" for i in range(8)]
 
@@ -229,7 +228,9 @@ async def test_concurrent_lockers_exactly_one_wins(db: SessionMaker) -> None:
                 run,
                 await in_tx(
                     db,
-                    lambda s: repo.lock(s, job_id, owner=run, identity=f"w-{run}", ttl_s=TTL),
+                    lambda s: lifecycle_db.lock(
+                        s, job_id, owner=run, identity=f"w-{run}", ttl_s=TTL
+                    ),
                 ),
             )
         except LockConflict as exc:
@@ -250,34 +251,38 @@ async def test_concurrent_lockers_exactly_one_wins(db: SessionMaker) -> None:
 
 async def test_same_run_relock_is_reacquired(db: SessionMaker) -> None:
     """A retried PREPARE (possibly on another worker) finds its own lock and succeeds."""
-    repo = LifecycleRepository()
     job_id = await insert_job(db)
-    first = await in_tx(db, lambda s: repo.lock(s, job_id, owner="run-1", identity="w1", ttl_s=TTL))
+    first = await in_tx(
+        db, lambda s: lifecycle_db.lock(s, job_id, owner="run-1", identity="w1", ttl_s=TTL)
+    )
     assert not first.reacquired
     started = (await get(db, job_id)).started_at
-    again = await in_tx(db, lambda s: repo.lock(s, job_id, owner="run-1", identity="w2", ttl_s=TTL))
+    again = await in_tx(
+        db, lambda s: lifecycle_db.lock(s, job_id, owner="run-1", identity="w2", ttl_s=TTL)
+    )
     assert again.reacquired
     assert again.locked_by == owner_token("run-1", "w2")
     assert again.lock_until >= first.lock_until
     row = await get(db, job_id)
     assert row.started_at == started  # the first start is kept
     with pytest.raises(LockConflict):
-        await in_tx(db, lambda s: repo.lock(s, job_id, owner="run-2", identity="w1", ttl_s=TTL))
+        await in_tx(
+            db, lambda s: lifecycle_db.lock(s, job_id, owner="run-2", identity="w1", ttl_s=TTL)
+        )
 
 
 async def test_missing_job_is_not_found(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     missing = uuid.uuid4()
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: repo.lock(s, missing, owner="r", identity="w", ttl_s=TTL))
+        await in_tx(db, lambda s: lifecycle_db.lock(s, missing, owner="r", identity="w", ttl_s=TTL))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: repo.mark_succeeded(s, missing))
+        await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, missing))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: repo.mark_cancelled(s, missing))
+        await in_tx(db, lambda s: lifecycle_db.mark_cancelled(s, missing))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: repo.request_cancel(s, missing))
+        await in_tx(db, lambda s: lifecycle_db.request_cancel(s, missing))
     assert not (
-        await in_tx(db, lambda s: repo.extend_lock(s, missing, owner="r", ttl_s=TTL))
+        await in_tx(db, lambda s: lifecycle_db.extend_lock(s, missing, owner="r", ttl_s=TTL))
     ).extended
 
 
@@ -285,33 +290,34 @@ async def test_missing_job_is_not_found(db: SessionMaker) -> None:
 
 
 async def test_extend_lock_only_for_the_owner_while_running(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     queued = await insert_job(db)
     assert not (
-        await in_tx(db, lambda s: repo.extend_lock(s, queued, owner="run-1", ttl_s=TTL))
+        await in_tx(db, lambda s: lifecycle_db.extend_lock(s, queued, owner="run-1", ttl_s=TTL))
     ).extended
 
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
-    other = await in_tx(db, lambda s: repo.extend_lock(s, job_id, owner="run-2", ttl_s=3600))
+    other = await in_tx(
+        db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-2", ttl_s=3600)
+    )
     assert not other.extended
     assert await get(db, job_id) == before
 
-    mine = await in_tx(db, lambda s: repo.extend_lock(s, job_id, owner="run-1", ttl_s=3600))
+    mine = await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=3600))
     assert mine.extended and not mine.cancel_requested
     after = await get(db, job_id)
     assert after.lock_until is not None and before.lock_until is not None
     assert after.lock_until > before.lock_until
 
-    assert await in_tx(db, lambda s: repo.request_cancel(s, job_id)) == S.RUNNING
+    assert await in_tx(db, lambda s: lifecycle_db.request_cancel(s, job_id)) == S.RUNNING
     assert (
-        await in_tx(db, lambda s: repo.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
+        await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
     ).cancel_requested
 
-    await in_tx(db, lambda s: repo.mark_succeeded(s, job_id, owner="run-1"))
+    await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner="run-1"))
     done = await get(db, job_id)
     assert not (
-        await in_tx(db, lambda s: repo.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
+        await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
     ).extended
     assert await get(db, job_id) == done
 
@@ -325,51 +331,51 @@ async def set_lock_until(sm: SessionMaker, job_id: uuid.UUID, seconds_from_now: 
 
 
 async def test_find_expired_locks_returns_exactly_the_stale_running_jobs(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     oldest = await running_job(db, "run-old")
     stale = await running_job(db, "run-stale")
     in_grace = await running_job(db, "run-grace")
     fresh = await running_job(db, "run-fresh")
     queued = await insert_job(db)
     failed = await running_job(db, "run-failed")
-    await in_tx(db, lambda s: repo.mark_failed(s, failed, "PROVIDER_UNAVAILABLE", "p"))
+    await in_tx(db, lambda s: lifecycle_db.mark_failed(s, failed, "PROVIDER_UNAVAILABLE", "p"))
     await set_lock_until(db, oldest, -600)
     await set_lock_until(db, stale, -120)
     await set_lock_until(db, in_grace, -5)  # expired, but within the 30 s grace
     # Non-running rows with a stale lock_until are never candidates.
     await set_lock_until(db, queued, -600)
     await set_lock_until(db, failed, -600)
-    await in_tx(db, lambda s: repo.request_cancel(s, stale))
+    await in_tx(db, lambda s: lifecycle_db.request_cancel(s, stale))
 
-    found = await in_tx(db, lambda s: repo.find_expired_locks(s, 30))
+    found = await in_tx(db, lambda s: reconciler_db.find_expired_locks(s, 30))
     assert [r.id for r in found] == [oldest, stale]  # oldest lock first
     by_id = {r.id: r for r in found}
     assert by_id[stale].workflow_id == f"ai-interactive:synthetic:{stale}"
     assert by_id[stale].locked_by == owner_token("run-stale", "w1")
     assert by_id[stale].cancel_requested_at is not None
     assert by_id[oldest].cancel_requested_at is None
-    assert {r.id for r in await in_tx(db, lambda s: repo.find_expired_locks(s, 0))} == {
+    assert {r.id for r in await in_tx(db, lambda s: reconciler_db.find_expired_locks(s, 0))} == {
         oldest,
         stale,
         in_grace,
     }
-    assert [r.id for r in await in_tx(db, lambda s: repo.find_expired_locks(s, 30, limit=1))] == [
-        oldest
-    ]
-    assert fresh not in {r.id for r in await in_tx(db, lambda s: repo.find_expired_locks(s, 0))}
+    assert [
+        r.id for r in await in_tx(db, lambda s: reconciler_db.find_expired_locks(s, 30, limit=1))
+    ] == [oldest]
+    assert fresh not in {
+        r.id for r in await in_tx(db, lambda s: reconciler_db.find_expired_locks(s, 0))
+    }
 
 
 # ---- terminal writes ------------------------------------------------------------------------
 
 
 async def test_mark_failed_keeps_codes_and_an_earlier_internal_message(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     job_id = await running_job(db, "run-1")
     async with db.begin() as s:
-        await JobQueries().record_attempt(s, job_id, attempt=2, internal_error="attempt 2: 502")
+        await lifecycle_db.record_attempt(s, job_id, attempt=2, internal_error="attempt 2: 502")
     await in_tx(
         db,
-        lambda s: repo.mark_failed(
+        lambda s: lifecycle_db.mark_failed(
             s, job_id, "PROVIDER_UNAVAILABLE", "Provider down.", None, owner="run-1"
         ),
     )
@@ -384,7 +390,9 @@ async def test_mark_failed_keeps_codes_and_an_earlier_internal_message(db: Sessi
     other = await running_job(db, "run-2")
     await in_tx(
         db,
-        lambda s: repo.mark_failed(s, other, "INTERNAL_ERROR", "Internal.", "Traceback: /srv/x.py"),
+        lambda s: lifecycle_db.mark_failed(
+            s, other, "INTERNAL_ERROR", "Internal.", "Traceback: /srv/x.py"
+        ),
     )
     row = await get(db, other)
     assert (row.error_code, row.public_error_message, row.internal_error_message) == (
@@ -399,11 +407,10 @@ class Rollback(Exception):
 
 
 async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     job_id = await running_job(db, "run-1")
     with pytest.raises(Rollback):
         async with db.begin() as s:
-            await repo.mark_succeeded(s, job_id, owner="run-1")
+            await lifecycle_db.mark_succeeded(s, job_id, owner="run-1")
             inside = (
                 await s.execute(
                     text("SELECT lifecycle_status FROM ai_job WHERE id = :id"), {"id": job_id}
@@ -417,35 +424,35 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     assert (row.lifecycle_status, row.status, row.finished_at) == ("running", "processing", None)
 
     async with db.begin() as s:
-        await repo.mark_succeeded(s, job_id, owner="run-1")
+        await lifecycle_db.mark_succeeded(s, job_id, owner="run-1")
     row = await get(db, job_id)
     assert (row.lifecycle_status, row.status, row.progress) == ("succeeded", "completed", 100)
 
 
 async def test_mark_succeeded_by_another_run_is_a_lock_conflict(db: SessionMaker) -> None:
-    repo = LifecycleRepository()
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
     with pytest.raises(LockConflict):
-        await in_tx(db, lambda s: repo.mark_succeeded(s, job_id, owner="run-2"))
+        await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner="run-2"))
     with pytest.raises(LockConflict):
-        await in_tx(db, lambda s: repo.mark_failed(s, job_id, "INTERNAL_ERROR", "x", owner="run-2"))
+        await in_tx(
+            db, lambda s: lifecycle_db.mark_failed(s, job_id, "INTERNAL_ERROR", "x", owner="run-2")
+        )
     assert await get(db, job_id) == before
 
 
 async def test_cancel_racing_completion_leaves_one_terminal_state(db: SessionMaker) -> None:
     """The cancel CAS and the completion CAS on one running job, each in its own transaction;
     exactly one wins, the loser is told which terminal state it found."""
-    repo = LifecycleRepository()
     jobs = [await running_job(db, f"run-{i}") for i in range(10)]
 
     async def cancel_in_tx(job_id: uuid.UUID) -> S:
         async with db.begin() as s:
-            return await repo.mark_cancelled(s, job_id)
+            return await lifecycle_db.mark_cancelled(s, job_id)
 
     async def succeed_in_tx(job_id: uuid.UUID, run: str) -> None:
         async with db.begin() as s:
-            await repo.mark_succeeded(s, job_id, owner=run)
+            await lifecycle_db.mark_succeeded(s, job_id, owner=run)
 
     results = await asyncio.gather(
         *(

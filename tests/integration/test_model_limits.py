@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from db.provider_limits import LimitAdmission, LimitKey, Limits, ProviderLimits
+from db import provider_limits as provider_limits_db
+from db.provider_limits import LimitAdmission, LimitKey, Limits
 from db.session import SessionMaker
 from providers.base import RateLimitHeaders
 from providers.crypto import generate_key_setting
@@ -50,7 +51,7 @@ async def admit_once(
     db: SessionMaker, key: LimitKey, limits: Limits, tokens: int = 100, ttl_s: float = 60.0
 ) -> LimitAdmission:
     async with db.begin() as s:
-        return await ProviderLimits().admit(
+        return await provider_limits_db.admit(
             s, key, limits, tokens=tokens, job_id=uuid.uuid4(), lease_ttl_s=ttl_s
         )
 
@@ -123,11 +124,11 @@ async def test_unused_limits_cost_nothing_and_keys_never_share_buckets(db: Sessi
 
 
 async def test_settle_gives_unused_tokens_back_and_learns_from_headers(db: SessionMaker) -> None:
-    repo, key, limits = ProviderLimits(), LimitKey("p", "m", "platform"), Limits(tpm=6000)
+    key, limits = LimitKey("p", "m", "platform"), Limits(tpm=6000)
     first = await admit_once(db, key, limits, tokens=6000)
     assert first.metered
     async with db.begin() as s:
-        await repo.settle(
+        await provider_limits_db.settle(
             s, key, None, tokens_reserved=6000, tokens_used=1000, headers=None, limits=limits
         )
     row = await limit_row(db, key)
@@ -140,7 +141,9 @@ async def test_settle_gives_unused_tokens_back_and_learns_from_headers(db: Sessi
     )
     before = time.time()
     async with db.begin() as s:
-        await repo.settle(s, quiet, None, tokens_reserved=0, tokens_used=0, headers=headers)
+        await provider_limits_db.settle(
+            s, quiet, None, tokens_reserved=0, tokens_used=0, headers=headers
+        )
     row = await limit_row(db, quiet)
     assert (row.announced_rpm, row.announced_tpm, row.requests_available) == (60, 1000, 0)
     assert before + 1.5 < float(row.blocked_until) < before + 3

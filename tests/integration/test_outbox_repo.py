@@ -12,11 +12,10 @@ import itertools
 
 from sqlalchemy import text
 
-from db import outbox
-from db.outbox import ENQUEUE, MAX_ATTEMPTS, OutboxRepository, OutboxRow
+from db import outbox as outbox_db
+from db import outbox_admin as outbox_admin_db
+from db.outbox import ENQUEUE, MAX_ATTEMPTS, OutboxRow
 from db.session import SessionMaker
-
-repo = OutboxRepository()
 
 
 async def seed(sm: SessionMaker, n: int) -> list[int]:
@@ -54,7 +53,7 @@ async def rows(sm: SessionMaker, ids: list[int] | None = None) -> dict[int, Outb
 
 async def claim(sm: SessionMaker, owner: str, limit: int) -> list[OutboxRow]:
     async with sm.begin() as s:
-        return await repo.claim_batch(s, owner=owner, limit=limit)
+        return await outbox_db.claim_batch(s, owner=owner, limit=limit)
 
 
 async def make_claimable(sm: SessionMaker, ids: list[int]) -> None:
@@ -98,11 +97,11 @@ async def test_a_claim_skips_rows_another_open_claim_holds(db: SessionMaker) -> 
     instead of waiting for A's row locks (SKIP LOCKED; lock_timeout turns a wait into an error)."""
     ids = await seed(db, 10)
     async with db.begin() as a:
-        held = await repo.claim_batch(a, owner="relay-a", limit=5)
+        held = await outbox_db.claim_batch(a, owner="relay-a", limit=5)
         assert [r.id for r in held] == ids[:5]
         async with db.begin() as b:
             await b.execute(text("SET LOCAL lock_timeout = '5s'"))
-            other = await repo.claim_batch(b, owner="relay-b", limit=5)
+            other = await outbox_db.claim_batch(b, owner="relay-b", limit=5)
         assert [r.id for r in other] == ids[5:]
     assert {r.locked_by for r in (await rows(db)).values()} == {"relay-a", "relay-b"}
 
@@ -128,7 +127,7 @@ async def test_mark_published_only_touches_the_claimers_processing_rows(db: Sess
     assert len(pending) == 1
 
     async with db.begin() as s:
-        assert await repo.mark_published(s, ids, owner="relay-a") == 3
+        assert await outbox_db.mark_published(s, ids, owner="relay-a") == 3
     after = await rows(db)
     for i in mine:
         assert after[i].status == "published" and after[i].published_at is not None
@@ -138,8 +137,8 @@ async def test_mark_published_only_touches_the_claimers_processing_rows(db: Sess
     assert after[pending[0]].status == "pending"
 
     async with db.begin() as s:
-        assert await repo.mark_published(s, mine, owner="relay-a") == 0  # already published
-        assert await repo.mark_published(s, [], owner="relay-a") == 0
+        assert await outbox_db.mark_published(s, mine, owner="relay-a") == 0  # already published
+        assert await outbox_db.mark_published(s, [], owner="relay-a") == 0
     assert await rows(db, mine) == {i: after[i] for i in mine}
 
 
@@ -150,8 +149,10 @@ async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: Sess
         assert (row.id, row.attempt_count) == (event_id, attempt)
         async with db.begin() as s:
             # Another relay cannot fail a row it does not hold.
-            assert await repo.mark_failed(s, event_id, owner="relay-b", error="not mine") is None
-            status = await repo.mark_failed(
+            assert (
+                await outbox_db.mark_failed(s, event_id, owner="relay-b", error="not mine") is None
+            )
+            status = await outbox_db.mark_failed(
                 s, event_id, owner="relay-a", error=f"start failed #{attempt}", base_backoff_s=10
             )
             now = (await s.execute(text("SELECT now()"))).scalar_one()
@@ -170,15 +171,15 @@ async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: Sess
     await make_claimable(db, [event_id])
     assert await claim(db, "relay-a", 10) == []  # parked rows are never claimed
     async with db() as s:
-        dead = await repo.list_dead(s)
+        dead = await outbox_admin_db.list_dead(s)
     assert [(d.id, d.attempt_count, d.last_error) for d in dead] == [
         (event_id, MAX_ATTEMPTS, f"start failed #{MAX_ATTEMPTS}")
     ]
 
     async with db.begin() as s:
-        assert [e.id for e in await outbox.requeue(s, [event_id, 10**12])] == [event_id]
+        assert [e.id for e in await outbox_admin_db.requeue(s, [event_id, 10**12])] == [event_id]
         # Pending is requeueable too (available now again): a repeated requeue is harmless.
-        assert [e.status for e in await outbox.requeue(s, [event_id])] == ["pending"]
+        assert [e.status for e in await outbox_admin_db.requeue(s, [event_id])] == ["pending"]
     r = (await rows(db, [event_id]))[event_id]
     # The one rule: fresh attempts, and the error that needed an operator kept.
     assert (r.status, r.attempt_count, r.last_error) == (
@@ -187,7 +188,7 @@ async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: Sess
         f"start failed #{MAX_ATTEMPTS}",
     )
     async with db() as s:
-        assert await repo.list_dead(s) == []
+        assert await outbox_admin_db.list_dead(s) == []
     (again,) = await claim(db, "relay-c", 10)
     assert (again.id, again.attempt_count, again.locked_by) == (event_id, 1, "relay-c")
 
@@ -214,15 +215,15 @@ async def test_rows_of_a_dead_claimer_come_back_after_the_ttl(db: SessionMaker) 
     assert [r.id for r in await claim(db, "relay-b", 10)] == ids[3:]  # others are unaffected
 
     async with db.begin() as s:
-        assert await repo.release_expired(s, ttl_s=30) == 0
+        assert await outbox_db.release_expired(s, ttl_s=30) == 0
     await age_locks(db, dead_claim, 20)
     async with db.begin() as s:
-        assert await repo.release_expired(s, ttl_s=30) == 0  # still within the TTL
+        assert await outbox_db.release_expired(s, ttl_s=30) == 0  # still within the TTL
     assert {r.status for r in (await rows(db, dead_claim)).values()} == {"processing"}
 
     await age_locks(db, dead_claim, 31)
     async with db.begin() as s:
-        assert await repo.release_expired(s, ttl_s=30) == 3
+        assert await outbox_db.release_expired(s, ttl_s=30) == 3
     released = await rows(db, dead_claim)
     assert all(r.status == "pending" and r.locked_by is None for r in released.values())
     # relay-b's fresh claim was not released.
@@ -233,8 +234,8 @@ async def test_rows_of_a_dead_claimer_come_back_after_the_ttl(db: SessionMaker) 
     assert all(r.attempt_count == 2 and r.locked_by == "relay-c" for r in retaken)
     async with db.begin() as s:
         # relay-a comes back to life: its late publish must not steal relay-c's rows.
-        assert await repo.mark_published(s, dead_claim, owner="relay-a") == 0
-        assert await repo.mark_published(s, dead_claim, owner="relay-c") == 3
+        assert await outbox_db.mark_published(s, dead_claim, owner="relay-a") == 0
+        assert await outbox_db.mark_published(s, dead_claim, owner="relay-c") == 3
 
 
 # ---- insert ---------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ async def test_rows_of_a_dead_claimer_come_back_after_the_ttl(db: SessionMaker) 
 
 async def insert(sm: SessionMaker, key: str, payload: dict[str, object]) -> int | None:
     async with sm.begin() as s:
-        return await repo.insert(
+        return await outbox_db.insert(
             s,
             event_type=ENQUEUE,
             aggregate_type="AiJob",
@@ -271,10 +272,10 @@ async def test_published_and_pending_rows_are_not_released(db: SessionMaker) -> 
     ids = await seed(db, 2)
     (row,) = await claim(db, "relay-a", 1)
     async with db.begin() as s:
-        assert await repo.mark_published(s, [row.id], owner="relay-a") == 1
+        assert await outbox_db.mark_published(s, [row.id], owner="relay-a") == 1
     before = await rows(db)
     async with db.begin() as s:
-        assert await repo.release_expired(s, ttl_s=0) == 0
+        assert await outbox_db.release_expired(s, ttl_s=0) == 0
     assert await rows(db) == before
     assert [before[i].status for i in ids] == ["published", "pending"]
 
@@ -286,7 +287,7 @@ async def test_an_unreachable_target_never_exhausts_a_row(db: SessionMaker) -> N
         (row,) = await claim(db, "relay-a", 10)
         assert row.attempt_count == 1
         async with db.begin() as s:
-            status = await repo.mark_failed(
+            status = await outbox_db.mark_failed(
                 s, event_id, owner="relay-a", error="RPCError UNAVAILABLE", count_attempt=False
             )
         assert status == "pending"
@@ -308,7 +309,7 @@ async def test_backoff_is_capped(db: SessionMaker) -> None:
             ),
             {"id": event_id},
         )
-        await repo.mark_failed(
+        await outbox_db.mark_failed(
             s, event_id, owner="relay-a", error="x", max_attempts=100, max_backoff_s=300
         )
         now = (await s.execute(text("SELECT now()"))).scalar_one()
@@ -320,7 +321,7 @@ async def test_mark_dead_touches_only_the_claimers_row(db: SessionMaker) -> None
     a, b = await seed(db, 2)
     await claim(db, "relay-a", 10)
     async with db.begin() as s:
-        assert not await repo.mark_dead(s, a, owner="relay-b", error="malformed")
-        assert await repo.mark_dead(s, a, owner="relay-a", error="malformed")
+        assert not await outbox_db.mark_dead(s, a, owner="relay-b", error="malformed")
+        assert await outbox_db.mark_dead(s, a, owner="relay-a", error="malformed")
     got = await rows(db, [a, b])
     assert got[a].status == "dead" and got[b].status == "processing"

@@ -23,6 +23,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
+from db import lifecycle as lifecycle_db
 from db.session import SessionMaker
 from engine.contracts import ExecuteInput, FinalizeFailedInput, ProjectInput
 from engine.settings import Settings
@@ -178,22 +179,22 @@ async def test_heartbeats_never_wait_on_the_database(
             await asyncio.Event().wait()  # never answers
 
         # The first transaction locks the job; only the extensions during the call hang.
-        original = acts.deps.lifecycle.extend_lock
+        original = lifecycle_db.extend_lock
         beats: list[float] = []
         env = env_for(st, job)
         env.on_heartbeat = lambda *a: beats.append(time.monotonic())
 
         async def run() -> Any:
             # A lock extension that hangs, patched in for this test only.
-            acts.deps.lifecycle.extend_lock = stuck_extend  # type: ignore[method-assign]
+            setattr(lifecycle_db, "extend_lock", stuck_extend)  # noqa: B010
             try:
                 return await env.run(acts.execute, execute_input(job))
             finally:
-                acts.deps.lifecycle.extend_lock = original  # type: ignore[method-assign]
+                setattr(lifecycle_db, "extend_lock", original)  # noqa: B010
 
         task = asyncio.ensure_future(run())
         await asyncio.sleep(2.0)
-        acts.deps.lifecycle.extend_lock = original  # type: ignore[method-assign]  # the store needs it
+        setattr(lifecycle_db, "extend_lock", original)  # noqa: B010  # the store needs it
         result = await task
         assert result.output_hash
         assert extensions >= 1

@@ -21,7 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.reconciler import Reconciler
 from activities.relay import Relay
 from bench.reconcile import measure_pass, seed_waiting_jobs, start_waiting_workflows
-from db.lifecycle import LifecycleRepository
+from db import reconciler as reconciler_db
 from db.outbox import MAX_ATTEMPTS
 from db.session import SessionMaker
 from engine.settings import Settings
@@ -190,7 +190,7 @@ async def test_a_failing_phase_does_not_stop_the_others(
                 await asyncio.sleep(3600)
             raise RuntimeError("injected: the expired-lock query fails")
 
-        monkeypatch.setattr(LifecycleRepository, "find_expired_locks", broken)
+        monkeypatch.setattr(reconciler_db, "find_expired_locks", broken)
         rec = reconciler(st.settings, db, temporal_client, phase_budget_s=1.0)
         result = await rec.run_once()
 

@@ -15,7 +15,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.metrics import worker_metrics
 from activities.relay import Relay
-from db.outbox import COMPLETED, ENQUEUE, OutboxRepository
+from db import outbox as outbox_db
+from db.outbox import COMPLETED, ENQUEUE
 from db.session import SessionMaker
 from engine.contracts import (
     RECONCILER_SCHEDULE_ID,
@@ -214,7 +215,7 @@ async def test_the_system_worker_process_relays_and_retires_the_old_relay_workfl
             # An unknown event whose payload looks like an enqueue of a job.
             ghost = uuid.uuid4()
             async with db.begin() as s:
-                event_id = await OutboxRepository().insert(
+                event_id = await outbox_db.insert(
                     s,
                     event_type="ai.job.unknown_kind",
                     aggregate_type="AiJob",

@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from db import lifecycle as lifecycle_db
 from db.errors import LIFECYCLE_TRIGGER, is_lifecycle_violation, sqlstate
-from db.lifecycle import LifecycleRepository, NewJob
+from db.lifecycle import NewJob
 from db.migrate import schema_diff
 from db.session import SessionMaker
 from engine.lifecycle import LEGACY_STATUS, LifecycleStatus, is_legal
@@ -65,7 +66,7 @@ async def raw_set(sm: SessionMaker, job_id: uuid.UUID, to: S) -> None:
 async def job_in(sm: SessionMaker, state: S) -> uuid.UUID:
     job = new_job()
     async with sm.begin() as s:
-        await LifecycleRepository().create(s, job)
+        await lifecycle_db.create(s, job)
     for step in PATH[state]:
         await raw_set(sm, job.id, step)
     return job.id
@@ -130,7 +131,7 @@ async def test_raw_update_obeys_the_transition_table(db: SessionMaker, src: S, d
 async def test_insert_must_start_queued(db: SessionMaker, state: S) -> None:
     with pytest.raises(DBAPIError) as info:
         async with db.begin() as s:
-            await LifecycleRepository().create(s, new_job())
+            await lifecycle_db.create(s, new_job())
             await s.execute(
                 text(
                     """

@@ -19,7 +19,8 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
-from db.provider_gate import Admission, GateKey, ProviderGate
+from db import provider_gate as provider_gate_db
+from db.provider_gate import Admission, GateKey
 from db.session import SessionMaker
 from providers.crypto import generate_key_setting
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -381,21 +382,20 @@ async def test_two_callers_racing_for_a_half_open_probe_get_exactly_one(
     exactly one holds the probe, the others are told to wait; once it is released, exactly one
     of the next round gets it."""
     await set_platform_gate(db, consecutive_failures=5, open_until="now()")
-    gate = ProviderGate()
     key = GateKey(PLATFORM_PROVIDER)
 
     async def ask() -> Admission:
         async with db.begin() as s:
-            return await gate.admit(s, key, probe_ttl_s=60)
+            return await provider_gate_db.admit(s, key, probe_ttl_s=60)
 
     first = await asyncio.gather(*(ask() for _ in range(8)))
     assert sum(a.probe for a in first) == 1
     assert all(a.wait_s > 0 for a in first if not a.probe)
     async with db.begin() as s:
-        await gate.release_probe(s, key)
+        await provider_gate_db.release_probe(s, key)
     second = await asyncio.gather(*(ask() for _ in range(8)))
     assert sum(a.probe for a in second) == 1
     async with db.begin() as s:
-        await gate.reachable(s, key)
+        await provider_gate_db.reachable(s, key)
     third = await asyncio.gather(*(ask() for _ in range(8)))
     assert all(a.wait_s == 0 and not a.probe for a in third)  # closed: everyone goes

@@ -17,9 +17,9 @@ import pytest
 from temporalio.client import Client
 
 from activities.reconciler import Reconciler
-from db import outbox
+from db import lifecycle as lifecycle_db
+from db import outbox as outbox_db
 from db.jobs import JobFilter
-from db.lifecycle import LifecycleRepository
 from db.session import SessionMaker
 from engine.errors import IllegalTransition
 from engine.lifecycle import LifecycleStatus
@@ -58,7 +58,7 @@ async def ending(db: SessionMaker, job_id: uuid.UUID) -> Ending:
         "SELECT event_type, payload, created_at FROM outbox_event "
         "WHERE aggregate_id = :j AND event_type = ANY(:ev) ORDER BY id",
         j=str(job_id),
-        ev=list(outbox.JOB_EVENTS),
+        ev=list(outbox_db.JOB_EVENTS),
     )
     return Ending(
         status=job.lifecycle_status,
@@ -70,11 +70,11 @@ async def ending(db: SessionMaker, job_id: uuid.UUID) -> Ending:
 
 
 def failed(job_id: uuid.UUID, code: str) -> list[tuple[str, dict[str, Any]]]:
-    return [(outbox.FAILED, {"jobId": str(job_id), "jobType": "synthetic", "errorCode": code})]
+    return [(outbox_db.FAILED, {"jobId": str(job_id), "jobType": "synthetic", "errorCode": code})]
 
 
 def cancelled(job_id: uuid.UUID) -> list[tuple[str, dict[str, Any]]]:
-    return [(outbox.CANCELLED, {"jobId": str(job_id)})]
+    return [(outbox_db.CANCELLED, {"jobId": str(job_id)})]
 
 
 async def test_every_ending_writes_its_one_event_in_its_own_transaction(
@@ -148,7 +148,7 @@ async def test_every_ending_writes_its_one_event_in_its_own_transaction(
     assert endings["ok"].status == "succeeded"
     assert endings["ok"].events == [
         (
-            outbox.COMPLETED,
+            outbox_db.COMPLETED,
             {
                 "jobId": str(ok),
                 "jobType": "synthetic",
@@ -190,9 +190,8 @@ async def test_finalize_failed_after_a_cancel_request_ends_cancelled_with_its_ev
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
         queued = await st.create(input={"delayMs": 0})
         running = await st.create(input={"delayMs": 0})
-    repo = LifecycleRepository()
     async with db.begin() as s:
-        await repo.lock(s, running, owner="wf-running", identity="test", ttl_s=60)
+        await lifecycle_db.lock(s, running, owner="wf-running", identity="test", ttl_s=60)
     for j in (queued, running):
         await execute(db, "UPDATE ai_job SET cancel_requested_at = now() WHERE id = :j", j=j)
         async with db.begin() as s:

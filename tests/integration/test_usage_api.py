@@ -26,8 +26,9 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from bench.usage import run_on
+from db import usage as usage_db
 from db.session import SessionMaker
-from db.usage import UsageRepository, UsageRow
+from db.usage import UsageRow
 from engine.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import api_client, auth, fake_env
@@ -105,7 +106,7 @@ async def _insert(
     error: str | None = None,
 ) -> None:
     async with db.begin() as s:
-        await UsageRepository().insert(
+        await usage_db.insert(
             s,
             UsageRow(
                 job_id=job_id,

@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 import pytest
 
 from api.auth import ADMIN_ROLE, Principal
-from db.jobs import JobFilter, JobQueries
-from db.lifecycle import LifecycleRepository
+from db import artifacts as artifacts_db
+from db import lifecycle as lifecycle_db
+from db.jobs import JobFilter
 from db.session import SessionMaker
 from engine.errors import JobNotFound
 from jobs import views
@@ -46,11 +47,11 @@ async def insert_job(sm: SessionMaker, user_id: str) -> uuid.UUID:
 async def succeed(sm: SessionMaker, job_id: uuid.UUID, artifact_ids: list[str]) -> None:
     """Runs the job to `succeeded` with its artifacts, as PROJECT does (one transaction)."""
     async with sm.begin() as s:
-        await LifecycleRepository().lock(s, job_id, owner="run-1", identity="w1", ttl_s=60)
+        await lifecycle_db.lock(s, job_id, owner="run-1", identity="w1", ttl_s=60)
     async with sm.begin() as s:
         for ordinal, artifact_id in enumerate(artifact_ids):
-            await JobQueries().insert_artifact(s, job_id, "note", artifact_id, ordinal)
-        await LifecycleRepository().mark_succeeded(s, job_id)
+            await artifacts_db.insert_artifact(s, job_id, "note", artifact_id, ordinal)
+        await lifecycle_db.mark_succeeded(s, job_id)
 
 
 async def status(sm: SessionMaker, job_id: uuid.UUID, viewer: views.Viewer) -> JobStatusResponse:

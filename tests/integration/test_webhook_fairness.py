@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from activities.metrics import WorkerMetrics
 from activities.webhooks import WebhookConfig, WebhookDeliverer
-from db import webhooks as repo
+from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from tests.integration.engine_helpers import execute, insert_job, rows, scalar
 from tests.support import eventually
@@ -138,9 +138,9 @@ async def test_concurrent_claims_are_disjoint_fair_and_a_dead_claims_rows_come_b
     await fanned_out(db, "user-b", endpoints=1, jobs=2)  # 2 rows, newer
     claim = {"limit": 16, "busy_endpoints": [], "per_user": 4, "lease_s": 60.0}
     async with db.begin() as s1, db.begin() as s2:
-        first = await repo.claim_due(s1, busy_users={}, **claim)  # type: ignore[arg-type]
+        first = await webhooks_db.claim_due(s1, busy_users={}, **claim)  # type: ignore[arg-type]
         # The second deliverer claims while the first still holds its rows (SKIP LOCKED).
-        second = await repo.claim_due(s2, busy_users={}, **claim)  # type: ignore[arg-type]
+        second = await webhooks_db.claim_due(s2, busy_users={}, **claim)  # type: ignore[arg-type]
     ids1, ids2 = {r.id for r in first}, {r.id for r in second}
     assert ids1 and ids2 and not ids1 & ids2
     for batch in (first, second):
@@ -151,7 +151,7 @@ async def test_concurrent_claims_are_disjoint_fair_and_a_dead_claims_rows_come_b
     assert "user-b" in {r.user_id for r in first}
     # A user's own in-flight requests count against its share.
     async with db.begin() as s:
-        third = await repo.claim_due(s, busy_users={"user-a": 4}, **claim)  # type: ignore[arg-type]
+        third = await webhooks_db.claim_due(s, busy_users={"user-a": 4}, **claim)  # type: ignore[arg-type]
     assert {r.user_id for r in third} <= {"user-b"}
 
     # A deliverer that died holding its claims: after the lease they are claimed again.
@@ -162,7 +162,7 @@ async def test_concurrent_claims_are_disjoint_fair_and_a_dead_claims_rows_come_b
         ids=list(claimed),
     )
     async with db.begin() as s:
-        again = await repo.claim_due(s, busy_users={}, **claim)  # type: ignore[arg-type]
+        again = await webhooks_db.claim_due(s, busy_users={}, **claim)  # type: ignore[arg-type]
     reclaimed = [r for r in again if r.id in claimed]
     assert reclaimed and all(r.attempt_count == 2 for r in reclaimed)
 

@@ -10,14 +10,14 @@ import ast
 import re
 from pathlib import Path
 
-from db import outbox
+from db import outbox as outbox_db
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("engine", "db", "providers", "jobs", "workflows", "activities", "api", "runtime")
 HOME = Path("jobs/lifecycle.py")
 WRITER = Path("db/lifecycle.py")  # the repository whose CAS the home calls
-# LifecycleRepository's terminal transitions. `OutboxRepository.mark_failed` shares a name with
-# one of them: a call whose receiver names the outbox is that one.
+# db/lifecycle.py's terminal transitions. db/outbox.py's `mark_failed` (an outbox row's) shares a
+# name with one of them: a call whose receiver names the outbox is that one.
 TERMINAL_CAS = {"mark_succeeded", "mark_failed", "mark_cancelled", "mark_cancelled_if_queued"}
 JOB_EVENT_NAMES = {"COMPLETED", "FAILED", "CANCELLED"}
 # An SQL assignment to lifecycle_status: between SET and the WHERE (or end) of a statement.
@@ -57,7 +57,7 @@ def terminal_writes(path: Path, text: str, tree: ast.Module) -> list[str]:
                     else None
                 )
                 if kw.arg == "event_type" and (
-                    named in JOB_EVENT_NAMES or named in outbox.JOB_EVENTS
+                    named in JOB_EVENT_NAMES or named in outbox_db.JOB_EVENTS
                 ):
                     found.append(f"{path}:{node.lineno} event_type={named}")
         if (
@@ -93,10 +93,10 @@ def test_the_checker_flags_a_hand_written_ending() -> None:
     # What a second ending site would look like: each of its three writes is found.
     snippet = """
 async def end(s, d, job_id):
-    await d.lifecycle.mark_cancelled(s, job_id)
-    await d.outbox.insert(s, event_type=CANCELLED, aggregate_id=str(job_id))
+    await lifecycle_db.mark_cancelled(s, job_id)
+    await outbox_db.insert(s, event_type=CANCELLED, aggregate_id=str(job_id))
     await s.execute(text("UPDATE ai_job SET lifecycle_status = 'failed' WHERE id = :id"))
-    await self._outbox.mark_failed(s, 1, owner="relay", error="x")
+    await outbox_db.mark_failed(s, 1, owner="relay", error="x")
 """
     found = terminal_writes(Path("x.py"), snippet, ast.parse(snippet))
     assert sorted(found) == [

@@ -16,7 +16,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    # The resume query of the all-jobs stream (`JobQueries.changed_since`): one user's jobs
+    # The resume query of the all-jobs stream (`jobs.changed_since`): one user's jobs
     # changed after a moment, oldest change first, with a LIMIT. Without it PostgreSQL reads
     # every job of the user (ix_ai_job_user_created) and sorts them, on every reconnect.
     op.create_index('ix_ai_job_user_updated', 'ai_job', ['user_id', 'updated_at'], unique=False)

@@ -1,0 +1,80 @@
+"""Private copies of a job's input: the snapshot EXECUTE reads, its expiry, and the retention
+rule that purges a finished job's input and output. Every function runs in the caller's session
+and never commits."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.lifecycle import TERMINAL_SQL
+
+
+async def insert_snapshot(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    content: dict[str, Any],
+    redaction_version: str,
+    ttl_days: int,
+) -> None:
+    await session.execute(
+        text(
+            """
+            INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at,
+                                         created_at)
+            VALUES (:id, :c, :rv, now() + make_interval(days => :ttl), now())
+            """
+        ).bindparams(bindparam("c", type_=JSONB)),
+        {"id": job_id, "c": content, "rv": redaction_version, "ttl": ttl_days},
+    )
+
+
+async def get_snapshot(session: AsyncSession, job_id: uuid.UUID) -> dict[str, Any] | None:
+    row = (
+        await session.execute(
+            text("SELECT content FROM ai_job_snapshot WHERE job_id = :id AND expires_at > now()"),
+            {"id": job_id},
+        )
+    ).first()
+    return dict(row.content) if row else None
+
+
+async def purge_private_data(
+    session: AsyncSession, *, retention_days: int, limit: int = 1000
+) -> int:
+    """The retention rule for the job row's copies of private data: a terminal job created
+    more than `retention_days` ago keeps its status, codes, hashes and artifacts, but its
+    input and validated output are removed (snapshots expire on the same clock)."""
+    result = await session.execute(
+        text(
+            f"""
+            UPDATE ai_job SET input = '{{}}'::jsonb, output = NULL,
+                   private_data_purged_at = now(), updated_at = now()
+            WHERE id IN (
+                SELECT id FROM ai_job
+                WHERE private_data_purged_at IS NULL
+                  AND {TERMINAL_SQL}
+                  AND created_at < now() - make_interval(days => :d)
+                ORDER BY created_at LIMIT :lim)
+            """
+        ),
+        {"d": retention_days, "lim": limit},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def delete_expired_snapshots(session: AsyncSession, *, limit: int = 1000) -> int:
+    result = await session.execute(
+        text(
+            """
+            DELETE FROM ai_job_snapshot WHERE job_id IN (
+                SELECT job_id FROM ai_job_snapshot WHERE expires_at <= now() LIMIT :lim)
+            """
+        ),
+        {"lim": limit},
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
