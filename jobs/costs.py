@@ -21,10 +21,8 @@ from typing import Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import budgets
+from db import budgets as budgets_db
 from engine.errors import CostCapTooLow, QuotaExceeded
-from engine.tokens import count_chat_tokens
-from jobs.spec import Prompt
 from providers.pricing import Price
 
 _MILLION = Decimal(1_000_000)
@@ -60,7 +58,7 @@ def padded(tokens: int, margin: float) -> int:
 
 
 def estimate_job(
-    prompts: Sequence[Prompt],
+    prompt_tokens: Sequence[int],
     *,
     model: str,
     price: Price,
@@ -69,11 +67,12 @@ def estimate_job(
     margin: float,
     max_cost_usd: Decimal | None = None,
 ) -> JobEstimate:
-    """The estimate of a job whose calls send `prompts` (one per call). With `max_cost_usd`, the
-    answer budget is cut until the worst case of all calls fits the cap; a cap that leaves less
-    than a useful answer (or not even the prompts) raises `CostCapTooLow`, naming the numbers."""
-    calls = max(len(prompts), 1)
-    per_call_in = [count_chat_tokens(p.system, p.user) for p in prompts] or [0]
+    """The estimate of a job whose calls send prompts of `prompt_tokens` each (one per call,
+    counted by `engine.tokens.count_chat_tokens`). With `max_cost_usd`, the answer budget is cut
+    until the worst case of all calls fits the cap; a cap that leaves less than a useful answer
+    (or not even the prompts) raises `CostCapTooLow`, naming the numbers."""
+    calls = max(len(prompt_tokens), 1)
+    per_call_in = list(prompt_tokens) or [0]
     input_tokens = sum(per_call_in)
     padded_in = sum(padded(t, margin) for t in per_call_in)
     budget = output_budget
@@ -129,7 +128,7 @@ class BudgetWindow:
     resets_at: dt.datetime
 
     def refusal(
-        self, held: budgets.Committed, worst_case_usd: Decimal, now: dt.datetime
+        self, held: budgets_db.Committed, worst_case_usd: Decimal, now: dt.datetime
     ) -> QuotaExceeded | None:
         """None when a job of `worst_case_usd` fits; else the 429 to answer. When spend alone
         leaves no room, Retry-After is the window's end; when reservations of the user's active
@@ -218,12 +217,12 @@ async def cover_next_call(
     if max_cost_usd is not None and needed > max_cost_usd:
         return "cap"
     if windows:
-        await budgets.lock_user(s, user_id)
+        await budgets_db.lock_user(s, user_id)
         for w in windows:
-            held = await budgets.committed(s, user_id, w.since, excluding=job_id)
+            held = await budgets_db.committed(s, user_id, w.since, excluding=job_id)
             # `held` counts this job's spend in the window, not its reservation: the job will
             # hold `call_worst_usd` beyond what it spent.
             if held.total_usd + call_worst_usd > w.limit_usd:
                 return w.name
-    await budgets.reserve(s, job_id, needed)
+    await budgets_db.reserve(s, job_id, needed)
     return None

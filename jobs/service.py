@@ -57,7 +57,7 @@ from engine.hashing import request_fingerprint
 from engine.lifecycle import LifecycleStatus
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
-from engine.tokens import estimate_prompt_tokens
+from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, lifecycle
 from jobs.costs import (
     BudgetWindow,
@@ -256,10 +256,18 @@ class JobService:
             jt.expected_output_tokens(i) if jt.expected_output_tokens else budget // 4
             for i in inputs
         )
-        return estimate_job(
+        if jt.always_synthetic:
             # A synthetic job type's calls are free and never reach a provider: no prompt is
             # built for it here (EXECUTE builds it, and a failure there is the job's own).
-            [] if jt.always_synthetic else [jt.prompt(i, None) for i in inputs],
+            prompt_tokens: list[int] = []
+        elif chunks:
+            # The plan counted each chunk's prompt already; a long source is not counted twice.
+            prompt_tokens = [c.input_tokens for c in chunks]
+        else:
+            prompt = jt.prompt(model, None)
+            prompt_tokens = [count_chat_tokens(prompt.system, prompt.user)]
+        return estimate_job(
+            prompt_tokens,
             model=model_name,
             price=self._policy.prices.price_for(model_name),
             output_budget=budget,
