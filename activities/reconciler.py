@@ -404,7 +404,7 @@ class Reconciler:
                 self._report_stuck(p, job_id, wf_id, state)
             return
         async with self._sm.begin() as s:
-            if await outbox_db.requeue_published(s, event_id):
+            if await outbox_db.republish_enqueue(s, event_id):
                 p.add("outbox_requeued")
                 p.details.append(f"requeued {job_id}")
                 log.warning(

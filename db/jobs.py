@@ -1,5 +1,6 @@
-"""Reads of jobs, snapshots and artifacts, and the non-lifecycle writes of a running job
-(output, progress, attempt bookkeeping). `lifecycle_status` is never written here."""
+"""Reads of `ai_job`: one job (plain, with its snapshot, locked, its owner), pages and filters,
+the event streams' resume read, the quota counts, the idempotency lookup. Nothing here writes;
+a job row's writes live in db/lifecycle.py. Every function runs in the caller's session."""
 
 from __future__ import annotations
 
@@ -297,9 +298,3 @@ async def find_retry_of(session: AsyncSession, job_id: uuid.UUID) -> JobRow | No
         )
     ).first()
     return JobRow(**row._mapping) if row else None
-
-
-# ---- snapshots ----------------------------------------------------------------------
-
-
-# ---- running-job bookkeeping (never lifecycle) -------------------------------------

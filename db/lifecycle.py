@@ -1,12 +1,13 @@
-"""The lifecycle repository: the only code that writes `ai_job.lifecycle_status`.
+"""The writes of an `ai_job` row: its insert, its lock, its transitions (the only code that
+writes `ai_job.lifecycle_status`), and a running job's bookkeeping (the attempt, the output).
 
 Every transition is one compare-and-set UPDATE that also shadow-writes the legacy `status` column
 and sets `finished_at` on terminal states. When the CAS matches no row, a follow-up read names the
 state that was found, and a typed error is raised (`IllegalTransition`, `LockConflict`,
 `JobNotFound`). The `ai_job_lifecycle_guard` trigger enforces the same table underneath.
 
-Every method runs in the session it is given and never begins or commits a transaction: the use
-case or activity that calls it owns the transaction, like every repository in db/.
+Every function runs in the session it is given and never begins or commits a transaction: the
+use case or activity that calls it owns the transaction, like every repository in db/.
 """
 
 from __future__ import annotations
@@ -370,7 +371,7 @@ async def lock_state(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, str | Non
     return (str(row.lifecycle_status), row.locked_by) if row else None
 
 
-# ---- reads --------------------------------------------------------------------------
+# ---- a running job's bookkeeping: the attempt, the stored output (never its state) ---
 
 
 async def store_output(

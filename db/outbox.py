@@ -392,8 +392,9 @@ async def delete_published(
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def requeue_published(session: AsyncSession, event_id: int) -> bool:
-    """Reconciler: a published enqueue whose workflow does not exist goes out again."""
+async def republish_enqueue(session: AsyncSession, event_id: int) -> bool:
+    """Reconciler: a published enqueue whose workflow does not exist goes out again (not the
+    operator's `outbox_admin.requeue`, which serves dead, failed and pending rows)."""
     result = await session.execute(
         text(
             """
@@ -407,6 +408,3 @@ async def requeue_published(session: AsyncSession, event_id: int) -> bool:
     if result.rowcount:  # type: ignore[attr-defined]
         await session.execute(NOTIFY)
     return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-# ---- operator views and repair (admin API) -------------------------------------------------

@@ -101,7 +101,7 @@ async def requeue(session: AsyncSession, event_ids: Sequence[int]) -> list[Outbo
     it anyway. Races with a relay: a claim holds the row lock (`FOR UPDATE SKIP LOCKED`) until
     its transaction commits; this UPDATE then re-checks the status on the committed version,
     finds `processing` and changes nothing, so a row being dispatched is never reset under it.
-    (The reconciler's `requeue_published` is not an operator's requeue: it sends a published
+    (The reconciler's `outbox.republish_enqueue` is not an operator's requeue: it sends a published
     enqueue whose workflow is missing out again, and never touches a parked row.)
     """
     if not event_ids:
