@@ -12,7 +12,14 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
   and a cancel while EXECUTE runs (a long `delayMs`, cancelled through `JobService.cancel`);
 - quiz_generation over a long source (`chunked`, from v5): its chunks' EXECUTEs, MERGE, PROJECT
   (the per-call budget is cut to AI_CHUNK_INPUT_TOKENS=1000 so a short text makes 3 chunks);
-- the relay workflow's first run up to its continue-as-new, and one reconciler run.
+- synthetic held back by a provider limit (`limit_wait`, from v6), on an engine of its own
+  with `AI_MODEL_LIMITS={"synthetic": {"concurrency": 1}}`: a slow job holds the one slot, the
+  recorded job's EXECUTE returns a `concurrency` wait, the `exact-limit-waits` patch makes the
+  workflow sleep that wait (not the growing backoff), and the next EXECUTE succeeds;
+- one reconciler run (the retired relay workflow records nothing new).
+
+`--only <workflow>-<case>` (repeatable, e.g. `--only synthetic-limit_wait`) records just those
+cases and replaces just their files, leaving the tag's other histories alone.
 
 Record under a new tag whenever workflow code changes and commit the files next to the older
 tags: a tag's histories stay for as long as runs started by that code can still be open
@@ -65,6 +72,7 @@ from tests.integration.engine_helpers import (
 )
 from tests.replay import HISTORIES, SENTINEL
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
+from workflows.job_workflow import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")
@@ -80,6 +88,19 @@ LONG_SOURCE = "\n\n".join(
     ]
 )
 CHUNK_SETTINGS = {"AI_CHUNK_INPUT_TOKENS": 1000}
+# The limit_wait case's engine: the synthetic provider's model under a concurrency limit of 1
+# (its wait is a 1 s poll, shorter than the first backoff of 2 s, so the history tells the
+# patched branch from the old one), and worker slots enough that only the limit holds a job.
+LIMIT_SETTINGS: dict[str, Any] = {
+    "AI_MODEL_LIMITS": json.dumps({"synthetic": {"concurrency": 1}}),
+    "AI_INTERACTIVE_CONCURRENCY": 4,
+    "AI_BACKGROUND_CONCURRENCY": 4,
+}
+# How long the job holding the one slot keeps it: at least one 1 s look of the recorded job
+# finds the slot taken.
+HOLD_MS = 2500
+LIMIT_WAIT = "synthetic-limit_wait"
+SYSTEM_CASES = ("reconciler-run",)
 
 
 @dataclass(frozen=True)
@@ -121,12 +142,16 @@ def cases() -> list[Case]:
     return out
 
 
+def case_names() -> list[str]:
+    """Every case the recorder records, as `--only` names them (`<workflow>-<case>`)."""
+    return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *SYSTEM_CASES]
+
+
 # ---- jobs ----------------------------------------------------------------------------------
 
 
-async def run_jobs(st: Stack) -> dict[str, WorkflowHistory]:
-    """Every case as a real job through relay, workflow and stages; the closed histories."""
-    all_cases = cases()
+async def run_jobs(st: Stack, all_cases: list[Case]) -> dict[str, WorkflowHistory]:
+    """The cases as real jobs through relay, workflow and stages; the closed histories."""
     job_ids = [await st.create(job_type=c.job_type, input=c.input) for c in all_cases]
     for c, job_id in zip(all_cases, job_ids, strict=True):
         if c.case == "cancel":
@@ -152,6 +177,36 @@ async def run_jobs(st: Stack) -> dict[str, WorkflowHistory]:
         history = await st.client.get_workflow_handle(row.workflow_id).fetch_history()
         out[f"{c.job_type}-{{tag}}-{c.case}"] = history
     return out
+
+
+async def run_limit_wait(st: Stack) -> dict[str, WorkflowHistory]:
+    """A synthetic job held back by the provider limit, then succeeding (`LIMIT_SETTINGS`).
+
+    A slow job takes the one concurrency slot (its EXECUTE's first commit moves it to `running`
+    and inserts the lease); the recorded job, created after that, finds the slot taken, waits on
+    its workflow's timer and asks again until the slow call has ended."""
+    echo = {"note": SENTINEL}
+    holder = await st.create(job_type="synthetic", input={"delayMs": HOLD_MS, "echo": echo})
+    await st.wait_status(holder, "running")
+    waiter = await st.create(job_type="synthetic", input={"echo": echo})
+    final = await wait_jobs(st.parts.sessionmaker, [holder, waiter], timeout=60)
+    assert set(final.values()) == {"succeeded"}, final
+    row = await st.job(waiter)
+    assert SENTINEL in json.dumps(row.input), row.input
+    assert row.attempt_count == 1, row.attempt_count  # a limit's wait spends no attempt
+    await wait_workflow_closed(st.client, row.workflow_id)
+    history = await st.client.get_workflow_handle(row.workflow_id).fetch_history()
+    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    patch_ids = [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert timers and EXACT_LIMIT_WAITS in patch_ids, (
+        f"the job did not wait on the limit: {summary(history)}, patches {patch_ids}"
+    )
+    return {"synthetic-{tag}-limit_wait": history}
 
 
 # ---- system workflows ----------------------------------------------------------------------
@@ -207,7 +262,14 @@ def summary(history: WorkflowHistory) -> str:
     return f"{len(history.events)} events, activities {acts}, markers {markers}"
 
 
-async def record(tag: str, out_dir: Path) -> list[Path]:
+async def record(tag: str, out_dir: Path, only: frozenset[str] | None = None) -> list[Path]:
+    """Record every case, or the cases named in `only` (`case_names()`), under `tag`."""
+
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    job_cases = [c for c in cases() if wanted(f"{c.job_type}-{c.case}")]
+    histories: dict[str, WorkflowHistory] = {}
     with tempfile.TemporaryDirectory(prefix="aijobs-replay-") as tmp:
         base = Path(tmp)
         base.chmod(0o755)  # the embedded server may run as its own user
@@ -226,17 +288,26 @@ async def record(tag: str, out_dir: Path) -> list[Path]:
             )
             client = await Client.connect(temporal.address, namespace="default")
             settings: Settings = make_settings(pg.uri, temporal.address, **CHUNK_SETTINGS)
-            async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
-                histories = await run_jobs(st)
-                histories.update(await run_system(st))
+            if job_cases or any(wanted(n) for n in SYSTEM_CASES):
+                async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
+                    if job_cases:
+                        histories.update(await run_jobs(st, job_cases))
+                    if any(wanted(n) for n in SYSTEM_CASES):
+                        histories.update(await run_system(st))
+            if wanted(LIMIT_WAIT):
+                # Its own engine: under its limit the other cases' jobs would wait too.
+                limited = make_settings(pg.uri, temporal.address, **LIMIT_SETTINGS)
+                async with engine_stack(limited, client, queues=JOB_QUEUES) as st:
+                    histories.update(await run_limit_wait(st))
         finally:
             if temporal is not None:
                 temporal.stop()
             pg.stop()
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(f"*-{tag}-*.json"):
-        stale.unlink()
+    if only is None:  # the whole tag is recorded again; with `only`, just its files are replaced
+        for stale in out_dir.glob(f"*-{tag}-*.json"):
+            stale.unlink()
     written = []
     for name, history in sorted(histories.items()):
         path = out_dir / f"{name.format(tag=tag)}.json"
@@ -250,13 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tag", required=True, help="version tag of the workflow code, e.g. v2")
     parser.add_argument("--out", type=Path, default=HISTORIES)
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="WORKFLOW-CASE",
+        help="record just this case (repeatable), e.g. synthetic-limit_wait; "
+        "the tag's other files stay",
+    )
     args = parser.parse_args(argv)
     if not TAG.match(args.tag):
         parser.error("--tag must look like v1, v2, ...")
+    unknown = sorted(set(args.only or ()) - set(case_names()))
+    if unknown:
+        parser.error(f"--only: no case {unknown}; the cases: {', '.join(case_names())}")
     # The fail and retry cases fail EXECUTE on purpose; the SDK logs each such attempt.
     logging.getLogger("temporalio.activity").setLevel(logging.ERROR)
     t0 = time.monotonic()
-    written = asyncio.run(record(args.tag, args.out))
+    only = frozenset(args.only) if args.only else None
+    written = asyncio.run(record(args.tag, args.out, only))
     size = sum(p.stat().st_size for p in args.out.glob("*.json"))
     print(
         f"{len(written)} histories for {args.tag} in {time.monotonic() - t0:.1f}s; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -28,9 +29,12 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from engine.contracts import (
     COMPLETE,
+    LIMIT_WAITS,
     RECONCILER_WORKFLOW,
     RELAY_WORKFLOW,
     CompleteResult,
+    ExecuteResult,
+    ExecutionPlan,
     JobWorkflowInput,
     JobWorkflowResult,
 )
@@ -41,8 +45,10 @@ from tests.replay import HISTORIES, SENTINEL
 from workflows import stages
 from workflows.job_workflow import (
     CHUNKED_FAN_OUT,
+    EXACT_LIMIT_WAITS,
     EXECUTE_OWNS_RUNNING,
     FIVE_STAGES,
+    GATE_WAIT_CAP_S,
     SKIP_COMPLETE_STAGE,
     JobStages,
     JobWorkflow,
@@ -62,6 +68,11 @@ EXECUTE_TAG = 3
 FIVE_STAGES_TAG = 4
 # The first tag recorded with a chunked job (the `chunked-fan-out` patch).
 CHUNKED_TAG = 5
+# The first tag recorded with a job held back by a provider limit (the `exact-limit-waits` patch).
+LIMIT_WAIT_TAG = 6
+# The case names of the histories that pin a branch taken only by some jobs, not by every
+# success: their own tests below check their shape.
+BRANCH_CASES = ("chunked", "limit_wait")
 
 
 @dataclass(frozen=True)
@@ -165,20 +176,23 @@ def holds(needle: str, history_json: str) -> bool:
 
 
 def test_histories_cover_every_workflow_and_case() -> None:
-    """The newest tag covers each path through the job workflow, a success on each job queue,
-    and the reconciler; the retired relay workflow's histories are kept from older tags. Every
-    job type runs the same workflow code (`JobWorkflow`), so a new job type needs no new
-    history; a removed one fails the replay above while histories of it are kept."""
+    """The newest full recording (the newest tag with a reconciler run) and any tag recorded
+    after it with `record --only` together cover each path through the job workflow, a success
+    on each job queue, and the reconciler; the retired relay workflow's histories are kept from
+    older tags. Every job type runs the same workflow code (`JobWorkflow`), so a new job type
+    needs no new history; a removed one fails the replay above while histories of it are
+    kept."""
     records = recorded()
-    tags = sorted({r.tag for r in records})
-    newest = {(r.workflow, r.case) for r in records if r.tag == tags[-1]}
+    full = max(r.tag for r in records if r.workflow == "reconciler")
+    newest = {(r.workflow, r.case) for r in records if r.tag >= full}
     first_on_queue: dict[str, str] = {}
     for jt in default_catalog():
         first_on_queue.setdefault(jt.definition.queue.queue_name, jt.job_type)
     assert set(first_on_queue) == set(QUEUE_NAMES)
     expected = {(job_type, "success") for job_type in first_on_queue.values()}
     expected |= {("synthetic", c) for c in ("success", "retry", "fail", "cancel")}
-    expected |= {("quiz_generation", "chunked"), ("reconciler", "run")}
+    expected |= {("quiz_generation", "chunked"), ("synthetic", "limit_wait")}
+    expected |= {("reconciler", "run")}
     assert expected <= newest, sorted(expected - newest)
     # The retired relay workflow records nothing new; its kept histories still replay (above).
     assert any(r.workflow == "relay" for r in records)
@@ -262,6 +276,18 @@ class _ExtraResolve(JobStages):
         return result
 
 
+class _LimitWaitsBackedOff(JobStages):
+    """The old gate loop: a provider limit's wait backed off like a pause (2, 4, 8... s), the
+    `exact-limit-waits` patch never asked."""
+
+    @staticmethod
+    async def _execute(inp: JobWorkflowInput, plan: ExecutionPlan, **kw: Any) -> ExecuteResult:
+        result = await JobStages._execute(inp, plan, **kw)
+        if result.gate_reason in LIMIT_WAITS:
+            return dataclasses.replace(result, gate_reason="pause")
+        return result
+
+
 @workflow.defn(name="synthetic")
 class SyntheticWithoutComplete(_WithoutComplete):
     @workflow.run
@@ -271,6 +297,13 @@ class SyntheticWithoutComplete(_WithoutComplete):
 
 @workflow.defn(name="synthetic")
 class SyntheticExtraResolve(_ExtraResolve):
+    @workflow.run
+    async def run(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await self.execute_job(inp)
+
+
+@workflow.defn(name="synthetic")
+class SyntheticLimitWaitsBackedOff(_LimitWaitsBackedOff):
     @workflow.run
     async def run(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         return await self.execute_job(inp)
@@ -312,6 +345,17 @@ async def test_adding_an_activity_without_a_patch_breaks_replay() -> None:
     assert_non_determinism(failures, [r.path.name for r in records])
 
 
+async def test_backing_off_a_limit_wait_without_the_patch_breaks_replay() -> None:
+    """The limit_wait histories pin the patched branch: code that backs a limit's wait off
+    like a pause (no `exact-limit-waits` check) fails them, and only them (the other synthetic
+    histories never waited on a limit and replay through the copy)."""
+    records = synthetic("success", "retry", "fail", "cancel", "limit_wait")
+    failures = await replay_with([SyntheticLimitWaitsBackedOff], records, changed_runner())
+    held = [r.path.name for r in records if r.case == "limit_wait"]
+    assert held and len(held) < len(records)
+    assert_non_determinism(failures, held)
+
+
 def test_histories_after_execute_took_the_lock_run_prepare_then_execute_only() -> None:
     """From tag 3 on (`execute-owns-running`): no RESOLVE, and PROJECT only when the projection
     inside EXECUTE failed; histories before it keep their five-stage shape."""
@@ -337,7 +381,9 @@ def test_histories_from_the_five_stage_shape_run_every_stage_under_its_name() ->
     newest = [
         r
         for r in recorded()
-        if r.tag >= FIVE_STAGES_TAG and r.workflow not in SYSTEM_TYPES and r.case != "chunked"
+        if r.tag >= FIVE_STAGES_TAG
+        and r.workflow not in SYSTEM_TYPES
+        and r.case not in BRANCH_CASES
     ]
     assert {r.case for r in newest} >= {"success", "retry", "fail", "cancel"}
     for r in newest:
@@ -369,3 +415,66 @@ def test_histories_of_a_chunked_job_run_each_chunk_then_merge() -> None:
         assert len(ids) >= 2 and set(regular_activities(r)) == {"execute"}
         assert local_activities(r) == ["prepare", "resolve", "merge", "project", COMPLETE]
         assert len(r.history.events) <= 25 + 6 * len(ids), len(r.history.events)
+
+
+def execute_results(r: Recorded) -> list[tuple[int, dict[str, Any]]]:
+    """(event index, decoded ExecuteResult) of every EXECUTE that completed, in order."""
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in r.history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    return [
+        (i, json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data))
+        for i, e in enumerate(r.history.events)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == "execute"
+    ]
+
+
+def test_histories_of_a_limit_wait_sleep_the_exact_wait() -> None:
+    """From tag 6 on (`exact-limit-waits`, asked only when EXECUTE returns a provider limit's
+    wait): after each EXECUTE held back by a limit (`gate_reason` in LIMIT_WAITS) the next
+    commands are the patch marker (the first time only) and a timer of that exact wait (1 s at
+    least) plus up to 10 % jitter, shorter than the growing backoff the old branch would sleep
+    (2, 4, 8... s), so the history pins the new branch; then EXECUTE again, and once admitted the
+    run ends like a success: project, complete."""
+    held = [r for r in recorded() if r.case == "limit_wait"]
+    assert {r.tag for r in held} >= {LIMIT_WAIT_TAG}
+    for r in held:
+        assert patches(r) == [FIVE_STAGES, EXACT_LIMIT_WAITS], r.path.name
+        assert local_activities(r) == ["prepare", "resolve", "project", COMPLETE], r.path.name
+        events = r.history.events
+        results = execute_results(r)
+        assert len(results) == len(regular_activities(r)) >= 2, r.path.name
+        assert set(regular_activities(r)) == {"execute"}, r.path.name
+        *waits, (_, last) = results
+        assert last["gate_wait_s"] == 0 and last["output_hash"], (r.path.name, last)
+        [marker] = markers(r, "core_patch")[1:]
+        for looks, (i, res) in enumerate(waits, start=1):
+            assert res["gate_reason"] in LIMIT_WAITS and res["gate_wait_s"] > 0, res
+            assert res["attempt"] == 1, res  # a limit's wait spends no attempt
+            nxt = next(
+                e
+                for e in events[i + 1 :]
+                if e.event_type
+                in (
+                    EventType.EVENT_TYPE_TIMER_STARTED,
+                    EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                    EventType.EVENT_TYPE_MARKER_RECORDED,
+                )
+                and e.event_id != marker.event_id
+            )
+            assert nxt.event_type == EventType.EVENT_TYPE_TIMER_STARTED, (r.path.name, i)
+            fire = nxt.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+            exact = max(res["gate_wait_s"], 1.0)
+            backoff = max(res["gate_wait_s"], min(2.0**looks, GATE_WAIT_CAP_S))
+            assert exact <= fire.total_seconds() <= exact * 1.1 < backoff, (r.path.name, fire)
+        # The marker sits between the first held EXECUTE's result and its timer.
+        first_wait = waits[0][0]
+        first_timer = next(
+            j for j, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        )
+        assert events[first_wait].event_id < marker.event_id, r.path.name
+        assert marker.event_id < events[first_timer].event_id, r.path.name
+        assert events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
