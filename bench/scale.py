@@ -454,15 +454,15 @@ def queries() -> list[Query]:
         return run
 
     async def active(s: Any) -> Any:
-        return await jobs_db.quota_counts(s, HOT_USER, active=True, day=None, month=None)
+        return (await jobs_db.quota_counts(s, HOT_USER, active=True, day=None, month=None))[0]
 
     async def today(s: Any) -> Any:
         day = utc_day_start(datetime.now(UTC))
-        return await jobs_db.quota_counts(s, HOT_USER, active=False, day=day, month=None)
+        return (await jobs_db.quota_counts(s, HOT_USER, active=False, day=day, month=None))[1]
 
     async def month(s: Any) -> Any:
         month = utc_month_start(datetime.now(UTC))
-        return await jobs_db.quota_counts(s, HOT_USER, active=False, day=None, month=month)
+        return (await jobs_db.quota_counts(s, HOT_USER, active=False, day=None, month=month))[2]
 
     async def retention(s: Any) -> Any:
         return await outbox_db.delete_published(s, older_than_days=OUTBOX_RETENTION_DAYS)
