@@ -9,6 +9,7 @@ import datetime as dt
 import uuid
 from collections import Counter
 from decimal import Decimal
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -17,6 +18,8 @@ from sqlalchemy import event, text
 
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import outbox as outbox_db
+from db import snapshots as snapshots_db
 from db import usage as usage_db
 from db.jobs import JobRow
 from db.session import SessionMaker, libpq_url
@@ -249,25 +252,24 @@ async def test_the_enqueue_dedupe_key_is_the_job_id_alone(db: SessionMaker) -> N
 
 
 STEPS = [
-    ("_lifecycle", "create"),
-    ("_jobs", "insert_snapshot"),
-    ("_outbox", "insert"),
+    (lifecycle_db, "create"),
+    (snapshots_db, "insert_snapshot"),
+    (outbox_db, "insert"),
 ]
 
 
-@pytest.mark.parametrize(("repo_attr", "method"), STEPS, ids=[f"{a}.{m}" for a, m in STEPS])
+@pytest.mark.parametrize(("module", "method"), STEPS, ids=[f"{m.__name__}.{f}" for m, f in STEPS])
 async def test_a_failure_at_any_step_leaves_nothing_behind(
     db: SessionMaker,
     database_url: str,
     monkeypatch: pytest.MonkeyPatch,
-    repo_attr: str,
+    module: ModuleType,
     method: str,
 ) -> None:
     """The step runs for real (its row and NOTIFY are in the transaction), then fails: the job,
     the snapshot and the outbox row all roll back, and relays are not woken."""
     svc = service(db)
-    target = getattr(svc, repo_attr)
-    real = getattr(target, method)
+    real = getattr(module, method)
     calls: list[str] = []
 
     async def fail_after(*args: Any, **kw: Any) -> Any:
@@ -275,7 +277,7 @@ async def test_a_failure_at_any_step_leaves_nothing_behind(
         calls.append(method)
         raise InjectedFailure(method)
 
-    monkeypatch.setattr(target, method, fail_after)
+    monkeypatch.setattr(module, method, fail_after)
     conn = await listener(database_url)
     try:
         with pytest.raises(InjectedFailure):

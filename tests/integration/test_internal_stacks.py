@@ -127,7 +127,7 @@ async def test_the_admin_sees_the_stack_of_an_internal_failure_without_job_data(
             assert 1 <= len(frames) <= STACK_MAX_FRAMES, message
             assert any(f.startswith("  activities/") for f in frames), message
             # Innermost last: where it broke (the test's own frame is not the engine's).
-            innermost = " in prompt" if jt is prompt_bug else " in project_output"
+            innermost = " in prompt" if jt is prompt_bug else " in project_artifacts"
             assert frames[-1].endswith(innermost), message
             assert len(message) <= INTERNAL_MESSAGE_MAX_CHARS
             assert secret not in message and secret not in r.text
