@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.artifacts import ArtifactRef
 from db.lifecycle import ACTIVE_SQL
 
 
@@ -78,6 +79,48 @@ LIST_COLUMNS = ", ".join(
     else f.name
     for f in dataclasses.fields(JobRow)
 )
+
+
+@dataclass(frozen=True)
+class JobStatusRow:
+    """What a job's public view (jobs/views.py) is built from, and its owner: the columns of
+    `GET /api/ai/jobs/{id}`, without the input and output JSON a JobRow carries."""
+
+    id: uuid.UUID
+    user_id: str
+    job_type: str
+    lifecycle_status: str
+    queue_name: str
+    priority: int
+    progress: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_code: str | None
+    public_error_message: str | None
+    chunk_count: int | None
+
+
+_STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
+# One round trip for a job and its artifacts, in `artifacts`' order (ordinal, id).
+_STATUS_WITH_ARTIFACTS = text(
+    f"SELECT {_STATUS_COLUMNS}, (SELECT json_agg(json_build_array(a.artifact_type, "
+    "a.artifact_id, a.ordinal) ORDER BY a.ordinal, a.id) FROM ai_job_artifact a "
+    "WHERE a.job_id = j.id) AS artifact_refs FROM ai_job j WHERE j.id = :id"
+)
+
+
+async def status_with_artifacts(
+    session: AsyncSession, job_id: uuid.UUID
+) -> tuple[JobStatusRow, list[ArtifactRef]] | None:
+    """A job's public columns and owner, and its artifacts (what `db.artifacts.artifacts` reads
+    for it), in one statement; None when the job does not exist."""
+    row = (await session.execute(_STATUS_WITH_ARTIFACTS, {"id": job_id})).first()
+    if row is None:
+        return None
+    fields = dict(row._mapping)
+    refs = fields.pop("artifact_refs") or []
+    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from db import artifacts as artifacts_db
 from db import jobs as jobs_db
 from db.artifacts import ArtifactRef
 from db.chunks import SucceededChunk, job_chunking, succeeded_chunks
-from db.jobs import JobFilter, JobRow
+from db.jobs import JobFilter, JobRow, JobStatusRow
 from db.session import SessionMaker
 from engine.errors import JobNotFound
 from engine.lifecycle import StatusName
@@ -217,7 +217,11 @@ class TemporalLink:
         return f"{ui}/namespaces/{ns}/workflows/{quote(workflow_id, safe='')}"
 
 
-def _public_fields(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
+# A row a public view is built from: the whole job, or the columns `job_status` reads.
+PublicRow = JobRow | JobStatusRow
+
+
+def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
     # `result` is present once a job succeeded (an empty list when it projected nothing), and
     # on a long-source job that ended early with the items of its succeeded chunks (`partial`).
     result = None
@@ -246,7 +250,7 @@ def _public_fields(row: JobRow, artifacts: list[ArtifactRef]) -> dict[str, Any]:
     }
 
 
-def job_view(row: JobRow, artifacts: list[ArtifactRef]) -> JobStatusResponse:
+def job_view(row: PublicRow, artifacts: list[ArtifactRef]) -> JobStatusResponse:
     return JobStatusResponse(**_public_fields(row, artifacts))
 
 
@@ -280,7 +284,7 @@ class JobRead:
         return admin_view(self.row, self.artifacts, link)
 
 
-def _may_have_artifacts(row: JobRow) -> bool:
+def _may_have_artifacts(row: PublicRow) -> bool:
     # Artifacts are written in the transaction that ends a job: when it succeeds, and when a
     # long-source job fails or is cancelled after some chunks succeeded (what they produced is
     # kept). No other job has any, so only these cost the second query.
@@ -322,8 +326,14 @@ async def read_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
 
 
 async def job_status(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobStatusResponse:
-    """`GET /api/ai/jobs/{jobId}`: the public view, or JobNotFound."""
-    return (await read_job(session, job_id, viewer)).view()
+    """`GET /api/ai/jobs/{jobId}`: the public view, or JobNotFound. The view `read_job` gives,
+    from one statement (the job's public columns and its artifacts; not its input and output
+    JSON): one round trip however the job ended."""
+    found = await jobs_db.status_with_artifacts(session, job_id)
+    if found is None or not can_see(viewer, found[0].user_id):
+        raise not_found()
+    row, artifacts = found
+    return job_view(row, artifacts if _may_have_artifacts(row) else [])
 
 
 # ---- pages --------------------------------------------------------------------------------

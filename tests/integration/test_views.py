@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import text
 
 from api.auth import ADMIN_ROLE, Principal
 from db import artifacts as artifacts_db
@@ -191,3 +192,39 @@ async def test_the_apis_principal_is_a_viewer_under_the_same_rule(db: SessionMak
     assert (await status(db, job_id, admin)).job_id == job_id
     await refusal(db, job_id, Principal("x", frozenset()))
     assert (await status(db, job_id, Principal("alice", frozenset()))).job_id == job_id
+
+
+async def test_the_one_statement_read_gives_the_view_of_the_whole_row(db: SessionMaker) -> None:
+    # `job_status` reads the public columns and the artifacts in one statement; whatever the
+    # job's state, its view is the one `read_job` builds from the whole row and its artifacts,
+    # the artifacts rule included (a job that cannot have any shows none, even if rows exist).
+    states = [
+        ("queued", None, []),
+        ("succeeded", None, ["b", "a", "c"]),
+        ("succeeded", None, []),
+        ("failed", 3, ["p1", "p0"]),  # a long source that ended early: partial
+        ("cancelled", 2, []),
+        ("failed", None, ["stray"]),  # one call: never has artifacts, so none is shown
+        ("running", 4, ["early"]),
+    ]
+    for status_, chunk_count, artifact_ids in states:
+        job_id = await insert_job(db, "alice")
+        async with db.begin() as s:
+            for ordinal, artifact_id in enumerate(artifact_ids):
+                # Two with one ordinal: (ordinal, id) orders them.
+                await artifacts_db.insert_artifact(s, job_id, "note", artifact_id, ordinal // 2)
+            # One legal step at a time (the lifecycle guard): queued -> running -> the end.
+            for step in ("running", status_) if status_ != "queued" else ():
+                await s.execute(
+                    text(
+                        "UPDATE ai_job SET lifecycle_status = :st, chunk_count = :cc, "
+                        "finished_at = CASE WHEN lifecycle_status = 'running' THEN now() END "
+                        "WHERE id = :id AND lifecycle_status <> :st"
+                    ),
+                    {"st": step, "cc": chunk_count, "id": job_id},
+                )
+        async with db() as s:
+            whole = (await views.read_job(s, job_id, Owner("alice"))).view()
+        one = await status(db, job_id, Owner("alice"))
+        assert one.model_dump_json(by_alias=True) == whole.model_dump_json(by_alias=True), status_
+        assert one == whole and one.lifecycle_status == status_
