@@ -114,6 +114,9 @@ _INSERT_NOTIFY = text(
         "RETURNING id", f"RETURNING id, pg_notify('{NOTIFY_CHANNEL}', '') IS NULL AS notified"
     )
 ).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
+# Its text, for a statement that writes another row in the same round trip (a create's
+# snapshot: db/snapshots.py `insert_snapshot_and_enqueue`).
+INSERT_NOTIFY_SQL = str(_INSERT_NOTIFY.text)
 
 
 async def insert(

@@ -12,6 +12,21 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.lifecycle import TERMINAL_SQL
+from db.outbox import INSERT_NOTIFY_SQL
+
+_INSERT_SQL = """
+    INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at)
+    VALUES (:id, :c, :rv, now() + make_interval(days => :ttl), now())
+"""
+_INSERT = text(_INSERT_SQL).bindparams(bindparam("c", type_=JSONB))
+# A create's snapshot and its enqueue row (waking the relays) in one statement. The snapshot's
+# INSERT is a data-modifying WITH: PostgreSQL runs it to completion whether or not the enqueue
+# row is inserted, in the same transaction.
+_INSERT_WITH_ENQUEUE = text(f"WITH snapshot AS ({_INSERT_SQL}) {INSERT_NOTIFY_SQL}").bindparams(
+    bindparam("c", type_=JSONB),
+    bindparam("payload", type_=JSONB),
+    bindparam("trace_context", type_=JSONB),
+)
 
 
 async def insert_snapshot(
@@ -22,15 +37,45 @@ async def insert_snapshot(
     ttl_days: int,
 ) -> None:
     await session.execute(
-        text(
-            """
-            INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at,
-                                         created_at)
-            VALUES (:id, :c, :rv, now() + make_interval(days => :ttl), now())
-            """
-        ).bindparams(bindparam("c", type_=JSONB)),
-        {"id": job_id, "c": content, "rv": redaction_version, "ttl": ttl_days},
+        _INSERT, {"id": job_id, "c": content, "rv": redaction_version, "ttl": ttl_days}
     )
+
+
+async def insert_snapshot_and_enqueue(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    content: dict[str, Any],
+    redaction_version: str,
+    ttl_days: int,
+    *,
+    event_type: str,
+    aggregate_type: str,
+    aggregate_id: str,
+    dedupe_key: str,
+    payload: dict[str, Any],
+    trace_context: dict[str, str] | None = None,
+) -> int | None:
+    """`insert_snapshot` and db/outbox.py's `insert` (with its NOTIFY) in one round trip: the
+    enqueue row's id, or None when its dedupe key existed (as `insert` answers; the snapshot is
+    written either way, and the caller's rollback takes it back)."""
+    row = (
+        await session.execute(
+            _INSERT_WITH_ENQUEUE,
+            {
+                "id": job_id,
+                "c": content,
+                "rv": redaction_version,
+                "ttl": ttl_days,
+                "event_type": event_type,
+                "aggregate_type": aggregate_type,
+                "aggregate_id": aggregate_id,
+                "dedupe_key": dedupe_key,
+                "payload": payload,
+                "trace_context": trace_context,
+            },
+        )
+    ).first()
+    return int(row.id) if row else None
 
 
 async def get_snapshot(session: AsyncSession, job_id: uuid.UUID) -> dict[str, Any] | None:

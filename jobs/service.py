@@ -26,7 +26,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import budgets as budgets_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
-from db import outbox as outbox_db
 from db import snapshots as snapshots_db
 from db.chunks import PlannedChunk, insert_plan
 from db.chunks import copy_succeeded as copy_succeeded_chunks
@@ -423,7 +422,8 @@ class JobService:
                 row = JobRow(**created)
                 if checked.chunks:
                     await insert_plan(s, job_id, checked.chunks)
-                await snapshots_db.insert_snapshot(
+                # The snapshot and the enqueue row in one statement (one round trip).
+                enqueued = await snapshots_db.insert_snapshot_and_enqueue(
                     s,
                     job_id,
                     {
@@ -436,9 +436,6 @@ class JobService:
                     },
                     SNAPSHOT_VERBATIM,
                     self._policy.snapshot_ttl_days,
-                )
-                enqueued = await outbox_db.insert(
-                    s,
                     event_type=ENQUEUE,
                     aggregate_type="AiJob",
                     aggregate_id=str(job_id),

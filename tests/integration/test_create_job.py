@@ -18,7 +18,6 @@ from sqlalchemy import event, text
 
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
-from db import outbox as outbox_db
 from db import snapshots as snapshots_db
 from db import usage as usage_db
 from db.jobs import JobRow
@@ -251,10 +250,11 @@ async def test_the_enqueue_dedupe_key_is_the_job_id_alone(db: SessionMaker) -> N
     assert keys == [f"ai.job.enqueue:{a.id}", f"ai.job.enqueue:{b.id}"]
 
 
+# The snapshot and the enqueue row are one statement (db/snapshots.py
+# insert_snapshot_and_enqueue).
 STEPS = [
     (lifecycle_db, "create"),
-    (snapshots_db, "insert_snapshot"),
-    (outbox_db, "insert"),
+    (snapshots_db, "insert_snapshot_and_enqueue"),
 ]
 
 
@@ -555,10 +555,10 @@ async def _some_key() -> uuid.UUID:
     return uuid.uuid4()
 
 
-async def test_a_create_takes_seven_round_trips_with_quotas_on(db: SessionMaker) -> None:
+async def test_a_create_takes_six_round_trips_with_quotas_on(db: SessionMaker) -> None:
     """The create path's statements, counted as PostgreSQL sees them: BEGIN, the user's lock,
     the three quota counts in one SELECT, the job (read back by its own INSERT ... RETURNING),
-    its snapshot, its enqueue row (waking the relays in the same statement), COMMIT."""
+    its snapshot and its enqueue row in one statement (waking the relays), COMMIT."""
     engine = db.kw["bind"].sync_engine
     sent: list[str] = []
 
@@ -585,5 +585,5 @@ async def test_a_create_takes_seven_round_trips_with_quotas_on(db: SessionMaker)
     finally:
         for name, fn in listeners:
             event.remove(engine, name, fn)
-    assert len(sent) == 7, sent
+    assert len(sent) == 6, sent
     assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
