@@ -104,9 +104,10 @@ class JobStatusRow:
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
 # One round trip for a job and its artifacts, in `artifacts`' order (ordinal, id).
 _STATUS_WITH_ARTIFACTS = text(
-    f"SELECT {_STATUS_COLUMNS}, (SELECT json_agg(json_build_array(a.artifact_type, "
-    "a.artifact_id, a.ordinal) ORDER BY a.ordinal, a.id) FROM ai_job_artifact a "
-    "WHERE a.job_id = j.id) AS artifact_refs FROM ai_job j WHERE j.id = :id"
+    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs FROM ai_job j LEFT JOIN LATERAL "
+    "(SELECT json_agg(json_build_array(artifact_type, artifact_id, ordinal) "
+    "ORDER BY ordinal, id) AS refs FROM ai_job_artifact WHERE job_id = j.id) a ON TRUE "
+    "WHERE j.id = :id"
 )
 
 
