@@ -1,5 +1,14 @@
 """Bearer JWT (HS256): `sub` is the user id, `roles` may hold SUPER_ADMIN; `iat` and `exp` are
-required, the lifetime `exp - iat` is bounded, and `iss`/`aud` are checked when configured."""
+required, the lifetime `exp - iat` is bounded, and `iss`/`aud` are checked when configured.
+
+A client sends the same token with every request until it expires, and checking its signature
+and claims is most of what authentication costs a request. So a token that passed is
+remembered (`_Verified`, at most `VERIFIED_CACHE_SIZE`, per configuration) with the window of
+time in which every time-dependent check passes (`iat` and `nbf` minus the leeway, up to `exp`
+plus the leeway); inside that window the same token gets the same principal without
+re-checking, outside it (or unknown) it is checked in full, so every answer, and every refusal
+with its reason, is what the full check gives. A refused token is never remembered.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +57,20 @@ class JwtConfig:
         )
 
 
+# Tokens that passed, oldest first (dicts keep insertion order): a few MB at most.
+VERIFIED_CACHE_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class _Verified:
+    principal: Principal
+    valid_from: float  # time.time() at or after which iat and nbf pass (leeway included)
+    valid_until: float  # time.time() before which exp passes (leeway included)
+
+
+_verified: dict[tuple[JwtConfig, str], _Verified] = {}
+
+
 def _config(config: JwtConfig | str) -> JwtConfig:
     return config if isinstance(config, JwtConfig) else JwtConfig(secret=config)
 
@@ -80,8 +103,22 @@ def verify_token(config: JwtConfig | str, authorization: str | None) -> Principa
     if not authorization:
         raise Unauthenticated("A bearer token is required.")
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("A bearer token is required.")
+    key = (cfg, token)
+    known = _verified.get(key)
+    if known is not None and known.valid_from <= time.time() < known.valid_until:
+        return known.principal
+    principal, window = _verify(cfg, token)
+    if len(_verified) >= VERIFIED_CACHE_SIZE:
+        _verified.pop(next(iter(_verified), key), None)
+    _verified[key] = _Verified(principal, *window)
+    return principal
+
+
+def _verify(cfg: JwtConfig, token: str) -> tuple[Principal, tuple[float, float]]:
+    """The full check: the principal, and the time window in which the token passes."""
     required = ["sub", "iat", "exp"]
     if cfg.issuer:
         required.append("iss")
@@ -90,7 +127,7 @@ def verify_token(config: JwtConfig | str, authorization: str | None) -> Principa
     try:
         # Without a configured audience PyJWT refuses any token that carries one.
         claims = jwt.decode(
-            token.strip(),
+            token,
             cfg.secret,
             algorithms=["HS256"],
             options={"require": required, "verify_iat": True},
@@ -113,4 +150,11 @@ def verify_token(config: JwtConfig | str, authorization: str | None) -> Principa
         raise Unauthenticated(_INVALID)
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise Unauthenticated(_INVALID)
-    return Principal(user_id=sub, roles=frozenset(roles))
+    # PyJWT refuses `iat` or `nbf` (truncated to int) after now + leeway and `exp` at or before
+    # now - leeway; the check above refuses a float `iat` after now + leeway.
+    # (Python compares its ints and floats exactly, however large: no conversion here.)
+    starts = [iat, int(iat)]
+    if "nbf" in claims:
+        starts.append(int(claims["nbf"]))
+    window = (max(starts) - cfg.leeway_s, int(exp) + cfg.leeway_s)
+    return Principal(user_id=sub, roles=frozenset(roles)), window

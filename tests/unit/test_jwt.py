@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import jwt
 import pytest
 
-from api.auth import JwtConfig, issue_token, verify_token
+from api import auth
+from api.auth import JwtConfig, Principal, issue_token, verify_token
 from engine.errors import Unauthenticated
 from engine.settings import Settings
 
@@ -135,3 +139,102 @@ def test_config_from_settings() -> None:
     defaults = JwtConfig.from_settings(Settings.model_validate({"AIJOBS_ENV": "test"}))
     assert (defaults.issuer, defaults.audience) == (None, None)
     assert (defaults.max_ttl_s, defaults.leeway_s) == (30 * 86_400, 30)
+
+
+# ---- tokens that passed are remembered (api/auth.py) --------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _forget_verified_tokens() -> Iterator[None]:
+    auth._verified.clear()
+    yield
+    auth._verified.clear()
+
+
+def _move_clocks(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Both clocks a check reads, ours (`time.time`) and PyJWT's (`datetime.now`), `seconds`
+    ahead (or behind) the real one."""
+    real = time.time
+    monkeypatch.setattr(auth, "time", SimpleNamespace(time=lambda: real() + seconds))
+
+    class Moved(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Moved:
+            return cls.fromtimestamp(real() + seconds, tz)
+
+    monkeypatch.setattr(jwt.api_jwt, "datetime", Moved)
+
+
+def _answer(config: JwtConfig, authorization: str) -> Principal | str:
+    try:
+        return verify_token(config, authorization)
+    except Unauthenticated as exc:
+        return exc.public_message
+
+
+def test_a_remembered_token_gets_the_answer_of_the_full_check() -> None:
+    now = int(time.time())
+    tokens = [
+        _raw(_claims()),
+        _raw(_claims(iat=now + 10, exp=now + 600)),  # issued by a clock ahead, in the leeway
+        _raw(_claims(iat=now - 300, exp=now - 10)),  # expired, in the leeway
+        _raw(_claims(iat=now - 300, exp=now - 60)),  # expired
+        _raw(_claims(nbf=now + 20)),  # not before: in the leeway
+        _raw(_claims(nbf=now + 60)),  # not before: refused
+        _raw(_claims(nbf=str(now))),  # PyJWT reads a numeric string
+        _raw(_claims(iat=now + 120, exp=now + 600)),
+        _raw(_claims(), secret="another-secret-of-at-least-32-bytes-long"),
+        "Bearer  " + issue_token(CFG, "bob", admin=True, ttl_s=600) + " ",
+    ]
+    for config in (CFG, SCOPED, JwtConfig(secret=SECRET, max_ttl_s=3600, leeway_s=0)):
+        for token in tokens:
+            auth._verified.clear()
+            cold = _answer(config, token)
+            assert _answer(config, token) == _answer(config, token) == cold, token
+
+
+def test_only_tokens_that_passed_are_remembered_and_only_so_many() -> None:
+    _refused(CFG, _raw(_claims(iat=now_plus(120))))
+    assert auth._verified == {}
+    token = issue_token(CFG, "alice", ttl_s=600)
+    first = verify_token(CFG, f"Bearer {token}")
+    assert verify_token(CFG, f"Bearer {token}") is first
+    assert len(auth._verified) == 1
+    # Per configuration: the same token under another is checked, and refused, on its own.
+    _refused(JwtConfig(secret="another-secret-of-at-least-32-bytes-long"), f"Bearer {token}")
+    for n in range(auth.VERIFIED_CACHE_SIZE + 10):
+        verify_token(CFG, "Bearer " + issue_token(CFG, f"user-{n}", ttl_s=600))
+    assert len(auth._verified) == auth.VERIFIED_CACHE_SIZE
+
+
+def test_a_remembered_token_is_refused_once_it_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = int(time.time())
+    token = _raw(_claims(iat=now, exp=now + 60))
+    assert verify_token(CFG, token).user_id == "alice"
+    _move_clocks(monkeypatch, 85)  # expired 25 s ago: inside the 30 s leeway
+    assert verify_token(CFG, token).user_id == "alice"
+    _move_clocks(monkeypatch, 95)
+    _refused(CFG, token)
+    _move_clocks(monkeypatch, 0)
+    assert verify_token(CFG, token).user_id == "alice"
+
+
+def test_a_token_from_the_future_passes_only_while_it_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = int(time.time())
+    token = _raw(_claims(iat=now + 40, exp=now + 600))
+    _refused(CFG, token)
+    _move_clocks(monkeypatch, 15)  # 25 s before its iat: inside the leeway
+    assert verify_token(CFG, token).user_id == "alice"
+    _move_clocks(monkeypatch, 0)  # our clock went back: checked again, refused again
+    _refused(CFG, token)
+    not_before = _raw(_claims(nbf=now + 40))
+    _move_clocks(monkeypatch, 15)
+    assert verify_token(CFG, not_before).user_id == "alice"
+    _move_clocks(monkeypatch, 5)
+    _refused(CFG, not_before)
+
+
+def now_plus(seconds: int) -> int:
+    return int(time.time()) + seconds
