@@ -67,11 +67,14 @@ INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
     # Our pure modules are deterministic; passing them through keeps the per-run sandbox cost
-    # low. The workflow modules themselves are re-imported in each run's sandbox, as the SDK
-    # intends (they hold no state and import nothing heavy).
+    # low. `workflows.stages` holds only the stages' typed stubs (names and signatures, bodies
+    # that never run), so it is passed through too: re-importing it re-applied `activity.defn`
+    # to each stub at every run. The workflow modules themselves (`workflows.job_workflow`,
+    # the system and bulk workflows) are re-imported in each run's sandbox, as the SDK intends,
+    # so the sandbox still checks their code.
     return SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules(
-            "engine", "pydantic", "pydantic_core", "annotated_types"
+            "engine", "workflows.stages", "pydantic", "pydantic_core", "annotated_types"
         )
     )
 

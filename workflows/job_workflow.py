@@ -409,11 +409,15 @@ class JobStages:
 
 
 @workflow.defn(dynamic=True)
-class JobWorkflow(JobStages):
+class JobWorkflow:
     """Every job type's workflow: the workflow type is the job type's name (the relay starts
-    `<jobType>`), so one class serves them all and recorded histories of each replay here."""
+    `<jobType>`), so one class serves them all and recorded histories of each replay here.
+
+    It holds its `JobStages` rather than inheriting them: the sandbox re-imports this module
+    and re-applies `workflow.defn` at every run, which inspects every member of the class and
+    of its bases, so a class with only `run` costs each run less (the commands are the same)."""
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await self.execute_job(inp)
+        return await JobStages().execute_job(inp)
