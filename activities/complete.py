@@ -7,7 +7,8 @@ import uuid
 from temporalio import activity
 
 from activities.deps import StageDeps, log
-from db import usage as usage_db
+from db import pipeline
+from db.usage import SUMMARY, summary_of
 from engine.contracts import COMPLETE, CompleteInput, CompleteResult
 
 
@@ -21,8 +22,11 @@ class Complete:
         logged and returned. A read: the completion event was written by PROJECT in the
         transaction that ended the job (event streams were woken by that commit; the relay
         publishes it to the owner's webhooks), so nothing here can be done twice."""
-        async with self._d.sessionmaker() as s:
-            usage = await usage_db.summary(s, uuid.UUID(inp.job_id))
+        # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
+        [rows] = await pipeline.run(
+            self._d.sessionmaker, [(SUMMARY, {"id": uuid.UUID(inp.job_id)})], commit=False
+        )
+        usage = summary_of(rows[0])
         cost_micros = int(usage.cost_usd * 1_000_000)
         log.info(
             "job usage",

@@ -59,15 +59,18 @@ from activities.telemetry import observe_call, retry_follows, seconds_since
 from db import chunks as chunks_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import pipeline
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db import usage as usage_db
 from db.chunks import ChunkRow
 from db.errors import is_unavailable
 from db.jobs import JobRow
-from db.lifecycle import ExtendResult
+from db.lifecycle import SETTLE_ATTEMPT, ExtendResult, settle_attempt_params, settled
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
+from db.provider_gate import REACHABLE as GATE_REACHABLE
 from db.provider_limits import LimitKey, Limits
+from db.usage import INSERT as USAGE_INSERT
 from db.usage import UsageRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult, ProjectResult
 from engine.errors import ExecutionFailure, Fault, IllegalTransition, JobNotFound, LockConflict
@@ -770,7 +773,7 @@ class _Attempt:
         # not, so its headers land in the row its next admission reads (the configured model's
         # name, not the one the provider echoes).
         lease, headers = self.lease, response.rate_limit if response is not None else None
-        if lease is None or (lease.lease_id is None and not lease.metered and headers is None):
+        if lease is None or not self._lease_to_settle(response):
             return  # nothing was taken and nothing announced: no statement
         if response is not None:
             used = response.tokens_in + response.tokens_out
@@ -785,6 +788,14 @@ class _Attempt:
             headers=headers,
             limits=lease.limits,
             max_block_s=self._cfg.retry_after_max_s,
+        )
+
+    def _lease_to_settle(self, response: ProviderResponse | None) -> bool:
+        """Whether `_settle_lease` has a statement to run: a lease was taken, tokens metered,
+        or the answer announced its rate limits."""
+        lease, headers = self.lease, response.rate_limit if response is not None else None
+        return lease is not None and (
+            lease.lease_id is not None or lease.metered or headers is not None
         )
 
     async def _release_lease(self, lease_id: uuid.UUID) -> None:
@@ -860,6 +871,12 @@ class _Attempt:
         here, in a savepoint (a projector that fails leaves the stored output for PROJECT). A
         cancel seen here is honoured."""
         d, owner = self._d, self.owner
+        if (
+            self.chunk_no is None
+            and not self.inp.project_in_slot
+            and not self._lease_to_settle(response)
+        ):
+            return await self._last_transaction_pipelined(row, usage, out, digest)
         async with d.sessionmaker.begin() as s:
             await usage_db.insert(s, usage)
             if self.probe.gate is not None:
@@ -921,6 +938,39 @@ class _Attempt:
                     ),
                 )
                 return "stored", None
+
+    async def _last_transaction_pipelined(
+        self, row: JobRow, usage: UsageRow, out: dict[str, Any], digest: str
+    ) -> tuple[Literal["stored", "cancelled", "not_owner"], None]:
+        """`_last_transaction` of a one-call job whose call left no provider limit to settle
+        (the synthetic provider; a real provider whose answer announced no limits and took no
+        lease): the same statements in the same order (the usage row, the gate's `reachable`,
+        `settle_attempt`) in one transaction that commits in every outcome, so BEGIN, the
+        statements and COMMIT go in one round trip (db/pipeline.py)."""
+        d = self._d
+        statements: list[pipeline.Statement] = [(USAGE_INSERT, usage.__dict__)]
+        if self.probe.gate is not None:
+            statements.append((GATE_REACHABLE, self.probe.gate.params()))
+        statements.append(
+            (
+                SETTLE_ATTEMPT,
+                settle_attempt_params(
+                    row.id,
+                    owner=self.owner,
+                    attempt=self.number,
+                    ttl_s=d.lock_policy(row.job_type)[0],
+                    output=out,
+                    output_hash=digest,
+                    progress=60,
+                ),
+            )
+        )
+        results = await pipeline.run(d.sessionmaker, statements, commit=True)
+        settled_rows = results[-1]
+        owned, cancel_requested = settled(settled_rows[0] if settled_rows else None)
+        if not owned:
+            return "not_owner", None
+        return ("cancelled" if cancel_requested else "stored"), None
 
 
 def _usage_row(

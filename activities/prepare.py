@@ -10,8 +10,8 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
-from db import lifecycle as lifecycle_db
-from db.lifecycle import lock_holder
+from db import pipeline
+from db.lifecycle import LOCK_STATE, lock_holder, lock_state_of
 from engine.contracts import PREPARE, ExecutionPlan, PrepareResult, StageInput
 from engine.lifecycle import LifecycleStatus
 
@@ -27,11 +27,13 @@ class Prepare:
         here. A job this workflow already holds (`running` under its own lock: a run continued
         as new while it waited on its provider, a Temporal Reset) goes on."""
         d = self._d.catalog.get(activity.info().workflow_type or "").definition
-        async with self._d.sessionmaker() as s:
-            state = await lifecycle_db.lock_state(s, uuid.UUID(inp.job_id))
-        if state is None:
+        # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
+        [rows] = await pipeline.run(
+            self._d.sessionmaker, [(LOCK_STATE, {"id": uuid.UUID(inp.job_id)})], commit=False
+        )
+        if not rows:
             fail_final("INTERNAL_JOB_MISSING")
-        status, locked_by = state
+        status, locked_by = lock_state_of(rows[0])
         ours = status == LifecycleStatus.RUNNING and lock_holder(locked_by) == inp.workflow_id
         if status != LifecycleStatus.QUEUED and not ours:
             return PrepareResult(run=False, lifecycle_status=status)

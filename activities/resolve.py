@@ -10,8 +10,9 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
-from db import chunks as chunks_db
-from db import jobs as jobs_db
+from db import pipeline
+from db.chunks import CHUNK_STATES, ChunkState
+from db.jobs import RESOLVE_REFS, ResolveRefs
 from engine.contracts import RESOLVE, ResolveResult, StageInput
 from engine.errors import ExecutionFailure
 
@@ -27,24 +28,33 @@ class Resolve:
         the limits. Only names, ids and numbers leave: the result is what an operator reads in
         the Temporal UI."""
         d = self._d
+        job_id = uuid.UUID(inp.job_id)
+        # The job's references and its chunks (numbers and counts only: the ranges stay in SQL)
+        # in one round trip: BEGIN, both reads, ROLLBACK pipelined (db/pipeline.py).
+        refs, chunk_rows = await pipeline.run(
+            d.sessionmaker,
+            [(RESOLVE_REFS, {"id": job_id}), (CHUNK_STATES, {"job_id": job_id})],
+            commit=False,
+        )
+        if not refs:
+            fail_final("INTERNAL_JOB_MISSING")
+        row = ResolveRefs(**refs[0])
+        jt = d.catalog.get(row.job_type)
+        if not row.has_snapshot:
+            # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
+            expired = row.snapshot_stored
+            fail_final("SNAPSHOT_EXPIRED" if expired else "INTERNAL_SNAPSHOT_MISSING")
+        # A session of its own: only a user's key is read from SQL (the synthetic provider and
+        # the platform key take no statement, so no round trip either).
         async with d.sessionmaker() as s:
-            row = await jobs_db.resolve_refs(s, uuid.UUID(inp.job_id))
-            if row is None:
-                fail_final("INTERNAL_JOB_MISSING")
-            jt = d.catalog.get(row.job_type)
-            if not row.has_snapshot:
-                # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
-                expired = row.snapshot_stored
-                fail_final("SNAPSHOT_EXPIRED" if expired else "INTERNAL_SNAPSHOT_MISSING")
             try:
                 key = await d.gateway.api_key(
                     s, jt, row.user_id, row.credential_mode, row.credential_id
                 )
             except ExecutionFailure as f:
                 fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
-            del key  # only its availability was in question
-            # A long source's chunks: numbers and counts only (the ranges stay in SQL).
-            chunks = await chunks_db.chunk_states(s, uuid.UUID(inp.job_id))
+        del key  # only its availability was in question
+        chunks = [ChunkState(r["chunk_no"], r["status"], r["attempt_count"]) for r in chunk_rows]
         definition = jt.definition
         return ResolveResult(
             prompt_version=row.prompt_version,

@@ -131,15 +131,16 @@ class ChunkRow:
         )
 
 
+# Also run pipelined on the driver connection by RESOLVE (db/pipeline.py).
+CHUNK_STATES = text(
+    "SELECT chunk_no, status, attempt_count FROM ai_job_chunk "
+    "WHERE job_id = :job_id ORDER BY chunk_no"
+)
+
+
 async def chunk_states(s: AsyncSession, job_id: uuid.UUID) -> list[ChunkState]:
     """The job's chunks in chunk order (none: a one-call job)."""
-    rows = await s.execute(
-        text(
-            "SELECT chunk_no, status, attempt_count FROM ai_job_chunk "
-            "WHERE job_id = :job_id ORDER BY chunk_no"
-        ),
-        {"job_id": job_id},
-    )
+    rows = await s.execute(CHUNK_STATES, {"job_id": job_id})
     return [ChunkState(r.chunk_no, r.status, r.attempt_count) for r in rows]
 
 

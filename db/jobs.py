@@ -242,26 +242,25 @@ async def changed_since(
     return [r.id for r in rows]
 
 
+# RESOLVE's hot read, also run pipelined on the driver connection (db/pipeline.py).
+RESOLVE_REFS = text(
+    """
+    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
+           j.credential_id, j.lifecycle_status, j.locked_by,
+           j.max_output_tokens,
+           EXISTS (SELECT 1 FROM ai_job_snapshot s
+                   WHERE s.job_id = j.id AND s.expires_at > now())
+               AS has_snapshot,
+           EXISTS (SELECT 1 FROM ai_job_snapshot s WHERE s.job_id = j.id)
+               AS snapshot_stored
+    FROM ai_job j WHERE j.id = :id
+    """
+)
+
+
 async def resolve_refs(session: AsyncSession, job_id: uuid.UUID) -> ResolveRefs | None:
     """What RESOLVE needs, in one narrow query (no input/output JSON decoded)."""
-    row = (
-        await session.execute(
-            text(
-                """
-                SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
-                       j.credential_id, j.lifecycle_status, j.locked_by,
-                       j.max_output_tokens,
-                       EXISTS (SELECT 1 FROM ai_job_snapshot s
-                               WHERE s.job_id = j.id AND s.expires_at > now())
-                           AS has_snapshot,
-                       EXISTS (SELECT 1 FROM ai_job_snapshot s WHERE s.job_id = j.id)
-                           AS snapshot_stored
-                FROM ai_job j WHERE j.id = :id
-                """
-            ),
-            {"id": job_id},
-        )
-    ).first()
+    row = (await session.execute(RESOLVE_REFS, {"id": job_id})).first()
     return ResolveRefs(**row._mapping) if row else None
 
 

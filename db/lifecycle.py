@@ -360,15 +360,19 @@ async def _transition(
     return S(row.from_status)
 
 
+# The stages' hot read, also run pipelined on the driver connection by PREPARE (db/pipeline.py).
+LOCK_STATE = text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id")
+
+
+def lock_state_of(row: dict[str, Any]) -> tuple[str, str | None]:
+    """(lifecycle status, lock holder token) of a LOCK_STATE row."""
+    return str(row["lifecycle_status"]), row["locked_by"]
+
+
 async def lock_state(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, str | None] | None:
     """A job's lifecycle status and lock holder token, or None when it does not exist."""
-    row = (
-        await s.execute(
-            text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id"),
-            {"id": job_id},
-        )
-    ).first()
-    return (str(row.lifecycle_status), row.locked_by) if row else None
+    row = (await s.execute(LOCK_STATE, {"id": job_id})).first()
+    return lock_state_of(dict(row._mapping)) if row else None
 
 
 # ---- a running job's bookkeeping: the attempt, the stored output (never its state) ---
@@ -419,48 +423,79 @@ async def settle_attempt(
     the output was stored when owned and no cancel was requested."""
     row = (
         await session.execute(
-            text(
-                """
-                WITH cur AS (
-                    SELECT id, (lifecycle_status = 'running'
-                                AND split_part(locked_by, '/', 1) = :owner) AS owned,
-                           cancel_requested_at IS NOT NULL AS cancel_requested
-                    FROM ai_job WHERE id = :id FOR UPDATE
-                )
-                UPDATE ai_job SET
-                    attempt_count = greatest(attempt_count, :a),
-                    correction_hint = NULL,
-                    lock_until = CASE WHEN cur.owned
-                        THEN now() + make_interval(secs => :ttl) ELSE lock_until END,
-                    output = CASE WHEN cur.owned AND NOT cur.cancel_requested
-                        THEN :out ELSE output END,
-                    output_hash = CASE WHEN cur.owned AND NOT cur.cancel_requested
-                        THEN :h ELSE output_hash END,
-                    progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
-                        THEN greatest(progress, :p) ELSE progress END,
-                    updated_at = now()
-                FROM cur
-                WHERE ai_job.id = cur.id
-                RETURNING cur.owned, cur.cancel_requested,
-                    CASE WHEN cur.owned AND NOT cur.cancel_requested
-                        THEN pg_notify('ai_job_changed', ai_job.id::text) IS NULL
-                    END AS notified
-                """
-            ).bindparams(bindparam("out", type_=JSONB)),
-            {
-                "id": job_id,
-                "owner": owner,
-                "a": attempt,
-                "ttl": ttl_s,
-                "out": output,
-                "h": output_hash,
-                "p": progress,
-            },
+            SETTLE_ATTEMPT,
+            settle_attempt_params(
+                job_id,
+                owner=owner,
+                attempt=attempt,
+                ttl_s=ttl_s,
+                output=output,
+                output_hash=output_hash,
+                progress=progress,
+            ),
         )
     ).first()
+    return settled(dict(row._mapping) if row is not None else None)
+
+
+# EXECUTE's bookkeeping after a valid answer (`settle_attempt`); also run pipelined on the
+# driver connection with the usage row (activities/execute.py `_last_transaction`).
+SETTLE_ATTEMPT = text(
+    """
+    WITH cur AS (
+        SELECT id, (lifecycle_status = 'running'
+                    AND split_part(locked_by, '/', 1) = :owner) AS owned,
+               cancel_requested_at IS NOT NULL AS cancel_requested
+        FROM ai_job WHERE id = :id FOR UPDATE
+    )
+    UPDATE ai_job SET
+        attempt_count = greatest(attempt_count, :a),
+        correction_hint = NULL,
+        lock_until = CASE WHEN cur.owned
+            THEN now() + make_interval(secs => :ttl) ELSE lock_until END,
+        output = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN :out ELSE output END,
+        output_hash = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN :h ELSE output_hash END,
+        progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN greatest(progress, :p) ELSE progress END,
+        updated_at = now()
+    FROM cur
+    WHERE ai_job.id = cur.id
+    RETURNING cur.owned, cur.cancel_requested,
+        CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN pg_notify('ai_job_changed', ai_job.id::text) IS NULL
+        END AS notified
+    """
+).bindparams(bindparam("out", type_=JSONB))
+
+
+def settle_attempt_params(
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    attempt: int,
+    ttl_s: int,
+    output: dict[str, Any],
+    output_hash: str,
+    progress: int,
+) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "owner": owner,
+        "a": attempt,
+        "ttl": ttl_s,
+        "out": output,
+        "h": output_hash,
+        "p": progress,
+    }
+
+
+def settled(row: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(owned, cancel_requested) of a SETTLE_ATTEMPT row; no row: the job does not exist."""
     if row is None:
         return False, False
-    return bool(row.owned), bool(row.cancel_requested)
+    return bool(row["owned"]), bool(row["cancel_requested"])
 
 
 async def record_attempt(

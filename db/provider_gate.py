@@ -136,21 +136,23 @@ async def failed(s: AsyncSession, key: GateKey, *, threshold: int, cooldown_s: f
     return not bool(row.was_open)
 
 
+# `reachable`; also run pipelined on the driver connection by EXECUTE's last transaction
+# (db/pipeline.py).
+REACHABLE = text(
+    """
+    UPDATE provider_gate SET consecutive_failures = 0, open_until = NULL,
+           probe_until = NULL
+    WHERE provider = :p AND key_ref = :k
+      AND (consecutive_failures > 0 OR open_until IS NOT NULL
+           OR probe_until IS NOT NULL)
+    """
+)
+
+
 async def reachable(s: AsyncSession, key: GateKey) -> None:
     """The provider answered a call made with this key (a valid answer, or any answer that
     is not a health failure): the breaker closes and the count starts again."""
-    await s.execute(
-        text(
-            """
-            UPDATE provider_gate SET consecutive_failures = 0, open_until = NULL,
-                   probe_until = NULL
-            WHERE provider = :p AND key_ref = :k
-              AND (consecutive_failures > 0 OR open_until IS NOT NULL
-                   OR probe_until IS NOT NULL)
-            """
-        ),
-        key.params(),
-    )
+    await s.execute(REACHABLE, key.params())
 
 
 async def release_probe(s: AsyncSession, key: GateKey) -> None:

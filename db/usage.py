@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -78,6 +78,23 @@ _INSERT = text(
 )
 
 
+# A job's usage summary; also run pipelined on the driver connection by COMPLETE.
+SUMMARY = text(
+    """
+    SELECT count(*) AS calls, coalesce(sum(tokens_in), 0) AS tin,
+           coalesce(sum(tokens_out), 0) AS tout,
+           coalesce(sum(cost_usd), 0) AS cost
+    FROM ai_usage_log WHERE job_id = :id
+    """
+)
+# The name EXECUTE's pipelined last transaction runs the call's row under (db/pipeline.py).
+INSERT = _INSERT
+
+
+def summary_of(r: dict[str, Any]) -> UsageSummary:
+    return UsageSummary(int(r["calls"]), int(r["tin"]), int(r["tout"]), Decimal(r["cost"]))
+
+
 async def insert(session: AsyncSession, row: UsageRow) -> None:
     """The call's log row, its daily bucket and the job's spend, in the caller's
     transaction (never committed here): all three or none."""
@@ -108,20 +125,8 @@ async def calls_with(
 
 
 async def summary(session: AsyncSession, job_id: uuid.UUID) -> UsageSummary:
-    r = (
-        await session.execute(
-            text(
-                """
-                SELECT count(*) AS calls, coalesce(sum(tokens_in), 0) AS tin,
-                       coalesce(sum(tokens_out), 0) AS tout,
-                       coalesce(sum(cost_usd), 0) AS cost
-                FROM ai_usage_log WHERE job_id = :id
-                """
-            ),
-            {"id": job_id},
-        )
-    ).one()
-    return UsageSummary(int(r.calls), int(r.tin), int(r.tout), Decimal(r.cost))
+    r = (await session.execute(SUMMARY, {"id": job_id})).one()
+    return summary_of(dict(r._mapping))
 
 
 # ---- the usage API's reads -------------------------------------------------------------------

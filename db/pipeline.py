@@ -1,0 +1,123 @@
+"""A short transaction in one round trip, on the pooled psycopg connection itself.
+
+The job stages' hot transactions are a few statements whose parameters are all known before the
+first one runs (PREPARE's and COMPLETE's reads, RESOLVE's, EXECUTE's last write). Through an
+`AsyncSession` each costs BEGIN, one round trip per statement and COMMIT or ROLLBACK, every one
+of them bridged through a greenlet and SQLAlchemy's result machinery. `run` sends
+`BEGIN; <statements>; COMMIT` (or `ROLLBACK`, for a read) as one psycopg pipeline, on a
+connection checked out of the same SQLAlchemy pool, and returns every statement's rows: the
+same statements in the same single transaction, so the same commits (a read still ends in
+ROLLBACK, which `xact_commit` does not count) and the same effects, in one round trip.
+
+The statements are the repositories' own `text()` constants, compiled once for psycopg (so the
+SQL has one home). A driver error comes out as SQLAlchemy would have raised it (`DBAPIError`
+and its subclasses, parameters hidden, `connection_invalidated` when the connection broke, which
+is then dropped from the pool), so `db/errors.py` answers the same questions about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import TextClause
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.session import SessionMaker
+
+Row = dict[str, Any]
+Statement = tuple[TextClause, Mapping[str, Any]]
+
+_DIALECT = PGDialectAsync_psycopg()  # type: ignore[no-untyped-call]
+_BEGIN, _COMMIT, _ROLLBACK = b"BEGIN", b"COMMIT", b"ROLLBACK"
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str  # psycopg's %(name)s placeholders
+    jsonb: frozenset[str]  # parameters bound as jsonb (the statement's JSONB bindparams)
+
+
+_compiled_cache: dict[int, tuple[TextClause, _Compiled]] = {}
+
+
+def compiled(stmt: TextClause) -> _Compiled:
+    """`stmt` as psycopg takes it, compiled once per statement object."""
+    hit = _compiled_cache.get(id(stmt))
+    if hit is not None and hit[0] is stmt:
+        return hit[1]
+    jsonb = frozenset(n for n, bp in stmt._bindparams.items() if isinstance(bp.type, JSONB))
+    out = _Compiled(str(stmt.compile(dialect=_DIALECT)), jsonb)
+    _compiled_cache[id(stmt)] = (stmt, out)
+    return out
+
+
+def _params(c: _Compiled, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not c.jsonb:
+        return params
+    return {k: Jsonb(v) if k in c.jsonb and v is not None else v for k, v in params.items()}
+
+
+def _engine(sm: SessionMaker) -> AsyncEngine:
+    bind = sm.kw["bind"]
+    assert isinstance(bind, AsyncEngine), "the stages' sessionmaker is bound to one engine"
+    return bind
+
+
+async def run(
+    sm: SessionMaker, statements: Sequence[Statement], *, commit: bool
+) -> list[list[Row]]:
+    """BEGIN, `statements` in order, then COMMIT (`commit`) or ROLLBACK, in one round trip;
+    each statement's rows (as dicts; [] for a statement that returns none). The transaction
+    is all or nothing: an error in any statement rolls it back and is raised."""
+    async with _engine(sm).connect() as conn:
+        fairy = await conn.get_raw_connection()
+        raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
+        try:
+            return await _pipelined(raw, statements, commit=commit)
+        except psycopg.Error as exc:
+            broken = raw.broken or raw.closed
+            if broken:
+                await conn.invalidate()
+            raise DBAPIError.instance(
+                None,
+                None,
+                exc,
+                psycopg.Error,
+                hide_parameters=True,
+                connection_invalidated=broken,
+            ) from exc
+
+
+async def _pipelined(
+    raw: psycopg.AsyncConnection[Any], statements: Sequence[Statement], *, commit: bool
+) -> list[list[Row]]:
+    # Our own BEGIN goes into the pipeline with the statements (psycopg's implicit one would
+    # cost a round trip of its own, the pipeline syncing after it), so the connection runs it
+    # in autocommit mode; it is back in its pool's mode on the way out. The statements keep
+    # the extended protocol, so psycopg still prepares them after their fifth use.
+    await raw.set_autocommit(True)
+    try:
+        cursors: list[psycopg.AsyncCursor[Row]] = []
+        async with raw.pipeline():
+            await raw.cursor().execute(_BEGIN, prepare=False)
+            for stmt, params in statements:
+                c = compiled(stmt)
+                cur = raw.cursor(row_factory=dict_row)
+                await cur.execute(c.sql, _params(c, params))
+                cursors.append(cur)
+            await raw.cursor().execute(_COMMIT if commit else _ROLLBACK, prepare=False)
+        return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+    finally:
+        if not (raw.broken or raw.closed):
+            if raw.info.transaction_status != TransactionStatus.IDLE:
+                await raw.execute(_ROLLBACK, prepare=False)  # a statement failed
+            await raw.set_autocommit(False)
