@@ -24,9 +24,10 @@ from activities.failures import (
 from db import artifacts as artifacts_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
-from db import usage as usage_db
 from db.errors import is_unavailable
 from db.jobs import JobRow
+from db.pipeline import Statement
+from db.usage import SUMMARY, summary_of
 from engine.contracts import PROJECT, ProjectInput, ProjectResult
 from engine.errors import EngineError, IllegalTransition, LockConflict
 from engine.lifecycle import LifecycleStatus
@@ -105,16 +106,23 @@ async def project_output(
     `ai.job.completed`) + the usage summary, in the caller's transaction. Idempotent through
     unique keys (a repeated projection of the same output writes nothing new); raises what the
     projector raises."""
-    count = await lifecycle.project_artifacts(s, d.catalog.get(row.job_type), row, out, digest)
-    await lifecycle.succeed(
-        s,
-        row.id,
-        job_type=row.job_type,
-        owner=owner,
-        output_hash=digest,
-        artifact_count=count,
+
+    # The artifacts, `succeeded` with its `ai.job.completed`, and the usage summary: the same
+    # statements in the same order as one by one, pipelined in this transaction (one round
+    # trip, db/pipeline.py).
+    def tail(count: int) -> list[Statement]:
+        succeeded = lifecycle.succeed_statements(
+            row.id, job_type=row.job_type, owner=owner, output_hash=digest, artifact_count=count
+        )
+        return [*succeeded, (SUMMARY, {"id": row.id})]
+
+    jt = d.catalog.get(row.job_type)
+    count, (cas, _event, summary) = await lifecycle.project_artifacts(
+        s, jt, row, out, digest, tail=tail
     )
-    usage = await usage_db.summary(s, row.id)
+    if not cas:  # the CAS running -> succeeded matched no row
+        await lifecycle.succeed_missed(s, row.id, owner=owner)
+    usage = summary_of(summary[0])
     return ProjectResult(
         LifecycleStatus.SUCCEEDED.value,
         count,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -73,16 +74,24 @@ async def insert_artifact(
     """Idempotent on (job_id, artifact_type, artifact_id): a duplicate projection is a no-op."""
     row = (
         await session.execute(
-            text(
-                """
-                INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal,
-                                             created_at)
-                VALUES (:j, :t, :a, :o, now())
-                ON CONFLICT (job_id, artifact_type, artifact_id) DO NOTHING
-                RETURNING id
-                """
-            ),
-            {"j": job_id, "t": artifact_type, "a": artifact_id, "o": ordinal},
+            INSERT_ARTIFACT, artifact_params(job_id, artifact_type, artifact_id, ordinal)
         )
     ).first()
     return row is not None
+
+
+# `insert_artifact`; PROJECT also pipelines it (jobs/lifecycle.py `project_artifacts`).
+INSERT_ARTIFACT = text(
+    """
+    INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal, created_at)
+    VALUES (:j, :t, :a, :o, now())
+    ON CONFLICT (job_id, artifact_type, artifact_id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def artifact_params(
+    job_id: uuid.UUID, artifact_type: str, artifact_id: str, ordinal: int
+) -> dict[str, Any]:
+    return {"j": job_id, "t": artifact_type, "a": artifact_id, "o": ordinal}

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -137,10 +137,28 @@ def _insert_returning(columns: str) -> TextClause:
     )
 
 
+_SUCCEEDED_SETS = "progress = 100"
 _CANCELLED_SETS = (
     "error_code = 'CANCELLED', public_error_message = 'The job was cancelled.', "
     "cancel_requested_at = coalesce(cancel_requested_at, now())"
 )
+
+
+@functools.cache
+def _transition_stmt(with_owner: bool, extra: str) -> TextClause:
+    owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if with_owner else ""
+    sets = f", {extra}" if extra else ""
+    return text(
+        f"""
+        WITH prev AS (SELECT lifecycle_status FROM ai_job WHERE id = :id FOR UPDATE)
+        UPDATE ai_job SET lifecycle_status = :to, status = :legacy,
+            finished_at = now(), lock_until = NULL, updated_at = now(){sets}
+        FROM prev
+        WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
+        RETURNING prev.lifecycle_status AS from_status,
+            pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
+        """
+    )
 
 
 # ---- (new) -> queued --------------------------------------------------------------
@@ -245,8 +263,24 @@ async def mark_succeeded(
     session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
 ) -> None:
     await _transition(
-        session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra="progress = 100"
+        session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
     )
+
+
+def mark_succeeded_statement(
+    job_id: uuid.UUID, *, owner: str | None = None
+) -> tuple[TextClause, dict[str, Any]]:
+    """`mark_succeeded`'s CAS, for a caller that pipelines it: no row back means it missed,
+    and `mark_succeeded_missed` then raises what `mark_succeeded` would have."""
+    return transition_statement(
+        job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
+    )
+
+
+async def mark_succeeded_missed(
+    session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
+) -> NoReturn:
+    await transition_missed(session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner)
 
 
 async def mark_failed(
@@ -320,44 +354,57 @@ async def _transition(
     extra: str = "",
     params: dict[str, Any] | None = None,
 ) -> LifecycleStatus:
+    stmt, values = transition_statement(
+        job_id, from_states, to, owner=owner, extra=extra, params=params
+    )
+    row = (await s.execute(stmt, values)).first()
+    if row is None:
+        await transition_missed(s, job_id, from_states, to, owner=owner)
+    return S(row.from_status)
+
+
+def transition_statement(
+    job_id: uuid.UUID,
+    from_states: Sequence[LifecycleStatus],
+    to: LifecycleStatus,
+    *,
+    owner: str | None = None,
+    extra: str = "",
+    params: dict[str, Any] | None = None,
+) -> tuple[TextClause, dict[str, Any]]:
+    """The CAS of `_transition` and its parameters (its caller may pipeline it, db/pipeline.py);
+    it returns one row (`from_status`) when it matched, none otherwise, and then
+    `transition_missed` says why."""
     for f in from_states:
         assert is_legal(f, to), f"{f} -> {to} is not in the transition table"
-    owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if owner else ""
-    sets = f", {extra}" if extra else ""
-    stmt = text(
-        f"""
-        WITH prev AS (SELECT lifecycle_status FROM ai_job WHERE id = :id FOR UPDATE)
-        UPDATE ai_job SET lifecycle_status = :to, status = :legacy,
-            finished_at = now(), lock_until = NULL, updated_at = now(){sets}
-        FROM prev
-        WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
-        RETURNING prev.lifecycle_status AS from_status,
-            pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
-        """
-    )
-    row = (
-        await s.execute(
-            stmt,
-            {
-                "id": job_id,
-                "to": str(to),
-                "legacy": LEGACY_STATUS[to],
-                "from_states": [str(f) for f in from_states],
-                "owner": owner,
-                **(params or {}),
-            },
-        )
-    ).first()
-    if row is None:
-        current = await lock_state(s, job_id)
-        if current is None:
-            raise JobNotFound()
-        status, locked_by = current
-        if owner and status in from_states:
-            # The state matched but the lock belongs to another workflow: not ours to finish.
-            raise LockConflict(str(job_id), locked_by)
-        raise IllegalTransition(str(job_id), status, to)
-    return S(row.from_status)
+    values = {
+        "id": job_id,
+        "to": str(to),
+        "legacy": LEGACY_STATUS[to],
+        "from_states": [str(f) for f in from_states],
+        "owner": owner,
+        **(params or {}),
+    }
+    return _transition_stmt(bool(owner), extra), values
+
+
+async def transition_missed(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    from_states: Sequence[LifecycleStatus],
+    to: LifecycleStatus,
+    *,
+    owner: str | None = None,
+) -> NoReturn:
+    """A transition's CAS matched no row: raise what the job's state says."""
+    current = await lock_state(s, job_id)
+    if current is None:
+        raise JobNotFound()
+    status, locked_by = current
+    if owner and status in from_states:
+        # The state matched but the lock belongs to another workflow: not ours to finish.
+        raise LockConflict(str(job_id), locked_by)
+    raise IllegalTransition(str(job_id), status, to)
 
 
 # The stages' hot read, also run pipelined on the driver connection by PREPARE (db/pipeline.py).

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from sqlalchemy import bindparam, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -160,17 +160,26 @@ async def insert_job_event(
     same job is a no-op (None). It sends no `NOTIFY ai_outbox` (job events never have): the
     relay takes it on its next poll, and event streams are woken by the terminal CAS's own
     `ai_job_changed` notification."""
+    stmt, values = job_event_statement(event_type, job_id, payload)
+    row = (await session.execute(stmt, values)).first()
+    return int(row.id) if row else None
+
+
+def job_event_statement(
+    event_type: str, job_id: object, payload: dict[str, Any]
+) -> tuple[TextClause, dict[str, Any]]:
+    """`insert_job_event`'s statement and parameters, for a caller that pipelines it
+    (db/pipeline.py): it returns the new row's id, or no row for a duplicate."""
     if event_type not in JOB_EVENTS:
         raise ValueError(f"{event_type!r} is not a job event")
-    return await insert(
-        session,
-        event_type=event_type,
-        aggregate_type="AiJob",
-        aggregate_id=str(job_id),
-        dedupe_key=job_event_dedupe_key(event_type, job_id),
-        payload=payload,
-        notify=False,
-    )
+    return _INSERT, {
+        "event_type": event_type,
+        "aggregate_type": "AiJob",
+        "aggregate_id": str(job_id),
+        "dedupe_key": job_event_dedupe_key(event_type, job_id),
+        "payload": payload,
+        "trace_context": None,
+    }
 
 
 async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:

@@ -9,6 +9,9 @@ connection checked out of the same SQLAlchemy pool, and returns every statement'
 same statements in the same single transaction, so the same commits (a read still ends in
 ROLLBACK, which `xact_commit` does not count) and the same effects, in one round trip.
 
+`in_session` pipelines statements inside a session's open transaction instead (PROJECT's
+artifacts, terminal CAS, event and usage summary, after its projector ran through the session).
+
 The statements are the repositories' own `text()` constants, compiled once for psycopg (so the
 SQL has one home). A driver error comes out as SQLAlchemy would have raised it (`DBAPIError`
 and its subclasses, parameters hidden, `connection_invalidated` when the connection broke, which
@@ -29,7 +32,7 @@ from sqlalchemy import TextClause
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from db.session import SessionMaker
 
@@ -121,3 +124,29 @@ async def _pipelined(
             if raw.info.transaction_status != TransactionStatus.IDLE:
                 await raw.execute(_ROLLBACK, prepare=False)  # a statement failed
             await raw.set_autocommit(False)
+
+
+async def in_session(s: AsyncSession, statements: Sequence[Statement]) -> list[list[Row]]:
+    """`statements` in order, pipelined in `s`'s open transaction (or savepoint) on its own
+    connection: one round trip for all of them, each one's rows back; the session commits or
+    rolls back as it would have. An error is raised as SQLAlchemy raises it, and aborts the
+    transaction as a failed statement of the session would."""
+    conn = await s.connection()
+    fairy = await conn.get_raw_connection()
+    raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
+    try:
+        cursors: list[psycopg.AsyncCursor[Row]] = []
+        async with raw.pipeline():
+            for stmt, params in statements:
+                c = compiled(stmt)
+                cur = raw.cursor(row_factory=dict_row)
+                await cur.execute(c.sql, _params(c, params))
+                cursors.append(cur)
+        return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+    except psycopg.Error as exc:
+        broken = raw.broken or raw.closed
+        if broken:
+            await conn.invalidate()
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=broken
+        ) from exc

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -41,6 +43,8 @@ from db import artifacts as artifacts_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import outbox as outbox_db
+from db import pipeline
+from db.artifacts import INSERT_ARTIFACT, artifact_params
 from db.chunks import store_merged_output, succeeded_chunks
 from db.jobs import JobRow
 from db.outbox import CANCELLED, COMPLETED, FAILED
@@ -81,16 +85,39 @@ async def succeed(
     same transaction."""
     await lifecycle_db.mark_succeeded(s, job_id, owner=owner)
     await outbox_db.insert_job_event(
-        s,
-        COMPLETED,
-        job_id,
-        {
-            "jobId": str(job_id),
-            "jobType": job_type,
-            "outputHash": output_hash,
-            "artifactCount": artifact_count,
-        },
+        s, COMPLETED, job_id, _completed_payload(job_id, job_type, output_hash, artifact_count)
     )
+
+
+def succeed_statements(
+    job_id: uuid.UUID, *, job_type: str, owner: str, output_hash: str, artifact_count: int
+) -> list[pipeline.Statement]:
+    """`succeed` as its two statements, the CAS then the event, for a caller that pipelines
+    them in its transaction (db/pipeline.py `in_session`). The CAS returns no row when it
+    missed: the caller then raises through `succeed_missed` (the event it also wrote goes with
+    the transaction it fails)."""
+    return [
+        lifecycle_db.mark_succeeded_statement(job_id, owner=owner),
+        outbox_db.job_event_statement(
+            COMPLETED, job_id, _completed_payload(job_id, job_type, output_hash, artifact_count)
+        ),
+    ]
+
+
+async def succeed_missed(s: AsyncSession, job_id: uuid.UUID, *, owner: str) -> NoReturn:
+    """Raise what `succeed` raises when its CAS matches no row."""
+    await lifecycle_db.mark_succeeded_missed(s, job_id, owner=owner)
+
+
+def _completed_payload(
+    job_id: uuid.UUID, job_type: str, digest: str, artifact_count: int
+) -> dict[str, Any]:
+    return {
+        "jobId": str(job_id),
+        "jobType": job_type,
+        "outputHash": digest,
+        "artifactCount": artifact_count,
+    }
 
 
 async def fail(
@@ -164,17 +191,29 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
         return 0
     stored = out.model_dump(mode="json")
     digest = output_hash(stored)
-    count = await project_artifacts(s, jt, row, out, digest)
+    count, _ = await project_artifacts(s, jt, row, out, digest)
     await store_merged_output(s, row.id, output=stored, output_hash=digest)
     return count
 
 
 async def project_artifacts(
-    s: AsyncSession, jt: AnyJobType, row: JobRow, out: BaseModel, digest: str
-) -> int:
+    s: AsyncSession,
+    jt: AnyJobType,
+    row: JobRow,
+    out: BaseModel,
+    digest: str,
+    *,
+    tail: Callable[[int], Sequence[pipeline.Statement]] | None = None,
+) -> tuple[int, list[list[pipeline.Row]]]:
     """The job type's projector run on a validated output, and one artifact row per thing it
-    wrote, in the caller's transaction; returns how many. Idempotent through the projections'
-    unique keys: projecting the same output again writes nothing new."""
+    wrote, in the caller's transaction; returns how many, and `tail`'s rows. Idempotent
+    through the projections' unique keys: projecting the same output again writes nothing new.
+
+    With `tail` (given the artifact count, the statements that follow: PROJECT's terminal CAS,
+    its event and the usage summary), the artifact inserts and the tail's statements go in the
+    same order as one by one, pipelined in this transaction (one round trip, db/pipeline.py
+    `in_session`), and each tail statement's rows come back. Without it, the inserts run one
+    by one (the partial-result path) and no rows come back."""
     ctx = ProjectionContext(
         job_id=row.id,
         user_id=row.user_id,
@@ -183,9 +222,17 @@ async def project_artifacts(
         output_hash=digest,
     )
     artifacts = await jt.project(s, ctx, out)
-    for a in artifacts:
-        await artifacts_db.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
-    return len(artifacts)
+    if tail is None:
+        for a in artifacts:
+            await artifacts_db.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
+        return len(artifacts), []
+    statements: list[pipeline.Statement] = [
+        (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
+        for a in artifacts
+    ]
+    statements += tail(len(artifacts))
+    results = await pipeline.in_session(s, statements)
+    return len(artifacts), results[len(artifacts) :]
 
 
 async def finalize_failed(

@@ -107,3 +107,28 @@ async def test_the_connection_goes_back_as_the_pool_expects(db: SessionMaker) ->
     async with db.begin() as s:
         await s.execute(PROGRESS, {"p": 6, "id": job_id})
     assert await _progress(db, job_id) == 6
+
+
+async def test_in_session_runs_in_the_sessions_transaction(db: SessionMaker) -> None:
+    job_id = await insert_job(db)
+    async with db() as s:
+        await s.execute(PROGRESS, {"p": 7, "id": job_id})
+        state, none = await pipeline.in_session(
+            s, [(LOCK_STATE, {"id": job_id}), (PROGRESS, {"p": 8, "id": job_id})]
+        )
+        assert state == [{"lifecycle_status": "queued", "locked_by": None}] and none == []
+        await s.rollback()
+    assert await _progress(db, job_id) == 0  # rolled back with the session
+    async with db.begin() as s:
+        await pipeline.in_session(s, [(PROGRESS, {"p": 9, "id": job_id})])
+    assert await _progress(db, job_id) == 9  # committed with it
+
+
+async def test_in_session_errors_abort_the_sessions_transaction(db: SessionMaker) -> None:
+    job_id = await insert_job(db)
+    await pipeline.run(db, [(DUPLICATE, {"j": job_id})], commit=True)
+    with pytest.raises(IntegrityError):
+        async with db.begin() as s:
+            await s.execute(PROGRESS, {"p": 3, "id": job_id})
+            await pipeline.in_session(s, [(DUPLICATE, {"j": job_id})])
+    assert await _progress(db, job_id) == 0
