@@ -102,7 +102,7 @@ class Project:
 async def project_output(
     d: StageDeps, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str
 ) -> ProjectResult:
-    """Projector + artifacts + `jobs/lifecycle.py` `succeed` (`succeeded` with its
+    """Projector + artifacts + `jobs/lifecycle.py` `succeed_statements` (`succeeded` with its
     `ai.job.completed`) + the usage summary, in the caller's transaction. Idempotent through
     unique keys (a repeated projection of the same output writes nothing new); raises what the
     projector raises."""

@@ -9,8 +9,8 @@ ends always has its `ai.job.completed`, `ai.job.failed` or `ai.job.cancelled` ro
 and streams learn of every ending. `tests/unit/test_lifecycle_home.py` fails if a terminal state
 is written anywhere else.
 
-- `succeed`: running → succeeded, by the lock's owner only; `ai.job.completed` with `jobId`,
-  `jobType`, `outputHash`, `artifactCount`.
+- `succeed_statements`: running → succeeded, by the lock's owner only; `ai.job.completed`
+  with `jobId`, `jobType`, `outputHash`, `artifactCount`.
 - `fail`: running → failed; `ai.job.failed` with `jobId`, `jobType`, `errorCode`.
 - `cancel`: queued (or running) → cancelled; `ai.job.cancelled` with `jobId`.
 - `finalize_failed`: the ending of a job whose execution gave up (a requested cancel wins; a job
@@ -71,31 +71,14 @@ class Ending:
     job_type: str
 
 
-async def succeed(
-    s: AsyncSession,
-    job_id: uuid.UUID,
-    *,
-    job_type: str,
-    owner: str,
-    output_hash: str,
-    artifact_count: int,
-) -> None:
-    """running → succeeded (only by the lock's `owner`, the job's workflow id), progress 100,
-    and `ai.job.completed`. The projector's rows and artifacts are written before this, in the
-    same transaction."""
-    await lifecycle_db.mark_succeeded(s, job_id, owner=owner)
-    await outbox_db.insert_job_event(
-        s, COMPLETED, job_id, _completed_payload(job_id, job_type, output_hash, artifact_count)
-    )
-
-
 def succeed_statements(
     job_id: uuid.UUID, *, job_type: str, owner: str, output_hash: str, artifact_count: int
 ) -> list[pipeline.Statement]:
-    """`succeed` as its two statements, the CAS then the event, for a caller that pipelines
-    them in its transaction (db/pipeline.py `in_session`). The CAS returns no row when it
-    missed: the caller then raises through `succeed_missed` (the event it also wrote goes with
-    the transaction it fails)."""
+    """running → succeeded (only by the lock's `owner`, the job's workflow id), progress 100,
+    and `ai.job.completed`, as their two statements (the CAS, then the event) for the caller to
+    send in its transaction after the projector's rows and artifacts (PROJECT pipelines them,
+    db/pipeline.py `in_session`). The CAS returns no row when it missed: the caller then raises
+    through `succeed_missed` (the event goes with the transaction that fails)."""
     return [
         lifecycle_db.mark_succeeded_statement(job_id, owner=owner),
         outbox_db.job_event_statement(
@@ -105,7 +88,8 @@ def succeed_statements(
 
 
 async def succeed_missed(s: AsyncSession, job_id: uuid.UUID, *, owner: str) -> NoReturn:
-    """Raise what `succeed` raises when its CAS matches no row."""
+    """Raise what a missed `succeed_statements` CAS means: the job is not this owner's to end,
+    or not running (`LockConflict`, `IllegalTransition`, `JobNotFound`)."""
     await lifecycle_db.mark_succeeded_missed(s, job_id, owner=owner)
 
 
