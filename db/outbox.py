@@ -133,20 +133,37 @@ async def insert(
     """Insert in the caller's transaction. A duplicate dedupe_key is an idempotent no-op
     (returns None). NOTIFY is transactional: relays are woken only if the row commits.
     `trace_context` (W3C headers) lets the relay continue the writer's trace."""
-    row = (
-        await session.execute(
-            _INSERT_NOTIFY if notify else _INSERT,
-            {
-                "event_type": event_type,
-                "aggregate_type": aggregate_type,
-                "aggregate_id": aggregate_id,
-                "dedupe_key": dedupe_key,
-                "payload": payload,
-                "trace_context": trace_context,
-            },
-        )
-    ).first()
+    params = insert_params(
+        event_type=event_type,
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        dedupe_key=dedupe_key,
+        payload=payload,
+        trace_context=trace_context,
+    )
+    row = (await session.execute(_INSERT_NOTIFY if notify else _INSERT, params)).first()
     return int(row.id) if row else None
+
+
+def insert_params(
+    *,
+    event_type: str,
+    aggregate_type: str,
+    aggregate_id: str,
+    dedupe_key: str,
+    payload: dict[str, Any],
+    trace_context: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The parameters of `insert`'s statement (`INSERT_NOTIFY_SQL`), for it and for a
+    statement that sends it with another row's insert."""
+    return {
+        "event_type": event_type,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "dedupe_key": dedupe_key,
+        "payload": payload,
+        "trace_context": trace_context,
+    }
 
 
 async def insert_job_event(

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.lifecycle import TERMINAL_SQL
-from db.outbox import INSERT_NOTIFY_SQL
+from db.outbox import INSERT_NOTIFY_SQL, insert_params
 
 _INSERT_SQL = """
     INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at, created_at)
@@ -66,12 +66,14 @@ async def insert_snapshot_and_enqueue(
                 "c": content,
                 "rv": redaction_version,
                 "ttl": ttl_days,
-                "event_type": event_type,
-                "aggregate_type": aggregate_type,
-                "aggregate_id": aggregate_id,
-                "dedupe_key": dedupe_key,
-                "payload": payload,
-                "trace_context": trace_context,
+                **insert_params(
+                    event_type=event_type,
+                    aggregate_type=aggregate_type,
+                    aggregate_id=aggregate_id,
+                    dedupe_key=dedupe_key,
+                    payload=payload,
+                    trace_context=trace_context,
+                ),
             },
         )
     ).first()

@@ -85,6 +85,16 @@ async def chunk_table(st: Stack, job_id: uuid.UUID) -> list[Any]:
     )
 
 
+def word_only_in_the_last_of_three_chunks(st: Stack, source: str) -> str:
+    """A word of `source` that only its third (last) planned chunk holds: past the second
+    chunk's end, so not in their overlap. The plan must have three chunks."""
+    inp = quiz_generation.QuizGenerationInput.model_validate({"sourceText": source})
+    plan = st.service.plan_chunks(st.parts.catalog.get(QUIZ), inp)
+    assert plan is not None and len(plan) == 3, plan
+    only_last = source[plan[1].end_char : plan[2].end_char]
+    return next(w for w in only_last.split() if w.startswith("reactions"))
+
+
 def chunk_activity_ids(history: Any) -> list[str]:
     return [
         e.activity_task_scheduled_event_attributes.activity_id
@@ -221,12 +231,7 @@ async def test_an_admin_retry_calls_only_for_the_chunk_that_failed(
         **fake_env(fake, AI_CHUNK_CONCURRENCY=1, **SMALL_CALLS),
     )
     async with engine_stack(settings, temporal_client) as st:
-        inp = quiz_generation.QuizGenerationInput.model_validate({"sourceText": source})
-        plan = st.service.plan_chunks(st.parts.catalog.get(QUIZ), inp)
-        assert plan is not None and len(plan) == 3, plan
-        # Text that only chunk 2 holds (past chunk 1's end: not in their overlap).
-        only_last = source[plan[1].end_char : plan[2].end_char]
-        needle = next(w for w in only_last.split() if w.startswith("reactions"))
+        needle = word_only_in_the_last_of_three_chunks(st, source)
         await fake.ascript(
             [],
             default={"kind": "valid", "content": quiz_answer(5)},
@@ -267,11 +272,7 @@ async def test_a_chunk_that_fails_for_good_fails_the_job_and_cancels_the_others(
         **fake_env(fake, AI_CHUNK_CONCURRENCY=4, AI_INTERACTIVE_CONCURRENCY=4, **SMALL_CALLS),
     )
     async with engine_stack(settings, temporal_client) as st:
-        inp = quiz_generation.QuizGenerationInput.model_validate({"sourceText": source})
-        plan = st.service.plan_chunks(st.parts.catalog.get(QUIZ), inp)
-        assert plan is not None and len(plan) == 3, plan
-        only_last = source[plan[1].end_char : plan[2].end_char]
-        needle = next(w for w in only_last.split() if w.startswith("reactions"))
+        needle = word_only_in_the_last_of_three_chunks(st, source)
         # Chunk 2 is refused for good (a 400: not retried); the others would take a minute.
         await fake.ascript(
             [],
