@@ -353,8 +353,10 @@ async def fig_throughput(
         f[f"{prefix}cpu_total_ratio"] = ratio(
             f["engine"]["median_total_cpu_s_per_job"], f[side]["median_total_cpu_s_per_job"]
         )
+    # The target compares like with like: the engine's five stages against the bare five-stage
+    # shape (the one-activity ratio is reported beside it, with no target).
     f["cpu_target"] = "<= 1.5"
-    f["cpu_met"] = f["cpu_ratio"] <= 1.5
+    f["cpu_met"] = f["shape_cpu_ratio"] <= 1.5
     pg = res.fig("postgres")
     pg["commits_per_job"] = median([e["xact_commit"]["per_job"] for e in eng_runs])
     pg["engine_commits_per_s"] = median([e["xact_commit"]["per_s"] for e in eng_runs])
