@@ -10,6 +10,7 @@ from temporalio.client import Client
 
 from api.events import JobEventHub
 from db.session import SessionMaker
+from engine.payloads import DATA_CONVERTER
 from engine.settings import Settings
 from jobs.credentials import CredentialService
 from jobs.service import JobService
@@ -40,6 +41,7 @@ class AppState:
                     Client.connect(
                         self.settings.require_temporal_address(),
                         namespace=self.settings.temporal_namespace,
+                        data_converter=DATA_CONVERTER,
                     ),
                     timeout_s,
                 )

@@ -22,6 +22,7 @@ from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES
+from engine.payloads import DATA_CONVERTER
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
@@ -207,6 +208,7 @@ async def connect_temporal(
     return await Client.connect(
         settings.require_temporal_address(),
         namespace=settings.temporal_namespace,
+        data_converter=DATA_CONVERTER,
         interceptors=telemetry.client_interceptors() if telemetry is not None else [],
         runtime=runtime,
     )

@@ -21,6 +21,7 @@ from temporalio.client import Client
 from db.migrate import upgrade
 from db.models import Base
 from db.session import SessionMaker, make_engine, make_sessionmaker, sqlalchemy_url
+from engine.payloads import DATA_CONVERTER
 from engine.settings import Settings
 from runtime.embedded import free_port, start_postgres, start_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -88,7 +89,10 @@ def temporal_address() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 async def temporal_client(temporal_address: str) -> Client:
-    return await Client.connect(temporal_address, namespace="default")
+    # The engine's converter, as the engine's own clients use it (runtime/wiring.py).
+    return await Client.connect(
+        temporal_address, namespace="default", data_converter=DATA_CONVERTER
+    )
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ from engine.contracts import (
     JobWorkflowResult,
 )
 from engine.definition import QUEUE_NAMES
+from engine.payloads import DATA_CONVERTER
 from jobs.types import default_catalog
 from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
@@ -120,9 +121,10 @@ async def replay_with(
         for h in histories:
             yield h
 
-    results = await Replayer(workflows=workflows, workflow_runner=runner).replay_workflows(
-        each(), raise_on_replay_failure=False
-    )
+    # The engine's payload converter: recorded payloads decode as the workers decode them.
+    results = await Replayer(
+        workflows=workflows, workflow_runner=runner, data_converter=DATA_CONVERTER
+    ).replay_workflows(each(), raise_on_replay_failure=False)
     assert len(by_run) == len(histories)  # run ids are unique, so no failure hides another
     return {by_run[run_id]: exc for run_id, exc in results.replay_failures.items()}
 
