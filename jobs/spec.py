@@ -183,7 +183,9 @@ async def project_rows(
             row["target_id"] = ctx.target_id
         rows.append(row)
     if rows:
-        await session.execute(pg_insert(table).values(rows).on_conflict_do_nothing())
+        # A Core insert on the table: the same statement as through the mapped class, without
+        # the ORM's bulk-insert bookkeeping (about half a millisecond per projection).
+        await session.execute(pg_insert(table.__table__).values(rows).on_conflict_do_nothing())
     return [Artifact(artifact_type, str(r["id"]), n) for n, r in enumerate(rows)]
 
 

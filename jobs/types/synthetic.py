@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, field_validator
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -95,7 +95,7 @@ async def project(
 ) -> list[Artifact]:
     rid = artifact_uuid(ctx.job_id, "synthetic_result", 0)
     await session.execute(
-        pg_insert(SyntheticResult)
+        pg_insert(cast(Table, SyntheticResult.__table__))  # Core, as `project_rows` inserts
         .values(id=rid, job_id=ctx.job_id, output_hash=ctx.output_hash)
         .on_conflict_do_nothing(index_elements=["id"])
     )
