@@ -130,6 +130,7 @@ async def project_output(
         tokens_in=usage.tokens_in,
         tokens_out=usage.tokens_out,
         cost_micros=int(usage.cost_usd * 1_000_000),
+        summarized=True,
     )
 
 

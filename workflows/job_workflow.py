@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from engine import contracts
     from engine.contracts import (
         CompleteInput,
+        CompleteResult,
         ExecuteInput,
         ExecuteResult,
         ExecutionPlan,
@@ -190,8 +191,19 @@ class JobStages:
             if projected.lifecycle_status != SUCCEEDED:
                 self._set_status(projected.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
-            # COMPLETE reads only; the status is upserted with the run's last commands.
-            await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
+            # COMPLETE reports the usage PROJECT summed in the transaction that ended the job
+            # (no read of its own); the status is upserted with the run's last commands.
+            usage = (
+                CompleteResult(
+                    calls=projected.calls,
+                    tokens_in=projected.tokens_in,
+                    tokens_out=projected.tokens_out,
+                    cost_micros=projected.cost_micros,
+                )
+                if projected.summarized
+                else None
+            )
+            await self._local(stages.complete, CompleteInput(job_id=inp.jobId, usage=usage))
             self._set_status(SUCCEEDED)
             return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
         except (FailureError, asyncio.CancelledError) as err:
