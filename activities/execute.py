@@ -229,23 +229,34 @@ class _Attempt:
     async def _begin_transaction(self) -> _Begun:
         d, job_id = self._d, self.job_id
         async with d.sessionmaker.begin() as s:
+            # The CAS and the read of the job and its snapshot go in one round trip: the read
+            # sees the CAS's update, and it is not used when the CAS matched no row.
+            locked, read = await pipeline.in_session(
+                s,
+                [
+                    (
+                        lifecycle_db.LOCK,
+                        lifecycle_db.lock_params(
+                            job_id,
+                            owner=self.owner,
+                            identity=self._cfg.identity,
+                            # The workflow type is the job type: its lock, before the row is read.
+                            ttl_s=d.lock_policy(activity.info().workflow_type or "")[0],
+                            run_id=self.run_id,
+                        ),
+                    ),
+                    (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+                ],
+            )
             try:
-                await lifecycle_db.lock(
-                    s,
-                    job_id,
-                    owner=self.owner,
-                    identity=self._cfg.identity,
-                    # The workflow type is the job type: its lock, before the row is read.
-                    ttl_s=d.lock_policy(activity.info().workflow_type or "")[0],
-                    run_id=self.run_id,
-                )
+                await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
             except IllegalTransition as exc:
                 return _Begun(ended=str(exc.from_status))  # cancelled while it waited, or done
             except LockConflict:
                 fail_final("INTERNAL_NOT_LOCK_OWNER")
             except JobNotFound:
                 fail_final("INTERNAL_JOB_MISSING")
-            found = await jobs_db.get_with_snapshot(s, job_id)
+            found = jobs_db.with_snapshot_of(read[0] if read else None)
             if found is None:
                 fail_final("INTERNAL_JOB_MISSING")
             row, snapshot = found

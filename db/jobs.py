@@ -182,24 +182,29 @@ async def get(session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
     return JobRow(**row._mapping) if row else None
 
 
+GET_WITH_SNAPSHOT = text(
+    f"SELECT {JOB_COLUMNS}, (SELECT s.content FROM ai_job_snapshot s "
+    "WHERE s.job_id = ai_job.id AND s.expires_at > now()) AS snapshot_content "
+    "FROM ai_job WHERE id = :id"
+)
+
+
 async def get_with_snapshot(
     session: AsyncSession, job_id: uuid.UUID
 ) -> tuple[JobRow, dict[str, Any] | None] | None:
     """The job and its unexpired snapshot (None once expired or never stored) in one
     statement: what EXECUTE's first transaction reads after taking the job."""
-    row = (
-        await session.execute(
-            text(
-                f"SELECT {JOB_COLUMNS}, (SELECT s.content FROM ai_job_snapshot s "
-                "WHERE s.job_id = ai_job.id AND s.expires_at > now()) AS snapshot_content "
-                "FROM ai_job WHERE id = :id"
-            ),
-            {"id": job_id},
-        )
-    ).first()
+    row = (await session.execute(GET_WITH_SNAPSHOT, {"id": job_id})).first()
+    return with_snapshot_of(dict(row._mapping) if row is not None else None)
+
+
+def with_snapshot_of(
+    row: dict[str, Any] | None,
+) -> tuple[JobRow, dict[str, Any] | None] | None:
+    """`GET_WITH_SNAPSHOT`'s row as (the job, its snapshot's content or None)."""
     if row is None:
         return None
-    fields = dict(row._mapping)
+    fields = dict(row)
     content = fields.pop("snapshot_content")
     return JobRow(**fields), (dict(content) if content is not None else None)
 

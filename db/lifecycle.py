@@ -180,6 +180,38 @@ async def create(
 # ---- queued -> running --------------------------------------------------------------
 
 
+# The CAS queued → running (`lock`), as a constant so EXECUTE can pipeline it with its read.
+LOCK = text(
+    """
+    UPDATE ai_job SET
+        lifecycle_status = 'running', status = 'processing',
+        locked_by = :token, locked_at = now(),
+        lock_until = now() + make_interval(secs => :ttl),
+        started_at = coalesce(started_at, now()),
+        progress = greatest(progress, 10), updated_at = now()
+    WHERE id = :id AND (
+        lifecycle_status = 'queued'
+        OR (lifecycle_status = 'running'
+            AND split_part(locked_by, '/', 1) = :owner))
+    RETURNING id, job_type, queue_name, locked_by, lock_until,
+              (started_at < now()) AS reacquired,
+              pg_notify('ai_job_changed', id::text) IS NULL AS notified
+    """
+)
+
+
+def lock_params(
+    job_id: uuid.UUID, *, owner: str, identity: str, ttl_s: int, run_id: str | None = None
+) -> dict[str, Any]:
+    """`LOCK`'s parameters."""
+    return {
+        "id": job_id,
+        "token": owner_token(owner, identity, run_id),
+        "ttl": ttl_s,
+        "owner": owner,
+    }
+
+
 async def lock(
     session: AsyncSession,
     job_id: uuid.UUID,
@@ -192,29 +224,16 @@ async def lock(
     """CAS queued → running. A retry by the same workflow (any run of it) finds its own lock
     and succeeds (the UPDATE matches `running` rows it owns); anyone else gets
     `LockConflict`."""
-    token = owner_token(owner, identity, run_id)
-    row = (
-        await session.execute(
-            text(
-                """
-                UPDATE ai_job SET
-                    lifecycle_status = 'running', status = 'processing',
-                    locked_by = :token, locked_at = now(),
-                    lock_until = now() + make_interval(secs => :ttl),
-                    started_at = coalesce(started_at, now()),
-                    progress = greatest(progress, 10), updated_at = now()
-                WHERE id = :id AND (
-                    lifecycle_status = 'queued'
-                    OR (lifecycle_status = 'running'
-                        AND split_part(locked_by, '/', 1) = :owner))
-                RETURNING id, job_type, queue_name, locked_by, lock_until,
-                          (started_at < now()) AS reacquired,
-                          pg_notify('ai_job_changed', id::text) IS NULL AS notified
-                """
-            ),
-            {"id": job_id, "token": token, "ttl": ttl_s, "owner": owner},
-        )
-    ).first()
+    params = lock_params(job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id)
+    row = (await session.execute(LOCK, params)).first()
+    return await locked_of(session, job_id, dict(row._mapping) if row is not None else None)
+
+
+async def locked_of(
+    session: AsyncSession, job_id: uuid.UUID, row: dict[str, Any] | None
+) -> LockedJob:
+    """What `LOCK` answered (its row, or None when it matched none): the job locked, or
+    `JobNotFound`, `LockConflict` (running under another owner) or `IllegalTransition`."""
     if row is None:
         current = await lock_state(session, job_id)
         if current is None:
@@ -224,12 +243,12 @@ async def lock(
             raise LockConflict(str(job_id), locked_by)
         raise IllegalTransition(str(job_id), status, S.RUNNING)
     return LockedJob(
-        id=row.id,
-        job_type=row.job_type,
-        queue_name=row.queue_name,
-        locked_by=row.locked_by,
-        lock_until=row.lock_until,
-        reacquired=bool(row.reacquired),
+        id=row["id"],
+        job_type=row["job_type"],
+        queue_name=row["queue_name"],
+        locked_by=row["locked_by"],
+        lock_until=row["lock_until"],
+        reacquired=bool(row["reacquired"]),
     )
 
 
