@@ -27,18 +27,18 @@ class Complete:
         The summary is the one PROJECT summed in that transaction (the job's usage as of the
         commit that ended it), passed in by the workflow; without it (runs recorded before, a
         PROJECT retry that found the job already ended) COMPLETE reads it."""
-        result = inp.usage
-        if result is None:
-            # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
-            [rows] = await pipeline.run(
-                self._d.sessionmaker, [(SUMMARY, {"id": uuid.UUID(inp.job_id)})], commit=False
-            )
-            usage = summary_of(rows[0])
-            result = CompleteResult(
-                calls=usage.calls,
-                tokens_in=usage.tokens_in,
-                tokens_out=usage.tokens_out,
-                cost_micros=int(usage.cost_usd * 1_000_000),
-            )
+        if inp.usage is not None:
+            return inp.usage  # PROJECT logged these figures ("job completed") after its commit
+        # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
+        [rows] = await pipeline.run(
+            self._d.sessionmaker, [(SUMMARY, {"id": uuid.UUID(inp.job_id)})], commit=False
+        )
+        usage = summary_of(rows[0])
+        result = CompleteResult(
+            calls=usage.calls,
+            tokens_in=usage.tokens_in,
+            tokens_out=usage.tokens_out,
+            cost_micros=int(usage.cost_usd * 1_000_000),
+        )
         log.info("job usage", extra={"job_id": inp.job_id, **dataclasses.asdict(result)})
         return result

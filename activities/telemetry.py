@@ -10,6 +10,7 @@ unexpected exception is seen as the public code it becomes).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from datetime import UTC, datetime
@@ -37,6 +38,11 @@ def job_of(workflow_id: str | None, workflow_type: str | None) -> tuple[str, str
     """(job id, job type) of a job workflow's id, or None for any other workflow."""
     if not workflow_id or not workflow_type:
         return None
+    return _job_of(workflow_id, workflow_type)
+
+
+@functools.lru_cache(maxsize=4096)  # a job's five stages ask with the same workflow id
+def _job_of(workflow_id: str, workflow_type: str) -> tuple[str, str] | None:
     parts = workflow_id.rsplit(":", 2)
     if len(parts) != 3 or parts[1] != workflow_type:
         return None

@@ -7,6 +7,7 @@ separately (`internal_message`) and end up only in `ai_job.internal_error_messag
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -100,6 +101,7 @@ PUBLIC_MESSAGES: dict[str, str] = {
 }
 
 
+@functools.cache
 def non_retryable_codes() -> tuple[str, ...]:
     """Every known code no retry can change (a retry policy's non-retryable types)."""
     return tuple(sorted(c for c in PUBLIC_MESSAGES if retry_rule(c) is Retry.NO))
