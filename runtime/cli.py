@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -194,6 +195,7 @@ async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
     _serve_metrics(s, start_metrics_server)
     parts = build_parts(s)
     client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
+    gc.freeze()  # start-up's objects out of the collector's walks, as in the worker
     try:
         await run_pollers(client, parts, stop)
     finally:
