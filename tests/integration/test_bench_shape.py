@@ -27,3 +27,13 @@ async def test_the_same_shape_baseline_runs_the_engine_stages_in_order(
     assert stage_names(history) == [f"bench_{name}" for name in engine_order]
     # EXECUTE is the one regular activity (the engine's provider slot); the rest are local.
     assert local_stages(history) == [f"bench_{name}" for name in engine_order if name != EXECUTE]
+
+
+async def test_the_stage_bench_runs_every_stage_of_real_jobs(database_url: str) -> None:
+    """`python -m bench.stages` (each stage's CPU per job, outside Temporal) runs the five stage
+    activities on jobs created through the service, each job to `succeeded`."""
+    from bench.stages import STAGES, measure
+
+    per_stage = await measure(database_url, jobs=3, rounds=1)
+    assert list(per_stage) == list(STAGES)
+    assert all(len(v) == 1 and v[0] > 0 for v in per_stage.values()), per_stage
