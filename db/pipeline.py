@@ -33,6 +33,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.util import greenlet_spawn
 
 from db.session import SessionMaker
 
@@ -81,23 +82,26 @@ async def run(
     """BEGIN, `statements` in order, then COMMIT (`commit`) or ROLLBACK, in one round trip;
     each statement's rows (as dicts; [] for a statement that returns none). The transaction
     is all or nothing: an error in any statement rolls it back and is raised."""
-    async with _engine(sm).connect() as conn:
-        fairy = await conn.get_raw_connection()
-        raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
-        try:
-            return await _pipelined(raw, statements, commit=commit)
-        except psycopg.Error as exc:
-            broken = raw.broken or raw.closed
-            if broken:
-                await conn.invalidate()
-            raise DBAPIError.instance(
-                None,
-                None,
-                exc,
-                psycopg.Error,
-                hide_parameters=True,
-                connection_invalidated=broken,
-            ) from exc
+    # The pool's connection itself, without an engine-level Connection around it: checkout
+    # and return are one greenlet hop each (the check-in's reset needs one), not three.
+    fairy = await _engine(sm).raw_connection()
+    raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
+    try:
+        return await _pipelined(raw, statements, commit=commit)
+    except psycopg.Error as exc:
+        broken = raw.broken or raw.closed
+        if broken:
+            await greenlet_spawn(fairy.invalidate)  # closed, and never handed out again
+        raise DBAPIError.instance(
+            None,
+            None,
+            exc,
+            psycopg.Error,
+            hide_parameters=True,
+            connection_invalidated=broken,
+        ) from exc
+    finally:
+        await greenlet_spawn(fairy.close)  # back to the pool (an invalidated one is dropped)
 
 
 async def _pipelined(

@@ -109,6 +109,33 @@ async def test_the_connection_goes_back_as_the_pool_expects(db: SessionMaker) ->
     assert await _progress(db, job_id) == 6
 
 
+async def test_a_connection_that_dies_mid_pipeline_leaves_the_pool(db: SessionMaker) -> None:
+    """The backend is killed between two statements of one pipelined transaction: the error is
+    SQLAlchemy's, says the connection was invalidated and counts as the database being
+    unavailable (the stages retry it), nothing of the transaction is written, and the pool's
+    next connection works."""
+    job_id = await insert_job(db)
+    engine = db.kw["bind"]
+    before = engine.pool.checkedout()
+    with pytest.raises(DBAPIError) as err:
+        await pipeline.run(
+            db,
+            [
+                (PROGRESS, {"p": 7, "id": job_id}),
+                (text("SELECT pg_terminate_backend(pg_backend_pid())"), {}),
+                (PROGRESS, {"p": 8, "id": job_id}),
+            ],
+            commit=True,
+        )
+    assert err.value.connection_invalidated
+    assert is_unavailable(err.value)
+    assert engine.pool.checkedout() == before  # returned (and dropped), not leaked
+    assert await _progress(db, job_id) == 0
+    for _ in range(3):  # whichever pooled connection comes next is alive
+        [rows] = await pipeline.run(db, [(LOCK_STATE, {"id": job_id})], commit=False)
+        assert rows
+
+
 async def test_in_session_runs_in_the_sessions_transaction(db: SessionMaker) -> None:
     job_id = await insert_job(db)
     async with db() as s:
