@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from db import provider_gate as provider_gate_db
 from db.provider_gate import Admission, GateKey
@@ -221,7 +222,12 @@ async def test_jobs_held_by_a_long_pause_wait_in_their_workflow_and_spend_nothin
             for job in held:
                 row = await st.job(job)
                 assert (row.lifecycle_status, row.progress) == ("queued", 0)
-                desc = await temporal_client.get_workflow_handle(row.workflow_id).describe()
+                try:
+                    desc = await temporal_client.get_workflow_handle(row.workflow_id).describe()
+                except RPCError as err:
+                    if err.status == RPCStatusCode.NOT_FOUND:
+                        return False  # the relay has not started this one yet
+                    raise
                 raw = desc.raw_description
                 if raw.pending_activities:
                     return False
