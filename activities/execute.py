@@ -912,13 +912,15 @@ class _Attempt:
             # The attempt recorded, the lock extended and the output stored: one statement.
             owned, cancel_requested = await lifecycle_db.settle_attempt(
                 s,
-                row.id,
-                owner=owner,
-                attempt=self.number,
-                ttl_s=d.lock_policy(row.job_type)[0],
-                output=out,
-                output_hash=digest,
-                progress=60,
+                settle_attempt_params(
+                    row.id,
+                    owner=owner,
+                    attempt=self.number,
+                    ttl_s=d.lock_policy(row.job_type)[0],
+                    output=out,
+                    output_hash=digest,
+                    progress=60,
+                ),
             )
             await self._settle_lease(s, response, called=True)
             if not owned:

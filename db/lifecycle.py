@@ -470,37 +470,15 @@ async def store_output(
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def settle_attempt(
-    session: AsyncSession,
-    job_id: uuid.UUID,
-    *,
-    owner: str,
-    attempt: int,
-    ttl_s: int,
-    output: dict[str, Any],
-    output_hash: str,
-    progress: int,
-) -> tuple[bool, bool]:
-    """EXECUTE's bookkeeping after a valid answer, in one UPDATE of the row: the attempt is
+async def settle_attempt(session: AsyncSession, params: dict[str, Any]) -> tuple[bool, bool]:
+    """EXECUTE's bookkeeping after a valid answer (`params` from `settle_attempt_params`, the
+    same as the pipelined form sends), in one UPDATE of the row: the attempt is
     recorded (its correction hint cleared) whoever holds the job; while `owner` holds it
     running, its lock is extended and, unless a cancel was asked for, the output stored
     (listeners notified). The same as `record_attempt`, `lifecycle.extend_lock`
     and `store_output` in that order, in one round trip. Returns (owned, cancel_requested);
     the output was stored when owned and no cancel was requested."""
-    row = (
-        await session.execute(
-            SETTLE_ATTEMPT,
-            settle_attempt_params(
-                job_id,
-                owner=owner,
-                attempt=attempt,
-                ttl_s=ttl_s,
-                output=output,
-                output_hash=output_hash,
-                progress=progress,
-            ),
-        )
-    ).first()
+    row = (await session.execute(SETTLE_ATTEMPT, params)).first()
     return settled(dict(row._mapping) if row is not None else None)
 
 

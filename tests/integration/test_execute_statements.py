@@ -40,13 +40,9 @@ async def _settle(sm: SessionMaker, job_id: uuid.UUID, owner: str) -> tuple[bool
     async with sm.begin() as s:
         return await lifecycle_db.settle_attempt(
             s,
-            job_id,
-            owner=owner,
-            attempt=2,
-            ttl_s=TTL,
-            output=OUT,
-            output_hash="h1",
-            progress=60,
+            lifecycle_db.settle_attempt_params(
+                job_id, owner=owner, attempt=2, ttl_s=TTL, output=OUT, output_hash="h1", progress=60
+            ),
         )
 
 
