@@ -173,13 +173,17 @@ def filter_sql(f: JobFilter) -> tuple[list[str], dict[str, Any]]:
     return where, params
 
 
+GET = text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE id = :id")
+
+
 async def get(session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
-    row = (
-        await session.execute(
-            text(f"SELECT {JOB_COLUMNS} FROM ai_job WHERE id = :id"), {"id": job_id}
-        )
-    ).first()
+    row = (await session.execute(GET, {"id": job_id})).first()
     return JobRow(**row._mapping) if row else None
+
+
+def row_of(rows: list[dict[str, Any]]) -> JobRow | None:
+    """`GET`'s rows (pipelined) as the job, or None when it is gone."""
+    return JobRow(**rows[0]) if rows else None
 
 
 GET_WITH_SNAPSHOT = text(

@@ -20,7 +20,8 @@ is then dropped from the pool), so `db/errors.py` answers the same questions abo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,52 +83,94 @@ async def run(
     """BEGIN, `statements` in order, then COMMIT (`commit`) or ROLLBACK, in one round trip;
     each statement's rows (as dicts; [] for a statement that returns none). The transaction
     is all or nothing: an error in any statement rolls it back and is raised."""
+    async with transaction(sm) as tx:
+        return await tx.run(statements, end=_COMMIT if commit else _ROLLBACK)
+
+
+class Transaction:
+    """One transaction on a pooled connection whose statements go in pipelined batches: the
+    first batch carries the BEGIN, `run(..., commit=True)` or `commit()` ends it with a COMMIT,
+    and a transaction not committed when its block ends is rolled back. For a transaction
+    whose later statements depend on what its first ones read (PROJECT: the job, then its
+    projection), one round trip per batch instead of one per statement."""
+
+    def __init__(self, raw: psycopg.AsyncConnection[Any]) -> None:
+        self._raw = raw
+        self._begun = False
+        self._ended = False
+
+    async def run(
+        self, statements: Sequence[Statement], *, commit: bool = False, end: bytes | None = None
+    ) -> list[list[Row]]:
+        """`statements` in order in this transaction, in one round trip (with the COMMIT when
+        `commit`); each one's rows. An error aborts the transaction and is raised as
+        SQLAlchemy would raise it."""
+        if self._ended:
+            raise RuntimeError("the transaction has ended")
+        end = _COMMIT if commit else end
+        raw = self._raw
+        try:
+            cursors: list[psycopg.AsyncCursor[Row]] = []
+            async with raw.pipeline():
+                if not self._begun:
+                    await raw.cursor().execute(_BEGIN, prepare=False)
+                    self._begun = True
+                for stmt, params in statements:
+                    c = compiled(stmt)
+                    cur = raw.cursor(row_factory=dict_row)
+                    await cur.execute(c.sql, _params(c, params))
+                    cursors.append(cur)
+                if end is not None:
+                    await raw.cursor().execute(end, prepare=False)
+                    self._ended = True
+            return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+        except psycopg.Error as exc:
+            self._ended = True
+            raise _dbapi_error(exc, raw) from exc
+
+    async def commit(self) -> None:
+        """COMMIT, in a round trip of its own."""
+        await self.run((), commit=True)
+
+
+def _dbapi_error(exc: psycopg.Error, raw: psycopg.AsyncConnection[Any]) -> Exception:
+    return DBAPIError.instance(
+        None,
+        None,
+        exc,
+        psycopg.Error,
+        hide_parameters=True,
+        connection_invalidated=raw.broken or raw.closed,
+    )
+
+
+@contextlib.asynccontextmanager
+async def transaction(sm: SessionMaker) -> AsyncIterator[Transaction]:
+    """A `Transaction` on a connection of `sm`'s pool, rolled back unless committed."""
     # The pool's connection itself, without an engine-level Connection around it: checkout
     # and return are one greenlet hop each (the check-in's reset needs one), not three.
     fairy = await _engine(sm).raw_connection()
     raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
+    # Our own BEGIN goes into the first pipeline with the statements (psycopg's implicit one
+    # would cost a round trip of its own, the pipeline syncing after it), so the connection
+    # runs in autocommit mode; it is back in its pool's mode on the way out. The statements
+    # keep the extended protocol, so psycopg still prepares them after their fifth use.
     try:
-        return await _pipelined(raw, statements, commit=commit)
-    except psycopg.Error as exc:
-        broken = raw.broken or raw.closed
-        if broken:
+        await raw.set_autocommit(True)
+        yield Transaction(raw)
+    except psycopg.Error as exc:  # set_autocommit on a broken connection
+        raise _dbapi_error(exc, raw) from exc
+    finally:
+        try:
+            if not (raw.broken or raw.closed):
+                if raw.info.transaction_status != TransactionStatus.IDLE:
+                    await raw.execute(_ROLLBACK, prepare=False)  # not committed, or failed
+                await raw.set_autocommit(False)
+        except psycopg.Error:
+            pass  # the connection broke on the way out: invalidated below
+        if raw.broken or raw.closed:
             await greenlet_spawn(fairy.invalidate)  # closed, and never handed out again
-        raise DBAPIError.instance(
-            None,
-            None,
-            exc,
-            psycopg.Error,
-            hide_parameters=True,
-            connection_invalidated=broken,
-        ) from exc
-    finally:
         await greenlet_spawn(fairy.close)  # back to the pool (an invalidated one is dropped)
-
-
-async def _pipelined(
-    raw: psycopg.AsyncConnection[Any], statements: Sequence[Statement], *, commit: bool
-) -> list[list[Row]]:
-    # Our own BEGIN goes into the pipeline with the statements (psycopg's implicit one would
-    # cost a round trip of its own, the pipeline syncing after it), so the connection runs it
-    # in autocommit mode; it is back in its pool's mode on the way out. The statements keep
-    # the extended protocol, so psycopg still prepares them after their fifth use.
-    await raw.set_autocommit(True)
-    try:
-        cursors: list[psycopg.AsyncCursor[Row]] = []
-        async with raw.pipeline():
-            await raw.cursor().execute(_BEGIN, prepare=False)
-            for stmt, params in statements:
-                c = compiled(stmt)
-                cur = raw.cursor(row_factory=dict_row)
-                await cur.execute(c.sql, _params(c, params))
-                cursors.append(cur)
-            await raw.cursor().execute(_COMMIT if commit else _ROLLBACK, prepare=False)
-        return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
-    finally:
-        if not (raw.broken or raw.closed):
-            if raw.info.transaction_status != TransactionStatus.IDLE:
-                await raw.execute(_ROLLBACK, prepare=False)  # a statement failed
-            await raw.set_autocommit(False)
 
 
 async def in_session(s: AsyncSession, statements: Sequence[Statement]) -> list[list[Row]]:

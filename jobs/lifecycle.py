@@ -39,7 +39,6 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import artifacts as artifacts_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import outbox as outbox_db
@@ -180,6 +179,32 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
     return count
 
 
+def projection_context(row: JobRow, digest: str) -> ProjectionContext:
+    """What a projector is told about the job whose output (hashed `digest`) it projects."""
+    return ProjectionContext(
+        job_id=row.id,
+        user_id=row.user_id,
+        target_type=row.target_type,
+        target_id=row.target_id,
+        output_hash=digest,
+        input=row.input,
+    )
+
+
+def planned_statements(
+    jt: AnyJobType, row: JobRow, out: BaseModel, digest: str
+) -> tuple[list[pipeline.Statement], int]:
+    """A type with a planned projector (`JobType.project` unset): its writes, then one artifact
+    row per artifact, as statements for the caller's transaction; and how many artifacts."""
+    planned = jt.projection(projection_context(row, digest), out)
+    statements = list(planned.writes)
+    statements += [
+        (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
+        for a in planned.artifacts
+    ]
+    return statements, len(planned.artifacts)
+
+
 async def project_artifacts(
     s: AsyncSession,
     jt: AnyJobType,
@@ -194,29 +219,26 @@ async def project_artifacts(
     through the projections' unique keys: projecting the same output again writes nothing new.
 
     With `tail` (given the artifact count, the statements that follow: PROJECT's terminal CAS,
-    its event and the usage summary), the artifact inserts and the tail's statements go in the
-    same order as one by one, pipelined in this transaction (one round trip, db/pipeline.py
-    `in_session`), and each tail statement's rows come back. Without it, the inserts run one
-    by one (the partial-result path) and no rows come back."""
-    ctx = ProjectionContext(
-        job_id=row.id,
-        user_id=row.user_id,
-        target_type=row.target_type,
-        target_id=row.target_id,
-        output_hash=digest,
-    )
-    artifacts = await jt.project(s, ctx, out)
+    its event and the usage summary), the inserts and the tail's statements go in the same
+    order as one by one, pipelined in this transaction (one round trip, db/pipeline.py
+    `in_session`; a session projector's own writes go before, on the session), and each tail
+    statement's rows come back. Without it, the inserts run one by one (the partial-result
+    path) and no rows come back."""
+    if jt.project is None:
+        statements, count = planned_statements(jt, row, out, digest)
+    else:
+        artifacts = await jt.project(s, projection_context(row, digest), out)
+        statements = [
+            (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
+            for a in artifacts
+        ]
+        count = len(artifacts)
     if tail is None:
-        for a in artifacts:
-            await artifacts_db.insert_artifact(s, row.id, a.artifact_type, a.artifact_id, a.ordinal)
-        return len(artifacts), []
-    statements: list[pipeline.Statement] = [
-        (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
-        for a in artifacts
-    ]
-    statements += tail(len(artifacts))
-    results = await pipeline.in_session(s, statements)
-    return len(artifacts), results[len(artifacts) :]
+        for stmt, params in statements:
+            await s.execute(stmt, params)
+        return count, []
+    results = await pipeline.in_session(s, [*statements, *tail(count)])
+    return count, results[len(statements) :]
 
 
 async def finalize_failed(

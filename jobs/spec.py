@@ -4,6 +4,7 @@ type in `jobs/types/`, one line in `jobs/types/__init__.py`: docs/adding-a-job-t
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -11,11 +12,13 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Table, TextClause, bindparam, select, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import pipeline
 from db.models import AiJob
+from db.pipeline import Statement
 from engine.definition import JobDefinition, validate_definition
 from engine.errors import DuplicateJobDefinition, UnknownJobType
 from providers.base import SyntheticBehaviour
@@ -47,6 +50,9 @@ class ProjectionContext:
     target_type: str
     target_id: str
     output_hash: str
+    # The job's stored input (camelCase keys, as created): what a projector may need beside
+    # the output, without a read of its own.
+    input: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,26 @@ OutT = TypeVar("OutT", bound=BaseModel)
 # it to refuse targets that do not exist or do not belong to that user (raise ValidationFailed).
 TargetCheck = Callable[[AsyncSession, str, str, str], Awaitable[None]]
 
-# A projector writes business rows for a validated output inside the job's final transaction and
-# returns the artifacts it wrote. It must be idempotent: ids derived from (job, ordinal) make a
-# second projection of the same output write nothing new.
+
+@dataclass(frozen=True)
+class Projection:
+    """What a projector plans for a validated output: the statements that write the job type's
+    business rows (run in order, in the job's final transaction, before the engine's own) and
+    the artifacts they write. Planning is pure (no I/O), so PROJECT sends the writes in the same
+    round trip as the artifacts, the terminal state and the usage summary."""
+
+    writes: list[Statement]
+    artifacts: list[Artifact]
+
+
+# A projector plans the business rows for a validated output. It must be idempotent: ids
+# derived from (job, ordinal) and ON CONFLICT DO NOTHING make a second projection of the same
+# output write nothing new (`rows_projection` does both).
+Planner = Callable[[ProjectionContext, OutT], Projection]
+
+# A session projector writes its business rows itself, inside the job's final transaction, and
+# returns the artifacts it wrote: for a projector that must read before it writes. Same rule
+# of idempotence. PROJECT runs it on a session, one round trip per statement.
 Projector = Callable[[AsyncSession, ProjectionContext, OutT], Awaitable[list[Artifact]]]
 
 # An artifact view reads the business rows a job projected, for the artifacts API: given the
@@ -91,12 +114,22 @@ ArtifactView = Callable[[AsyncSession, uuid.UUID, list[str]], Awaitable[dict[str
 OUTPUT_ARTIFACT = "job_output"
 
 
-async def project_output(
-    session: AsyncSession, ctx: ProjectionContext, out: BaseModel
-) -> list[Artifact]:
+def output_projection(ctx: ProjectionContext, out: BaseModel) -> Projection:
     """The default projector: no business table, the job's stored output is its one artifact
     (`job_output`, id = the job id). Writes nothing, so it is idempotent."""
-    return [Artifact(OUTPUT_ARTIFACT, str(ctx.job_id), 0)]
+    return Projection([], [Artifact(OUTPUT_ARTIFACT, str(ctx.job_id), 0)])
+
+
+def in_session(planner: Planner[OutT]) -> Projector[OutT]:
+    """`planner` as a session projector: its writes pipelined in the session's transaction."""
+
+    async def project(session: AsyncSession, ctx: ProjectionContext, out: OutT) -> list[Artifact]:
+        planned = planner(ctx, out)
+        if planned.writes:
+            await pipeline.in_session(session, planned.writes)
+        return planned.artifacts
+
+    return project
 
 
 async def view_output(
@@ -120,7 +153,10 @@ class JobType(Generic[InT, OutT]):
     output_model: type[OutT]
     build_prompt: Callable[[InT], Prompt]
     synthetic_output: Callable[[InT], Mapping[str, Any]]
-    project: Projector[OutT] = project_output
+    # The projector (see `Projection`); a type that must read before it writes passes a
+    # session projector as `project` instead, which then takes precedence.
+    projection: Planner[OutT] = output_projection
+    project: Projector[OutT] | None = None
     # How the artifacts API shows this type's artifacts (None: content is null).
     artifact_view: ArtifactView | None = view_output
     # The answer tokens this type expects for an input (a quote's estimated cost); None: a
@@ -140,6 +176,14 @@ class JobType(Generic[InT, OutT]):
     def job_type(self) -> str:
         return self.definition.job_type
 
+    async def project_in(
+        self, session: AsyncSession, ctx: ProjectionContext, out: OutT
+    ) -> list[Artifact]:
+        """This type's projection of `out`, written in `session`'s transaction."""
+        if self.project is not None:
+            return await self.project(session, ctx, out)
+        return await in_session(self.projection)(session, ctx, out)
+
     def prompt(self, inp: InT, correction: str | None = None) -> Prompt:
         """The type's prompt; after an invalid answer, `correction` (what was wrong with it)
         is appended to the user message so the next attempt can fix it."""
@@ -157,18 +201,17 @@ def artifact_uuid(job_id: uuid.UUID, kind: str, ordinal: int) -> uuid.UUID:
     return uuid.uuid5(job_id, f"{kind}:{ordinal}")
 
 
-async def project_rows(
-    session: AsyncSession,
+def rows_projection(
     table: type[Any],
     artifact_type: str,
     ctx: ProjectionContext,
     items: list[dict[str, Any]],
     *,
     with_target: bool = True,
-) -> list[Artifact]:
+) -> Projection:
     """The common projector: one business row per output item, keyed by (job, ordinal) with
     `artifact_uuid`, inserted with ON CONFLICT DO NOTHING, so projecting the same output twice
-    writes nothing new. Adds the owner columns to each item; returns one Artifact per row."""
+    writes nothing new. Adds the owner columns to each item; one Artifact per row."""
     rows = []
     for n, item in enumerate(items):
         row = {
@@ -182,11 +225,52 @@ async def project_rows(
             row["target_type"] = ctx.target_type
             row["target_id"] = ctx.target_id
         rows.append(row)
-    if rows:
-        # A Core insert on the table: the same statement as through the mapped class, without
-        # the ORM's bulk-insert bookkeeping (about half a millisecond per projection).
-        await session.execute(pg_insert(table.__table__).values(rows).on_conflict_do_nothing())
-    return [Artifact(artifact_type, str(r["id"]), n) for n, r in enumerate(rows)]
+    artifacts = [Artifact(artifact_type, str(r["id"]), n) for n, r in enumerate(rows)]
+    if not rows:
+        return Projection([], artifacts)
+    return Projection([insert_rows(table.__table__, rows)], artifacts)
+
+
+def insert_rows(table: Table, rows: list[dict[str, Any]]) -> Statement:
+    """One INSERT of `rows` (each with the same columns) into `table`, a conflict on any of its
+    unique keys writing nothing: the statement and its parameters."""
+    columns = tuple(rows[0])
+    stmt = _insert_statement(table, columns, len(rows))
+    return stmt, {f"{c}_{n}": r[c] for n, r in enumerate(rows) for c in columns}
+
+
+@functools.lru_cache(maxsize=512)
+def _insert_statement(table: Table, columns: tuple[str, ...], count: int) -> TextClause:
+    for c in columns:
+        if c not in table.c or not c.isidentifier():
+            raise ValueError(f"{table.name} has no column {c!r}")
+    values = ", ".join("(" + ", ".join(f":{c}_{n}" for c in columns) + ")" for n in range(count))
+    stmt = text(
+        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES {values} ON CONFLICT DO NOTHING"
+    )
+    jsonb = [
+        bindparam(f"{c}_{n}", type_=JSONB)
+        for c in columns
+        if isinstance(table.c[c].type, JSONB)
+        for n in range(count)
+    ]
+    return stmt.bindparams(*jsonb) if jsonb else stmt
+
+
+async def project_rows(
+    session: AsyncSession,
+    table: type[Any],
+    artifact_type: str,
+    ctx: ProjectionContext,
+    items: list[dict[str, Any]],
+    *,
+    with_target: bool = True,
+) -> list[Artifact]:
+    """`rows_projection` written through `session` (for a session projector)."""
+    planned = rows_projection(table, artifact_type, ctx, items, with_target=with_target)
+    if planned.writes:
+        await pipeline.in_session(session, planned.writes)
+    return planned.artifacts
 
 
 def artifact_uuids(artifact_ids: list[str]) -> list[uuid.UUID]:

@@ -18,15 +18,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.models import Flashcard
 from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
-    Artifact,
     ChunkSpec,
     JobInput,
     JobOutput,
     JobType,
+    Projection,
     ProjectionContext,
     Prompt,
     artifact_uuids,
-    project_rows,
+    rows_projection,
 )
 from jobs.text import SENTENCE_SPLIT, WORD, clip
 
@@ -129,12 +129,9 @@ def synthetic_output(inp: FlashcardGenerationInput) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(
-    session: AsyncSession, ctx: ProjectionContext, out: FlashcardGenerationOutput
-) -> list[Artifact]:
+def projection(ctx: ProjectionContext, out: FlashcardGenerationOutput) -> Projection:
     """One `flashcard` row per card; ids from (job, ordinal), conflicts write nothing."""
-    return await project_rows(
-        session,
+    return rows_projection(
         Flashcard,
         ARTIFACT_TYPE,
         ctx,
@@ -159,7 +156,7 @@ JOB = JobType(
     input_model=FlashcardGenerationInput,
     output_model=FlashcardGenerationOutput,
     build_prompt=build_prompt,
-    project=project,
+    projection=projection,
     synthetic_output=synthetic_output,
     artifact_view=view,
     # The answer a front and a back: about 70 tokens a card.

@@ -16,18 +16,18 @@ from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models import AiJob, QuizQuestion
+from db.models import QuizQuestion
 from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
-    Artifact,
     ChunkSpec,
     JobInput,
     JobOutput,
     JobType,
+    Projection,
     ProjectionContext,
     Prompt,
     artifact_uuids,
-    project_rows,
+    rows_projection,
 )
 from jobs.text import SENTENCE_SPLIT, WORD, clip
 
@@ -199,14 +199,11 @@ def synthetic_output(inp: QuizGenerationInput) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(
-    session: AsyncSession, ctx: ProjectionContext, out: QuizGenerationOutput
-) -> list[Artifact]:
-    """One `quiz_question` row per question. Ids come from (job, ordinal), and a conflict
-    writes nothing, so projecting the same output twice leaves the rows as they are."""
-    requested = await session.scalar(
-        select(AiJob.input["difficulty"].astext).where(AiJob.id == ctx.job_id)
-    )
+def projection(ctx: ProjectionContext, out: QuizGenerationOutput) -> Projection:
+    """One `quiz_question` row per question, with the difficulty the job asked for. Ids come
+    from (job, ordinal), and a conflict writes nothing, so projecting the same output twice
+    leaves the rows as they are."""
+    requested = (ctx.input or {}).get("difficulty")
     difficulty = requested if requested in _DIFFICULTY_HINT else "medium"
     items = [
         {
@@ -218,7 +215,7 @@ async def project(
         }
         for q in out.questions
     ]
-    return await project_rows(session, QuizQuestion, ARTIFACT_TYPE, ctx, items)
+    return rows_projection(QuizQuestion, ARTIFACT_TYPE, ctx, items)
 
 
 async def view(
@@ -252,7 +249,7 @@ JOB = JobType(
     input_model=QuizGenerationInput,
     output_model=QuizGenerationOutput,
     build_prompt=build_prompt,
-    project=project,
+    projection=projection,
     synthetic_output=synthetic_output,
     artifact_view=view,
     # The answer a question, four choices and an explanation: about 150 tokens.

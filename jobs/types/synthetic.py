@@ -12,7 +12,6 @@ from typing import Any, cast
 
 from pydantic import Field, field_validator
 from sqlalchemy import Table, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models import SyntheticResult
@@ -22,10 +21,13 @@ from jobs.spec import (
     JobInput,
     JobOutput,
     JobType,
+    Projection,
     ProjectionContext,
     Prompt,
     artifact_uuid,
     artifact_uuids,
+    in_session,
+    insert_rows,
 )
 from providers.base import SyntheticBehaviour
 
@@ -90,16 +92,18 @@ def behaviour(inp: SyntheticInput) -> SyntheticBehaviour:
     )
 
 
-async def project(
-    session: AsyncSession, ctx: ProjectionContext, out: SyntheticOutput
-) -> list[Artifact]:
+def projection(ctx: ProjectionContext, out: SyntheticOutput) -> Projection:
+    """One `synthetic_result` row: the hash of the output it was projected from."""
     rid = artifact_uuid(ctx.job_id, "synthetic_result", 0)
-    await session.execute(
-        pg_insert(cast(Table, SyntheticResult.__table__))  # Core, as `project_rows` inserts
-        .values(id=rid, job_id=ctx.job_id, output_hash=ctx.output_hash)
-        .on_conflict_do_nothing(index_elements=["id"])
+    row = {"id": rid, "job_id": ctx.job_id, "output_hash": ctx.output_hash}
+    return Projection(
+        [insert_rows(cast(Table, SyntheticResult.__table__), [row])],
+        [Artifact("synthetic_result", str(rid), 0)],
     )
-    return [Artifact("synthetic_result", str(rid), 0)]
+
+
+# The same projection written through a session (what a test's session projector wraps).
+project = in_session(projection)
 
 
 async def view(
@@ -122,7 +126,7 @@ JOB = JobType(
     input_model=SyntheticInput,
     output_model=SyntheticOutput,
     build_prompt=build_prompt,
-    project=project,
+    projection=projection,
     synthetic_output=synthetic_output,
     artifact_view=view,
     synthetic_behaviour=behaviour,

@@ -27,14 +27,14 @@ from engine.definition import (
     RetryBackoff,
 )
 from jobs.spec import (
-    Artifact,
     JobInput,
     JobOutput,
     JobType,
+    Projection,
     ProjectionContext,
     Prompt,
     artifact_uuids,
-    project_rows,
+    rows_projection,
 )
 from jobs.text import clip
 
@@ -166,13 +166,10 @@ def synthetic_output(inp: WeakPointAnalysisInput) -> dict[str, Any]:
 # ---- projector -----------------------------------------------------------------------------
 
 
-async def project(
-    session: AsyncSession, ctx: ProjectionContext, out: WeakPointAnalysisOutput
-) -> list[Artifact]:
+def projection(ctx: ProjectionContext, out: WeakPointAnalysisOutput) -> Projection:
     """One `weak_point_candidate` row per weak point; ids from (job, ordinal), conflicts write
     nothing."""
-    return await project_rows(
-        session,
+    return rows_projection(
         WeakPointCandidate,
         ARTIFACT_TYPE,
         ctx,
@@ -214,7 +211,7 @@ JOB = JobType(
     input_model=WeakPointAnalysisInput,
     output_model=WeakPointAnalysisOutput,
     build_prompt=build_prompt,
-    project=project,
+    projection=projection,
     synthetic_output=synthetic_output,
     artifact_view=view,
     # The answer cites the wrong answers as evidence (about 120 tokens each, at most 10 x 10).

@@ -112,9 +112,9 @@ async def _check_projection(
     # Idempotent projector: a second projection of the same output writes nothing new.
     jt = _jt(job_type)
     row = await stack.job(job_id)
-    ctx = ProjectionContext(job_id, "u1", "lesson", "L-42", row.output_hash)
+    ctx = ProjectionContext(job_id, "u1", "lesson", "L-42", row.output_hash, row.input)
     async with sm.begin() as s:
-        again = await jt.project(s, ctx, jt.output_model.model_validate(output))
+        again = await jt.project_in(s, ctx, jt.output_model.model_validate(output))
     assert [(a.artifact_type, a.artifact_id, a.ordinal) for a in again] == await _artifacts(
         sm, job_id
     )
