@@ -42,6 +42,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import outbox as outbox_db
+from db import pipeline
 from db import webhooks as webhooks_db
 from db.bulk import BULK_START
 from db.outbox import (
@@ -53,6 +54,7 @@ from db.outbox import (
     enqueue_dedupe_key,
     listen_connection,
 )
+from db.pipeline import Statement
 from db.session import SessionMaker
 from engine import search_attributes
 from engine.contracts import (
@@ -179,10 +181,13 @@ class Relay:
         return n
 
     async def claim(self) -> list[OutboxRow]:
-        async with self._sm.begin() as s:
-            return await outbox_db.claim_batch(
-                s, owner=self.config.owner, limit=self.config.batch_size
-            )
+        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
+        [rows] = await pipeline.run(
+            self._sm,
+            [(outbox_db.CLAIM, {"lim": self.config.batch_size, "owner": self.config.owner})],
+            commit=True,
+        )
+        return outbox_db.claimed(rows)
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
@@ -200,12 +205,37 @@ class Relay:
             else:
                 outcome = "started" if r.event_type == ENQUEUE else "acknowledged"
             self._metrics.relayed(_event_label(r.event_type), outcome)
+        # A job's end becomes its owner's webhook deliveries in the transaction that marks it.
+        ended = [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
+        if not failed:
+            # The usual batch: both statements in one round trip.
+            published: list[Statement] = [
+                (outbox_db.MARK_PUBLISHED, {"ids": ok, "owner": self.config.owner})
+            ]
+            if ended:
+                published.append((webhooks_db.FAN_OUT, webhooks_db.fan_out_params(ended)))
+            await pipeline.run(self._sm, published, commit=True)
+        else:
+            await self._settle(ok, ended, failed)
+        if failed and all(res.kind == "unavailable" for _, res in failed):
+            # Temporal is unreachable: slow the whole relay down, not only these rows.
+            self.unavailable_streak += 1
+            await asyncio.sleep(min(5.0, 0.25 * 2**self.unavailable_streak))
+        else:
+            self.unavailable_streak = 0
+        return len(rows)
+
+    async def _settle(
+        self,
+        ok: list[int],
+        ended: list[int],
+        failed: list[tuple[OutboxRow, DispatchFailure]],
+    ) -> None:
+        """A batch with failures: the published rows, their deliveries and each failure's
+        outcome, in one transaction."""
         async with self._sm.begin() as s:
             await outbox_db.mark_published(s, ok, owner=self.config.owner)
-            # A job's end becomes its owner's webhook deliveries in this same transaction.
-            await webhooks_db.fan_out(
-                s, [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
-            )
+            await webhooks_db.fan_out(s, ended)
             for row, res in failed:
                 if res.kind == "malformed":
                     await outbox_db.mark_dead(s, row.id, owner=self.config.owner, error=res.error)
@@ -228,13 +258,6 @@ class Relay:
                             "failure": res.kind,
                         },
                     )
-        if failed and all(res.kind == "unavailable" for _, res in failed):
-            # Temporal is unreachable: slow the whole relay down, not only these rows.
-            self.unavailable_streak += 1
-            await asyncio.sleep(min(5.0, 0.25 * 2**self.unavailable_streak))
-        else:
-            self.unavailable_streak = 0
-        return len(rows)
 
     async def _dispatch(self, row: OutboxRow) -> DispatchFailure | None:
         """Start the row's workflow; None on success. Never raises: the outcome is per row."""

@@ -224,31 +224,36 @@ async def rotate_secret(
 # ---- fan-out (the relay's publish transaction) ------------------------------------------------
 
 
+# One delivery per published domain event and matching live endpoint of the job's owner.
+# Idempotent (unique endpoint and event): a row published twice fans out once.
+FAN_OUT = text(
+    """
+    INSERT INTO webhook_delivery (endpoint_id, user_id, event_id, job_id, webhook_id,
+                                  event_type, occurred_at, status, attempt_count,
+                                  next_attempt_at, created_at)
+    SELECT e.id, e.user_id, o.id, o.aggregate_id,
+           'msg_' || o.id || '_' || replace(e.id::text, '-', ''),
+           o.event_type, o.created_at, 'pending', 0, now(), now()
+    FROM outbox_event o
+    JOIN ai_job j ON j.id = CASE WHEN o.aggregate_id ~* :uuid_re
+                                 THEN o.aggregate_id::uuid END
+    JOIN webhook_endpoint e ON e.user_id = j.user_id AND e.deleted_at IS NULL
+                           AND e.event_types ? o.event_type
+    WHERE o.id = ANY(:ids) AND o.status = 'published' AND o.event_type = ANY(:types)
+    ON CONFLICT (endpoint_id, event_id) DO NOTHING
+    """
+)
+
+
+def fan_out_params(event_ids: Sequence[int]) -> dict[str, object]:
+    return {"ids": list(event_ids), "types": list(WEBHOOK_EVENTS), "uuid_re": _UUID_RE}
+
+
 async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:
-    """One delivery per published domain event and matching live endpoint of the job's owner.
-    Idempotent (unique endpoint and event): a row published twice fans out once."""
+    """`FAN_OUT` for these outbox rows; how many deliveries it created."""
     if not event_ids:
         return 0
-    result = await session.execute(
-        text(
-            """
-            INSERT INTO webhook_delivery (endpoint_id, user_id, event_id, job_id, webhook_id,
-                                          event_type, occurred_at, status, attempt_count,
-                                          next_attempt_at, created_at)
-            SELECT e.id, e.user_id, o.id, o.aggregate_id,
-                   'msg_' || o.id || '_' || replace(e.id::text, '-', ''),
-                   o.event_type, o.created_at, 'pending', 0, now(), now()
-            FROM outbox_event o
-            JOIN ai_job j ON j.id = CASE WHEN o.aggregate_id ~* :uuid_re
-                                         THEN o.aggregate_id::uuid END
-            JOIN webhook_endpoint e ON e.user_id = j.user_id AND e.deleted_at IS NULL
-                                   AND e.event_types ? o.event_type
-            WHERE o.id = ANY(:ids) AND o.status = 'published' AND o.event_type = ANY(:types)
-            ON CONFLICT (endpoint_id, event_id) DO NOTHING
-            """
-        ),
-        {"ids": list(event_ids), "types": list(WEBHOOK_EVENTS), "uuid_re": _UUID_RE},
-    )
+    result = await session.execute(FAN_OUT, fan_out_params(event_ids))
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 

@@ -128,7 +128,7 @@ async def test_two_planned_projections_at_once_write_once(
             for _ in range(2)
         ]
         await eventually(
-            lambda: scalar(db, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted") or None,
+            lambda: scalar(db, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted"),
             timeout=15,
             what="both PROJECTs to wait",
         )
