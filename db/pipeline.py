@@ -161,16 +161,22 @@ async def transaction(sm: SessionMaker) -> AsyncIterator[Transaction]:
     except psycopg.Error as exc:  # set_autocommit on a broken connection
         raise _dbapi_error(exc, raw) from exc
     finally:
+        # Back to the pool only as the sessions expect it (no transaction open, not autocommit);
+        # a connection that broke, or whose state is unknown because this was interrupted, is
+        # closed and never handed out again.
+        reset = False
         try:
             if not (raw.broken or raw.closed):
                 if raw.info.transaction_status != TransactionStatus.IDLE:
                     await raw.execute(_ROLLBACK, prepare=False)  # not committed, or failed
                 await raw.set_autocommit(False)
+                reset = True
         except psycopg.Error:
-            pass  # the connection broke on the way out: invalidated below
-        if raw.broken or raw.closed:
-            await greenlet_spawn(fairy.invalidate)  # closed, and never handed out again
-        await greenlet_spawn(fairy.close)  # back to the pool (an invalidated one is dropped)
+            pass  # invalidated below; the caller hears of the error that came first
+        finally:
+            if not reset:
+                await greenlet_spawn(fairy.invalidate)
+            await greenlet_spawn(fairy.close)  # an invalidated one is dropped, not pooled
 
 
 async def in_session(s: AsyncSession, statements: Sequence[Statement]) -> list[list[Row]]:

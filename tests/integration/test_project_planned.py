@@ -208,3 +208,42 @@ async def test_a_connection_that_dies_mid_transaction_leaves_the_pool(db: Sessio
     for _ in range(3):
         [rows] = await pipeline.run(db, [(LOCK_STATE, {"id": job_id})], commit=False)
         assert rows
+
+
+async def test_a_transaction_cancelled_mid_batch_writes_nothing_and_returns_its_connection(
+    db: SessionMaker,
+) -> None:
+    """The task running a batch is cancelled while PostgreSQL still runs it (a stage cancelled
+    by its workflow, a worker shutting down): the transaction is not committed, the connection
+    goes back to the pool (or is dropped) and the pool's next sessions still run in
+    transactions. (A batch that carries its COMMIT is, once sent, as undecided as any COMMIT
+    whose answer never came back.)"""
+    job_id = await insert_job(db)
+    engine = db.kw["bind"]
+    before = engine.pool.checkedout()
+    started = asyncio.Event()
+
+    async def slow() -> None:
+        async with pipeline.transaction(db) as tx:
+            started.set()
+            await tx.run([(PROGRESS, {"p": 9, "id": job_id}), (text("SELECT pg_sleep(0.5)"), {})])
+            await tx.commit()  # never reached
+
+    task = asyncio.ensure_future(slow())
+    await started.wait()
+    await eventually(
+        lambda: scalar(
+            db, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'"
+        ),
+        timeout=10,
+        what="the batch to be running",
+    )
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.pool.checkedout() == before
+    assert await _progress(db, job_id) == 0
+    async with db() as s:  # a session's rolled back write stays unwritten: not autocommit
+        await s.execute(PROGRESS, {"p": 5, "id": job_id})
+        await s.rollback()
+    assert await _progress(db, job_id) == 0
