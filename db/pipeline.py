@@ -84,7 +84,7 @@ async def run(
     each statement's rows (as dicts; [] for a statement that returns none). The transaction
     is all or nothing: an error in any statement rolls it back and is raised."""
     async with transaction(sm) as tx:
-        return await tx.run(statements, end=_COMMIT if commit else _ROLLBACK)
+        return await tx.run(statements, commit=commit, rollback=not commit)
 
 
 class Transaction:
@@ -100,30 +100,24 @@ class Transaction:
         self._ended = False
 
     async def run(
-        self, statements: Sequence[Statement], *, commit: bool = False, end: bytes | None = None
+        self, statements: Sequence[Statement], *, commit: bool = False, rollback: bool = False
     ) -> list[list[Row]]:
-        """`statements` in order in this transaction, in one round trip (with the COMMIT when
-        `commit`); each one's rows. An error aborts the transaction and is raised as
-        SQLAlchemy would raise it."""
+        """`statements` in order in this transaction, in one round trip (ending it with a
+        COMMIT when `commit`, a ROLLBACK when `rollback`); each one's rows. An error aborts the
+        transaction and is raised as SQLAlchemy would raise it."""
         if self._ended:
             raise RuntimeError("the transaction has ended")
-        end = _COMMIT if commit else end
         raw = self._raw
         try:
-            cursors: list[psycopg.AsyncCursor[Row]] = []
             async with raw.pipeline():
                 if not self._begun:
                     await raw.cursor().execute(_BEGIN, prepare=False)
                     self._begun = True
-                for stmt, params in statements:
-                    c = compiled(stmt)
-                    cur = raw.cursor(row_factory=dict_row)
-                    await cur.execute(c.sql, _params(c, params))
-                    cursors.append(cur)
-                if end is not None:
-                    await raw.cursor().execute(end, prepare=False)
+                cursors = await _queue(raw, statements)
+                if commit or rollback:
+                    await raw.cursor().execute(_COMMIT if commit else _ROLLBACK, prepare=False)
                     self._ended = True
-            return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+            return await _rows(cursors)
         except psycopg.Error as exc:
             self._ended = True
             raise _dbapi_error(exc, raw) from exc
@@ -131,6 +125,24 @@ class Transaction:
     async def commit(self) -> None:
         """COMMIT, in a round trip of its own."""
         await self.run((), commit=True)
+
+
+async def _queue(
+    raw: psycopg.AsyncConnection[Any], statements: Sequence[Statement]
+) -> list[psycopg.AsyncCursor[Row]]:
+    """`statements` queued in `raw`'s open pipeline, a cursor each."""
+    cursors: list[psycopg.AsyncCursor[Row]] = []
+    for stmt, params in statements:
+        c = compiled(stmt)
+        cur = raw.cursor(row_factory=dict_row)
+        await cur.execute(c.sql, _params(c, params))
+        cursors.append(cur)
+    return cursors
+
+
+async def _rows(cursors: Sequence[psycopg.AsyncCursor[Row]]) -> list[list[Row]]:
+    """Each statement's rows ([] for one that returns none), once its pipeline has synced."""
+    return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
 
 
 def _dbapi_error(exc: psycopg.Error, raw: psycopg.AsyncConnection[Any]) -> Exception:
@@ -188,18 +200,10 @@ async def in_session(s: AsyncSession, statements: Sequence[Statement]) -> list[l
     fairy = await conn.get_raw_connection()
     raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
     try:
-        cursors: list[psycopg.AsyncCursor[Row]] = []
         async with raw.pipeline():
-            for stmt, params in statements:
-                c = compiled(stmt)
-                cur = raw.cursor(row_factory=dict_row)
-                await cur.execute(c.sql, _params(c, params))
-                cursors.append(cur)
-        return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+            cursors = await _queue(raw, statements)
+        return await _rows(cursors)
     except psycopg.Error as exc:
-        broken = raw.broken or raw.closed
-        if broken:
+        if raw.broken or raw.closed:
             await conn.invalidate()
-        raise DBAPIError.instance(
-            None, None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=broken
-        ) from exc
+        raise _dbapi_error(exc, raw) from exc

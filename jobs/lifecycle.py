@@ -51,7 +51,7 @@ from engine.errors import public_message_for
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
-from jobs.spec import AnyJobType, Catalog, ProjectionContext
+from jobs.spec import AnyJobType, Artifact, Catalog, ProjectionContext
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +197,15 @@ def planned_statements(
     """A type with a planned projector (`JobType.project` unset): its writes, then one artifact
     row per artifact, as statements for the caller's transaction; and how many artifacts."""
     planned = jt.projection(projection_context(row, digest), out)
-    statements = list(planned.writes)
-    statements += [
-        (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
-        for a in planned.artifacts
+    return [*planned.writes, *_artifact_rows(row.id, planned.artifacts)], len(planned.artifacts)
+
+
+def _artifact_rows(job_id: uuid.UUID, artifacts: Sequence[Artifact]) -> list[pipeline.Statement]:
+    """One `ai_job_artifact` insert per artifact a projection wrote."""
+    return [
+        (INSERT_ARTIFACT, artifact_params(job_id, a.artifact_type, a.artifact_id, a.ordinal))
+        for a in artifacts
     ]
-    return statements, len(planned.artifacts)
 
 
 async def project_artifacts(
@@ -228,11 +231,7 @@ async def project_artifacts(
         statements, count = planned_statements(jt, row, out, digest)
     else:
         artifacts = await jt.project(s, projection_context(row, digest), out)
-        statements = [
-            (INSERT_ARTIFACT, artifact_params(row.id, a.artifact_type, a.artifact_id, a.ordinal))
-            for a in artifacts
-        ]
-        count = len(artifacts)
+        statements, count = _artifact_rows(row.id, artifacts), len(artifacts)
     if tail is None:
         for stmt, params in statements:
             await s.execute(stmt, params)
