@@ -161,7 +161,15 @@ async def transaction(sm: SessionMaker) -> AsyncIterator[Transaction]:
     """A `Transaction` on a connection of `sm`'s pool, rolled back unless committed."""
     # The pool's connection itself, without an engine-level Connection around it: checkout
     # and return are one greenlet hop each (the check-in's reset needs one), not three.
-    fairy = await _engine(sm).raw_connection()
+    try:
+        fairy = await _engine(sm).raw_connection()
+    except psycopg.Error as exc:
+        # The pool hands out the driver's own error when it cannot connect (SQLAlchemy wraps
+        # it only on its Connection path): wrap it as that path would, so that a database
+        # that is down reads as unavailable here too and the stages wait for it.
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=True
+        ) from exc
     raw: psycopg.AsyncConnection[Any] = fairy.driver_connection  # type: ignore[assignment]
     # Our own BEGIN goes into the first pipeline with the statements (psycopg's implicit one
     # would cost a round trip of its own, the pipeline syncing after it), so the connection
@@ -186,6 +194,11 @@ async def transaction(sm: SessionMaker) -> AsyncIterator[Transaction]:
         except psycopg.Error:
             pass  # invalidated below; the caller hears of the error that came first
         finally:
+            if raw.broken:
+                # The server went away: so did every connection pooled beside this one. Mark
+                # them all stale, as SQLAlchemy's own Connection does on a disconnect, so that
+                # the next checkout opens a fresh connection instead of failing on a dead one.
+                _engine(sm).sync_engine.pool._invalidate(fairy, _checkin=False)
             if not reset:
                 await greenlet_spawn(fairy.invalidate)
             await greenlet_spawn(fairy.close)  # an invalidated one is dropped, not pooled

@@ -1,5 +1,6 @@
 """PostgreSQL and Temporal restarted under load: no job is lost, none
-projects twice, none stays non-terminal once both are back.
+projects twice, none stays non-terminal once both are back; and EXECUTE waits out a database
+that is down after its paid call instead of spending the attempt.
 
 This test owns its servers (a PostgreSQL data dir and a Temporal dev server with a database
 file, so both keep their state across the restart) and does not disturb the session's.
@@ -8,13 +9,20 @@ file, so both keep their state across the restart) and does not disturb the sess
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 import uuid
 
 import pytest
 from sqlalchemy import text
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 
+from activities.stages import JobActivities
+from engine.contracts import ExecuteInput
+from runtime.wiring import engine_config, gateway
+from tests.integration.engine_helpers import job_facts
 from tests.servers import own_servers
 from tests.stack import INTERACTIVE, TERMINAL, Stack, engine_stack, make_settings
 from tests.support import eventually
@@ -118,3 +126,74 @@ async def test_postgres_and_temporal_restarted_under_load() -> None:
             assert len(per_job) == len(ids)
             for job_id, results, artifacts, completed in per_job:
                 assert (results, artifacts, completed) == (1, 1, 1), job_id
+
+
+class _Records(logging.Handler):
+    """The messages logged, kept for a test to wait on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def test_execute_waits_out_postgres_down_after_the_call_without_spending_an_attempt() -> None:
+    """PostgreSQL goes away while the provider answers and stays away for several of EXECUTE's
+    retries of its last transaction: the pooled connection is dead first, then no new one can be
+    opened at all. The attempt waits for the database instead of failing, so the paid call is
+    recorded once and the job succeeds on attempt 1."""
+    with own_servers("aijobs-pgdown-") as sv:
+        client = await Client.connect(sv.temporal_address)
+        settings = make_settings(sv.database_url, sv.temporal_address)
+        async with engine_stack(settings, client, queues=(), relay=False) as st:
+            job = await st.create(input={"delayMs": 3000})
+            acts = JobActivities(
+                st.parts.sessionmaker, st.parts.catalog, gateway(settings), engine_config(settings)
+            )
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(
+                env.info,
+                workflow_id=st.workflow_id(job),
+                workflow_type="synthetic",
+                attempt=1,
+                heartbeat_timeout=None,
+            )
+            records = _Records()
+            stages_log = logging.getLogger("activities.stages")
+            stages_log.addHandler(records)
+            try:
+                task = asyncio.ensure_future(
+                    env.run(
+                        acts.execute,
+                        ExecuteInput(
+                            job_id=str(job),
+                            timeout_ms=30_000,
+                            abort_strategy="retry",
+                            project_in_slot=False,  # the five stages: PROJECT comes next
+                        ),
+                    )
+                )
+                await st.wait_status(job, "running")  # the provider is being called
+                await asyncio.to_thread(sv.stop_postgres)
+
+                def retries() -> int:
+                    return sum("database unavailable in EXECUTE" in m for m in records.messages)
+
+                async def retried_twice_or_ended() -> bool:
+                    return retries() >= 3 or task.done()
+
+                await eventually(
+                    retried_twice_or_ended, timeout=30, interval=0.05, what="EXECUTE to retry"
+                )
+                assert not task.done(), task.exception()  # it did not give up on the database
+                await asyncio.to_thread(sv.start_postgres)
+                result = await asyncio.wait_for(task, 60)
+            finally:
+                stages_log.removeHandler(records)
+            assert result.output_hash and result.attempt == 1
+            facts = await job_facts(st.parts.sessionmaker, job)
+            assert facts.usage == [(1, None)]  # one paid call, recorded once
+            row = await st.job(job)
+            assert row.attempt_count == 1 and row.lifecycle_status == "running"  # PROJECT is next

@@ -5,11 +5,14 @@ pooled connection goes back as the sessions expect it (no transaction open, not 
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+from sqlalchemy.pool import QueuePool
 
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
@@ -159,3 +162,26 @@ async def test_in_session_errors_abort_the_sessions_transaction(db: SessionMaker
             await s.execute(PROGRESS, {"p": 3, "id": job_id})
             await pipeline.in_session(s, [(DUPLICATE, {"j": job_id})])
     assert await _progress(db, job_id) == 0
+
+
+async def test_a_database_that_cannot_be_reached_reads_as_unavailable() -> None:
+    """The pool cannot open a connection (nothing listens on the port, as while PostgreSQL
+    restarts): the error is SQLAlchemy's and counts as the database being unavailable, so a stage
+    waits for it to come back instead of failing the attempt, and it says nothing of the
+    statements."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    engine = create_async_engine(f"postgresql+psycopg://nobody@127.0.0.1:{port}/nothing")
+    try:
+        job_id = uuid.uuid4()
+        with pytest.raises(DBAPIError) as err:
+            await pipeline.run(
+                async_sessionmaker(engine), [(PROGRESS, {"p": 1, "id": job_id})], commit=True
+            )
+        assert is_unavailable(err.value) and err.value.connection_invalidated
+        pool = engine.sync_engine.pool
+        assert isinstance(pool, QueuePool) and pool.checkedout() == 0  # none held
+        assert str(job_id) not in str(err.value)
+    finally:
+        await engine.dispose()
