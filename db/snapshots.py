@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.lifecycle import TERMINAL_SQL
+from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
 from db.outbox import INSERT_NOTIFY_SQL, insert_params
 
 _INSERT_SQL = """
@@ -19,10 +19,29 @@ _INSERT_SQL = """
     VALUES (:id, :c, :rv, now() + make_interval(days => :ttl), now())
 """
 _INSERT = text(_INSERT_SQL).bindparams(bindparam("c", type_=JSONB))
-# A create's snapshot and its enqueue row (waking the relays) in one statement. The snapshot's
-# INSERT is a data-modifying WITH: PostgreSQL runs it to completion whether or not the enqueue
-# row is inserted, in the same transaction.
-_INSERT_WITH_ENQUEUE = text(f"WITH snapshot AS ({_INSERT_SQL}) {INSERT_NOTIFY_SQL}").bindparams(
+# How many of the job's user's jobs are active (queued or running) as it is created, this one
+# included, counted up to a bound (the active partial index serves it): the relay gives a user's
+# first few active jobs a larger fairness weight (docs/operations.md "Fairness").
+USER_ACTIVE_BOUND = 1000
+_USER_ACTIVE_SQL = f"""
+    (SELECT count(*) FROM (
+        SELECT 1 FROM ai_job a
+        WHERE a.user_id = (SELECT j.user_id FROM ai_job j WHERE j.id = :id)
+          AND a.{ACTIVE_SQL}
+        LIMIT {USER_ACTIVE_BOUND}) active)
+"""
+# A create's snapshot and its enqueue row (waking the relays) in one statement; the enqueue
+# row's payload gets the user's active count as `userActive`. The snapshot's INSERT is a
+# data-modifying WITH: PostgreSQL runs it to completion whether or not the enqueue row is
+# inserted, in the same transaction. The job's row, written by an earlier statement of the
+# transaction, is counted.
+_ENQUEUE_SQL = INSERT_NOTIFY_SQL.replace(
+    ":payload,",
+    f"jsonb_set(:payload, '{{userActive}}', to_jsonb({_USER_ACTIVE_SQL})),",
+    1,
+)
+assert _ENQUEUE_SQL != INSERT_NOTIFY_SQL  # the payload's place in the outbox insert moved
+_INSERT_WITH_ENQUEUE = text(f"WITH snapshot AS ({_INSERT_SQL}) {_ENQUEUE_SQL}").bindparams(
     bindparam("c", type_=JSONB),
     bindparam("payload", type_=JSONB),
     bindparam("trace_context", type_=JSONB),

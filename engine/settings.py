@@ -155,12 +155,24 @@ class Settings(BaseSettings):
     # job timeout, 600 s, plus room) before it cancels them: a deploy never throws away a paid
     # attempt. Compose's stop_grace_period must be longer.
     worker_drain_s: float = Field(default=630.0, ge=0, alias="WORKER_DRAIN_S")
+    # How many workflow tasks (each running its bookkeeping stages as local activities) one
+    # job-queue worker takes at once. Tasks beyond it wait on the server, where they are
+    # dispatched fairly across users; taken by the worker, they would be served in arrival order
+    # and one user's burst would hold the database pool while another user's job waits.
+    worker_workflow_tasks: int = Field(default=6, ge=1, le=1000, alias="WORKER_WORKFLOW_TASKS")
     # Fairness on the job task queues: per-user weights ("user=weight,..."; default weight 1).
     # A user's share of the provider slots when others wait is proportional to the weight.
     fairness_weights: str = Field(default="", alias="FAIRNESS_WEIGHTS")
     # Off: jobs carry no fairness key and wait in arrival order within a priority (the bench's
     # baseline for the fairness figure).
     fairness_enabled: bool = Field(default=True, alias="FAIRNESS_ENABLED")
+    # A user's first few active jobs (at most FAIRNESS_LIGHT_JOBS, counted at create) carry
+    # FAIRNESS_LIGHT_BOOST times the user's weight: a user with a few jobs is served ahead of
+    # another user's backlog rather than in turns with it. FAIRNESS_LIGHT_JOBS=0 turns it off.
+    fairness_light_jobs: int = Field(default=4, ge=0, le=1000, alias="FAIRNESS_LIGHT_JOBS")
+    fairness_light_boost: float = Field(
+        default=8.0, ge=1.0, le=1000.0, alias="FAIRNESS_LIGHT_BOOST"
+    )
     # Provider calls per second across every worker of a job task queue (server-enforced by
     # Temporal's task-queue rate limit; 0 = unlimited).
     provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")

@@ -187,6 +187,8 @@ def relay_config(settings: Settings) -> RelayConfig:
         poll_interval_s=settings.relay_poll_interval_s,
         lock_ttl_s=settings.outbox_lock_ttl_s,
         fairness=settings.fairness_enabled,
+        light_jobs=settings.fairness_light_jobs,
+        light_boost=settings.fairness_light_boost,
     )
 
 

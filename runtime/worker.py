@@ -3,10 +3,12 @@
 `ai-interactive` / `ai-background` run every job workflow and the stage activities; their
 `max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
 AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
-activity there, so the limit caps concurrent provider calls while the bookkeeping stages (local
-activities) run unthrottled. `ai-system` runs the reconciler schedule and the admin bulk
-workflows; its process also runs the two pollers, the outbox relay and the webhook deliverer, as
-supervised loops (`run_pollers`, docs/architecture.md "Pollers").
+activity there, so the limit caps concurrent provider calls; the bookkeeping stages (local
+activities) are not throttled by it. The worker takes at most WORKER_WORKFLOW_TASKS workflow tasks
+and runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
+on the server, where tasks are dispatched fairly across users. `ai-system` runs the reconciler
+schedule and the admin bulk workflows; its process also runs the two pollers, the outbox relay
+and the webhook deliverer, as supervised loops (`run_pollers`, docs/architecture.md "Pollers").
 """
 
 from __future__ import annotations
@@ -123,8 +125,12 @@ def build_workers(
                     workflows=job_workflows,
                     activities=stages.all(),
                     max_concurrent_activities=concurrency,
-                    max_concurrent_local_activities=200,
-                    max_concurrent_workflow_tasks=100,
+                    # The worker's intake is bounded so that a burst waits on the server's
+                    # fair queue, not in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages
+                    # never hold more connections than the pool keeps, so EXECUTE, which holds
+                    # a provider slot, is never queued behind them for one.
+                    max_concurrent_workflow_tasks=s.worker_workflow_tasks,
+                    max_concurrent_local_activities=s.db_pool_size,
                     # Heartbeats reach the server at least every second whatever the heartbeat
                     # timeout, so a workflow cancel reaches EXECUTE within about a second while
                     # the timeout itself can tolerate a busy event loop.

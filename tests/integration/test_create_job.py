@@ -226,6 +226,7 @@ async def test_create_writes_job_snapshot_and_outbox_in_one_transaction(
         "priority": 7,
         "fairnessKey": CreatePolicy().fairness_key("u1"),
         "fairnessWeight": 1.0,
+        "userActive": 1,  # the user's active jobs, this one included
     }
     assert "u1" not in str(event.payload["fairnessKey"])
     assert (event.event_type, event.aggregate_type, event.aggregate_id) == (
