@@ -20,8 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import datetime as dt
 import time
 from typing import Any
+
+from temporalio.api.enums.v1 import EventType
 
 from bench.figures import POLL_S, Ctx
 from bench.infra import EngineKnobs, EngineStack, Servers, check_alive, progress
@@ -91,6 +94,63 @@ async def _wait_user_done(ctx: Ctx, user: str, n: int, timeout_s: float) -> floa
     return float(rows[0][0])
 
 
+PHASES = (
+    "relay",  # created_at -> workflow started
+    "first_wft_wait",  # started -> first workflow task started
+    "first_wft",  # its run: PREPARE and RESOLVE (local activities)
+    "execute_wait",  # EXECUTE scheduled -> started: the matching dispatch fairness orders
+    "execute",  # EXECUTE started -> completed (the provider's delayMs)
+    "last_wft_wait",  # EXECUTE completed -> next workflow task started
+    "last_wft",  # its run: PROJECT and COMPLETE
+)
+
+
+async def b_phases(ctx: Ctx) -> dict[str, float]:
+    """Where B's jobs spent their time, from their workflow histories: per phase, the median
+    over B's jobs, in seconds."""
+    rows = await ctx.edb.fetchall(
+        "SELECT id, job_type, queue_name, extract(epoch FROM created_at) FROM ai_job "
+        "WHERE user_id = %s",
+        (USER_B,),
+    )
+    per: dict[str, list[float]] = {p: [] for p in PHASES}
+    for job_id, job_type, queue, created in rows:
+        handle = ctx.client.get_workflow_handle(f"{queue}:{job_type}:{job_id}")
+        t: dict[str, float] = {}
+        wft_started: list[float] = []
+        wft_completed: list[float] = []
+        async for e in handle.fetch_history_events():
+            at = e.event_time.ToDatetime(tzinfo=dt.UTC).timestamp()
+            kind = EventType.Name(e.event_type)
+            if kind == "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED":
+                t["started"] = at
+            elif kind == "EVENT_TYPE_WORKFLOW_TASK_STARTED":
+                wft_started.append(at)
+            elif kind == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED":
+                wft_completed.append(at)
+            elif kind == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED":
+                t.setdefault("scheduled", at)
+            elif kind == "EVENT_TYPE_ACTIVITY_TASK_STARTED":
+                t.setdefault("a_started", at)
+            elif kind == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED":
+                t.setdefault("a_completed", at)
+        if len(t) < 4 or len(wft_started) < 2 or len(wft_completed) < 2:
+            continue  # not the five-stage shape this breakdown reads
+        per["relay"].append(t["started"] - float(created))
+        per["first_wft_wait"].append(wft_started[0] - t["started"])
+        per["first_wft"].append(wft_completed[0] - wft_started[0])
+        per["execute_wait"].append(t["a_started"] - t["scheduled"])
+        per["execute"].append(t["a_completed"] - t["a_started"])
+        last = next(x for x in wft_started if x >= t["a_completed"])
+        per["last_wft_wait"].append(last - t["a_completed"])
+        per["last_wft"].append(wft_completed[-1] - last)
+    return {p: median(v) for p, v in per.items() if v}
+
+
+def _phases_text(phases: dict[str, float]) -> str:
+    return "(" + ", ".join(f"{p} {v * 1000:.0f}" for p, v in phases.items()) + " ms)"
+
+
 async def b_alone(ctx: Ctx, delay_ms: int, tag: str) -> float:
     await ctx.edb.truncate()
     wall0 = await _create(ctx, USER_B, tag, B_JOBS, delay_ms)
@@ -121,7 +181,9 @@ async def with_backlog(
     timeout = 120.0 + 3.0 * n * delay_ms / 1000 / max(1, concurrency)
     b_end = await _wait_user_done(ctx, USER_B, B_JOBS, timeout)
     a_end = await _wait_user_done(ctx, USER_A, n, timeout)
+    phases = await b_phases(ctx)
     return {
+        "b_phases_s": phases,
         "backlog": n,
         "b_s": b_end - b0,
         "a_jobs_per_s": n / (a_end - a0),
@@ -161,13 +223,17 @@ async def phase_fairness(
             for r in range(args.reps):
                 alone = await b_alone(ctx, delay, f"{mode}-r{r}-alone")
                 m["alone"].append(alone)
-                progress(f"fairness {mode} rep {r + 1}/{args.reps}: B alone {alone:.2f}s")
+                m.setdefault("alone_phases_s", []).append(await b_phases(ctx))
+                progress(
+                    f"fairness {mode} rep {r + 1}/{args.reps}: B alone {alone:.2f}s "
+                    f"{_phases_text(m['alone_phases_s'][-1])}"
+                )
                 for n in backlogs:
                     run = await with_backlog(ctx, n, delay, conc, f"{mode}-r{r}-n{n}")
                     m["backlog"][str(n)].append(run)
                     progress(
                         f"fairness {mode} rep {r + 1}/{args.reps} N={n}: B {run['b_s']:.2f}s, "
-                        f"A {run['a_jobs_per_s']:.2f} jobs/s"
+                        f"A {run['a_jobs_per_s']:.2f} jobs/s {_phases_text(run['b_phases_s'])}"
                     )
         finally:
             ctx.watch = []
