@@ -40,7 +40,8 @@ _ENQUEUE_SQL = INSERT_NOTIFY_SQL.replace(
     f"jsonb_set(:payload, '{{userActive}}', to_jsonb({_USER_ACTIVE_SQL})),",
     1,
 )
-assert _ENQUEUE_SQL != INSERT_NOTIFY_SQL  # the payload's place in the outbox insert moved
+if _ENQUEUE_SQL == INSERT_NOTIFY_SQL:  # the payload's place in the outbox insert moved
+    raise RuntimeError("db/snapshots.py: the outbox insert no longer takes `:payload,`")
 _INSERT_WITH_ENQUEUE = text(f"WITH snapshot AS ({_INSERT_SQL}) {_ENQUEUE_SQL}").bindparams(
     bindparam("c", type_=JSONB),
     bindparam("payload", type_=JSONB),
