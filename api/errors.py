@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from db.errors import DRIVER_UNAVAILABLE_ERRORS, UNAVAILABLE_ERRORS
+from db.errors import ALL_UNAVAILABLE_ERRORS
 from engine.errors import EngineError, ValidationFailed
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def install(app: FastAPI) -> None:
         )
 
     # Which driver errors mean "the database is unavailable" is decided in db/errors.py.
-    for unavailable in UNAVAILABLE_ERRORS + DRIVER_UNAVAILABLE_ERRORS:
+    for unavailable in ALL_UNAVAILABLE_ERRORS:
         app.exception_handler(unavailable)(db_down)
 
     @app.exception_handler(Exception)

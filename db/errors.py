@@ -43,7 +43,9 @@ def is_lifecycle_violation(exc: BaseException) -> bool:
 # The driver errors that mean "PostgreSQL cannot be reached right now", whatever the statement:
 # the API answers them with 503, the activities wait for the database to come back.
 UNAVAILABLE_ERRORS: tuple[type[DBAPIError], ...] = (OperationalError, InterfaceError)
-DRIVER_UNAVAILABLE_ERRORS: tuple[type[psycopg.Error], ...] = (
+# The driver's own, unwrapped: a pool that cannot connect raises them.
+ALL_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    *UNAVAILABLE_ERRORS,
     psycopg.OperationalError,
     psycopg.InterfaceError,
 )
@@ -52,6 +54,6 @@ DRIVER_UNAVAILABLE_ERRORS: tuple[type[psycopg.Error], ...] = (
 def is_unavailable(exc: BaseException) -> bool:
     """Lost connections and the like: worth waiting for PostgreSQL to come back. The driver's
     own errors count too, unwrapped, as a pool that cannot connect raises them."""
-    return isinstance(exc, UNAVAILABLE_ERRORS + DRIVER_UNAVAILABLE_ERRORS) or (
+    return isinstance(exc, ALL_UNAVAILABLE_ERRORS) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     )

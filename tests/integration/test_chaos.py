@@ -128,18 +128,9 @@ async def test_postgres_and_temporal_restarted_under_load() -> None:
                 assert (results, artifacts, completed) == (1, 1, 1), job_id
 
 
-class _Records(logging.Handler):
-    """The messages logged, kept for a test to wait on."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-async def test_execute_waits_out_postgres_down_after_the_call_without_spending_an_attempt() -> None:
+async def test_execute_waits_out_postgres_down_after_the_call_without_spending_an_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """PostgreSQL goes away while the provider answers and stays away for several of EXECUTE's
     retries of its last transaction: the pooled connection is dead first, then no new one can be
     opened at all. The attempt waits for the database instead of failing, so the paid call is
@@ -160,38 +151,35 @@ async def test_execute_waits_out_postgres_down_after_the_call_without_spending_a
                 attempt=1,
                 heartbeat_timeout=None,
             )
-            records = _Records()
-            stages_log = logging.getLogger("activities.stages")
-            stages_log.addHandler(records)
-            try:
-                task = asyncio.ensure_future(
-                    env.run(
-                        acts.execute,
-                        ExecuteInput(
-                            job_id=str(job),
-                            timeout_ms=30_000,
-                            abort_strategy="retry",
-                            project_in_slot=False,  # the five stages: PROJECT comes next
-                        ),
-                    )
+            caplog.set_level(logging.WARNING, logger="activities.stages")
+            task = asyncio.ensure_future(
+                env.run(
+                    acts.execute,
+                    ExecuteInput(
+                        job_id=str(job),
+                        timeout_ms=30_000,
+                        abort_strategy="retry",
+                        project_in_slot=False,  # the five stages: PROJECT comes next
+                    ),
                 )
-                await st.wait_status(job, "running")  # the provider is being called
-                await asyncio.to_thread(sv.stop_postgres)
+            )
+            await st.wait_status(job, "running")  # the provider is being called
+            await asyncio.to_thread(sv.stop_postgres)
 
-                def retries() -> int:
-                    return sum("database unavailable in EXECUTE" in m for m in records.messages)
-
-                async def retried_twice_or_ended() -> bool:
-                    return retries() >= 3 or task.done()
-
-                await eventually(
-                    retried_twice_or_ended, timeout=30, interval=0.05, what="EXECUTE to retry"
+            def retries() -> int:
+                return sum(
+                    "database unavailable in EXECUTE" in r.getMessage() for r in caplog.records
                 )
-                assert not task.done(), task.exception()  # it did not give up on the database
-                await asyncio.to_thread(sv.start_postgres)
-                result = await asyncio.wait_for(task, 60)
-            finally:
-                stages_log.removeHandler(records)
+
+            async def retried_three_times_or_ended() -> bool:
+                return retries() >= 3 or task.done()
+
+            await eventually(
+                retried_three_times_or_ended, timeout=30, interval=0.05, what="EXECUTE to retry"
+            )
+            assert not task.done(), task.exception()  # it did not give up on the database
+            await asyncio.to_thread(sv.start_postgres)
+            result = await asyncio.wait_for(task, 60)
             assert result.output_hash and result.attempt == 1
             facts = await job_facts(st.parts.sessionmaker, job)
             assert facts.usage == [(1, None)]  # one paid call, recorded once
