@@ -8,8 +8,7 @@ import uuid
 from temporalio import activity
 
 from activities.deps import StageDeps, log
-from db import pipeline
-from db.usage import SUMMARY, summary_of
+from db.stage_reads import usage_summary
 from engine.contracts import COMPLETE, CompleteInput, CompleteResult
 
 
@@ -29,11 +28,8 @@ class Complete:
         PROJECT retry that found the job already ended) COMPLETE reads it."""
         if inp.usage is not None:
             return inp.usage  # PROJECT logged these figures ("job completed") after its commit
-        # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
-        [rows] = await pipeline.run(
-            self._d.sessionmaker, [(SUMMARY, {"id": uuid.UUID(inp.job_id)})], commit=False
-        )
-        usage = summary_of(rows[0])
+        # One round trip (db/stage_reads.py).
+        usage = await usage_summary(self._d.sessionmaker, uuid.UUID(inp.job_id))
         result = CompleteResult(
             calls=usage.calls,
             tokens_in=usage.tokens_in,

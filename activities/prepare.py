@@ -10,8 +10,8 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
-from db import pipeline
-from db.lifecycle import LOCK_STATE, lock_holder, lock_state_of
+from db.lifecycle import lock_holder
+from db.stage_reads import lock_state_now
 from engine.contracts import PREPARE, ExecutionPlan, PrepareResult, StageInput
 from engine.lifecycle import LifecycleStatus
 
@@ -27,14 +27,12 @@ class Prepare:
         here. A job this workflow already holds (`running` under its own lock: a run continued
         as new while it waited on its provider, a Temporal Reset) goes on."""
         d = self._d.catalog.get(activity.info().workflow_type or "").definition
-        # One round trip: BEGIN, the read, ROLLBACK pipelined (db/pipeline.py).
-        [rows] = await pipeline.run(
-            self._d.sessionmaker, [(LOCK_STATE, {"id": uuid.UUID(inp.job_id)})], commit=False
-        )
-        if not rows:
+        # One round trip (db/stage_reads.py).
+        state = await lock_state_now(self._d.sessionmaker, uuid.UUID(inp.job_id))
+        if state is None:
             fail_final("INTERNAL_JOB_MISSING")
-        status, locked_by = lock_state_of(rows[0])
-        ours = status == LifecycleStatus.RUNNING and lock_holder(locked_by) == inp.workflow_id
+        status = state.status
+        ours = status == LifecycleStatus.RUNNING and lock_holder(state.locked_by) == inp.workflow_id
         if status != LifecycleStatus.QUEUED and not ours:
             return PrepareResult(run=False, lifecycle_status=status)
         # Attempts, backoff and heartbeat: the definition's own, else its queue's

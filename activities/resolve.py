@@ -10,9 +10,7 @@ from temporalio import activity
 
 from activities.deps import StageDeps
 from activities.failures import fail_final
-from db import pipeline
-from db.chunks import CHUNK_STATES, ChunkState
-from db.jobs import RESOLVE_REFS, ResolveRefs
+from db.stage_reads import resolve_read
 from engine.contracts import RESOLVE, ResolveResult, StageInput
 from engine.errors import ExecutionFailure
 
@@ -30,15 +28,11 @@ class Resolve:
         d = self._d
         job_id = uuid.UUID(inp.job_id)
         # The job's references and its chunks (numbers and counts only: the ranges stay in SQL)
-        # in one round trip: BEGIN, both reads, ROLLBACK pipelined (db/pipeline.py).
-        refs, chunk_rows = await pipeline.run(
-            d.sessionmaker,
-            [(RESOLVE_REFS, {"id": job_id}), (CHUNK_STATES, {"job_id": job_id})],
-            commit=False,
-        )
-        if not refs:
+        # in one round trip (db/stage_reads.py).
+        read = await resolve_read(d.sessionmaker, job_id)
+        row = read.refs
+        if row is None:
             fail_final("INTERNAL_JOB_MISSING")
-        row = ResolveRefs(**refs[0])
         jt = d.catalog.get(row.job_type)
         if not row.has_snapshot:
             # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
@@ -54,7 +48,7 @@ class Resolve:
             except ExecutionFailure as f:
                 fail_final(f.code)  # revoked, missing or undecryptable: no slot, no call
         del key  # only its availability was in question
-        chunks = [ChunkState(r["chunk_no"], r["status"], r["attempt_count"]) for r in chunk_rows]
+        chunks = read.chunks
         definition = jt.definition
         return ResolveResult(
             prompt_version=row.prompt_version,

@@ -1,7 +1,9 @@
 """Every repository in db/ has one form: a module of functions whose first argument is the
 caller's session. A class whose methods take a session (a repository object to build and hold)
 fails here, as does a module-level function that reaches the database without being handed a
-session. Checked on the source."""
+session. A stage's hot transaction (one round trip through the transport, db/pipeline.py) is
+handed the sessionmaker instead, the transport's one way in, and must go through the transport.
+Checked on the source."""
 
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ NOT_REPOSITORIES = {
     "__init__.py",
 }
 SESSION_TYPES = {"AsyncSession", "AsyncConnection"}
+# What a hot transaction is handed: it opens its transaction through the transport only.
+TRANSPORT_TYPES = {"SessionMaker"}
+TRANSPORT_ENTRIES = {"pipeline.run", "pipeline.transaction"}
+
+
+def through_the_transport(node: ast.AsyncFunctionDef) -> bool:
+    """The function opens its transaction through db/pipeline.py, never a session of its own."""
+    body = ast.unparse(node)
+    sessions = ".begin()" in body or "sessionmaker(" in body.lower() or "sm()" in body
+    return any(e in body for e in TRANSPORT_ENTRIES) and not sessions
 
 
 def repository_modules() -> list[Path]:
@@ -52,7 +64,9 @@ def violations(path: Path, source: str) -> list[str]:
                     found.append(f"{path.name}:{item.lineno} {node.name}.{item.name} is a method")
         if isinstance(node, ast.AsyncFunctionDef) and not node.name.startswith("_"):
             args = node.args.posonlyargs + node.args.args
-            if not args or annotation_name(args[0]) not in SESSION_TYPES:
+            first = annotation_name(args[0]) if args else ""
+            hot = first in TRANSPORT_TYPES and through_the_transport(node)
+            if first not in SESSION_TYPES and not hot:
                 # A connection factory (a LISTEN connection) opens its own, by design.
                 if not node.name.startswith("listen_connection"):
                     found.append(f"{path.name}:{node.lineno} {node.name} takes no session first")
@@ -74,8 +88,16 @@ class JobQueries:
 async def count(user_id: str) -> int: ...
 
 async def fine(s: AsyncSession, user_id: str) -> int: ...
+
+async def hot(sm: SessionMaker, job_id) -> int:
+    [rows] = await pipeline.run(sm, [(READ, {"id": job_id})], commit=False)
+
+async def own(sm: SessionMaker, job_id) -> int:
+    async with sm.begin() as s:
+        await s.execute(READ)
 """
     assert violations(Path("x.py"), snippet) == [
         "x.py:3 JobQueries.get is a method",
         "x.py:5 count takes no session first",
+        "x.py:12 own takes no session first",
     ]
