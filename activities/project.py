@@ -1,8 +1,11 @@
-"""PROJECT (a local activity): the stored output becomes the job type's business rows, its
-artifacts, `succeeded` and `ai.job.completed`, in one transaction. A job type with a planned
-projector (the usual case) takes three round trips on the pooled connection
-(`project_planned`); a session projector runs in `project_output`, which runs recorded before
-the five-stage shape also call inside EXECUTE's last transaction
+"""PROJECT (a local activity): the stage of a job's success ending. The ending itself (the
+stored output checked, projected into the job type's business rows and artifacts, `succeeded`
+with `ai.job.completed`, the usage summed, in one transaction) is `jobs/lifecycle.py`
+`succeed`; this adapter decodes the input, maps the outcome to the workflow's result and its
+failures to Temporal's, counts and logs.
+
+`project_output` is the same ending in a caller's transaction, for the runs recorded before the
+five-stage shape that still project inside EXECUTE's last transaction
 (`ExecuteInput.project_in_slot`)."""
 
 from __future__ import annotations
@@ -23,19 +26,13 @@ from activities.failures import (
     loggable,
     private_strings,
 )
-from db import artifacts as artifacts_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
-from db import pipeline
 from db.errors import is_unavailable
 from db.jobs import JobRow
-from db.pipeline import Row, Statement
-from db.usage import SUMMARY, summary_of
 from engine.contracts import PROJECT, ProjectInput, ProjectResult
 from engine.errors import EngineError, IllegalTransition, LockConflict
-from engine.lifecycle import LifecycleStatus
 from jobs import lifecycle
-from jobs.spec import AnyJobType
 
 
 class Project:
@@ -44,55 +41,24 @@ class Project:
 
     @activity.defn(name=PROJECT)
     async def project(self, inp: ProjectInput) -> ProjectResult:
-        """Projector + markSucceeded + `ai.job.completed` + progress 100 in one transaction.
-        Idempotent: a retry after a commit whose result was lost finds `succeeded` and its
-        artifacts; unique keys make a repeated projection write nothing new."""
+        """The job's success ending (`jobs/lifecycle.py` `succeed`), counted and logged after
+        its commit. Idempotent: a retry after a commit whose result was lost finds `succeeded`
+        and its artifacts; unique keys make a repeated projection write nothing new."""
         d = self._d
         job_id = uuid.UUID(inp.job_id)
         attempt = activity.info().attempt
-        row: JobRow | None = None
         try:
-            result: ProjectResult | None = None
-            # The usual case in three round trips on the pooled connection: BEGIN with the read,
-            # the planned writes with the engine's own, COMMIT.
-            async with pipeline.transaction(d.sessionmaker) as tx:
-                [found] = await tx.run([(jobs_db.GET, {"id": job_id})])
-                row = jobs_db.row_of(found)
-                if row is None:
-                    fail_final("INTERNAL_JOB_MISSING")
-                jt = d.catalog.get(row.job_type)
-                planned = jt.project is None and row.lifecycle_status == LifecycleStatus.RUNNING
-                if planned:
-                    out = self._validated(jt, row, inp.output_hash)
-                    result = await project_planned(tx, jt, row, out, inp.output_hash, lock_owner())
-            if planned and result is None:  # the CAS running -> succeeded matched no row
-                async with d.sessionmaker.begin() as s:
-                    await lifecycle.succeed_missed(s, job_id, owner=lock_owner())
-            if not planned:  # a session projector, or the job is no longer running
-                async with d.sessionmaker.begin() as s:
-                    row = await jobs_db.get(s, job_id)
-                    if row is None:
-                        fail_final("INTERNAL_JOB_MISSING")
-                    if row.lifecycle_status != LifecycleStatus.RUNNING:
-                        arts = await artifacts_db.artifacts(s, [job_id])
-                        return ProjectResult(row.lifecycle_status, len(arts[job_id]))
-                    jt = d.catalog.get(row.job_type)
-                    out = self._validated(jt, row, inp.output_hash)
-                    result = await project_output(d, s, row, out, inp.output_hash, lock_owner())
-            assert result is not None
-            d.metrics.job_finished(row.job_type, "succeeded")
-            log_completed(inp.job_id, result)
-            return result
+            success = await lifecycle.succeed(
+                d.sessionmaker, d.catalog, job_id, output_hash=inp.output_hash, owner=lock_owner()
+            )
         except ApplicationError:
             raise
         except (IllegalTransition, LockConflict):
             # A concurrent PROJECT (or a cancel) won the row: report what the job is now.
-            async with d.sessionmaker.begin() as s:
-                row = await jobs_db.get(s, job_id)
-                arts = await artifacts_db.artifacts(s, [job_id])
-            if row is None:
+            found = await lifecycle.outcome(d.sessionmaker, job_id)
+            if found is None:
                 fail_final("INTERNAL_JOB_MISSING")
-            return ProjectResult(row.lifecycle_status, len(arts[job_id]))
+            return result_of(found)
         except EngineError as exc:
             fail_domain(exc)
         except Exception as exc:
@@ -103,23 +69,23 @@ class Project:
                 extra={"job_id": inp.job_id, "attempt": attempt},
                 exc_info=loggable(exc),
             )
-            private = private_strings(row.input, row.output) if row is not None else []
-            await self._note_internal(
-                job_id, internal_message(exc, private=private, context="projection failed")
-            )
+            await self._note_internal(job_id, exc)
             fail_attempt("INTERNAL_PROJECTION_FAILED", attempt=attempt)
+        if success.usage is not None:  # this call ended the job
+            d.metrics.job_finished(success.job_type, "succeeded")
+            result = result_of(success)
+            log_completed(inp.job_id, result)
+            return result
+        return result_of(success)
 
-    @staticmethod
-    def _validated(jt: AnyJobType, row: JobRow, digest: str) -> BaseModel:
-        """The stored output, as the job type's model; it must be the one EXECUTE stored."""
-        if row.output is None or row.output_hash != digest:
-            fail_final("INTERNAL_OUTPUT_MISMATCH")
-        out: BaseModel = jt.output_model.model_validate(row.output)
-        return out
-
-    async def _note_internal(self, job_id: uuid.UUID, message: str) -> None:
+    async def _note_internal(self, job_id: uuid.UUID, exc: Exception) -> None:
+        """The projection's unexpected failure, for operators, without the job's own strings
+        (its input and output, read again: the failed transaction wrote nothing)."""
         try:
             async with self._d.sessionmaker.begin() as s:
+                row = await jobs_db.get(s, job_id)
+                private = private_strings(row.input, row.output) if row is not None else []
+                message = internal_message(exc, private=private, context="projection failed")
                 await lifecycle_db.record_attempt(
                     s, job_id, attempt=0, internal_error=message[:2000]
                 )
@@ -127,20 +93,15 @@ class Project:
             log.warning("could not record internal error", extra={"job_id": str(job_id)})
 
 
-def _tail(row: JobRow, digest: str, owner: str, count: int) -> list[Statement]:
-    """After the artifacts: `succeeded` with its `ai.job.completed` (jobs/lifecycle.py
-    `succeed_statements`), then the usage summary."""
-    succeeded = lifecycle.succeed_statements(
-        row.id, job_type=row.job_type, owner=owner, output_hash=digest, artifact_count=count
-    )
-    return [*succeeded, (SUMMARY, {"id": row.id})]
-
-
-def _succeeded(count: int, summary: list[Row]) -> ProjectResult:
-    usage = summary_of(summary[0])
+def result_of(success: lifecycle.Success) -> ProjectResult:
+    """The workflow's view of a success ending: with the usage summed in its transaction when
+    this call ended the job (COMPLETE reports it), without it otherwise (COMPLETE reads it)."""
+    usage = success.usage
+    if usage is None:
+        return ProjectResult(success.status, success.artifact_count)
     return ProjectResult(
-        LifecycleStatus.SUCCEEDED.value,
-        count,
+        success.status,
+        success.artifact_count,
         calls=usage.calls,
         tokens_in=usage.tokens_in,
         tokens_out=usage.tokens_out,
@@ -149,42 +110,13 @@ def _succeeded(count: int, summary: list[Row]) -> ProjectResult:
     )
 
 
-async def project_planned(
-    tx: pipeline.Transaction,
-    jt: AnyJobType,
-    row: JobRow,
-    out: BaseModel,
-    digest: str,
-    owner: str,
-) -> ProjectResult | None:
-    """A planned projector's writes, the artifacts, `succeeded` with its event and the usage
-    summary, in one round trip in `tx`, then its COMMIT. None, and nothing committed, when the
-    CAS running -> succeeded matched no row (the caller asks `succeed_missed` why)."""
-    statements, count = lifecycle.planned_statements(jt, row, out, digest)
-    results = await tx.run([*statements, *_tail(row, digest, owner, count)])
-    cas, _event, summary = results[len(statements) :]
-    if not cas:
-        return None  # rolled back when the transaction's block ends
-    await tx.commit()
-    return _succeeded(count, summary)
-
-
 async def project_output(
     d: StageDeps, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str
 ) -> ProjectResult:
-    """Projector + artifacts + `jobs/lifecycle.py` `succeed_statements` (`succeeded` with its
-    `ai.job.completed`) + the usage summary, in the caller's transaction. Idempotent through
-    unique keys (a repeated projection of the same output writes nothing new); raises what the
-    projector raises."""
-    # The same statements in the same order as one by one, pipelined in this transaction
-    # after a session projector's own writes (one round trip, db/pipeline.py).
+    """The success ending in the caller's transaction (`jobs/lifecycle.py`
+    `succeed_in_session`), for a validated output `out` of the running job `row`."""
     jt = d.catalog.get(row.job_type)
-    count, (cas, _event, summary) = await lifecycle.project_artifacts(
-        s, jt, row, out, digest, tail=lambda n: _tail(row, digest, owner, n)
-    )
-    if not cas:  # the CAS running -> succeeded matched no row
-        await lifecycle.succeed_missed(s, row.id, owner=owner)
-    return _succeeded(count, summary)
+    return result_of(await lifecycle.succeed_in_session(s, jt, row, out, digest, owner))
 
 
 def log_completed(job_id: str, result: ProjectResult) -> None:

@@ -25,6 +25,7 @@ from sqlalchemy import text
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from db import endings as endings_db
 from db import lifecycle as lifecycle_db
 from db.jobs import JobFilter
 from db.session import SessionMaker
@@ -69,7 +70,7 @@ async def seed(service: JobService, sm: SessionMaker, n: int) -> None:
     async with sm.begin() as s:
         for job_id in ids:
             await lifecycle_db.lock(s, job_id, owner=f"bench-{job_id}", identity="bench", ttl_s=60)
-            await lifecycle_db.mark_failed(s, job_id, "PROVIDER_UNAVAILABLE", "outage", "bench")
+            await endings_db.mark_failed(s, job_id, "PROVIDER_UNAVAILABLE", "outage", "bench")
 
 
 async def history(client: Client, wid: str, first_run_id: str) -> tuple[int, int, int, int]:

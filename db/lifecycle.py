@@ -1,10 +1,11 @@
-"""The writes of an `ai_job` row: its insert, its lock, its transitions (the only code that
-writes `ai_job.lifecycle_status`), and a running job's bookkeeping (the attempt, the output).
+"""The writes of an `ai_job` row: its insert, its lock (queued → running), the cancel request,
+and a running job's bookkeeping (the attempt, the output). With db/endings.py (the terminal
+transitions), the only code that writes `ai_job.lifecycle_status`.
 
-Every transition is one compare-and-set UPDATE that also shadow-writes the legacy `status` column
-and sets `finished_at` on terminal states. When the CAS matches no row, a follow-up read names the
-state that was found, and a typed error is raised (`IllegalTransition`, `LockConflict`,
-`JobNotFound`). The `ai_job_lifecycle_guard` trigger enforces the same table underneath.
+A transition is one compare-and-set UPDATE that also shadow-writes the legacy `status` column.
+When the CAS matches no row, a follow-up read names the state that was found, and a typed error
+is raised (`IllegalTransition`, `LockConflict`, `JobNotFound`). The `ai_job_lifecycle_guard`
+trigger enforces the same table underneath.
 
 Every function runs in the session it is given and never begins or commits a transaction: the
 use case or activity that calls it owns the transaction, like every repository in db/.
@@ -14,18 +15,17 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
-from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus, is_legal
+from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus
 
 S = LifecycleStatus
 # Every statement that creates a job or changes its state or progress also runs
@@ -134,30 +134,6 @@ _INSERT = text(
 def _insert_returning(columns: str) -> TextClause:
     return text(str(_INSERT.text).replace("RETURNING ", f"RETURNING {columns}, ", 1)).bindparams(
         bindparam("input", type_=JSONB)
-    )
-
-
-_SUCCEEDED_SETS = "progress = 100"
-_CANCELLED_SETS = (
-    "error_code = 'CANCELLED', public_error_message = 'The job was cancelled.', "
-    "cancel_requested_at = coalesce(cancel_requested_at, now())"
-)
-
-
-@functools.cache
-def _transition_stmt(with_owner: bool, extra: str) -> TextClause:
-    owner_clause = " AND split_part(locked_by, '/', 1) = :owner" if with_owner else ""
-    sets = f", {extra}" if extra else ""
-    return text(
-        f"""
-        WITH prev AS (SELECT lifecycle_status FROM ai_job WHERE id = :id FOR UPDATE)
-        UPDATE ai_job SET lifecycle_status = :to, status = :legacy,
-            finished_at = now(), lock_until = NULL, updated_at = now(){sets}
-        FROM prev
-        WHERE ai_job.id = :id AND ai_job.lifecycle_status = ANY(:from_states){owner_clause}
-        RETURNING prev.lifecycle_status AS from_status,
-            pg_notify('ai_job_changed', ai_job.id::text) IS NULL AS notified
-        """
     )
 
 
@@ -275,67 +251,7 @@ async def extend_lock(
     return ExtendResult(extended=True, cancel_requested=row.cancel_requested_at is not None)
 
 
-# ---- running -> terminal ------------------------------------------------------------
-
-
-async def mark_succeeded(
-    session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
-) -> None:
-    await _transition(
-        session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
-    )
-
-
-def mark_succeeded_statement(
-    job_id: uuid.UUID, *, owner: str | None = None
-) -> tuple[TextClause, dict[str, Any]]:
-    """`mark_succeeded`'s CAS, for a caller that pipelines it: no row back means it missed,
-    and `mark_succeeded_missed` then raises what `mark_succeeded` would have."""
-    return transition_statement(
-        job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
-    )
-
-
-async def mark_succeeded_missed(
-    session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
-) -> NoReturn:
-    await transition_missed(session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner)
-
-
-async def mark_failed(
-    session: AsyncSession,
-    job_id: uuid.UUID,
-    code: str,
-    public_message: str,
-    internal_message: str | None = None,
-    *,
-    owner: str | None = None,
-) -> None:
-    """running → failed. `internal_message=None` keeps what an attempt already recorded."""
-    await _transition(
-        session,
-        job_id,
-        (S.RUNNING,),
-        S.FAILED,
-        owner=owner,
-        extra=(
-            "error_code = :code, public_error_message = :public, "
-            "internal_error_message = coalesce(:internal, internal_error_message)"
-        ),
-        params={"code": code, "public": public_message, "internal": internal_message},
-    )
-
-
-async def mark_cancelled(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
-    """queued|running → cancelled; returns the state it came from."""
-    return await _transition(
-        session, job_id, (S.QUEUED, S.RUNNING), S.CANCELLED, extra=_CANCELLED_SETS
-    )
-
-
-async def mark_cancelled_if_queued(session: AsyncSession, job_id: uuid.UUID) -> None:
-    """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow)."""
-    await _transition(session, job_id, (S.QUEUED,), S.CANCELLED, extra=_CANCELLED_SETS)
+# ---- running: a cancel requested (no state change) ----------------------------------
 
 
 async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
@@ -361,69 +277,6 @@ async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleS
     if current is None:
         raise JobNotFound()
     return S(current[0])
-
-
-async def _transition(
-    s: AsyncSession,
-    job_id: uuid.UUID,
-    from_states: Sequence[LifecycleStatus],
-    to: LifecycleStatus,
-    *,
-    owner: str | None = None,
-    extra: str = "",
-    params: dict[str, Any] | None = None,
-) -> LifecycleStatus:
-    stmt, values = transition_statement(
-        job_id, from_states, to, owner=owner, extra=extra, params=params
-    )
-    row = (await s.execute(stmt, values)).first()
-    if row is None:
-        await transition_missed(s, job_id, from_states, to, owner=owner)
-    return S(row.from_status)
-
-
-def transition_statement(
-    job_id: uuid.UUID,
-    from_states: Sequence[LifecycleStatus],
-    to: LifecycleStatus,
-    *,
-    owner: str | None = None,
-    extra: str = "",
-    params: dict[str, Any] | None = None,
-) -> tuple[TextClause, dict[str, Any]]:
-    """The CAS of `_transition` and its parameters (its caller may pipeline it, db/pipeline.py);
-    it returns one row (`from_status`) when it matched, none otherwise, and then
-    `transition_missed` says why."""
-    for f in from_states:
-        assert is_legal(f, to), f"{f} -> {to} is not in the transition table"
-    values = {
-        "id": job_id,
-        "to": str(to),
-        "legacy": LEGACY_STATUS[to],
-        "from_states": [str(f) for f in from_states],
-        "owner": owner,
-        **(params or {}),
-    }
-    return _transition_stmt(bool(owner), extra), values
-
-
-async def transition_missed(
-    s: AsyncSession,
-    job_id: uuid.UUID,
-    from_states: Sequence[LifecycleStatus],
-    to: LifecycleStatus,
-    *,
-    owner: str | None = None,
-) -> NoReturn:
-    """A transition's CAS matched no row: raise what the job's state says."""
-    current = await lock_state(s, job_id)
-    if current is None:
-        raise JobNotFound()
-    status, locked_by = current
-    if owner and status in from_states:
-        # The state matched but the lock belongs to another workflow: not ours to finish.
-        raise LockConflict(str(job_id), locked_by)
-    raise IllegalTransition(str(job_id), status, to)
 
 
 # The stages' hot read, also run pipelined on the driver connection by PREPARE (db/pipeline.py).

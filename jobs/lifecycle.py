@@ -2,15 +2,16 @@
 
 Each function runs in the caller's session (the caller owns the transaction and commits it) and
 writes two things together: the compare-and-set of `lifecycle_status` (through
-`db/lifecycle.py`, still the only writer of that column, whose statement
+`db/endings.py`, with `db/lifecycle.py` the only writer of that column, whose statement
 also sends `pg_notify('ai_job_changed', ...)`) and the job's domain event in the outbox
 (`db/outbox.py` `outbox.insert_job_event`). Both commit or neither does, so a job that
 ends always has its `ai.job.completed`, `ai.job.failed` or `ai.job.cancelled` row, and webhooks
 and streams learn of every ending. `tests/unit/test_lifecycle_home.py` fails if a terminal state
 is written anywhere else.
 
-- `succeed_statements`: running → succeeded, by the lock's owner only; `ai.job.completed`
-  with `jobId`, `jobType`, `outputHash`, `artifactCount`.
+- `succeed` (through `succeed_statements`): running → succeeded, by the lock's owner only,
+  after the projection; `ai.job.completed` with `jobId`, `jobType`, `outputHash`,
+  `artifactCount`.
 - `fail`: running → failed; `ai.job.failed` with `jobId`, `jobType`, `errorCode`.
 - `cancel`: queued (or running) → cancelled; `ai.job.cancelled` with `jobId`.
 - `finalize_failed`: the ending of a job whose execution gave up (a requested cancel wins; a job
@@ -39,15 +40,18 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import artifacts as artifacts_db
+from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import outbox as outbox_db
-from db import pipeline
-from db.artifacts import INSERT_ARTIFACT, artifact_params
 from db.chunks import store_merged_output, succeeded_chunks
+from db.endings import Statement
 from db.jobs import JobRow
 from db.outbox import CANCELLED, COMPLETED, FAILED
-from engine.errors import public_message_for
+from db.session import SessionMaker
+from db.usage import UsageSummary
+from engine.errors import ExecutionFailure, public_message_for
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
@@ -72,14 +76,14 @@ class Ending:
 
 def succeed_statements(
     job_id: uuid.UUID, *, job_type: str, owner: str, output_hash: str, artifact_count: int
-) -> list[pipeline.Statement]:
+) -> list[Statement]:
     """running → succeeded (only by the lock's `owner`, the job's workflow id), progress 100,
     and `ai.job.completed`, as their two statements (the CAS, then the event) for the caller to
-    send in its transaction after the projector's rows and artifacts (PROJECT pipelines them,
-    db/pipeline.py `in_session`). The CAS returns no row when it missed: the caller then raises
-    through `succeed_missed` (the event goes with the transaction that fails)."""
+    send in its transaction after the projector's rows and artifacts (`succeed` sends them,
+    db/endings.py). The CAS returns no row when it missed: the caller then raises through
+    `succeed_missed` (the event goes with the transaction that fails)."""
     return [
-        lifecycle_db.mark_succeeded_statement(job_id, owner=owner),
+        endings_db.mark_succeeded_statement(job_id, owner=owner),
         outbox_db.job_event_statement(
             COMPLETED, job_id, _completed_payload(job_id, job_type, output_hash, artifact_count)
         ),
@@ -89,7 +93,7 @@ def succeed_statements(
 async def succeed_missed(s: AsyncSession, job_id: uuid.UUID, *, owner: str) -> NoReturn:
     """Raise what a missed `succeed_statements` CAS means: the job is not this owner's to end,
     or not running (`LockConflict`, `IllegalTransition`, `JobNotFound`)."""
-    await lifecycle_db.mark_succeeded_missed(s, job_id, owner=owner)
+    await endings_db.mark_succeeded_missed(s, job_id, owner=owner)
 
 
 def _completed_payload(
@@ -115,7 +119,7 @@ async def fail(
     """running → failed with `code` and its public message, and `ai.job.failed`.
     `internal_message=None` keeps what an attempt already recorded (operators read it). With
     `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`)."""
-    await lifecycle_db.mark_failed(s, job_id, code, public_message_for(code), internal_message)
+    await endings_db.mark_failed(s, job_id, code, public_message_for(code), internal_message)
     await outbox_db.insert_job_event(
         s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
     )
@@ -135,10 +139,10 @@ async def cancel(
     came from. With `catalog`, a long-source job cancelled while running keeps what its
     succeeded chunks produced (`keep_partial`; a queued job has none)."""
     if only_if_queued:
-        await lifecycle_db.mark_cancelled_if_queued(s, job_id)
+        await endings_db.mark_cancelled_if_queued(s, job_id)
         came_from = LifecycleStatus.QUEUED
     else:
-        came_from = await lifecycle_db.mark_cancelled(s, job_id)
+        came_from = await endings_db.mark_cancelled(s, job_id)
     await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
@@ -193,19 +197,18 @@ def projection_context(row: JobRow, digest: str) -> ProjectionContext:
 
 def planned_statements(
     jt: AnyJobType, row: JobRow, out: BaseModel, digest: str
-) -> tuple[list[pipeline.Statement], int]:
+) -> tuple[list[Statement], int]:
     """A type with a planned projector (`JobType.project` unset): its writes, then one artifact
     row per artifact, as statements for the caller's transaction; and how many artifacts."""
     planned = jt.projection(projection_context(row, digest), out)
     return [*planned.writes, *_artifact_rows(row.id, planned.artifacts)], len(planned.artifacts)
 
 
-def _artifact_rows(job_id: uuid.UUID, artifacts: Sequence[Artifact]) -> list[pipeline.Statement]:
+def _artifact_rows(job_id: uuid.UUID, artifacts: Sequence[Artifact]) -> list[Statement]:
     """One `ai_job_artifact` insert per artifact a projection wrote."""
-    return [
-        (INSERT_ARTIFACT, artifact_params(job_id, a.artifact_type, a.artifact_id, a.ordinal))
-        for a in artifacts
-    ]
+    return endings_db.artifact_statements(
+        job_id, [(a.artifact_type, a.artifact_id, a.ordinal) for a in artifacts]
+    )
 
 
 async def project_artifacts(
@@ -215,29 +218,28 @@ async def project_artifacts(
     out: BaseModel,
     digest: str,
     *,
-    tail: Callable[[int], Sequence[pipeline.Statement]] | None = None,
-) -> tuple[int, list[list[pipeline.Row]]]:
+    tail: Callable[[int], Sequence[Statement]] | None = None,
+) -> tuple[int, UsageSummary | None]:
     """The job type's projector run on a validated output, and one artifact row per thing it
-    wrote, in the caller's transaction; returns how many, and `tail`'s rows. Idempotent
-    through the projections' unique keys: projecting the same output again writes nothing new.
+    wrote, in the caller's transaction; returns how many, and the job's usage when `tail`
+    ended it. Idempotent through the projections' unique keys: projecting the same output
+    again writes nothing new.
 
-    With `tail` (given the artifact count, the statements that follow: PROJECT's terminal CAS,
-    its event and the usage summary), the inserts and the tail's statements go in the same
-    order as one by one, pipelined in this transaction (one round trip, db/pipeline.py
-    `in_session`; a session projector's own writes go before, on the session), and each tail
-    statement's rows come back. Without it, the inserts run one by one (the partial-result
-    path) and no rows come back."""
+    With `tail` (given the artifact count, the statements that follow: the terminal CAS
+    running → succeeded and its event, `succeed_statements`), the inserts, the tail and the
+    job's usage summary go in the same order as one by one, pipelined in this transaction
+    (one round trip, db/endings.py `succeed_in_session`; a session projector's own writes go
+    before, on the session); the usage comes back None when the CAS missed. Without it, the
+    inserts run one by one (the partial-result path) and no usage comes back."""
     if jt.project is None:
         statements, count = planned_statements(jt, row, out, digest)
     else:
         artifacts = await jt.project(s, projection_context(row, digest), out)
         statements, count = _artifact_rows(row.id, artifacts), len(artifacts)
     if tail is None:
-        for stmt, params in statements:
-            await s.execute(stmt, params)
-        return count, []
-    results = await pipeline.in_session(s, [*statements, *tail(count)])
-    return count, results[len(statements) :]
+        await endings_db.write_each(s, statements)
+        return count, None
+    return count, await endings_db.succeed_in_session(s, row.id, [*statements, *tail(count)])
 
 
 async def finalize_failed(
@@ -278,3 +280,110 @@ async def finalize_failed(
         )
     await fail(s, job_id, job_type=row.job_type, code=code, catalog=catalog)
     return Ending(LifecycleStatus.FAILED, code, row.job_type)
+
+
+@dataclass(frozen=True)
+class Success:
+    """How `succeed` found or left a job: its state, its artifact count, its type, and the
+    usage summed in the transaction that ended it (None when this call did not end it: the job
+    had ended before, and nothing was written)."""
+
+    status: str
+    artifact_count: int
+    job_type: str
+    usage: UsageSummary | None = None
+
+
+def stored_output(jt: AnyJobType, row: JobRow, digest: str) -> BaseModel:
+    """The stored output as the job type's model. It must be the one EXECUTE stored (hashed
+    `digest`): anything else is `INTERNAL_OUTPUT_MISMATCH`, which no retry can change."""
+    if row.output is None or row.output_hash != digest:
+        raise ExecutionFailure("INTERNAL_OUTPUT_MISMATCH")
+    out: BaseModel = jt.output_model.model_validate(row.output)
+    return out
+
+
+async def succeed(
+    sm: SessionMaker, catalog: Catalog, job_id: uuid.UUID, *, output_hash: str, owner: str
+) -> Success:
+    """The success ending (PROJECT): the job's stored output, checked against `output_hash`,
+    becomes its type's business rows and artifacts, then running → succeeded by the lock's
+    `owner` with `ai.job.completed` (`succeed_statements`), and the job's usage is summed, all
+    in one transaction. Idempotent: a retry after a commit whose result was lost finds the job
+    ended and reports it as found (no usage); unique keys make a repeated projection write
+    nothing new.
+
+    A planned projector (the usual case) takes three round trips on a pooled connection
+    (db/endings.py `succeed_planned`); a session projector, or a job found no longer running,
+    takes a session (`succeed_in_session`). A CAS that misses raises what the job's state says
+    (`IllegalTransition`, `LockConflict`, `JobNotFound`); a job that is gone, or an output
+    that is not the stored one, raises `ExecutionFailure` with its final code."""
+
+    def plan(row: JobRow) -> tuple[list[Statement], int] | None:
+        jt = catalog.get(row.job_type)
+        if jt.project is not None or row.lifecycle_status != LifecycleStatus.RUNNING:
+            return None  # a session projector, or the job is no longer running
+        out = stored_output(jt, row, output_hash)
+        statements, count = planned_statements(jt, row, out, output_hash)
+        ending = succeed_statements(
+            row.id,
+            job_type=row.job_type,
+            owner=owner,
+            output_hash=output_hash,
+            artifact_count=count,
+        )
+        return [*statements, *ending], count
+
+    ended = await endings_db.succeed_planned(sm, job_id, plan)
+    if ended.row is None:
+        raise ExecutionFailure("INTERNAL_JOB_MISSING")
+    if ended.sent:
+        if ended.usage is None:  # the CAS running -> succeeded matched no row
+            async with sm.begin() as s:
+                await succeed_missed(s, job_id, owner=owner)
+        succeeded = LifecycleStatus.SUCCEEDED.value
+        return Success(succeeded, ended.artifact_count, ended.row.job_type, ended.usage)
+    async with sm.begin() as s:
+        row = await jobs_db.get(s, job_id)
+        if row is None:
+            raise ExecutionFailure("INTERNAL_JOB_MISSING")
+        if row.lifecycle_status != LifecycleStatus.RUNNING:
+            return await _as_found(s, row)
+        jt = catalog.get(row.job_type)
+        out = stored_output(jt, row, output_hash)
+        return await succeed_in_session(s, jt, row, out, output_hash, owner)
+
+
+async def succeed_in_session(
+    s: AsyncSession, jt: AnyJobType, row: JobRow, out: BaseModel, digest: str, owner: str
+) -> Success:
+    """`succeed`'s writes in the caller's transaction, for a validated output `out`: the
+    projector's rows, the artifacts, `succeed_statements` and the usage summary (one round trip
+    after a session projector's own writes, `project_artifacts`). Raises what the projector
+    raises, or what a missed CAS means (`succeed_missed`)."""
+    count, usage = await project_artifacts(
+        s,
+        jt,
+        row,
+        out,
+        digest,
+        tail=lambda n: succeed_statements(
+            row.id, job_type=row.job_type, owner=owner, output_hash=digest, artifact_count=n
+        ),
+    )
+    if usage is None:  # the CAS running -> succeeded matched no row
+        await succeed_missed(s, row.id, owner=owner)
+    return Success(LifecycleStatus.SUCCEEDED.value, count, row.job_type, usage)
+
+
+async def outcome(sm: SessionMaker, job_id: uuid.UUID) -> Success | None:
+    """Where a job stands after another ending won its row (a concurrent PROJECT, a cancel):
+    its state and artifact count, no usage; None when the job is gone."""
+    async with sm.begin() as s:
+        row = await jobs_db.get(s, job_id)
+        return await _as_found(s, row) if row is not None else None
+
+
+async def _as_found(s: AsyncSession, row: JobRow) -> Success:
+    arts = await artifacts_db.artifacts(s, [row.id])
+    return Success(row.lifecycle_status, len(arts[row.id]), row.job_type)

@@ -28,6 +28,7 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from db import endings as endings_db
 from db import lifecycle as lifecycle_db
 from db.lifecycle import NewJob
 from db.session import SessionMaker
@@ -109,7 +110,7 @@ async def make_failed_jobs(
     async with db.begin() as s:
         for job_id in ids:
             await lifecycle_db.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
-            await lifecycle_db.mark_failed(
+            await endings_db.mark_failed(
                 s, job_id, code, public_message_for(code), "test: simulated outage"
             )
     return ids

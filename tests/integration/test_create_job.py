@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy import event, text
 
+from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import snapshots as snapshots_db
@@ -148,7 +149,7 @@ async def test_active_job_quota_does_not_overshoot_under_concurrency(db: Session
     # Ending one active job frees a slot.
     done = next(r for r in results if not isinstance(r, BaseException))
     async with db.begin() as s:
-        await lifecycle_db.mark_cancelled(s, done.job.id)
+        await endings_db.mark_cancelled(s, done.job.id)
     assert (await svc.create(request(target_id="t-again"))).created
     with pytest.raises(TooManyJobs):
         await svc.create(request(target_id="t-over"))
@@ -160,7 +161,7 @@ async def test_daily_quota(db: SessionMaker) -> None:
     assert all(c.created for c in created)
     # Cancelling does not give the day's quota back.
     async with db.begin() as s:
-        await lifecycle_db.mark_cancelled(s, created[0].job.id)
+        await endings_db.mark_cancelled(s, created[0].job.id)
     with pytest.raises(QuotaExceeded) as info:
         await svc.create(request(target_id="t4"))
     assert info.value.retry_after_s is not None
@@ -347,9 +348,9 @@ async def test_cancel_a_finished_job(db: SessionMaker) -> None:
     failed = (await svc.create(request(target_id="b"))).job
     async with db.begin() as s:
         await lifecycle_db.lock(s, done.id, owner="run-1", identity="w", ttl_s=60)
-        await lifecycle_db.mark_succeeded(s, done.id, owner="run-1")
+        await endings_db.mark_succeeded(s, done.id, owner="run-1")
         await lifecycle_db.lock(s, failed.id, owner="run-2", identity="w", ttl_s=60)
-        await lifecycle_db.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
+        await endings_db.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
     for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
         before = await get(db, job_id)
         with pytest.raises(JobNotCancellable):
@@ -399,7 +400,7 @@ async def failed_job(svc: JobService, sm: SessionMaker, **kw: Any) -> JobRow:
     job = (await svc.create(request(**kw))).job
     async with sm.begin() as s:
         await lifecycle_db.lock(s, job.id, owner="run-1", identity="w", ttl_s=60)
-        await lifecycle_db.mark_failed(s, job.id, "PROVIDER_UNAVAILABLE", "down")
+        await endings_db.mark_failed(s, job.id, "PROVIDER_UNAVAILABLE", "down")
     return await get(sm, job.id)
 
 
@@ -457,7 +458,7 @@ async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker)
     async with db.begin() as s:
         await lifecycle_db.lock(s, running.id, owner="run-r", identity="w", ttl_s=60)
         await lifecycle_db.lock(s, done.id, owner="run-s", identity="w", ttl_s=60)
-        await lifecycle_db.mark_succeeded(s, done.id)
+        await endings_db.mark_succeeded(s, done.id)
     for job_id in (queued.id, running.id, done.id):
         with pytest.raises(JobNotRetryable):
             await svc.retry(job_id)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import reconciler as reconciler_db
@@ -144,11 +145,11 @@ async def apply(sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model) -> None:
         run = op[1]
         to = S.SUCCEEDED if name == "succeed" else S.FAILED
         if name == "succeed":
-            call = in_tx(sm, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner=run))
+            call = in_tx(sm, lambda s: endings_db.mark_succeeded(s, job_id, owner=run))
         else:
             call = in_tx(
                 sm,
-                lambda s: lifecycle_db.mark_failed(
+                lambda s: endings_db.mark_failed(
                     s, job_id, "PROVIDER_UNAVAILABLE", "public text", op[2], owner=run
                 ),
             )
@@ -167,9 +168,9 @@ async def apply(sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model) -> None:
     elif name in ("cancel", "cancel_if_queued"):
         allowed = (S.QUEUED, S.RUNNING) if name == "cancel" else (S.QUEUED,)
         if name == "cancel":
-            call = in_tx(sm, lambda s: lifecycle_db.mark_cancelled(s, job_id))
+            call = in_tx(sm, lambda s: endings_db.mark_cancelled(s, job_id))
         else:
-            call = in_tx(sm, lambda s: lifecycle_db.mark_cancelled_if_queued(s, job_id))
+            call = in_tx(sm, lambda s: endings_db.mark_cancelled_if_queued(s, job_id))
         if m.status in allowed:
             result = await call
             if name == "cancel":
@@ -276,9 +277,9 @@ async def test_missing_job_is_not_found(db: SessionMaker) -> None:
     with pytest.raises(JobNotFound):
         await in_tx(db, lambda s: lifecycle_db.lock(s, missing, owner="r", identity="w", ttl_s=TTL))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, missing))
+        await in_tx(db, lambda s: endings_db.mark_succeeded(s, missing))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: lifecycle_db.mark_cancelled(s, missing))
+        await in_tx(db, lambda s: endings_db.mark_cancelled(s, missing))
     with pytest.raises(JobNotFound):
         await in_tx(db, lambda s: lifecycle_db.request_cancel(s, missing))
     assert not (
@@ -314,7 +315,7 @@ async def test_extend_lock_only_for_the_owner_while_running(db: SessionMaker) ->
         await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
     ).cancel_requested
 
-    await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner="run-1"))
+    await in_tx(db, lambda s: endings_db.mark_succeeded(s, job_id, owner="run-1"))
     done = await get(db, job_id)
     assert not (
         await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
@@ -337,7 +338,7 @@ async def test_find_expired_locks_returns_exactly_the_stale_running_jobs(db: Ses
     fresh = await running_job(db, "run-fresh")
     queued = await insert_job(db)
     failed = await running_job(db, "run-failed")
-    await in_tx(db, lambda s: lifecycle_db.mark_failed(s, failed, "PROVIDER_UNAVAILABLE", "p"))
+    await in_tx(db, lambda s: endings_db.mark_failed(s, failed, "PROVIDER_UNAVAILABLE", "p"))
     await set_lock_until(db, oldest, -600)
     await set_lock_until(db, stale, -120)
     await set_lock_until(db, in_grace, -5)  # expired, but within the 30 s grace
@@ -375,7 +376,7 @@ async def test_mark_failed_keeps_codes_and_an_earlier_internal_message(db: Sessi
         await lifecycle_db.record_attempt(s, job_id, attempt=2, internal_error="attempt 2: 502")
     await in_tx(
         db,
-        lambda s: lifecycle_db.mark_failed(
+        lambda s: endings_db.mark_failed(
             s, job_id, "PROVIDER_UNAVAILABLE", "Provider down.", None, owner="run-1"
         ),
     )
@@ -390,7 +391,7 @@ async def test_mark_failed_keeps_codes_and_an_earlier_internal_message(db: Sessi
     other = await running_job(db, "run-2")
     await in_tx(
         db,
-        lambda s: lifecycle_db.mark_failed(
+        lambda s: endings_db.mark_failed(
             s, other, "INTERNAL_ERROR", "Internal.", "Traceback: /srv/x.py"
         ),
     )
@@ -410,7 +411,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     job_id = await running_job(db, "run-1")
     with pytest.raises(Rollback):
         async with db.begin() as s:
-            await lifecycle_db.mark_succeeded(s, job_id, owner="run-1")
+            await endings_db.mark_succeeded(s, job_id, owner="run-1")
             inside = (
                 await s.execute(
                     text("SELECT lifecycle_status FROM ai_job WHERE id = :id"), {"id": job_id}
@@ -424,7 +425,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     assert (row.lifecycle_status, row.status, row.finished_at) == ("running", "processing", None)
 
     async with db.begin() as s:
-        await lifecycle_db.mark_succeeded(s, job_id, owner="run-1")
+        await endings_db.mark_succeeded(s, job_id, owner="run-1")
     row = await get(db, job_id)
     assert (row.lifecycle_status, row.status, row.progress) == ("succeeded", "completed", 100)
 
@@ -433,10 +434,10 @@ async def test_mark_succeeded_by_another_run_is_a_lock_conflict(db: SessionMaker
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
     with pytest.raises(LockConflict):
-        await in_tx(db, lambda s: lifecycle_db.mark_succeeded(s, job_id, owner="run-2"))
+        await in_tx(db, lambda s: endings_db.mark_succeeded(s, job_id, owner="run-2"))
     with pytest.raises(LockConflict):
         await in_tx(
-            db, lambda s: lifecycle_db.mark_failed(s, job_id, "INTERNAL_ERROR", "x", owner="run-2")
+            db, lambda s: endings_db.mark_failed(s, job_id, "INTERNAL_ERROR", "x", owner="run-2")
         )
     assert await get(db, job_id) == before
 
@@ -448,11 +449,11 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(db: SessionMak
 
     async def cancel_in_tx(job_id: uuid.UUID) -> S:
         async with db.begin() as s:
-            return await lifecycle_db.mark_cancelled(s, job_id)
+            return await endings_db.mark_cancelled(s, job_id)
 
     async def succeed_in_tx(job_id: uuid.UUID, run: str) -> None:
         async with db.begin() as s:
-            await lifecycle_db.mark_succeeded(s, job_id, owner=run)
+            await endings_db.mark_succeeded(s, job_id, owner=run)
 
     results = await asyncio.gather(
         *(

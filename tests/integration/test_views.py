@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from api.auth import ADMIN_ROLE, Principal
 from db import artifacts as artifacts_db
+from db import endings as endings_db
 from db import lifecycle as lifecycle_db
 from db.jobs import JobFilter
 from db.session import SessionMaker
@@ -52,7 +53,7 @@ async def succeed(sm: SessionMaker, job_id: uuid.UUID, artifact_ids: list[str]) 
     async with sm.begin() as s:
         for ordinal, artifact_id in enumerate(artifact_ids):
             await artifacts_db.insert_artifact(s, job_id, "note", artifact_id, ordinal)
-        await lifecycle_db.mark_succeeded(s, job_id)
+        await endings_db.mark_succeeded(s, job_id)
 
 
 async def status(sm: SessionMaker, job_id: uuid.UUID, viewer: views.Viewer) -> JobStatusResponse:

@@ -15,8 +15,10 @@ from db import outbox as outbox_db
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("engine", "db", "providers", "jobs", "workflows", "activities", "api", "runtime")
 HOME = Path("jobs/lifecycle.py")
-WRITER = Path("db/lifecycle.py")  # the repository whose CAS the home calls
-# db/lifecycle.py's terminal transitions. db/outbox.py's `mark_failed` (an outbox row's) shares a
+# The repositories whose CAS the home calls: db/endings.py's terminal transitions, and
+# db/lifecycle.py's lock (queued -> running) and cancel request.
+WRITERS = (Path("db/endings.py"), Path("db/lifecycle.py"))
+# db/endings.py's terminal transitions. db/outbox.py's `mark_failed` (an outbox row's) shares a
 # name with one of them: a call whose receiver names the outbox is that one.
 TERMINAL_CAS = {
     "mark_succeeded",
@@ -81,7 +83,7 @@ def test_only_the_home_ends_a_job() -> None:
     elsewhere = sorted(
         w
         for path, text, tree in sources()
-        if path not in (HOME, WRITER)
+        if path != HOME and path not in WRITERS
         for w in terminal_writes(path, text, tree)
     )
     assert elsewhere == [], f"a job ends through {HOME} only: {elsewhere}"
@@ -94,8 +96,10 @@ def test_the_checker_sees_the_home_writing() -> None:
     names = {w.split()[-1] for w in terminal_writes(*home)}
     # Every ending's CAS (succeeded's as a pipelined statement) and every job-event writer.
     assert names >= (TERMINAL_CAS - {"mark_succeeded"}) | JOB_EVENT_WRITERS
-    (writer,) = [(p, t, tree) for p, t, tree in sources() if p == WRITER]
-    assert any(w.endswith("SQL sets lifecycle_status") for w in terminal_writes(*writer))
+    writers = [(p, t, tree) for p, t, tree in sources() if p in WRITERS]
+    assert len(writers) == len(WRITERS)
+    for writer in writers:
+        assert any(w.endswith("SQL sets lifecycle_status") for w in terminal_writes(*writer))
 
 
 def test_the_checker_flags_a_hand_written_ending() -> None:
