@@ -279,7 +279,7 @@ async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleS
     return S(current[0])
 
 
-# The stages' hot read, also run pipelined on the driver connection by PREPARE (db/pipeline.py).
+# The stages' hot read, also run pipelined by PREPARE (db/stage_reads.py).
 LOCK_STATE = text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id")
 
 

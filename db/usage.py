@@ -78,7 +78,8 @@ _INSERT = text(
 )
 
 
-# A job's usage summary; also run pipelined on the driver connection by COMPLETE.
+# A job's usage summary; also run pipelined by PROJECT's ending (db/endings.py) and COMPLETE
+# (db/stage_reads.py).
 SUMMARY = text(
     """
     SELECT count(*) AS calls, coalesce(sum(tokens_in), 0) AS tin,

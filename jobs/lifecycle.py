@@ -1,6 +1,8 @@
 """A job's ending: the one home of every terminal transition.
 
-Each function runs in the caller's session (the caller owns the transaction and commits it) and
+Each function runs in the caller's session (the caller owns the transaction and commits it),
+except `succeed` and `outcome`, which take the sessionmaker: PROJECT's transaction reads the job
+before it knows what to write, and goes in three round trips on a pooled connection. Each ending
 writes two things together: the compare-and-set of `lifecycle_status` (through
 `db/endings.py`, with `db/lifecycle.py` the only writer of that column, whose statement
 also sends `pg_notify('ai_job_changed', ...)`) and the job's domain event in the outbox
