@@ -8,7 +8,10 @@ Checked on the source."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+from sqlalchemy import TextClause
 
 ROOT = Path(__file__).resolve().parents[2]
 DB = ROOT / "db"
@@ -101,3 +104,45 @@ async def own(sm: SessionMaker, job_id) -> int:
         "x.py:5 count takes no session first",
         "x.py:12 own takes no session first",
     ]
+
+
+# The stages and the ending speak to the database through named db/ functions only: none of
+# them reaches the transport or holds a statement of db/'s.
+SQL_FREE = [
+    "activities/prepare.py",
+    "activities/resolve.py",
+    "activities/complete.py",
+    "activities/project.py",
+    "activities/finalize.py",
+    "jobs/lifecycle.py",
+]
+
+
+def sql_reaches(source: str) -> list[str]:
+    """Each import of db/pipeline.py, and of a statement (a `TextClause`) from a db/ module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name == "db.pipeline"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "db":
+            module = importlib.import_module(node.module or "db")
+            for a in node.names:
+                name = f"{node.module}.{a.name}"
+                transport = "db.pipeline" in (node.module, name)
+                if transport or isinstance(getattr(module, a.name, None), TextClause):
+                    found.append(name)
+    return found
+
+
+def test_the_stages_and_the_ending_reach_sql_through_named_functions_only() -> None:
+    found = {m: sql_reaches((ROOT / m).read_text()) for m in SQL_FREE}
+    assert {m: f for m, f in found.items() if f} == {}
+
+
+def test_the_sql_check_flags_the_transport_and_a_statement() -> None:
+    snippet = """
+from db import pipeline
+from db.jobs import GET, JobRow
+from db.outbox import COMPLETED
+"""
+    assert sql_reaches(snippet) == ["db.pipeline", "db.jobs.GET"]
