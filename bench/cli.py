@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.infra import progress, servers, stop_all
+from bench.infra import servers
 from bench.phases import run_all
+from bench.procs import progress, stop_all
 from bench.report import Results, render, write
 from bench.teardown import hard_exit
 

@@ -27,7 +27,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 
 from bench.figures import POLL_S, Ctx
-from bench.infra import EngineKnobs, EngineStack, Servers, check_alive, progress
+from bench.infra import EngineKnobs, EngineStack, Servers
+from bench.procs import check_alive, progress
 from bench.stats import median, ratio
 from jobs.service import CreateJobRequest
 

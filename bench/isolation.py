@@ -320,7 +320,7 @@ async def scenario(
 
     from activities.relay import Relay
     from api.auth import JwtConfig, issue_token
-    from bench.infra import progress
+    from bench.procs import progress
     from engine.settings import Settings
     from runtime.wiring import api_app, build_parts, relay_config
     from runtime.worker import build_workers
@@ -430,7 +430,8 @@ def render(f: Figures) -> str:
 
 
 async def run(args: argparse.Namespace) -> Figures:
-    from bench.infra import progress, servers
+    from bench.infra import servers
+    from bench.procs import progress
 
     with servers(keep=False) as sv, tempfile.TemporaryDirectory(prefix="fakellm-") as tmp:
         async with fakellm_server(isolation_rules(ANSWER), Path(tmp)) as fake:

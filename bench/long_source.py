@@ -33,16 +33,8 @@ from typing import Any
 
 import httpx
 
-from bench.infra import (
-    BENCH_JWT_SECRET,
-    Admin,
-    EngineKnobs,
-    EngineStack,
-    Proc,
-    engine_env,
-    progress,
-    servers,
-)
+from bench.infra import BENCH_JWT_SECRET, Admin, EngineKnobs, EngineStack, engine_env, servers
+from bench.procs import Proc, progress
 from bench.stats import median
 
 FAKE_KEY = "sk-bench-fake-provider-key"

@@ -37,16 +37,18 @@ from bench.infra import (
     EngineDb,
     EngineKnobs,
     EngineStack,
-    Proc,
     Servers,
+    engine_env,
+    wait_pollers,
+)
+from bench.procs import (
+    Proc,
     check_alive,
     child_env,
-    engine_env,
     process_cpu_s,
     progress,
     stop_group,
     tree_cpu_s,
-    wait_pollers,
 )
 from bench.report import Results, server_settings, versions
 from bench.stats import median, ratio

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.infra import Admin, Proc
+from bench.infra import Admin
+from bench.procs import Proc
 from bench.stats import ratio
 from bench.wrk import WRK_THREADS
 

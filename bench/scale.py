@@ -46,7 +46,8 @@ from psycopg import sql
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench.infra import TABLES, progress
+from bench.infra import TABLES
+from bench.procs import progress
 from bench.stats import percentile
 
 HOT_USER = "bench-scale-hot"

@@ -54,8 +54,9 @@ async def hold(base_url: str, ids: list[str], token: str) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from api.auth import issue_token
-    from bench.infra import BENCH_JWT_SECRET, EngineKnobs, Proc, engine_env, progress, servers
+    from bench.infra import BENCH_JWT_SECRET, EngineKnobs, engine_env, servers
     from bench.loadgen import Request, http_load
+    from bench.procs import Proc, progress
     from db.session import make_engine, make_sessionmaker
     from jobs.service import CreateJobRequest, JobService
     from jobs.types import default_catalog

@@ -136,7 +136,7 @@ class Figures:
 
 
 def _progress(msg: str) -> None:
-    from bench.infra import progress
+    from bench.procs import progress
 
     progress(msg)
 

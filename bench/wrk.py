@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.infra import process_cpu_s
+from bench.procs import process_cpu_s
 
 WRK_THREADS = 2  # wrk -t of the API figure (at most its connections)
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
