@@ -12,12 +12,12 @@ import platform
 import subprocess
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.infra import Admin
-from bench.procs import Proc
+from bench.procs import Proc, progress
 from bench.stats import ratio
 from bench.wrk import WRK_THREADS
 
@@ -55,6 +55,15 @@ class Results:
                 "exit_code": p.exit_code,
                 "log_lines": p.log_levels(),
             }
+
+
+async def guarded(res: Results, name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """A failing figure is recorded and the run goes on with the next one."""
+    try:
+        await run()
+    except Exception as exc:
+        progress(f"{name}: FAILED: {exc!r}")
+        res.error(name, exc)
 
 
 def machine() -> dict[str, Any]:
