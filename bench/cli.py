@@ -15,7 +15,8 @@ from typing import Any
 from bench.infra import servers
 from bench.phases import run_all
 from bench.procs import progress, stop_all
-from bench.report import Results, render, write
+from bench.report import Results, write
+from bench.table import render
 from bench.teardown import hard_exit
 
 FIGURES = (

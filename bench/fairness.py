@@ -268,7 +268,7 @@ async def phase_fairness(
 
 
 def render(f: dict[str, Any]) -> list[str]:
-    from bench.report import met, num
+    from bench.table import met, num
 
     lines = [
         "",
