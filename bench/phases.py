@@ -177,7 +177,7 @@ async def phase_two_workers(
 
 
 async def phase_scale(args: argparse.Namespace, sv: Servers, res: Results) -> None:
-    from bench import scale
+    from bench import scale, scale_seed
     from db.session import make_engine
 
     # A pool built like the engine's; two connections, as the queries run one at a time.
@@ -190,17 +190,19 @@ async def phase_scale(args: argparse.Namespace, sv: Servers, res: Results) -> No
     )
     kw = {"runs": args.scale_runs, "warmup": SCALE_WARMUP, "write_pages": SCALE_PAGES}
     try:
-        await scale.truncate(sv.database_url)
+        await scale_seed.truncate(sv.database_url)
         progress("scale: queries on empty tables")
         f["empty"] = await scale.measure(engine, capture, sv.database_url, **kw)
         progress(f"scale: seeding {args.scale_jobs:,} jobs over {args.scale_users:,} users")
-        f["seed"] = await scale.seed(sv.database_url, jobs=args.scale_jobs, users=args.scale_users)
+        f["seed"] = await scale_seed.seed(
+            sv.database_url, jobs=args.scale_jobs, users=args.scale_users
+        )
         progress("scale: queries on the seeded tables")
         f["seeded"] = await scale.measure(engine, capture, sv.database_url, **kw)
     finally:
         await engine.dispose()
         with contextlib.suppress(Exception):
-            await scale.truncate(sv.database_url)
+            await scale_seed.truncate(sv.database_url)
     for key, row in f["seeded"].items():
         row["p50_ratio_to_empty"] = ratio(row["p50_ms"], f["empty"][key]["p50_ms"])
     f["all_use_an_index"] = all(
