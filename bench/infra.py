@@ -26,7 +26,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from bench.procs import Proc, check_alive, child_env, progress, stop_all, stop_group
+from bench.procs import Proc, check_alive, child_env, stop_all, stop_group
+
+# Re-exported: bench/isolation.py runs unchanged from older checkouts, whose bench/infra.py
+# defines `progress`, so it imports it from here.
+from bench.procs import progress as progress
 
 DB_NAME = "aijobs_bench"
 BENCH_JWT_SECRET = "bench-only-jwt-secret-not-for-production"
