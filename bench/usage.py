@@ -233,24 +233,15 @@ async def timed(
     return samples, rows
 
 
-async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figures: Figures) -> None:
-    from bench.stats import median, ratio
+@dataclass
+class _Reader:
+    """Times one read, explains its statement, and records it in the figures."""
 
-    async with sm() as s:
-        day_max = (await s.execute(text("SELECT max(day) FROM ai_usage_daily"))).scalar_one()
-        # A user with calls, and one of their jobs with calls in two attempts.
-        user = "user-1" if figures.users > 1 else "user-0"
-        job = (
-            await s.execute(
-                text("SELECT job_id FROM ai_usage_log WHERE user_id = :u LIMIT 1"), {"u": user}
-            )
-        ).scalar_one()
-    end = day_max
-    start = end - timedelta(days=RANGE_DAYS - 1)
-    own = UsageFilter(start=start, end=end, user_id=user)
-    anyone = UsageFilter(start=start, end=end)
+    sm: SessionMaker
+    figures: Figures
 
     async def add(
+        self,
         name: str,
         table: str,
         sql: str,
@@ -260,8 +251,10 @@ async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figure
         *,
         need_index: bool = True,
     ) -> Read:
-        samples, rows = await timed(sm, read, n)
-        plan = await explain(sm, sql, params)
+        from bench.stats import median
+
+        samples, rows = await timed(self.sm, read, n)
+        plan = await explain(self.sm, sql, params)
         nodes = _walk(plan["Plan"])
         r = Read(
             name=name,
@@ -284,21 +277,43 @@ async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figure
         _progress(f"usage: {name}: p50 {r.p50_ms} ms, {rows} rows, indexes {r.indexes}")
         if need_index and not r.indexes:
             raise SystemExit(f"{name}: its plan uses no index")
-        figures.reads.append(r)
+        self.figures.reads.append(r)
         return r
 
-    def grouped(f: UsageFilter, g: Grouping) -> Callable[[Any], Awaitable[int]]:
-        async def read(s: Any) -> int:
-            return len(await grouped_usage(s, f, g))
 
-        return read
+def _grouped(f: UsageFilter, g: Grouping) -> Callable[[Any], Awaitable[int]]:
+    async def read(s: Any) -> int:
+        return len(await grouped_usage(s, f, g))
 
-    def from_log(f: UsageFilter, g: Grouping) -> Callable[[Any], Awaitable[int]]:
-        async def read(s: Any) -> int:
-            rows = await s.execute(text(grouped_usage_sql(g, f, from_log=True)), usage_params(f))
-            return len(rows.all())
+    return read
 
-        return read
+
+def _from_log(f: UsageFilter, g: Grouping) -> Callable[[Any], Awaitable[int]]:
+    async def read(s: Any) -> int:
+        rows = await s.execute(text(grouped_usage_sql(g, f, from_log=True)), usage_params(f))
+        return len(rows.all())
+
+    return read
+
+
+async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figures: Figures) -> None:
+    from bench.stats import ratio
+
+    async with sm() as s:
+        day_max = (await s.execute(text("SELECT max(day) FROM ai_usage_daily"))).scalar_one()
+        # A user with calls, and one of their jobs with calls in two attempts.
+        user = "user-1" if figures.users > 1 else "user-0"
+        job = (
+            await s.execute(
+                text("SELECT job_id FROM ai_usage_log WHERE user_id = :u LIMIT 1"), {"u": user}
+            )
+        ).scalar_one()
+    end = day_max
+    start = end - timedelta(days=RANGE_DAYS - 1)
+    own = UsageFilter(start=start, end=end, user_id=user)
+    anyone = UsageFilter(start=start, end=end)
+
+    add = _Reader(sm, figures).add
 
     for g in OWN:
         await add(
@@ -306,7 +321,7 @@ async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figure
             "rollup",
             grouped_usage_sql(g, own),
             usage_params(own),
-            grouped(own, g),
+            _grouped(own, g),
             repeat,
         )
     for g in ADMIN:
@@ -315,7 +330,7 @@ async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figure
             "rollup",
             grouped_usage_sql(g, anyone),
             usage_params(anyone),
-            grouped(anyone, g),
+            _grouped(anyone, g),
             repeat,
             # A third of the rollup's days: the planner may rightly prefer one sequential pass
             # (reported in the table, not required either way).
@@ -326,7 +341,7 @@ async def measure(sm: SessionMaker, *, repeat: int, baseline_repeat: int, figure
             "log",
             grouped_usage_sql(g, anyone, from_log=True),
             usage_params(anyone),
-            from_log(anyone, g),
+            _from_log(anyone, g),
             baseline_repeat,
             need_index=False,
         )
