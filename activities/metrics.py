@@ -114,8 +114,48 @@ class WorkerMetrics:
     """The worker-side families. One instance per registry: the default registry's is
     `worker_metrics()`."""
 
+    jobs_finished: Counter
+    stage_duration: Histogram
+    queue_wait: Histogram
+    provider_calls: Counter
+    provider_latency: Histogram
+    tokens_in: Counter
+    tokens_out: Counter
+    cost: Counter
+    unpriced_calls: Counter
+    limiter_waits: Counter
+    limiter_wait: Histogram
+    estimate_ratio: Histogram
+    execute_retries: Counter
+    reconciler_actions: Counter
+    stuck_workflows: Gauge
+    reconciler_phase_failures: Counter
+    reconciler_temporal_calls: Counter
+    reconciler_last_pass: Gauge
+    relay_lag: Histogram
+    relay_dispatch: Counter
+    webhook_deliveries: Counter
+    poller_restarts: Counter
+    _unpriced_models: set[str]
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = registry if registry is not None else REGISTRY
+        # Registered in this order, which is the order a scrape lists them in.
+        self._job_families(reg)
+        self._provider_families(reg)
+        self._reconciler_families(reg)
+        self._relay_families(reg)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._lock = threading.Lock()
+        for outcome in WEBHOOK_OUTCOMES:
+            self._child(self.webhook_deliveries, outcome)
+        for stage in STAGES:
+            self._child(self.stage_duration, stage)
+        for action in RECONCILER_ACTIONS:
+            self._child(self.reconciler_actions, action)
+
+    def _job_families(self, reg: CollectorRegistry) -> None:
+        """Jobs that ended, stage run times, and the wait for a worker slot."""
         self.jobs_finished = Counter(
             "aijobs_jobs_finished_total",
             "Jobs that reached a terminal state in this process, where they ended (EXECUTE's "
@@ -137,6 +177,10 @@ class WorkerMetrics:
             buckets=_WAIT_BUCKETS,
             registry=reg,
         )
+
+    def _provider_families(self, reg: CollectorRegistry) -> None:
+        """Provider calls: outcomes, latency, tokens, money, the limiter's holds, the estimate's
+        accuracy and EXECUTE's retries."""
         self.provider_calls = Counter(
             "aijobs_provider_calls_total",
             "Provider calls made by EXECUTE, by outcome (error_code empty: answered).",
@@ -175,7 +219,7 @@ class WorkerMetrics:
             ["model"],
             registry=reg,
         )
-        self._unpriced_models: set[str] = set()
+        self._unpriced_models = set()
         self.limiter_waits = Counter(
             "aijobs_limiter_waits_total",
             "Times EXECUTE held a job back before its provider call, by why: a limit of "
@@ -206,6 +250,9 @@ class WorkerMetrics:
             ["job_type", "error_code"],
             registry=reg,
         )
+
+    def _reconciler_families(self, reg: CollectorRegistry) -> None:
+        """What reconciler passes repaired, what they saw stuck, what failed and what they cost."""
         self.reconciler_actions = Counter(
             "aijobs_reconciler_actions_total",
             "What the reconciler repaired or cleaned, per action.",
@@ -236,6 +283,9 @@ class WorkerMetrics:
             "Unix time at which the last reconciler pass of this process ended.",
             registry=reg,
         )
+
+    def _relay_families(self, reg: CollectorRegistry) -> None:
+        """The outbox relay, webhook deliveries and the supervised pollers."""
         self.relay_lag = Histogram(
             "aijobs_relay_lag_seconds",
             "From the outbox row's creation to its workflow being started by the relay.",
@@ -264,14 +314,6 @@ class WorkerMetrics:
             ["poller"],
             registry=reg,
         )
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._lock = threading.Lock()
-        for outcome in WEBHOOK_OUTCOMES:
-            self._child(self.webhook_deliveries, outcome)
-        for stage in STAGES:
-            self._child(self.stage_duration, stage)
-        for action in RECONCILER_ACTIONS:
-            self._child(self.reconciler_actions, action)
 
     def _child(self, family: Any, *labels: str) -> Any:
         """The label child, cached: `labels()` takes a lock and builds a key on every call."""

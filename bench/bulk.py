@@ -141,7 +141,8 @@ async def measure(settings: Settings, client: Client, n: int, rate: float, page:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from bench.infra import progress, servers
+    from bench.infra import servers
+    from bench.procs import progress
 
     figures: list[dict[str, Any]] = []
     with servers(keep=False) as sv:

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.infra import progress, servers, stop_all
+from bench.infra import servers
 from bench.phases import run_all
-from bench.report import Results, render, write
+from bench.procs import progress, stop_all
+from bench.report import Results, write
+from bench.table import render
 from bench.teardown import hard_exit
 
 FIGURES = (
@@ -62,12 +64,24 @@ RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from engine.queues import QUEUES
-
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="Measure the engine against baselines on this machine.",
     )
+    _add_run_args(p)
+    _add_api_args(p)
+    _add_database_args(p)
+    _add_engine_args(p)
+    args = p.parse_args(argv)
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, QUICK.get(key, value) if args.quick else value)
+    _check(p, args)
+    return args
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The size of each figure's run: jobs, repetitions, load, API seconds and connections."""
     p.add_argument("--quick", action="store_true", help="smoke run: small N, one repetition")
     p.add_argument("--jobs", type=int, help="N for the throughput figures (500)")
     p.add_argument("--reps", type=int, help="repetitions per figure after the warm-up (3)")
@@ -80,6 +94,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--api-seconds", type=float, help="seconds per API route per repetition (8)")
     p.add_argument("--api-warmup-seconds", type=float, help="API warm-up per route (2)")
     p.add_argument("--api-connections", type=int, help="concurrent HTTP connections (32)")
+
+
+def _add_api_args(p: argparse.ArgumentParser) -> None:
+    """The API figure's load generator, idempotency keys and quotas."""
     p.add_argument(
         "--api-client",
         choices=("auto", "wrk", "python"),
@@ -97,12 +115,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="default",
         help="API create quotas: the product defaults with many distinct users, or off",
     )
+
+
+def _add_database_args(p: argparse.ArgumentParser) -> None:
+    """pgbench and the scale figure."""
     p.add_argument("--pgbench-seconds", type=int, help="pgbench -T per repetition (10)")
     p.add_argument("--pgbench-clients", type=int, help="pgbench -c (8)")
     p.add_argument("--pgbench-threads", type=int, help="pgbench -j (2)")
     p.add_argument("--scale-jobs", type=int, help="ai_job rows the scale figure seeds (1,000,000)")
     p.add_argument("--scale-users", type=int, help="users owning the seeded jobs (5,000)")
     p.add_argument("--scale-runs", type=int, help="timed runs per scale query (50)")
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The fairness figure, the engine processes' knobs, and what to run and keep."""
+    from engine.queues import QUEUES
+
     p.add_argument(
         "--fairness-backlogs",
         help="comma-separated backlog sizes of user A in the fairness figure (40,200; --quick 20)",
@@ -130,10 +158,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--only", help=f"comma-separated subset of: {', '.join(FIGURES)}")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (data and logs)")
     p.add_argument("--output", default=str(RESULTS), help="JSON results path")
-    args = p.parse_args(argv)
-    for key, value in DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, QUICK.get(key, value) if args.quick else value)
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject what no figure can run with (exits through `p.error`), and derive `want`, the
+    fairness backlogs and the extra environment."""
     for key in (
         "jobs",
         "reps",
@@ -170,7 +199,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if not sep:
             p.error(f"--env expects KEY=VALUE, got {item!r}")
         args.extra_env[key] = value
-    return args
 
 
 def _sigterm(signum: int, frame: Any) -> None:

@@ -27,7 +27,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 
 from bench.figures import POLL_S, Ctx
-from bench.infra import EngineKnobs, EngineStack, Servers, check_alive, progress
+from bench.infra import EngineKnobs, EngineStack, Servers
+from bench.procs import check_alive, progress
 from bench.stats import median, ratio
 from jobs.service import CreateJobRequest
 
@@ -267,7 +268,7 @@ async def phase_fairness(
 
 
 def render(f: dict[str, Any]) -> list[str]:
-    from bench.report import met, num
+    from bench.table import met, num
 
     lines = [
         "",

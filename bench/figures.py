@@ -46,7 +46,8 @@ from temporalio.common import (
 )
 
 from bench.bare_workflows import NOOP_WORKFLOW, SHAPE_WORKFLOW
-from bench.infra import Admin, EngineDb, Proc, check_alive, pgbench_path
+from bench.infra import Admin, EngineDb, pgbench_path
+from bench.procs import Proc, check_alive
 from bench.stats import summary_ms
 from engine import search_attributes
 from engine.definition import priority_key

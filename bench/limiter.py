@@ -36,17 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.infra import (
-    Admin,
-    EngineDb,
-    EngineKnobs,
-    EngineStack,
-    Servers,
-    process_cpu_s,
-    progress,
-    servers,
-    tree_cpu_s,
-)
+from bench.infra import Admin, EngineDb, EngineKnobs, EngineStack, Servers, servers
+from bench.procs import process_cpu_s, progress, tree_cpu_s
 from bench.stats import median, percentile, ratio
 
 # Far above what one worker reaches (about 20 jobs/s here): the buckets never empty and the

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from bench.infra import process_cpu_s
+from bench.procs import process_cpu_s
 from bench.stats import summary_ms
 
 

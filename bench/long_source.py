@@ -38,11 +38,11 @@ from bench.infra import (
     Admin,
     EngineKnobs,
     EngineStack,
-    Proc,
+    Servers,
     engine_env,
-    progress,
     servers,
 )
+from bench.procs import Proc, progress
 from bench.stats import median
 
 FAKE_KEY = "sk-bench-fake-provider-key"
@@ -153,17 +153,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with servers(keep=False) as sv:
         fake_port, api_port = free_port(), free_port()
         fake_root = f"http://127.0.0.1:{fake_port}"
-        knobs = EngineKnobs(
-            interactive_concurrency=args.slots,
-            log_level="WARNING",
-            extra_env={
-                "AI_BASE_URL": f"{fake_root}/v1",
-                "DEEPSEEK_API_KEY": FAKE_KEY,
-                "AI_MODEL": "deepseek-chat",
-                "AI_CHUNK_INPUT_TOKENS": str(args.chunk_tokens),
-                "AI_CHUNK_CONCURRENCY": str(args.window),
-            },
-        )
+        knobs = _knobs(args, fake_root)
         py = sys.executable
         fake = Proc(
             "fake-provider",
@@ -188,33 +178,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             token = issue_token(BENCH_JWT_SECRET, "bench-long")
             base = f"http://127.0.0.1:{api_port}"
             async with httpx.AsyncClient(base_url=base, timeout=600, trust_env=False) as http:
-                for _ in range(300):
-                    try:
-                        ok = (await http.get("/healthz")).status_code == 200
-                        ok = ok and (await http.get(f"{fake_root}/_calls")).status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    if ok:
-                        break
-                    await asyncio.sleep(0.1)
+                await _wait_ready(http, fake_root)
                 await script_provider(http, fake_root, args.delay)
-                source = long_source(args.chars)
-                short = long_source(2_000)
-                await follow(http, token, short, 5)  # warm-up: imports, pools, workflow cache
-                for rep in range(args.reps):
-                    one, _ = await follow(http, token, short, 5)
-                    long, _ = await follow(http, token, source, 20)
-                    row = await admin_chunks(sv, long["job_id"])
-                    long["chunks"] = row
-                    slots = min(args.window, args.slots)
-                    long["ideal_s"] = one["total_s"] * row / slots
-                    long["waves_s"] = one["total_s"] * math.ceil(row / slots)
-                    out["runs"].append({"one_call_s": one["total_s"], **long})
-                    progress(
-                        f"rep {rep + 1}: {row} chunks, first item {long['first_item_s']:.2f}s, "
-                        f"last {long['last_item_s']:.2f}s, total {long['total_s']:.2f}s, one "
-                        f"call {one['total_s']:.2f}s"
-                    )
+                await _reps(args, sv, http, token, out["runs"])
         finally:
             await admin.close()
             stack.stop()
@@ -225,6 +191,61 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out[f"median_{key}"] = round(median([float(r[key]) for r in runs]), 3)
     out["median_total_over_ideal"] = round(out["median_total_s"] / out["median_ideal_s"], 2)
     return out
+
+
+def _knobs(args: argparse.Namespace, fake_root: str) -> EngineKnobs:
+    """The engine's processes against the fake provider, with the run's chunking knobs."""
+    return EngineKnobs(
+        interactive_concurrency=args.slots,
+        log_level="WARNING",
+        extra_env={
+            "AI_BASE_URL": f"{fake_root}/v1",
+            "DEEPSEEK_API_KEY": FAKE_KEY,
+            "AI_MODEL": "deepseek-chat",
+            "AI_CHUNK_INPUT_TOKENS": str(args.chunk_tokens),
+            "AI_CHUNK_CONCURRENCY": str(args.window),
+        },
+    )
+
+
+async def _wait_ready(http: httpx.AsyncClient, fake_root: str) -> None:
+    """Until the API and the fake provider both answer (30 s at most, then the run goes on)."""
+    for _ in range(300):
+        try:
+            ok = (await http.get("/healthz")).status_code == 200
+            ok = ok and (await http.get(f"{fake_root}/_calls")).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            break
+        await asyncio.sleep(0.1)
+
+
+async def _reps(
+    args: argparse.Namespace,
+    sv: Servers,
+    http: httpx.AsyncClient,
+    token: str,
+    runs: list[dict[str, Any]],
+) -> None:
+    """A warm-up, then per repetition a short job (one call) and the long source's job."""
+    source = long_source(args.chars)
+    short = long_source(2_000)
+    await follow(http, token, short, 5)  # warm-up: imports, pools, workflow cache
+    for rep in range(args.reps):
+        one, _ = await follow(http, token, short, 5)
+        long, _ = await follow(http, token, source, 20)
+        row = await admin_chunks(sv, long["job_id"])
+        long["chunks"] = row
+        slots = min(args.window, args.slots)
+        long["ideal_s"] = one["total_s"] * row / slots
+        long["waves_s"] = one["total_s"] * math.ceil(row / slots)
+        runs.append({"one_call_s": one["total_s"], **long})
+        progress(
+            f"rep {rep + 1}: {row} chunks, first item {long['first_item_s']:.2f}s, "
+            f"last {long['last_item_s']:.2f}s, total {long['total_s']:.2f}s, one "
+            f"call {one['total_s']:.2f}s"
+        )
 
 
 async def admin_chunks(sv: Any, job_id: str) -> int:

@@ -297,7 +297,8 @@ async def clear(sm: SessionMaker) -> None:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from bench.infra import progress, servers
+    from bench.infra import servers
+    from bench.procs import progress
     from db.session import make_engine, make_sessionmaker
 
     figures: list[dict[str, Any]] = []

@@ -21,9 +21,14 @@ import json
 import sys
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from db.session import SessionMaker
+    from jobs.service import JobService
 
 
 async def hold(base_url: str, ids: list[str], token: str) -> None:
@@ -52,12 +57,107 @@ async def hold(base_url: str, ids: list[str], token: str) -> None:
         await asyncio.gather(*tasks)
 
 
+@dataclass
+class _Load:
+    """The closed-loop GET load on the API server, with or without the holder's streams open."""
+
+    args: argparse.Namespace
+    base_url: str
+    token: str
+    ids: list[str]
+    sm: SessionMaker
+    api_pid: int
+
+    async def measure(self, tag: str) -> dict[str, Any]:
+        from bench.loadgen import Request, http_load
+        from bench.procs import progress
+
+        get_ids = self.ids[:32]
+
+        def make(i: int) -> Request:
+            return Request(
+                "GET",
+                f"/api/ai/jobs/{get_ids[i % len(get_ids)]}",
+                {"Authorization": f"Bearer {self.token}"},
+            )
+
+        await http_load(self.base_url, make, seconds=2, connections=32)  # warm-up
+        res = await http_load(
+            self.base_url, make, seconds=self.args.seconds, connections=32, server_pid=self.api_pid
+        )
+        progress(f"{tag}: {res['req_per_s']:.0f} req/s, p50 {res.get('p50_ms')} ms")
+        return res
+
+    async def notifier(self, stop: asyncio.Event) -> None:
+        if self.args.notify_rate <= 0:
+            return
+        async with self.sm() as s:
+            from sqlalchemy import text
+
+            n = 0
+            while not stop.is_set():
+                await s.execute(
+                    text("SELECT pg_notify('ai_job_changed', :id)"),
+                    {"id": self.ids[n % len(self.ids)]},
+                )
+                await s.commit()
+                n += 1
+                await asyncio.sleep(1 / self.args.notify_rate)
+
+    async def with_streams(self, rep: int) -> dict[str, Any]:
+        """One measurement while a holder process keeps a stream per seeded job open."""
+        from bench.procs import progress
+
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.sse_load",
+            "--hold",
+            self.base_url,
+            "--token",
+            self.token,
+            *self.ids,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert holder.stdout is not None
+        t0 = time.perf_counter()
+        line = await asyncio.wait_for(holder.stdout.readline(), 120)
+        progress(f"holder: {line.decode().strip()} after {time.perf_counter() - t0:.1f}s")
+        stop = asyncio.Event()
+        notify_task = asyncio.create_task(self.notifier(stop))
+        res = await self.measure(f"rep {rep + 1} with {self.args.streams} streams")
+        stop.set()
+        await notify_task
+        holder.terminate()
+        await holder.wait()
+        return res
+
+
+async def _seed(svc: JobService, user: str, streams: int) -> list[str]:
+    """One synthetic job per stream, all the one user's."""
+    from jobs.service import CreateJobRequest
+
+    ids = []
+    for k in range(streams):
+        r = await svc.create(
+            CreateJobRequest(
+                user_id=user,
+                job_type="synthetic",
+                target_type="bench",
+                target_id=f"t{k}",
+                input={},
+            )
+        )
+        ids.append(str(r.job.id))
+    return ids
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from api.auth import issue_token
-    from bench.infra import BENCH_JWT_SECRET, EngineKnobs, Proc, engine_env, progress, servers
-    from bench.loadgen import Request, http_load
+    from bench.infra import BENCH_JWT_SECRET, EngineKnobs, engine_env, servers
+    from bench.procs import Proc
     from db.session import make_engine, make_sessionmaker
-    from jobs.service import CreateJobRequest, JobService
+    from jobs.service import JobService
     from jobs.types import default_catalog
     from runtime.embedded import free_port
     from runtime.wiring import create_policy
@@ -84,87 +184,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         engine = make_engine(sv.database_url)
         sm = make_sessionmaker(engine)
         svc = JobService(sm, default_catalog(), create_policy(settings))
-        ids = []
-        for k in range(args.streams):
-            r = await svc.create(
-                CreateJobRequest(
-                    user_id=user,
-                    job_type="synthetic",
-                    target_type="bench",
-                    target_id=f"t{k}",
-                    input={},
-                )
-            )
-            ids.append(str(r.job.id))
-        get_ids = ids[:32]
-        async with httpx.AsyncClient(base_url=base_url) as c:
-            for _ in range(200):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await c.get("/healthz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
-
-        def make(i: int) -> Request:
-            return Request(
-                "GET",
-                f"/api/ai/jobs/{get_ids[i % len(get_ids)]}",
-                {"Authorization": f"Bearer {token}"},
-            )
-
-        async def measure(tag: str) -> dict[str, Any]:
-            await http_load(base_url, make, seconds=2, connections=32)  # warm-up
-            res = await http_load(
-                base_url, make, seconds=args.seconds, connections=32, server_pid=api.pid
-            )
-            progress(f"{tag}: {res['req_per_s']:.0f} req/s, p50 {res.get('p50_ms')} ms")
-            return res
-
-        async def notifier(stop: asyncio.Event) -> None:
-            if args.notify_rate <= 0:
-                return
-            async with sm() as s:
-                from sqlalchemy import text
-
-                n = 0
-                while not stop.is_set():
-                    await s.execute(
-                        text("SELECT pg_notify('ai_job_changed', :id)"),
-                        {"id": ids[n % len(ids)]},
-                    )
-                    await s.commit()
-                    n += 1
-                    await asyncio.sleep(1 / args.notify_rate)
-
+        ids = await _seed(svc, user, args.streams)
+        await _wait_healthy(base_url)
+        load = _Load(args, base_url, token, ids, sm, api.pid)
         without: list[dict[str, Any]] = []
         with_streams: list[dict[str, Any]] = []
         for rep in range(args.reps):
-            without.append(await measure(f"rep {rep + 1} without streams"))
-            holder = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bench.sse_load",
-                "--hold",
-                base_url,
-                "--token",
-                token,
-                *ids,
-                stdout=asyncio.subprocess.PIPE,
-            )
-            assert holder.stdout is not None
-            t0 = time.perf_counter()
-            line = await asyncio.wait_for(holder.stdout.readline(), 120)
-            progress(f"holder: {line.decode().strip()} after {time.perf_counter() - t0:.1f}s")
-            stop = asyncio.Event()
-            notify_task = asyncio.create_task(notifier(stop))
-            with_streams.append(await measure(f"rep {rep + 1} with {args.streams} streams"))
-            stop.set()
-            await notify_task
-            holder.terminate()
-            await holder.wait()
-        without.append(await measure("without streams (after)"))
+            without.append(await load.measure(f"rep {rep + 1} without streams"))
+            with_streams.append(await load.with_streams(rep))
+        without.append(await load.measure("without streams (after)"))
         api.stop()
         await engine.dispose()
+    _summarize(out, without, with_streams)
+    out["notify_rate"] = args.notify_rate
+    return out
 
+
+async def _wait_healthy(base_url: str) -> None:
+    async with httpx.AsyncClient(base_url=base_url) as c:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await c.get("/healthz")).status_code == 200:
+                    break
+            await asyncio.sleep(0.1)
+
+
+def _summarize(
+    out: dict[str, Any], without: list[dict[str, Any]], with_streams: list[dict[str, Any]]
+) -> None:
     def med(runs: list[dict[str, Any]], key: str) -> float:
         vals = sorted(float(r[key]) for r in runs if r.get(key) is not None)
         return vals[len(vals) // 2] if vals else float("nan")
@@ -179,8 +226,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     out["throughput_ratio"] = out["with"]["req_per_s"] / out["without"]["req_per_s"]
     out["p50_ratio"] = out["with"]["p50_ms"] / out["without"]["p50_ms"]
-    out["notify_rate"] = args.notify_rate
-    return out
 
 
 def main() -> None:

@@ -25,25 +25,20 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from activities.stages import JobActivities
+    from jobs.service import JobService
 
 STAGES = ("prepare", "resolve", "execute", "project", "complete")
 
 
 async def measure(url: str, jobs: int, rounds: int) -> dict[str, list[float]]:
-    from temporalio.testing import ActivityEnvironment
-
     from activities.stages import JobActivities
     from db.credentials import active_user_key_id
-    from engine.contracts import (
-        CompleteInput,
-        CompleteResult,
-        ExecuteInput,
-        ProjectInput,
-        StageInput,
-        workflow_id,
-    )
     from engine.settings import Settings
-    from jobs.service import CreateJobRequest, JobService
+    from jobs.service import JobService
     from runtime.wiring import build_parts, create_policy, engine_config, gateway
 
     settings = Settings.model_validate(
@@ -67,50 +62,73 @@ async def measure(url: str, jobs: int, rounds: int) -> dict[str, list[float]]:
     per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
     try:
         for _ in range(rounds + 1):  # the first round warms up (prepared statements, caches)
-            ids = []
-            for i in range(jobs):
-                req = CreateJobRequest(
-                    user_id=f"bench-{i % 16}",
-                    job_type="synthetic",
-                    target_type="bench",
-                    target_id=uuid.uuid4().hex,
-                    input={},
-                )
-                ids.append((await svc.create(req)).job.id)
+            ids = await _create_jobs(svc, jobs)
             spent = dict.fromkeys(STAGES, 0.0)
             for job_id in ids:
-                wid = workflow_id("ai-interactive", "synthetic", str(job_id))
-                env = ActivityEnvironment()
-                env.info = dataclasses.replace(
-                    env.info,
-                    workflow_id=wid,
-                    workflow_type="synthetic",
-                    activity_type="execute",
-                    attempt=1,
-                    heartbeat_timeout=None,
-                )
-                jid = str(job_id)
-                for name, fn in (("prepare", acts.prepare), ("resolve", acts.resolve)):
-                    t = time.process_time()
-                    await env.run(fn, StageInput(jid, wid))
-                    spent[name] += time.process_time() - t
-                t = time.process_time()
-                ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry", 0, True, False))
-                spent["execute"] += time.process_time() - t
-                t = time.process_time()
-                pr = await env.run(acts.project, ProjectInput(jid, ex.output_hash))
-                spent["project"] += time.process_time() - t
-                assert pr.lifecycle_status == "succeeded", pr
-                t = time.process_time()
-                usage = CompleteResult(pr.calls, pr.tokens_in, pr.tokens_out, pr.cost_micros)
-                await env.run(acts.complete, CompleteInput(jid, usage if pr.summarized else None))
-                spent["complete"] += time.process_time() - t
+                await _run_stages(acts, str(job_id), spent)
             for s in STAGES:
                 per_stage[s].append(spent[s] / jobs)
     finally:
         await gw.aclose()
         await parts.close()
     return {s: v[1:] for s, v in per_stage.items()}
+
+
+async def _create_jobs(svc: JobService, jobs: int) -> list[Any]:
+    """`jobs` synthetic jobs through the job service, over 16 users."""
+    from jobs.service import CreateJobRequest
+
+    ids = []
+    for i in range(jobs):
+        req = CreateJobRequest(
+            user_id=f"bench-{i % 16}",
+            job_type="synthetic",
+            target_type="bench",
+            target_id=uuid.uuid4().hex,
+            input={},
+        )
+        ids.append((await svc.create(req)).job.id)
+    return ids
+
+
+async def _run_stages(acts: JobActivities, jid: str, spent: dict[str, float]) -> None:
+    """The five stages of one job in order, each one's CPU time added to `spent`."""
+    from temporalio.testing import ActivityEnvironment
+
+    from engine.contracts import (
+        CompleteInput,
+        CompleteResult,
+        ExecuteInput,
+        ProjectInput,
+        StageInput,
+        workflow_id,
+    )
+
+    wid = workflow_id("ai-interactive", "synthetic", jid)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info,
+        workflow_id=wid,
+        workflow_type="synthetic",
+        activity_type="execute",
+        attempt=1,
+        heartbeat_timeout=None,
+    )
+    for name, fn in (("prepare", acts.prepare), ("resolve", acts.resolve)):
+        t = time.process_time()
+        await env.run(fn, StageInput(jid, wid))
+        spent[name] += time.process_time() - t
+    t = time.process_time()
+    ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry", 0, True, False))
+    spent["execute"] += time.process_time() - t
+    t = time.process_time()
+    pr = await env.run(acts.project, ProjectInput(jid, ex.output_hash))
+    spent["project"] += time.process_time() - t
+    assert pr.lifecycle_status == "succeeded", pr
+    t = time.process_time()
+    usage = CompleteResult(pr.calls, pr.tokens_in, pr.tokens_out, pr.cost_micros)
+    await env.run(acts.complete, CompleteInput(jid, usage if pr.summarized else None))
+    spent["complete"] += time.process_time() - t
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,16 +34,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from bench.infra import (
-    EngineKnobs,
-    EngineStack,
-    Proc,
-    Servers,
-    child_env,
-    process_cpu_s,
-    progress,
-    tree_cpu_s,
-)
+from bench.infra import EngineKnobs, EngineStack, Servers
+from bench.procs import Proc, child_env, process_cpu_s, progress, tree_cpu_s
 from bench.report import Results
 from bench.stats import median, ratio
 

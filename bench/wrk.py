@@ -27,10 +27,11 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.infra import process_cpu_s
+from bench.procs import process_cpu_s
 
 WRK_THREADS = 2  # wrk -t of the API figure (at most its connections)
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
@@ -182,8 +183,6 @@ async def run_wrk(
     server_pid: int | None,
     work_dir: Path,
 ) -> dict[str, Any]:
-    from runtime.procs import die_with_parent
-
     secs = max(1, round(seconds))  # wrk takes whole seconds
     threads = max(1, min(threads, connections))
     script_path = work_dir / f"wrk-{uuid.uuid4().hex[:8]}.lua"
@@ -203,6 +202,30 @@ async def run_wrk(
         str(script_path),
         url,
     ]
+    ran = await _run(argv, secs, server_pid)
+    script_path.unlink(missing_ok=True)
+    if ran.returncode != 0:
+        raise RuntimeError(f"wrk exited with {ran.returncode}:\n{ran.text[-2000:]}")
+    return _result(argv, url, ran)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """One wrk run: its output, exit code, wall time, and the CPU seconds of wrk and of the
+    server around it (None where /proc could not be read)."""
+
+    text: str
+    returncode: int
+    wall: float
+    cpu: float | None
+    srv0: float | None
+    srv1: float | None
+
+
+async def _run(argv: list[str], secs: int, server_pid: int | None) -> _Ran:
+    """Run wrk to its exit and read its CPU before reaping it (a zombie's stat holds the totals)."""
+    from runtime.procs import die_with_parent
+
     with tempfile.TemporaryFile() as out_f:
         srv0 = _stat_cpu_s(server_pid) if server_pid else None
         t0 = time.perf_counter()
@@ -230,9 +253,12 @@ async def run_wrk(
                 proc.wait(10)
         out_f.seek(0)
         text = out_f.read().decode(errors="replace")
-    script_path.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"wrk exited with {proc.returncode}:\n{text[-2000:]}")
+    return _Ran(text, proc.returncode, wall, cpu, srv0, srv1)
+
+
+def _result(argv: list[str], url: str, ran: _Ran) -> dict[str, Any]:
+    """The run's figures: the script's exact percentiles, wrk's own text, and the CPU shares."""
+    text, wall, cpu, srv0, srv1 = ran.text, ran.wall, ran.cpu, ran.srv0, ran.srv1
     parsed = parse_output(text)
     s = parsed["summary"]
     dur = s["duration_us"] / 1e6
