@@ -34,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -47,7 +47,7 @@ from db.artifacts import INSERT_ARTIFACT, artifact_params
 from db.chunks import store_merged_output, succeeded_chunks
 from db.jobs import JobRow
 from db.outbox import CANCELLED, COMPLETED, FAILED
-from engine.errors import public_message_for
+from engine.errors import JobAlreadyCancelled, JobNotCancellable, public_message_for
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
@@ -278,3 +278,22 @@ async def finalize_failed(
         )
     await fail(s, job_id, job_type=row.job_type, code=code, catalog=catalog)
     return Ending(LifecycleStatus.FAILED, code, row.job_type)
+
+
+async def request_cancel(
+    s: AsyncSession, job_id: uuid.UUID, state: LifecycleStatus
+) -> Literal["cancelled", "cancel_requested"]:
+    """The cancel request (the cancel API, an admin's, a bulk cancel's), on a job the caller
+    read locked (`FOR UPDATE`) in `state`: queued → cancelled at once with `ai.job.cancelled`
+    (`cancel`, queued only); running → cancel requested (`cancel_requested_at` set, the state
+    unchanged), and the job's workflow ends it; already cancelled → `JobAlreadyCancelled`; any
+    other ending → `JobNotCancellable`. Which of the two happened is returned."""
+    if state == LifecycleStatus.QUEUED:
+        await cancel(s, job_id, only_if_queued=True)
+        return "cancelled"
+    if state == LifecycleStatus.RUNNING:
+        await lifecycle_db.request_cancel(s, job_id)
+        return "cancel_requested"
+    if state == LifecycleStatus.CANCELLED:
+        raise JobAlreadyCancelled("The job is already cancelled.")
+    raise JobNotCancellable("The job has already finished.")
