@@ -223,8 +223,8 @@ async def cover_next_call(
             s, user_id, spent_since=[w.since for w in windows], reserved=True, excluding=job_id
         )
         for i, w in enumerate(windows):
-            # `held` counts this job's spend in the window, not its reservation: the job will
-            # hold `call_worst_usd` beyond what it spent.
+            # What a window holds counts this job's spend in it, not its reservation: the job
+            # will hold `call_worst_usd` beyond what it spent.
             if read.committed(i).total_usd + call_worst_usd > w.limit_usd:
                 return w.name
     await budgets_db.reserve(s, job_id, needed)
