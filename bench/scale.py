@@ -176,6 +176,7 @@ class Query:
 
 
 def queries() -> list[Query]:
+    from db import budgets as budgets_db
     from db import jobs as jobs_db
     from db import outbox as outbox_db
     from db.jobs import JobFilter
@@ -188,15 +189,15 @@ def queries() -> list[Query]:
         return run
 
     async def active(s: Any) -> Any:
-        return (await jobs_db.quota_counts(s, HOT_USER, active=True, day=None, month=None))[0]
+        return (await budgets_db.standing(s, HOT_USER, active=True)).active_jobs
 
     async def today(s: Any) -> Any:
         day = utc_day_start(datetime.now(UTC))
-        return (await jobs_db.quota_counts(s, HOT_USER, active=False, day=day, month=None))[1]
+        return (await budgets_db.standing(s, HOT_USER, created_since=[day])).jobs_since[0]
 
     async def month(s: Any) -> Any:
         month = utc_month_start(datetime.now(UTC))
-        return (await jobs_db.quota_counts(s, HOT_USER, active=False, day=None, month=month))[2]
+        return (await budgets_db.standing(s, HOT_USER, created_since=[month])).jobs_since[0]
 
     async def retention(s: Any) -> Any:
         return await outbox_db.delete_published(s, older_than_days=OUTBOX_RETENTION_DAYS)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -44,48 +46,81 @@ async def lock_user(s: AsyncSession, user_id: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Standing:
+    """A user's standing against their quotas and budgets, as `standing` reads it. A part not
+    asked for reads as 0."""
+
+    active_jobs: int  # queued or running
+    jobs_since: tuple[int, ...]  # jobs created since each `created_since` moment, in order
+    spent_since: tuple[Decimal, ...]  # call costs from each `spent_since` UTC day on, in order
+    reserved_usd: Decimal  # active jobs' open reservations (any window: they land in each)
+
+    def committed(self, window: int) -> Committed:
+        """What the `window`-th spend window holds: its spend and the open reservations."""
+        return Committed(self.spent_since[window], self.reserved_usd)
+
+
+async def standing(
+    s: AsyncSession,
+    user_id: str,
+    *,
+    active: bool = False,
+    created_since: Sequence[dt.datetime] = (),
+    spent_since: Sequence[dt.date] = (),
+    reserved: bool = False,
+    excluding: uuid.UUID | None = None,
+) -> Standing:
+    """Every count, spend and reservation a quota or budget decision reads, in ONE statement
+    (one round trip, one snapshot): the user's active jobs (the partial index on active jobs),
+    jobs created since each moment ((user_id, created_at)), call costs from each UTC day on
+    (the daily rollup's primary key) and the open reservations of their active jobs other than
+    `excluding` (a job topping up its own). A part not asked for is not computed. It takes no
+    lock: a decision that must hold takes `lock_user` first, in an earlier statement, so that
+    this one's snapshot sees every create that committed before the lock was granted."""
+    params: dict[str, Any] = {"u": user_id, "x": excluding}
+    parts = [
+        f"(SELECT count(*) FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL})" if active else "0"
+    ]
+    for i, moment in enumerate(created_since):
+        params[f"c{i}"] = moment
+        parts.append(f"(SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :c{i})")
+    for i, day in enumerate(spent_since):
+        params[f"s{i}"] = day
+        parts.append(
+            "(SELECT coalesce(sum(cost_usd), 0) FROM ai_usage_daily "
+            f"WHERE user_id = :u AND day >= :s{i})"
+        )
+    parts.append(
+        f"""(SELECT coalesce(sum(greatest(reserved_cost_usd - spent_cost_usd, 0)), 0)
+            FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL}
+              AND (CAST(:x AS uuid) IS NULL OR id <> CAST(:x AS uuid)))"""
+        if reserved
+        else "0"
+    )
+    row = tuple((await s.execute(text(f"SELECT {', '.join(parts)}"), params)).one())
+    counts = len(created_since)
+    return Standing(
+        active_jobs=int(row[0]),
+        jobs_since=tuple(int(v) for v in row[1 : 1 + counts]),
+        spent_since=tuple(Decimal(v) for v in row[1 + counts : -1]),
+        reserved_usd=Decimal(row[-1]),
+    )
+
+
 async def open_reservations(
     s: AsyncSession, user_id: str, *, excluding: uuid.UUID | None = None
 ) -> Decimal:
-    """What a user's active jobs still hold beyond what they have spent (the partial index on
-    active jobs serves it)."""
-    value = (
-        await s.execute(
-            text(
-                f"""
-                SELECT coalesce(sum(greatest(reserved_cost_usd - spent_cost_usd, 0)), 0)
-                FROM ai_job
-                WHERE user_id = :u AND {ACTIVE_SQL}
-                  AND (CAST(:x AS uuid) IS NULL OR id <> CAST(:x AS uuid))
-                """
-            ),
-            {"u": user_id, "x": excluding},
-        )
-    ).scalar_one()
-    return Decimal(value)
-
-
-async def spent_since(s: AsyncSession, user_id: str, day: dt.date) -> Decimal:
-    """A user's call costs from UTC day `day` on, from the daily rollup."""
-    value = (
-        await s.execute(
-            text(
-                "SELECT coalesce(sum(cost_usd), 0) FROM ai_usage_daily "
-                "WHERE user_id = :u AND day >= :d"
-            ),
-            {"u": user_id, "d": day},
-        )
-    ).scalar_one()
-    return Decimal(value)
+    """What a user's active jobs still hold beyond what they have spent."""
+    return (await standing(s, user_id, reserved=True, excluding=excluding)).reserved_usd
 
 
 async def committed(
     s: AsyncSession, user_id: str, since: dt.date, *, excluding: uuid.UUID | None = None
 ) -> Committed:
-    return Committed(
-        await spent_since(s, user_id, since),
-        await open_reservations(s, user_id, excluding=excluding),
-    )
+    """A user's spend from UTC day `since` on and their open reservations."""
+    read = await standing(s, user_id, spent_since=[since], reserved=True, excluding=excluding)
+    return read.committed(0)
 
 
 async def reserve(s: AsyncSession, job_id: uuid.UUID, reserved_usd: Decimal) -> None:

@@ -1,6 +1,7 @@
 """Reads of `ai_job`: one job (plain, with its snapshot, locked, its owner), pages and filters,
-the event streams' resume read, the quota counts, the idempotency lookup. Nothing here writes;
-a job row's writes live in db/lifecycle.py. Every function runs in the caller's session."""
+the event streams' resume read, the idempotency lookup. Nothing here writes; a job row's writes
+live in db/lifecycle.py, the quota counts in db/budgets.py `standing` (with the spend and
+reservations they are decided with). Every function runs in the caller's session."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.artifacts import ArtifactRef
-from db.lifecycle import ACTIVE_SQL
 
 
 @dataclass(frozen=True)
@@ -312,34 +312,6 @@ async def list_jobs(
         params,
     )
     return [JobRow(**r._mapping) for r in rows]
-
-
-async def quota_counts(
-    session: AsyncSession,
-    user_id: str,
-    *,
-    active: bool,
-    day: datetime | None,
-    month: datetime | None,
-) -> tuple[int, int, int]:
-    """(active jobs, created since `day`, created since `month`) of a user in one round
-    trip; a count not asked for (False / None) is 0 and not computed. Each count is
-    served by its index (the active partial index; (user_id, created_at))."""
-    parts = [
-        f"(SELECT count(*) FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL})" if active else "0",
-        "(SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :day)"
-        if day is not None
-        else "0",
-        "(SELECT count(*) FROM ai_job WHERE user_id = :u AND created_at >= :month)"
-        if month is not None
-        else "0",
-    ]
-    row = (
-        await session.execute(
-            text(f"SELECT {', '.join(parts)}"), {"u": user_id, "day": day, "month": month}
-        )
-    ).one()
-    return int(row[0]), int(row[1]), int(row[2])
 
 
 async def find_retry_of(session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:

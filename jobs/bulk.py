@@ -39,7 +39,8 @@ from engine.errors import (
 from engine.lifecycle import TERMINAL, LifecycleStatus
 from engine.settings import Settings
 from jobs.audit import BULK_CANCEL, BULK_RETRY, AuditEntry, AuditLog
-from jobs.service import JobService, WorkflowCanceller
+from jobs.cancellation import WorkflowCanceller
+from jobs.service import JobService
 
 log = logging.getLogger(__name__)
 Action = Literal["cancel", "retry"]

@@ -218,11 +218,14 @@ async def cover_next_call(
         return "cap"
     if windows:
         await budgets_db.lock_user(s, user_id)
-        for w in windows:
-            held = await budgets_db.committed(s, user_id, w.since, excluding=job_id)
-            # `held` counts this job's spend in the window, not its reservation: the job will
-            # hold `call_worst_usd` beyond what it spent.
-            if held.total_usd + call_worst_usd > w.limit_usd:
+        # Every window's spend and the other jobs' reservations in one statement.
+        read = await budgets_db.standing(
+            s, user_id, spent_since=[w.since for w in windows], reserved=True, excluding=job_id
+        )
+        for i, w in enumerate(windows):
+            # What a window holds counts this job's spend in it, not its reservation: the job
+            # will hold `call_worst_usd` beyond what it spent.
+            if read.committed(i).total_usd + call_worst_usd > w.limit_usd:
                 return w.name
     await budgets_db.reserve(s, job_id, needed)
     return None

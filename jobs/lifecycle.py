@@ -37,7 +37,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -53,7 +53,12 @@ from db.jobs import JobRow
 from db.outbox import CANCELLED, COMPLETED, FAILED
 from db.session import SessionMaker
 from db.usage import UsageSummary
-from engine.errors import ExecutionFailure, public_message_for
+from engine.errors import (
+    ExecutionFailure,
+    JobAlreadyCancelled,
+    JobNotCancellable,
+    public_message_for,
+)
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
@@ -389,3 +394,22 @@ async def outcome(sm: SessionMaker, job_id: uuid.UUID) -> Success | None:
 async def _as_found(s: AsyncSession, row: JobRow) -> Success:
     arts = await artifacts_db.artifacts(s, [row.id])
     return Success(row.lifecycle_status, len(arts[row.id]), row.job_type)
+
+
+async def request_cancel(
+    s: AsyncSession, job_id: uuid.UUID, state: LifecycleStatus
+) -> Literal["cancelled", "cancel_requested"]:
+    """The cancel request (the cancel API, an admin's, a bulk cancel's), on a job the caller
+    read locked (`FOR UPDATE`) in `state`: queued → cancelled at once with `ai.job.cancelled`
+    (`cancel`, queued only); running → cancel requested (`cancel_requested_at` set, the state
+    unchanged), and the job's workflow ends it; already cancelled → `JobAlreadyCancelled`; any
+    other ending → `JobNotCancellable`. Which of the two happened is returned."""
+    if state == LifecycleStatus.QUEUED:
+        await cancel(s, job_id, only_if_queued=True)
+        return "cancelled"
+    if state == LifecycleStatus.RUNNING:
+        await lifecycle_db.request_cancel(s, job_id)
+        return "cancel_requested"
+    if state == LifecycleStatus.CANCELLED:
+        raise JobAlreadyCancelled("The job is already cancelled.")
+    raise JobNotCancellable("The job has already finished.")

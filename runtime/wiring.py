@@ -27,7 +27,7 @@ from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
-from jobs.service import CreatePolicy
+from jobs.policy import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider

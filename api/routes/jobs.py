@@ -32,7 +32,7 @@ from api.schemas import (
 from db.jobs import JobFilter
 from engine.errors import ValidationFailed
 from jobs import views
-from jobs.service import CreateJobRequest
+from jobs.requests import CreateJobRequest
 from jobs.views import JobStatusResponse
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])

@@ -104,7 +104,7 @@ async def test_a_create_whose_enqueue_row_is_not_written_rolls_back(
                 payload={},
                 notify=False,
             )
-        monkeypatch.setattr("jobs.service.uuid.uuid4", lambda: forced)
+        monkeypatch.setattr("jobs.creation.uuid.uuid4", lambda: forced)
         with pytest.raises(EnqueueNotWritten):
             await st.service.create(
                 CreateJobRequest(

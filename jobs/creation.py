@@ -1,0 +1,304 @@
+"""Create a job (idempotent, quota-checked, transactional outbox), and quote one.
+
+Create writes the job, its snapshot and its `ai.job.enqueue` outbox row in ONE transaction and
+never talks to Temporal; the relay starts the workflow after commit. The request is checked
+before any I/O (jobs/requests.py); the quotas and budgets are decided under the user's lock from
+one read (jobs/quotas.py); the rows are written by db/ (`lifecycle.create`, `insert_plan`,
+`snapshots.insert_snapshot_and_enqueue`). An `Idempotency-Key` seen before answers with that
+job (same request) or refuses (`IDEMPOTENCY_KEY_REUSED`), including when two creates with one
+key race: the loser's unique violation resolves to the winner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import snapshots as snapshots_db
+from db.budgets import Committed
+from db.chunks import insert_plan
+from db.credentials import owned_active_key_id
+from db.errors import is_unique_violation
+from db.jobs import JOB_COLUMNS, JobRow
+from db.lifecycle import NewJob
+from db.outbox import ENQUEUE, enqueue_dedupe_key
+from db.session import SessionMaker
+from engine.contracts import workflow_id
+from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
+from engine.errors import (
+    CredentialMissing,
+    CredentialNotFound,
+    IdempotencyKeyReused,
+    PlatformUnavailable,
+)
+from engine.logcontext import job_context
+from engine.queues import resolve_execution
+from jobs.costs import BudgetWindow
+from jobs.policy import CreatePolicy
+from jobs.quotas import Quotas, Refusal
+from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
+from jobs.spec import Catalog
+from jobs.tracecontext import current_trace_context
+
+log = logging.getLogger(__name__)
+# `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
+SNAPSHOT_VERBATIM = "none"
+
+# Runs inside the create's transaction, after the job's rows: what must commit or roll back
+# with it (an audit entry, a bulk item's state, a retry's copied chunks). Raising rolls the
+# create back.
+CreateHook = Callable[[AsyncSession, JobRow], Awaitable[None]]
+CredentialLookup = Callable[[AsyncSession, str], Awaitable[uuid.UUID | None]]
+
+
+@dataclass(frozen=True)
+class CreateJobResult:
+    job: JobRow
+    created: bool
+
+
+@dataclass(frozen=True)
+class Quote:
+    checked: CheckedRequest
+    refusal: Refusal | None  # None: a create now would be admitted
+    budgets: list[tuple[BudgetWindow, Committed]]
+
+
+class EnqueueNotWritten(RuntimeError):
+    """The create transaction could not write its job's enqueue row (an invariant broke)."""
+
+
+class JobCreation:
+    """The create and quote use cases over one session factory, catalog and create policy."""
+
+    def __init__(
+        self,
+        sessionmaker: SessionMaker,
+        catalog: Catalog,
+        policy: CreatePolicy,
+        *,
+        credential_lookup: CredentialLookup | None = None,
+    ) -> None:
+        self._sm = sessionmaker
+        self._policy = policy
+        self._credential_lookup = credential_lookup
+        self.requests = RequestChecker(catalog, policy)
+        self.quotas = Quotas(policy)
+
+    async def quote(self, req: CreateJobRequest) -> Quote:
+        """What creating `req` now would cost and whether it would be admitted: the checks and
+        the estimate of create, and its quotas and budgets read without the user's lock. It
+        writes nothing and counts against nothing."""
+        checked = self.requests.check(req)
+        self._check_platform(checked)
+        async with self._sm.begin() as s:
+            admission = await self.quotas.admission(s, req.user_id, checked.estimate)
+        return Quote(checked, admission.refusal, admission.budgets)
+
+    async def create(
+        self, req: CreateJobRequest, *, within: CreateHook | None = None
+    ) -> CreateJobResult:
+        """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
+        transaction (`within` runs last in it). Returns the existing job for a repeated
+        `Idempotency-Key` with the same request (`created` False)."""
+        checked = self.requests.check(req)
+        if req.idempotency_key is not None:
+            existing = await self._find_by_key(req, checked)
+            if existing is not None:
+                return _same_request(existing, checked.fingerprint)
+        self._check_platform(checked)
+        new = self._new_job(req, checked, uuid.uuid4())
+        try:
+            async with self._sm.begin() as s:
+                result = await self._write(s, req, checked, new, within)
+        except Exception as exc:
+            # Two creates with one key raced past the lookup: the loser resolves to the winner.
+            if req.idempotency_key is None or not is_unique_violation(exc):
+                raise
+            existing = await self._find_by_key(req, checked)
+            if existing is None:
+                raise
+            return _same_request(existing, checked.fingerprint)
+        if result.created:
+            _announce(result.job)
+        return result
+
+    def _check_platform(self, checked: CheckedRequest) -> None:
+        """The platform's key is needed and not configured: 503, before any write."""
+        if (
+            checked.mode == PLATFORM_KEY
+            and not checked.job_type.always_synthetic
+            and not self._policy.platform_key_available
+        ):
+            raise PlatformUnavailable()
+
+    async def _find_by_key(self, req: CreateJobRequest, checked: CheckedRequest) -> JobRow | None:
+        assert req.idempotency_key is not None
+        async with self._sm.begin() as s:
+            return await jobs_db.find_by_idempotency_key(
+                s, req.user_id, checked.job_type.definition.job_type, req.idempotency_key
+            )
+
+    async def _write(
+        self,
+        s: AsyncSession,
+        req: CreateJobRequest,
+        checked: CheckedRequest,
+        new: NewJob,
+        within: CreateHook | None,
+    ) -> CreateJobResult:
+        """The create transaction's work, in order: quotas (a user's create), the target check,
+        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
+        jt = checked.job_type
+        if not req.internal:
+            winner = await self._admit(s, req, checked)
+            if winner is not None:
+                return _same_request(winner, checked.fingerprint)
+            if jt.check_target is not None:
+                await jt.check_target(s, req.user_id, req.target_type, req.target_id)
+        new = await self._pin_credential(s, req, new)
+        created = await lifecycle_db.create(s, new, returning=JOB_COLUMNS)
+        assert created is not None
+        row = JobRow(**created)
+        if checked.chunks:
+            await insert_plan(s, row.id, checked.chunks)
+        await self._enqueue(s, req, checked, row)
+        if within is not None:
+            await within(s, row)
+        return CreateJobResult(job=row, created=True)
+
+    async def _admit(
+        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest
+    ) -> JobRow | None:
+        """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
+        creates, so count-then-insert cannot overshoot, and the job's worst-case cost, reserved
+        by the insert that follows in this transaction, cannot take spend plus reservations
+        past a budget. Under the lock, a create with a key that a concurrent create just
+        committed is answered with that job (returned) instead of a quota error."""
+        if not self.quotas.limited:
+            return None
+        await self.quotas.lock(s, req.user_id)
+        if req.idempotency_key is not None:
+            existing = await jobs_db.find_by_idempotency_key(
+                s, req.user_id, req.job_type, req.idempotency_key
+            )
+            if existing is not None:
+                return existing
+        refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
+        if refusal is not None:
+            raise refusal.error
+        return None
+
+    async def _pin_credential(self, s: AsyncSession, req: CreateJobRequest, new: NewJob) -> NewJob:
+        """The user's key the job will use, pinned on its row (user_deepseek_key only)."""
+        if new.credential_mode != USER_DEEPSEEK_KEY:
+            return new
+        if req.credential_id is not None:
+            # The key the client named: its own and active, or 404 as if absent (no way to
+            # learn whether someone else's key id exists). Read FOR SHARE: a revoke racing this
+            # create waits for it, then the job fails at EXECUTE.
+            credential_id = await owned_active_key_id(s, req.user_id, req.credential_id)
+            if credential_id is None:
+                raise CredentialNotFound("Credential not found.")
+        else:
+            # The key chosen now is the key the job uses: pinned on the row, so a key added
+            # later never silently replaces it (a revoked one fails the job).
+            lookup = self._credential_lookup
+            credential_id = await lookup(s, req.user_id) if lookup is not None else None
+            if credential_id is None:
+                raise CredentialMissing("No active credential for user_deepseek_key.")
+        return dataclasses.replace(new, credential_id=credential_id)
+
+    def _new_job(self, req: CreateJobRequest, checked: CheckedRequest, job_id: uuid.UUID) -> NewJob:
+        """The `ai_job` row of a checked request, before its credential is pinned."""
+        d, estimate = checked.job_type.definition, checked.estimate
+        return NewJob(
+            id=job_id,
+            user_id=req.user_id,
+            job_type=d.job_type,
+            target_type=req.target_type,
+            target_id=req.target_id,
+            idempotency_key=req.idempotency_key,
+            request_fingerprint=checked.fingerprint,
+            queue_name=d.queue.queue_name,
+            priority=checked.priority,
+            input=checked.normalized,
+            credential_mode=checked.mode,
+            credential_id=None,
+            prompt_version=d.prompt_version,
+            input_schema_version=d.input.schema_version,
+            output_schema_version=d.output.schema_version,
+            max_retry_count=resolve_execution(d).max_retries,
+            workflow_id=workflow_id(d.queue.queue_name, d.job_type, str(job_id)),
+            retried_from_job_id=req.retried_from_job_id,
+            estimated_input_tokens=estimate.input_tokens,
+            max_output_tokens=estimate.output_budget,
+            max_cost_usd=req.max_cost_usd,
+            reserved_cost_usd=estimate.worst_case_cost_usd,
+            chunk_count=len(checked.chunks) if checked.chunks else None,
+        )
+
+    async def _enqueue(
+        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, row: JobRow
+    ) -> None:
+        """The snapshot and the enqueue row in one statement (one round trip). A job without
+        its enqueue row would wait forever: no row written rolls the create back."""
+        d = checked.job_type.definition
+        enqueued = await snapshots_db.insert_snapshot_and_enqueue(
+            s,
+            row.id,
+            {
+                # What the user wrote: prompts are built from it, so it must keep its meaning
+                # (a redacted "[phone]" inside a prompt would not). It is private data under
+                # the retention rule, never logged, never sent to Temporal.
+                "input": checked.normalized,
+                "targetType": req.target_type,
+                "targetId": req.target_id,
+            },
+            SNAPSHOT_VERBATIM,
+            self._policy.snapshot_ttl_days,
+            event_type=ENQUEUE,
+            aggregate_type="AiJob",
+            aggregate_id=str(row.id),
+            dedupe_key=enqueue_dedupe_key(row.id),
+            payload={
+                "jobId": str(row.id),
+                "jobType": d.job_type,
+                "queueName": d.queue.queue_name,
+                "priority": checked.priority,
+                # Fair dispatch per user without naming the user in Temporal.
+                "fairnessKey": self._policy.fairness_key(req.user_id),
+                "fairnessWeight": self._policy.fairness_weights.get(req.user_id, 1.0),
+            },
+            # The relay continues this request's trace when it starts the workflow.
+            trace_context=current_trace_context(),
+        )
+        if enqueued is None:
+            raise EnqueueNotWritten(str(row.id))
+
+
+def _same_request(existing: JobRow, fingerprint: str) -> CreateJobResult:
+    """An idempotent repeat: the job `existing` when its request was this one, else 409."""
+    if existing.request_fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was already used with a different request."
+        )
+    return CreateJobResult(job=existing, created=False)
+
+
+def _announce(row: JobRow) -> None:
+    """The new job on the request's span and in the log (ids and type only)."""
+    job_id = str(row.id)
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes({"aijobs.job_id": job_id, "aijobs.job_type": row.job_type})
+    with job_context(job_id, row.job_type, row.workflow_id):
+        log.info("job created", extra={"job_id": job_id, "job_type": row.job_type})

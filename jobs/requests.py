@@ -1,0 +1,232 @@
+"""A create request, checked: everything create decides before it touches the database.
+
+The job type (visible to the caller?), the input (strictly valid, finite), the priority, the
+credential mode and key, the cost cap, the target type, a long source's chunk plan, whether the
+prompt can fit the model at all, the estimate (jobs/costs.py) and the request's fingerprint. A
+quote stops after these checks; a create goes on with the result (jobs/creation.py). Nothing
+here does I/O, so a refused request has cost no round trip.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from db.chunks import PlannedChunk
+from engine.definition import USER_DEEPSEEK_KEY
+from engine.errors import RequestTooLarge, UnknownJobType, ValidationFailed
+from engine.hashing import request_fingerprint
+from engine.tokens import count_chat_tokens, estimate_prompt_tokens
+from jobs import chunked
+from jobs.costs import JobEstimate, estimate_job
+from jobs.policy import CreatePolicy
+from jobs.spec import AnyJobType, Catalog
+
+
+@dataclass(frozen=True)
+class CreateJobRequest:
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    input: dict[str, Any]
+    priority: int | None = None
+    idempotency_key: str | None = None
+    credential_mode: str | None = None
+    # One of the caller's own active keys (user_deepseek_key only); None: the newest.
+    credential_id: uuid.UUID | None = None
+    retried_from_job_id: uuid.UUID | None = None
+    # The most this job may cost in all (USD); its answer budget is cut to fit. None: no cap.
+    max_cost_usd: Decimal | None = None
+    # Admin retry and internal callers bypass visibility and quotas.
+    internal: bool = False
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    job_type: AnyJobType
+    normalized: dict[str, Any]
+    priority: int
+    mode: str
+    estimate: JobEstimate
+    fingerprint: str
+    chunks: list[PlannedChunk] | None = None  # a long source's plan; None: one call
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
+    """Pydantic errors without the offending input values (they may be sensitive)."""
+    return [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type")}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+class RequestChecker:
+    """Checks create requests against the catalog and the create policy; pure (no I/O)."""
+
+    def __init__(self, catalog: Catalog, policy: CreatePolicy) -> None:
+        self._catalog = catalog
+        self._policy = policy
+
+    def check(self, req: CreateJobRequest) -> CheckedRequest:
+        """Everything create decides before it touches the database: the type, the validated
+        input, priority, credential mode, the estimate and the request's fingerprint. A quote
+        stops here; create goes on. The checks run in this order, so a request that breaks
+        several is refused for the first."""
+        jt = self.job_type_for_create(req.job_type, internal=req.internal)
+        model = self.validate_input(jt, req.input)
+        normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+        priority, mode = _checked_options(req, jt)
+        chunks = self.plan_chunks(jt, model)
+        self._check_fits_the_model(jt, model, chunks)
+        if jt.target_types is not None and req.target_type not in jt.target_types:
+            raise ValidationFailed(
+                f"targetType must be one of: {', '.join(jt.target_types)}",
+                errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
+            )
+        estimate = self.estimate(jt, model, mode, req.max_cost_usd, chunks)
+        # The effective priority and credential mode: omitting them and sending the defaults
+        # are the same request.
+        fingerprint = request_fingerprint(
+            jt.definition.job_type,
+            req.target_type,
+            req.target_id,
+            normalized,
+            priority,
+            mode,
+            str(req.credential_id) if req.credential_id is not None else None,
+            str(req.max_cost_usd) if req.max_cost_usd is not None else None,
+        )
+        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks)
+
+    def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
+        jt = self._catalog.get(job_type)
+        if not internal and not jt.definition.creatable(development=self._policy.synthetic_public):
+            raise UnknownJobType(job_type)
+        return jt
+
+    def validate_input(self, jt: AnyJobType, raw: Any) -> BaseModel:
+        if not _finite(raw):
+            # JSON has no NaN/Infinity; PostgreSQL jsonb would silently change them.
+            raise ValidationFailed("The input contains a non-finite number.")
+        try:
+            # Strict: the input is JSON, and its types are what the schema says (`true` is not
+            # a count, "5" is not a number); a stored input is re-read laxly by EXECUTE.
+            model: BaseModel = jt.input_model.model_validate(
+                raw if raw is not None else {}, strict=True
+            )
+            return model
+        except ValidationError as exc:
+            raise ValidationFailed(
+                "The input does not match the job type's input schema.",
+                errors=validation_errors(exc),
+            ) from None
+
+    def plan_chunks(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
+        """A long source's chunks (jobs/chunked.py), or None: one call. Each chunk's prompt fits
+        the per-call budget, and never more than the model's window leaves beside the answer."""
+        if jt.chunking is None:
+            return None
+        window = None if jt.always_synthetic else self._policy.context_window
+        leaves = window - jt.definition.execution.max_output_tokens if window is not None else None
+        return chunked.plan(
+            jt, model, self._policy.chunking, window_budget=max(leaves, 1) if leaves else None
+        )
+
+    def _check_fits_the_model(
+        self, jt: AnyJobType, model: BaseModel, chunks: list[PlannedChunk] | None
+    ) -> None:
+        """Refuse (422 REQUEST_TOO_LARGE, naming the limit) a job whose prompt, by a lower-bound
+        estimate, plus its output budget cannot fit the model's context window: no provider
+        call could succeed, so nothing is queued, retried or paid for. A chunked job's calls are
+        its chunks', each planned within the window."""
+        window = self._policy.context_window
+        if window is None or jt.always_synthetic or chunks:
+            return
+        prompt = jt.prompt(model, None)
+        needed = estimate_prompt_tokens(prompt.system, prompt.user)
+        budget = jt.definition.execution.max_output_tokens
+        if needed + budget > window:
+            raise RequestTooLarge(
+                f"The input is too long for the AI model: at least {needed} prompt tokens plus "
+                f"an answer budget of {budget} exceed its context window of {window} tokens. "
+                "Shorten the input."
+            )
+
+    def estimate(
+        self,
+        jt: AnyJobType,
+        model: BaseModel,
+        mode: str,
+        max_cost_usd: Decimal | None,
+        chunks: list[PlannedChunk] | None = None,
+    ) -> JobEstimate:
+        """The job's tokens and cost before any call (jobs/costs.py), over all its chunks' calls
+        for a long source; a cap too low for it raises CostCapTooLow."""
+        model_name = self._policy.model_for(jt, mode)
+        budget = jt.definition.execution.max_output_tokens
+        inputs = [chunked.chunk_model(jt, model, c) for c in chunks] if chunks else [model]
+        expected = sum(
+            jt.expected_output_tokens(i) if jt.expected_output_tokens else budget // 4
+            for i in inputs
+        )
+        if jt.always_synthetic:
+            # A synthetic job type's calls are free and never reach a provider: no prompt is
+            # built for it here (EXECUTE builds it, and a failure there is the job's own).
+            prompt_tokens: list[int] = []
+        elif chunks:
+            # The plan counted each chunk's prompt already; a long source is not counted twice.
+            prompt_tokens = [c.input_tokens for c in chunks]
+        else:
+            prompt = jt.prompt(model, None)
+            prompt_tokens = [count_chat_tokens(prompt.system, prompt.user)]
+        return estimate_job(
+            prompt_tokens,
+            model=model_name,
+            price=self._policy.prices.price_for(model_name),
+            output_budget=budget,
+            expected_output_tokens=expected,
+            margin=self._policy.estimate_margin,
+            max_cost_usd=max_cost_usd,
+        )
+
+
+def _checked_options(req: CreateJobRequest, jt: AnyJobType) -> tuple[int, str]:
+    """The effective priority and credential mode of `req`, after the checks of its options
+    (priority range, credential mode allowed, a named key only with the user's key mode, a
+    positive cost cap), in that order."""
+    d = jt.definition
+    priority = d.queue.default_priority if req.priority is None else req.priority
+    if not 0 <= priority <= 100:
+        raise ValidationFailed("priority must be between 0 and 100")
+    mode = req.credential_mode or d.credential.default_mode
+    if mode not in d.credential.allowed_modes:
+        raise ValidationFailed("credentialMode is not allowed for this job type")
+    if req.credential_id is not None and mode != USER_DEEPSEEK_KEY:
+        raise ValidationFailed(
+            "credentialId is only accepted with credentialMode user_deepseek_key",
+            errors=[{"loc": ["credentialId"], "msg": "needs user_deepseek_key", "type": "value"}],
+        )
+    if req.max_cost_usd is not None and not (req.max_cost_usd.is_finite() and req.max_cost_usd > 0):
+        raise ValidationFailed(
+            "maxCostUsd must be a positive number",
+            errors=[{"loc": ["maxCostUsd"], "msg": "must be > 0", "type": "value"}],
+        )
+    return priority, mode
+
+
+def _finite(value: Any, depth: int = 0) -> bool:
+    if depth > 64:
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v, depth + 1) for v in value)
+    return True

@@ -1,0 +1,85 @@
+"""An admin's retry: a failed or cancelled job runs again as a new job.
+
+One new job per original, found by `retried_from_job_id` (unique), never by an idempotency key
+a user could have claimed first: a double-click, or two admins at once, get the same job. The
+retry is an internal create (jobs/creation.py: outside the user's quotas and visibility); a
+long source's chunks the original already paid for are copied into its plan in the same
+transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import jobs as jobs_db
+from db.chunks import copy_succeeded as copy_succeeded_chunks
+from db.errors import is_unique_violation
+from db.jobs import JobRow
+from db.session import SessionMaker
+from engine.errors import JobNotFound, JobNotRetryable
+from engine.lifecycle import LifecycleStatus
+from jobs.creation import CreateHook, CreateJobResult, JobCreation
+from jobs.requests import CreateJobRequest
+
+
+class JobRetry:
+    """The admin retry use case, creating through `creation`."""
+
+    def __init__(self, sessionmaker: SessionMaker, creation: JobCreation) -> None:
+        self._sm = sessionmaker
+        self._creation = creation
+
+    async def retry(
+        self, job_id: uuid.UUID, *, within: CreateHook | None = None
+    ) -> CreateJobResult:
+        """The retry of `job_id`: the existing one (`created` False), or a new job. `within`
+        runs in the transaction that creates the retry (not when one existed)."""
+        async with self._sm.begin() as s:
+            row = await jobs_db.get(s, job_id)
+            existing = await jobs_db.find_retry_of(s, job_id) if row is not None else None
+        if row is None:
+            raise JobNotFound("Job not found.")
+        if row.lifecycle_status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
+            raise JobNotRetryable("Only failed or cancelled jobs can be retried.")
+        if existing is not None:
+            return CreateJobResult(job=existing, created=False)
+        if row.private_data_purged_at is not None:
+            raise JobNotRetryable("The job's input has expired under the retention rule.")
+        original = row.id
+
+        async def keep_paid_chunks(s: AsyncSession, new: JobRow) -> None:
+            # A long source's chunks the original already paid for are copied into the retry's
+            # plan (same ranges only), in its create transaction: it calls for the others.
+            await copy_succeeded_chunks(s, from_job=original, to_job=new.id)
+            if within is not None:
+                await within(s, new)
+
+        try:
+            return await self._creation.create(_request_of(row), within=keep_paid_chunks)
+        except Exception as exc:
+            # Two retries raced: the loser's unique violation resolves to the winner's job.
+            if not is_unique_violation(exc):
+                raise
+            async with self._sm.begin() as s:
+                existing = await jobs_db.find_retry_of(s, job_id)
+            if existing is None:
+                raise
+            return CreateJobResult(job=existing, created=False)
+
+
+def _request_of(row: JobRow) -> CreateJobRequest:
+    """The original's request again, as an internal create naming the original."""
+    return CreateJobRequest(
+        user_id=row.user_id,
+        job_type=row.job_type,
+        target_type=row.target_type,
+        target_id=row.target_id,
+        input=row.input,
+        priority=row.priority,
+        credential_mode=row.credential_mode,
+        retried_from_job_id=row.id,
+        max_cost_usd=row.max_cost_usd,
+        internal=True,
+    )
