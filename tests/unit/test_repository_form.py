@@ -16,13 +16,17 @@ DB = ROOT / "db"
 # caller's session) that owns no SQL of its own.
 NOT_REPOSITORIES = {
     "models.py",
+    "models_admin.py",
+    "models_projected.py",
+    "models_provider.py",
+    "models_webhooks.py",
     "session.py",
     "migrate.py",
     "errors.py",
     "pipeline.py",
     "__init__.py",
 }
-SESSION_TYPES = {"AsyncSession", "AsyncConnection"}
+SESSION_TYPES = {"AsyncSession", "AsyncConnection", "SessionMaker"}  # SessionMaker: one round trip
 
 
 def repository_modules() -> list[Path]:
