@@ -199,34 +199,6 @@ def job_event_statement(
     }
 
 
-# Up to :lim due pending rows, oldest first, claimed by :owner (rows another relay holds are
-# skipped, not waited for). The relay sends it pipelined (db/pipeline.py): `claimed`.
-CLAIM = text(
-    f"""
-    WITH c AS (
-        SELECT id FROM outbox_event
-        WHERE status = 'pending' AND available_at <= now()
-        ORDER BY available_at, id
-        LIMIT :lim
-        FOR UPDATE SKIP LOCKED)
-    UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
-           locked_at = now(), attempt_count = o.attempt_count + 1
-    FROM c WHERE o.id = c.id AND o.status = 'pending'
-    RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
-    """
-)
-
-
-def claimed(rows: Sequence[Any]) -> list[OutboxRow]:
-    """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
-    return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
-
-
-async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
-    rows = await session.execute(CLAIM, {"lim": limit, "owner": owner})
-    return claimed([r._mapping for r in rows])
-
-
 # Only the claimer's own `processing` rows: a row released and re-claimed by another relay
 # meanwhile is that relay's to mark.
 MARK_PUBLISHED = text(

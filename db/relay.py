@@ -4,25 +4,57 @@ The relay (activities/relay.py) claims a batch, starts its workflows outside any
 then marks the batch published. Both transactions are short and their parameters known up
 front, so each goes as `BEGIN; <statements>; COMMIT` in one psycopg pipeline (db/pipeline.py)
 instead of a session's round trip per statement: at the relay's rate that is most of its
-database cost. The statements are db/outbox.py's and db/webhooks.py's own, so the SQL keeps
-one home; a batch with failures settles through the session functions of db/outbox.py.
+database cost. The claim's statement lives here; the publish sends db/outbox.py's and
+db/webhook_deliveries.py's own, so each statement has one home. A batch with failures settles
+through the session functions of db/outbox.py instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
-from db.outbox import CLAIM, MARK_PUBLISHED, OutboxRow, claimed
+from db.outbox import COLUMNS, MARK_PUBLISHED, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
+
+# Up to :lim due pending rows, oldest first, claimed by :owner (rows another relay holds are
+# skipped, not waited for). `claim` sends it pipelined; `claim_batch` in a session.
+CLAIM = text(
+    f"""
+    WITH c AS (
+        SELECT id FROM outbox_event
+        WHERE status = 'pending' AND available_at <= now()
+        ORDER BY available_at, id
+        LIMIT :lim
+        FOR UPDATE SKIP LOCKED)
+    UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
+           locked_at = now(), attempt_count = o.attempt_count + 1
+    FROM c WHERE o.id = c.id AND o.status = 'pending'
+    RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
+    """
+)
+
+
+def _claimed(rows: Sequence[Any]) -> list[OutboxRow]:
+    """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
+    return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
+
+
+async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
+    rows = await session.execute(CLAIM, {"lim": limit, "owner": owner})
+    return _claimed([r._mapping for r in rows])
 
 
 async def claim(sm: SessionMaker, *, owner: str, limit: int) -> list[OutboxRow]:
     """Up to `limit` due pending rows, claimed by `owner` and committed in one round trip, in
     id order. Rows another relay holds are skipped (SKIP LOCKED), so claims are disjoint."""
     [rows] = await pipeline.run(sm, [(CLAIM, {"lim": limit, "owner": owner})], commit=True)
-    return claimed(rows)
+    return _claimed(rows)
 
 
 async def publish(
