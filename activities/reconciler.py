@@ -46,7 +46,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from temporalio import activity
@@ -63,7 +62,7 @@ from db import reconciler as reconciler_db
 from db import snapshots as snapshots_db
 from db.lifecycle import JobLockRow
 from db.outbox import ParkedPage
-from db.reconciler import WaitingJob
+from db.reconciler import CancelRequest, WaitingJob
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
@@ -371,7 +370,7 @@ class Reconciler:
 
     async def _fetch_cancels(
         self, after: WaitingKey | None, limit: int
-    ) -> Fetched[list[tuple[uuid.UUID, str, datetime]]]:
+    ) -> Fetched[list[CancelRequest]]:
         async with self._sm.begin() as s:
             page = await reconciler_db.cancel_requested_page(
                 s, older_than_s=self.config.cancel_resend_after_s, after=after, limit=limit
@@ -379,19 +378,20 @@ class Reconciler:
         return Fetched(page, len(page))
 
     async def _handle_cancels(
-        self, p: Pass, phase: Phase, page: list[tuple[uuid.UUID, str, datetime]], after: Cursor
+        self, p: Pass, phase: Phase, page: list[CancelRequest], after: Cursor
     ) -> tuple[Cursor, bool]:
-        running = await running_among(self._client, p, [wf for _, wf, _ in page])
-        for job_id, wf_id, requested_at in page:
-            after = (requested_at, job_id)
-            if wf_id not in running:
+        running = await running_among(self._client, p, [c.workflow_id for c in page])
+        for c in page:
+            after = (c.requested_at, c.job_id)
+            if c.workflow_id not in running:
                 continue  # closed: the expired-lock phase ends the job once its lock runs out
             p.temporal_calls += 1
             try:
-                await self._client.get_workflow_handle(wf_id).cancel(rpc_timeout=RPC_TIMEOUT)
+                handle = self._client.get_workflow_handle(c.workflow_id)
+                await handle.cancel(rpc_timeout=RPC_TIMEOUT)
                 p.add("cancel_resent")
             except RPCError:
-                log.warning("cancel re-send failed", extra={"job_id": str(job_id)})
+                log.warning("cancel re-send failed", extra={"job_id": str(c.job_id)})
         return after, False
 
     # ---- phases: the retired relay, retention ------------------------------------------------
