@@ -31,39 +31,41 @@ and describes no more than `describes_per_phase` workflows per pass, and runs fo
 pass goes on from there, wrapping round at the end, so every candidate, old or new, is looked at
 within a bounded number of passes. A phase that raises or overruns its budget is logged and
 counted; the other phases run regardless. The activity heartbeats between pages and phases.
+
+Every paged phase is a fetch (one page of candidates from SQL, in db/) and a handle (what it does
+about each), run by one paging loop (`Reconciler._paged`) that owns the caps, the deadline and
+the cursor. The pass's bookkeeping is activities/reconciler_pass.py; the questions to Temporal,
+activities/reconciler_temporal.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import (
-    DescribeWorkflowExecutionRequest,
-    ListWorkflowExecutionsRequest,
-)
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
+from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay import retire_relay_workflow
 from db import audit as audit_db
 from db import outbox as outbox_db
 from db import reconciler as reconciler_db
 from db import snapshots as snapshots_db
+from db.lifecycle import JobLockRow
+from db.outbox import ParkedPage
+from db.reconciler import CancelRequest, WaitingJob
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
-from engine.workflow_state import MISSING, WorkflowState, workflow_state
 from jobs import lifecycle
 from jobs.spec import Catalog
 
@@ -83,13 +85,8 @@ STUCK_SAMPLE = 25
 # Wall time of one phase; a phase still busy this much later is cancelled (and counted failed).
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
-RPC_TIMEOUT = timedelta(seconds=10)
 
 PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
-
-# Workflow ids this engine makes ("{queue}:{jobType}:{jobId}", the relay's, the reconciler's):
-# only ids of this shape go into a visibility query; any other is described instead.
-_QUERYABLE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 
 
 @dataclass(frozen=True)
@@ -115,39 +112,6 @@ class ReconcilerConfig:
     describes_per_phase: int = DESCRIBES_PER_PHASE
     stuck_sample: int = STUCK_SAMPLE
     phase_budget_s: float = PHASE_BUDGET_S
-
-
-@dataclass
-class _Pass:
-    """What one pass did so far; every phase adds to it."""
-
-    heartbeat: Callable[[], None] | None
-    counts: dict[str, int] = field(default_factory=dict)
-    details: list[str] = field(default_factory=list)
-    temporal_calls: int = 0
-    described: int = 0
-    failed: list[str] = field(default_factory=list)
-    cut_short: list[str] = field(default_factory=list)
-    reported_stuck: set[uuid.UUID] = field(default_factory=set)
-
-    def add(self, key: str, n: int = 1) -> None:
-        self.counts[key] = self.counts.get(key, 0) + n
-
-    def beat(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat()
-
-
-@dataclass
-class _Phase:
-    """One phase's allowance in this pass."""
-
-    name: str
-    deadline: float
-    describes_left: int
-
-    def out_of_time(self) -> bool:
-        return time.monotonic() >= self.deadline
 
 
 class Reconciler:
@@ -177,8 +141,8 @@ class Reconciler:
     # ---- the pass --------------------------------------------------------------------------
 
     async def run_once(self, *, heartbeat: Callable[[], None] | None = None) -> ReconcileResult:
-        p = _Pass(heartbeat)
-        phases: dict[str, Callable[[_Pass, _Phase], Awaitable[None]]] = {
+        p = Pass(heartbeat)
+        phases: dict[str, Callable[[Pass, Phase], Awaitable[None]]] = {
             "expired_locks": self._expired_locks,
             "waiting": self._waiting,
             "stuck": self._stuck,
@@ -189,53 +153,22 @@ class Reconciler:
         }
         for name in PHASES:
             await self._run_phase(p, name, phases[name])
-
-        c = p.counts
-        stuck = c.get("stuck_workflow", 0)
         self._metrics.reconciled(
-            {
-                "expired_lock_failed": c.get("expired_lock_failed", 0),
-                "outbox_requeued": c.get("outbox_requeued", 0),
-                "snapshot_deleted": c.get("snapshot_deleted", 0),
-                "cancel_resent": c.get("cancel_resent", 0),
-                "stuck_workflow": stuck,
-                "enqueue_revived": c.get("enqueue_revived", 0),
-                "enqueue_closed": c.get("enqueue_closed", 0),
-                "relay_retired": c.get("relay_retired", 0),
-                "private_data_purged": c.get("private_data_purged", 0),
-                "outbox_deleted": c.get("outbox_deleted", 0),
-            },
-            stuck=stuck,
+            p.metric_counts(),
+            stuck=p.counts.get("stuck_workflow", 0),
             temporal_calls=p.temporal_calls,
         )
-        return ReconcileResult(
-            expired_locks_failed=c.get("expired_lock_failed", 0),
-            outbox_requeued=c.get("outbox_requeued", 0),
-            snapshots_deleted=c.get("snapshot_deleted", 0),
-            cancels_resent=c.get("cancel_resent", 0),
-            details=p.details[:50],
-            stuck_workflows=stuck,
-            enqueues_revived=c.get("enqueue_revived", 0),
-            # The relay is no longer restarted by anyone but its process's supervisor; the
-            # field stays in the contract (recorded results carry it) and is always false.
-            private_data_purged=c.get("private_data_purged", 0),
-            outbox_deleted=c.get("outbox_deleted", 0),
-            enqueues_closed=c.get("enqueue_closed", 0),
-            temporal_calls=p.temporal_calls,
-            workflows_described=p.described,
-            failed_phases=p.failed,
-            phases_cut_short=p.cut_short,
-        )
+        return p.result()
 
     async def _run_phase(
-        self, p: _Pass, name: str, run: Callable[[_Pass, _Phase], Awaitable[None]]
+        self, p: Pass, name: str, run: Callable[[Pass, Phase], Awaitable[None]]
     ) -> None:
         """Runs one phase within its budget. Whatever it raises (a database or Temporal error, a
         bug, its hard time limit) is logged and counted, and the pass goes on with the next
         phase: one broken phase must not stop revival, cancels or retention. A cancellation of
         the activity itself is not caught."""
         budget = self.config.phase_budget_s
-        phase = _Phase(name, time.monotonic() + budget, self.config.describes_per_phase)
+        phase = Phase(name, time.monotonic() + budget, self.config.describes_per_phase)
         try:
             async with asyncio.timeout(budget + PHASE_HARD_STOP_S):
                 await run(p, phase)
@@ -253,155 +186,112 @@ class Reconciler:
             )
         p.beat()
 
-    def _cut(self, p: _Pass, phase: _Phase) -> None:
-        if phase.name not in p.cut_short:
-            p.cut_short.append(phase.name)
-
-    # ---- Temporal, counted -----------------------------------------------------------------
-
-    async def _describe(self, p: _Pass, workflow_id: str) -> WorkflowState:
-        p.temporal_calls += 1
-        p.described += 1
-        try:
-            desc = await self._client.workflow_service.describe_workflow_execution(
-                _describe_request(self._client.namespace, workflow_id), timeout=RPC_TIMEOUT
-            )
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return MISSING
-            raise
-        return workflow_state(desc)
-
-    async def _running_among(self, p: _Pass, workflow_ids: Sequence[str]) -> set[str]:
-        """Which of these workflows visibility lists as running: one list call per page of
-        ids (two if the server pages the answer). Ids of an unexpected shape are left out (never
-        listed, so described by the caller)."""
-        ids = sorted({w for w in workflow_ids if _QUERYABLE_ID.match(w)})
-        if not ids:
-            return set()
-        query = (
-            "ExecutionStatus = 'Running' AND WorkflowId IN ("
-            + ", ".join(f"'{w}'" for w in ids)
-            + ")"
-        )
-        running: set[str] = set()
-        token = b""
-        while True:
-            p.temporal_calls += 1
-            resp = await self._client.workflow_service.list_workflow_executions(
-                ListWorkflowExecutionsRequest(
-                    namespace=self._client.namespace,
-                    page_size=len(ids),
-                    next_page_token=token,
-                    query=query,
-                ),
-                timeout=RPC_TIMEOUT,
-            )
-            running.update(e.execution.workflow_id for e in resp.executions)
-            token = resp.next_page_token
-            # A full page may come with a token for an empty next one: one open run per id.
-            if not token or len(running) >= len(ids):
-                return running
-
-    def _report_stuck(self, p: _Pass, job_id: uuid.UUID, wf_id: str, state: WorkflowState) -> None:
-        if job_id in p.reported_stuck:
-            return
-        p.reported_stuck.add(job_id)
-        p.add("stuck_workflow")
-        log.error(
-            "workflow task keeps failing; the job cannot progress until it is fixed",
-            extra={
-                "job_id": str(job_id),
-                "workflow_id": wf_id,
-                "failing_task_attempts": state.failing_task_attempts,
-                "alert": "AIJOBS_STUCK_WORKFLOW",
-            },
-        )
-        p.details.append(f"stuck {job_id} ({state.failing_task_attempts} failed workflow tasks)")
-
-    # ---- phases ----------------------------------------------------------------------------
-
-    async def _expired_locks(self, p: _Pass, phase: _Phase) -> None:
-        """Running jobs whose lock expired: a set that is empty while workers are healthy, so
-        each is described (how the workflow ended decides), within the phase's caps."""
+    async def _paged(
+        self,
+        p: Pass,
+        phase: Phase,
+        fetch: Callable[[Cursor, int], Awaitable[Fetched[T]]],
+        handle: Handle[T],
+        *,
+        start: Cursor = None,
+    ) -> None:
+        """The one paging loop: from where this phase stopped in the previous pass, fetch a
+        page, handle it, heartbeat, and go on until the candidates end (the cursor goes back to
+        `start`, so the next pass begins again), the phase has looked at `rows_per_phase` rows,
+        run out of time, or its handle stops early (the cursor stays where it stopped). Either
+        way the cursor is kept, so every candidate is looked at within a bounded number of
+        passes however many there are."""
         cfg = self.config
-        after = self._cursor.get(phase.name)
+        after = self._cursor.get(phase.name) or start
         seen = 0
         while True:
             if seen >= cfg.rows_per_phase or phase.out_of_time():
-                self._cut(p, phase)
-                break
-            async with self._sm.begin() as s:
-                page = await reconciler_db.find_expired_locks(
-                    s, cfg.lock_grace_s, after=after, limit=cfg.page
-                )
-            seen += len(page)
-            stopped = False
-            for job in page:
-                if phase.describes_left <= 0 or phase.out_of_time():
-                    stopped = True
-                    break
-                phase.describes_left -= 1
-                state = await self._describe(p, job.workflow_id)
-                after = (job.lock_until, job.id)
-                if state.running:
-                    if state.failing_task_attempts >= cfg.stuck_task_attempts:
-                        self._report_stuck(p, job.id, job.workflow_id, state)
-                    continue
-                if await self._fail_abandoned(job.id, job.job_type):
-                    p.add("expired_lock_failed")
-                    p.details.append(f"failed {job.id}")
-            p.beat()
-            if stopped:
-                self._cut(p, phase)
-                break
-            if len(page) < cfg.page:
-                after = None  # the end: the next pass starts from the beginning
-                break
-        self._cursor[phase.name] = after
-
-    async def _waiting(self, p: _Pass, phase: _Phase) -> None:
-        """Queued jobs whose enqueue was published: one visibility query per page says which
-        workflows run; only the others are described, and re-enqueued if missing or closed."""
-        cfg = self.config
-        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
-        seen = 0
-        while True:
-            if seen >= cfg.rows_per_phase or phase.out_of_time():
-                self._cut(p, phase)
+                p.cut(phase)
                 break
             limit = min(cfg.page, cfg.rows_per_phase - seen)
-            async with self._sm.begin() as s:
-                page = await reconciler_db.waiting_jobs_page(
-                    s, published_before_s=cfg.missing_workflow_after_s, after=after, limit=limit
-                )
-            seen += len(page)
-            running = await self._running_among(p, [w.workflow_id for w in page])
-            stopped = False
-            for w in page:
-                if w.workflow_id not in running:
-                    if phase.describes_left <= 0 or phase.out_of_time():
-                        stopped = True
-                        break
-                    phase.describes_left -= 1
-                    await self._check_unlisted(p, w.event_id, w.job_id, w.workflow_id)
-                after = (w.created_at, w.job_id)
+            fetched = await fetch(after, limit)
+            seen += fetched.seen
+            after, stopped = await handle(p, phase, fetched.page, after)
             p.beat()
             if stopped:
-                self._cut(p, phase)
+                p.cut(phase)
                 break
-            if len(page) < limit:
-                after = None  # the end: the next pass starts from the beginning
+            if fetched.seen < limit:
+                after = start  # the end: the next pass starts from the beginning
                 break
         self._cursor[phase.name] = after
 
-    async def _check_unlisted(self, p: _Pass, event_id: int, job_id: uuid.UUID, wf_id: str) -> None:
+    # ---- phases: expired locks -------------------------------------------------------------
+
+    async def _expired_locks(self, p: Pass, phase: Phase) -> None:
+        """Running jobs whose lock expired: a set that is empty while workers are healthy, so
+        each is described (how the workflow ended decides), within the phase's caps."""
+        await self._paged(p, phase, self._fetch_expired_locks, self._handle_expired_locks)
+
+    async def _fetch_expired_locks(self, after: Cursor, limit: int) -> Fetched[list[JobLockRow]]:
+        async with self._sm.begin() as s:
+            page = await reconciler_db.find_expired_locks(
+                s, self.config.lock_grace_s, after=after, limit=limit
+            )
+        return Fetched(page, len(page))
+
+    async def _handle_expired_locks(
+        self, p: Pass, phase: Phase, page: list[JobLockRow], after: Cursor
+    ) -> tuple[Cursor, bool]:
+        for job in page:
+            if phase.describes_left <= 0 or phase.out_of_time():
+                return after, True
+            phase.describes_left -= 1
+            state = await describe(self._client, p, job.workflow_id)
+            after = (job.lock_until, job.id)
+            if state.running:
+                if state.failing_task_attempts >= self.config.stuck_task_attempts:
+                    p.report_stuck(job.id, job.workflow_id, state)
+                continue
+            if await self._fail_abandoned(job.id, job.job_type):
+                p.add("expired_lock_failed")
+                p.details.append(f"failed {job.id}")
+        return after, False
+
+    # ---- phases: waiting jobs and stuck workflows --------------------------------------------
+
+    async def _waiting(self, p: Pass, phase: Phase) -> None:
+        """Queued jobs whose enqueue was published: one visibility query per page says which
+        workflows run; only the others are described, and re-enqueued if missing or closed."""
+        await self._paged(p, phase, self._fetch_waiting, self._handle_waiting)
+
+    async def _fetch_waiting(
+        self, after: WaitingKey | None, limit: int
+    ) -> Fetched[list[WaitingJob]]:
+        async with self._sm.begin() as s:
+            page = await reconciler_db.waiting_jobs_page(
+                s,
+                published_before_s=self.config.missing_workflow_after_s,
+                after=after,
+                limit=limit,
+            )
+        return Fetched(page, len(page))
+
+    async def _handle_waiting(
+        self, p: Pass, phase: Phase, page: list[WaitingJob], after: Cursor
+    ) -> tuple[Cursor, bool]:
+        running = await running_among(self._client, p, [w.workflow_id for w in page])
+        for w in page:
+            if w.workflow_id not in running:
+                if phase.describes_left <= 0 or phase.out_of_time():
+                    return after, True
+                phase.describes_left -= 1
+                await self._check_unlisted(p, w.event_id, w.job_id, w.workflow_id)
+            after = (w.created_at, w.job_id)
+        return after, False
+
+    async def _check_unlisted(self, p: Pass, event_id: int, job_id: uuid.UUID, wf_id: str) -> None:
         """A waiting job whose workflow visibility does not list as running: Temporal's own word
         (a describe) decides; only a missing or closed workflow is replaced."""
-        state = await self._describe(p, wf_id)
+        state = await describe(self._client, p, wf_id)
         if state.running:
             if state.failing_task_attempts >= self.config.stuck_task_attempts:
-                self._report_stuck(p, job_id, wf_id, state)
+                p.report_stuck(job_id, wf_id, state)
             return
         async with self._sm.begin() as s:
             if await outbox_db.republish_enqueue(s, event_id):
@@ -412,119 +302,110 @@ class Reconciler:
                     extra={"job_id": str(job_id), "workflow_exists": state.exists},
                 )
 
-    async def _stuck(self, p: _Pass, phase: _Phase) -> None:
+    async def _stuck(self, p: Pass, phase: Phase) -> None:
         """A bounded sample of waiting jobs, taken in turn across passes, is described: a
-        workflow whose task keeps failing looks `Running` to visibility."""
+        workflow whose task keeps failing looks `Running` to visibility. One page of the
+        waiting phase's fetch per pass, not the paging loop: the sample is its own cap."""
         cfg = self.config
         if cfg.stuck_sample <= 0:
             return
-        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
-        async with self._sm.begin() as s:
-            page = await reconciler_db.waiting_jobs_page(
-                s,
-                published_before_s=cfg.missing_workflow_after_s,
-                after=after,
-                limit=cfg.stuck_sample,
-            )
-        for w in page:
+        after: WaitingKey | None = self._cursor.get(phase.name)
+        fetched = await self._fetch_waiting(after, cfg.stuck_sample)
+        for w in fetched.page:
             if phase.out_of_time():
-                self._cut(p, phase)
+                p.cut(phase)
                 break
-            state = await self._describe(p, w.workflow_id)
+            state = await describe(self._client, p, w.workflow_id)
             after = (w.created_at, w.job_id)
             if state.running and state.failing_task_attempts >= cfg.stuck_task_attempts:
-                self._report_stuck(p, w.job_id, w.workflow_id, state)
+                p.report_stuck(w.job_id, w.workflow_id, state)
         else:
-            if len(page) < cfg.stuck_sample:
+            if fetched.seen < cfg.stuck_sample:
                 after = None
         self._cursor[phase.name] = after
 
-    async def _revival(self, p: _Pass, phase: _Phase) -> None:
+    # ---- phases: parked enqueues, cancels ----------------------------------------------------
+
+    async def _revival(self, p: Pass, phase: Phase) -> None:
         """Every parked enqueue, page by page from where the last pass stopped: revived if its
         job waits, closed if its job ended (db/outbox.py `repair_parked_enqueues`)."""
-        cfg = self.config
-        after: int = self._cursor.get(phase.name) or 0
-        seen = 0
-        while True:
-            if seen >= cfg.rows_per_phase or phase.out_of_time():
-                self._cut(p, phase)
-                break
-            limit = min(cfg.page, cfg.rows_per_phase - seen)
-            async with self._sm.begin() as s:
-                page = await outbox_db.repair_parked_enqueues(
-                    s,
-                    after_id=after,
-                    limit=limit,
-                    base_s=cfg.revive_base_s,
-                    cap_s=cfg.revive_cap_s,
-                )
-            seen += page.seen
-            after = page.next_after
-            for event_id, aggregate_id in page.revived:
-                p.add("enqueue_revived")
-                p.details.append(f"revived enqueue {event_id} of {aggregate_id}")
-                log.warning(
-                    "parked enqueue revived",
-                    extra={
-                        "event_id": event_id,
-                        "job_id": aggregate_id[:64],
-                        "alert": "AIJOBS_ENQUEUE_REVIVED",
-                    },
-                )
-            if page.closed:
-                p.add("enqueue_closed", len(page.closed))
-                log.info("parked enqueues of ended jobs closed", extra={"count": len(page.closed)})
-            p.beat()
-            if page.seen < limit:
-                after = 0  # the end: the next pass starts from the oldest parked row
-                break
-        self._cursor[phase.name] = after
+        await self._paged(p, phase, self._fetch_parked, self._handle_parked, start=0)
 
-    async def _cancels(self, p: _Pass, phase: _Phase) -> None:
+    async def _fetch_parked(self, after: int, limit: int) -> Fetched[ParkedPage]:
+        """One page of parked enqueues, repaired as it is read (the statement revives and
+        closes): the handle only reports."""
+        async with self._sm.begin() as s:
+            page = await outbox_db.repair_parked_enqueues(
+                s,
+                after_id=after,
+                limit=limit,
+                base_s=self.config.revive_base_s,
+                cap_s=self.config.revive_cap_s,
+            )
+        return Fetched(page, page.seen)
+
+    async def _handle_parked(
+        self, p: Pass, phase: Phase, page: ParkedPage, after: Cursor
+    ) -> tuple[Cursor, bool]:
+        for event_id, aggregate_id in page.revived:
+            p.add("enqueue_revived")
+            p.details.append(f"revived enqueue {event_id} of {aggregate_id}")
+            log.warning(
+                "parked enqueue revived",
+                extra={
+                    "event_id": event_id,
+                    "job_id": aggregate_id[:64],
+                    "alert": "AIJOBS_ENQUEUE_REVIVED",
+                },
+            )
+        if page.closed:
+            p.add("enqueue_closed", len(page.closed))
+            log.info("parked enqueues of ended jobs closed", extra={"count": len(page.closed)})
+        return page.next_after, False
+
+    async def _cancels(self, p: Pass, phase: Phase) -> None:
         """Running jobs with an old cancel request: the cancel is re-sent to those whose
         workflow visibility lists as running (one list call per page)."""
-        cfg = self.config
-        after: tuple[datetime, uuid.UUID] | None = self._cursor.get(phase.name)
-        seen = 0
-        while True:
-            if seen >= cfg.rows_per_phase or phase.out_of_time():
-                self._cut(p, phase)
-                break
-            async with self._sm.begin() as s:
-                page = await reconciler_db.cancel_requested_page(
-                    s, older_than_s=cfg.cancel_resend_after_s, after=after, limit=cfg.page
-                )
-            if not page:
-                after = None
-                break
-            seen += len(page)
-            running = await self._running_among(p, [wf for _, wf, _ in page])
-            for job_id, wf_id, requested_at in page:
-                after = (requested_at, job_id)
-                if wf_id not in running:
-                    continue  # closed: the expired-lock phase ends the job once its lock runs out
-                p.temporal_calls += 1
-                try:
-                    await self._client.get_workflow_handle(wf_id).cancel(rpc_timeout=RPC_TIMEOUT)
-                    p.add("cancel_resent")
-                except RPCError:
-                    log.warning("cancel re-send failed", extra={"job_id": str(job_id)})
-            p.beat()
-            if len(page) < cfg.page:
-                after = None
-                break
-        self._cursor[phase.name] = after
+        await self._paged(p, phase, self._fetch_cancels, self._handle_cancels)
 
-    async def _relay(self, p: _Pass, phase: _Phase) -> None:
+    async def _fetch_cancels(
+        self, after: WaitingKey | None, limit: int
+    ) -> Fetched[list[CancelRequest]]:
+        async with self._sm.begin() as s:
+            page = await reconciler_db.cancel_requested_page(
+                s, older_than_s=self.config.cancel_resend_after_s, after=after, limit=limit
+            )
+        return Fetched(page, len(page))
+
+    async def _handle_cancels(
+        self, p: Pass, phase: Phase, page: list[CancelRequest], after: Cursor
+    ) -> tuple[Cursor, bool]:
+        running = await running_among(self._client, p, [c.workflow_id for c in page])
+        for c in page:
+            after = (c.requested_at, c.job_id)
+            if c.workflow_id not in running:
+                continue  # closed: the expired-lock phase ends the job once its lock runs out
+            p.temporal_calls += 1
+            try:
+                handle = self._client.get_workflow_handle(c.workflow_id)
+                await handle.cancel(rpc_timeout=RPC_TIMEOUT)
+                p.add("cancel_resent")
+            except RPCError:
+                log.warning("cancel re-send failed", extra={"job_id": str(c.job_id)})
+        return after, False
+
+    # ---- phases: the retired relay, retention ------------------------------------------------
+
+    async def _relay(self, p: Pass, phase: Phase) -> None:
         relay_id = self.config.relay_workflow_id
-        if relay_id is None or not (await self._describe(p, relay_id)).running:
+        if relay_id is None or not (await describe(self._client, p, relay_id)).running:
             return
         p.temporal_calls += 2  # its describe and terminate
         if await retire_relay_workflow(self._client, relay_id):
             p.add("relay_retired")
             p.details.append("legacy relay workflow retired")
 
-    async def _retention(self, p: _Pass, phase: _Phase) -> None:
+    async def _retention(self, p: Pass, phase: Phase) -> None:
         """One bounded page of each kind per pass (their queries carry the limits)."""
         async with self._sm.begin() as s:
             p.add("snapshot_deleted", await snapshots_db.delete_expired_snapshots(s))
@@ -566,9 +447,3 @@ class Reconciler:
         self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
         log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
         return True
-
-
-def _describe_request(namespace: str, workflow_id: str) -> DescribeWorkflowExecutionRequest:
-    return DescribeWorkflowExecutionRequest(
-        namespace=namespace, execution=WorkflowExecution(workflow_id=workflow_id)
-    )

@@ -42,8 +42,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import outbox as outbox_db
-from db import pipeline
-from db import webhooks as webhooks_db
+from db import relay as relay_db
+from db import webhook_deliveries as deliveries_db
 from db.bulk import BULK_START
 from db.outbox import (
     CANCELLED,
@@ -54,7 +54,6 @@ from db.outbox import (
     enqueue_dedupe_key,
     listen_connection,
 )
-from db.pipeline import Statement
 from db.session import SessionMaker
 from engine import search_attributes
 from engine.contracts import (
@@ -187,12 +186,7 @@ class Relay:
 
     async def claim(self) -> list[OutboxRow]:
         """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        [rows] = await pipeline.run(
-            self._sm,
-            [(outbox_db.CLAIM, {"lim": self.config.batch_size, "owner": self.config.owner})],
-            commit=True,
-        )
-        return outbox_db.claimed(rows)
+        return await relay_db.claim(self._sm, owner=self.config.owner, limit=self.config.batch_size)
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
@@ -213,13 +207,8 @@ class Relay:
         # A job's end becomes its owner's webhook deliveries in the transaction that marks it.
         ended = [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
         if not failed:
-            # The usual batch: both statements in one round trip.
-            published: list[Statement] = [
-                (outbox_db.MARK_PUBLISHED, {"ids": ok, "owner": self.config.owner})
-            ]
-            if ended:
-                published.append((webhooks_db.FAN_OUT, webhooks_db.fan_out_params(ended)))
-            await pipeline.run(self._sm, published, commit=True)
+            # The usual batch: marks and deliveries in one round trip.
+            await relay_db.publish(self._sm, ok, ended, owner=self.config.owner)
         else:
             await self._settle(ok, ended, failed)
         if failed and all(res.kind == "unavailable" for _, res in failed):
@@ -240,7 +229,7 @@ class Relay:
         outcome, in one transaction."""
         async with self._sm.begin() as s:
             await outbox_db.mark_published(s, ok, owner=self.config.owner)
-            await webhooks_db.fan_out(s, ended)
+            await deliveries_db.fan_out(s, ended)
             for row, res in failed:
                 if res.kind == "malformed":
                     await outbox_db.mark_dead(s, row.id, owner=self.config.owner, error=res.error)

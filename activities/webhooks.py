@@ -33,9 +33,10 @@ import httpcore
 import httpx
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from db import webhook_deliveries as deliveries_db
 from db import webhooks as webhooks_db
 from db.session import SessionMaker
-from db.webhooks import DeliveryRow
+from db.webhook_deliveries import DeliveryRow
 from engine.errors import EngineError
 from jobs.views import Owner, find_job
 from jobs.webhooks import (
@@ -200,7 +201,7 @@ class WebhookDeliverer:
         if free <= 0:
             return 0
         async with self._sm.begin() as s:
-            rows = await webhooks_db.claim_due(
+            rows = await deliveries_db.claim_due(
                 s,
                 limit=free,
                 busy_endpoints=list(self._busy),
@@ -236,7 +237,7 @@ class WebhookDeliverer:
         total = 0
         for _ in range(self.config.purge_batches):
             async with self._sm.begin() as s:
-                n = await webhooks_db.purge_finished(
+                n = await deliveries_db.purge_finished(
                     s, older_than_s=self.config.retention_s, limit=self.config.purge_batch
                 )
             total += n
@@ -306,18 +307,18 @@ class WebhookDeliverer:
     async def _record(self, row: DeliveryRow, outcome: Outcome) -> None:
         async with self._sm.begin() as s:
             if outcome.delivered:
-                recorded = await webhooks_db.mark_delivered(
+                recorded = await deliveries_db.mark_delivered(
                     s, row.id, attempt=row.attempt_count, status_code=outcome.status_code or 200
                 )
                 status = "delivered" if recorded else "lost"
             elif outcome.dead:
-                await webhooks_db.mark_dead(
+                await deliveries_db.mark_dead(
                     s, row.id, attempt=row.attempt_count, error=outcome.error
                 )
                 status = "dead"
             else:
                 status = (
-                    await webhooks_db.mark_attempt_failed(
+                    await deliveries_db.mark_attempt_failed(
                         s,
                         row.id,
                         attempt=row.attempt_count,

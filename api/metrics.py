@@ -38,7 +38,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from db import budgets as budgets_db
-from db import webhooks as webhooks_db
+from db import webhook_deliveries as webhooks_db
 from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker

@@ -199,34 +199,6 @@ def job_event_statement(
     }
 
 
-# Up to :lim due pending rows, oldest first, claimed by :owner (rows another relay holds are
-# skipped, not waited for). The relay sends it pipelined (db/pipeline.py): `claimed`.
-CLAIM = text(
-    f"""
-    WITH c AS (
-        SELECT id FROM outbox_event
-        WHERE status = 'pending' AND available_at <= now()
-        ORDER BY available_at, id
-        LIMIT :lim
-        FOR UPDATE SKIP LOCKED)
-    UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
-           locked_at = now(), attempt_count = o.attempt_count + 1
-    FROM c WHERE o.id = c.id AND o.status = 'pending'
-    RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
-    """
-)
-
-
-def claimed(rows: Sequence[Any]) -> list[OutboxRow]:
-    """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
-    return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
-
-
-async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
-    rows = await session.execute(CLAIM, {"lim": limit, "owner": owner})
-    return claimed([r._mapping for r in rows])
-
-
 # Only the claimer's own `processing` rows: a row released and re-claimed by another relay
 # meanwhile is that relay's to mark.
 MARK_PUBLISHED = text(
@@ -307,6 +279,50 @@ async def mark_dead(session: AsyncSession, event_id: int, *, owner: str, error: 
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+# One page of parked enqueues (`repair_parked_enqueues`): each row's job status and whether it is
+# due, then the revivals and the closings, then the page's last id and size, in one statement.
+_REPAIR_PARKED = text(
+    """
+    WITH page AS (
+        SELECT o.id, j.lifecycle_status AS job_status,
+               (j.lifecycle_status = 'queued'
+                AND o.payload->>'jobId' = o.aggregate_id
+                AND o.payload ? 'jobType' AND o.payload ? 'queueName'
+                AND o.available_at + make_interval(secs => least(:cap,
+                      :base * power(2, least(o.revive_count, 20)))) <= now())
+                   AS due
+        FROM outbox_event o
+        LEFT JOIN ai_job j ON j.id = CASE
+            WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
+        WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
+          AND o.id > :after
+        ORDER BY o.id LIMIT :lim
+    ),
+    revived AS (
+        UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
+               revive_count = o.revive_count + 1, available_at = now()
+        FROM page p
+        WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
+        RETURNING o.id, o.aggregate_id
+    ),
+    closed AS (
+        UPDATE outbox_event o SET status = 'published', published_at = now(),
+               locked_by = NULL, locked_at = NULL,
+               last_error = left('closed: job ' || p.job_status
+                   || ' while its enqueue was parked; last error: '
+                   || coalesce(o.last_error, '-'), 2000)
+        FROM page p
+        WHERE o.id = p.id AND o.status IN ('failed', 'dead')
+          AND p.job_status IN ('succeeded', 'failed', 'cancelled')
+        RETURNING o.id
+    )
+    SELECT 'revived' AS kind, id, aggregate_id FROM revived
+    UNION ALL SELECT 'closed', id, NULL FROM closed
+    UNION ALL SELECT 'page', max(id), count(*)::text FROM page
+    """
+)
+
+
 async def repair_parked_enqueues(
     session: AsyncSession,
     *,
@@ -332,46 +348,7 @@ async def repair_parked_enqueues(
     (the caller's cursor); `seen` < `limit` means the end was reached."""
     rows = (
         await session.execute(
-            text(
-                """
-                WITH page AS (
-                    SELECT o.id, j.lifecycle_status AS job_status,
-                           (j.lifecycle_status = 'queued'
-                            AND o.payload->>'jobId' = o.aggregate_id
-                            AND o.payload ? 'jobType' AND o.payload ? 'queueName'
-                            AND o.available_at + make_interval(secs => least(:cap,
-                                  :base * power(2, least(o.revive_count, 20)))) <= now())
-                               AS due
-                    FROM outbox_event o
-                    LEFT JOIN ai_job j ON j.id = CASE
-                        WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
-                    WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
-                      AND o.id > :after
-                    ORDER BY o.id LIMIT :lim
-                ),
-                revived AS (
-                    UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
-                           revive_count = o.revive_count + 1, available_at = now()
-                    FROM page p
-                    WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
-                    RETURNING o.id, o.aggregate_id
-                ),
-                closed AS (
-                    UPDATE outbox_event o SET status = 'published', published_at = now(),
-                           locked_by = NULL, locked_at = NULL,
-                           last_error = left('closed: job ' || p.job_status
-                               || ' while its enqueue was parked; last error: '
-                               || coalesce(o.last_error, '-'), 2000)
-                    FROM page p
-                    WHERE o.id = p.id AND o.status IN ('failed', 'dead')
-                      AND p.job_status IN ('succeeded', 'failed', 'cancelled')
-                    RETURNING o.id
-                )
-                SELECT 'revived' AS kind, id, aggregate_id FROM revived
-                UNION ALL SELECT 'closed', id, NULL FROM closed
-                UNION ALL SELECT 'page', max(id), count(*)::text FROM page
-                """
-            ),
+            _REPAIR_PARKED,
             {
                 "ev": ENQUEUE,
                 "base": base_s,

@@ -1,5 +1,6 @@
 """The reconciler's reads: pages of jobs whose state and Temporal's may disagree (queued jobs
-whose enqueue was published, waits on a workflow, requested cancels, expired locks). Read-only;
+whose enqueue was published, requested cancels, expired locks), one function per phase's fetch
+(activities/reconciler.py), each paged by a keyset the caller keeps between passes. Read-only;
 every function runs in the caller's session."""
 
 from __future__ import annotations
@@ -25,26 +26,13 @@ class WaitingJob:
     event_id: int
 
 
-async def published_enqueues_of_queued_jobs(
-    session: AsyncSession, *, older_than_s: float, after_id: int = 0, limit: int = 100
-) -> list[tuple[int, uuid.UUID, str]]:
-    """Reconciler: enqueue events marked published while their job is still queued, paged by
-    event id."""
-    rows = await session.execute(
-        text(
-            """
-            SELECT o.id AS event_id, j.id AS job_id, j.workflow_id
-            FROM outbox_event o JOIN ai_job j ON j.id::text = o.aggregate_id
-            WHERE o.event_type = :enqueue AND o.status = 'published'
-              AND j.lifecycle_status = 'queued'
-              AND o.published_at < now() - make_interval(secs => :age)
-              AND o.id > :after
-            ORDER BY o.id LIMIT :lim
-            """
-        ),
-        {"age": older_than_s, "lim": limit, "after": after_id, "enqueue": ENQUEUE},
-    )
-    return [(r.event_id, r.job_id, r.workflow_id) for r in rows]
+@dataclass(frozen=True)
+class CancelRequest:
+    """A running job whose cancel request is old enough to be re-sent."""
+
+    job_id: uuid.UUID
+    workflow_id: str
+    requested_at: datetime
 
 
 async def waiting_jobs_page(
@@ -90,10 +78,9 @@ async def cancel_requested_page(
     older_than_s: float,
     after: tuple[datetime, uuid.UUID] | None,
     limit: int,
-) -> list[tuple[uuid.UUID, str, datetime]]:
+) -> list[CancelRequest]:
     """Reconciler: running jobs with a cancel request older than `older_than_s`, in
-    (cancel_requested_at, id) order after the keyset `after`: (job id, workflow id,
-    cancel_requested_at)."""
+    (cancel_requested_at, id) order after the keyset `after`."""
     rows = await session.execute(
         text(
             """
@@ -113,24 +100,7 @@ async def cancel_requested_page(
             "lim": limit,
         },
     )
-    return [(r.id, r.workflow_id, r.cancel_requested_at) for r in rows]
-
-
-async def running_with_cancel_requested(
-    session: AsyncSession, *, older_than_s: float, limit: int = 100
-) -> list[tuple[uuid.UUID, str]]:
-    rows = await session.execute(
-        text(
-            """
-            SELECT id, workflow_id FROM ai_job
-            WHERE lifecycle_status = 'running' AND cancel_requested_at IS NOT NULL
-              AND cancel_requested_at < now() - make_interval(secs => :age)
-            ORDER BY cancel_requested_at LIMIT :lim
-            """
-        ),
-        {"age": older_than_s, "lim": limit},
-    )
-    return [(r.id, r.workflow_id) for r in rows]
+    return [CancelRequest(r.id, r.workflow_id, r.cancel_requested_at) for r in rows]
 
 
 async def find_expired_locks(

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import text
 
 from activities.webhooks import WebhookDeliverer
-from db import webhooks as webhooks_db
+from db import webhook_deliveries as webhooks_db
 from db.outbox import COMPLETED
 from db.session import SessionMaker
 from jobs.credentials import credential_cipher

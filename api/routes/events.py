@@ -44,7 +44,8 @@ from db.jobs import JobRow
 from engine.errors import ValidationFailed
 from engine.lifecycle import TERMINAL
 from jobs import views
-from jobs.views import JobRead, Viewer, chunk_items, landed_chunks
+from jobs.chunk_items import chunk_items, landed_chunks
+from jobs.views import JobRead, Viewer
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
 RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream

@@ -21,8 +21,9 @@ from api.deps import Admin, State, User
 from api.errors import PROBLEM
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
-from db import webhooks as webhooks_db
-from db.webhooks import DeliveryRow, DeliveryStatus, EndpointRow, WebhookEvent
+from db import webhook_deliveries as webhooks_db
+from db.webhook_deliveries import DeliveryRow, DeliveryStatus
+from db.webhooks import EndpointRow, WebhookEvent
 from engine.errors import (
     WebhookDeliveryNotFound,
     WebhookDeliveryNotReplayable,

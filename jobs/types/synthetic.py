@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models import SyntheticResult
+from db.models_projected import SyntheticResult
 from engine.definition import Execution, JobDefinition, SecuritySpec
 from jobs.spec import (
     Artifact,

@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from db import outbox as outbox_db
 from db import outbox_admin as outbox_admin_db
+from db import relay as relay_db
 from db.outbox import ENQUEUE, MAX_ATTEMPTS, OutboxRow
 from db.session import SessionMaker
 
@@ -53,7 +54,7 @@ async def rows(sm: SessionMaker, ids: list[int] | None = None) -> dict[int, Outb
 
 async def claim(sm: SessionMaker, owner: str, limit: int) -> list[OutboxRow]:
     async with sm.begin() as s:
-        return await outbox_db.claim_batch(s, owner=owner, limit=limit)
+        return await relay_db.claim_batch(s, owner=owner, limit=limit)
 
 
 async def make_claimable(sm: SessionMaker, ids: list[int]) -> None:
@@ -97,11 +98,11 @@ async def test_a_claim_skips_rows_another_open_claim_holds(db: SessionMaker) -> 
     instead of waiting for A's row locks (SKIP LOCKED; lock_timeout turns a wait into an error)."""
     ids = await seed(db, 10)
     async with db.begin() as a:
-        held = await outbox_db.claim_batch(a, owner="relay-a", limit=5)
+        held = await relay_db.claim_batch(a, owner="relay-a", limit=5)
         assert [r.id for r in held] == ids[:5]
         async with db.begin() as b:
             await b.execute(text("SET LOCAL lock_timeout = '5s'"))
-            other = await outbox_db.claim_batch(b, owner="relay-b", limit=5)
+            other = await relay_db.claim_batch(b, owner="relay-b", limit=5)
         assert [r.id for r in other] == ids[5:]
     assert {r.locked_by for r in (await rows(db)).values()} == {"relay-a", "relay-b"}
 

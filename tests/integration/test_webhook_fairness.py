@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from activities.metrics import WorkerMetrics
 from activities.webhooks import WebhookConfig, WebhookDeliverer
-from db import webhooks as webhooks_db
+from db import webhook_deliveries as webhooks_db
 from db.session import SessionMaker
 from tests.integration.engine_helpers import execute, insert_job, rows, scalar
 from tests.support import eventually

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from api.metrics import ApiMetrics
 from db.session import SessionMaker
-from db.webhooks import OLDEST_DUE_SQL
+from db.webhook_deliveries import OLDEST_DUE_SQL
 from tests.integration.engine_helpers import execute, scalar
 from tests.webhook_helpers import fanned_out
 

@@ -1,0 +1,81 @@
+"""The reconciler's questions to Temporal, each one counted in the pass that asks it
+(activities/reconciler.py): a describe (the authority on one workflow) and a visibility list
+(which of a page of workflows run, in one call).
+
+Visibility is eventually consistent, so it only ever spares a describe: a workflow it does not
+list is described before anything is done about it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkflowExecutionRequest,
+    ListWorkflowExecutionsRequest,
+)
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.reconciler_pass import Pass
+from engine.workflow_state import MISSING, WorkflowState, workflow_state
+
+RPC_TIMEOUT = timedelta(seconds=10)
+
+# Workflow ids this engine makes ("{queue}:{jobType}:{jobId}", the relay's, the reconciler's):
+# only ids of this shape go into a visibility query; any other is described instead.
+_QUERYABLE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+
+
+async def describe(client: Client, p: Pass, workflow_id: str) -> WorkflowState:
+    """The workflow's state by Temporal's own word; MISSING when it does not exist."""
+    p.temporal_calls += 1
+    p.described += 1
+    try:
+        desc = await client.workflow_service.describe_workflow_execution(
+            _describe_request(client.namespace, workflow_id), timeout=RPC_TIMEOUT
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return MISSING
+        raise
+    return workflow_state(desc)
+
+
+async def running_among(client: Client, p: Pass, workflow_ids: Sequence[str]) -> set[str]:
+    """Which of these workflows visibility lists as running: one list call per page of
+    ids (two if the server pages the answer). Ids of an unexpected shape are left out (never
+    listed, so described by the caller)."""
+    ids = sorted({w for w in workflow_ids if _QUERYABLE_ID.match(w)})
+    if not ids:
+        return set()
+    query = (
+        "ExecutionStatus = 'Running' AND WorkflowId IN (" + ", ".join(f"'{w}'" for w in ids) + ")"
+    )
+    running: set[str] = set()
+    token = b""
+    while True:
+        p.temporal_calls += 1
+        resp = await client.workflow_service.list_workflow_executions(
+            ListWorkflowExecutionsRequest(
+                namespace=client.namespace,
+                page_size=len(ids),
+                next_page_token=token,
+                query=query,
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+        running.update(e.execution.workflow_id for e in resp.executions)
+        token = resp.next_page_token
+        # A full page may come with a token for an empty next one: one open run per id.
+        if not token or len(running) >= len(ids):
+            return running
+
+
+def _describe_request(namespace: str, workflow_id: str) -> DescribeWorkflowExecutionRequest:
+    return DescribeWorkflowExecutionRequest(
+        namespace=namespace, execution=WorkflowExecution(workflow_id=workflow_id)
+    )
