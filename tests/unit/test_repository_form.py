@@ -22,7 +22,8 @@ NOT_REPOSITORIES = {
     "pipeline.py",
     "__init__.py",
 }
-SESSION_TYPES = {"AsyncSession", "AsyncConnection"}
+# A SessionMaker first: a one-round-trip transaction of its own (db/pipeline.py `run`).
+SESSION_TYPES = {"AsyncSession", "AsyncConnection", "SessionMaker"}
 
 
 def repository_modules() -> list[Path]:
