@@ -1,12 +1,13 @@
 """EXECUTE's two hot transactions, each a named function with a typed result: `take` (the CAS
 queued → running and the read of the job and its snapshot, in one round trip) and `settle` (a
 valid answer's usage row, what it tells the key's gate and limits, the attempt's bookkeeping and
-the output, in one round trip for a one-call job).
+the output, for a job or for one of its chunks, in one round trip).
 
 The statements are the repositories' own (`db/lifecycle.py` LOCK and SETTLE_ATTEMPT,
 `db/jobs.py` GET_WITH_SNAPSHOT, `db/usage.py` INSERT, `db/provider_gate.py` REACHABLE,
-`db/provider_limits.py` `settle_statements`), sent through `db/pipeline.py`, which stays
-private to `db/`: the stage and its use cases see only these functions and their results.
+`db/provider_limits.py` `settle_statements`) and a chunk's settlement (defined here), sent
+through `db/pipeline.py`, which stays private to `db/`: the stage and its use cases see only
+these functions and their results.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import chunks as chunks_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import pipeline
@@ -92,39 +94,87 @@ class Settled:
     cancel_requested: bool
 
 
+# A chunk's valid answer, while `owner` holds the job running and nobody asked to cancel it: the
+# chunk `succeeded` with its output and hash. The job row is locked first (`FOR UPDATE`): chunks
+# of one job settle one after another, so each progress counts the ones before it.
+_SETTLE_CHUNK = text(
+    """
+    WITH cur AS (
+        SELECT id, (lifecycle_status = 'running'
+                    AND split_part(locked_by, '/', 1) = :owner) AS owned,
+               cancel_requested_at IS NOT NULL AS cancel_requested
+        FROM ai_job WHERE id = :job_id FOR UPDATE
+    ), stored AS (
+        UPDATE ai_job_chunk c SET status = 'succeeded', output = :out,
+            output_hash = :h, error_code = NULL, finished_at = now(),
+            attempt_count = greatest(c.attempt_count, :a)
+        FROM cur
+        WHERE c.job_id = cur.id AND c.chunk_no = :n
+          AND cur.owned AND NOT cur.cancel_requested
+        RETURNING c.chunk_no
+    )
+    SELECT cur.owned, cur.cancel_requested, (SELECT count(*) FROM stored) AS stored
+    FROM cur
+    """
+).bindparams(bindparam("out", type_=JSONB))
+# Then, under the same conditions (the row is still locked by `_SETTLE_CHUNK`, so they read the
+# same): the job's lock extended, its attempt bookkeeping, its progress raised to
+# 10 + 80 x chunks succeeded / chunks (a second statement: it sees the chunk the first one
+# marked succeeded), and its listeners notified (`ai_job_changed`).
+_SETTLE_CHUNK_JOB = text(
+    """
+    UPDATE ai_job SET
+        attempt_count = greatest(attempt_count, :a),
+        correction_hint = NULL,
+        lock_until = now() + make_interval(secs => :ttl),
+        progress = greatest(progress, 10 + (80 * (
+            SELECT count(*) FROM ai_job_chunk
+            WHERE job_id = :job_id AND status = 'succeeded'
+        ) / greatest(coalesce(chunk_count, 1), 1))::int),
+        updated_at = now()
+    WHERE id = :job_id AND lifecycle_status = 'running'
+      AND split_part(locked_by, '/', 1) = :owner AND cancel_requested_at IS NULL
+    RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
+    """
+)
+
+
+def _settle_output(st: Settlement) -> list[pipeline.Statement]:
+    """The attempt's bookkeeping and output: the job's one UPDATE, or a chunk's two."""
+    if st.chunk_no is None:
+        params = lifecycle_db.settle_attempt_params(
+            st.job_id,
+            owner=st.owner,
+            attempt=st.attempt,
+            ttl_s=st.ttl_s,
+            output=st.output,
+            output_hash=st.output_hash,
+            progress=60,
+        )
+        return [(lifecycle_db.SETTLE_ATTEMPT, params)]
+    chunk = {"job_id": st.job_id, "n": st.chunk_no, "owner": st.owner, "a": st.attempt}
+    stored = {**chunk, "out": st.output, "h": st.output_hash}
+    job = {"job_id": st.job_id, "owner": st.owner, "a": st.attempt, "ttl": st.ttl_s}
+    return [(_SETTLE_CHUNK, stored), (_SETTLE_CHUNK_JOB, job)]
+
+
 def _statements(st: Settlement) -> tuple[list[pipeline.Statement], int]:
-    """A one-call job's settlement in order (the usage row, the gate's `reachable`, the
-    attempt's one UPDATE, the limits' end), and the index of the UPDATE."""
+    """The settlement in order (the usage row, the gate's `reachable`, the attempt's
+    bookkeeping and output, the limits' end), and the index of the statement whose row says
+    (owned, cancel_requested)."""
     statements: list[pipeline.Statement] = [(usage_db.INSERT, st.usage.__dict__)]
     if st.gate is not None:
         statements.append((provider_gate_db.REACHABLE, st.gate.params()))
     settle_at = len(statements)
-    statements.append(
-        (
-            lifecycle_db.SETTLE_ATTEMPT,
-            lifecycle_db.settle_attempt_params(
-                st.job_id,
-                owner=st.owner,
-                attempt=st.attempt,
-                ttl_s=st.ttl_s,
-                output=st.output,
-                output_hash=st.output_hash,
-                progress=60,
-            ),
-        )
-    )
+    statements.extend(_settle_output(st))
     if st.limits is not None:
         statements.extend(provider_limits_db.settle_statements(st.limits))
     return statements, settle_at
 
 
 async def settle(sm: SessionMaker, st: Settlement) -> Settled:
-    """The last transaction of a paid call, committed in every outcome. A one-call job's goes
-    as BEGIN, its statements and COMMIT in one round trip; a chunk's stores the chunk's output
-    (`chunks.settle`, whose second statement depends on its first) in the same order."""
-    if st.chunk_no is not None:
-        async with sm.begin() as s:
-            return await _settle_chunk(s, st, st.chunk_no)
+    """The last transaction of a paid call, committed in every outcome: BEGIN, its statements
+    and COMMIT in one round trip (db/pipeline.py `run`)."""
     statements, at = _statements(st)
     rows = (await pipeline.run(sm, statements, commit=True))[at]
     return Settled(*lifecycle_db.settled(rows[0] if rows else None))
@@ -136,23 +186,3 @@ async def settle_in_session(s: AsyncSession, st: Settlement) -> Settled:
     statements, at = _statements(st)
     rows = (await pipeline.in_session(s, statements))[at]
     return Settled(*lifecycle_db.settled(rows[0] if rows else None))
-
-
-async def _settle_chunk(s: AsyncSession, st: Settlement, chunk_no: int) -> Settled:
-    await usage_db.insert(s, st.usage)
-    if st.gate is not None:
-        await provider_gate_db.reachable(s, st.gate)
-    owned, cancel_requested = await chunks_db.settle(
-        s,
-        st.job_id,
-        chunk_no,
-        owner=st.owner,
-        attempt=st.attempt,
-        ttl_s=st.ttl_s,
-        output=st.output,
-        output_hash=st.output_hash,
-    )
-    if st.limits is not None:
-        for stmt, params in provider_limits_db.settle_statements(st.limits):
-            await s.execute(stmt, params)
-    return Settled(owned, cancel_requested)
