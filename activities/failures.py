@@ -30,7 +30,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import (
@@ -181,15 +180,6 @@ def fail_final(code: str) -> NoReturn:
 def fail_domain(exc: EngineError) -> NoReturn:
     """A domain error in a bookkeeping stage is final: retrying cannot change the answer."""
     raise ApplicationError(exc.public_message, type=exc.code, non_retryable=True) from None
-
-
-def summarise_validation(exc: ValidationError) -> str:
-    """What was wrong with an output, without the output itself (pydantic's messages)."""
-    parts = []
-    for e in exc.errors(include_url=False, include_input=False)[:10]:
-        loc = ".".join(str(p) for p in e.get("loc", ())) or "(root)"
-        parts.append(f"{loc}: {e.get('msg', '')}")
-    return "; ".join(parts)
 
 
 class MessageWithheld(Exception):

@@ -3,7 +3,7 @@
 Runs after every chunk's EXECUTE succeeded, before PROJECT. One transaction: the succeeded
 chunks' outputs in chunk order, merged by `jobs.chunked.merge_outputs` (items whose key
 normalises the same as an earlier one dropped, cut at the requested count), validated by the
-job type's output model (`activities.execute.validated_output`, the rule a one-call answer
+job type's output model (`jobs.output.validated_output`, the rule a one-call answer
 meets) and stored as the job's output and hash by `lifecycle.store_output`, the lock owner's
 write of an output (listeners notified). PROJECT then projects it like any output.
 
@@ -21,7 +21,6 @@ import uuid
 from temporalio import activity
 
 from activities.deps import StageDeps, lock_owner, log
-from activities.execute import validated_output
 from activities.failures import fail_final
 from db import chunks as chunks_db
 from db import jobs as jobs_db
@@ -30,6 +29,7 @@ from engine.contracts import MERGE, MergeInput, MergeResult
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
+from jobs.output import validated_output
 
 
 class Merge:

@@ -136,8 +136,7 @@ async def failed(s: AsyncSession, key: GateKey, *, threshold: int, cooldown_s: f
     return not bool(row.was_open)
 
 
-# `reachable`; also run pipelined on the driver connection by EXECUTE's last transaction
-# (db/pipeline.py).
+# `reachable`; also pipelined in EXECUTE's last transaction (db/attempts.py `settle`).
 REACHABLE = text(
     """
     UPDATE provider_gate SET consecutive_failures = 0, open_until = NULL,

@@ -36,8 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from db.pipeline import Statement
 
 PLATFORM_KEY_REF = "platform"
 # How long a caller held by the concurrency limit waits before it asks again: leases end when
@@ -180,6 +182,112 @@ _READ = """
            clock_timestamp() AS read_at
     FROM provider_limit WHERE provider = :p AND model = :m AND key_ref = :k
 """
+_READ_ONLY = text(_READ)
+_READ_FOR_UPDATE = text(_READ + " FOR UPDATE")
+_CREATE = text(
+    """
+    INSERT INTO provider_limit (provider, model, key_ref,
+        requests_available, tokens_available, refilled_at)
+    VALUES (:p, :m, :k, 'Infinity', 'Infinity', clock_timestamp())
+    ON CONFLICT (provider, model, key_ref) DO NOTHING
+    """
+)
+# Expired leases (their workers died) are dropped on the way; a new statement, so it sees
+# every lease committed before this caller got the row lock.
+_IN_FLIGHT = text(
+    """
+    WITH gone AS (
+        DELETE FROM provider_call_lease
+        WHERE provider = :p AND model = :m AND key_ref = :k
+          AND expires_at <= clock_timestamp()
+    )
+    SELECT count(*) FROM provider_call_lease
+    WHERE provider = :p AND model = :m AND key_ref = :k
+      AND expires_at > clock_timestamp()
+    """
+)
+_LEASE = text(
+    """
+    INSERT INTO provider_call_lease
+        (id, provider, model, key_ref, job_id, tokens, expires_at)
+    VALUES (:id, :p, :m, :k, :job, :tokens,
+            clock_timestamp() + make_interval(secs => :ttl))
+    """
+)
+_TAKE = text(
+    """
+    UPDATE provider_limit SET requests_available = :r, tokens_available = :t,
+           refilled_at = :at
+    WHERE provider = :p AND model = :m AND key_ref = :k
+    """
+)
+_END_LEASE = text("DELETE FROM provider_call_lease WHERE id = :id")
+_GIVE_BACK = text(
+    """
+    UPDATE provider_limit SET tokens_available = least(
+        tokens_available + :back, :cfg_tpm, announced_tpm)
+    WHERE provider = :p AND model = :m AND key_ref = :k
+      AND tokens_available < 'Infinity'
+    """
+)
+# Both buckets are brought up to now (refilled at the limit in force after these headers)
+# before the provider's remaining caps them, so `refilled_at` stays exact.
+_ANNOUNCED = text(
+    """
+    INSERT INTO provider_limit AS l (provider, model, key_ref, requests_available,
+        tokens_available, refilled_at, announced_rpm, announced_tpm, blocked_until)
+    VALUES (:p, :m, :k,
+            coalesce(CAST(:rem_r AS float8), 'Infinity'),
+            coalesce(CAST(:rem_t AS float8), 'Infinity'),
+            clock_timestamp(), :lim_r, :lim_t,
+            clock_timestamp() + make_interval(secs => CAST(:block AS float8)))
+    ON CONFLICT (provider, model, key_ref) DO UPDATE SET
+        requests_available = least(
+            l.requests_available + greatest(
+                extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                * coalesce(least(CAST(:cfg_rpm AS integer),
+                                 coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+                           0) / 60.0,
+            least(CAST(:cfg_rpm AS integer),
+                  coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
+            CAST(:rem_r AS float8)),
+        tokens_available = least(
+            l.tokens_available + :back + greatest(
+                extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
+                * coalesce(least(CAST(:cfg_tpm AS integer),
+                                 coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+                           0) / 60.0,
+            least(CAST(:cfg_tpm AS integer),
+                  coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
+            CAST(:rem_t AS float8)),
+        refilled_at = clock_timestamp(),
+        announced_rpm = coalesce(EXCLUDED.announced_rpm, l.announced_rpm),
+        announced_tpm = coalesce(EXCLUDED.announced_tpm, l.announced_tpm),
+        blocked_until = CASE
+            WHEN EXCLUDED.blocked_until IS NULL THEN l.blocked_until
+            ELSE greatest(l.blocked_until, EXCLUDED.blocked_until) END
+    """
+)
+
+
+async def _locked_row(s: AsyncSession, params: dict[str, str], limits: Limits) -> Row[Any] | None:
+    """The key's row, locked until the caller's transaction ends; None: no configured limit
+    and nothing announced holds the key (read once, no lock, no row written)."""
+    if not limits.configured:
+        row = (await s.execute(_READ_ONLY, params)).first()
+        if row is None or (
+            row.announced_rpm is None
+            and row.announced_tpm is None
+            and not (row.blocked_s and float(row.blocked_s) > 0)
+        ):
+            return None
+        return (await s.execute(_READ_FOR_UPDATE, params)).first()
+    row = (await s.execute(_READ_FOR_UPDATE, params)).first()
+    if row is None:
+        await s.execute(_CREATE, params)
+        row = (await s.execute(_READ_FOR_UPDATE, params)).first()
+    assert row is not None  # created above, and rows are never deleted
+    return row
 
 
 async def admit(
@@ -195,32 +303,9 @@ async def admit(
     tokens are taken from the buckets (and a lease is held under a concurrency limit).
     The row lock this takes is held until the caller's transaction ends."""
     params = key.params()
-    if not limits.configured:
-        # Only what the provider announced can hold this key: one read, no lock, no row.
-        row = (await s.execute(text(_READ), params)).first()
-        if row is None or (
-            row.announced_rpm is None
-            and row.announced_tpm is None
-            and not (row.blocked_s and float(row.blocked_s) > 0)
-        ):
-            return LimitAdmission()
-        row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-    else:
-        row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-        if row is None:
-            await s.execute(
-                text(
-                    """
-                    INSERT INTO provider_limit (provider, model, key_ref,
-                        requests_available, tokens_available, refilled_at)
-                    VALUES (:p, :m, :k, 'Infinity', 'Infinity', clock_timestamp())
-                    ON CONFLICT (provider, model, key_ref) DO NOTHING
-                    """
-                ),
-                params,
-            )
-            row = (await s.execute(text(_READ + " FOR UPDATE"), params)).first()
-    assert row is not None  # created above, and rows are never deleted
+    row = await _locked_row(s, params, limits)
+    if row is None:
+        return LimitAdmission()
     if row.blocked_s is not None and float(row.blocked_s) > 0:
         return LimitAdmission(float(row.blocked_s), "announced")
     rpm = _lower(limits.rpm, row.announced_rpm)
@@ -242,56 +327,80 @@ async def admit(
         return LimitAdmission(wait_s, reason)
     lease_id = None
     if limits.concurrency is not None:
-        # Expired leases (their workers died) are dropped on the way; a new statement, so
-        # it sees every lease committed before this caller got the row lock.
-        in_flight = (
-            await s.execute(
-                text(
-                    """
-                    WITH gone AS (
-                        DELETE FROM provider_call_lease
-                        WHERE provider = :p AND model = :m AND key_ref = :k
-                          AND expires_at <= clock_timestamp()
-                    )
-                    SELECT count(*) FROM provider_call_lease
-                    WHERE provider = :p AND model = :m AND key_ref = :k
-                      AND expires_at > clock_timestamp()
-                    """
-                ),
-                params,
-            )
-        ).scalar_one()
+        in_flight = (await s.execute(_IN_FLIGHT, params)).scalar_one()
         if int(in_flight) >= limits.concurrency:
             return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
         lease_id = uuid.uuid4()
-        await s.execute(
-            text(
-                """
-                INSERT INTO provider_call_lease
-                    (id, provider, model, key_ref, job_id, tokens, expires_at)
-                VALUES (:id, :p, :m, :k, :job, :tokens,
-                        clock_timestamp() + make_interval(secs => :ttl))
-                """
-            ),
-            {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s},
-        )
+        lease = {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s}
+        await s.execute(_LEASE, lease)
     if rpm is not None or tpm is not None:
-        await s.execute(
-            text(
-                """
-                UPDATE provider_limit SET requests_available = :r, tokens_available = :t,
-                       refilled_at = :at
-                WHERE provider = :p AND model = :m AND key_ref = :k
-                """
-            ),
-            {
-                **params,
-                "r": requests - 1 if rpm is not None else math.inf,
-                "t": available - tokens if tpm is not None else math.inf,
-                "at": row.read_at,
-            },
-        )
+        taken = {
+            **params,
+            "r": requests - 1 if rpm is not None else math.inf,
+            "t": available - tokens if tpm is not None else math.inf,
+            "at": row.read_at,
+        }
+        await s.execute(_TAKE, taken)
     return LimitAdmission(lease_id=lease_id, metered=tpm is not None)
+
+
+@dataclass(frozen=True)
+class LimitSettle:
+    """The end of a call `admit` admitted: its lease (if any), the tokens it reserved and
+    used, the answer's rate-limit headers, the configured limits and the longest block."""
+
+    key: LimitKey
+    lease_id: uuid.UUID | None
+    tokens_reserved: int
+    tokens_used: int
+    headers: RateLimitInfo | None
+    limits: Limits | None = None
+    max_block_s: float = 300.0
+
+
+def _block_s(headers: RateLimitInfo, max_block_s: float) -> float | None:
+    """How long the key is blocked: until the reset of a dimension the provider said has
+    nothing left (at most `max_block_s`); None: nothing is used up."""
+    return max(
+        (
+            min(reset or 0.0, max_block_s)
+            for remaining, reset in (
+                (headers.remaining_requests, headers.reset_requests_s),
+                (headers.remaining_tokens, headers.reset_tokens_s),
+            )
+            if remaining == 0
+        ),
+        default=None,
+    )
+
+
+def settle_statements(st: LimitSettle) -> list[Statement]:
+    """`settle`'s statements, in order, for the caller to send in its transaction (EXECUTE's
+    last transaction pipelines them after the attempt's UPDATE, db/attempts.py)."""
+    params = st.key.params()
+    out: list[Statement] = []
+    if st.lease_id is not None:
+        out.append((_END_LEASE, {"id": st.lease_id}))
+    back = max(st.tokens_reserved - st.tokens_used, 0)
+    cfg = st.limits or Limits()
+    h = st.headers
+    if h is None:
+        if back > 0:
+            out.append((_GIVE_BACK, {**params, "back": back, "cfg_tpm": cfg.tpm}))
+        return out
+    announced = {
+        **params,
+        "rem_r": h.remaining_requests,
+        "rem_t": h.remaining_tokens,
+        "lim_r": h.limit_requests,
+        "lim_t": h.limit_tokens,
+        "cfg_rpm": cfg.rpm,
+        "cfg_tpm": cfg.tpm,
+        "back": back,
+        "block": _block_s(h, st.max_block_s),
+    }
+    out.append((_ANNOUNCED, announced))
+    return out
 
 
 async def settle(
@@ -311,91 +420,12 @@ async def settle(
     remaining), records the announced limits, and blocks the key until a reset when the
     provider said nothing is left (at most `max_block_s`). Headers create the key's row
     even without configured limits: the engine learns the provider's limits that way."""
-    params = key.params()
-    if lease_id is not None:
-        await s.execute(text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id})
-    back = max(tokens_reserved - tokens_used, 0)
-    cfg = limits or Limits()
-    if headers is None:
-        if back <= 0:
-            return
-        await s.execute(
-            text(
-                """
-                UPDATE provider_limit SET tokens_available = least(
-                    tokens_available + :back, :cfg_tpm, announced_tpm)
-                WHERE provider = :p AND model = :m AND key_ref = :k
-                  AND tokens_available < 'Infinity'
-                """
-            ),
-            {**params, "back": back, "cfg_tpm": cfg.tpm},
-        )
-        return
-    block_s = max(
-        (
-            min(reset or 0.0, max_block_s)
-            for remaining, reset in (
-                (headers.remaining_requests, headers.reset_requests_s),
-                (headers.remaining_tokens, headers.reset_tokens_s),
-            )
-            if remaining == 0
-        ),
-        default=None,
-    )
-    # Both buckets are brought up to now (refilled at the limit in force after these
-    # headers) before the provider's remaining caps them, so `refilled_at` stays exact.
-    await s.execute(
-        text(
-            """
-            INSERT INTO provider_limit AS l (provider, model, key_ref, requests_available,
-                tokens_available, refilled_at, announced_rpm, announced_tpm, blocked_until)
-            VALUES (:p, :m, :k,
-                    coalesce(CAST(:rem_r AS float8), 'Infinity'),
-                    coalesce(CAST(:rem_t AS float8), 'Infinity'),
-                    clock_timestamp(), :lim_r, :lim_t,
-                    clock_timestamp() + make_interval(secs => CAST(:block AS float8)))
-            ON CONFLICT (provider, model, key_ref) DO UPDATE SET
-                requests_available = least(
-                    l.requests_available + greatest(
-                        extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
-                        * coalesce(least(CAST(:cfg_rpm AS integer),
-                                         coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
-                                   0) / 60.0,
-                    least(CAST(:cfg_rpm AS integer),
-                          coalesce(CAST(:lim_r AS integer), l.announced_rpm)),
-                    CAST(:rem_r AS float8)),
-                tokens_available = least(
-                    l.tokens_available + :back + greatest(
-                        extract(epoch FROM clock_timestamp() - l.refilled_at), 0)
-                        * coalesce(least(CAST(:cfg_tpm AS integer),
-                                         coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
-                                   0) / 60.0,
-                    least(CAST(:cfg_tpm AS integer),
-                          coalesce(CAST(:lim_t AS integer), l.announced_tpm)),
-                    CAST(:rem_t AS float8)),
-                refilled_at = clock_timestamp(),
-                announced_rpm = coalesce(EXCLUDED.announced_rpm, l.announced_rpm),
-                announced_tpm = coalesce(EXCLUDED.announced_tpm, l.announced_tpm),
-                blocked_until = CASE
-                    WHEN EXCLUDED.blocked_until IS NULL THEN l.blocked_until
-                    ELSE greatest(l.blocked_until, EXCLUDED.blocked_until) END
-            """
-        ),
-        {
-            **params,
-            "rem_r": headers.remaining_requests,
-            "rem_t": headers.remaining_tokens,
-            "lim_r": headers.limit_requests,
-            "lim_t": headers.limit_tokens,
-            "cfg_rpm": cfg.rpm,
-            "cfg_tpm": cfg.tpm,
-            "back": back,
-            "block": block_s,
-        },
-    )
+    st = LimitSettle(key, lease_id, tokens_reserved, tokens_used, headers, limits, max_block_s)
+    for stmt, params in settle_statements(st):
+        await s.execute(stmt, params)
 
 
 async def release(s: AsyncSession, lease_id: uuid.UUID) -> None:
     """A lease whose call was never settled (the bookkeeping itself failed): the slot is
     free at once rather than when the lease expires."""
-    await s.execute(text("DELETE FROM provider_call_lease WHERE id = :id"), {"id": lease_id})
+    await s.execute(_END_LEASE, {"id": lease_id})

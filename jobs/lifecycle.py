@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import artifacts as artifacts_db
+from db import attempts as attempts_db
 from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
@@ -154,6 +155,24 @@ async def cancel(
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
     return came_from
+
+
+async def take(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    identity: str,
+    ttl_s: int,
+    run_id: str | None,
+) -> attempts_db.TakenJob | None:
+    """queued → running under `owner`'s lock (a retry by the same workflow finds its own), and
+    the job and its snapshot read in the same round trip (db/attempts.py `take`): EXECUTE's
+    start. No event: a job's events are its endings. Raises `IllegalTransition` (it ended while
+    it waited), `LockConflict` (another owner's) or `JobNotFound`; None: the row was not read."""
+    return await attempts_db.take(
+        s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
+    )
 
 
 async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> int:

@@ -1,0 +1,188 @@
+"""EXECUTE's two hot transactions, each a named function with a typed result: `take` (the CAS
+queued → running and the read of the job and its snapshot, in one round trip) and `settle` (a
+valid answer's usage row, what it tells the key's gate and limits, the attempt's bookkeeping and
+the output, for a job or for one of its chunks, in one round trip).
+
+The statements are the repositories' own (`db/lifecycle.py` LOCK and SETTLE_ATTEMPT,
+`db/jobs.py` GET_WITH_SNAPSHOT, `db/usage.py` INSERT, `db/provider_gate.py` REACHABLE,
+`db/provider_limits.py` `settle_statements`) and a chunk's settlement (defined here), sent
+through `db/pipeline.py`, which stays private to `db/`: the stage and its use cases see only
+these functions and their results.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import jobs as jobs_db
+from db import lifecycle as lifecycle_db
+from db import pipeline
+from db import provider_gate as provider_gate_db
+from db import provider_limits as provider_limits_db
+from db import usage as usage_db
+from db.jobs import JobRow
+from db.provider_gate import GateKey
+from db.provider_limits import LimitSettle
+from db.session import SessionMaker
+from db.usage import UsageRow
+
+
+@dataclass(frozen=True)
+class TakenJob:
+    """What `take` read once the job was this owner's: the row and its unexpired snapshot
+    (None once expired or never stored)."""
+
+    row: JobRow
+    snapshot: dict[str, Any] | None
+
+
+async def take(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    owner: str,
+    identity: str,
+    ttl_s: int,
+    run_id: str | None,
+) -> TakenJob | None:
+    """CAS queued → running (or this owner's own lock, on a retry) and the read of the job and
+    its snapshot, pipelined in the caller's transaction: one round trip; the read sees the CAS's
+    update and is not used when the CAS matched no row. A missed CAS raises what
+    `lifecycle.locked_of` raises (`IllegalTransition`, `LockConflict`, `JobNotFound`); None:
+    the job row was not read."""
+    params = lifecycle_db.lock_params(
+        job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
+    )
+    locked, read = await pipeline.in_session(
+        s, [(lifecycle_db.LOCK, params), (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id})]
+    )
+    await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
+    found = jobs_db.with_snapshot_of(read[0] if read else None)
+    return None if found is None else TakenJob(*found)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A valid answer to store: the call's usage row, the gate it went through (the key
+    answered: `reachable`), the limits to settle (None: nothing taken, nothing announced) and
+    the attempt's output, for the job or for one of its chunks (`chunk_no`)."""
+
+    usage: UsageRow
+    gate: GateKey | None
+    limits: LimitSettle | None
+    job_id: uuid.UUID
+    owner: str
+    attempt: int
+    ttl_s: int
+    output: dict[str, Any]
+    output_hash: str
+    chunk_no: int | None = None
+
+
+@dataclass(frozen=True)
+class Settled:
+    """`owned`: the job was still the owner's, running; `cancel_requested`: a cancel was asked
+    for. The output was stored when owned and no cancel was requested."""
+
+    owned: bool
+    cancel_requested: bool
+
+
+# A chunk's valid answer, while `owner` holds the job running and nobody asked to cancel it: the
+# chunk `succeeded` with its output and hash. The job row is locked first (`FOR UPDATE`): chunks
+# of one job settle one after another, so each progress counts the ones before it.
+_SETTLE_CHUNK = text(
+    """
+    WITH cur AS (
+        SELECT id, (lifecycle_status = 'running'
+                    AND split_part(locked_by, '/', 1) = :owner) AS owned,
+               cancel_requested_at IS NOT NULL AS cancel_requested
+        FROM ai_job WHERE id = :job_id FOR UPDATE
+    ), stored AS (
+        UPDATE ai_job_chunk c SET status = 'succeeded', output = :out,
+            output_hash = :h, error_code = NULL, finished_at = now(),
+            attempt_count = greatest(c.attempt_count, :a)
+        FROM cur
+        WHERE c.job_id = cur.id AND c.chunk_no = :n
+          AND cur.owned AND NOT cur.cancel_requested
+        RETURNING c.chunk_no
+    )
+    SELECT cur.owned, cur.cancel_requested, (SELECT count(*) FROM stored) AS stored
+    FROM cur
+    """
+).bindparams(bindparam("out", type_=JSONB))
+# Then, under the same conditions (the row is still locked by `_SETTLE_CHUNK`, so they read the
+# same): the job's lock extended, its attempt bookkeeping, its progress raised to
+# 10 + 80 x chunks succeeded / chunks (a second statement: it sees the chunk the first one
+# marked succeeded), and its listeners notified (`ai_job_changed`).
+_SETTLE_CHUNK_JOB = text(
+    """
+    UPDATE ai_job SET
+        attempt_count = greatest(attempt_count, :a),
+        correction_hint = NULL,
+        lock_until = now() + make_interval(secs => :ttl),
+        progress = greatest(progress, 10 + (80 * (
+            SELECT count(*) FROM ai_job_chunk
+            WHERE job_id = :job_id AND status = 'succeeded'
+        ) / greatest(coalesce(chunk_count, 1), 1))::int),
+        updated_at = now()
+    WHERE id = :job_id AND lifecycle_status = 'running'
+      AND split_part(locked_by, '/', 1) = :owner AND cancel_requested_at IS NULL
+    RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
+    """
+)
+
+
+def _settle_output(st: Settlement) -> list[pipeline.Statement]:
+    """The attempt's bookkeeping and output: the job's one UPDATE, or a chunk's two."""
+    if st.chunk_no is None:
+        params = lifecycle_db.settle_attempt_params(
+            st.job_id,
+            owner=st.owner,
+            attempt=st.attempt,
+            ttl_s=st.ttl_s,
+            output=st.output,
+            output_hash=st.output_hash,
+            progress=60,
+        )
+        return [(lifecycle_db.SETTLE_ATTEMPT, params)]
+    chunk = {"job_id": st.job_id, "n": st.chunk_no, "owner": st.owner, "a": st.attempt}
+    stored = {**chunk, "out": st.output, "h": st.output_hash}
+    job = {"job_id": st.job_id, "owner": st.owner, "a": st.attempt, "ttl": st.ttl_s}
+    return [(_SETTLE_CHUNK, stored), (_SETTLE_CHUNK_JOB, job)]
+
+
+def _statements(st: Settlement) -> tuple[list[pipeline.Statement], int]:
+    """The settlement in order (the usage row, the gate's `reachable`, the attempt's
+    bookkeeping and output, the limits' end), and the index of the statement whose row says
+    (owned, cancel_requested)."""
+    statements: list[pipeline.Statement] = [(usage_db.INSERT, st.usage.__dict__)]
+    if st.gate is not None:
+        statements.append((provider_gate_db.REACHABLE, st.gate.params()))
+    settle_at = len(statements)
+    statements.extend(_settle_output(st))
+    if st.limits is not None:
+        statements.extend(provider_limits_db.settle_statements(st.limits))
+    return statements, settle_at
+
+
+async def settle(sm: SessionMaker, st: Settlement) -> Settled:
+    """The last transaction of a paid call, committed in every outcome: BEGIN, its statements
+    and COMMIT in one round trip (db/pipeline.py `run`)."""
+    statements, at = _statements(st)
+    rows = (await pipeline.run(sm, statements, commit=True))[at]
+    return Settled(*lifecycle_db.settled(rows[0] if rows else None))
+
+
+async def settle_in_session(s: AsyncSession, st: Settlement) -> Settled:
+    """`settle`'s statements pipelined in the caller's open transaction (which then goes on:
+    runs recorded before the five stages project the output in it)."""
+    statements, at = _statements(st)
+    rows = (await pipeline.in_session(s, statements))[at]
+    return Settled(*lifecycle_db.settled(rows[0] if rows else None))

@@ -1,0 +1,117 @@
+"""The start of an EXECUTE attempt, in its first transaction: the job taken (`jobs/lifecycle.py`
+`take`), the chunk it calls for locked, an output already paid for found, then the call's
+provider admission (`jobs/admission.py` `admit`) and, for a chunk, its attempt counted.
+
+`start` answers what the attempt does next; the caller (activities/execute.py) owns the
+transaction: it commits a `Started`, `Ended` or `Reused`, and rolls back on a `Wait`, `Refused`
+or `Stop` (nothing taken, no attempt spent, the job still `queued` when this attempt took it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import chunks as chunks_db
+from db.chunks import ChunkRow
+from db.jobs import JobRow
+from engine.errors import IllegalTransition, JobNotFound, LockConflict
+from jobs import admission
+from jobs import lifecycle as lifecycle
+from jobs.admission import AdmissionConfig, Refused, Ticket, Wait
+from jobs.gateway import Gateway
+from jobs.spec import AnyJobType, Catalog
+
+
+@dataclass(frozen=True)
+class Start:
+    """Whose attempt: the job, the lock's owner (and its token's parts), the lock's TTL, the
+    chunk (None: the job's one call), the attempt number and the job's timeout."""
+
+    job_id: uuid.UUID
+    owner: str
+    identity: str
+    ttl_s: int
+    run_id: str | None
+    chunk_no: int | None
+    attempt: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The job ended before it could run (cancelled while it waited, or done): its state."""
+
+    status: str
+
+
+@dataclass(frozen=True)
+class Reused:
+    """An output this job (or chunk) already stored: paid for, not bought again."""
+
+    output_hash: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The attempt cannot run and never will: the code it fails with for good."""
+
+    code: str
+
+
+@dataclass(frozen=True)
+class Started:
+    """The call may go: the job as read, its snapshot, its type, its chunk and what admission
+    granted (to be settled by the call's end)."""
+
+    row: JobRow
+    snapshot: dict[str, Any]
+    jt: AnyJobType
+    chunk: ChunkRow | None
+    ticket: Ticket
+
+
+async def start(
+    s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
+) -> Started | Ended | Reused | Stop | Wait | Refused:
+    """The attempt's first transaction, in the caller's session, in that order: take, chunk,
+    reuse, admission, the chunk's attempt (after every check that rolls back: only an attempt
+    that runs is counted)."""
+    try:
+        taken = await lifecycle.take(
+            s, st.job_id, owner=st.owner, identity=st.identity, ttl_s=st.ttl_s, run_id=st.run_id
+        )
+    except IllegalTransition as exc:
+        return Ended(str(exc.from_status))
+    except LockConflict:
+        return Stop("INTERNAL_NOT_LOCK_OWNER")
+    except JobNotFound:
+        return Stop("INTERNAL_JOB_MISSING")
+    if taken is None:
+        return Stop("INTERNAL_JOB_MISSING")
+    row, snapshot = taken.row, taken.snapshot
+    if row.cancel_requested_at is not None:
+        return Stop("CANCELLED")
+    chunk = None
+    if st.chunk_no is not None:
+        # Locked until the commit: a retry racing a lost attempt of the same chunk decides on
+        # its status after this one.
+        chunk = await chunks_db.get_for_update(s, st.job_id, st.chunk_no)
+        if chunk is None:
+            return Stop("INTERNAL_CHUNK_MISSING")
+        if chunk.status == "succeeded" and chunk.output_hash is not None:
+            return Reused(chunk.output_hash)
+    elif row.output_hash is not None and row.output is not None:
+        return Reused(row.output_hash)
+    if snapshot is None:
+        return Stop("INTERNAL_SNAPSHOT_MISSING")
+    jt = catalog.get(row.job_type)
+    got = await admission.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
+    if not isinstance(got, Ticket):
+        return got
+    if chunk is not None:
+        await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
+    return Started(row, snapshot, jt, chunk, got)

@@ -1,0 +1,227 @@
+"""The provider call of one attempt and its bookkeeping: its request (the prompt, with the
+correction after an invalid answer, checked for content safety when the job type asks), the call
+itself under the job's timeout while the caller's heartbeats and lock extensions run beside it,
+its usage row, and a failed call's record.
+
+Plain functions over their inputs: EXECUTE (activities/execute.py) passes its heartbeat and its
+lock extension in, so this module knows nothing of Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import chunks as chunks_db
+from db import lifecycle as lifecycle_db
+from db import usage as usage_db
+from db.chunks import ChunkRow
+from db.jobs import JobRow
+from db.session import SessionMaker
+from db.usage import UsageRow
+from engine.errors import ExecutionFailure
+from jobs.admission import AdmissionConfig, Ticket
+from jobs.chunked import chunk_model
+from jobs.gateway import Gateway
+from jobs.output import output_schema
+from jobs.spec import AnyJobType
+from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
+
+# A 429 is the provider asking the key to wait, not a failed attempt: the job waits out the pause
+# in its workflow and calls again under the same attempt number, this many times per attempt
+# (a key that answers 429 forever must still end its jobs).
+FREE_RATE_LIMITS_PER_ATTEMPT = 5
+
+
+class SelfCancelled(Exception):
+    """The call was aborted because SQL says the job was cancelled or is no longer ours."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Whose call: the job (as read), its snapshot, its type, the attempt number, the chunk
+    (None: the job's one call) and the job's timeout."""
+
+    row: JobRow
+    snapshot: dict[str, Any]
+    jt: AnyJobType
+    number: int
+    chunk: ChunkRow | None
+    timeout_ms: int
+
+
+def request(gateway: Gateway, a: Attempt, model: str, api_key: str | None) -> ProviderRequest:
+    """The provider request: the prompt (with the correction after an invalid answer),
+    checked for content safety when the job type asks; the job's key goes into it."""
+    jt, row = a.jt, a.row
+    model_in = jt.input_model.model_validate(a.snapshot["input"])
+    if a.chunk is not None:
+        model_in = chunk_model(jt, model_in, a.chunk.planned())  # its text, its share
+    correction = None
+    if a.number > 1 and row.correction_hint:
+        correction = (
+            f"Your previous answer was rejected: {row.correction_hint}. "
+            "Answer again with JSON that matches the schema exactly."
+        )
+    prompt = jt.prompt(model_in, correction)
+    if jt.definition.security.content_safety_check:
+        gateway.safety.check([prompt.system, prompt.user])
+    output_model: type[BaseModel] = jt.output_model
+    return ProviderRequest(
+        job_id=str(row.id),
+        job_type=row.job_type,
+        attempt=a.number,
+        model=model,
+        system_prompt=prompt.system,
+        user_prompt=prompt.user,
+        output_schema=output_schema(output_model),
+        timeout_s=a.timeout_ms / 1000,
+        # The budget fixed at create (cut to fit a per-job cost cap); older jobs: the type's.
+        max_tokens=row.max_output_tokens or jt.definition.execution.max_output_tokens,
+        api_key=api_key,
+        synthetic=(
+            jt.synthetic_behaviour(model_in)
+            if jt.synthetic_behaviour is not None
+            else SyntheticBehaviour(output=jt.synthetic_output(model_in))
+        ),
+    )
+
+
+async def call(
+    provider: Provider,
+    req: ProviderRequest,
+    *,
+    timeout_s: float,
+    beat: Callable[[], None],
+    beat_interval_s: float,
+    still_ours: Callable[[], Awaitable[bool]],
+    check_every_s: float,
+) -> ProviderResponse:
+    """The provider call under `timeout_s`. `beat` runs every `beat_interval_s` on its own
+    clock (a call that ends first costs none, and a slow database can never starve it); a
+    separate task asks `still_ours` every `check_every_s` (extending the job's lock) and aborts
+    the call with `SelfCancelled` when it answers False. A lost check is survivable (the lock's
+    TTL has slack)."""
+    pending = asyncio.ensure_future(provider.generate(req))
+    self_cancelled = False
+
+    async def beats() -> None:
+        while not pending.done():
+            await asyncio.sleep(beat_interval_s)
+            beat()
+
+    async def checks() -> None:
+        nonlocal self_cancelled
+        while not pending.done():
+            await asyncio.sleep(check_every_s)
+            try:
+                ours = await asyncio.wait_for(still_ours(), timeout=check_every_s)
+            except Exception:
+                continue
+            if not ours:
+                self_cancelled = True
+                pending.cancel()
+                return
+
+    helpers = [asyncio.ensure_future(beats()), asyncio.ensure_future(checks())]
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await pending
+    except asyncio.CancelledError:
+        if self_cancelled and not _current_task_cancelling():
+            raise SelfCancelled() from None
+        raise
+    finally:
+        for h in helpers:
+            h.cancel()
+        if not pending.done():
+            pending.cancel()
+
+
+def _current_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return bool(task and task.cancelling())
+
+
+@dataclass
+class Called:
+    """What a provider call came to: an output that validated, or the failure to record."""
+
+    provider: str
+    model: str
+    latency_ms: int = 0
+    cost: Decimal = Decimal(0)  # priced once: the metric and the usage row agree
+    response: ProviderResponse | None = None
+    failure: ExecutionFailure | None = None
+    out: dict[str, Any] | None = None  # the output as stored
+    model_out: BaseModel | None = None  # the same, as the projector takes it
+
+    def usage(
+        self, row: JobRow, attempt: int, chunk_no: int | None, error_code: str | None
+    ) -> UsageRow:
+        """The call's ai_usage_log row."""
+        r = self.response
+        return UsageRow(
+            job_id=row.id,
+            user_id=row.user_id,
+            job_type=row.job_type,
+            attempt_no=attempt,
+            credential_mode=row.credential_mode,
+            provider=r.provider if r else (self.provider or "unknown"),
+            model=r.model if r else (self.model or "unknown"),
+            tokens_in=r.tokens_in if r else 0,
+            tokens_out=r.tokens_out if r else 0,
+            cost_usd=self.cost if r else Decimal(0),
+            latency_ms=self.latency_ms,
+            error_code=error_code,
+            chunk_no=chunk_no,
+        )
+
+
+async def record_failure(
+    s: AsyncSession,
+    ticket: Ticket,
+    cfg: AdmissionConfig,
+    usage: UsageRow,
+    failure: ExecutionFailure,
+    *,
+    response: ProviderResponse | None,
+    called: bool,
+) -> None:
+    """A failed attempt in the caller's transaction: its usage row, what the failure tells the
+    job's gate (`Ticket.note_failure`), the attempt's bookkeeping (the failure and its
+    correction hint), the chunk's failure, and the call's end for its limits (`called`: the
+    provider was asked, else the reserved tokens go back)."""
+    await usage_db.insert(s, usage)
+    await ticket.note_failure(s, usage.job_id, failure, cfg)
+    await lifecycle_db.record_attempt(
+        s,
+        usage.job_id,
+        attempt=usage.attempt_no,
+        internal_error=failure.internal_message or failure.code,
+        correction_hint=failure.correction_hint,
+    )
+    if usage.chunk_no is not None:
+        await chunks_db.record_failure(
+            s, usage.job_id, usage.chunk_no, usage.attempt_no, failure.code
+        )
+    await ticket.settle(s, response, called=called, max_block_s=cfg.retry_after_max_s)
+
+
+async def rate_limit_is_free(
+    sm: SessionMaker, job_id: uuid.UUID, attempt: int, chunk_no: int | None
+) -> bool:
+    """Whether this attempt's latest 429 may still be waited out without spending it (at most
+    FREE_RATE_LIMITS_PER_ATTEMPT per attempt)."""
+    async with sm() as s:
+        seen = await usage_db.calls_with(
+            s, job_id, attempt, "PROVIDER_RATE_LIMITED", chunk_no=chunk_no
+        )
+    return seen <= FREE_RATE_LIMITS_PER_ATTEMPT

@@ -1,0 +1,73 @@
+"""A job type's output rule: what an answer must be to become a job's output. The one rule for a
+provider's answer (EXECUTE) and for a long source's merged chunks (MERGE) alike, and the JSON
+schema the provider is asked to answer in."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from engine.errors import ExecutionFailure
+from engine.redaction import redact
+from jobs.spec import AnyJobType
+
+Validated = tuple[dict[str, Any] | None, BaseModel | None, ExecutionFailure | None]
+
+_NOT_JSON = object()  # an answer that did not parse: reported as such, never validated
+
+
+def validated_answer(jt: AnyJobType, content: str) -> Validated:
+    """A provider's answer (its text) as the job's output: `validated_output` of its JSON."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        data = _NOT_JSON
+    return validated_output(jt, data)
+
+
+def validated_output(jt: AnyJobType, data: Any) -> Validated:
+    """`data` as the job's output: validated by the type's output model, redacted when the type
+    asks (as stored, and as the model the projector takes), or why it is not valid."""
+    try:
+        if data is _NOT_JSON:
+            raise ValueError("not JSON")
+        validated = jt.output_model.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        detail = (
+            summarise_validation(exc)
+            if isinstance(exc, ValidationError)
+            else "output is not valid JSON"
+        )
+        return (
+            None,
+            None,
+            ExecutionFailure(
+                "VALIDATION_OUTPUT_INVALID",
+                internal_message=f"VALIDATION_OUTPUT_INVALID: {detail}",
+                correction_hint=detail,
+                answered=True,  # a 200: the provider is reachable, the answer was not usable
+            ),
+        )
+    if jt.definition.security.output_redaction:
+        # Redacted before it is stored: the stored output, the projected rows and the hash all
+        # see the masked text, still in the output model's shape.
+        validated = jt.output_model.model_validate(redact(validated.model_dump(mode="json")))
+    return validated.model_dump(mode="json"), validated, None
+
+
+@functools.cache
+def output_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """JSON schema of an output model; built once per job type, not per call."""
+    return model.model_json_schema()
+
+
+def summarise_validation(exc: ValidationError) -> str:
+    """What was wrong with an output, without the output itself (pydantic's messages)."""
+    parts = []
+    for e in exc.errors(include_url=False, include_input=False)[:10]:
+        loc = ".".join(str(p) for p in e.get("loc", ())) or "(root)"
+        parts.append(f"{loc}: {e.get('msg', '')}")
+    return "; ".join(parts)
