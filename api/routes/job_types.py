@@ -4,7 +4,6 @@ the catalog the process was built with: no database, no Temporal."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from fastapi import APIRouter
@@ -63,11 +62,16 @@ class JobTypeList(Camel):
     items: list[JobTypeOut]
 
 
-@functools.cache
+_SCHEMAS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
 def input_schema(model: type[BaseModel]) -> dict[str, Any]:
     """A model's JSON Schema, built once per process: a job type's input model never changes
     while the process runs, and building it costs more than the rest of the answer."""
-    return model.model_json_schema(by_alias=True)
+    schema = _SCHEMAS.get(model)
+    if schema is None:
+        schema = _SCHEMAS[model] = model.model_json_schema(by_alias=True)
+    return schema
 
 
 def describe(jt: AnyJobType) -> JobTypeOut:

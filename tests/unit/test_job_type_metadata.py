@@ -36,7 +36,7 @@ def test_registration_refuses_unusable_metadata(bad: dict[str, str]) -> None:
 
 def test_an_unknown_domain_is_refused() -> None:
     with pytest.raises(ValueError):
-        JobDefinition(job_type="essay_feedback", domain="translation")  # type: ignore[arg-type]
+        JobDefinition(job_type="essay_feedback", domain="translation")
     d = JobDefinition(job_type="essay_feedback").model_copy(update={"domain": "translation"})
     with pytest.raises(InvalidJobDefinition):
         validate_definition(d)
