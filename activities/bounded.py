@@ -6,7 +6,8 @@ that a database restart never loses a job. That policy is part of the commands r
 histories replay, so it stays; the bound is kept here, in the worker, instead:
 
 - an infrastructure outage passes through unchanged and is retried as before: the database
-  unreachable (`db.errors.is_unavailable`), a Temporal or RPC error, a cancel;
+  unreachable (`db.errors.is_unavailable`), a network error or timeout, a Temporal or RPC
+  error, a cancel;
 - an `ApplicationError` the stage raised itself passes through unchanged (the stage chose its
   code and whether it may be retried);
 - any other exception is a bug or a deterministic fault (a violated constraint, a trigger, a
@@ -32,7 +33,7 @@ import uuid
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError, TemporalError
+from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from activities.failures import INTERNAL_ERROR, internal_message, loggable, private_strings
@@ -62,12 +63,20 @@ DEFAULT_ATTEMPTS = 3
 RECORD_MAX_CHARS = 2000
 
 
+# Beyond the database's own outage errors: Temporal's errors (an RPC, a cancel, a failure the
+# stage named), and a network that refuses or times out before any driver wraps it.
+PASSED_THROUGH: tuple[type[BaseException], ...] = (
+    TemporalError,
+    asyncio.CancelledError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
 def is_passed_through(exc: BaseException) -> bool:
     """An outage, a cancel, or a failure the stage (or Temporal) already named: retried or
     reported exactly as without this interceptor."""
-    return isinstance(
-        exc, ApplicationError | CancelledError | asyncio.CancelledError | TemporalError
-    ) or is_unavailable(exc)
+    return isinstance(exc, PASSED_THROUGH) or is_unavailable(exc)
 
 
 def internal_failure() -> ApplicationError:
