@@ -16,6 +16,7 @@ from api.events import JobEventHub
 from api.metrics import ApiMetrics
 from api.openapi import document_errors, job_type_bodies
 from api.routes import admin, admin_bulk, credentials, events, health, jobs, outbox, usage
+from api.routes.job_types import router as job_types_router
 from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
 from db.credentials import active_user_key_id
@@ -76,6 +77,7 @@ def create_app(
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
+    app.include_router(job_types_router)
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(admin_bulk.router)

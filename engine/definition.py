@@ -28,6 +28,10 @@ JOB_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 # `<jobType>.output.v1` (74 characters) fits.
 VERSION_MAX_LENGTH = 128
 Visibility = Literal["public", "dev", "internal"]
+# What a job type does, for the catalog's readers (ADR JobDefinition metadata).
+Domain = Literal["analysis", "generation", "import", "maintenance"]
+DOMAINS: tuple[Domain, ...] = ("analysis", "generation", "import", "maintenance")
+LABEL_MAX_LENGTH = 100
 
 
 class _Frozen(BaseModel):
@@ -87,9 +91,16 @@ class JobDefinition(_Frozen):
     development or test, e.g. the synthetic type), "internal" (never through the REST API).
 
     The input and output schema versions and the prompt version are recorded on every job;
-    when left out they are `<job_type>.input.v1`, `<job_type>.output.v1` and `<job_type>.v1`."""
+    when left out they are `<job_type>.input.v1`, `<job_type>.output.v1` and `<job_type>.v1`.
+
+    `label` (a human name; left out: the job type with spaces, capitalised), `domain` (one of
+    DOMAINS) and `version` (the definition's own version, bumped when its policy or contract
+    changes) describe the type in `GET /api/ai/job-types`."""
 
     job_type: str
+    label: str = ""
+    domain: Domain = "generation"
+    version: str = "1"
     description: str = ""
     queue: QueueSpec = QueueSpec()
     execution: Execution = Execution()
@@ -112,6 +123,7 @@ class JobDefinition(_Frozen):
                     ("input", SchemaVersion(schema_version=f"{name}.input.v1")),
                     ("output", SchemaVersion(schema_version=f"{name}.output.v1")),
                     ("prompt_version", f"{name}.v1"),
+                    ("label", name.replace("_", " ").capitalize()),
                 ):
                     if not data.get(key):
                         data[key] = default
@@ -140,7 +152,14 @@ def validate_definition(d: JobDefinition) -> None:
         raise InvalidJobDefinition(f"defaultMode of {d.job_type} is not an allowed mode")
     if not d.credential.allowed_modes:
         raise InvalidJobDefinition(f"{d.job_type} allows no credential mode")
+    if not d.label.strip() or len(d.label) > LABEL_MAX_LENGTH:
+        raise InvalidJobDefinition(
+            f"label of {d.job_type} must have 1..{LABEL_MAX_LENGTH} characters"
+        )
+    if d.domain not in DOMAINS:
+        raise InvalidJobDefinition(f"invalid domain {d.domain!r} for {d.job_type}")
     for field_name, version in (
+        ("version", d.version),
         ("prompt_version", d.prompt_version),
         ("input.schema_version", d.input.schema_version),
         ("output.schema_version", d.output.schema_version),

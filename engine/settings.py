@@ -160,6 +160,9 @@ class Settings(BaseSettings):
     # dispatched fairly across users; taken by the worker, they would be served in arrival order
     # and one user's burst would hold the database pool while another user's job waits.
     worker_workflow_tasks: int = Field(default=6, ge=1, le=1000, alias="WORKER_WORKFLOW_TASKS")
+    # A bookkeeping stage's unexpected error ends the job after this many attempts
+    # (activities/bounded.py); a database or Temporal outage is still waited out.
+    stage_internal_attempts: int = Field(default=3, ge=1, le=100, alias="STAGE_INTERNAL_ATTEMPTS")
     # Fairness on the job task queues: per-user weights ("user=weight,..."; default weight 1).
     # A user's share of the provider slots when others wait is proportional to the weight.
     fairness_weights: str = Field(default="", alias="FAIRNESS_WEIGHTS")

@@ -33,6 +33,7 @@ from temporalio.client import (
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.bounded import BoundedStagesInterceptor
 from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
@@ -114,7 +115,11 @@ def build_workers(
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
-    job_interceptors = [JobTelemetryInterceptor(), PublicFailureInterceptor()]
+    job_interceptors = [
+        JobTelemetryInterceptor(),
+        PublicFailureInterceptor(),
+        BoundedStagesInterceptor(parts.sessionmaker, s.stage_internal_attempts),
+    ]
     for q in queues:
         if q in QUEUE_NAMES:
             concurrency = queue_concurrency(s, q)

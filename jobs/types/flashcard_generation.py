@@ -69,6 +69,9 @@ class FlashcardGenerationOutput(JobOutput):
 
 DEFINITION = JobDefinition(
     job_type="flashcard_generation",
+    label="Flashcard generation",
+    domain="generation",
+    version="1",
     description="Question/answer flashcards from a text.",
     queue=QueueSpec(default_priority=40),
     execution=Execution(timeout_ms=90_000),

@@ -77,6 +77,9 @@ class QuizGenerationOutput(JobOutput):
 
 DEFINITION = JobDefinition(
     job_type="quiz_generation",
+    label="Quiz generation",
+    domain="generation",
+    version="1",
     description="Multiple-choice questions (4 choices, answer, explanation) from a text.",
     queue=QueueSpec(default_priority=40),
     execution=Execution(timeout_ms=120_000),

@@ -66,6 +66,9 @@ class SyntheticOutput(JobOutput):
 
 DEFINITION = JobDefinition(
     job_type="synthetic",
+    label="Synthetic test job",
+    domain="maintenance",
+    version="1",
     description="Scripted job for tests, demos and benchmarks.",
     execution=Execution(timeout_ms=30_000),
     security=SecuritySpec(content_safety_check=False),

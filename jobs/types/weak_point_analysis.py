@@ -74,6 +74,9 @@ class WeakPointAnalysisOutput(JobOutput):
 
 DEFINITION = JobDefinition(
     job_type="weak_point_analysis",
+    label="Weak point analysis",
+    domain="analysis",
+    version="1",
     description="A learner's weak points, with evidence and a next action, from answers.",
     queue=QueueSpec(queue_name="ai-background", default_priority=70),
     execution=Execution(timeout_ms=120_000, max_retries=2, retry_backoff=RetryBackoff(delay=5000)),

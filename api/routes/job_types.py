@@ -1,0 +1,113 @@
+"""`GET /api/ai/job-types`: every registered job type describes itself (its definition's
+metadata and policy, and the JSON Schema of its input), for any authenticated user. Read from
+the catalog the process was built with: no database, no Temporal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from api.deps import State, User
+from api.schemas import Camel
+from engine.definition import Domain
+from jobs.spec import AnyJobType
+
+router = APIRouter(prefix="/api/ai/job-types", tags=["job types"])
+
+EXAMPLE: dict[str, Any] = {
+    "items": [
+        {
+            "name": "quiz_generation",
+            "label": "Quiz generation",
+            "domain": "generation",
+            "version": "1",
+            "description": "Multiple-choice questions from a text.",
+            "queue": "ai-interactive",
+            "priority": 40,
+            "timeoutSeconds": 120,
+            "maxAttempts": 3,
+            "promptVersion": "quiz_generation.v2",
+            "inputSchemaVersion": "quiz_generation.input.v1",
+            "outputSchemaVersion": "quiz_generation.output.v1",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "minLength": 1}},
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+        }
+    ]
+}
+
+
+class JobTypeOut(Camel):
+    name: str = Field(description="The job type, as `jobType` in a create body")
+    label: str = Field(description="A human name for it")
+    domain: Domain = Field(description="What it does: analysis, generation, import, maintenance")
+    version: str = Field(min_length=1, description="The definition's own version")
+    description: str
+    queue: str = Field(description="The task queue its jobs run on")
+    priority: int = Field(ge=0, le=100, description="Default priority: 0 highest, 100 lowest")
+    timeout_seconds: int | float = Field(description="One provider call's timeout")
+    max_attempts: int = Field(ge=1, description="Provider attempts, the first included")
+    prompt_version: str = Field(min_length=1)
+    input_schema_version: str = Field(min_length=1)
+    output_schema_version: str = Field(min_length=1)
+    input_schema: dict[str, Any] = Field(description="JSON Schema of the job type's `input`")
+
+
+class JobTypeList(Camel):
+    items: list[JobTypeOut]
+
+
+_SCHEMAS: dict[type[BaseModel], dict[str, Any]] = {}
+
+
+def input_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON Schema, built once per process: a job type's input model never changes
+    while the process runs, and building it costs more than the rest of the answer."""
+    schema = _SCHEMAS.get(model)
+    if schema is None:
+        schema = _SCHEMAS[model] = model.model_json_schema(by_alias=True)
+    return schema
+
+
+def describe(jt: AnyJobType) -> JobTypeOut:
+    """One job type as the listing shows it: its definition, never its prompts."""
+    d = jt.definition
+    ms = d.execution.timeout_ms
+    return JobTypeOut(
+        name=jt.job_type,
+        label=d.label,
+        domain=d.domain,
+        version=d.version,
+        description=d.description,
+        queue=d.queue.queue_name,
+        priority=d.queue.default_priority,
+        timeout_seconds=ms // 1000 if ms % 1000 == 0 else ms / 1000,
+        max_attempts=d.max_attempts,
+        prompt_version=d.prompt_version,
+        input_schema_version=d.input.schema_version,
+        output_schema_version=d.output.schema_version,
+        input_schema=input_schema(jt.input_model),
+    )
+
+
+@router.get(
+    "",
+    response_model=JobTypeList,
+    summary="List the job types",
+    description=(
+        "Every job type this deployment has registered, in registration order: its name (the "
+        "`jobType` of a create body), label, domain (`analysis`, `generation`, `import`, "
+        "`maintenance`), definition version, queue, default priority, timeout of one provider "
+        "call in seconds, provider attempts, prompt and schema versions, and the JSON Schema "
+        "its `input` must satisfy. A type may be listed that you cannot create (a development "
+        "type outside development): a create of it answers 422. Any authenticated user."
+    ),
+    responses={200: {"content": {"application/json": {"example": EXAMPLE}}}},
+)
+async def list_job_types(state: State, principal: User) -> JobTypeList:
+    return JobTypeList(items=[describe(jt) for jt in state.catalog])
