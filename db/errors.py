@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import psycopg
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 UNIQUE_VIOLATION = "23505"
 LIFECYCLE_TRIGGER = "AJ001"  # raised by the ai_job lifecycle guard trigger
@@ -43,11 +44,14 @@ def is_lifecycle_violation(exc: BaseException) -> bool:
 # The driver errors that mean "PostgreSQL cannot be reached right now", whatever the statement:
 # the API answers them with 503, the activities wait for the database to come back.
 UNAVAILABLE_ERRORS: tuple[type[DBAPIError], ...] = (OperationalError, InterfaceError)
-# The driver's own, unwrapped: a pool that cannot connect raises them.
+# The driver's own, unwrapped: a pool that cannot connect raises them. A pool whose every
+# connection is busy past its timeout (SQLAlchemy's TimeoutError) is a database that cannot keep
+# up, not a bug of the caller: it is waited out too.
 ALL_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     *UNAVAILABLE_ERRORS,
     psycopg.OperationalError,
     psycopg.InterfaceError,
+    PoolTimeoutError,
 )
 
 
