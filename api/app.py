@@ -5,20 +5,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
+from fastapi import Depends, FastAPI
+from fastapi_offline import FastAPIOffline
 from temporalio.client import Client
 
-from api import errors, limits, metrics
+from api import browser, errors, limits, metrics, openapi
 from api.events import JobEventHub
 from api.metrics import ApiMetrics
-from api.openapi import document_errors, job_type_bodies
-from api.routes import admin, admin_bulk, credentials, events, health, jobs, outbox, usage
+from api.routes import (
+    admin,
+    admin_bulk,
+    credentials,
+    events,
+    health,
+    jobs,
+    outbox,
+    stream_tokens,
+    usage,
+)
 from api.routes.job_types import router as job_types_router
 from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
+from api.strict import check_request
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
@@ -65,15 +74,20 @@ def create_app(
             await app.state.aijobs.events.close()
             await engine.dispose()
 
-    app = FastAPI(
+    # Swagger UI (/docs) and ReDoc (/redoc) from assets in the process: no CDN, no font host.
+    app = FastAPIOffline(
         title="ai-job-engine",
         version="0.1.0",
         description="Create, follow and cancel AI jobs; admins list, filter and retry them.",
         lifespan=lifespan,
+        # Every route refuses unknown query parameters and non-JSON bodies (api/strict.py).
+        dependencies=[Depends(check_request)],
+        swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
     limits.install(app, max_bytes=settings.max_request_bytes)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
+    browser.install(app, settings)  # CORS outermost: refusals carry its headers too
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
@@ -85,54 +99,7 @@ def create_app(
     app.include_router(credentials.router)
     app.include_router(webhooks_router)
     app.include_router(health.router)
+    app.include_router(stream_tokens.router)
 
-    def openapi() -> dict[str, Any]:
-        """Adds each public job type's input schema, so clients see what `input` takes."""
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
-        )
-        comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        comps.setdefault("securitySchemes", None)
-        comps.pop("securitySchemes")
-        schema["components"]["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
-        }
-        schema["security"] = [{"bearer": []}]
-        variants = []
-        public_types: list[str] = []
-        for jt in catalog:
-            if not jt.definition.creatable(development=policy.synthetic_public):
-                continue
-            name = f"{jt.input_model.__name__}"
-            sub = jt.input_model.model_json_schema(
-                by_alias=True, ref_template="#/components/schemas/{model}"
-            )
-            for k, v in sub.pop("$defs", {}).items():
-                comps[k] = v
-            sub["description"] = f"`input` of jobType `{jt.job_type}`: {jt.definition.description}"
-            comps[name] = sub
-            variants.append({"$ref": f"#/components/schemas/{name}"})
-            public_types.append(jt.job_type)
-        # Only the types a client may create: `synthetic` must not show up in production.
-        schema.setdefault("x-job-types", public_types)
-        create = schema["paths"]["/api/ai/jobs"]["post"]
-        body = create["requestBody"]["content"]["application/json"]["schema"]
-        ref = body.get("$ref", "").split("/")[-1]
-        if ref in comps and variants:
-            comps[ref]["properties"]["input"] = {"oneOf": variants, "title": "Input"}
-        job_type_bodies(
-            schema,
-            [
-                (t.job_type, t.input_model.__name__, t.definition.credential.allowed_modes)
-                for t in catalog
-                if t.job_type in public_types
-            ],
-        )
-        document_errors(schema)
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    openapi.install(app, catalog, synthetic_public=policy.synthetic_public)
     return app

@@ -8,11 +8,13 @@ than that hand-off, so they run on the event loop.
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Query, Request
 
 from api.auth import JwtConfig, Principal, verify_token
+from api.browser import STREAM_TOKEN_PARAM, verify_stream_token
 from api.state import AppState
 from engine.errors import Forbidden
 
@@ -34,6 +36,30 @@ async def get_principal(
 User = Annotated[Principal, Depends(get_principal)]
 
 
+async def get_stream_principal(
+    state: State,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    stream_token: Annotated[
+        str | None,
+        Query(
+            alias=STREAM_TOKEN_PARAM,
+            max_length=2048,
+            description="A token from `POST /api/ai/stream-tokens`, for a browser's "
+            "EventSource (which cannot send `Authorization`). Instead of the bearer token.",
+        ),
+    ] = None,
+) -> Principal:
+    """The event-stream routes: a bearer token, or a stream token in the query string (then
+    a `StreamPrincipal`: own jobs only)."""
+    cfg = JwtConfig.from_settings(state.settings)
+    if stream_token is not None:
+        return verify_stream_token(cfg, stream_token)
+    return verify_token(cfg, authorization)
+
+
+StreamUser = Annotated[Principal, Depends(get_stream_principal)]
+
+
 async def get_admin(principal: User) -> Principal:
     if not principal.is_admin:
         raise Forbidden("This route requires the SUPER_ADMIN role.")
@@ -41,3 +67,16 @@ async def get_admin(principal: User) -> Principal:
 
 
 Admin = Annotated[Principal, Depends(get_admin)]
+
+
+# Path parameters are camelCase on the wire and in OpenAPI (`{jobId}`), as every JSON member is.
+JobId = Annotated[uuid.UUID, Path(alias="jobId", description="The job's id (`jobId`)")]
+CredentialId = Annotated[
+    uuid.UUID, Path(alias="credentialId", description="The credential's id (`credentialId`)")
+]
+WebhookId = Annotated[
+    uuid.UUID, Path(alias="webhookId", description="The webhook endpoint's id (`webhookId`)")
+]
+OperationId = Annotated[
+    uuid.UUID, Path(alias="operationId", description="The bulk operation's id (`operationId`)")
+]

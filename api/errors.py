@@ -20,6 +20,9 @@ from engine.errors import EngineError, ValidationFailed
 
 log = logging.getLogger(__name__)
 PROBLEM = "application/problem+json"
+# Where a user adds the key a CREDENTIAL_MISSING refusal asks for.
+CREDENTIALS_ROUTE = "POST /api/ai/credentials"
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 def problem(
@@ -51,13 +54,16 @@ def _clean_errors(errors: Any) -> list[dict[str, Any]]:
 
 
 def _allowed_methods(request: Request) -> str:
-    """Every method some route serves at this path (the router names only the first route's)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE and getattr(route, "methods", None):
-            methods |= set(route.methods)
-    return ", ".join(sorted(methods))
+    """Every method some route serves at this path (the router names only the first route's).
+    Each method is tried against the routes as the router would: included routers are not
+    flat lists of routes, so a route's `methods` cannot simply be read."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in HTTP_METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+    return ", ".join(allowed)
 
 
 def install(app: FastAPI) -> None:
@@ -69,11 +75,12 @@ def install(app: FastAPI) -> None:
             extra["errors"] = exc.errors
         # Members a refusal needs to be acted on (a bulk filter's match count and limit).
         extra.update(getattr(exc, "problem_extra", {}))
+        message = exc.public_message
+        if exc.code == "CREDENTIAL_MISSING" and CREDENTIALS_ROUTE not in message:
+            message = f"{message} Add your key with {CREDENTIALS_ROUTE}."
         if exc.http_status == 401:
             headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-        return problem(
-            exc.http_status, exc.code, exc.title, exc.public_message, headers=headers, **extra
-        )
+        return problem(exc.http_status, exc.code, exc.title, message, headers=headers, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

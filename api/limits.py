@@ -40,11 +40,11 @@ _PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["type", "title", "status", "code", "detail"],
     "properties": {
-        "type": {"type": "string"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "code": {"type": "string"},
-        "detail": {"type": "string"},
+        "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
+        "title": {"type": "string", "title": "Title", "description": "Request body too large"},
+        "status": {"type": "integer", "title": "Status", "description": "413"},
+        "code": {"type": "string", "title": "Code", "description": "`PAYLOAD_TOO_LARGE`"},
+        "detail": {"type": "string", "title": "Detail", "description": "The limit, in bytes"},
     },
 }
 # `responses=` entry for every route that takes a body (the limit itself applies to all routes).

@@ -3,7 +3,7 @@
 Two kinds of families, on one registry per app (a process runs one app; tests run several):
 
 - HTTP requests, counted by a pure ASGI layer outside everything else (a 413 refused before
-  routing is counted too): method, the route's *template* (`/api/ai/jobs/{job_id}`, never the
+  routing is counted too): method, the route's *template* (`/api/ai/jobs/{jobId}`, never the
   raw path: one series per job id would grow without bound) and status;
 - the engine's state, read from PostgreSQL when Prometheus scrapes (`EngineStateCollector`).
 

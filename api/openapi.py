@@ -5,8 +5,8 @@ every operation, each problem+json status it can answer (`Problem` schema):
 
 - 401 on every route that needs a bearer token, 403 on the admin routes;
 - 404 on routes with a path parameter (the resource, or someone else's, is not found);
-- 422 on routes that take parameters or a body (and the state-dependent refusals);
-- 400 and 413 on routes with a body (the body limit runs before authentication);
+- 422 on every route (an unknown query parameter), and the state-dependent refusals;
+- 400, 413 and 415 on routes with a body (the body limit runs before authentication);
 - 503 where the database (or the AI platform) may be unavailable;
 - 409 and 429 where a route's state rules or quotas produce them.
 
@@ -20,10 +20,14 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from api import openapi_docs
 from api.cursors import CURSOR_PATTERN
 from api.errors import PROBLEM
+from jobs.spec import Catalog
 
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
@@ -38,7 +42,9 @@ DESCRIPTIONS: dict[int, str] = {
     404: "Not found, or not yours (`*_NOT_FOUND`, `NOT_FOUND`)",
     409: "The resource's state does not allow this (`JOB_NOT_CANCELLABLE`, ...)",
     413: "The body exceeds MAX_REQUEST_BYTES (`PAYLOAD_TOO_LARGE`); checked before authentication",
-    422: "Invalid parameters or body (`VALIDATION_FAILED`, with `errors`), or a refusal that "
+    415: "The body is not JSON (`UNSUPPORTED_MEDIA_TYPE`): send `Content-Type: application/json`",
+    422: "Invalid or unknown parameters or body (`VALIDATION_FAILED`, with `errors` located "
+    '`["query", name]`, `["body", field, ...]`), or a refusal that '
     "depends on stored state (`IDEMPOTENCY_KEY_REUSED`, `CREDENTIAL_MISSING`)",
     429: "Too many active jobs or quota used up (`TOO_MANY_JOBS`, `QUOTA_EXCEEDED`); see "
     "Retry-After",
@@ -48,26 +54,29 @@ DESCRIPTIONS: dict[int, str] = {
 # Statuses only some routes produce, beyond what their shape implies.
 EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/api/ai/jobs"): (404, 429),  # 404 CREDENTIAL_NOT_FOUND: a `credentialId`
-    ("post", "/api/ai/jobs/{job_id}/cancel"): (409,),
-    ("post", "/admin-api/ai/jobs/{job_id}/retry"): (409,),
-    ("post", "/admin-api/ai/outbox/{event_id}/requeue"): (409,),
-    ("post", "/admin-api/ai/jobs/{job_id}/cancel"): (409,),
+    ("post", "/api/ai/jobs/{jobId}/cancel"): (409,),
+    ("post", "/admin-api/ai/jobs/{jobId}/retry"): (409,),
+    ("post", "/admin-api/ai/outbox/{eventId}/requeue"): (409,),
+    ("post", "/admin-api/ai/jobs/{jobId}/cancel"): (409,),
 }
 
 
 class ProblemError(BaseModel):
-    loc: list[str] = Field(default_factory=list, description="Where: location, then field")
-    msg: str
-    type: str
+    loc: list[str] = Field(
+        default_factory=list,
+        description='Where: `["query", name]`, `["body", field, ...]` or `["body", "input", ...]`',
+    )
+    msg: str = Field(description="What is wrong, in words")
+    type: str = Field(description="What kind of mistake (`missing`, `extra_forbidden`, ...)")
 
 
 class Problem(BaseModel):
     """An RFC 9457 problem; `code` is the stable, machine-readable error code."""
 
     type: str = Field(description="Always `about:blank`")
-    title: str
-    status: int = Field(ge=400, le=599)
-    detail: str
+    title: str = Field(description="A short summary of the problem")
+    status: int = Field(ge=400, le=599, description="The HTTP status")
+    detail: str = Field(description="What happened, for a person to read")
     code: str = Field(description="e.g. `JOB_NOT_FOUND`, `VALIDATION_FAILED`, `UNAUTHENTICATED`")
     errors: list[ProblemError] | None = Field(
         default=None, description="What was invalid (422 `VALIDATION_FAILED` only)"
@@ -78,9 +87,16 @@ _READY = {
     "type": "object",
     "required": ["status", "checks"],
     "properties": {
-        "status": {"type": "string", "enum": ["ready", "unavailable"]},
+        "status": {
+            "type": "string",
+            "enum": ["ready", "unavailable"],
+            "title": "Status",
+            "description": "`ready` when every check is `ok`",
+        },
         "checks": {
             "type": "object",
+            "title": "Checks",
+            "description": "Each dependency (`database`, `temporal`) and its state",
             "additionalProperties": {"type": "string", "enum": ["ok", "unavailable"]},
         },
     },
@@ -96,10 +112,10 @@ def _statuses(method: str, path: str, op: dict[str, Any]) -> set[int]:
         out.add(403)
     if "{" in path:
         out.add(404)
-    if op.get("parameters") or "requestBody" in op:
-        out.add(422)
+    # Every route refuses a query parameter it does not take (api/strict.py).
+    out.add(422)
     if "requestBody" in op:
-        out |= {400, 413}
+        out |= {400, 413, 415}
     out |= set(EXTRA.get((method, path), ()))
     return out
 
@@ -227,3 +243,49 @@ def job_type_bodies(
             "mapping": {t: v["$ref"] for (t, _, _), v in zip(types, variants, strict=True)},
         },
     }
+
+
+def install(app: FastAPI, catalog: Catalog, *, synthetic_public: bool) -> None:
+    """`app.openapi` builds the document once: FastAPI's, plus each public job type's input
+    schema (so clients see what `input` takes), the bearer scheme and every problem answer."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        schema["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+        }
+        schema["security"] = [{"bearer": []}]
+        variants = []
+        public: list[tuple[str, str, Sequence[str]]] = []
+        for jt in catalog:
+            if not jt.definition.creatable(development=synthetic_public):
+                continue
+            name = jt.input_model.__name__
+            sub = jt.input_model.model_json_schema(
+                by_alias=True, ref_template="#/components/schemas/{model}"
+            )
+            for k, v in sub.pop("$defs", {}).items():
+                comps[k] = v
+            sub["description"] = f"`input` of jobType `{jt.job_type}`: {jt.definition.description}"
+            comps[name] = sub
+            variants.append({"$ref": f"#/components/schemas/{name}"})
+            public.append((jt.job_type, name, jt.definition.credential.allowed_modes))
+        # Only the types a client may create: `synthetic` must not show up in production.
+        schema.setdefault("x-job-types", [t for t, _, _ in public])
+        create = schema["paths"]["/api/ai/jobs"]["post"]
+        body = create["requestBody"]["content"]["application/json"]["schema"]
+        ref = body.get("$ref", "").split("/")[-1]
+        if ref in comps and variants:
+            comps[ref]["properties"]["input"] = {"oneOf": variants, "title": "Input"}
+        job_type_bodies(schema, public)
+        document_errors(schema)
+        openapi_docs.describe(schema, [t for t, _, _ in public])
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = build  # type: ignore[method-assign]

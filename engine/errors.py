@@ -75,7 +75,10 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "CONTENT_SAFETY_BLOCKED": "The request was blocked by the content safety policy.",
     "TIMEOUT": "The job took too long and was stopped.",
     "CREDENTIAL_INVALID": "The AI provider rejected the credential.",
-    "CREDENTIAL_MISSING": "No usable AI provider credential is configured for this job.",
+    "CREDENTIAL_MISSING": (
+        "No usable AI provider credential is configured for this job. Add your key with "
+        "POST /api/ai/credentials, then create the job again."
+    ),
     "CREDENTIAL_INSUFFICIENT_BALANCE": (
         "The AI provider account behind this credential has insufficient balance. "
         "Top it up or use another key, then create the job again."

@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # TOO_MANY_STREAMS). Per process: with N API processes a user can hold N x the per-user cap.
     sse_max_streams_per_user: int = Field(default=10, ge=1, alias="SSE_MAX_STREAMS_PER_USER")
     sse_max_streams: int = Field(default=1000, ge=1, alias="SSE_MAX_STREAMS")
+    # Browser origins allowed to call the API (CORS), comma-separated ("https://app.example.com");
+    # empty: no CORS headers at all, so no web page of another origin can read an answer.
+    cors_allow_origins: str = Field(default="", alias="CORS_ALLOW_ORIGINS")
 
     # ---- engine knobs (documented in the README) ----
     environment: Literal["development", "test", "production"] = Field(

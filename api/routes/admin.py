@@ -5,7 +5,6 @@ actions in their own transaction, the views of internals and the refusals afterw
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -13,7 +12,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BeforeValidator
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.deps import Admin, State
+from api.deps import Admin, JobId, State
 from api.schemas import (
     JOB_TYPE_PATTERN,
     NO_NUL,
@@ -86,7 +85,7 @@ async def list_jobs(
 
 
 @router.get(
-    "/{job_id}",
+    "/{jobId}",
     response_model=AdminJobDetailResponse,
     summary="A job with its internals",
     description=(
@@ -95,7 +94,7 @@ async def list_jobs(
         "computed live; null when nothing is wrong or Temporal cannot be asked in time."
     ),
 )
-async def get_job(job_id: uuid.UUID, state: State, admin: Admin) -> AdminJobDetailResponse:
+async def get_job(job_id: JobId, state: State, admin: Admin) -> AdminJobDetailResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_VIEW, "job", str(job_id))
     async with audit.refusals(entry), state.sessionmaker() as s:
@@ -112,7 +111,7 @@ async def get_job(job_id: uuid.UUID, state: State, admin: Admin) -> AdminJobDeta
 
 
 @router.post(
-    "/{job_id}/retry",
+    "/{jobId}/retry",
     status_code=201,
     # The body is JobStatusResponse plus `retriedFromJobId` (RetriedJobResponse): declared as
     # the documented JobStatusResponse, and rendered from the model as it is returned.
@@ -124,7 +123,7 @@ async def get_job(job_id: uuid.UUID, state: State, admin: Admin) -> AdminJobDeta
     summary="Retry a failed or cancelled job as a new job",
 )
 async def retry_job(
-    job_id: uuid.UUID, state: State, admin: Admin, response: Response
+    job_id: JobId, state: State, admin: Admin, response: Response
 ) -> RetriedJobResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_RETRY, "job", str(job_id))
@@ -143,7 +142,7 @@ async def retry_job(
 
 
 @router.post(
-    "/{job_id}/cancel",
+    "/{jobId}/cancel",
     response_model=CancelResponse,
     responses={202: {"model": CancelResponse, "description": "Cancel requested (job running)"}},
     summary="Cancel any job",
@@ -155,7 +154,7 @@ async def retry_job(
     ),
 )
 async def cancel_job(
-    job_id: uuid.UUID, state: State, admin: Admin, response: Response
+    job_id: JobId, state: State, admin: Admin, response: Response
 ) -> CancelResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_CANCEL, "job", str(job_id))

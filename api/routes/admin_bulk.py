@@ -28,7 +28,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from api import cursors
-from api.deps import Admin, State
+from api.deps import Admin, OperationId, State
 from api.routes.admin import iso_datetime
 from api.schemas import JOB_TYPE_PATTERN, NO_NUL, Camel, Queue, Status
 from db import audit as audit_db
@@ -257,7 +257,7 @@ async def bulk_retry(
 
 
 @router.get(
-    "/bulk/{operation_id}",
+    "/bulk/{operationId}",
     response_model=BulkStatusResponse,
     summary="A bulk operation's progress",
     description=(
@@ -266,7 +266,7 @@ async def bulk_retry(
         "`failed` (`failedReasons`: the error code) or still `pending`."
     ),
 )
-async def get_operation(operation_id: uuid.UUID, state: State, _admin: Admin) -> dict[str, Any]:
+async def get_operation(operation_id: OperationId, state: State, _admin: Admin) -> dict[str, Any]:
     bulk = _bulk(state)
     st = await bulk.status(operation_id)
     op = st.operation

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, SecretStr, field_validator
 
-from api.deps import State, User
+from api.deps import CredentialId, State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
 from db.credentials import CredentialRow
@@ -98,11 +98,11 @@ async def list_credentials(state: State, principal: User) -> CredentialList:
 
 
 @router.delete(
-    "/{credential_id}",
+    "/{credentialId}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Revoke one of your provider keys",
     description="Idempotent for your own keys; someone else's or a missing key → 404.",
 )
-async def revoke_credential(credential_id: uuid.UUID, state: State, principal: User) -> Response:
+async def revoke_credential(credential_id: CredentialId, state: State, principal: User) -> Response:
     await state.credentials.revoke(principal.user_id, credential_id)
     return Response(status_code=204)

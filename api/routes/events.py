@@ -36,12 +36,13 @@ from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
-from api.deps import State, User
+from api.browser import StreamPrincipal, misused
+from api.deps import JobId, State, StreamUser
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
 from db import jobs as jobs_db
 from db.jobs import JobRow
-from engine.errors import ValidationFailed
+from engine.errors import JobNotFound, ValidationFailed
 from engine.lifecycle import TERMINAL
 from jobs import views
 from jobs.chunk_items import chunk_items, landed_chunks
@@ -186,7 +187,7 @@ def _stream(
 )
 async def user_events(
     state: State,
-    principal: User,
+    principal: StreamUser,
     last_event_id: Annotated[str | None, _LAST_EVENT_ID] = None,
 ) -> EventSourceResponse:
     since = _last_id(last_event_id)
@@ -244,7 +245,7 @@ async def user_events(
 
 
 @router.get(
-    "/{job_id}/events",
+    "/{jobId}/events",
     summary="Follow one of your jobs (server-sent events)",
     description=(
         "First the job's current state, then one `status` event per change of state or "
@@ -257,14 +258,20 @@ async def user_events(
     responses=_RESPONSES,
 )
 async def job_events(
-    job_id: uuid.UUID,
+    job_id: JobId,
     state: State,
-    principal: User,
+    principal: StreamUser,
     last_event_id: Annotated[str | None, _LAST_EVENT_ID] = None,
 ) -> EventSourceResponse:
     since = _last_id(last_event_id)
     async with state.sessionmaker() as s:
-        await views.check_visible(s, job_id, principal)
+        try:
+            await views.check_visible(s, job_id, principal)
+        except JobNotFound:
+            # A stream token opens its own user's jobs only: any other is a misuse of it.
+            if isinstance(principal, StreamPrincipal):
+                raise misused() from None
+            raise
     hub = state.events
 
     async def gen() -> AsyncIterator[ServerSentEvent]:

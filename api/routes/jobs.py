@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import uuid
 from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from api.cursors import CURSOR_PATTERN
-from api.deps import State, User
+from api.deps import JobId, State, User
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import (
     JOB_TYPE_PATTERN,
@@ -30,9 +30,9 @@ from api.schemas import (
     encode_cursor,
 )
 from db.jobs import JobFilter
-from engine.errors import ValidationFailed
+from engine.errors import UnknownJobType, ValidationFailed
 from jobs import views
-from jobs.requests import CreateJobRequest
+from jobs.requests import CreateJobRequest, validation_errors
 from jobs.views import JobStatusResponse
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
@@ -45,6 +45,60 @@ def _check_key(key: str | None) -> str | None:
     if not _KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
     return key
+
+
+def _located(exc: ValidationFailed, *prefix: str) -> ValidationFailed:
+    """The same refusal, each error located from the request's root (`["body", "input", ...]`),
+    as FastAPI locates the body's own fields."""
+    errors = [{**e, "loc": [*prefix, *map(str, e.get("loc", ()))]} for e in exc.errors]  # type: ignore[call-overload]
+    return ValidationFailed(
+        exc.public_message,
+        errors=errors or [{"loc": list(prefix), "msg": exc.public_message, "type": "value_error"}],
+    )
+
+
+def _checked(body: CreateJobBody, state: State) -> None:
+    """What a create or a quote refuses about `jobType` and `input` before the service sees
+    them, with errors located in the body. The input is read by its camelCase names only:
+    `source_text` is an unknown member, never another spelling of `sourceText`."""
+    try:
+        jt = state.jobs.creation.requests.job_type_for_create(body.job_type)
+    except UnknownJobType:
+        accepted = ", ".join(public_job_types(state))
+        msg = f"jobType must be one of: {accepted}"
+        raise ValidationFailed(
+            f"Unknown job type. {msg}.",
+            errors=[{"loc": ["body", "jobType"], "msg": msg, "type": "enum"}],
+        ) from None
+    try:
+        jt.input_model.model_validate(body.input, strict=True, by_alias=True, by_name=False)
+    except ValidationError as exc:
+        raise _located(
+            ValidationFailed(
+                "The input does not match the job type's input schema.",
+                errors=validation_errors(exc),
+            ),
+            "body",
+            "input",
+        ) from None
+    try:
+        state.jobs.creation.requests.validate_input(
+            jt, body.input
+        )  # what JSON cannot say: NaN, Infinity
+    except ValidationFailed as exc:
+        raise _located(exc, "body", "input") from None
+
+
+def public_job_types(state: State) -> list[str]:
+    """The job types a client may create on this server, sorted."""
+    out = []
+    for jt in state.catalog:
+        try:
+            state.jobs.creation.requests.job_type_for_create(jt.job_type)
+        except UnknownJobType:
+            continue
+        out.append(jt.job_type)
+    return sorted(out)
 
 
 def _request(
@@ -80,6 +134,7 @@ def _request(
     ),
 )
 async def quote_job(body: CreateJobBody, state: State, principal: User) -> QuoteResponse:
+    _checked(body, state)
     q = await state.jobs.quote(_request(body, principal.user_id))
     e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
     refusal = None
@@ -142,6 +197,7 @@ async def create_job(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JobStatusResponse:
+    _checked(body, state)
     result = await state.jobs.create(
         _request(body, principal.user_id, idempotency_key=_check_key(idempotency_key))
     )
@@ -151,14 +207,14 @@ async def create_job(
     return await views.present(state.sessionmaker, result.job)
 
 
-@router.get("/{job_id}", response_model=JobStatusResponse, summary="Get one of your jobs")
-async def get_job(job_id: uuid.UUID, state: State, principal: User) -> JobStatusResponse:
+@router.get("/{jobId}", response_model=JobStatusResponse, summary="Get one of your jobs")
+async def get_job(job_id: JobId, state: State, principal: User) -> JobStatusResponse:
     async with state.sessionmaker() as s:
         return await views.job_status(s, job_id, principal)
 
 
 @router.get(
-    "/{job_id}/artifacts",
+    "/{jobId}/artifacts",
     response_model=ArtifactPage,
     # Rendered by json.dumps, as before: `content` is the job type's own JSON, and its numbers
     # keep their spelling (pydantic's fast path writes 1e-05 as 0.00001).
@@ -171,7 +227,7 @@ async def get_job(job_id: uuid.UUID, state: State, principal: User) -> JobStatus
     ),
 )
 async def list_artifacts(
-    job_id: uuid.UUID,
+    job_id: JobId,
     state: State,
     principal: User,
     cursor: Annotated[str | None, Query(max_length=200, pattern=CURSOR_PATTERN)] = None,
@@ -204,13 +260,13 @@ async def list_jobs(
 
 
 @router.post(
-    "/{job_id}/cancel",
+    "/{jobId}/cancel",
     response_model=CancelResponse,
     responses={202: {"model": CancelResponse, "description": "Cancel requested (job running)"}},
     summary="Cancel one of your jobs",
 )
 async def cancel_job(
-    job_id: uuid.UUID, state: State, principal: User, response: Response
+    job_id: JobId, state: State, principal: User, response: Response
 ) -> CancelResponse:
     result = await state.jobs.cancel(
         job_id,

@@ -81,7 +81,7 @@ async def list_events(
 
 
 @router.post(
-    "/{event_id}/requeue",
+    "/{eventId}/requeue",
     response_model=OutboxEventOut,
     summary="Requeue a dead, failed or backing-off outbox event",
     description=(
@@ -96,7 +96,9 @@ async def list_events(
     },
 )
 async def requeue_event(
-    event_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
+    event_id: Annotated[int, Path(alias="eventId", ge=1, le=cursors.INT64_MAX)],
+    state: State,
+    admin: Admin,
 ) -> dict[str, Any]:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, OUTBOX_REQUEUE, "outbox_event", str(event_id))

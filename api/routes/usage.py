@@ -15,7 +15,6 @@ calendar days, inclusive at both ends; a range is at most `MAX_RANGE_DAYS` long.
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
@@ -23,7 +22,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from api.deps import Admin, State, User
+from api.deps import Admin, JobId, State, User
 from api.schemas import (
     JOB_TYPE_PATTERN,
     NO_NUL,
@@ -178,7 +177,7 @@ async def admin_usage(
 
 
 @router.get(
-    "/api/ai/jobs/{job_id}/usage",
+    "/api/ai/jobs/{jobId}/usage",
     response_model=JobUsageResponse,
     tags=["jobs"],
     summary="What one of your jobs' calls cost, per attempt",
@@ -189,7 +188,7 @@ async def admin_usage(
         "`JOB_NOT_FOUND`, as a missing one."
     ),
 )
-async def job_usage(job_id: uuid.UUID, state: State, principal: User) -> JobUsageResponse:
+async def job_usage(job_id: JobId, state: State, principal: User) -> JobUsageResponse:
     async with state.sessionmaker() as s:
         money = await job_money(s, job_id)
         # The owner rule before any read of the job's usage: a stranger learns nothing.

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
 from api import cursors
-from api.deps import Admin, State, User
+from api.deps import Admin, State, User, WebhookId
 from api.errors import PROBLEM
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import Camel
@@ -159,18 +159,18 @@ async def list_webhooks(state: State, principal: User) -> WebhookList:
 
 
 @router.delete(
-    "/api/ai/webhooks/{webhook_id}",
+    "/api/ai/webhooks/{webhookId}",
     status_code=status.HTTP_204_NO_CONTENT,
     summary="Remove one of your webhooks",
     description="Its undelivered deliveries are dropped. Someone else's or a missing one → 404.",
 )
-async def delete_webhook(webhook_id: uuid.UUID, state: State, principal: User) -> Response:
+async def delete_webhook(webhook_id: WebhookId, state: State, principal: User) -> Response:
     await _service(state).delete(principal.user_id, webhook_id)
     return Response(status_code=204)
 
 
 @router.post(
-    "/api/ai/webhooks/{webhook_id}/rotate",
+    "/api/ai/webhooks/{webhookId}/rotate",
     response_model=WebhookWithSecret,
     summary="Rotate a webhook's signing secret",
     description=(
@@ -178,7 +178,7 @@ async def delete_webhook(webhook_id: uuid.UUID, state: State, principal: User) -
         "(24 h by default): meanwhile deliveries carry two signatures, one per secret."
     ),
 )
-async def rotate_webhook(webhook_id: uuid.UUID, state: State, principal: User) -> JSONResponse:
+async def rotate_webhook(webhook_id: WebhookId, state: State, principal: User) -> JSONResponse:
     row, secret = await _service(state).rotate(principal.user_id, webhook_id)
     return JSONResponse(_with_secret(row, secret), headers={"Cache-Control": "no-store"})
 
@@ -220,7 +220,7 @@ async def list_deliveries(
 
 
 @router.post(
-    "/admin-api/ai/webhook-deliveries/{delivery_id}/replay",
+    "/admin-api/ai/webhook-deliveries/{deliveryId}/replay",
     response_model=WebhookDeliveryOut,
     tags=["admin"],
     summary="Send a delivered, failed or dead webhook delivery again",
@@ -230,7 +230,9 @@ async def list_deliveries(
     ),
 )
 async def replay_delivery(
-    delivery_id: Annotated[int, Path(ge=1, le=cursors.INT64_MAX)], state: State, admin: Admin
+    delivery_id: Annotated[int, Path(alias="deliveryId", ge=1, le=cursors.INT64_MAX)],
+    state: State,
+    admin: Admin,
 ) -> dict[str, Any]:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, DELIVERY_REPLAY, "webhook_delivery", str(delivery_id))

@@ -1,7 +1,8 @@
 """`synthetic`: drives tests, demos and benchmarks. Public in development/test only.
 
 Input (all optional): delayMs, failTimes, failCode, hang, invalidOutput, echo. It always runs on
-the synthetic provider and projects one `synthetic_result` artifact.
+the synthetic provider and projects one `synthetic_result` artifact, whose content shows the
+`echo` that went through the job.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.models import AiJob
 from db.models_projected import SyntheticResult
 from engine.definition import Execution, JobDefinition, SecuritySpec
 from jobs.spec import (
@@ -112,15 +114,26 @@ project = in_session(projection)
 async def view(
     session: AsyncSession, job_id: uuid.UUID, artifact_ids: list[str]
 ) -> dict[str, dict[str, Any]]:
-    """The `synthetic_result` row: the hash of the output it was projected from."""
+    """The `synthetic_result` row: the hash of the output it was projected from, and the
+    `echo` that went through the job (read from the job's output, so a demo shows its data
+    coming back; null once the job's private data is purged)."""
     rows = await session.execute(
         select(SyntheticResult.id, SyntheticResult.output_hash, SyntheticResult.created_at).where(
             SyntheticResult.job_id == job_id, SyntheticResult.id.in_(artifact_uuids(artifact_ids))
         )
     )
+    found = list(rows)
+    echo = None
+    if found:
+        output = await session.scalar(select(AiJob.output).where(AiJob.id == job_id))
+        echo = output.get("echo") if isinstance(output, dict) else None
     return {
-        str(r.id): {"outputHash": r.output_hash, "createdAt": r.created_at.isoformat()}
-        for r in rows
+        str(r.id): {
+            "outputHash": r.output_hash,
+            "createdAt": r.created_at.isoformat(),
+            "echo": echo,
+        }
+        for r in found
     }
 
 

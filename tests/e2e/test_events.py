@@ -343,7 +343,7 @@ async def test_the_resume_query_uses_its_index(db: Any) -> None:
 
 async def test_the_openapi_document_declares_the_refusal(api: Api) -> None:
     doc = (await api.http.get("/openapi.json")).json()
-    for path in (ALL_JOBS, "/api/ai/jobs/{job_id}/events"):
+    for path in (ALL_JOBS, "/api/ai/jobs/{jobId}/events"):
         refusal = doc["paths"][path]["get"]["responses"]["429"]
         assert "TOO_MANY_STREAMS" in refusal["description"]
         assert "Retry-After" in refusal["headers"]

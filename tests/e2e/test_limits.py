@@ -415,14 +415,15 @@ async def test_echo_is_bounded(api: Api) -> None:
     echo["pad"] += "y"
     r = await api.create(input={"echo": echo}, expect=None)
     body = assert_problem(r, 422, "VALIDATION_FAILED")
-    assert [e["loc"] for e in body["errors"]] == [["echo"]], body
+    assert [e["loc"] for e in body["errors"]] == [["body", "input", "echo"]], body
     assert str(MAX_ECHO_BYTES) in body["errors"][0]["msg"]
     assert SECRET not in r.text
 
 
 async def test_input_is_bounded(api: Api) -> None:
     # Bigger than MAX_INPUT_BYTES but well inside MAX_REQUEST_BYTES; the bound on `input` must
-    # answer before the job type's own schema is consulted (whose refusal has loc ["echo"]).
+    # answer before the job type's own schema is consulted (whose refusal has loc
+    # ["body", "input", "echo"]).
     assert MAX_INPUT_BYTES + 1024 < api.settings.max_request_bytes
     r = await api.create(input={"echo": {"pad": SECRET + "x" * MAX_INPUT_BYTES}}, expect=None)
     body = assert_problem(r, 422, "VALIDATION_FAILED")

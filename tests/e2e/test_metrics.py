@@ -225,7 +225,7 @@ async def test_metrics_count_the_jobs_that_ran(api: Api, workers: Stack, worker_
     http = "aijobs_http_requests_total"
     assert d(api_before, api_after, http, method="POST", route="/api/ai/jobs", status="202") == 5
     polled = d(
-        api_before, api_after, http, method="GET", route="/api/ai/jobs/{job_id}", status="200"
+        api_before, api_after, http, method="GET", route="/api/ai/jobs/{jobId}", status="200"
     )
     assert polled >= 5  # wait_status polls each job at least once
     routes = {dict(k[1]).get("route") for k in api_after if k[0] == http}

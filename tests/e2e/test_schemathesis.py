@@ -32,7 +32,7 @@ BUDGET_S = 45.0
 # (a quote checks a body as a create does; the schema does not state the places).
 PAGED_OR_STATEFUL = (
     r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit|usage)"
-    r"(/\{job_id\}/(artifacts|retry)|/quote)?$"
+    r"(/\{jobId\}/(artifacts|retry)|/quote)?$"
 )
 CONFIG = f"""
 [[operations]]

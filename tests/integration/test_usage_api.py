@@ -426,7 +426,7 @@ async def test_the_usage_routes_are_documented(settings: Settings) -> None:
     paths = spec["paths"]
     own = paths["/api/ai/usage"]["get"]
     admin = paths["/admin-api/ai/usage"]["get"]
-    job = paths["/api/ai/jobs/{job_id}/usage"]["get"]
+    job = paths["/api/ai/jobs/{jobId}/usage"]["get"]
     assert {"401", "422", "503"} <= own["responses"].keys()
     assert {"401", "403", "422"} <= admin["responses"].keys()
     assert {"401", "404"} <= job["responses"].keys()

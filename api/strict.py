@@ -1,0 +1,87 @@
+"""Requests are refused rather than half-understood: a query parameter the route does not take
+(422 `VALIDATION_FAILED`, located `["query", name]`) and a body that is not JSON (415
+`UNSUPPORTED_MEDIA_TYPE`) are answered, never ignored. A client's typo (`?targetid=`) would
+otherwise return every row as if the filter had matched, which is worse than an error.
+
+`check_request` is an app-wide dependency: it reads only the matched route's declared query
+parameters (its whole dependency tree, aliases included) and the request's Content-Type, so it
+needs no per-route list that could drift from the routes themselves.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+
+from api.browser import STREAM_TOKEN_PARAM, misused
+from engine.errors import EngineError
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class UnsupportedMediaType(EngineError):
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    http_status = 415
+    title = "Unsupported media type"
+
+
+def _declared_query(route: APIRoute) -> frozenset[str]:
+    """The query parameter names the route takes (cached on the route: routes never change)."""
+    cached: frozenset[str] | None = getattr(route, "_aijobs_query", None)
+    if cached is None:
+        names: set[str] = set()
+        stack: list[Dependant] = [route.dependant]
+        while stack:
+            dep = stack.pop()
+            names |= {p.alias for p in dep.query_params}
+            stack.extend(dep.dependencies)
+        cached = frozenset(names)
+        route._aijobs_query = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def is_json(content_type: str | None) -> bool:
+    """`application/json` or a `+json` type, parameters (charset) aside."""
+    if not content_type:
+        return False
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (
+        main.startswith("application/") and main.endswith("+json")
+    )
+
+
+def _has_body(request: Request) -> bool:
+    length = request.headers.get("content-length")
+    if length is not None:
+        return length.strip() not in ("", "0")
+    return "transfer-encoding" in request.headers
+
+
+async def check_request(request: Request) -> None:
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    declared = _declared_query(route)
+    if STREAM_TOKEN_PARAM in request.query_params and STREAM_TOKEN_PARAM not in declared:
+        raise misused()  # a stream token opens the event streams only
+    unknown = sorted({k for k in request.query_params if k not in declared})
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", name),
+                    "msg": "Unknown query parameter"
+                    + (f"; this route takes: {', '.join(sorted(declared))}" if declared else ""),
+                    "type": "extra_forbidden",
+                }
+                for name in unknown
+            ]
+        )
+    if request.method in BODY_METHODS and route.body_field is not None:
+        required = route.body_field.field_info.is_required()
+        if (required or _has_body(request)) and not is_json(request.headers.get("content-type")):
+            raise UnsupportedMediaType(
+                "The request body must be JSON (Content-Type: application/json)."
+            )
