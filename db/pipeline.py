@@ -21,6 +21,7 @@ is then dropped from the pool), so `db/errors.py` answers the same questions abo
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +60,9 @@ def compiled(stmt: TextClause) -> _Compiled:
     hit = _compiled_cache.get(id(stmt))
     if hit is not None and hit[0] is stmt:
         return hit[1]
-    jsonb = frozenset(n for n, bp in stmt._bindparams.items() if isinstance(bp.type, JSONB))
-    out = _Compiled(str(stmt.compile(dialect=_DIALECT)), jsonb)
+    done = stmt.compile(dialect=_DIALECT)
+    jsonb = frozenset(n for n, bp in done.binds.items() if isinstance(bp.type, JSONB))
+    out = _Compiled(str(done), jsonb)
     _compiled_cache[id(stmt)] = (stmt, out)
     return out
 
@@ -71,10 +73,19 @@ def _params(c: _Compiled, params: Mapping[str, Any]) -> Mapping[str, Any]:
     return {k: Jsonb(v) if k in c.jsonb and v is not None else v for k, v in params.items()}
 
 
+_engines: weakref.WeakKeyDictionary[SessionMaker, AsyncEngine] = weakref.WeakKeyDictionary()
+
+
 def _engine(sm: SessionMaker) -> AsyncEngine:
-    bind = sm.kw["bind"]
-    assert isinstance(bind, AsyncEngine), "the stages' sessionmaker is bound to one engine"
-    return bind
+    """The engine `sm` binds its sessions to, read once per sessionmaker from a session's
+    public `bind` (a session that never connects costs nothing to drop)."""
+    engine = _engines.get(sm)
+    if engine is None:
+        bind = sm().bind
+        if not isinstance(bind, AsyncEngine):
+            raise TypeError("the stages' sessionmaker must be bound to one AsyncEngine")
+        engine = _engines[sm] = bind
+    return engine
 
 
 async def run(
@@ -195,10 +206,11 @@ async def transaction(sm: SessionMaker) -> AsyncIterator[Transaction]:
             pass  # invalidated below; the caller hears of the error that came first
         finally:
             if raw.broken:
-                # The server went away: so did every connection pooled beside this one. Mark
-                # them all stale, as SQLAlchemy's own Connection does on a disconnect, so that
-                # the next checkout opens a fresh connection instead of failing on a dead one.
-                _engine(sm).sync_engine.pool._invalidate(fairy, _checkin=False)
+                # The server went away: so did every connection pooled beside this one. The
+                # engine's pool is replaced (its idle connections closed; those checked out
+                # are dropped as they come back), so the next checkout opens a fresh
+                # connection instead of failing on a dead one.
+                await _engine(sm).dispose()
             if not reset:
                 await greenlet_spawn(fairy.invalidate)
             await greenlet_spawn(fairy.close)  # an invalidated one is dropped, not pooled

@@ -561,7 +561,7 @@ async def test_a_create_takes_six_round_trips_with_quotas_on(db: SessionMaker) -
     """The create path's statements, counted as PostgreSQL sees them: BEGIN, the user's lock,
     the three quota counts in one SELECT, the job (read back by its own INSERT ... RETURNING),
     its snapshot and its enqueue row in one statement (waking the relays), COMMIT."""
-    engine = db.kw["bind"].sync_engine
+    engine: Any = db().bind.sync_engine  # type: ignore[union-attr]
     sent: list[str] = []
 
     def on_statement(*args: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -118,7 +119,7 @@ async def test_a_connection_that_dies_mid_pipeline_leaves_the_pool(db: SessionMa
     unavailable (the stages retry it), nothing of the transaction is written, and the pool's
     next connection works."""
     job_id = await insert_job(db)
-    engine = db.kw["bind"]
+    engine: Any = db().bind  # the AsyncEngine the sessions are bound to
     before = engine.pool.checkedout()
     with pytest.raises(DBAPIError) as err:
         await pipeline.run(

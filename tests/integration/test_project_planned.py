@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -196,7 +197,7 @@ async def test_an_error_in_a_later_batch_rolls_back_the_earlier_ones(db: Session
 
 async def test_a_connection_that_dies_mid_transaction_leaves_the_pool(db: SessionMaker) -> None:
     job_id = await insert_job(db)
-    engine = db.kw["bind"]
+    engine: Any = db().bind  # the AsyncEngine the sessions are bound to
     before = engine.pool.checkedout()
     with pytest.raises(DBAPIError) as err:
         async with pipeline.transaction(db) as tx:
@@ -219,7 +220,7 @@ async def test_a_transaction_cancelled_mid_batch_writes_nothing_and_returns_its_
     transactions. (A batch that carries its COMMIT is, once sent, as undecided as any COMMIT
     whose answer never came back.)"""
     job_id = await insert_job(db)
-    engine = db.kw["bind"]
+    engine: Any = db().bind  # the AsyncEngine the sessions are bound to
     before = engine.pool.checkedout()
     started = asyncio.Event()
 
