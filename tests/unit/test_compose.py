@@ -236,7 +236,7 @@ def test_every_engine_service_starts_with_the_documented_variables(
     if name == "api":
         assert s.jwt_signing_secret == DOCUMENTED["JWT_SECRET"]
         assert s.platform_key_configured  # platform-key jobs are accepted, not 503
-    if name in ("worker-interactive", "worker-background"):
+    if name in PROVIDER_WORKERS:
         assert s.platform_key_configured
 
 
@@ -247,7 +247,7 @@ def test_every_engine_service_starts_with_a_real_encryption_key(
     key = generate_key_setting("k1")
     variables = {**DOCUMENTED, **PROVIDERS[0], "CREDENTIAL_ENCRYPTION_KEY": key}
     s = start(name, variables, monkeypatch)
-    if name in ("api", "worker-interactive", "worker-background"):
+    if name in KEYRING_SERVICES:
         assert s.credential_encryption_key is not None
         assert s.credential_encryption_key.get_secret_value() == key
 
@@ -285,11 +285,16 @@ def test_the_api_refuses_a_weak_jwt_secret_that_compose_accepts(
     )
 
 
+# Workers that call the provider, and the ai-system worker (a bulk retry is a create).
+PROVIDER_WORKERS = ("worker-interactive", "worker-background", "worker-system")
+KEYRING_SERVICES = ("api", *PROVIDER_WORKERS)
+
+
 @pytest.mark.parametrize("name", ENGINE_SERVICES)
 def test_without_a_provider_only_the_provider_workers_refuse(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if name not in ("worker-interactive", "worker-background"):
+    if name not in PROVIDER_WORKERS:
         start(name, DOCUMENTED, monkeypatch)
         return
     with pytest.raises(SystemExit) as info:
@@ -306,7 +311,7 @@ def test_the_development_encryption_key_is_refused(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     variables = {**DOCUMENTED, **PROVIDERS[0], "CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY}
-    if name not in ("api", "worker-interactive", "worker-background"):
+    if name not in KEYRING_SERVICES:
         start(name, variables, monkeypatch)  # it never sees the key
         return
     with pytest.raises(SystemExit):
@@ -334,8 +339,8 @@ def test_each_service_gets_only_the_secrets_it_uses() -> None:
     services = _compose()["services"]
     for name in ENGINE_SERVICES:
         env = services[name]["environment"]
-        assert ("JWT_SECRET" in env) == (name == "api"), name
-        holds_keys = name in ("api", "worker-interactive", "worker-background")
+        assert ("JWT_SECRET" in env) == (name in ("api", "worker-system")), name
+        holds_keys = name in KEYRING_SERVICES
         assert ("DEEPSEEK_API_KEY" in env) == holds_keys, name
         assert ("CREDENTIAL_ENCRYPTION_KEY" in env) == holds_keys, name
 

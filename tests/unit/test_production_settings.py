@@ -106,8 +106,11 @@ CASES: list[tuple[Role, tuple[str, ...], dict[str, str], list[str]]] = [
     ("token", (), {"JWT_SECRET": GOOD_SECRET}, []),
     ("worker", ("ai-interactive",), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),
     ("worker", ("ai-background",), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),
-    ("worker", (), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),  # no --queue: all queues
-    ("worker", ("ai-system",), {}, []),  # relay and reconciler only
+    # No --queue: all queues, ai-system included.
+    ("worker", (), {}, ["JWT_SECRET is not set", "DEEPSEEK_API_KEY nor AI_BASE_URL"]),
+    # Bulk retries are creates: the platform provider and the fairness key's secret.
+    ("worker", ("ai-system",), {}, ["JWT_SECRET is not set", "DEEPSEEK_API_KEY nor AI_BASE_URL"]),
+    ("worker", ("ai-system",), {"JWT_SECRET": GOOD_SECRET, **PROVIDER}, []),
     ("worker", ("ai-interactive",), PROVIDER, []),
     ("worker", ("ai-interactive",), {"AI_BASE_URL": "http://llm.internal:8080/v1"}, []),
     (
@@ -119,7 +122,7 @@ CASES: list[tuple[Role, tuple[str, ...], dict[str, str], list[str]]] = [
     (
         "worker",
         ("ai-system",),
-        {"CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY},
+        {"CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY, "JWT_SECRET": GOOD_SECRET, **PROVIDER},
         ["CREDENTIAL_ENCRYPTION_KEY is the public development key"],
     ),
     ("worker", ("ai-interactive",), {"JWT_SECRET": DEV_JWT_SECRET, **PROVIDER}, []),
