@@ -70,6 +70,7 @@ def pgbouncer(
     front of `database_url`; yields the URL of the same database through it. As root it runs
     as the owner of PostgreSQL's socket directory (it refuses to run as root)."""
     info = conninfo_to_dict(libpq_url(database_url))
+    workdir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="pgbouncer-", dir=workdir))
     # Traversable by the user it runs as (pytest's own temporary directories are not).
     for d in (workdir, *workdir.parents):
