@@ -1,8 +1,9 @@
 """Several processes of each role against one PostgreSQL (behind PgBouncer in transaction mode)
 and one persistent Temporal server, under load from several users: one process of each role is
-killed with SIGKILL and restarted, then the Temporal server is killed and restarted on its
-database file. Every job ends exactly once, with at most one charged call per attempt, no job
-stuck, no outbox row left claimed, no process left running."""
+killed with SIGKILL and restarted, the Temporal server is killed and restarted on its database
+file, then every worker is restarted one by one (a rolling deploy). Every job ends exactly once,
+with at most one charged call per attempt, no job stuck, no outbox row left claimed, no process
+left running."""
 
 from __future__ import annotations
 
@@ -94,9 +95,14 @@ def test_the_cluster_survives_kill_9_of_each_role_and_of_temporal_under_load() -
     if binary is None:
         pytest.skip(f"PgBouncer is not installed and could not be: {why}")
     started = time.monotonic()
+
+    def phase(name: str) -> None:
+        print(f"cluster test: {name} at {time.monotonic() - started:.0f} s", flush=True)
+
     with cluster(binary) as c:
         c.start_processes()
         c.wait_ready()
+        phase("ready")
         load = Load(c)
         load.create(12)
         # One process of each role dies mid-load; the others carry on; each is restarted.
@@ -106,13 +112,23 @@ def test_the_cluster_survives_kill_9_of_each_role_and_of_temporal_under_load() -
             load.create(4)
             victim.start()
         c.wait_ready()
+        phase("each role killed and restarted")
         load.create(6)
         # The Temporal server dies and comes back on the same database file.
         c.kill_temporal()
         time.sleep(1)
         c.start_temporal()
         load.create(6)
+        phase("temporal restarted")
+        # A rolling deploy: every worker stopped (SIGTERM: it drains) and started, one by one.
+        for role in ("interactive", "background", "system"):
+            for p in c.processes[role]:
+                p.stop()
+                p.start()
+                load.create(2)
+        phase("rolling deploy")
         _wait_all_terminal(c, len(load.keys), timeout_s=150)
+        phase("all terminal")
         checks(c, len(load.keys))
         procs = [p.proc for p in c.all() if p.proc is not None]
     assert all(p.poll() is not None for p in procs), "a process was left running"
