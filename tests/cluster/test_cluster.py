@@ -136,7 +136,8 @@ def test_the_cluster_survives_kill_9_of_each_role_and_of_temporal_under_load() -
 
 
 def checks(c: Cluster, expected: int) -> None:
-    statuses = dict(_rows(c.direct_url, "SELECT lifecycle_status, count(*) FROM ai_job GROUP BY 1"))
+    rows = _rows(c.direct_url, "SELECT lifecycle_status, count(*) FROM ai_job GROUP BY 1")
+    statuses = {str(status): n for status, n in rows}
     assert statuses == {"succeeded": expected}, statuses
     # Projected once per job; at most one charged call per attempt.
     assert _rows(
