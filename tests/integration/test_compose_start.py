@@ -22,7 +22,9 @@ from db.session import SessionMaker
 from providers.crypto import generate_key_setting
 from runtime.cli import build_parser
 from runtime.embedded import free_port
-from tests.unit.test_compose import ENGINE_SERVICES, _command, _compose, resolve
+from tests.compose_helpers import ENGINE_SERVICES, resolve
+from tests.compose_helpers import command as _command
+from tests.compose_helpers import compose_file as _compose
 
 pytestmark = pytest.mark.slow
 
