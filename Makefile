@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint bench install install-dev clean
+.PHONY: run test lint bench pgbouncer install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ bench: $(VENV)/.installed-dev
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq wrk; \
 	} || echo "bench: could not install wrk; the API figure uses the Python client" >&2
 	$(BIN)/python -m bench $(ARGS)
+
+# The transaction pooler the pooler and cluster tests run the engine behind: Debian's PgBouncer
+# (1.18 on Debian 12, no protocol-level prepared statements). Those tests skip without it.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq pgbouncer; \
+	}
 
 clean:
 	rm -rf $(VENV) .aijobs .pytest_cache .mypy_cache .ruff_cache

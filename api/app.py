@@ -49,7 +49,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
+        engine = make_engine(
+            settings.require_database_url(),
+            pool_size=settings.db_pool_size,
+            pooled=settings.database_pooled,
+        )
         sm = make_sessionmaker(engine)
         keyring = credential_cipher(settings)
         app.state.aijobs = AppState(
@@ -59,7 +63,7 @@ def create_app(
             jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
             credentials=CredentialService(sm, keyring),
-            events=JobEventHub(settings.require_database_url(), sm),
+            events=JobEventHub(settings.session_database_url, sm),
             webhooks=WebhookService(
                 sm,
                 keyring,

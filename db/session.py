@@ -4,6 +4,7 @@ activity attempt) with `async with sessionmaker.begin()`; repositories never com
 from __future__ import annotations
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -31,9 +32,15 @@ def libpq_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> AsyncEngine:
+def make_engine(
+    url: str, *, pool_size: int = 10, max_overflow: int = 20, pooled: bool = False
+) -> AsyncEngine:
+    """`pooled`: `url` is a transaction pooler (PgBouncer), so psycopg never prepares a
+    statement on the server (`prepare_threshold=None`): a prepared statement belongs to one
+    server session, and the pooler gives the next transaction whichever session is free."""
     return create_async_engine(
         sqlalchemy_url(url),
+        connect_args={"prepare_threshold": None} if pooled else {},
         pool_size=pool_size,
         max_overflow=max_overflow,
         # No pre-ping: it costs a round trip and a counted transaction on every checkout.
@@ -58,7 +65,9 @@ async def ping(session: AsyncSession) -> None:
 
 async def listen_connection(database_url: str, channel: str) -> psycopg.AsyncConnection[object]:
     """An autocommit connection that LISTENs on `channel` (one of our constant channel names).
-    Notifications are hints that something changed; the caller closes the connection."""
+    Notifications are hints that something changed; the caller closes the connection.
+    `database_url` must reach a session of its own (DATABASE_DIRECT_URL behind a transaction
+    pooler, `Settings.session_database_url`): through the pooler the LISTEN would be lost."""
     conn: psycopg.AsyncConnection[object] = await psycopg.AsyncConnection.connect(
         libpq_url(database_url), autocommit=True
     )
@@ -73,3 +82,26 @@ async def listen_connection(database_url: str, channel: str) -> psycopg.AsyncCon
 async def ping_connection(conn: psycopg.AsyncConnection[object]) -> None:
     """One round trip on a LISTEN connection: an idle connection that died says so here."""
     await conn.execute("SELECT 1")
+
+
+def where(url: str) -> str:
+    """host:port/dbname of a database URL: what a message may show (never user or password)."""
+    try:
+        info = conninfo_to_dict(libpq_url(url))
+    except psycopg.ProgrammingError:
+        return "an unparsable URL"
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+def unreachable(url: str, timeout_s: float) -> str | None:
+    """None when `SELECT 1` answers on `url` (a start-up check), else the first line of why.
+    One statement, never prepared: fine through a transaction pooler too."""
+    try:
+        with psycopg.connect(
+            libpq_url(url), connect_timeout=max(1, round(timeout_s)), prepare_threshold=None
+        ) as conn:
+            conn.execute("SELECT 1")
+    except (OSError, psycopg.Error) as exc:
+        lines = str(exc).strip().splitlines()
+        return (lines[0] if lines else type(exc).__name__)[:200]
+    return None

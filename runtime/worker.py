@@ -30,7 +30,7 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
 )
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.bounded import BoundedStagesInterceptor
@@ -94,6 +94,73 @@ def queue_concurrency(settings: Settings, queue_name: str) -> int:
     return override or queue_config(queue_name).concurrency
 
 
+def _job_worker(
+    client: Client,
+    parts: Parts,
+    queue: str,
+    stages: JobActivities,
+    interceptors: Sequence[Interceptor],
+) -> Worker:
+    """The worker of one job queue: every job workflow and the stage activities."""
+    s = parts.settings
+    return Worker(
+        client,
+        task_queue=s.task_queue(queue),
+        workflows=[JobWorkflow],
+        activities=stages.all(),
+        max_concurrent_activities=queue_concurrency(s, queue),
+        # The worker's intake is bounded so that a burst waits on the server's fair queue, not
+        # in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages never hold more connections
+        # than the pool keeps, so EXECUTE, which holds a provider slot, is never queued behind
+        # them for one.
+        max_concurrent_workflow_tasks=s.worker_workflow_tasks,
+        max_concurrent_local_activities=s.db_pool_size,
+        # Heartbeats reach the server at least every second whatever the heartbeat timeout, so
+        # a workflow cancel reaches EXECUTE within about a second while the timeout itself can
+        # tolerate a busy event loop.
+        max_heartbeat_throttle_interval=timedelta(seconds=1),
+        workflow_runner=sandbox_runner(),
+        interceptors=interceptors,
+        # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
+        graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
+        # Provider calls per second across all workers of this queue (the server enforces it;
+        # EXECUTE is the queue's only regular activity).
+        max_task_queue_activities_per_second=s.provider_calls_per_second or None,
+    )
+
+
+def _system_worker(client: Client, parts: Parts) -> Worker:
+    """The ai-system worker: the reconciler schedule's workflow and admin bulk operations."""
+    s = parts.settings
+    reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s), catalog=parts.catalog)
+    # Admin bulk operations act through the same use cases as the API (same catalog, same
+    # create policy: a bulk retry is an internal create, outside user quotas).
+    bulk = BulkActivities(
+        BulkService(
+            parts.sessionmaker,
+            JobService(
+                parts.sessionmaker,
+                parts.catalog,
+                create_policy(s),
+                credential_lookup=active_user_key_id,
+            ),
+            BulkPolicy.from_settings(s),
+        ),
+        client,
+    )
+    return Worker(
+        client,
+        task_queue=s.task_queue(SYSTEM_QUEUE),
+        # RelayWorkflow only so that a run an older version left open can take its workflow
+        # tasks until it is retired (workflows/system.py).
+        workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
+        activities=[reconciler.reconcile_once, *bulk.all()],
+        max_concurrent_activities=8,
+        workflow_runner=sandbox_runner(),
+        interceptors=[PublicFailureInterceptor()],
+    )
+
+
 def build_workers(
     client: Client,
     parts: Parts,
@@ -105,9 +172,10 @@ def build_workers(
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
     `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
     the workers have stopped (the providers' HTTP clients) is appended to `on_close`."""
+    for q in queues:
+        if q not in ALL_QUEUES:
+            raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
     s = parts.settings
-    workers: list[Worker] = []
-    job_workflows: list[type] = [JobWorkflow]
     gw = gateway(s, telemetry)
     if on_close is not None:
         on_close.append(gw.aclose)
@@ -115,75 +183,17 @@ def build_workers(
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
-    job_interceptors = [
+    job_interceptors: Sequence[Interceptor] = [
         JobTelemetryInterceptor(),
         PublicFailureInterceptor(),
         BoundedStagesInterceptor(parts.sessionmaker, s.stage_internal_attempts),
     ]
-    for q in queues:
-        if q in QUEUE_NAMES:
-            concurrency = queue_concurrency(s, q)
-            workers.append(
-                Worker(
-                    client,
-                    task_queue=s.task_queue(q),
-                    workflows=job_workflows,
-                    activities=stages.all(),
-                    max_concurrent_activities=concurrency,
-                    # The worker's intake is bounded so that a burst waits on the server's
-                    # fair queue, not in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages
-                    # never hold more connections than the pool keeps, so EXECUTE, which holds
-                    # a provider slot, is never queued behind them for one.
-                    max_concurrent_workflow_tasks=s.worker_workflow_tasks,
-                    max_concurrent_local_activities=s.db_pool_size,
-                    # Heartbeats reach the server at least every second whatever the heartbeat
-                    # timeout, so a workflow cancel reaches EXECUTE within about a second while
-                    # the timeout itself can tolerate a busy event loop.
-                    max_heartbeat_throttle_interval=timedelta(seconds=1),
-                    workflow_runner=sandbox_runner(),
-                    interceptors=job_interceptors,
-                    # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
-                    graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
-                    # Provider calls per second across all workers of this queue (the server
-                    # enforces it; EXECUTE is the queue's only regular activity).
-                    max_task_queue_activities_per_second=s.provider_calls_per_second or None,
-                )
-            )
-        elif q == SYSTEM_QUEUE:
-            reconciler = Reconciler(
-                parts.sessionmaker, client, reconciler_config(s), catalog=parts.catalog
-            )
-            # Admin bulk operations act through the same use cases as the API (same catalog,
-            # same create policy: a bulk retry is an internal create, outside user quotas).
-            bulk = BulkActivities(
-                BulkService(
-                    parts.sessionmaker,
-                    JobService(
-                        parts.sessionmaker,
-                        parts.catalog,
-                        create_policy(s),
-                        credential_lookup=active_user_key_id,
-                    ),
-                    BulkPolicy.from_settings(s),
-                ),
-                client,
-            )
-            workers.append(
-                Worker(
-                    client,
-                    task_queue=s.task_queue(q),
-                    # RelayWorkflow only so that a run an older version left open can take its
-                    # workflow tasks until it is retired (workflows/system.py).
-                    workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
-                    activities=[reconciler.reconcile_once, *bulk.all()],
-                    max_concurrent_activities=8,
-                    workflow_runner=sandbox_runner(),
-                    interceptors=[PublicFailureInterceptor()],
-                )
-            )
-        else:
-            raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
-    return workers
+    return [
+        _job_worker(client, parts, q, stages, job_interceptors)
+        if q in QUEUE_NAMES
+        else _system_worker(client, parts)
+        for q in queues
+    ]
 
 
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:

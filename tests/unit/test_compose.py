@@ -10,24 +10,19 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from engine.settings import DEV_ENCRYPTION_KEY, DEV_JWT_SECRET, Settings
 from providers.crypto import generate_key_setting
 from providers.factory import MAX_CALL_TIMEOUT_S
 from runtime import cli
 from runtime.cli import build_parser
+from tests.compose_helpers import ENGINE_SERVICES, MissingRequired, interpolate, resolve
+from tests.compose_helpers import command as _command
+from tests.compose_helpers import compose_file as _compose
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _compose() -> dict[str, Any]:
-    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    assert isinstance(data, dict)
-    return data
 
 
 def _subcommands() -> set[str]:
@@ -35,16 +30,6 @@ def _subcommands() -> set[str]:
     sub = next(a for a in parser._actions if a.dest == "command")
     assert sub.choices is not None
     return set(sub.choices)
-
-
-ENGINE_SERVICES = (
-    "migrate",
-    "setup-temporal",
-    "api",
-    "worker-interactive",
-    "worker-background",
-    "worker-system",
-)
 
 
 def test_required_services_exist() -> None:
@@ -97,76 +82,6 @@ def test_engine_services_use_the_contract_env_names() -> None:
 DOCUMENTED = {"JWT_SECRET": "compose-test-jwt-secret-" + "x" * 24}
 PROVIDERS = ({"DEEPSEEK_API_KEY": "sk-live-compose-test"}, {"AI_BASE_URL": "http://llm:8080/v1"})
 SECRETS = ("JWT_SECRET", "CREDENTIAL_ENCRYPTION_KEY", "DEEPSEEK_API_KEY")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class MissingRequired(Exception):
-    """What compose reports for `${X:?message}` (or `${X?message}`) when X is missing."""
-
-
-def _closing_brace(text: str, start: int) -> int:
-    """Index of the `}` closing the `${` whose `{` is at `start` (expressions may nest)."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    raise ValueError(f"unclosed ${{ in {text!r}")
-
-
-def _expand(expr: str, env: Mapping[str, str]) -> str:
-    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?", expr, re.DOTALL)
-    if m is None:
-        raise ValueError(f"invalid interpolation ${{{expr}}}")
-    name, op, arg = m.groups()
-    value = env.get(name)
-    if op is None:
-        return value or ""  # compose warns and substitutes an empty string
-    missing = value is None or (op.startswith(":") and value == "")
-    kind = op[-1]
-    if kind == "-":
-        return interpolate(arg, env) if missing else str(value)
-    if kind == "?":
-        if missing:
-            raise MissingRequired(
-                f"required variable {name} is missing a value: {interpolate(arg, env)}"
-            )
-        return str(value)
-    return "" if missing else interpolate(arg, env)  # `+`
-
-
-def interpolate(text: str, env: Mapping[str, str]) -> str:
-    """Compose's interpolation: `$$`, `$X`, `${X}`, `${X:-d}`, `${X-d}`, `${X:?e}`, `${X?e}`,
-    `${X:+a}`, `${X+a}`; the colon forms treat an empty value as missing."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i] == "$" and text[i + 1 : i + 2] == "$":
-            out.append("$")
-            i += 2
-        elif text[i] == "$" and text[i + 1 : i + 2] == "{":
-            end = _closing_brace(text, i + 1)
-            out.append(_expand(text[i + 2 : end], env))
-            i = end + 1
-        elif text[i] == "$" and (m := _NAME.match(text, i + 1)):
-            out.append(env.get(m.group(), ""))
-            i = m.end()
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def resolve(node: Any, env: Mapping[str, str]) -> Any:
-    """The whole file interpolated, as compose does before anything starts."""
-    if isinstance(node, dict):
-        return {k: resolve(v, env) for k, v in node.items()}
-    if isinstance(node, list):
-        return [resolve(v, env) for v in node]
-    return interpolate(node, env) if isinstance(node, str) else node
 
 
 def test_the_interpolation_helper_follows_compose() -> None:
@@ -180,12 +95,6 @@ def test_the_interpolation_helper_follows_compose() -> None:
         interpolate("${EMPTY:?set it}", env)
     with pytest.raises(MissingRequired, match="UNSET"):
         interpolate("${UNSET?set it}", env)
-
-
-def _command(name: str) -> list[str]:
-    command = _compose()["services"][name]["command"]
-    assert isinstance(command, list)
-    return [str(c) for c in command]
 
 
 def start(name: str, variables: Mapping[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -236,7 +145,7 @@ def test_every_engine_service_starts_with_the_documented_variables(
     if name == "api":
         assert s.jwt_signing_secret == DOCUMENTED["JWT_SECRET"]
         assert s.platform_key_configured  # platform-key jobs are accepted, not 503
-    if name in ("worker-interactive", "worker-background"):
+    if name in PROVIDER_WORKERS:
         assert s.platform_key_configured
 
 
@@ -247,7 +156,7 @@ def test_every_engine_service_starts_with_a_real_encryption_key(
     key = generate_key_setting("k1")
     variables = {**DOCUMENTED, **PROVIDERS[0], "CREDENTIAL_ENCRYPTION_KEY": key}
     s = start(name, variables, monkeypatch)
-    if name in ("api", "worker-interactive", "worker-background"):
+    if name in KEYRING_SERVICES:
         assert s.credential_encryption_key is not None
         assert s.credential_encryption_key.get_secret_value() == key
 
@@ -285,11 +194,16 @@ def test_the_api_refuses_a_weak_jwt_secret_that_compose_accepts(
     )
 
 
+# Workers that call the provider, and the ai-system worker (a bulk retry is a create).
+PROVIDER_WORKERS = ("worker-interactive", "worker-background", "worker-system")
+KEYRING_SERVICES = ("api", *PROVIDER_WORKERS)
+
+
 @pytest.mark.parametrize("name", ENGINE_SERVICES)
 def test_without_a_provider_only_the_provider_workers_refuse(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if name not in ("worker-interactive", "worker-background"):
+    if name not in PROVIDER_WORKERS:
         start(name, DOCUMENTED, monkeypatch)
         return
     with pytest.raises(SystemExit) as info:
@@ -306,7 +220,7 @@ def test_the_development_encryption_key_is_refused(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     variables = {**DOCUMENTED, **PROVIDERS[0], "CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY}
-    if name not in ("api", "worker-interactive", "worker-background"):
+    if name not in KEYRING_SERVICES:
         start(name, variables, monkeypatch)  # it never sees the key
         return
     with pytest.raises(SystemExit):
@@ -334,8 +248,8 @@ def test_each_service_gets_only_the_secrets_it_uses() -> None:
     services = _compose()["services"]
     for name in ENGINE_SERVICES:
         env = services[name]["environment"]
-        assert ("JWT_SECRET" in env) == (name == "api"), name
-        holds_keys = name in ("api", "worker-interactive", "worker-background")
+        assert ("JWT_SECRET" in env) == (name in ("api", "worker-system")), name
+        holds_keys = name in KEYRING_SERVICES
         assert ("DEEPSEEK_API_KEY" in env) == holds_keys, name
         assert ("CREDENTIAL_ENCRYPTION_KEY" in env) == holds_keys, name
 

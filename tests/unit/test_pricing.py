@@ -179,7 +179,7 @@ def test_the_worker_gateway_charges_with_the_configured_table() -> None:
 
 # ---- production refuses a worker it cannot price ----------------------------------------------
 
-PROVIDER = {"DEEPSEEK_API_KEY": "sk-live-x"}
+PROVIDER = {"DEEPSEEK_API_KEY": "sk-live-x", "JWT_SECRET": GOOD_SECRET}
 
 
 @pytest.mark.parametrize(

@@ -106,8 +106,11 @@ CASES: list[tuple[Role, tuple[str, ...], dict[str, str], list[str]]] = [
     ("token", (), {"JWT_SECRET": GOOD_SECRET}, []),
     ("worker", ("ai-interactive",), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),
     ("worker", ("ai-background",), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),
-    ("worker", (), {}, ["DEEPSEEK_API_KEY nor AI_BASE_URL"]),  # no --queue: all queues
-    ("worker", ("ai-system",), {}, []),  # relay and reconciler only
+    # No --queue: all queues, ai-system included.
+    ("worker", (), {}, ["JWT_SECRET is not set", "DEEPSEEK_API_KEY nor AI_BASE_URL"]),
+    # Bulk retries are creates: the platform provider and the fairness key's secret.
+    ("worker", ("ai-system",), {}, ["JWT_SECRET is not set", "DEEPSEEK_API_KEY nor AI_BASE_URL"]),
+    ("worker", ("ai-system",), {"JWT_SECRET": GOOD_SECRET, **PROVIDER}, []),
     ("worker", ("ai-interactive",), PROVIDER, []),
     ("worker", ("ai-interactive",), {"AI_BASE_URL": "http://llm.internal:8080/v1"}, []),
     (
@@ -119,7 +122,7 @@ CASES: list[tuple[Role, tuple[str, ...], dict[str, str], list[str]]] = [
     (
         "worker",
         ("ai-system",),
-        {"CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY},
+        {"CREDENTIAL_ENCRYPTION_KEY": DEV_ENCRYPTION_KEY, "JWT_SECRET": GOOD_SECRET, **PROVIDER},
         ["CREDENTIAL_ENCRYPTION_KEY is the public development key"],
     ),
     ("worker", ("ai-interactive",), {"JWT_SECRET": DEV_JWT_SECRET, **PROVIDER}, []),
@@ -377,3 +380,57 @@ def test_cli_token_in_development_signs() -> None:
     proc = _run("token", "--user", "u", AIJOBS_ENV="development")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(".") == 2
+
+
+# ---- behind a transaction pooler, and what a role connects to ----------------------------
+
+POOLER = "postgresql://u@pgbouncer:6432/db"
+DIRECT = "postgresql://u@postgres:5432/db"
+
+
+@pytest.mark.parametrize(
+    ("env", "pooled", "session_url"),
+    [
+        ({"DATABASE_URL": DIRECT}, False, DIRECT),
+        ({"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT}, True, DIRECT),
+        ({"DATABASE_URL": DIRECT, "DATABASE_DIRECT_URL": DIRECT}, False, DIRECT),
+        ({"DATABASE_URL": POOLER, "DATABASE_POOLER": "true"}, True, POOLER),
+        (
+            {"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT, "DATABASE_POOLER": "0"},
+            False,
+            DIRECT,
+        ),
+    ],
+)
+def test_the_pooler_settings(env: dict[str, str], pooled: bool, session_url: str) -> None:
+    s = Settings.model_validate({"AIJOBS_ENV": "test", **env})
+    assert s.database_pooled is pooled
+    assert s.session_database_url == session_url
+
+
+def test_each_role_names_what_it_cannot_reach() -> None:
+    from runtime.embedded import free_port
+    from runtime.startup import reachability_problems
+
+    empty = Settings.model_validate({"AIJOBS_ENV": "test"})
+    assert reachability_problems(empty, "api") == [
+        "DATABASE_URL is not set",
+        "TEMPORAL_ADDRESS is not set",
+    ]
+    assert reachability_problems(empty, "migrate") == ["DATABASE_URL is not set"]
+    assert reachability_problems(empty, "setup-temporal") == ["TEMPORAL_ADDRESS is not set"]
+    assert reachability_problems(empty, "token") == []
+    closed = free_port()
+    s = Settings.model_validate(
+        {
+            "AIJOBS_ENV": "test",
+            "DATABASE_URL": f"postgresql://u:topsecret@127.0.0.1:{closed}/db",
+            "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}",
+            "STARTUP_WAIT_S": "0",
+        }
+    )
+    problems = reachability_problems(s, "worker")
+    assert len(problems) == 2
+    assert problems[0].startswith(f"DATABASE_URL (127.0.0.1:{closed}/db) is not reachable: ")
+    assert problems[1].startswith(f"TEMPORAL_ADDRESS (127.0.0.1:{closed}) is not reachable: ")
+    assert not any("topsecret" in p for p in problems)
