@@ -27,7 +27,9 @@ input rejected while the others' calls go through).
 Any step may carry `echo_model`: the `model` the answer reports instead of the requested one
 (OpenAI answers a request for `gpt-4o-mini` with a dated id such as `gpt-4o-mini-2024-07-18`),
 and `headers`: extra response headers of a `valid` or `slow` answer (OpenAI's
-`x-ratelimit-*`).
+`x-ratelimit-*`). A `valid` or `slow` step may carry `usage_extra`: fields merged into the
+answer's `usage` (OpenAI's `prompt_tokens_details`/`completion_tokens_details`, DeepSeek's
+`prompt_cache_hit_tokens`/`prompt_cache_miss_tokens`).
 
 `GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
 it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
@@ -160,14 +162,16 @@ def _completion(
 
 def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
     content = json.dumps(step.get("content", {}))
+    body = _completion(
+        model,
+        content,
+        finish_reason="stop",
+        tokens_in=int(step.get("tokens_in", 11)),
+        tokens_out=int(step.get("tokens_out", 7)),
+    )
+    body["usage"].update(dict(step.get("usage_extra") or {}))
     return JSONResponse(
-        _completion(
-            model,
-            content,
-            finish_reason="stop",
-            tokens_in=int(step.get("tokens_in", 11)),
-            tokens_out=int(step.get("tokens_out", 7)),
-        ),
+        body,
         headers={str(k): str(v) for k, v in dict(step.get("headers") or {}).items()},
     )
 
