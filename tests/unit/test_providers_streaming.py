@@ -154,7 +154,8 @@ async def test_a_cancel_mid_stream_stops_reading_and_closes_the_connection(
     assert charge.tokens_in == 120 and 0 < charge.tokens_out < 4096
 
     async def server_saw_the_client_go() -> bool:
-        return (await fake.astreams())["ends"] == ["client_gone"]
+        ends: list[str] = (await fake.astreams())["ends"]
+        return ends == ["client_gone"]
 
     await eventually(server_saw_the_client_go, what="the server to see the client go")
     await asyncio.sleep(0.2)
