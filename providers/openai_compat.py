@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
+_CHARS_PER_TOKEN = 4  # the answer's size in tokens when the provider did not say
 
 _SNIPPET_MAX = 200
 # Anything shaped like a secret key (OpenAI/DeepSeek "sk-...", bearer tokens) is masked in
@@ -409,6 +410,9 @@ class OpenAICompatibleProvider:
         if not isinstance(content, str):
             raise bad
         progress.chars_received += len(content)
+        progress.tokens_received_estimate = max(
+            progress.tokens_received_estimate, -(-len(content) // _CHARS_PER_TOKEN)
+        )
         if content and request.on_delta is not None:
             request.on_delta(content)
         model = data.get("model")

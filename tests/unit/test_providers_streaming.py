@@ -19,7 +19,10 @@ from providers.base import CallProgress, Charge, ProviderRequest, Usage, charge_
 from providers.openai_compat import OpenAICompatibleProvider, parse_model_set
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support import eventually
-from tests.unit.test_providers_openai import assert_no_secrets, make_request
+
+API_KEY = "sk-test-STREAMKEY-0123456789abcdef"
+SYSTEM_PROMPT = "You are a careful assistant that answers in JSON only."
+USER_PROMPT = "Write questions about the confidential memo on project nightingale."
 
 ANSWER = {"questions": [{"q": f"question {n}", "a": f"answer {n}"} for n in range(6)]}
 TEXT = json.dumps(ANSWER)
@@ -30,6 +33,32 @@ async def provider(fake: FakeOpenAIServer) -> AsyncIterator[OpenAICompatibleProv
     prov = OpenAICompatibleProvider(fake.base_url, name="deepseek", timeout_s=30.0)
     yield prov
     await prov.aclose()
+
+
+def make_request(**overrides: Any) -> ProviderRequest:
+    fields: dict[str, Any] = {
+        "job_id": "job-1",
+        "job_type": "quiz",
+        "attempt": 1,
+        "model": "deepseek-chat",
+        "system_prompt": SYSTEM_PROMPT,
+        "user_prompt": USER_PROMPT,
+        "output_schema": {"type": "object"},
+        "timeout_s": 10.0,
+        "api_key": API_KEY,
+    }
+    fields.update(overrides)
+    return ProviderRequest(**fields)
+
+
+def assert_no_secrets(exc: BaseException) -> None:
+    """Neither the key nor the prompts appear in the error, and nothing is chained onto it."""
+    texts = [str(exc), repr(exc), *(str(arg) for arg in exc.args)]
+    if isinstance(exc, ExecutionFailure):
+        texts += [exc.public_message, exc.internal_message or ""]
+    for text in texts:
+        assert "STREAMKEY" not in text and "nightingale" not in text
+    assert exc.__cause__ is None and exc.__context__ is None
 
 
 async def _until(condition: Callable[[], bool]) -> None:
