@@ -167,6 +167,10 @@ class ProviderResponse:
     # (priced by providers.pricing.PriceTable.call_cost).
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    # False when the provider reported no usage (a stream whose server ignored include_usage,
+    # a body without `usage`): the token counts are then 0, and what to charge is
+    # `charge_for(progress, ...)`'s estimate.
+    usage_reported: bool = True
 
 
 @runtime_checkable

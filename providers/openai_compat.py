@@ -311,6 +311,7 @@ class OpenAICompatibleProvider:
                 rate_limit=parse_rate_limit_headers(response.headers),
                 cached_input_tokens=answer.usage.cached_input_tokens if answer.usage else 0,
                 reasoning_tokens=answer.usage.reasoning_tokens if answer.usage else 0,
+                usage_reported=answer.usage is not None,
             )
         await response.aread()
         progress.finished = True
@@ -426,4 +427,5 @@ class OpenAICompatibleProvider:
             rate_limit=parse_rate_limit_headers(response.headers),
             cached_input_tokens=usage.cached_input_tokens if usage else 0,
             reasoning_tokens=usage.reasoning_tokens if usage else 0,
+            usage_reported=usage is not None,
         )

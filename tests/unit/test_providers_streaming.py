@@ -129,7 +129,7 @@ async def test_a_plain_json_answer_to_a_streamed_request_is_an_ordinary_answer(
     fake.script([{"kind": "valid", "content": ANSWER, "stream_json": True, "tokens_in": 5}])
     progress = CallProgress()
     answer = await provider.generate(streamed(progress))
-    assert answer.content == TEXT and answer.tokens_in == 5
+    assert answer.content == TEXT and answer.tokens_in == 5 and answer.usage_reported
     assert progress.finished and progress.usage == Usage(5, 7)
     assert (await fake.astreams())["stream"] == [True]
 
@@ -317,3 +317,15 @@ async def test_a_broken_stream_is_a_retryable_provider_failure(body: str) -> Non
     assert not progress.finished
     # A mock transport does not trace: a call that did not end normally counts as sent.
     assert progress.request_sent
+
+
+async def test_a_stream_without_usage_is_charged_from_what_was_read() -> None:
+    progress = CallProgress()
+    body = _data({"content": '{"a": 1}'}, "stop") + "data: [DONE]\n\n"
+    async with httpx.AsyncClient(transport=_sse(body)) as client:
+        prov = OpenAICompatibleProvider("http://provider.test", client=client)
+        answer = await prov.generate(streamed(progress))
+    assert answer.content == '{"a": 1}' and not answer.usage_reported
+    assert (answer.tokens_in, answer.tokens_out) == (0, 0)
+    assert progress.finished and progress.usage is None
+    assert charge_for(progress, 100, 4096, 0.5) == Charge(150, 3, "estimated")
