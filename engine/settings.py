@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # price of a model the table does not know (JSON; unset: the table's most expensive).
     ai_model_prices: str = Field(default="", alias="AI_MODEL_PRICES")
     ai_model_fallback_price: str = Field(default="", alias="AI_MODEL_FALLBACK_PRICE")
+    # Models whose server cannot stream an answer with its usage (`stream_options`): comma-
+    # separated names (case-insensitive, `*` for all); their calls are never asked to stream.
+    ai_stream_disabled_models: str = Field(default="", alias="AI_STREAM_DISABLED_MODELS")
     # Provider limits per model (JSON: model, "provider/model" or "*" -> {"rpm", "tpm",
     # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
     # docs/limits.md). Empty: only what providers announce in their rate-limit headers.

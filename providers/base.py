@@ -8,9 +8,10 @@ job (it knows the output model). Nothing here logs prompts, outputs or keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,92 @@ class SyntheticBehaviour:
     fail_code: str = "PROVIDER_UNAVAILABLE"
     hang: bool = False
     invalid_output: bool = False
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the provider said a call used. `cached_input_tokens` are part of `tokens_in` (the
+    prompt tokens served from its cache) and `reasoning_tokens` part of `tokens_out`; each part
+    is at most its whole."""
+
+    tokens_in: int
+    tokens_out: int
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(eq=False)
+class CallProgress:
+    """What one provider call has done so far, kept up to date by the provider while it runs, so
+    that a caller whose call was cut (cancelled, timed out, connection broken, empty answer) can
+    still tell what it must pay for. One object per call; the provider only ever moves it
+    forward (a flag set stays set, counts only grow).
+
+    - `request_sent`: the request may have reached the provider (its headers started going out,
+      or the transport cannot tell and the call did not fail to connect): the provider may bill.
+    - `status`: the HTTP status of the answer, once its headers were read.
+    - `usage`: the usage the provider reported, once seen (the final chunk of a stream).
+    - `chars_received`, `tokens_received_estimate`: how much of the answer was read (the
+      content, and the reasoning text a reasoning model streams, which it bills too).
+    - `finished`: the answer's body was read to its end (a whole answer or error answer, or a
+      stream up to its last chunk).
+    """
+
+    request_sent: bool = False
+    status: int | None = None
+    usage: Usage | None = None
+    chars_received: int = 0
+    tokens_received_estimate: int = 0
+    finished: bool = False
+
+
+class Charge(NamedTuple):
+    """What to charge for a call: token counts and whether the provider reported them
+    ("reported") or the engine bounded them ("estimated")."""
+
+    tokens_in: int
+    tokens_out: int
+    basis: Literal["reported", "estimated"]
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+def charge_for(
+    progress: CallProgress, prompt_tokens_estimate: int, max_output_tokens: int, margin: float
+) -> Charge | None:
+    """The tokens a call is charged for, whatever way it ended, so that every call the provider
+    may bill is charged and never for less than it may have cost (a budget errs on the safe
+    side):
+
+    - nothing sent: None, nothing to charge (the provider cannot bill what it never received);
+    - usage reported: that usage ("reported");
+    - an error answer (not 2xx) read to its end and no usage in it: zero tokens ("reported"):
+      the provider said what it was, a refusal it does not bill;
+    - part of the answer read: the prompt estimate and the tokens received, each with the
+      margin (ceil(n * (1 + margin))), the answer capped at its budget ("estimated");
+    - nothing of the answer read: the worst case the reservation was made for, the prompt with
+      the margin and the whole answer budget ("estimated").
+    """
+    if not progress.request_sent:
+        return None
+    usage = progress.usage
+    if usage is not None:
+        return Charge(
+            usage.tokens_in,
+            usage.tokens_out,
+            "reported",
+            usage.cached_input_tokens,
+            usage.reasoning_tokens,
+        )
+    if progress.finished and progress.status is not None and not 200 <= progress.status < 300:
+        return Charge(0, 0, "reported")
+    prompt = math.ceil(max(0, prompt_tokens_estimate) * (1 + margin))
+    budget = max(0, max_output_tokens)
+    received = max(progress.tokens_received_estimate, 0)
+    if received > 0 or progress.chars_received > 0:
+        out = min(budget, math.ceil(max(received, 1) * (1 + margin)))
+        return Charge(prompt, out, "estimated")
+    return Charge(prompt, budget, "estimated")
 
 
 @dataclass(frozen=True)
@@ -41,6 +128,15 @@ class ProviderRequest:
     synthetic: SyntheticBehaviour | None = None
     # The answer's token budget (the job type's max_output_tokens); None: the provider's own.
     max_tokens: int | None = None
+    # Ask for a streamed answer (a provider may still answer whole; a model listed in
+    # AI_STREAM_DISABLED_MODELS is never asked to stream).
+    stream: bool = False
+    # Updated by the provider as the call goes (see CallProgress); None: nobody is watching.
+    progress: CallProgress | None = field(default=None, repr=False, compare=False)
+    # Called with each piece of answer text as it arrives (a stream's content deltas, or the
+    # whole content of an answer that was not streamed), in order; their concatenation is the
+    # answer's content. Must be cheap and must not raise; never given to a log.
+    on_delta: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -67,6 +163,14 @@ class ProviderResponse:
     latency_ms: int
     # The answer's rate-limit headers (None: it sent none); the limiter learns from them.
     rate_limit: RateLimitHeaders | None = None
+    # Parts of tokens_in served from the provider's cache, and of tokens_out spent reasoning
+    # (priced by providers.pricing.PriceTable.call_cost).
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    # False when the provider reported no usage (a stream whose server ignored include_usage,
+    # a body without `usage`): the token counts are then 0, and what to charge is
+    # `charge_for(progress, ...)`'s estimate.
+    usage_reported: bool = True
 
 
 @runtime_checkable

@@ -8,7 +8,15 @@ exceptions are replaced outside their `except` blocks so that no httpx object (w
 holds the headers) rides along in `__cause__`/`__context__` into logs or Temporal failures.
 
 Cancellation: `generate()` never catches `asyncio.CancelledError`, so cancelling the awaiting
-task aborts the in-flight HTTP request (httpx closes the connection).
+task aborts the in-flight HTTP request (httpx closes the connection), a stream included: reading
+stops and the connection is closed.
+
+Streaming: a request with `stream=True` asks for a streamed answer with the usage in its last
+chunk (`stream_options.include_usage`), unless its model is one the provider was told does not
+stream (`stream_disabled_models`, from AI_STREAM_DISABLED_MODELS). Whatever was asked, the answer
+is read by its content type: an event stream chunk by chunk, anything else as one JSON answer
+(many OpenAI-compatible mocks and proxies ignore `stream`). Error answers are read whole, as
+before. The request's `CallProgress` (if any) is kept up to date all along.
 """
 
 from __future__ import annotations
@@ -17,17 +25,33 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
 
-from engine.errors import ExecutionFailure, Fault
-from providers.base import ProviderRequest, ProviderResponse, RateLimitHeaders
+from engine.errors import ExecutionFailure
+from providers.base import CallProgress, ProviderRequest, ProviderResponse
+from providers.openai_headers import parse_duration_s, parse_rate_limit_headers, parse_retry_after
+from providers.openai_stream import (
+    content_filtered,
+    malformed,
+    parse_usage,
+    read_stream,
+)
+
+# The header parsers moved to providers/openai_headers.py; importers of this module keep them.
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "OpenAICompatibleProvider",
+    "parse_duration_s",
+    "parse_model_set",
+    "parse_rate_limit_headers",
+    "parse_retry_after",
+]
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
+_CHARS_PER_TOKEN = 4  # the answer's size in tokens when the provider did not say
 
 _SNIPPET_MAX = 200
 # Anything shaped like a secret key (OpenAI/DeepSeek "sk-...", bearer tokens) is masked in
@@ -37,88 +61,6 @@ _KEYLIKE = re.compile(r"(?i)(sk-[\w*.\-]+|bearer\s+\S+)")
 _ECHO_WINDOW = 16
 _KEY_WINDOW = 8
 _WITHHELD = "[body withheld]"
-
-
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date).
-
-    Returns None when the header is absent or unparsable; never negative.
-    """
-    if value is None:
-        return None
-    text = value.strip()
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        if seconds != seconds or seconds in (float("inf"), float("-inf")):  # NaN / inf
-            return None
-        return max(0.0, seconds)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    reference = now or datetime.now(UTC)
-    return max(0.0, (when - reference).total_seconds())
-
-
-# A Go-style duration as OpenAI writes its resets ("1s", "6m0s", "20ms", "1h2m3.5s"): one or
-# more number+unit parts, nothing else.
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|\u00b5s|ns)")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "\u00b5s": 1e-6, "ns": 1e-9}
-# A reset further away than a day is not a rate limit's: ignored as garbage.
-_MAX_RESET_S = 86_400.0
-_MAX_COUNT = 2**31 - 1  # the limiter's columns are 32-bit integers
-
-
-def parse_duration_s(value: str | None) -> float | None:
-    """Seconds from a rate-limit reset header: a Go-style duration ("6m0s", "20ms") or plain
-    seconds ("2", "0.5"). None when absent, malformed, negative or absurdly long."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not text or len(text) > 32:
-        return None
-    seconds: float | None = None
-    try:
-        seconds = float(text)
-    except ValueError:
-        parts = _DURATION_PART.findall(text)
-        if parts and "".join(n + u for n, u in parts) == text:
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
-    if seconds is None or seconds != seconds or not 0 <= seconds <= _MAX_RESET_S:
-        return None
-    return seconds
-
-
-def _count(value: str | None) -> int | None:
-    if value is None:
-        return None
-    text = value.strip()
-    if not text.isdigit() or len(text) > 10:
-        return None
-    n = int(text)
-    return n if n <= _MAX_COUNT else None
-
-
-def parse_rate_limit_headers(headers: Mapping[str, str]) -> RateLimitHeaders | None:
-    """OpenAI's `x-ratelimit-*` headers of an answer (names case-insensitive when `headers` is
-    httpx's). A header that does not parse is ignored, never an error: the call's answer
-    matters more than what it says about limits. None when no usable header was sent."""
-    got = RateLimitHeaders(
-        limit_requests=_count(headers.get("x-ratelimit-limit-requests")),
-        limit_tokens=_count(headers.get("x-ratelimit-limit-tokens")),
-        remaining_requests=_count(headers.get("x-ratelimit-remaining-requests")),
-        remaining_tokens=_count(headers.get("x-ratelimit-remaining-tokens")),
-        reset_requests_s=parse_duration_s(headers.get("x-ratelimit-reset-requests")),
-        reset_tokens_s=parse_duration_s(headers.get("x-ratelimit-reset-tokens")),
-    )
-    return None if got == RateLimitHeaders() else got
 
 
 def _shares_window(snippet: str, secret: str, window: int) -> bool:
@@ -183,17 +125,33 @@ def _is_too_long_error(body: str) -> bool:
     return bool(_TOO_LONG.search(body))
 
 
-def _as_token_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return 0
-    return value
+class _SendTracer:
+    """httpcore's `trace` extension: marks the call's request as sent once its headers start
+    going out. `observed` says whether the transport traces at all (a mock transport does
+    not); when it does not, a call that did not end normally counts as sent."""
+
+    def __init__(self, progress: CallProgress) -> None:
+        self.progress = progress
+        self.observed = False
+
+    async def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+        self.observed = True
+        if name.endswith("send_request_headers.started"):
+            self.progress.request_sent = True
+
+
+def parse_model_set(text: str) -> frozenset[str]:
+    """A comma-separated list of model names (AI_STREAM_DISABLED_MODELS), lower-cased; `*`
+    stands for every model."""
+    return frozenset(name.strip().lower() for name in text.split(",") if name.strip())
 
 
 class OpenAICompatibleProvider:
     """`Provider` for any server speaking the OpenAI chat-completions protocol.
 
-    The request always asks for `response_format: json_object` and no streaming; the returned
-    content is *not* validated here (the caller knows the job's output model).
+    The request always asks for `response_format: json_object`, and streams when the request
+    asks to and its model streams (module docstring); the returned content is *not* validated
+    here (the caller knows the job's output model).
     """
 
     def __init__(
@@ -203,12 +161,14 @@ class OpenAICompatibleProvider:
         name: str = "deepseek",
         timeout_s: float = 60.0,
         client: httpx.AsyncClient | None = None,
+        stream_disabled_models: Iterable[str] = (),
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.stream_disabled_models = frozenset(m.strip().lower() for m in stream_disabled_models)
         self._owns_client = client is None
         # Constructing an AsyncClient performs no I/O; connections open on first request.
         self._client = client if client is not None else httpx.AsyncClient()
@@ -222,6 +182,11 @@ class OpenAICompatibleProvider:
         """The client requests go through (the process wiring instruments it for tracing)."""
         return self._client
 
+    def streams(self, model: str) -> bool:
+        """Whether a request for `model` may ask for a streamed answer."""
+        disabled = self.stream_disabled_models
+        return "*" not in disabled and model.strip().lower() not in disabled
+
     async def aclose(self) -> None:
         """Close the HTTP client if this provider created it (an injected one is the caller's)."""
         if self._owns_client:
@@ -231,58 +196,127 @@ class OpenAICompatibleProvider:
         if request.api_key is None:
             raise ExecutionFailure("CREDENTIAL_MISSING", internal_message="no api key for provider")
         timeout_s = min(request.timeout_s, self.timeout_s)
-        payload = {
+        stream = request.stream and self.streams(request.model)
+        payload: dict[str, Any] = {
             "model": request.model,
             "messages": [
                 {"role": "system", "content": request.system_prompt},
                 {"role": "user", "content": request.user_prompt},
             ],
             "response_format": {"type": "json_object"},
-            "stream": False,
+            "stream": stream,
         }
+        if stream:
+            payload["stream_options"] = {"include_usage": True}
         if request.max_tokens is not None:
             payload["max_tokens"] = request.max_tokens
         headers = {"Authorization": f"Bearer {request.api_key}"}
-        started = time.monotonic()
-        response = await self._post(payload, headers, timeout_s)
-        latency_ms = int((time.monotonic() - started) * 1000)
-        if not 200 <= response.status_code < 300:
-            raise self._status_failure(response, request)
-        return self._parse_success(response, request, latency_ms)
+        progress = request.progress if request.progress is not None else CallProgress()
+        return await self._exchange(payload, headers, timeout_s, request, progress)
 
-    async def _post(
-        self, payload: dict[str, Any], headers: dict[str, str], timeout_s: float
-    ) -> httpx.Response:
-        """POST once; transport problems become ExecutionFailure with no httpx object attached.
+    async def _exchange(
+        self,
+        payload: dict[str, Any],
+        headers: dict[str, str],
+        timeout_s: float,
+        request: ProviderRequest,
+        progress: CallProgress,
+    ) -> ProviderResponse:
+        """POST once and read the answer; transport problems become ExecutionFailure with no
+        httpx object attached.
 
         The failure is raised *after* the `except` block so that neither `__cause__` nor
         `__context__` references the httpx exception (whose request carries the key).
         """
         failure: ExecutionFailure
+        tracer = _SendTracer(progress)
+        started = time.monotonic()
+        unsent = False
         try:
             # httpx's timeout bounds each phase; asyncio.timeout bounds the whole exchange
             # (a server dribbling bytes would otherwise never trip the read timeout).
-            async with asyncio.timeout(timeout_s):
-                return await self._client.post(
+            async with (
+                asyncio.timeout(timeout_s),
+                self._client.stream(
+                    "POST",
                     self.endpoint,
                     json=payload,
                     headers=headers,
                     timeout=httpx.Timeout(timeout_s),
-                )
+                    extensions={"trace": tracer},
+                ) as response,
+            ):
+                progress.request_sent = True
+                progress.status = response.status_code
+                return await self._read(response, request, progress, started)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # Never connected: nothing reached the provider.
+            unsent = not progress.request_sent
+            failure = self._transport_failure(exc, timeout_s)
         except (httpx.TimeoutException, TimeoutError):
             failure = ExecutionFailure(
                 "PROVIDER_TIMEOUT", internal_message=f"no answer within {timeout_s:g}s"
             )
         except httpx.TransportError as exc:
-            failure = ExecutionFailure(
-                "PROVIDER_UNAVAILABLE", internal_message=f"transport error: {type(exc).__name__}"
-            )
+            failure = self._transport_failure(exc, timeout_s)
         except (httpx.HTTPError, RuntimeError) as exc:
             # RuntimeError: httpx refuses to send on a closed client.
+            unsent = not progress.request_sent
             failure = ExecutionFailure(
                 "PROVIDER_UNAVAILABLE", internal_message=f"http error: {type(exc).__name__}"
             )
+        finally:
+            if not tracer.observed and not unsent:
+                # The transport cannot say whether the request went out: count it as sent,
+                # so that a cut call is charged rather than lost.
+                progress.request_sent = True
         raise failure
+
+    @staticmethod
+    def _transport_failure(exc: Exception, timeout_s: float) -> ExecutionFailure:
+        if isinstance(exc, httpx.TimeoutException):
+            return ExecutionFailure(
+                "PROVIDER_TIMEOUT", internal_message=f"no answer within {timeout_s:g}s"
+            )
+        return ExecutionFailure(
+            "PROVIDER_UNAVAILABLE", internal_message=f"transport error: {type(exc).__name__}"
+        )
+
+    async def _read(
+        self,
+        response: httpx.Response,
+        request: ProviderRequest,
+        progress: CallProgress,
+        started: float,
+    ) -> ProviderResponse:
+        """The answer of a call whose response headers arrived: an error read whole, an event
+        stream read chunk by chunk, anything else read whole as one JSON answer."""
+        status = response.status_code
+        if not 200 <= status < 300:
+            await response.aread()
+            progress.finished = True
+            raise self._status_failure(response, request)
+        content_type = response.headers.get("content-type", "").lower()
+        if content_type.startswith("text/event-stream"):
+            answer = await read_stream(
+                response.aiter_lines(), progress, request.on_delta, status=status
+            )
+            return ProviderResponse(
+                content=answer.content,
+                tokens_in=answer.usage.tokens_in if answer.usage else 0,
+                tokens_out=answer.usage.tokens_out if answer.usage else 0,
+                provider=self.name,
+                model=answer.model or request.model,
+                latency_ms=int((time.monotonic() - started) * 1000),
+                rate_limit=parse_rate_limit_headers(response.headers),
+                cached_input_tokens=answer.usage.cached_input_tokens if answer.usage else 0,
+                reasoning_tokens=answer.usage.reasoning_tokens if answer.usage else 0,
+                usage_reported=answer.usage is not None,
+            )
+        await response.aread()
+        progress.finished = True
+        latency_ms = int((time.monotonic() - started) * 1000)
+        return self._parse_success(response, request, latency_ms, progress)
 
     def _status_failure(
         self, response: httpx.Response, request: ProviderRequest
@@ -348,47 +382,50 @@ class OpenAICompatibleProvider:
         )
 
     def _parse_success(
-        self, response: httpx.Response, request: ProviderRequest, latency_ms: int
+        self,
+        response: httpx.Response,
+        request: ProviderRequest,
+        latency_ms: int,
+        progress: CallProgress,
     ) -> ProviderResponse:
-        # A 2xx that is not a chat completion: retried, but the provider did answer, so it is
-        # no outage signal (a proxy's error page must not open the breaker for everyone).
-        malformed = ExecutionFailure(
-            "PROVIDER_UNAVAILABLE",
-            internal_message=f"HTTP {response.status_code}: malformed response",
-            fault=Fault.REQUEST,
-            answered=True,
-        )
+        bad = malformed(response.status_code)
         try:
             data = response.json()
         except ValueError:
             data = None  # raised below, outside the handler: no exception context attached
         if not isinstance(data, dict):
-            raise malformed
+            raise bad
+        usage = parse_usage(data.get("usage"))
+        if usage is not None:
+            progress.usage = usage
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise malformed
+            raise bad
         choice: dict[str, Any] = choices[0]
         if choice.get("finish_reason") == "content_filter":
-            raise ExecutionFailure(
-                "CONTENT_SAFETY_BLOCKED",
-                internal_message="finish_reason content_filter",
-                answered=True,
-            )
+            raise content_filtered()
         message = choice.get("message")
         if not isinstance(message, dict):
-            raise malformed
+            raise bad
         content = message.get("content")
         if not isinstance(content, str):
-            raise malformed
-        usage = data.get("usage")
-        usage_map: dict[str, Any] = usage if isinstance(usage, dict) else {}
+            raise bad
+        progress.chars_received += len(content)
+        progress.tokens_received_estimate = max(
+            progress.tokens_received_estimate, -(-len(content) // _CHARS_PER_TOKEN)
+        )
+        if content and request.on_delta is not None:
+            request.on_delta(content)
         model = data.get("model")
         return ProviderResponse(
             content=content,
-            tokens_in=_as_token_count(usage_map.get("prompt_tokens")),
-            tokens_out=_as_token_count(usage_map.get("completion_tokens")),
+            tokens_in=usage.tokens_in if usage else 0,
+            tokens_out=usage.tokens_out if usage else 0,
             provider=self.name,
             model=model if isinstance(model, str) and model else request.model,
             latency_ms=latency_ms,
             rate_limit=parse_rate_limit_headers(response.headers),
+            cached_input_tokens=usage.cached_input_tokens if usage else 0,
+            reasoning_tokens=usage.reasoning_tokens if usage else 0,
+            usage_reported=usage is not None,
         )

@@ -20,17 +20,30 @@ most expensive input and output prices of the table, so a budget errs on the saf
 once per model per table (one table per process) and counted in
 `aijobs_unpriced_calls_total{model}`. A model that is free on purpose (a local model server) is
 given an explicit zero price in AI_MODEL_PRICES; only the synthetic provider is free by default.
+
+What a call is charged (`PriceTable.call_cost`): the provider's `prompt_tokens` include the
+prompt tokens it served from its cache, and its `completion_tokens` include the reasoning
+tokens of a reasoning model. So the cached part of the prompt is charged the cache-hit price
+(`Price.usd_per_million_cached_in`; without one, the input price) instead of the input price,
+the rest of the prompt the input price, and every completion token, reasoning included, the
+output price: no token is charged twice.
+
+Which price a call is charged at (`PriceTable.priced_as`): the reservation that let the job run
+was made at the requested model's price, so an echoed id the table does not know is priced as
+the requested model, never at the fallback (which may be cheaper than the reservation assumed,
+or dearer than it allowed). Such echoes are counted through `on_unknown_echo`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -56,18 +69,28 @@ _MAX_WARNED = 100
 @dataclass(frozen=True)
 class Price:
     """USD per million input and output tokens; `context_window` in tokens (None: unbounded,
-    as for the synthetic provider)."""
+    as for the synthetic provider); `usd_per_million_cached_in` the price of a prompt token the
+    provider served from its cache (None: the input price)."""
 
     usd_per_million_in: Decimal
     usd_per_million_out: Decimal
     context_window: int | None = None
+    # Left out of equality, so that prices compare as they did before cache-hit prices existed
+    # (a table's entries are still told apart by what every model has).
+    usd_per_million_cached_in: Decimal | None = field(default=None, compare=False)
+
+    @property
+    def cached_in(self) -> Decimal:
+        """The cache-hit price of an input token (the input price when none is set)."""
+        c = self.usd_per_million_cached_in
+        return self.usd_per_million_in if c is None else c
 
 
 PRICES: dict[str, Price] = {
-    "deepseek-chat": Price(Decimal("0.27"), Decimal("1.10"), 65_536),
-    "deepseek-reasoner": Price(Decimal("0.55"), Decimal("2.19"), 65_536),
-    "gpt-4o-mini": Price(Decimal("0.15"), Decimal("0.60"), 128_000),
-    "gpt-4o": Price(Decimal("2.50"), Decimal("10.00"), 128_000),
+    "deepseek-chat": Price(Decimal("0.27"), Decimal("1.10"), 65_536, Decimal("0.07")),
+    "deepseek-reasoner": Price(Decimal("0.55"), Decimal("2.19"), 65_536, Decimal("0.14")),
+    "gpt-4o-mini": Price(Decimal("0.15"), Decimal("0.60"), 128_000, Decimal("0.075")),
+    "gpt-4o": Price(Decimal("2.50"), Decimal("10.00"), 128_000, Decimal("1.25")),
     "synthetic": Price(Decimal(0), Decimal(0), None),
 }
 
@@ -86,7 +109,9 @@ class PriceTable:
     down (through the gateway to EXECUTE); `cost_usd` is what a usage row records.
 
     `on_unpriced(model)` is called once per call charged the fallback price (the worker wires
-    the `aijobs_unpriced_calls_total` counter to it; the counter bounds its label)."""
+    the `aijobs_unpriced_calls_total` counter to it; the counter bounds its label), and
+    `on_unknown_echo(echoed)` once per `priced_as` whose echoed id the table does not know (so
+    priced as the requested model)."""
 
     def __init__(
         self,
@@ -94,6 +119,7 @@ class PriceTable:
         *,
         fallback: Price | None = None,
         on_unpriced: Callable[[str], None] | None = None,
+        on_unknown_echo: Callable[[str], None] | None = None,
         warn: bool = True,
     ) -> None:
         table = PRICES if prices is None else prices
@@ -102,6 +128,7 @@ class PriceTable:
         self._by_length = sorted(self._prices, key=len, reverse=True)
         self.fallback = fallback if fallback is not None else most_expensive(self._prices)
         self._on_unpriced = on_unpriced
+        self._on_unknown_echo = on_unknown_echo
         self._warn = warn
         self._warned: set[str] = set()
         self._overflowed = False
@@ -109,7 +136,11 @@ class PriceTable:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, on_unpriced: Callable[[str], None] | None = None
+        cls,
+        settings: Settings,
+        *,
+        on_unpriced: Callable[[str], None] | None = None,
+        on_unknown_echo: Callable[[str], None] | None = None,
     ) -> PriceTable:
         """The built-in table with AI_MODEL_PRICES merged over it (an entry replaces the
         built-in one of the same name) and AI_MODEL_FALLBACK_PRICE. Raises ValueError naming
@@ -117,7 +148,9 @@ class PriceTable:
         prices = dict(PRICES)
         prices.update(parse_prices(settings.ai_model_prices))
         fallback = parse_fallback(settings.ai_model_fallback_price)
-        return cls(prices, fallback=fallback, on_unpriced=on_unpriced)
+        return cls(
+            prices, fallback=fallback, on_unpriced=on_unpriced, on_unknown_echo=on_unknown_echo
+        )
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -152,7 +185,28 @@ class PriceTable:
     def cost_usd(self, model: str, tokens_in: int, tokens_out: int) -> Decimal:
         """Cost of a call, quantized to 8 decimal places with ROUND_HALF_UP; an unknown model is
         charged the fallback price and reported."""
-        if tokens_in < 0 or tokens_out < 0:
+        return self.call_cost(model, tokens_in, tokens_out)
+
+    def priced_as(self, echoed: str, requested: str) -> str:
+        """The model a call is charged as: the canonical id of the provider's echo when the
+        table knows it, else the requested model (its canonical id when known, else as given,
+        which `call_cost` then charges at the fallback and reports). The reservation was made
+        at the requested model's price, so an unknown echo never moves the charge off it; each
+        unknown echo is reported to `on_unknown_echo`."""
+        known = self.canonical(echoed) if echoed else None
+        if known is not None:
+            return known
+        if echoed and self._on_unknown_echo is not None:
+            self._on_unknown_echo(echoed[:_MAX_NAME])
+        return self.canonical(requested) or requested
+
+    def call_cost(self, model: str, tokens_in: int, tokens_out: int, cached_in: int = 0) -> Decimal:
+        """Cost of one call, quantized to 8 decimal places with ROUND_HALF_UP. `tokens_in` is
+        the whole prompt and `cached_in` the part of it served from the provider's cache
+        (charged the cache-hit price, the rest the input price; a count above `tokens_in` is
+        cut to it); `tokens_out` is the whole answer, reasoning tokens included, all at the
+        output price. An unknown model is charged the fallback price and reported."""
+        if tokens_in < 0 or tokens_out < 0 or cached_in < 0:
             raise ValueError("token counts must be non-negative")
         known = self.canonical(model)
         if known is None:
@@ -160,11 +214,31 @@ class PriceTable:
             self._report_unpriced(model)
         else:
             price = self._prices[known]
+        cached = min(cached_in, tokens_in)
         raw = (
-            Decimal(tokens_in) * price.usd_per_million_in
+            Decimal(tokens_in - cached) * price.usd_per_million_in
+            + Decimal(cached) * price.cached_in
             + Decimal(tokens_out) * price.usd_per_million_out
         ) / _MILLION
         return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
+
+    def worst_case_cost(
+        self, model: str, prompt_tokens: int, max_output_tokens: int, margin: float
+    ) -> Decimal:
+        """The most one call can cost, by the rule the create path reserves with
+        (jobs/costs.py): the prompt padded by `margin` (ceil of tokens * (1 + margin)) at the
+        input price, no cache discount, plus the whole answer budget at the output price,
+        rounded up to 8 decimal places. Quiet: an unknown model counts at the fallback
+        without a report, as no call was charged."""
+        if prompt_tokens < 0 or max_output_tokens < 0 or margin < 0:
+            raise ValueError("token counts and margin must be non-negative")
+        price = self.price_for(model)
+        padded_in = math.ceil(prompt_tokens * (1 + margin))
+        raw = (
+            Decimal(padded_in) * price.usd_per_million_in
+            + Decimal(max_output_tokens) * price.usd_per_million_out
+        ) / _MILLION
+        return raw.quantize(_QUANTUM, rounding=ROUND_CEILING)
 
     def _report_unpriced(self, model: str) -> None:
         if self._on_unpriced is not None:
@@ -214,23 +288,27 @@ def _decimal(value: Any, where: str) -> Decimal:
 
 
 def _price(entry: Any, where: str, *, window: bool) -> Price:
-    allowed = {"input", "output", "context_window"} if window else {"input", "output"}
+    allowed = {"input", "output", "cached_input"} | ({"context_window"} if window else set())
     if not isinstance(entry, dict) or not {"input", "output"} <= set(entry) <= allowed:
-        keys = "input, output[, context_window]" if window else "input, output"
+        keys = "input, output[, cached_input][, context_window]" if window else "input, output"
         raise ValueError(f"{where}: want an object with {keys}")
     cw = entry.get("context_window")
     if cw is not None and (isinstance(cw, bool) or not isinstance(cw, int) or cw <= 0):
         raise ValueError(f"{where}.context_window: want a positive integer or null")
+    cached = entry.get("cached_input")
     return Price(
         _decimal(entry["input"], f"{where}.input"),
         _decimal(entry["output"], f"{where}.output"),
         cw,
+        None if cached is None else _decimal(cached, f"{where}.cached_input"),
     )
 
 
 def parse_prices(text: str) -> dict[str, Price]:
     """AI_MODEL_PRICES: a JSON object of model name -> {"input": USD per million input
-    tokens, "output": USD per million output tokens, "context_window": tokens or null}.
+    tokens, "output": USD per million output tokens, "context_window": tokens or null,
+    optionally "cached_input": USD per million prompt tokens served from the provider's cache
+    (absent or null: the input price)}.
     Empty: no entries. Raises ValueError naming the setting and the entry."""
     if not text.strip():
         return {}

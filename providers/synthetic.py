@@ -12,7 +12,7 @@ import json
 import time
 
 from engine.errors import ExecutionFailure
-from providers.base import ProviderRequest, ProviderResponse
+from providers.base import CallProgress, ProviderRequest, ProviderResponse, Usage
 
 
 class SyntheticProvider:
@@ -29,6 +29,9 @@ class SyntheticProvider:
 
     async def generate(self, request: ProviderRequest) -> ProviderResponse:
         started = time.monotonic()
+        progress = request.progress if request.progress is not None else CallProgress()
+        # Like a real provider, it "received" the request as soon as the call began.
+        progress.request_sent = True
         behaviour = request.synthetic
         if behaviour is None:
             content = "{}"
@@ -36,6 +39,8 @@ class SyntheticProvider:
             if behaviour.delay_ms > 0:
                 await asyncio.sleep(behaviour.delay_ms / 1000)
             if request.attempt <= behaviour.fail_times:
+                # A scripted failure is an error answer read whole (nothing billed).
+                progress.status, progress.finished = 500, True
                 raise ExecutionFailure(
                     behaviour.fail_code,
                     internal_message=f"synthetic failure on attempt {request.attempt}",
@@ -49,6 +54,13 @@ class SyntheticProvider:
                 content = json.dumps(dict(behaviour.output))
         tokens_in = (len(request.system_prompt) + len(request.user_prompt)) // 4 + 1
         tokens_out = len(content) // 4 + 1
+        progress.status = 200
+        progress.usage = Usage(tokens_in, tokens_out)
+        progress.chars_received += len(content)
+        progress.tokens_received_estimate = tokens_out
+        progress.finished = True
+        if request.on_delta is not None:
+            request.on_delta(content)
         return ProviderResponse(
             content=content,
             tokens_in=tokens_in,

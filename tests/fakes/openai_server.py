@@ -27,7 +27,21 @@ input rejected while the others' calls go through).
 Any step may carry `echo_model`: the `model` the answer reports instead of the requested one
 (OpenAI answers a request for `gpt-4o-mini` with a dated id such as `gpt-4o-mini-2024-07-18`),
 and `headers`: extra response headers of a `valid` or `slow` answer (OpenAI's
-`x-ratelimit-*`).
+`x-ratelimit-*`). A `valid` or `slow` step may carry `usage_extra`: fields merged into the
+answer's `usage` (OpenAI's `prompt_tokens_details`/`completion_tokens_details`, DeepSeek's
+`prompt_cache_hit_tokens`/`prompt_cache_miss_tokens`).
+
+Streaming: a call whose body says `"stream": true` is answered by a `valid` or `slow` step
+with a `text/event-stream` of chat-completion chunks (after a `slow` step's wait): the content
+in pieces of `chunk_chars` characters (default 8), `chunk_delay_s` seconds apart (default 0),
+preceded by the step's `reasoning` text (DeepSeek's `reasoning_content` deltas) if any, then a
+chunk with finish_reason "stop", then (when the call asked for `stream_options.include_usage`)
+a usage chunk with empty `choices`, then `data: [DONE]`. `cut_after: N` ends the stream after N
+content pieces: `cut: "close"` (default) ends the body there without a finish or [DONE],
+`cut: "abort"` breaks the connection mid-body. `stream_json: true` answers a streamed call with
+a plain JSON completion instead (as many mocks and proxies do). `GET /_streams` reports, per
+call in order, whether it asked to stream (`stream`, `include_usage`) and, per streamed
+answer, how it ended (`ends`: "complete", "cut", "aborted" or "client_gone").
 
 `GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
 it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
@@ -53,7 +67,7 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 STEP_KINDS = frozenset(
@@ -119,6 +133,9 @@ class _FakeState:
         self.max_tokens: list[int | None] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.streams: list[bool] = []
+        self.include_usage: list[bool] = []
+        self.stream_ends: list[str] = []
 
     def reset(self) -> None:
         self.steps.clear()
@@ -130,6 +147,9 @@ class _FakeState:
         self.started_at.clear()
         self.max_tokens.clear()
         self.in_flight = self.max_in_flight = 0
+        self.streams.clear()
+        self.include_usage.clear()
+        self.stream_ends.clear()
 
     def next_step(self) -> dict[str, Any]:
         return self.steps.popleft() if self.steps else self.default
@@ -160,16 +180,79 @@ def _completion(
 
 def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
     content = json.dumps(step.get("content", {}))
+    body = _completion(
+        model,
+        content,
+        finish_reason="stop",
+        tokens_in=int(step.get("tokens_in", 11)),
+        tokens_out=int(step.get("tokens_out", 7)),
+    )
+    body["usage"].update(dict(step.get("usage_extra") or {}))
     return JSONResponse(
-        _completion(
-            model,
-            content,
-            finish_reason="stop",
-            tokens_in=int(step.get("tokens_in", 11)),
-            tokens_out=int(step.get("tokens_out", 7)),
-        ),
+        body,
         headers={str(k): str(v) for k, v in dict(step.get("headers") or {}).items()},
     )
+
+
+class _Abort(Exception):
+    """Raised inside a streamed body to break the connection mid-answer."""
+
+
+def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {
+        "id": "chatcmpl-fake-stream",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _streamed_response(
+    state: _FakeState, step: Mapping[str, Any], model: str, include_usage: bool
+) -> StreamingResponse:
+    content = json.dumps(step.get("content", {}))
+    size = max(1, int(step.get("chunk_chars", 8)))
+    delay_s = float(step.get("chunk_delay_s", 0.0))
+    cut_after = step.get("cut_after")
+    pieces = [content[i : i + size] for i in range(0, len(content), size)]
+    reasoning = str(step.get("reasoning", ""))
+    thoughts = [reasoning[i : i + size] for i in range(0, len(reasoning), size)]
+    usage = {
+        "prompt_tokens": int(step.get("tokens_in", 11)),
+        "completion_tokens": int(step.get("tokens_out", 7)),
+    }
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    usage.update(dict(step.get("usage_extra") or {}))
+
+    async def body() -> Any:
+        end = "client_gone"
+        try:
+            yield _chunk(model, {"role": "assistant", "content": ""})
+            for thought in thoughts:
+                yield _chunk(model, {"reasoning_content": thought})
+            for n, piece in enumerate(pieces):
+                if cut_after is not None and n >= int(cut_after):
+                    if step.get("cut") == "abort":
+                        end = "aborted"
+                        raise _Abort
+                    end = "cut"
+                    return
+                if delay_s > 0:
+                    await asyncio.sleep(delay_s)
+                yield _chunk(model, {"content": piece})
+            yield _chunk(model, {}, "stop")
+            if include_usage:
+                tail = {"id": "chatcmpl-fake-stream", "model": model, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(tail)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            end = "complete"
+        finally:
+            state.stream_ends.append(end)
+
+    headers = {str(k): str(v) for k, v in dict(step.get("headers") or {}).items()}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
 async def _sleep_unless_disconnected(request: Request, delay_s: float) -> bool:
@@ -188,7 +271,7 @@ def create_fake_app() -> FastAPI:
     state = _FakeState()
     app.state.fake = state
 
-    async def chat_completions(request: Request) -> JSONResponse:
+    async def chat_completions(request: Request) -> Response:
         state.started_at.append(time.time())
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
@@ -197,7 +280,7 @@ def create_fake_app() -> FastAPI:
         finally:
             state.in_flight -= 1
 
-    async def answer(request: Request) -> JSONResponse:
+    async def answer(request: Request) -> Response:
         try:
             body = json.loads(await request.body())
         except ValueError:
@@ -208,6 +291,11 @@ def create_fake_app() -> FastAPI:
         state.messages.append(body.get("messages") if isinstance(body, dict) else None)
         budget = body.get("max_tokens") if isinstance(body, dict) else None
         state.max_tokens.append(budget if isinstance(budget, int) else None)
+        streamed = isinstance(body, dict) and body.get("stream") is True
+        options = body.get("stream_options") if isinstance(body, dict) else None
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        state.streams.append(streamed)
+        state.include_usage.append(include_usage)
         if not isinstance(body, dict):
             return JSONResponse(
                 {"error": {"message": "invalid JSON body", "code": "invalid_request"}},
@@ -219,7 +307,10 @@ def create_fake_app() -> FastAPI:
         step = ruled if ruled is not None else state.next_step()
         model_name = str(step.get("echo_model", model_name))
         kind = step["kind"]
+        streams = streamed and not step.get("stream_json")
         if kind == "valid":
+            if streams:
+                return _streamed_response(state, step, model_name, include_usage)
             return _valid_response(step, model_name)
         if kind == "invalid_json":
             return JSONResponse(
@@ -264,6 +355,8 @@ def create_fake_app() -> FastAPI:
         if kind == "slow":
             if not await _sleep_unless_disconnected(request, float(step.get("delay_s", 1.0))):
                 return JSONResponse({"error": {"message": "client gone"}}, status_code=499)
+            if streams:
+                return _streamed_response(state, step, model_name, include_usage)
             return _valid_response(step, model_name)
         if kind == "content_filter":
             return JSONResponse(
@@ -299,6 +392,14 @@ def create_fake_app() -> FastAPI:
     @app.get("/_max_tokens")
     async def max_tokens() -> dict[str, Any]:
         return {"max_tokens": list(state.max_tokens)}
+
+    @app.get("/_streams")
+    async def streams() -> dict[str, Any]:
+        return {
+            "stream": list(state.streams),
+            "include_usage": list(state.include_usage),
+            "ends": list(state.stream_ends),
+        }
 
     @app.get("/_messages")
     async def messages() -> dict[str, Any]:
@@ -480,6 +581,14 @@ class FakeOpenAIServer:
             response = await client.get(f"{self.root_url}/_messages")
             response.raise_for_status()
             result: list[Any] = response.json()["messages"]
+            return result
+
+    async def astreams(self) -> dict[str, Any]:
+        """Per call: `stream` and `include_usage` asked; per streamed answer, how it `ends`."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_streams")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
             return result
 
     async def areset(self) -> None:

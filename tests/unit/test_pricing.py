@@ -244,3 +244,94 @@ def test_cli_refuses_malformed_prices_in_every_environment(
     assert capsys.readouterr().err.strip() == (
         "aijobs api: invalid configuration: AI_MODEL_PRICES['m'].input: want a number"
     )
+
+
+# --- cached and reasoning tokens, the price a call is charged as, the worst case ----------
+
+
+def test_built_in_cache_hit_prices() -> None:
+    hits = {m: PRICES[m].usd_per_million_cached_in for m in PRICES}
+    assert hits == {
+        "deepseek-chat": Decimal("0.07"),
+        "deepseek-reasoner": Decimal("0.14"),
+        "gpt-4o-mini": Decimal("0.075"),
+        "gpt-4o": Decimal("1.25"),
+        "synthetic": None,
+    }
+
+
+def test_cached_tokens_cost_the_cache_hit_price_and_no_token_twice() -> None:
+    table = PriceTable(warn=False)
+    # 1M prompt tokens of which 400k cached, 100k answer tokens (reasoning among them).
+    cost = table.call_cost("deepseek-chat", 1_000_000, 100_000, cached_in=400_000)
+    assert cost == Decimal("0.6") * Decimal("0.27") + Decimal("0.4") * Decimal("0.07") + (
+        Decimal("0.1") * Decimal("1.10")
+    )
+    assert table.call_cost("deepseek-chat", 1000, 10) == table.cost_usd("deepseek-chat", 1000, 10)
+    # A cached count above the prompt is cut to it: never below the all-cached cost.
+    assert table.call_cost("gpt-4o", 100, 0, cached_in=500) == table.call_cost(
+        "gpt-4o", 100, 0, cached_in=100
+    )
+    with pytest.raises(ValueError):
+        table.call_cost("gpt-4o", 1, 1, cached_in=-1)
+
+
+def test_without_a_cache_hit_price_cached_tokens_cost_the_input_price() -> None:
+    table = PriceTable({"local": Price(Decimal("1"), Decimal("2"), 1000)})
+    assert table.call_cost("local", 1000, 0, cached_in=1000) == table.cost_usd("local", 1000, 0)
+
+
+def test_cache_hit_price_from_settings() -> None:
+    prices = parse_prices(
+        '{"m": {"input": 1, "output": 2, "cached_input": 0.25, "context_window": 10},'
+        ' "n": {"input": 1, "output": 2}}'
+    )
+    assert prices["m"].usd_per_million_cached_in == Decimal("0.25")
+    assert prices["n"].usd_per_million_cached_in is None
+    assert prices["n"].cached_in == Decimal(1)
+    with pytest.raises(ValueError, match=r"cached_input: want a non-negative"):
+        parse_prices('{"m": {"input": 1, "output": 2, "cached_input": -1}}')
+    with pytest.raises(ValueError, match=r"want an object with input, output"):
+        parse_prices('{"m": {"input": 1, "output": 2, "cache": 1}}')
+
+
+def test_an_unknown_echo_is_priced_as_the_requested_model_and_counted() -> None:
+    unknown: list[str] = []
+    unpriced: list[str] = []
+    table = PriceTable(on_unknown_echo=unknown.append, on_unpriced=unpriced.append, warn=False)
+    assert table.priced_as("gpt-4o-mini-2024-07-18", "gpt-4o-mini") == "gpt-4o-mini"
+    assert table.priced_as("GPT-4o", "gpt-4o-mini") == "gpt-4o"
+    assert unknown == []
+    assert table.priced_as("m", "deepseek-chat") == "deepseek-chat"
+    assert table.priced_as("deepseek/deepseek-chat", "deepseek-chat") == "deepseek-chat"
+    assert unknown == ["m", "deepseek/deepseek-chat"]
+    # The requested model's price, never the fallback.
+    model = table.priced_as("m", "deepseek-chat")
+    assert table.call_cost(model, 1000, 1000) == table.cost_usd("deepseek-chat", 1000, 1000)
+    assert unpriced == []
+    # Nothing known either way: the requested id, charged the fallback and reported.
+    assert table.priced_as("x", "y") == "y"
+    table.call_cost("y", 1, 1)
+    assert unpriced == ["y"]
+
+
+def test_priced_as_from_settings_counts_unknown_echoes() -> None:
+    seen: list[str] = []
+    table = PriceTable.from_settings(Settings(), on_unknown_echo=seen.append)
+    assert table.priced_as("", "gpt-4o") == "gpt-4o"
+    assert seen == []  # no echo at all is not an unknown echo
+    table.priced_as("local-model", "gpt-4o")
+    assert seen == ["local-model"]
+
+
+def test_worst_case_cost_follows_the_create_path_rule() -> None:
+    from jobs.costs import call_worst_case_usd
+
+    table = PriceTable(warn=False)
+    for model in ("deepseek-chat", "gpt-4o", "gpt-4o-mini"):
+        for prompt, budget, margin in ((1234, 4096, 0.2), (1, 1, 0.0), (99_999, 8192, 0.35)):
+            assert table.worst_case_cost(model, prompt, budget, margin) == call_worst_case_usd(
+                prompt, budget, price=table.price_for(model), margin=margin
+            )
+    # The worst case has no cache discount and counts every answer token.
+    assert table.worst_case_cost("gpt-4o", 1000, 1000, 0.0) == table.cost_usd("gpt-4o", 1000, 1000)

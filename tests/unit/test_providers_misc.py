@@ -433,3 +433,12 @@ def test_redaction_walks_structures_without_touching_keys_or_scalars() -> None:
         "count": 2026,
     }
     assert json.dumps(value, default=list) == original  # input not mutated
+
+
+async def test_factory_passes_the_models_that_do_not_stream() -> None:
+    provider = build_provider(api_key="sk-x", base_url=None, stream_disabled_models={"Local-Model"})
+    assert isinstance(provider, OpenAICompatibleProvider)
+    try:
+        assert not provider.streams("local-model") and provider.streams("deepseek-chat")
+    finally:
+        await provider.aclose()

@@ -501,3 +501,49 @@ def test_fake_server_stops_and_frees_port() -> None:
         _ = server.base_url
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/_calls", trust_env=False)
+
+
+# --- usage detail: cached prompt tokens and reasoning tokens -----------------------------
+
+
+async def test_openai_usage_details_are_read(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider
+) -> None:
+    details = {
+        "prompt_tokens_details": {"cached_tokens": 64},
+        "completion_tokens_details": {"reasoning_tokens": 30},
+    }
+    fake.script([{"kind": "valid", "tokens_in": 100, "tokens_out": 45, "usage_extra": details}])
+    response = await provider.generate(make_request())
+    assert (response.tokens_in, response.tokens_out) == (100, 45)
+    assert (response.cached_input_tokens, response.reasoning_tokens) == (64, 30)
+
+
+async def test_deepseek_cache_hit_tokens_are_read(
+    fake: FakeOpenAIServer, provider: OpenAICompatibleProvider
+) -> None:
+    hits = {"prompt_cache_hit_tokens": 70, "prompt_cache_miss_tokens": 30}
+    fake.script([{"kind": "valid", "tokens_in": 100, "tokens_out": 5, "usage_extra": hits}])
+    response = await provider.generate(make_request())
+    assert (response.tokens_in, response.cached_input_tokens) == (100, 70)
+    assert response.reasoning_tokens == 0
+
+
+def test_usage_parsing_edges() -> None:
+    from providers.base import Usage
+    from providers.openai_stream import parse_usage
+
+    assert parse_usage(None) is None
+    assert parse_usage({}) == Usage(0, 0)
+    # DeepSeek without prompt_tokens: hit + miss; garbage counts 0; parts cut to their whole.
+    assert parse_usage(
+        {"prompt_cache_hit_tokens": 3, "prompt_cache_miss_tokens": 4, "completion_tokens": 2}
+    ) == Usage(7, 2, 3, 0)
+    assert parse_usage(
+        {
+            "prompt_tokens": 5,
+            "completion_tokens": "x",
+            "prompt_tokens_details": {"cached_tokens": 9},
+            "completion_tokens_details": {"reasoning_tokens": True},
+        }
+    ) == Usage(5, 0, 5, 0)
