@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from activities.metrics import RECONCILER_ACTIONS
 from engine.contracts import ReconcileResult
 from engine.workflow_state import WorkflowState
 
@@ -29,20 +30,6 @@ Cursor = Any
 Handle = Callable[["Pass", "Phase", T, Cursor], Awaitable[tuple[Cursor, bool]]]
 # The waiting and cancel phases' cursor: (created_at or cancel_requested_at, job id).
 WaitingKey = tuple[datetime, uuid.UUID]
-
-# The counts a pass reports as metrics, by name.
-_METRIC_COUNTS = (
-    "expired_lock_failed",
-    "outbox_requeued",
-    "snapshot_deleted",
-    "cancel_resent",
-    "stuck_workflow",
-    "enqueue_revived",
-    "enqueue_closed",
-    "relay_retired",
-    "private_data_purged",
-    "outbox_deleted",
-)
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,8 @@ class Pass:
         self.details.append(f"stuck {job_id} ({state.failing_task_attempts} failed workflow tasks)")
 
     def metric_counts(self) -> dict[str, int]:
-        return {k: self.counts.get(k, 0) for k in _METRIC_COUNTS}
+        """The pass's count of each action the reconciler's metric labels (0 when none)."""
+        return {k: self.counts.get(k, 0) for k in RECONCILER_ACTIONS}
 
     def result(self) -> ReconcileResult:
         c = self.counts

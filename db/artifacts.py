@@ -64,23 +64,8 @@ async def artifact_page(
     return [(r.id, ArtifactRef(r.artifact_type, r.artifact_id, r.ordinal)) for r in rows]
 
 
-async def insert_artifact(
-    session: AsyncSession,
-    job_id: uuid.UUID,
-    artifact_type: str,
-    artifact_id: str,
-    ordinal: int,
-) -> bool:
-    """Idempotent on (job_id, artifact_type, artifact_id): a duplicate projection is a no-op."""
-    row = (
-        await session.execute(
-            INSERT_ARTIFACT, artifact_params(job_id, artifact_type, artifact_id, ordinal)
-        )
-    ).first()
-    return row is not None
-
-
-# `insert_artifact`; PROJECT also pipelines it (jobs/lifecycle.py `project_artifacts`).
+# A projection's artifact, idempotent on (job_id, artifact_type, artifact_id): a repeated one
+# writes nothing. PROJECT pipelines it with its ending (db/endings.py `artifact_statements`).
 INSERT_ARTIFACT = text(
     """
     INSERT INTO ai_job_artifact (job_id, artifact_type, artifact_id, ordinal, created_at)

@@ -108,21 +108,6 @@ async def standing(
     )
 
 
-async def open_reservations(
-    s: AsyncSession, user_id: str, *, excluding: uuid.UUID | None = None
-) -> Decimal:
-    """What a user's active jobs still hold beyond what they have spent."""
-    return (await standing(s, user_id, reserved=True, excluding=excluding)).reserved_usd
-
-
-async def committed(
-    s: AsyncSession, user_id: str, since: dt.date, *, excluding: uuid.UUID | None = None
-) -> Committed:
-    """A user's spend from UTC day `since` on and their open reservations."""
-    read = await standing(s, user_id, spent_since=[since], reserved=True, excluding=excluding)
-    return read.committed(0)
-
-
 async def reserve(s: AsyncSession, job_id: uuid.UUID, reserved_usd: Decimal) -> None:
     """Raise a job's reservation to `reserved_usd` (never lowers it)."""
     await s.execute(

@@ -138,12 +138,6 @@ CHUNK_STATES = text(
 )
 
 
-async def chunk_states(s: AsyncSession, job_id: uuid.UUID) -> list[ChunkState]:
-    """The job's chunks in chunk order (none: a one-call job)."""
-    rows = await s.execute(CHUNK_STATES, {"job_id": job_id})
-    return [ChunkState(r.chunk_no, r.status, r.attempt_count) for r in rows]
-
-
 async def get_for_update(s: AsyncSession, job_id: uuid.UUID, chunk_no: int) -> ChunkRow | None:
     """One chunk, its row locked until the caller's transaction ends: two attempts of one chunk
     (a retry racing a lost one) decide on its status one after the other."""

@@ -52,10 +52,6 @@ async def owned_active_key_id(
     return row.id if row else None
 
 
-async def has_active_user_key(session: AsyncSession, user_id: str) -> bool:
-    return await active_user_key_id(session, user_id) is not None
-
-
 async def add(
     session: AsyncSession,
     *,

@@ -67,19 +67,12 @@ def _transition_stmt(with_owner: bool, extra: str) -> TextClause:
 # ---- running -> terminal ------------------------------------------------------------
 
 
-async def mark_succeeded(
-    session: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None
-) -> None:
-    await _transition(
-        session, job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
-    )
-
-
 def mark_succeeded_statement(
     job_id: uuid.UUID, *, owner: str | None = None
 ) -> tuple[TextClause, dict[str, Any]]:
-    """`mark_succeeded`'s CAS, for a caller that pipelines it: no row back means it missed,
-    and `mark_succeeded_missed` then raises what `mark_succeeded` would have."""
+    """running → succeeded (progress 100), only by `owner` when given, as a statement for the
+    success ending to pipeline: no row back means it missed, and `mark_succeeded_missed` then
+    says why."""
     return transition_statement(
         job_id, (S.RUNNING,), S.SUCCEEDED, owner=owner, extra=_SUCCEEDED_SETS
     )

@@ -181,6 +181,13 @@ async def get(session: AsyncSession, job_id: uuid.UUID) -> JobRow | None:
     return JobRow(**row._mapping) if row else None
 
 
+async def stored_output(session: AsyncSession, job_id: uuid.UUID) -> dict[str, Any] | None:
+    """The job's validated output as stored: what the default artifact view shows (None before
+    it is stored, once retention purged it, or when the job does not exist)."""
+    output = await session.scalar(text("SELECT output FROM ai_job WHERE id = :id"), {"id": job_id})
+    return dict(output) if output is not None else None
+
+
 def row_of(rows: list[dict[str, Any]]) -> JobRow | None:
     """`GET`'s rows (pipelined) as the job, or None when it is gone."""
     return JobRow(**rows[0]) if rows else None
@@ -191,15 +198,6 @@ GET_WITH_SNAPSHOT = text(
     "WHERE s.job_id = ai_job.id AND s.expires_at > now()) AS snapshot_content "
     "FROM ai_job WHERE id = :id"
 )
-
-
-async def get_with_snapshot(
-    session: AsyncSession, job_id: uuid.UUID
-) -> tuple[JobRow, dict[str, Any] | None] | None:
-    """The job and its unexpired snapshot (None once expired or never stored) in one
-    statement: what EXECUTE's first transaction reads after taking the job."""
-    row = (await session.execute(GET_WITH_SNAPSHOT, {"id": job_id})).first()
-    return with_snapshot_of(dict(row._mapping) if row is not None else None)
 
 
 def with_snapshot_of(
@@ -265,12 +263,6 @@ RESOLVE_REFS = text(
     FROM ai_job j WHERE j.id = :id
     """
 )
-
-
-async def resolve_refs(session: AsyncSession, job_id: uuid.UUID) -> ResolveRefs | None:
-    """What RESOLVE needs, in one narrow query (no input/output JSON decoded)."""
-    row = (await session.execute(RESOLVE_REFS, {"id": job_id})).first()
-    return ResolveRefs(**row._mapping) if row else None
 
 
 async def find_by_idempotency_key(

@@ -13,17 +13,17 @@ use case or activity that calls it owns the transaction, like every repository i
 
 from __future__ import annotations
 
-import functools
 import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.jobs import JOB_COLUMNS, JobRow
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus
 
@@ -126,31 +126,18 @@ _NEW_JOB_FIELDS = [f.name for f in fields(NewJob)]
 _INSERT = text(
     f"INSERT INTO ai_job ({', '.join([*_NEW_JOB_FIELDS, *_NEW_JOB_DEFAULTS])}) "
     f"VALUES ({', '.join([*(f':{n}' for n in _NEW_JOB_FIELDS), *_NEW_JOB_DEFAULTS.values()])}) "
-    "RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified"
+    f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified"
 ).bindparams(bindparam("input", type_=JSONB))
-
-
-@functools.cache
-def _insert_returning(columns: str) -> TextClause:
-    return text(str(_INSERT.text).replace("RETURNING ", f"RETURNING {columns}, ", 1)).bindparams(
-        bindparam("input", type_=JSONB)
-    )
 
 
 # ---- (new) -> queued --------------------------------------------------------------
 
 
-async def create(
-    session: AsyncSession, job: NewJob, *, returning: str | None = None
-) -> dict[str, Any] | None:
-    """Insert a queued job, inside the caller's create transaction. With `returning` (a
-    column list of our own, e.g. db/jobs.py JOB_COLUMNS), the new row's columns come back
-    from the same statement, saving a read."""
-    if returning is None:
-        await session.execute(_INSERT, job.__dict__)
-        return None
-    row = (await session.execute(_insert_returning(returning), job.__dict__)).one()
-    return {k: v for k, v in row._mapping.items() if k != "notified"}
+async def create(session: AsyncSession, job: NewJob) -> JobRow:
+    """Insert a queued job, inside the caller's create transaction; the new row comes back from
+    the same statement (its columns as db/jobs.py reads a job), saving a read."""
+    row = (await session.execute(_INSERT, job.__dict__)).one()
+    return JobRow(**{k: v for k, v in row._mapping.items() if k != "notified"})
 
 
 # ---- queued -> running --------------------------------------------------------------
@@ -323,20 +310,11 @@ async def store_output(
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def settle_attempt(session: AsyncSession, params: dict[str, Any]) -> tuple[bool, bool]:
-    """EXECUTE's bookkeeping after a valid answer (`params` from `settle_attempt_params`, the
-    same as the pipelined form sends), in one UPDATE of the row: the attempt is
-    recorded (its correction hint cleared) whoever holds the job; while `owner` holds it
-    running, its lock is extended and, unless a cancel was asked for, the output stored
-    (listeners notified). The same as `record_attempt`, `lifecycle.extend_lock`
-    and `store_output` in that order, in one round trip. Returns (owned, cancel_requested);
-    the output was stored when owned and no cancel was requested."""
-    row = (await session.execute(SETTLE_ATTEMPT, params)).first()
-    return settled(dict(row._mapping) if row is not None else None)
-
-
-# EXECUTE's bookkeeping after a valid answer (`settle_attempt`); also run pipelined on the
-# driver connection with the usage row (activities/execute.py `_last_transaction`).
+# EXECUTE's bookkeeping after a valid answer, pipelined with the call's usage row in its last
+# transaction (db/attempts.py `settle`), in one UPDATE of the row: the attempt is recorded (its
+# correction hint cleared) whoever holds the job; while `owner` holds it running, its lock is
+# extended and, unless a cancel was asked for, the output stored (listeners notified). Its row
+# reads as (owned, cancel_requested) through `settled`.
 SETTLE_ATTEMPT = text(
     """
     WITH cur AS (

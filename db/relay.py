@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
 from db.outbox import COLUMNS, MARK_PUBLISHED, OutboxRow
@@ -23,7 +22,7 @@ from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
 
 # Up to :lim due pending rows, oldest first, claimed by :owner (rows another relay holds are
-# skipped, not waited for). `claim` sends it pipelined; `claim_batch` in a session.
+# skipped, not waited for), sent pipelined by `claim`.
 CLAIM = text(
     f"""
     WITH c AS (
@@ -43,11 +42,6 @@ CLAIM = text(
 def _claimed(rows: Sequence[Any]) -> list[OutboxRow]:
     """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
     return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
-
-
-async def claim_batch(session: AsyncSession, *, owner: str, limit: int) -> list[OutboxRow]:
-    rows = await session.execute(CLAIM, {"lim": limit, "owner": owner})
-    return _claimed([r._mapping for r in rows])
 
 
 async def claim(sm: SessionMaker, *, owner: str, limit: int) -> list[OutboxRow]:

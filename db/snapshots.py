@@ -100,16 +100,6 @@ async def insert_snapshot_and_enqueue(
     return int(row.id) if row else None
 
 
-async def get_snapshot(session: AsyncSession, job_id: uuid.UUID) -> dict[str, Any] | None:
-    row = (
-        await session.execute(
-            text("SELECT content FROM ai_job_snapshot WHERE job_id = :id AND expires_at > now()"),
-            {"id": job_id},
-        )
-    ).first()
-    return dict(row.content) if row else None
-
-
 async def purge_private_data(
     session: AsyncSession, *, retention_days: int, limit: int = 1000
 ) -> int:

@@ -27,7 +27,7 @@ from db.budgets import Committed
 from db.chunks import insert_plan
 from db.credentials import owned_active_key_id
 from db.errors import is_unique_violation
-from db.jobs import JOB_COLUMNS, JobRow
+from db.jobs import JobRow
 from db.lifecycle import NewJob
 from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
@@ -165,9 +165,7 @@ class JobCreation:
             if jt.check_target is not None:
                 await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
-        created = await lifecycle_db.create(s, new, returning=JOB_COLUMNS)
-        assert created is not None
-        row = JobRow(**created)
+        row = await lifecycle_db.create(s, new)
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
         await self._enqueue(s, req, checked, row)

@@ -12,12 +12,12 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
-from sqlalchemy import Table, TextClause, bindparam, select, text
+from sqlalchemy import Table, TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import jobs as jobs_db
 from db import pipeline
-from db.models import AiJob
 from db.pipeline import Statement
 from engine.definition import JobDefinition, validate_definition
 from engine.errors import DuplicateJobDefinition, UnknownJobType
@@ -138,7 +138,7 @@ async def view_output(
     """The default artifact view: the job's stored output (None once retention purged it)."""
     if str(job_id) not in artifact_ids:
         return {}
-    output = await session.scalar(select(AiJob.output).where(AiJob.id == job_id))
+    output = await jobs_db.stored_output(session, job_id)
     return {str(job_id): output} if output is not None else {}
 
 

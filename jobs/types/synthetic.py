@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models import AiJob
+from db import jobs as jobs_db
 from db.models_projected import SyntheticResult
 from engine.definition import Execution, JobDefinition, SecuritySpec
 from jobs.spec import (
@@ -125,7 +125,7 @@ async def view(
     found = list(rows)
     echo = None
     if found:
-        output = await session.scalar(select(AiJob.output).where(AiJob.id == job_id))
+        output = await jobs_db.stored_output(session, job_id)
         echo = output.get("echo") if isinstance(output, dict) else None
     return {
         str(r.id): {

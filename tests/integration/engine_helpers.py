@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
@@ -30,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from db import endings as endings_db
 from db import lifecycle as lifecycle_db
+from db import pipeline
 from db.lifecycle import NewJob
 from db.session import SessionMaker
 from engine import search_attributes
@@ -77,6 +79,27 @@ async def insert_job(sm: SessionMaker, user_id: str = "u1") -> uuid.UUID:
     async with sm.begin() as s:
         await lifecycle_db.create(s, job)
     return job.id
+
+
+async def mark_succeeded(s: AsyncSession, job_id: uuid.UUID, *, owner: str | None = None) -> None:
+    """running → succeeded as the success ending sends it (jobs/lifecycle.py `succeed`): the CAS
+    of db/endings.py pipelined in the caller's transaction, a miss raised through
+    `mark_succeeded_missed` (`LockConflict`, `IllegalTransition`, `JobNotFound`)."""
+    [cas] = await pipeline.in_session(s, [endings_db.mark_succeeded_statement(job_id, owner=owner)])
+    if not cas:
+        await endings_db.mark_succeeded_missed(s, job_id, owner=owner)
+
+
+async def insert_artifacts(
+    s: AsyncSession, job_id: uuid.UUID, artifacts: Sequence[tuple[str, str, int]]
+) -> list[bool]:
+    """(artifact type, artifact id, ordinal) rows written as the success ending writes them
+    (db/endings.py `artifact_statements`, pipelined in the caller's transaction); whether each
+    was new (a repeated one writes nothing)."""
+    if not artifacts:
+        return []
+    written = await pipeline.in_session(s, endings_db.artifact_statements(job_id, artifacts))
+    return [bool(rows) for rows in written]
 
 
 OUTAGE = "PROVIDER_UNAVAILABLE"  # the code a provider outage fails a job with

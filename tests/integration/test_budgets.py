@@ -63,7 +63,7 @@ def usd(value: Decimal) -> Decimal:
 
 async def reserved_open(sm: SessionMaker, user_id: str) -> Decimal:
     async with sm() as s:
-        return await budgets_db.open_reservations(s, user_id)
+        return (await budgets_db.standing(s, user_id, reserved=True)).reserved_usd
 
 
 async def spend(sm: SessionMaker, job_id: uuid.UUID, user_id: str, cost: Decimal) -> None:
@@ -140,7 +140,8 @@ async def test_an_ended_job_gives_back_what_it_did_not_spend(db: SessionMaker) -
     async with db.begin() as s:
         await lifecycle.cancel(s, first.id, only_if_queued=True)
     async with db() as s:
-        held = await budgets_db.committed(s, "u1", dt.datetime.now(dt.UTC).date())
+        today = dt.datetime.now(dt.UTC).date()
+        held = (await budgets_db.standing(s, "u1", spent_since=[today], reserved=True)).committed(0)
     assert held.spent_usd == tenth
     assert held.reserved_usd == worst  # only the second job's
     assert (await svc.create(quiz(target="c"))).created

@@ -36,6 +36,7 @@ from engine.errors import (
 )
 from jobs.service import SNAPSHOT_VERBATIM, CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
+from tests.integration.engine_helpers import mark_succeeded
 
 NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
 
@@ -348,7 +349,7 @@ async def test_cancel_a_finished_job(db: SessionMaker) -> None:
     failed = (await svc.create(request(target_id="b"))).job
     async with db.begin() as s:
         await lifecycle_db.lock(s, done.id, owner="run-1", identity="w", ttl_s=60)
-        await endings_db.mark_succeeded(s, done.id, owner="run-1")
+        await mark_succeeded(s, done.id, owner="run-1")
         await lifecycle_db.lock(s, failed.id, owner="run-2", identity="w", ttl_s=60)
         await endings_db.mark_failed(s, failed.id, "PROVIDER_UNAVAILABLE", "down")
     for job_id, status in ((done.id, "succeeded"), (failed.id, "failed")):
@@ -458,7 +459,7 @@ async def test_retry_of_queued_running_or_succeeded_is_refused(db: SessionMaker)
     async with db.begin() as s:
         await lifecycle_db.lock(s, running.id, owner="run-r", identity="w", ttl_s=60)
         await lifecycle_db.lock(s, done.id, owner="run-s", identity="w", ttl_s=60)
-        await endings_db.mark_succeeded(s, done.id)
+        await mark_succeeded(s, done.id)
     for job_id in (queued.id, running.id, done.id):
         with pytest.raises(JobNotRetryable):
             await svc.retry(job_id)

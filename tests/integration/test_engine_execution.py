@@ -25,7 +25,6 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
-from db import artifacts as artifacts_db
 from db.outbox import COMPLETED, FAILED
 from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult, ProjectInput, ProjectResult
@@ -39,6 +38,7 @@ from tests.integration.engine_helpers import (
     JOB_ID_SA,
     JOB_TYPE_SA,
     LIFECYCLE_SA,
+    insert_artifacts,
     job_facts,
     rows,
     scalar,
@@ -319,12 +319,9 @@ async def test_projector_failing_once_is_retried_and_writes_once(
             arts: list[Artifact] = await synthetic.project(
                 s, ctx, synthetic.SyntheticOutput.model_validate(row.output)
             )
-            inserted = [
-                await artifacts_db.insert_artifact(
-                    s, job_id, a.artifact_type, a.artifact_id, a.ordinal
-                )
-                for a in arts
-            ]
+            inserted = await insert_artifacts(
+                s, job_id, [(a.artifact_type, a.artifact_id, a.ordinal) for a in arts]
+            )
         assert inserted == [False]
         assert await job_facts(db, job_id) == f
         # ... and the uniqueness is the database's, not only the ON CONFLICT clause's.

@@ -1,5 +1,6 @@
-"""EXECUTE's merged statements on a real PostgreSQL (`db/jobs.py`): `get_with_snapshot` reads
-the job and its unexpired snapshot in one SELECT; `settle_attempt` does in one UPDATE what
+"""EXECUTE's merged statements on a real PostgreSQL, sent as EXECUTE sends them (db/attempts.py,
+through the transport): `GET_WITH_SNAPSHOT` reads the job and its unexpired snapshot in one
+SELECT; `SETTLE_ATTEMPT` does in one UPDATE what
 `record_attempt`, `extend_lock` and `store_output` did in that order: the attempt is always
 recorded, the lock extended and the output stored only for the owner of a running job, and
 the output not stored when a cancel was requested."""
@@ -8,11 +9,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import pipeline
 from db import snapshots as snapshots_db
 from db.jobs import JobRow
 from db.session import SessionMaker
@@ -37,13 +41,22 @@ async def _row(sm: SessionMaker, job_id: uuid.UUID) -> JobRow:
 
 
 async def _settle(sm: SessionMaker, job_id: uuid.UUID, owner: str) -> tuple[bool, bool]:
-    async with sm.begin() as s:
-        return await lifecycle_db.settle_attempt(
-            s,
-            lifecycle_db.settle_attempt_params(
-                job_id, owner=owner, attempt=2, ttl_s=TTL, output=OUT, output_hash="h1", progress=60
-            ),
-        )
+    """The job's statement of db/attempts.py `settle`, committed on its own (a missing job has
+    no usage row to go with it)."""
+    params = lifecycle_db.settle_attempt_params(
+        job_id, owner=owner, attempt=2, ttl_s=TTL, output=OUT, output_hash="h1", progress=60
+    )
+    [rows] = await pipeline.run(sm, [(lifecycle_db.SETTLE_ATTEMPT, params)], commit=True)
+    return lifecycle_db.settled(rows[0] if rows else None)
+
+
+async def _with_snapshot(
+    s: AsyncSession, job_id: uuid.UUID
+) -> tuple[JobRow, dict[str, Any] | None] | None:
+    """db/attempts.py `take`'s read, pipelined in the session's transaction as `take` sends it
+    (without the CAS before it)."""
+    [rows] = await pipeline.in_session(s, [(jobs_db.GET_WITH_SNAPSHOT, {"id": job_id})])
+    return jobs_db.with_snapshot_of(rows[0] if rows else None)
 
 
 def _lock_until(row: JobRow) -> datetime:
@@ -99,15 +112,15 @@ async def test_a_missing_job_is_not_owned(db: SessionMaker) -> None:
 async def test_the_job_and_its_unexpired_snapshot_in_one_read(db: SessionMaker) -> None:
     job_id = await insert_job(db)
     async with db() as s:
-        assert await jobs_db.get_with_snapshot(s, uuid.uuid4()) is None
-        found = await jobs_db.get_with_snapshot(s, job_id)
+        assert await _with_snapshot(s, uuid.uuid4()) is None
+        found = await _with_snapshot(s, job_id)
     assert found is not None and found[0].id == job_id and found[1] is None
     async with db.begin() as s:
         await snapshots_db.insert_snapshot(
             s, job_id, {"text": "t"}, redaction_version="1", ttl_days=1
         )
     async with db() as s:
-        found = await jobs_db.get_with_snapshot(s, job_id)
+        found = await _with_snapshot(s, job_id)
     assert found is not None and found[1] == {"text": "t"}
     async with db.begin() as s:
         await s.execute(
@@ -117,5 +130,5 @@ async def test_the_job_and_its_unexpired_snapshot_in_one_read(db: SessionMaker) 
             {"j": job_id},
         )
     async with db() as s:
-        found = await jobs_db.get_with_snapshot(s, job_id)
+        found = await _with_snapshot(s, job_id)
     assert found is not None and found[1] is None

@@ -26,7 +26,7 @@ from db.lifecycle import owner_token
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from engine.lifecycle import LEGACY_STATUS, TERMINAL, LifecycleStatus, is_legal
-from tests.integration.engine_helpers import insert_job
+from tests.integration.engine_helpers import insert_job, mark_succeeded
 
 S = LifecycleStatus
 T = TypeVar("T")
@@ -145,7 +145,7 @@ async def apply(sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model) -> None:
         run = op[1]
         to = S.SUCCEEDED if name == "succeed" else S.FAILED
         if name == "succeed":
-            call = in_tx(sm, lambda s: endings_db.mark_succeeded(s, job_id, owner=run))
+            call = in_tx(sm, lambda s: mark_succeeded(s, job_id, owner=run))
         else:
             call = in_tx(
                 sm,
@@ -277,7 +277,7 @@ async def test_missing_job_is_not_found(db: SessionMaker) -> None:
     with pytest.raises(JobNotFound):
         await in_tx(db, lambda s: lifecycle_db.lock(s, missing, owner="r", identity="w", ttl_s=TTL))
     with pytest.raises(JobNotFound):
-        await in_tx(db, lambda s: endings_db.mark_succeeded(s, missing))
+        await in_tx(db, lambda s: mark_succeeded(s, missing))
     with pytest.raises(JobNotFound):
         await in_tx(db, lambda s: endings_db.mark_cancelled(s, missing))
     with pytest.raises(JobNotFound):
@@ -315,7 +315,7 @@ async def test_extend_lock_only_for_the_owner_while_running(db: SessionMaker) ->
         await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
     ).cancel_requested
 
-    await in_tx(db, lambda s: endings_db.mark_succeeded(s, job_id, owner="run-1"))
+    await in_tx(db, lambda s: mark_succeeded(s, job_id, owner="run-1"))
     done = await get(db, job_id)
     assert not (
         await in_tx(db, lambda s: lifecycle_db.extend_lock(s, job_id, owner="run-1", ttl_s=TTL))
@@ -411,7 +411,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     job_id = await running_job(db, "run-1")
     with pytest.raises(Rollback):
         async with db.begin() as s:
-            await endings_db.mark_succeeded(s, job_id, owner="run-1")
+            await mark_succeeded(s, job_id, owner="run-1")
             inside = (
                 await s.execute(
                     text("SELECT lifecycle_status FROM ai_job WHERE id = :id"), {"id": job_id}
@@ -425,7 +425,7 @@ async def test_mark_succeeded_joins_the_callers_transaction(db: SessionMaker) ->
     assert (row.lifecycle_status, row.status, row.finished_at) == ("running", "processing", None)
 
     async with db.begin() as s:
-        await endings_db.mark_succeeded(s, job_id, owner="run-1")
+        await mark_succeeded(s, job_id, owner="run-1")
     row = await get(db, job_id)
     assert (row.lifecycle_status, row.status, row.progress) == ("succeeded", "completed", 100)
 
@@ -434,7 +434,7 @@ async def test_mark_succeeded_by_another_run_is_a_lock_conflict(db: SessionMaker
     job_id = await running_job(db, "run-1")
     before = await get(db, job_id)
     with pytest.raises(LockConflict):
-        await in_tx(db, lambda s: endings_db.mark_succeeded(s, job_id, owner="run-2"))
+        await in_tx(db, lambda s: mark_succeeded(s, job_id, owner="run-2"))
     with pytest.raises(LockConflict):
         await in_tx(
             db, lambda s: endings_db.mark_failed(s, job_id, "INTERNAL_ERROR", "x", owner="run-2")
@@ -453,7 +453,7 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(db: SessionMak
 
     async def succeed_in_tx(job_id: uuid.UUID, run: str) -> None:
         async with db.begin() as s:
-            await endings_db.mark_succeeded(s, job_id, owner=run)
+            await mark_succeeded(s, job_id, owner=run)
 
     results = await asyncio.gather(
         *(

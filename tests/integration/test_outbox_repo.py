@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from db import outbox as outbox_db
 from db import outbox_admin as outbox_admin_db
+from db import pipeline
 from db import relay as relay_db
 from db.outbox import ENQUEUE, MAX_ATTEMPTS, OutboxRow
 from db.session import SessionMaker
@@ -53,8 +54,7 @@ async def rows(sm: SessionMaker, ids: list[int] | None = None) -> dict[int, Outb
 
 
 async def claim(sm: SessionMaker, owner: str, limit: int) -> list[OutboxRow]:
-    async with sm.begin() as s:
-        return await relay_db.claim_batch(s, owner=owner, limit=limit)
+    return await relay_db.claim(sm, owner=owner, limit=limit)
 
 
 async def make_claimable(sm: SessionMaker, ids: list[int]) -> None:
@@ -97,13 +97,16 @@ async def test_a_claim_skips_rows_another_open_claim_holds(db: SessionMaker) -> 
     """While relay A's claim transaction is still open, relay B gets the other rows at once
     instead of waiting for A's row locks (SKIP LOCKED; lock_timeout turns a wait into an error)."""
     ids = await seed(db, 10)
-    async with db.begin() as a:
-        held = await relay_db.claim_batch(a, owner="relay-a", limit=5)
+    # A's claim is the relay's statement in a transaction left open; B claims as the relay does.
+    async with pipeline.transaction(db) as a:
+        [rows_a] = await a.run([(relay_db.CLAIM, {"lim": 5, "owner": "relay-a"})])
+        held = sorted((OutboxRow(**r) for r in rows_a), key=lambda r: r.id)
         assert [r.id for r in held] == ids[:5]
-        async with db.begin() as b:
-            await b.execute(text("SET LOCAL lock_timeout = '5s'"))
-            other = await relay_db.claim_batch(b, owner="relay-b", limit=5)
+        # A wait for A's row locks would never end while A is open: a timeout turns it into
+        # an error.
+        other = await asyncio.wait_for(claim(db, "relay-b", 5), timeout=5)
         assert [r.id for r in other] == ids[5:]
+        await a.commit()
     assert {r.locked_by for r in (await rows(db)).values()} == {"relay-a", "relay-b"}
 
 

@@ -12,8 +12,6 @@ import pytest
 from sqlalchemy import text
 
 from api.auth import ADMIN_ROLE, Principal
-from db import artifacts as artifacts_db
-from db import endings as endings_db
 from db import lifecycle as lifecycle_db
 from db.jobs import JobFilter
 from db.session import SessionMaker
@@ -23,6 +21,7 @@ from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
 from jobs.views import AdminJobResponse, JobStatusResponse, Owner, TemporalLink
 from jobs.webhooks import event_body
+from tests.integration.engine_helpers import insert_artifacts, mark_succeeded
 
 # What only SUPER_ADMIN may see: never in the public view.
 INTERNAL_KEYS = {f.alias for f in AdminJobResponse.model_fields.values()} - {
@@ -51,9 +50,8 @@ async def succeed(sm: SessionMaker, job_id: uuid.UUID, artifact_ids: list[str]) 
     async with sm.begin() as s:
         await lifecycle_db.lock(s, job_id, owner="run-1", identity="w1", ttl_s=60)
     async with sm.begin() as s:
-        for ordinal, artifact_id in enumerate(artifact_ids):
-            await artifacts_db.insert_artifact(s, job_id, "note", artifact_id, ordinal)
-        await endings_db.mark_succeeded(s, job_id)
+        await insert_artifacts(s, job_id, [("note", a, o) for o, a in enumerate(artifact_ids)])
+        await mark_succeeded(s, job_id)
 
 
 async def status(sm: SessionMaker, job_id: uuid.UUID, viewer: views.Viewer) -> JobStatusResponse:
@@ -211,9 +209,9 @@ async def test_the_one_statement_read_gives_the_view_of_the_whole_row(db: Sessio
     for status_, chunk_count, artifact_ids in states:
         job_id = await insert_job(db, "alice")
         async with db.begin() as s:
-            for ordinal, artifact_id in enumerate(artifact_ids):
-                # Two with one ordinal: (ordinal, id) orders them.
-                await artifacts_db.insert_artifact(s, job_id, "note", artifact_id, ordinal // 2)
+            # Two with one ordinal: (ordinal, id) orders them.
+            notes = [("note", a, o // 2) for o, a in enumerate(artifact_ids)]
+            await insert_artifacts(s, job_id, notes)
             # One legal step at a time (the lifecycle guard): queued -> running -> the end.
             for step in ("running", status_) if status_ != "queued" else ():
                 await s.execute(
