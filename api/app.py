@@ -16,6 +16,7 @@ from api.events import JobEventHub
 from api.metrics import ApiMetrics
 from api.openapi import document_errors, job_type_bodies
 from api.routes import admin, admin_bulk, credentials, events, health, jobs, outbox, usage
+from api.routes import schedules as schedules_routes
 from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
 from db.credentials import active_user_key_id
@@ -82,6 +83,8 @@ def create_app(
     app.include_router(outbox.router)
     app.include_router(credentials.router)
     app.include_router(webhooks_router)
+    app.include_router(schedules_routes.router)
+    app.include_router(schedules_routes.admin_router)
     app.include_router(health.router)
 
     def openapi() -> dict[str, Any]:

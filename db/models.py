@@ -592,3 +592,7 @@ class BulkOperationItem(Base):
     reason: Mapped[str | None] = mapped_column(String(64))
     result_job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     updated_at: Mapped[datetime | None] = mapped_column(TS)
+
+
+# The schedules' tables live in their own module; importing it here registers them on Base.
+from db import models_schedules as _models_schedules  # noqa: E402, F401

@@ -47,6 +47,7 @@ from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
+from runtime.schedules import schedule_activities, schedule_dispatcher
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -60,6 +61,7 @@ from runtime.wiring import (
 )
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
+from workflows.schedule_run import ScheduledRun
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 log = logging.getLogger(__name__)
@@ -169,8 +171,12 @@ def build_workers(
                     task_queue=s.task_queue(q),
                     # RelayWorkflow only so that a run an older version left open can take its
                     # workflow tasks until it is retired (workflows/system.py).
-                    workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
-                    activities=[reconciler.reconcile_once, *bulk.all()],
+                    workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow, ScheduledRun],
+                    activities=[
+                        reconciler.reconcile_once,
+                        *bulk.all(),
+                        *schedule_activities(parts).all(),
+                    ],
                     max_concurrent_activities=8,
                     workflow_runner=sandbox_runner(),
                     interceptors=[PublicFailureInterceptor()],
@@ -228,6 +234,7 @@ async def run_pollers(
     await asyncio.gather(
         supervise("relay", relay.run, stop),
         supervise("webhooks", deliverer.run, stop),
+        supervise("schedules", schedule_dispatcher(client, parts).run, stop),
     )
 
 
