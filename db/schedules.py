@@ -251,3 +251,63 @@ async def purge_done(session: AsyncSession, *, older_than_s: float) -> int:
         {"s": older_than_s},
     )
     return int(r.rowcount)  # type: ignore[attr-defined]
+
+
+# A refused run's event: written already published (it starts nothing; the relay has nothing to
+# do with it), with one delivery per live endpoint of the owner subscribed to its type, in the
+# run's own transaction. The delivery's `job_id` column carries the schedule id.
+_REFUSED_EVENT = text(
+    """
+    WITH ev AS (
+        INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,
+                                  status, attempt_count, available_at, created_at, published_at)
+        VALUES (:type, 'schedule', :sid, :dedupe, :payload, 'published', 0, now(), now(), now())
+        ON CONFLICT (dedupe_key) DO NOTHING
+        RETURNING id, created_at
+    )
+    INSERT INTO webhook_delivery (endpoint_id, user_id, event_id, job_id, webhook_id,
+                                  event_type, occurred_at, status, attempt_count,
+                                  next_attempt_at, created_at)
+    SELECT e.id, e.user_id, ev.id, :sid, 'msg_' || ev.id || '_' || replace(e.id::text, '-', ''),
+           :type, ev.created_at, 'pending', 0, now(), now()
+    FROM ev JOIN webhook_endpoint e ON e.user_id = :u AND e.deleted_at IS NULL
+                                    AND e.event_types ? :type
+    ON CONFLICT (endpoint_id, event_id) DO NOTHING
+    """
+).bindparams(bindparam("payload", type_=JSONB))
+
+
+async def insert_refused_event(
+    session: AsyncSession,
+    *,
+    event_type: str,
+    user_id: str,
+    schedule_id: str,
+    dedupe_key: str,
+    payload: dict[str, Any],
+) -> None:
+    await session.execute(
+        _REFUSED_EVENT,
+        {
+            "type": event_type,
+            "sid": schedule_id,
+            "u": user_id,
+            "dedupe": dedupe_key,
+            "payload": payload,
+        },
+    )
+
+
+async def event_payload(
+    session: AsyncSession, event_id: int, event_type: str
+) -> dict[str, Any] | None:
+    """A schedule event's payload (what its webhook carries as `data`)."""
+    r = await session.execute(
+        text(
+            "SELECT payload FROM outbox_event "
+            "WHERE id = :id AND event_type = :t AND aggregate_type = 'schedule'"
+        ),
+        {"id": event_id, "t": event_type},
+    )
+    value = r.scalar_one_or_none()
+    return dict(value) if isinstance(value, dict) else None

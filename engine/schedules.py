@@ -122,6 +122,9 @@ def check_cron(expr: str) -> str:
             "cron must have five fields (minute hour day-of-month month day-of-week) of numbers,"
             " names, *, ranges, lists and steps."
         )
+    if any(int(n) > 6 for n in re.findall(r"[0-9]+", fields[4].split("/")[0])):
+        # Sunday is 0: 7 is read as Sunday by some cron dialects and refused by others.
+        raise InvalidSpec("cron day-of-week is 0-6 (0 is Sunday) or SUN-SAT.")
     text = " ".join(fields)
     try:
         CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))

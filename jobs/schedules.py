@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from db import jobs as jobs_db
-from db import outbox as outbox_db
 from db import schedules as schedules_db
 from db.schedules import RunRow, ScheduleRow
 from db.session import SessionMaker
+from db.webhooks import DeliveryRow
 from engine.errors import EngineError, ValidationFailed
 from engine.lifecycle import TERMINAL_VALUES
 from engine.schedules import (
@@ -41,6 +43,17 @@ from jobs.views import Viewer, can_see
 
 log = logging.getLogger(__name__)
 RECENT_RUNS = 20
+
+
+async def schedule_event_body(session: AsyncSession, row: DeliveryRow) -> dict[str, Any] | None:
+    """A schedule event's webhook body, `{type, timestamp, data}` as a job event's, with `data`
+    the event's payload (`scheduleId`, `scheduledAt`, `errorCode`); None for any other event."""
+    if row.event_type != RUN_REFUSED:
+        return None
+    data = await schedules_db.event_payload(session, row.event_id, row.event_type)
+    if data is None or data.get("scheduleId") != row.job_id:
+        return None
+    return {"type": row.event_type, "timestamp": iso(row.occurred_at), "data": data}
 
 
 class ScheduleNotFound(EngineError):
@@ -223,11 +236,11 @@ class ScheduleService:
                 s, schedule_id, scheduled_at, job_id=job_id, error_code=code, manual=manual
             )
             if fresh and code is not None:
-                await outbox_db.insert(
+                await schedules_db.insert_refused_event(
                     s,
                     event_type=RUN_REFUSED,
-                    aggregate_type="schedule",
-                    aggregate_id=sid,
+                    user_id=row.user_id,
+                    schedule_id=sid,
                     dedupe_key=f"{RUN_REFUSED}:{sid}:{at}",
                     payload={"scheduleId": sid, "scheduledAt": at, "errorCode": code},
                 )

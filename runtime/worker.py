@@ -165,6 +165,7 @@ def build_workers(
                 ),
                 client,
             )
+            schedules = schedule_activities(parts)
             workers.append(
                 Worker(
                     client,
@@ -172,11 +173,7 @@ def build_workers(
                     # RelayWorkflow only so that a run an older version left open can take its
                     # workflow tasks until it is retired (workflows/system.py).
                     workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow, ScheduledRun],
-                    activities=[
-                        reconciler.reconcile_once,
-                        *bulk.all(),
-                        *schedule_activities(parts).all(),
-                    ],
+                    activities=[reconciler.reconcile_once, *bulk.all(), *schedules.all()],
                     max_concurrent_activities=8,
                     workflow_runner=sandbox_runner(),
                     interceptors=[PublicFailureInterceptor()],

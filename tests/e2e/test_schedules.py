@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,15 +21,19 @@ from sqlalchemy import text
 from temporalio.client import Client, ScheduleOverlapPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
 from engine.schedules import RUN_REFUSED, temporal_schedule_id
+from jobs.credentials import credential_cipher
 from runtime.schedules import schedule_dispatcher
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.stack import INTERACTIVE, Stack, engine_stack
 from tests.support import eventually
+from tests.webhook_helpers import receiver, running, verified_by
 
 BASE = "/api/ai/schedules"
+WEBHOOK_CONFIG = WebhookConfig(allow_private=True, poll_interval_s=0.05, request_timeout_s=3.0)
 
 
 @contextlib.asynccontextmanager
@@ -228,3 +233,37 @@ async def test_runs_of_an_owner_over_quota_are_recorded_as_refused(
                 )
             ).scalar_one()
         assert events >= 2
+
+
+async def test_a_refused_run_is_delivered_as_a_webhook_to_subscribers(
+    db: SessionMaker, env: Any, temporal_client: Client
+) -> None:
+    async with scheduling(env, temporal_client, QUOTA_MAX_JOBS_PER_DAY=1) as (api, st):
+        deliverer = WebhookDeliverer(
+            st.parts.sessionmaker, credential_cipher(st.settings), WEBHOOK_CONFIG
+        )
+        with receiver() as rec:
+            r = await api.http.post(
+                "/api/ai/webhooks",
+                json={"url": rec.url, "eventTypes": [RUN_REFUSED]},
+                headers=api.as_user(),
+            )
+            assert r.status_code == 201, r.text
+            secret = r.json()["secret"]
+            async with running(deliverer):
+                sid = (await create(api, cron="0 3 * * MON", paused=True))["scheduleId"]
+                for _ in range(2):
+                    r = await api.http.post(f"{BASE}/{sid}/trigger", headers=api.as_user())
+                    assert r.status_code == 202
+                    await runs_at_least(api, sid, _ + 1)
+                [req] = await rec.wait_for(1)
+        assert verified_by(secret, req)
+        body = json.loads(req.body)
+        assert body["type"] == RUN_REFUSED
+        assert body["data"] == {
+            "scheduleId": sid,
+            "scheduledAt": body["data"]["scheduledAt"],
+            "errorCode": "QUOTA_EXCEEDED",
+        }
+        runs = (await get(api, sid))["recentRuns"]
+        assert [x["errorCode"] for x in runs] == ["QUOTA_EXCEEDED", None]
