@@ -311,3 +311,15 @@ async def event_payload(
     )
     value = r.scalar_one_or_none()
     return dict(value) if isinstance(value, dict) else None
+
+
+async def ids_after(session: AsyncSession, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:
+    """Schedule ids in id order after `after`: the repair's pages."""
+    r = await session.execute(
+        text(
+            "SELECT id FROM ai_schedule WHERE CAST(:after AS uuid) IS NULL OR id > :after "
+            "ORDER BY id LIMIT :limit"
+        ),
+        {"after": after, "limit": limit},
+    )
+    return [row.id for row in r]

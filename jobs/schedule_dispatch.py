@@ -62,6 +62,8 @@ LEASE_S = 30.0
 BATCH = 20
 # Finished commands are kept this long (for an operator's look), then deleted.
 KEEP_DONE_S = 86_400.0
+# How often a dispatcher checks that every schedule's Temporal schedule exists.
+REPAIR_EVERY_S = 600.0
 
 
 class ScheduleDispatcher:
@@ -178,18 +180,41 @@ class ScheduleDispatcher:
                 task_queue=self._queue,
             )
 
+    async def repair(self, page: int = 100) -> int:
+        """Creates again every Temporal schedule that is missing although its row exists (a
+        Temporal server whose state was lost, a schedule deleted by hand); how many. Runs when
+        the loop starts and then every REPAIR_EVERY_S."""
+        repaired, after = 0, None
+        while True:
+            async with self._sm() as s:
+                ids = await schedules_db.ids_after(s, after, page)
+            for sid in ids:
+                try:
+                    await self._client.get_schedule_handle(self.temporal_id(sid)).describe()
+                except RPCError as exc:
+                    if exc.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    await self._sync(sid)
+                    repaired += 1
+            if len(ids) < page:
+                return repaired
+            after = ids[-1]
+
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop`: dispatch what is due, then wait SCHEDULE_DISPATCH_POLL_S (less when a
-        full batch suggests more). A database blip backs off here; the supervisor has the rest."""
-        purge_every, polls = max(int(3600 / self._poll_s), 1), 0
+        full batch suggests more); repair now and then. A database blip backs off here; the
+        supervisor has the rest."""
+        purge_every, polls = max(int(REPAIR_EVERY_S / self._poll_s), 1), -1
         while not stop.is_set():
             n = 0
             try:
-                n = await self.dispatch()
                 polls += 1
                 if polls % purge_every == 0:
                     async with self._sm.begin() as s:
                         await schedules_db.purge_done(s, older_than_s=KEEP_DONE_S)
+                    if await self.repair():
+                        log.warning("missing Temporal schedules created again")
+                n = await self.dispatch()
             except Exception as exc:
                 log.warning("schedule dispatch failed", extra={"error": type(exc).__name__})
             if n >= BATCH:

@@ -267,3 +267,18 @@ async def test_a_refused_run_is_delivered_as_a_webhook_to_subscribers(
         }
         runs = (await get(api, sid))["recentRuns"]
         assert [x["errorCode"] for x in runs] == ["QUOTA_EXCEEDED", None]
+
+
+async def test_a_lost_temporal_schedule_is_created_again_from_its_row(
+    db: SessionMaker, env: Any, temporal_client: Client
+) -> None:
+    async with scheduling(env, temporal_client) as (api, st):
+        sid = (await create(api, intervalSeconds=3600, paused=True))["scheduleId"]
+        await temporal_schedule(temporal_client, st, sid)
+        handle = temporal_client.get_schedule_handle(
+            temporal_schedule_id(sid, st.settings.task_queue_suffix)
+        )
+        await handle.delete()
+        assert await schedule_dispatcher(temporal_client, st.parts).repair() == 1
+        desc = await temporal_schedule(temporal_client, st, sid)
+        assert desc.schedule.state.paused
