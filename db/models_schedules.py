@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, func, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    Numeric,
+    String,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -28,6 +39,10 @@ class AiSchedule(Base):
     target_type: Mapped[str] = mapped_column(String(64))
     target_id: Mapped[str] = mapped_column(String(128))
     input: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # Passed to each run's create as a job's create takes them (None: the job type's default).
+    priority: Mapped[int | None] = mapped_column(Integer)
+    credential_mode: Mapped[str | None] = mapped_column(String(32))
+    max_cost_usd: Mapped[Decimal | None] = mapped_column(Numeric(18, 8))
     interval_s: Mapped[int | None] = mapped_column(Integer)
     cron: Mapped[str | None] = mapped_column(String(128))
     timezone: Mapped[str] = mapped_column(String(64), server_default=text("'UTC'"))

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -30,6 +31,9 @@ class ScheduleRow:
     target_type: str
     target_id: str
     input: dict[str, Any]
+    priority: int | None
+    credential_mode: str | None
+    max_cost_usd: Decimal | None
     interval_s: int | None
     cron: str | None
     timezone: str
@@ -60,13 +64,15 @@ class CommandRow:
 
 # Statements interpolate only this module's constants; every value is a bind parameter.
 _COLUMNS = (
-    "id, user_id, job_type, target_type, target_id, input, interval_s, cron, timezone, "
-    "overlap, start_at, end_at, paused, created_at, updated_at"
+    "id, user_id, job_type, target_type, target_id, input, priority, credential_mode, "
+    "max_cost_usd, interval_s, cron, timezone, overlap, start_at, end_at, paused, created_at, "
+    "updated_at"
 )
 _INSERT = text(
     f"""
     INSERT INTO ai_schedule ({_COLUMNS})
-    VALUES (:id, :user_id, :job_type, :target_type, :target_id, :input, :interval_s, :cron,
+    VALUES (:id, :user_id, :job_type, :target_type, :target_id, :input, :priority,
+            :credential_mode, :max_cost_usd, :interval_s, :cron,
             :timezone, :overlap, :start_at, :end_at, :paused, now(), now())
     """
 ).bindparams(bindparam("input", type_=JSONB))

@@ -15,6 +15,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -81,6 +82,9 @@ class NewSchedule:
     paused: bool = False
     target_type: str = "schedule"
     target_id: str | None = None
+    priority: int | None = None
+    credential_mode: str | None = None
+    max_cost_usd: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class ScheduleService:
             target_type=new.target_type,
             target_id=target_id,
             input=new.input,
+            priority=new.priority,
+            credential_mode=new.credential_mode,
+            max_cost_usd=new.max_cost_usd,
             interval_s=spec.interval_s,
             cron=spec.cron,
             timezone=spec.timezone,
@@ -167,7 +174,10 @@ class ScheduleService:
             target_type=row.target_type,
             target_id=target_id,
             input=raw,
+            priority=row.priority,
             idempotency_key=key,
+            credential_mode=row.credential_mode,
+            max_cost_usd=row.max_cost_usd,
         )
 
     async def get(self, schedule_id: uuid.UUID, viewer: Viewer) -> ScheduleView:

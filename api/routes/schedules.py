@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response, status
@@ -23,6 +24,7 @@ from api.schemas import (
     MAX_INPUT_BYTES,
     NO_NUL,
     Camel,
+    UsdAmount,
     check_storable_json,
     compact_json_size,
     decode_cursor,
@@ -30,6 +32,7 @@ from api.schemas import (
     storable_text,
 )
 from api.state import AppState
+from engine.definition import CredentialMode
 from engine.schedules import Spec
 from jobs.audit import AuditEntry, AuditLog
 from jobs.schedule_dispatch import ScheduleDispatcher
@@ -60,6 +63,12 @@ class CreateScheduleBody(Camel):
     # What the runs' jobs are about (as a job's create takes them); by default the schedule.
     target_type: str = Field(default="schedule", min_length=1, max_length=64)
     target_id: str | None = Field(default=None, min_length=1, max_length=128)
+    # As a job's create takes them, for each run's job.
+    priority: int | None = Field(default=None, ge=0, le=100, strict=True)
+    credential_mode: CredentialMode | None = None
+    max_cost_usd: Decimal | None = Field(
+        default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
+    )
 
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
@@ -90,6 +99,9 @@ class ScheduleResponse(Camel):
     input: dict[str, Any]
     target_type: str
     target_id: str
+    priority: int | None = None
+    credential_mode: CredentialMode | None = None
+    max_cost_usd: UsdAmount | None = None
     interval_seconds: int | None = None
     cron: str | None = None
     timezone: str
@@ -137,6 +149,9 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         input=r.input,
         target_type=r.target_type,
         target_id=r.target_id,
+        priority=r.priority,
+        credential_mode=r.credential_mode,
+        max_cost_usd=r.max_cost_usd,
         interval_seconds=r.interval_s,
         cron=r.cron,
         timezone=r.timezone,
@@ -179,6 +194,9 @@ async def create_schedule(
             paused=body.paused,
             target_type=body.target_type,
             target_id=body.target_id,
+            priority=body.priority,
+            credential_mode=body.credential_mode,
+            max_cost_usd=body.max_cost_usd,
         )
     )
     await _dispatch(state, row.id)

@@ -28,6 +28,7 @@ from engine.schedules import RUN_REFUSED, temporal_schedule_id
 from jobs.credentials import credential_cipher
 from runtime.schedules import schedule_dispatcher
 from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.job_data import INPUTS
 from tests.stack import INTERACTIVE, Stack, engine_stack
 from tests.support import eventually
 from tests.webhook_helpers import receiver, running, verified_by
@@ -76,8 +77,19 @@ async def runs_at_least(api: Api, sid: str, n: int, timeout: float = 20.0) -> li
 
 
 async def temporal_schedule(client: Client, st: Stack, sid: str) -> Any:
+    """Its Temporal schedule, once the dispatcher has created it (the API's own dispatch may
+    have found the command already claimed by the loop, still at work)."""
     handle = client.get_schedule_handle(temporal_schedule_id(sid, st.settings.task_queue_suffix))
-    return await handle.describe()
+
+    async def described() -> Any:
+        try:
+            return await handle.describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return None
+
+    return await eventually(described, timeout=10, interval=0.1, what=f"schedule {sid}")
 
 
 async def test_a_two_second_schedule_runs_jobs_that_succeed(
@@ -106,7 +118,11 @@ async def test_pause_stops_runs_and_trigger_runs_once_even_while_paused(
         r = await api.http.post(f"{BASE}/{sid}/pause", headers=api.as_user())
         assert r.status_code == 200 and r.json()["paused"] and r.json()["nextRunAt"] is None
         after_pause = len((await get(api, sid))["recentRuns"])
-        assert (await temporal_schedule(temporal_client, st, sid)).schedule.state.paused
+
+        async def paused_in_temporal() -> bool:
+            return bool((await temporal_schedule(temporal_client, st, sid)).schedule.state.paused)
+
+        await eventually(paused_in_temporal, timeout=10, interval=0.1, what="Temporal's pause")
         await asyncio.sleep(5)
         # At most one run already under way when the pause answered may still land.
         assert len((await get(api, sid))["recentRuns"]) <= after_pause + 1
@@ -206,9 +222,13 @@ async def test_delete_removes_the_temporal_schedule(
             await api.http.get(f"{BASE}/{sid}", headers=api.as_user()), 404, "SCHEDULE_NOT_FOUND"
         )
 
+        handle = temporal_client.get_schedule_handle(
+            temporal_schedule_id(sid, st.settings.task_queue_suffix)
+        )
+
         async def gone() -> bool:
             try:
-                await temporal_schedule(temporal_client, st, sid)
+                await handle.describe()
             except RPCError as exc:
                 return exc.status == RPCStatusCode.NOT_FOUND
             return False
@@ -282,3 +302,24 @@ async def test_a_lost_temporal_schedule_is_created_again_from_its_row(
         assert await schedule_dispatcher(temporal_client, st.parts).repair() == 1
         desc = await temporal_schedule(temporal_client, st, sid)
         assert desc.schedule.state.paused
+
+
+async def test_a_run_without_the_owners_key_is_refused_with_its_code(
+    db: SessionMaker, env: Any, temporal_client: Client
+) -> None:
+    async with scheduling(env, temporal_client) as (api, _):
+        sid = (
+            await create(
+                api,
+                jobType="flashcard_generation",
+                input=INPUTS["flashcard_generation"],
+                credentialMode="user_deepseek_key",
+                cron="0 3 * * *",
+                paused=True,
+            )
+        )["scheduleId"]
+        assert (await get(api, sid))["credentialMode"] == "user_deepseek_key"
+        r = await api.http.post(f"{BASE}/{sid}/trigger", headers=api.as_user())
+        assert r.status_code == 202
+        (run,) = await runs_at_least(api, sid, 1)
+        assert run["jobId"] is None and run["errorCode"] == "CREDENTIAL_MISSING"
