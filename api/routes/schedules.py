@@ -8,6 +8,7 @@ if Temporal is away, the `ai-system` dispatcher applies them when it is back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import datetime
@@ -46,6 +47,8 @@ Overlap = Literal["skip", "buffer_one", "allow_all"]
 SCHEDULE_PAUSE = "schedule.pause"
 SCHEDULE_RESUME = "schedule.resume"
 SCHEDULE_LIST = "schedule.list"
+# How long a route waits for Temporal to follow its change before answering anyway.
+DISPATCH_WAIT_S = 3.0
 
 
 class CreateScheduleBody(Camel):
@@ -132,10 +135,14 @@ def _service(state: AppState) -> ScheduleService:
 
 
 async def _dispatch(state: AppState, schedule_id: uuid.UUID) -> None:
-    """Best effort: the committed command is applied by the dispatcher loop if this fails."""
+    """Best effort, at most DISPATCH_WAIT_S: the committed command is applied by the dispatcher
+    loop if this fails or is cut short (a command cut mid-way comes back after its lease, and
+    applying it again changes nothing)."""
     try:
-        client = await state.temporal_client()
-        await ScheduleDispatcher(state.sessionmaker, client, state.settings).dispatch(schedule_id)
+        async with asyncio.timeout(DISPATCH_WAIT_S):
+            client = await state.temporal_client()
+            dispatcher = ScheduleDispatcher(state.sessionmaker, client, state.settings)
+            await dispatcher.dispatch(schedule_id)
     except Exception as exc:
         log.warning("schedule dispatch deferred", extra={"error": type(exc).__name__})
 
@@ -227,7 +234,8 @@ async def list_schedules(
 
 @router.get("/{schedule_id}", response_model=ScheduleResponse, summary="Get one of your schedules")
 async def get_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> ScheduleResponse:
-    return _out(await _service(state).get(schedule_id, Owner(principal.user_id)))
+    # As for a job: the owner and admins see it, anyone else gets 404.
+    return _out(await _service(state).get(schedule_id, principal))
 
 
 async def _set_paused(

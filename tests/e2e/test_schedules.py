@@ -169,6 +169,8 @@ async def test_another_users_schedule_is_not_found_and_admins_see_all(
         assert [x["scheduleId"] for x in mine] == [sid]
         r = await api.http.get("/admin-api/ai/schedules", headers=api.as_admin())
         assert [x["scheduleId"] for x in r.json()["items"]] == [sid]
+        r = await api.http.get(f"{BASE}/{sid}", headers=api.as_admin())
+        assert r.status_code == 200 and r.json()["userId"] == "alice"
         r = await api.http.post(f"/admin-api/ai/schedules/{sid}/pause", headers=api.as_admin())
         assert r.status_code == 200 and r.json()["paused"]
         assert (await api.http.get("/admin-api/ai/schedules", headers=bob)).status_code == 403
