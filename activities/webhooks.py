@@ -38,6 +38,7 @@ from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from db.webhook_deliveries import DeliveryRow
 from engine.errors import EngineError
+from jobs.schedules import schedule_event_body
 from jobs.views import Owner, find_job
 from jobs.webhooks import (
     Resolver,
@@ -260,11 +261,17 @@ class WebhookDeliverer:
     async def _attempt(self, row: DeliveryRow) -> Outcome:
         async with self._sm() as s:
             endpoint = await webhooks_db.get_endpoint(s, row.endpoint_id)
+            # A schedule's event carries its own payload (jobs/schedules.py), not a job.
+            schedule_event = await schedule_event_body(s, row)
             # Read as the endpoint's owner sees it: a webhook carries only its owner's job.
-            job = await find_job(s, uuid.UUID(row.job_id), Owner(row.user_id))
+            job = (
+                None
+                if schedule_event
+                else await find_job(s, uuid.UUID(row.job_id), Owner(row.user_id))
+            )
         if endpoint is None or endpoint.deleted_at is not None:
             return Outcome(False, error="endpoint deleted", dead=True)
-        if job is None:
+        if job is None and schedule_event is None:
             return Outcome(False, error="job not found", dead=True)
         if self._cipher is None:
             return Outcome(False, error="no encryption key is set")
@@ -275,7 +282,7 @@ class WebhookDeliverer:
         except EngineError as exc:
             return Outcome(False, error=exc.code, dead=isinstance(exc, UrlRefused))
         body = json.dumps(
-            event_body(row.event_type, row.occurred_at, job.view()),
+            event_body(row.event_type, row.occurred_at, job.view()) if job else schedule_event,
             separators=(",", ":"),
             ensure_ascii=False,
         ).encode()

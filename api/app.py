@@ -24,6 +24,7 @@ from api.routes import (
     stream_tokens,
     usage,
 )
+from api.routes import schedules as schedules_routes
 from api.routes.job_types import router as job_types_router
 from api.routes.webhooks import router as webhooks_router
 from api.state import AppState
@@ -102,6 +103,8 @@ def create_app(
     app.include_router(outbox.router)
     app.include_router(credentials.router)
     app.include_router(webhooks_router)
+    app.include_router(schedules_routes.router)
+    app.include_router(schedules_routes.admin_router)
     app.include_router(health.router)
     app.include_router(stream_tokens.router)
 

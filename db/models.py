@@ -326,4 +326,10 @@ class UserModelCredential(Base):
 # The other tables' models live by concern beside this module. Imported here, at the end (each
 # needs `Base` above), so that importing db.models registers every table on `Base.metadata`:
 # migrations, the schema check and key rotation read the whole of it.
-from db import models_admin, models_projected, models_provider, models_webhooks  # noqa: E402,F401
+from db import (  # noqa: E402,F401
+    models_admin,
+    models_projected,
+    models_provider,
+    models_schedules,
+    models_webhooks,
+)

@@ -22,9 +22,14 @@ from db.outbox import CANCELLED, COMPLETED, FAILED
 
 # The API validates against this Literal; the tuple is the same values for SQL. A type checker
 # cannot build a Literal from constants, so the import-time check keeps them one fact.
-WebhookEvent = Literal["ai.job.completed", "ai.job.failed", "ai.job.cancelled"]
+WebhookEvent = Literal[
+    "ai.job.completed", "ai.job.failed", "ai.job.cancelled", "ai.schedule.run_refused"
+]
 WEBHOOK_EVENTS: tuple[str, ...] = get_args(WebhookEvent)
-if WEBHOOK_EVENTS != (COMPLETED, FAILED, CANCELLED):
+# The job events, an endpoint's default subscription. A schedule's refused run
+# (jobs/schedules.py) is opt-in, and delivered from its own rows, not by FAN_OUT.
+JOB_EVENTS: tuple[str, ...] = WEBHOOK_EVENTS[:3]
+if JOB_EVENTS != (COMPLETED, FAILED, CANCELLED):
     raise RuntimeError("WebhookEvent must list the outbox's terminal event names")
 
 

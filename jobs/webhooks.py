@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from db import webhooks as webhooks_db
 from db.session import SessionMaker
-from db.webhooks import WEBHOOK_EVENTS, EndpointRow
+from db.webhooks import JOB_EVENTS, EndpointRow
 from engine.errors import (
     CredentialStorageUnavailable,
     EngineError,
@@ -244,7 +244,7 @@ class WebhookService:
         lock so concurrent registrations cannot overshoot it."""
         cipher = self._require_cipher()
         await check_url(url, allow_private=self._allow_private, resolve=self._resolve)
-        types = list(dict.fromkeys(event_types)) if event_types else list(WEBHOOK_EVENTS)
+        types = list(dict.fromkeys(event_types)) if event_types else list(JOB_EVENTS)
         endpoint_id = uuid.uuid4()
         secret = new_secret()
         key_id, blob = cipher.encrypt(secret, aad=endpoint_aad(endpoint_id))

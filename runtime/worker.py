@@ -48,6 +48,7 @@ from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
+from runtime.schedules import schedule_activities, schedule_dispatcher
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -61,6 +62,7 @@ from runtime.wiring import (
 )
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
+from workflows.schedule_run import ScheduledRun
 from workflows.system import ReconcilerWorkflow, RelayWorkflow
 
 log = logging.getLogger(__name__)
@@ -153,8 +155,8 @@ def _system_worker(client: Client, parts: Parts) -> Worker:
         task_queue=s.task_queue(SYSTEM_QUEUE),
         # RelayWorkflow only so that a run an older version left open can take its workflow
         # tasks until it is retired (workflows/system.py).
-        workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
-        activities=[reconciler.reconcile_once, *bulk.all()],
+        workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow, ScheduledRun],
+        activities=[reconciler.reconcile_once, *bulk.all(), *schedule_activities(parts).all()],
         max_concurrent_activities=8,
         workflow_runner=sandbox_runner(),
         interceptors=[PublicFailureInterceptor()],
@@ -243,6 +245,7 @@ async def run_pollers(
     await asyncio.gather(
         supervise("relay", relay.run, stop),
         supervise("webhooks", deliverer.run, stop),
+        supervise("schedules", schedule_dispatcher(client, parts).run, stop),
     )
 
 

@@ -29,9 +29,10 @@ BUDGET_S = 120.0  # a hang guard: about 40 s on a quiet 2-core machine with the 
 # another body or a credential mode without a stored key (a create, or an admin retry of a job
 # whose owner has no key left), a webhook URL that is not http(s), a usage range whose `from` is
 # after its `to` or more than 366 days before it, a `maxCostUsd` with more than 8 decimal places
-# (a quote checks a body as a create does; the schema does not state the places).
+# (a quote checks a body as a create does; the schema does not state the places), a schedule's
+# cron, time zone or interval (exactly one of the two) that the server cannot read.
 PAGED_OR_STATEFUL = (
-    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit|usage)"
+    r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit|usage|schedules)"
     r"(/\{jobId\}/(artifacts|retry)|/quote)?$"
 )
 CONFIG = f"""

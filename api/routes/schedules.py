@@ -1,0 +1,326 @@
+"""Recurring jobs: a user's own schedules (/api/ai/schedules) and the admins' view of everyone's
+(/admin-api/ai/schedules). See docs/schedules.md.
+
+Every change commits the row and its command to Temporal together (jobs/schedules.py); the
+route then dispatches that schedule's commands at once (jobs/schedule_dispatch.py), best effort:
+if Temporal is away, the `ai-system` dispatcher applies them when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response, status
+from pydantic import AwareDatetime, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from api.cursors import CURSOR_PATTERN
+from api.deps import Admin, State, User
+from api.schemas import (
+    MAX_INPUT_BYTES,
+    NO_NUL,
+    Camel,
+    UsdAmount,
+    check_storable_json,
+    compact_json_size,
+    decode_cursor,
+    encode_cursor,
+    storable_text,
+)
+from api.state import AppState
+from engine.definition import CredentialMode
+from engine.schedules import Spec
+from jobs.audit import AuditEntry, AuditLog
+from jobs.schedule_dispatch import ScheduleDispatcher
+from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
+from jobs.views import Owner
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/api/ai/schedules", tags=["schedules"])
+admin_router = APIRouter(prefix="/admin-api/ai/schedules", tags=["admin"])
+Overlap = Literal["skip", "buffer_one", "allow_all"]
+SCHEDULE_PAUSE = "schedule.pause"
+SCHEDULE_RESUME = "schedule.resume"
+SCHEDULE_LIST = "schedule.list"
+# How long a route waits for Temporal to follow its change before answering anyway.
+DISPATCH_WAIT_S = 3.0
+
+
+class CreateScheduleBody(Camel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    job_type: str = Field(min_length=1, max_length=64)
+    input: dict[str, Any] = Field(default_factory=dict)
+    interval_seconds: int | None = Field(default=None, ge=1, le=31_622_400, strict=True)
+    cron: str | None = Field(default=None, min_length=1, max_length=128)
+    timezone: str = Field(default="UTC", min_length=1, max_length=64)
+    overlap: Overlap = "skip"
+    start_at: AwareDatetime | None = None
+    end_at: AwareDatetime | None = None
+    paused: bool = Field(default=False, strict=True)
+    # What the runs' jobs are about (as a job's create takes them); by default the schedule.
+    target_type: str = Field(default="schedule", min_length=1, max_length=64)
+    target_id: str | None = Field(default=None, min_length=1, max_length=128)
+    # As a job's create takes them, for each run's job.
+    priority: int | None = Field(default=None, ge=0, le=100, strict=True)
+    credential_mode: CredentialMode | None = None
+    max_cost_usd: Decimal | None = Field(
+        default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
+    )
+
+    @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
+    @classmethod
+    def _storable_str(cls, v: str | None) -> str | None:
+        if v is not None and not storable_text(v):
+            raise ValueError("must not contain NUL characters or unpaired surrogates")
+        return v
+
+    @field_validator("input")
+    @classmethod
+    def _storable_input(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_storable_json(v)
+        if compact_json_size(v) > MAX_INPUT_BYTES:
+            raise ValueError(f"must not exceed {MAX_INPUT_BYTES} bytes as compact JSON")
+        return v
+
+
+class ScheduleRunOut(Camel):
+    scheduled_at: datetime
+    job_id: uuid.UUID | None = None
+    error_code: str | None = None
+
+
+class ScheduleResponse(Camel):
+    schedule_id: uuid.UUID
+    user_id: str
+    job_type: str
+    input: dict[str, Any]
+    target_type: str
+    target_id: str
+    priority: int | None = None
+    credential_mode: CredentialMode | None = None
+    max_cost_usd: UsdAmount | None = None
+    interval_seconds: int | None = None
+    cron: str | None = None
+    timezone: str
+    overlap: Overlap
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    paused: bool
+    next_run_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    recent_runs: list[ScheduleRunOut] = Field(default_factory=list)
+
+
+class SchedulePage(Camel):
+    items: list[ScheduleResponse]
+    next_cursor: str | None = None
+
+
+class TriggerResponse(Camel):
+    schedule_id: uuid.UUID
+    scheduled_at: datetime
+
+
+def _service(state: AppState) -> ScheduleService:
+    return ScheduleService(
+        state.sessionmaker, state.jobs, SchedulePolicy.from_settings(state.settings)
+    )
+
+
+async def _dispatch(state: AppState, schedule_id: uuid.UUID) -> None:
+    """Best effort, at most DISPATCH_WAIT_S: the committed command is applied by the dispatcher
+    loop if this fails or is cut short (a command cut mid-way comes back after its lease, and
+    applying it again changes nothing)."""
+    try:
+        async with asyncio.timeout(DISPATCH_WAIT_S):
+            client = await state.temporal_client()
+            dispatcher = ScheduleDispatcher(state.sessionmaker, client, state.settings)
+            await dispatcher.dispatch(schedule_id)
+    except Exception as exc:
+        log.warning("schedule dispatch deferred", extra={"error": type(exc).__name__})
+
+
+def _out(view: ScheduleView) -> ScheduleResponse:
+    r = view.row
+    return ScheduleResponse(
+        schedule_id=r.id,
+        user_id=r.user_id,
+        job_type=r.job_type,
+        input=r.input,
+        target_type=r.target_type,
+        target_id=r.target_id,
+        priority=r.priority,
+        credential_mode=r.credential_mode,
+        max_cost_usd=r.max_cost_usd,
+        interval_seconds=r.interval_s,
+        cron=r.cron,
+        timezone=r.timezone,
+        overlap=r.overlap,
+        start_at=r.start_at,
+        end_at=r.end_at,
+        paused=r.paused,
+        next_run_at=view.next_run_at,
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+        recent_runs=[
+            ScheduleRunOut(scheduled_at=x.scheduled_at, job_id=x.job_id, error_code=x.error_code)
+            for x in view.recent_runs
+        ],
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ScheduleResponse,
+    summary="Create a recurring job",
+    description=(
+        "Runs a job of `jobType` with `input` every `intervalSeconds` or on a five-field `cron` "
+        "in `timezone` (IANA, default UTC). `overlap` (default `skip`) says what a fire does "
+        "while the previous run's job is still running. Quotas and budgets are checked at each "
+        "run, not here; a refused run is listed in `recentRuns` with its code."
+    ),
+)
+async def create_schedule(
+    body: CreateScheduleBody, state: State, principal: User, response: Response
+) -> ScheduleResponse:
+    row = await _service(state).create(
+        NewSchedule(
+            user_id=principal.user_id,
+            job_type=body.job_type,
+            input=body.input,
+            spec=Spec(body.interval_seconds, body.cron, body.timezone, body.start_at, body.end_at),
+            overlap=body.overlap,
+            paused=body.paused,
+            target_type=body.target_type,
+            target_id=body.target_id,
+            priority=body.priority,
+            credential_mode=body.credential_mode,
+            max_cost_usd=body.max_cost_usd,
+        )
+    )
+    await _dispatch(state, row.id)
+    response.headers["Location"] = f"/api/ai/schedules/{row.id}"
+    return _out(ScheduleView(row, next_run_at(row), []))
+
+
+async def _page(
+    state: AppState, user_id: str | None, cursor: str | None, limit: int
+) -> SchedulePage:
+    rows = await _service(state).page(user_id, decode_cursor(cursor), limit)
+    items = [_out(ScheduleView(r, next_run_at(r), [])) for r in rows]
+    last = rows[-1] if len(rows) == limit else None
+    return SchedulePage(
+        items=items, next_cursor=encode_cursor((last.created_at, last.id)) if last else None
+    )
+
+
+@router.get("", response_model=SchedulePage, summary="List your schedules, newest first")
+async def list_schedules(
+    state: State,
+    principal: User,
+    cursor: Annotated[str | None, Query(max_length=200, pattern=CURSOR_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> SchedulePage:
+    return await _page(state, principal.user_id, cursor, limit)
+
+
+@router.get("/{schedule_id}", response_model=ScheduleResponse, summary="Get one of your schedules")
+async def get_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> ScheduleResponse:
+    # As for a job: the owner and admins see it, anyone else gets 404.
+    return _out(await _service(state).get(schedule_id, principal))
+
+
+async def _set_paused(
+    state: AppState, schedule_id: uuid.UUID, viewer: Owner, paused: bool
+) -> ScheduleResponse:
+    svc = _service(state)
+    await svc.set_paused(schedule_id, viewer, paused)
+    await _dispatch(state, schedule_id)
+    return _out(await svc.get(schedule_id, viewer))
+
+
+@router.post("/{schedule_id}/pause", response_model=ScheduleResponse, summary="Pause")
+async def pause_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> ScheduleResponse:
+    return await _set_paused(state, schedule_id, Owner(principal.user_id), True)
+
+
+@router.post("/{schedule_id}/resume", response_model=ScheduleResponse, summary="Resume")
+async def resume_schedule(
+    schedule_id: uuid.UUID, state: State, principal: User
+) -> ScheduleResponse:
+    return await _set_paused(state, schedule_id, Owner(principal.user_id), False)
+
+
+@router.post(
+    "/{schedule_id}/trigger",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=TriggerResponse,
+    summary="Run once now (even while paused)",
+)
+async def trigger_schedule(
+    schedule_id: uuid.UUID, state: State, principal: User
+) -> TriggerResponse:
+    at = await _service(state).trigger(schedule_id, Owner(principal.user_id))
+    await _dispatch(state, schedule_id)
+    return TriggerResponse(schedule_id=schedule_id, scheduled_at=at)
+
+
+@router.delete(
+    "/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a schedule"
+)
+async def delete_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> Response:
+    await _service(state).delete(schedule_id, Owner(principal.user_id))
+    await _dispatch(state, schedule_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+# ---- admins ---------------------------------------------------------------------------------
+
+
+@admin_router.get("", response_model=SchedulePage, summary="List all schedules, newest first")
+async def admin_list_schedules(
+    state: State,
+    admin: Admin,
+    user_id: Annotated[str | None, Query(alias="userId", max_length=128, pattern=NO_NUL)] = None,
+    cursor: Annotated[str | None, Query(max_length=200, pattern=CURSOR_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> SchedulePage:
+    page = await _page(state, user_id, cursor, limit)
+    await AuditLog(state.sessionmaker).record(
+        AuditEntry(admin.user_id, SCHEDULE_LIST, "schedule", None), "ok", count=len(page.items)
+    )
+    return page
+
+
+async def _admin_set_paused(
+    state: AppState, schedule_id: uuid.UUID, actor: str, paused: bool
+) -> ScheduleResponse:
+    action = SCHEDULE_PAUSE if paused else SCHEDULE_RESUME
+    audit = AuditLog(state.sessionmaker)
+    entry = AuditEntry(actor, action, "schedule", str(schedule_id))
+    async with audit.refusals(entry):
+        out = await _set_paused(state, schedule_id, Owner(actor, is_admin=True), paused)
+    await audit.record(entry, "ok")
+    return out
+
+
+@admin_router.post("/{schedule_id}/pause", response_model=ScheduleResponse, summary="Pause any")
+async def admin_pause_schedule(
+    schedule_id: uuid.UUID, state: State, admin: Admin
+) -> ScheduleResponse:
+    return await _admin_set_paused(state, schedule_id, admin.user_id, True)
+
+
+@admin_router.post("/{schedule_id}/resume", response_model=ScheduleResponse, summary="Resume any")
+async def admin_resume_schedule(
+    schedule_id: uuid.UUID, state: State, admin: Admin
+) -> ScheduleResponse:
+    return await _admin_set_paused(state, schedule_id, admin.user_id, False)

@@ -1,0 +1,93 @@
+"""SQLAlchemy models of recurring jobs: the schedule (the source of truth for its owner, input
+and spec), its recorded runs, and its commands to Temporal (the schedule's outbox).
+
+Imported by db/models.py so that `Base.metadata` holds every table; the migration
+`0015_schedules` is the schema, a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    Numeric,
+    String,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from db.models import TS, Base
+
+
+class AiSchedule(Base):
+    __tablename__ = "ai_schedule"
+    __table_args__ = (Index("ix_ai_schedule_user_created", "user_id", "created_at", "id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    job_type: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(64))
+    target_id: Mapped[str] = mapped_column(String(128))
+    input: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # Passed to each run's create as a job's create takes them (None: the job type's default).
+    priority: Mapped[int | None] = mapped_column(Integer)
+    credential_mode: Mapped[str | None] = mapped_column(String(32))
+    max_cost_usd: Mapped[Decimal | None] = mapped_column(Numeric(18, 8))
+    interval_s: Mapped[int | None] = mapped_column(Integer)
+    cron: Mapped[str | None] = mapped_column(String(128))
+    timezone: Mapped[str] = mapped_column(String(64), server_default=text("'UTC'"))
+    overlap: Mapped[str] = mapped_column(String(16), server_default=text("'skip'"))
+    start_at: Mapped[datetime | None] = mapped_column(TS)
+    end_at: Mapped[datetime | None] = mapped_column(TS)
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiScheduleRun(Base):
+    """One row per run (a fire or a trigger): the job it created, or the create's error code."""
+
+    __tablename__ = "ai_schedule_run"
+
+    schedule_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_schedule.id", ondelete="CASCADE"), primary_key=True
+    )
+    scheduled_at: Mapped[datetime] = mapped_column(TS, primary_key=True)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    manual: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+
+
+class AiScheduleCommand(Base):
+    """What Temporal must be told about a schedule: `sync` (make the Temporal schedule match the
+    row, or delete it when the row is gone) or `trigger` (start one run at `run_at`). Written in
+    the transaction that changes the row; no foreign key, so a delete's command outlives it."""
+
+    __tablename__ = "ai_schedule_command"
+    __table_args__ = (
+        Index(
+            "ix_ai_schedule_command_due", "available_at", postgresql_where=text("done_at IS NULL")
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    command: Mapped[str] = mapped_column(String(16))
+    run_at: Mapped[datetime | None] = mapped_column(TS)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    available_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    locked_until: Mapped[datetime | None] = mapped_column(TS)
+    done_at: Mapped[datetime | None] = mapped_column(TS)
+    last_error: Mapped[str | None] = mapped_column(String(300))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
