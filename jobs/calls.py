@@ -103,12 +103,16 @@ async def call(
     beat_interval_s: float,
     still_ours: Callable[[], Awaitable[bool]],
     check_every_s: float,
+    check_first: bool = False,
 ) -> ProviderResponse:
     """The provider call under `timeout_s`. `beat` runs every `beat_interval_s` on its own
     clock (a call that ends first costs none, and a slow database can never starve it); a
     separate task asks `still_ours` every `check_every_s` (extending the job's lock) and aborts
     the call with `SelfCancelled` when it answers False. A lost check is survivable (the lock's
-    TTL has slack)."""
+    TTL has slack). `check_first`: ask `still_ours` once before the request is sent (an attempt
+    that may have been taken over by now); False: `SelfCancelled`, nothing sent."""
+    if check_first and not await still_ours():
+        raise SelfCancelled()
     pending = asyncio.ensure_future(provider.generate(req))
     self_cancelled = False
 
@@ -164,9 +168,16 @@ class Called:
     model_out: BaseModel | None = None  # the same, as the projector takes it
 
     def usage(
-        self, row: JobRow, attempt: int, chunk_no: int | None, error_code: str | None
+        self,
+        row: JobRow,
+        attempt: int,
+        chunk_no: int | None,
+        error_code: str | None,
+        *,
+        call_no: int | None = None,
     ) -> UsageRow:
-        """The call's ai_usage_log row."""
+        """The call's ai_usage_log row; `call_no` (its take's number) makes it the one row of
+        this call, however often it is written."""
         r = self.response
         return UsageRow(
             job_id=row.id,
@@ -182,6 +193,7 @@ class Called:
             latency_ms=self.latency_ms,
             error_code=error_code,
             chunk_no=chunk_no,
+            call_no=call_no,
         )
 
 
