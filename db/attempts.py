@@ -79,15 +79,16 @@ _EXTEND_OWN = text(
     RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
     """
 )
-# A chunk's attempt's check: the workflow holds the running job and the chunk is still running
-# this attempt.
+# A chunk's attempt's check: the workflow holds the running job and the chunk's latest attempt
+# is still this one (not its status: a taken-over attempt's failure may have marked it `failed`
+# while its successor runs).
 _EXTEND_CHUNK = text(
     """
     UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl), updated_at = now()
     WHERE id = :id AND lifecycle_status = 'running'
       AND split_part(locked_by, '/', 1) = :owner
       AND EXISTS (SELECT 1 FROM ai_job_chunk c WHERE c.job_id = :id AND c.chunk_no = :n
-                  AND c.attempt_count = :a AND c.status = 'running')
+                  AND c.attempt_count = :a)
     RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
     """
 )

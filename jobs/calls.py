@@ -110,8 +110,10 @@ async def call(
     separate task asks `still_ours` every `check_every_s` (extending the job's lock) and aborts
     the call with `SelfCancelled` when it answers False. A lost check is survivable (the lock's
     TTL has slack). `check_first`: ask `still_ours` once before the request is sent (an attempt
-    that may have been taken over by now); False: `SelfCancelled`, nothing sent."""
-    if check_first and not await still_ours():
+    that may have been taken over by now); False: `SelfCancelled`, nothing sent. That check is
+    bounded like the others: a database that does not answer in time is no answer, and the
+    checks during the call go on."""
+    if check_first and not await _ours_or_unknown(still_ours, check_every_s):
         raise SelfCancelled()
     pending = asyncio.ensure_future(provider.generate(req))
     self_cancelled = False
@@ -147,6 +149,13 @@ async def call(
             h.cancel()
         if not pending.done():
             pending.cancel()
+
+
+async def _ours_or_unknown(still_ours: Callable[[], Awaitable[bool]], within_s: float) -> bool:
+    try:
+        return await asyncio.wait_for(still_ours(), timeout=within_s)
+    except Exception:
+        return True
 
 
 def _current_task_cancelling() -> bool:
