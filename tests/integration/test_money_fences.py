@@ -15,13 +15,14 @@ import pytest
 from sqlalchemy import text
 
 from db import attempts as attempts_db
+from db import credentials as credentials_db
 from db import endings as endings_db
 from db import lifecycle as lifecycle_db
 from db import usage as usage_db
 from db.attempts import Settlement
 from db.session import SessionMaker
 from db.usage import UsageRow
-from engine.errors import QuotaExceeded, public_message_for
+from engine.errors import JobNotRetryable, QuotaExceeded, public_message_for
 from jobs import attempt_start, calls
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
@@ -110,6 +111,48 @@ async def test_a_retry_counts_against_the_owners_job_quota(db: SessionMaker) -> 
         await svc.retry(original)
     # Another user's quota is not the owner's: the retry is the owner's job.
     assert (await svc.retry(original, override_budget=True)).created
+
+
+async def test_a_retry_keeps_the_originals_own_key_not_the_newest(db: SessionMaker) -> None:
+    svc = JobService(
+        db, default_catalog(), PRICED, credential_lookup=credentials_db.active_user_key_id
+    )
+    async with db.begin() as s:
+        keys = [
+            await credentials_db.add(
+                s, user_id="keyed", provider="deepseek", key_id="k1", ciphertext=b"x", key_hint=h
+            )
+            for h in ("...aaaa", "...bbbb", "...cccc")
+        ]
+    own, _newer, revoked_later = keys
+
+    async def failed_with(key: uuid.UUID) -> uuid.UUID:
+        job = (
+            await svc.create(
+                CreateJobRequest(
+                    user_id="keyed",
+                    job_type="quiz_generation",
+                    target_type="test",
+                    target_id="t1",
+                    input=QUIZ,
+                    credential_mode="user_deepseek_key",
+                    credential_id=key,
+                )
+            )
+        ).job
+        async with db.begin() as s:
+            await lifecycle_db.lock(s, job.id, owner=f"w-{job.id}", identity="t", ttl_s=60)
+            await endings_db.mark_failed(s, job.id, "TIMEOUT", public_message_for("TIMEOUT"), "t")
+        return job.id
+
+    first = await failed_with(own.id)
+    retried = (await svc.retry(first)).job
+    assert (retried.credential_mode, retried.credential_id) == ("user_deepseek_key", own.id)
+    second = await failed_with(revoked_later.id)
+    async with db.begin() as s:
+        assert await credentials_db.revoke(s, "keyed", revoked_later.id)
+    with pytest.raises(JobNotRetryable):
+        await svc.retry(second)
 
 
 # ---- usage rows: one identity each -----------------------------------------------------------
@@ -228,7 +271,7 @@ async def test_a_taken_over_attempt_neither_calls_nor_stores_its_answer(db: Sess
             return await attempt_start.holds(db, st.fence, ttl_s=60)
 
         return await calls.call(
-            provider,  # type: ignore[arg-type]
+            provider,
             None,  # type: ignore[arg-type]
             timeout_s=5,
             beat=lambda: None,
