@@ -60,8 +60,6 @@ class BulkBody(Camel):
     created_from: IsoDateTime | None = None
     created_to: IsoDateTime | None = None
     dry_run: bool = False
-    # A bulk retry only: create the retries even past their owners' quotas and cost budgets.
-    override_budget: bool = False
 
     def job_filter(self) -> JobFilter:
         return JobFilter(
@@ -79,6 +77,13 @@ class BulkBody(Camel):
         return self.model_dump(
             mode="json", by_alias=True, exclude_none=True, exclude={"dry_run", "override_budget"}
         )
+
+
+class BulkRetryBody(BulkBody):
+    """A bulk retry's body: the filters, plus the admin's budget override (the retries are
+    created even past their owners' quotas and cost budgets)."""
+
+    override_budget: bool = False
 
 
 class BulkPreviewResponse(Camel):
@@ -192,8 +197,6 @@ async def _submit(
 ) -> JSONResponse:
     if key is not None and not _KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
-    if body.override_budget and action != "retry":
-        raise ValidationFailed("overrideBudget applies to a bulk retry only.")
     bulk = _bulk(state)
     f = body.job_filter()
     if body.dry_run:
@@ -209,7 +212,7 @@ async def _submit(
         f,
         body.filter_json(),
         idempotency_key=key,
-        override_budget=body.override_budget,
+        override_budget=isinstance(body, BulkRetryBody) and body.override_budget,
     )
     op = submitted.operation
     return JSONResponse(
@@ -275,7 +278,7 @@ async def bulk_cancel(
     "`overrideBudget: true` (recorded on the operation's audit entry).",
 )
 async def bulk_retry(
-    body: BulkBody,
+    body: BulkRetryBody,
     state: State,
     admin: Admin,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
