@@ -5,7 +5,8 @@ A page is at most `page_size` items and at most `jobs_per_second` of them per se
 retry of thousands of failed jobs enters the job queues as a steady trickle instead of a wave.
 The activity heartbeats before every item: a page whose worker died is retried within the
 heartbeat timeout, and its retry skips the items already settled (each item leaves `pending`
-once, in the transaction that acts on its job).
+once, in the transaction that acts on its job). A bulk retry's items the owners' quotas or
+budgets refuse are settled `refused` here (jobs/bulk.py), unless the operation overrides them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class BulkActivities:
         )
         more = len(items) > inp.page_size
         items = items[: inp.page_size]
+        # A bulk retry's budget override is the operation's, stored with it (not an input).
+        override = inp.action == "retry" and await self._bulk.override_budget(operation_id)
         loop = asyncio.get_running_loop()
         interval = 1.0 / inp.jobs_per_second
         start = loop.time()
@@ -58,7 +61,11 @@ class BulkActivities:
                 await asyncio.sleep(delay)
             activity.heartbeat(item.ordinal)
             await self._bulk.act(
-                operation_id, inp.action, item, cancel_workflow=self._cancel_workflow
+                operation_id,
+                inp.action,
+                item,
+                cancel_workflow=self._cancel_workflow,
+                override_budget=override,
             )
         return BulkPageResult(
             last_ordinal=items[-1].ordinal if items else inp.after_ordinal,

@@ -46,7 +46,6 @@ from activities.heartbeat import beat_interval_s, db_retry, heartbeating
 from activities.project import log_completed
 from activities.telemetry import observe_call, retry_follows, seconds_since
 from db import attempts as attempts_db
-from db import lifecycle as lifecycle_db
 from db.attempts import Settlement
 from db.chunks import ChunkRow
 from db.jobs import JobRow
@@ -129,6 +128,9 @@ class _Attempt:
         self.ticket = Ticket()  # what admission granted, not yet settled
         self.chunk_no = inp.chunk_no
         self.chunk: ChunkRow | None = None  # read (and locked) by the first transaction
+        self.started: attempt_start.Started | None = None  # its fence and call number
+        self.call_no: int | None = None  # the call's number: its usage row's identity
+        self.began = time.monotonic()
 
     # ---- the first transaction ---------------------------------------------------------
 
@@ -172,7 +174,7 @@ class _Attempt:
                 return Begun(ended=got.status)
             if isinstance(got, attempt_start.Reused):
                 return Begun(reuse_hash=got.output_hash)
-            self.chunk = got.chunk
+            self.chunk, self.started, self.call_no = got.chunk, got, got.call_no
             return Begun(started=got)
 
     # ---- the steps after it ------------------------------------------------------------
@@ -318,13 +320,13 @@ class _Attempt:
         """`jobs/calls.py` `call` with this attempt's heartbeat and lock extension: the SQL
         lock is extended every `extend_every_s`, and the call aborted when SQL says the job was
         cancelled or is no longer ours."""
-        d, job_id, owner = self._d, self.job_id, self.owner
+        d, started = self._d, self.started
+        assert started is not None and started.fence is not None  # a call follows a take
+        fence = started.fence
         ttl_s, extend_every_s = d.lock_policy(request.job_type)
 
         async def still_ours() -> bool:
-            async with d.sessionmaker.begin() as s:
-                ext = await lifecycle_db.extend_lock(s, job_id, owner=owner, ttl_s=ttl_s)
-            return ext.extended and not ext.cancel_requested
+            return await attempt_start.holds(d.sessionmaker, fence, ttl_s=ttl_s)
 
         return await calls.call(
             provider,
@@ -334,6 +336,9 @@ class _Attempt:
             beat_interval_s=beat_interval_s(),
             still_ours=still_ours,
             check_every_s=extend_every_s,
+            check_first=attempt_start.may_be_taken_over(
+                activity.info().heartbeat_timeout, time.monotonic() - self.began
+            ),
         )
 
     # ---- a failed call -----------------------------------------------------------------
@@ -375,7 +380,7 @@ class _Attempt:
         """The failed attempt's usage row and bookkeeping, and what the failure tells the job's
         gate and its provider limits, in one transaction (heartbeating: a slow database is not
         a dead worker). `asked`: the provider was asked (else the reserved tokens go back)."""
-        usage = called.usage(row, self.number, self.chunk_no, failure.code)
+        usage = called.usage(row, self.number, self.chunk_no, failure.code, call_no=self.call_no)
         response = called.response
         async with heartbeating(), self._d.sessionmaker.begin() as s:
             await calls.record_failure(
@@ -404,7 +409,7 @@ class _Attempt:
         out, model_out, response = called.out, called.model_out, called.response
         assert out is not None and model_out is not None and response is not None
         st = Settlement(
-            usage=called.usage(row, self.number, self.chunk_no, None),
+            usage=called.usage(row, self.number, self.chunk_no, None, call_no=self.call_no),
             gate=self.ticket.gate,
             limits=self.ticket.limit_settle(
                 response, called=True, max_block_s=self._cfg.retry_after_max_s
@@ -416,6 +421,7 @@ class _Attempt:
             output=out,
             output_hash=output_hash(out),
             chunk_no=self.chunk_no,
+            token=self.started.fence.token if self.started and self.started.fence else None,
         )
         async with heartbeating():
             if self.inp.project_in_slot and self.chunk_no is None:  # a run recorded before

@@ -77,6 +77,15 @@ class CancelResponse(JobStatusResponse):
     cancel_outcome: Literal["cancelled", "cancel_requested"]
 
 
+class RetryBody(Camel):
+    """An admin retry's optional body. `overrideBudget`: create the retry even past the owner's
+    quotas and cost budgets (recorded on the audit entry); without it a retry is refused as
+    the owner's create would be."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    override_budget: bool = False
+
+
 class RetriedJobResponse(JobStatusResponse):
     retried_from_job_id: uuid.UUID
 

@@ -8,6 +8,17 @@ The statements are the repositories' own (`db/lifecycle.py` LOCK and SETTLE_ATTE
 `db/provider_limits.py` `settle_statements`) and a chunk's settlement (defined here), sent
 through `db/pipeline.py`, which stays private to `db/`: the stage and its use cases see only
 these functions and their results.
+
+Attempts are fenced. Each attempt takes the job's lock under its own token (`owner_token`:
+workflow id / run id / the attempt's tag and worker), and its one-call settlement and its lock
+checks (`extend`) require that exact token: an attempt whose lock a later attempt took over
+(Temporal gave up on it, its worker froze) cannot store an answer, and its check before a call
+says no. A long source's chunks run concurrently under one workflow, so their calls are fenced
+by their chunk's attempt instead: the chunk's `attempt_count` (raised by each attempt's start,
+under the chunk's row lock) must still be this attempt's. Each take also numbers the call it
+allows (`ai_job.call_seq`): the usage row's identity (job, attempt, chunk, call) is unique and
+its insert does nothing on a repeat, so a settlement retried after a commit whose answer was
+lost never charges a call twice.
 """
 
 from __future__ import annotations
@@ -35,11 +46,70 @@ from db.usage import UsageRow
 
 @dataclass(frozen=True)
 class TakenJob:
-    """What `take` read once the job was this owner's: the row and its unexpired snapshot
-    (None once expired or never stored)."""
+    """What `take` read once the job was this owner's: the row, its unexpired snapshot (None
+    once expired or never stored) and the number of the call this attempt may make."""
 
     row: JobRow
     snapshot: dict[str, Any] | None
+    call_no: int | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Whose attempt holds the job: the workflow (`owner`), the attempt's full lock `token`,
+    and for a chunk's call the chunk and the attempt number its row must still carry."""
+
+    job_id: uuid.UUID
+    owner: str
+    token: str
+    attempt: int
+    chunk_no: int | None = None
+
+
+# The attempt's call numbered, in the take's round trip: only the lock's new holder raises it.
+_NEXT_CALL = text(
+    "UPDATE ai_job SET call_seq = call_seq + 1 WHERE id = :id AND locked_by = :token "
+    "RETURNING call_seq"
+)
+# A one-call attempt's check: its own token still holds the running job (the lock extended).
+_EXTEND_OWN = text(
+    """
+    UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl), updated_at = now()
+    WHERE id = :id AND lifecycle_status = 'running' AND locked_by = :token
+    RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
+    """
+)
+# A chunk's attempt's check: the workflow holds the running job and the chunk's latest attempt
+# is still this one (not its status: a taken-over attempt's failure may have marked it `failed`
+# while its successor runs).
+_EXTEND_CHUNK = text(
+    """
+    UPDATE ai_job SET lock_until = now() + make_interval(secs => :ttl), updated_at = now()
+    WHERE id = :id AND lifecycle_status = 'running'
+      AND split_part(locked_by, '/', 1) = :owner
+      AND EXISTS (SELECT 1 FROM ai_job_chunk c WHERE c.job_id = :id AND c.chunk_no = :n
+                  AND c.attempt_count = :a)
+    RETURNING cancel_requested_at IS NOT NULL AS cancel_requested
+    """
+)
+
+
+async def extend(s: AsyncSession, fence: Fence, *, ttl_s: int) -> tuple[bool, bool]:
+    """The attempt's lock check, in the caller's transaction: (still this attempt's, a cancel
+    asked for). Still its own: the job's lock is extended by `ttl_s`."""
+    if fence.chunk_no is None:
+        params: dict[str, Any] = {"id": fence.job_id, "token": fence.token, "ttl": ttl_s}
+        row = (await s.execute(_EXTEND_OWN, params)).first()
+    else:
+        params = {
+            "id": fence.job_id,
+            "owner": fence.owner,
+            "n": fence.chunk_no,
+            "a": fence.attempt,
+            "ttl": ttl_s,
+        }
+        row = (await s.execute(_EXTEND_CHUNK, params)).first()
+    return (False, False) if row is None else (True, bool(row.cancel_requested))
 
 
 async def take(
@@ -51,20 +121,27 @@ async def take(
     ttl_s: int,
     run_id: str | None,
 ) -> TakenJob | None:
-    """CAS queued → running (or this owner's own lock, on a retry) and the read of the job and
-    its snapshot, pipelined in the caller's transaction: one round trip; the read sees the CAS's
+    """CAS queued → running (or this workflow's lock, taken over by this attempt: a retry finds
+    its predecessor's lock), this attempt's call numbered, and the read of the job and its
+    snapshot, pipelined in the caller's transaction: one round trip; the read sees the CAS's
     update and is not used when the CAS matched no row. A missed CAS raises what
     `lifecycle.locked_of` raises (`IllegalTransition`, `LockConflict`, `JobNotFound`); None:
     the job row was not read."""
     params = lifecycle_db.lock_params(
         job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
     )
-    locked, read = await pipeline.in_session(
-        s, [(lifecycle_db.LOCK, params), (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id})]
+    locked, numbered, read = await pipeline.in_session(
+        s,
+        [
+            (lifecycle_db.LOCK, params),
+            (_NEXT_CALL, {"id": job_id, "token": params["token"]}),
+            (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+        ],
     )
     await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
-    return None if found is None else TakenJob(*found)
+    call_no = int(numbered[0]["call_seq"]) if numbered else None
+    return None if found is None else TakenJob(*found, call_no=call_no)
 
 
 @dataclass(frozen=True)
@@ -83,6 +160,9 @@ class Settlement:
     output: dict[str, Any]
     output_hash: str
     chunk_no: int | None = None
+    # The attempt's own lock token: a one-call job's output is stored only while it holds the
+    # job (None: any attempt of the workflow, as runs recorded before the fence settle).
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,14 +174,25 @@ class Settled:
     cancel_requested: bool
 
 
-# A chunk's valid answer, while `owner` holds the job running and nobody asked to cancel it: the
-# chunk `succeeded` with its output and hash. The job row is locked first (`FOR UPDATE`): chunks
-# of one job settle one after another, so each progress counts the ones before it.
+# A one-call attempt's settlement fenced by its own token: `lifecycle.SETTLE_ATTEMPT` whose
+# owner test is the exact lock token instead of the workflow id.
+_WORKFLOW_OWNS = "split_part(locked_by, '/', 1) = :owner"
+_SETTLE_OWN = text(
+    str(lifecycle_db.SETTLE_ATTEMPT.text).replace(_WORKFLOW_OWNS, "locked_by = :token")
+).bindparams(bindparam("out", type_=JSONB))
+assert _WORKFLOW_OWNS in str(lifecycle_db.SETTLE_ATTEMPT.text), "SETTLE_ATTEMPT's fence moved"
+
+# A chunk's valid answer, while `owner` holds the job running, the chunk still runs this
+# attempt and nobody asked to cancel it: the chunk `succeeded` with its output and hash. The job
+# row is locked first (`FOR UPDATE`): chunks of one job settle one after another, so each
+# progress counts the ones before it.
 _SETTLE_CHUNK = text(
     """
     WITH cur AS (
         SELECT id, (lifecycle_status = 'running'
-                    AND split_part(locked_by, '/', 1) = :owner) AS owned,
+                    AND split_part(locked_by, '/', 1) = :owner
+                    AND EXISTS (SELECT 1 FROM ai_job_chunk k WHERE k.job_id = :job_id
+                                AND k.chunk_no = :n AND k.attempt_count = :a)) AS owned,
                cancel_requested_at IS NOT NULL AS cancel_requested
         FROM ai_job WHERE id = :job_id FOR UPDATE
     ), stored AS (
@@ -151,7 +242,9 @@ def _settle_output(st: Settlement) -> list[pipeline.Statement]:
             output_hash=st.output_hash,
             progress=60,
         )
-        return [(lifecycle_db.SETTLE_ATTEMPT, params)]
+        if st.token is None:
+            return [(lifecycle_db.SETTLE_ATTEMPT, params)]
+        return [(_SETTLE_OWN, {**params, "token": st.token})]
     chunk = {"job_id": st.job_id, "n": st.chunk_no, "owner": st.owner, "a": st.attempt}
     stored = {**chunk, "out": st.output, "h": st.output_hash}
     job = {"job_id": st.job_id, "owner": st.owner, "a": st.attempt, "ttl": st.ttl_s}

@@ -20,6 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.jobs import JobFilter, filter_sql
 
 PENDING, DONE, SKIPPED, FAILED = "pending", "done", "skipped", "failed"
+# A bulk retry the owner's quotas or budgets refused (its reason: the refusal's code): no job
+# was created, and the item is never counted as done.
+REFUSED = "refused"
 RUNNING, COMPLETED = "running", "completed"
 # The outbox event that starts an operation's workflow (the relay dispatches it), written in the
 # submission's transaction: an accepted operation always gets its workflow.
@@ -43,6 +46,8 @@ class OperationRow:
     workflow_started_at: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    # A bulk retry that creates its retries past the owners' quotas and budgets.
+    override_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Item:
 
 _OP_COLUMNS = (
     "id, action, actor, filter, status, matched, idempotency_key, workflow_id, "
-    "workflow_started_at, created_at, finished_at"
+    "workflow_started_at, created_at, finished_at, override_budget"
 )
 
 
@@ -89,13 +94,14 @@ async def insert_operation(
     filter_json: dict[str, Any],
     idempotency_key: str | None,
     workflow_id: str,
+    override_budget: bool = False,
 ) -> None:
     await session.execute(
         text(
             """
             INSERT INTO bulk_operation (id, action, actor, filter, matched, idempotency_key,
-                                        workflow_id)
-            VALUES (:id, :action, :actor, :filter, 0, :key, :wid)
+                                        workflow_id, override_budget)
+            VALUES (:id, :action, :actor, :filter, 0, :key, :wid, :override)
             """
         ).bindparams(bindparam("filter", type_=JSONB)),
         {
@@ -105,6 +111,7 @@ async def insert_operation(
             "filter": filter_json,
             "key": idempotency_key,
             "wid": workflow_id,
+            "override": override_budget,
         },
     )
 

@@ -158,6 +158,9 @@ class AiJob(Base):
     spent_cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), server_default=text("0"))
     # A long source's chunks (ai_job_chunk rows); None: the job makes one call per attempt.
     chunk_count: Mapped[int | None] = mapped_column(Integer)
+    # The job's provider calls numbered: each EXECUTE attempt's take raises it and the call's
+    # usage row carries it (`ai_usage_log.call_no`), so a retried write of one call is one row.
+    call_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
@@ -285,10 +288,23 @@ class AiUsageLog(Base):
     latency_ms: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     error_code: Mapped[str | None] = mapped_column(String(64))
     chunk_no: Mapped[int | None] = mapped_column(Integer)  # a chunked job's chunk; else None
+    # Which call of the job (`ai_job.call_seq` at its attempt's take); NULL before it existed.
+    call_no: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
 
 
 Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)
+# A call's one identity (job, attempt, chunk, call): the insert does nothing on a repeat.
+Index(
+    "ux_ai_usage_log_call",
+    AiUsageLog.job_id,
+    AiUsageLog.attempt_no,
+    AiUsageLog.chunk_no,
+    AiUsageLog.call_no,
+    unique=True,
+    postgresql_nulls_not_distinct=True,
+    postgresql_where=text("call_no IS NOT NULL"),
+)
 
 
 class AiUsageDaily(Base):

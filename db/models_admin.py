@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -69,6 +70,8 @@ class BulkOperation(Base):
     workflow_started_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(TS)
+    # A bulk retry whose retries skip the owners' quotas and budgets (the admin's override).
+    override_budget: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class BulkOperationItem(Base):
@@ -77,7 +80,7 @@ class BulkOperationItem(Base):
 
     __tablename__ = "bulk_operation_item"
     __table_args__ = (
-        CheckConstraint("state IN ('pending','done','skipped','failed')", name="state"),
+        CheckConstraint("state IN ('pending','done','skipped','failed','refused')", name="state"),
         Index(
             "ix_bulk_operation_item_pending",
             "operation_id",

@@ -36,6 +36,9 @@ class UsageRow:
     latency_ms: int
     error_code: str | None
     chunk_no: int | None = None  # a long source's chunk the call was for (None: one call)
+    # Which call of the job (`ai_job.call_seq` at its attempt's take): with the job, attempt
+    # and chunk, the row's one identity. None: unnumbered (never deduplicated).
+    call_no: int | None = None
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,19 @@ class UsageSummary:
 # ON CONFLICT ... DO UPDATE locks the bucket row until commit: concurrent calls of one user, job
 # type and model on one day queue there briefly instead of losing an update. A call that cost
 # nothing (a failed attempt, the synthetic provider) leaves the job row alone.
+# Idempotent: a row whose (job, attempt, chunk, call) is already logged (the same write retried
+# after a commit whose answer was lost) inserts nothing, and then neither the bucket nor the
+# job's spend moves: a call is charged once.
 _INSERT = text(
     """
     WITH logged AS (
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
-            model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, created_at)
+            model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
+            created_at)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
-            :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, now())
+            :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, :call_no,
+            now())
+        ON CONFLICT DO NOTHING
         RETURNING created_at
     ), rolled AS (
         INSERT INTO ai_usage_daily AS d (day, user_id, job_type, model, credential_mode, calls,
@@ -73,7 +82,7 @@ _INSERT = text(
             cost_usd = d.cost_usd + EXCLUDED.cost_usd
     )
     UPDATE ai_job SET spent_cost_usd = spent_cost_usd + :cost_usd
-    WHERE id = :job_id AND CAST(:cost_usd AS numeric) <> 0
+    WHERE id = :job_id AND CAST(:cost_usd AS numeric) <> 0 AND EXISTS (SELECT 1 FROM logged)
     """
 )
 

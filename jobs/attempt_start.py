@@ -2,6 +2,12 @@
 `take`), the chunk it calls for locked, an output already paid for found, then the call's
 provider admission (`jobs/admission.py` `admit`) and, for a chunk, its attempt counted.
 
+The attempt takes the job under its OWN identity (`Start.token`: the workflow id, the run id, the
+chunk and attempt number, the worker), not the workflow's: a retried attempt takes over its
+predecessor's lock (it timed out, its worker died), and from then on the predecessor's lock
+checks and settlement are refused (db/attempts.py `Fence`), so it can neither start a call nor
+store a late answer. The take also numbers the attempt's call (its usage row's identity).
+
 `start` answers what the attempt does next; the caller (activities/execute.py) owns the
 transaction: it commits a `Started`, `Ended` or `Reused`, and rolls back on a `Wait`, `Refused`
 or `Stop` (nothing taken, no attempt spent, the job still `queued` when this attempt took it).
@@ -9,15 +15,20 @@ or `Stop` (nothing taken, no attempt spent, the job still `queued` when this att
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import attempts as attempts_db
 from db import chunks as chunks_db
+from db import lifecycle as lifecycle_db
+from db.attempts import Fence
 from db.chunks import ChunkRow
 from db.jobs import JobRow
+from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from jobs import admission
 from jobs import lifecycle as lifecycle
@@ -39,6 +50,21 @@ class Start:
     chunk_no: int | None
     attempt: int
     timeout_ms: int
+
+    @property
+    def attempt_identity(self) -> str:
+        """The lock's identity part for this attempt: its chunk and number, then the worker."""
+        chunk = f"c{self.chunk_no}" if self.chunk_no is not None else ""
+        return f"{chunk}a{self.attempt}@{self.identity}"
+
+    @property
+    def token(self) -> str:
+        """The attempt's full lock token (`ai_job.locked_by` while it holds the job)."""
+        return lifecycle_db.owner_token(self.owner, self.attempt_identity, self.run_id)
+
+    @property
+    def fence(self) -> Fence:
+        return Fence(self.job_id, self.owner, self.token, self.attempt, self.chunk_no)
 
 
 @dataclass(frozen=True)
@@ -65,13 +91,34 @@ class Stop:
 @dataclass(frozen=True)
 class Started:
     """The call may go: the job as read, its snapshot, its type, its chunk and what admission
-    granted (to be settled by the call's end)."""
+    granted (to be settled by the call's end); the attempt's fence (its lock checks and its
+    settlement) and its call's number (its usage row's identity)."""
 
     row: JobRow
     snapshot: dict[str, Any]
     jt: AnyJobType
     chunk: ChunkRow | None
     ticket: Ticket
+    fence: Fence | None = None
+    call_no: int | None = None
+
+
+async def holds(sm: SessionMaker, fence: Fence, *, ttl_s: int) -> bool:
+    """The attempt's lock check (and extension), in a transaction of its own: still this
+    attempt's job (or chunk) and no cancel asked for."""
+    async with sm.begin() as s:
+        ours, cancel_requested = await attempts_db.extend(s, fence, ttl_s=ttl_s)
+    return ours and not cancel_requested
+
+
+def may_be_taken_over(heartbeat_timeout: dt.timedelta | None, elapsed_s: float) -> bool:
+    """Whether a later attempt may hold the job by now, so this one must check its lock right
+    before it sends its call: Temporal starts a later attempt only once this one timed out, at
+    the earliest its heartbeat timeout after it started. Within half of that (every attempt
+    that was not stalled) no check is needed, and the call costs no extra round trip."""
+    if heartbeat_timeout is None:
+        return True
+    return elapsed_s >= heartbeat_timeout.total_seconds() / 2
 
 
 async def start(
@@ -82,7 +129,12 @@ async def start(
     that runs is counted)."""
     try:
         taken = await lifecycle.take(
-            s, st.job_id, owner=st.owner, identity=st.identity, ttl_s=st.ttl_s, run_id=st.run_id
+            s,
+            st.job_id,
+            owner=st.owner,
+            identity=st.attempt_identity,
+            ttl_s=st.ttl_s,
+            run_id=st.run_id,
         )
     except IllegalTransition as exc:
         return Ended(str(exc.from_status))
@@ -114,4 +166,4 @@ async def start(
         return got
     if chunk is not None:
         await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
-    return Started(row, snapshot, jt, chunk, got)
+    return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no)

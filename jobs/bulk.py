@@ -10,10 +10,14 @@ bulk workflow's activities.
   item settled and its transaction rolls back: each job is acted on at most once per operation,
   and a bulk retry creates at most one retry per job whatever the operations (the
   `retried_from_job_id` rule of the single retry).
+- A bulk retry goes through each owner's quotas and budgets as the single retry does: a job
+  they refuse settles `refused` (reason: the refusal's code), never `done`, unless the
+  operation was submitted with the admin's budget override.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -35,6 +39,8 @@ from engine.errors import (
     JobNotCancellable,
     JobNotFound,
     JobNotRetryable,
+    QuotaExceeded,
+    TooManyJobs,
 )
 from engine.lifecycle import TERMINAL, LifecycleStatus
 from engine.settings import Settings
@@ -84,6 +90,8 @@ class OperationStatus:
     pending: int
     skipped_reasons: dict[str, int]
     failed_reasons: dict[str, int]
+    refused: int = 0
+    refused_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class _AlreadySettled(Exception):
@@ -129,6 +137,7 @@ class BulkService:
         filter_json: dict[str, Any],
         *,
         idempotency_key: str | None = None,
+        override_budget: bool = False,
     ) -> Submitted:
         entry = AuditEntry(actor, _AUDIT_ACTION[action], "bulk_operation", None)
         if idempotency_key is not None:
@@ -152,6 +161,7 @@ class BulkService:
                     filter_json=filter_json,
                     idempotency_key=idempotency_key,
                     workflow_id=bulk_workflow_id(str(operation_id)),
+                    override_budget=override_budget,
                 )
                 # Jobs created since the count may match too; the cap still holds.
                 frozen = await bulk_db.freeze_items(s, operation_id, f, limit)
@@ -176,6 +186,7 @@ class BulkService:
                     "accepted",
                     filter=filter_json,
                     matched=frozen,
+                    **({"overrideBudget": True} if override_budget else {}),
                 )
                 op = await bulk_db.get(s, operation_id)
         assert op is not None
@@ -223,9 +234,18 @@ class BulkService:
             pending=total(bulk_db.PENDING),
             skipped_reasons=reasons(bulk_db.SKIPPED),
             failed_reasons=reasons(bulk_db.FAILED),
+            refused=total(bulk_db.REFUSED),
+            refused_reasons=reasons(bulk_db.REFUSED),
         )
 
     # ---- the workflow's work ------------------------------------------------------------
+
+    async def override_budget(self, operation_id: uuid.UUID) -> bool:
+        """Whether the operation's retries skip the owners' quotas and budgets (read once a
+        page: the workflow's input never carries it, so recorded histories replay)."""
+        async with self._sm.begin() as s:
+            op = await bulk_db.get(s, operation_id)
+        return op is not None and op.override_budget
 
     async def pending_page(
         self, operation_id: uuid.UUID, *, after: int, limit: int
@@ -240,18 +260,22 @@ class BulkService:
         item: bulk_db.Item,
         *,
         cancel_workflow: WorkflowCanceller | None = None,
+        override_budget: bool = False,
     ) -> str:
         """Act on one item's job; returns the item's new state ('' if it was already settled).
-        Domain refusals settle the item as skipped (with why) or failed (with the error code);
-        any other error propagates and leaves it pending for the activity's retry."""
+        Domain refusals settle the item as skipped (with why), refused (the owner's quotas or
+        budgets, with the code) or failed (with the error code); any other error propagates
+        and leaves it pending for the activity's retry."""
         try:
             if action == "cancel":
                 return await self._cancel(operation_id, item, cancel_workflow)
             if action == "retry":
-                return await self._retry(operation_id, item)
+                return await self._retry(operation_id, item, override_budget)
             raise ValueError(f"unknown bulk action {action!r}")
         except _AlreadySettled:
             return ""
+        except (QuotaExceeded, TooManyJobs) as exc:
+            return await self._settle(operation_id, item, bulk_db.REFUSED, exc.code)
         except (JobAlreadyCancelled, JobNotCancellable, JobNotRetryable, JobNotFound) as exc:
             reason = await self._skip_reason(item.job_id, action, exc)
             return await self._settle(operation_id, item, bulk_db.SKIPPED, reason)
@@ -275,14 +299,16 @@ class BulkService:
         )
         return bulk_db.DONE
 
-    async def _retry(self, operation_id: uuid.UUID, item: bulk_db.Item) -> str:
+    async def _retry(
+        self, operation_id: uuid.UUID, item: bulk_db.Item, override_budget: bool
+    ) -> str:
         async def within(s: AsyncSession, new_job: JobRow) -> None:
             if not await bulk_db.settle(
                 s, operation_id, item.ordinal, bulk_db.DONE, result_job_id=new_job.id
             ):
                 raise _AlreadySettled()
 
-        result = await self._jobs.retry(item.job_id, within=within)
+        result = await self._jobs.retry(item.job_id, within=within, override_budget=override_budget)
         if result.created:
             return bulk_db.DONE
         # Retried before (by hand or another operation): the existing retry stands.
@@ -306,9 +332,10 @@ class BulkService:
             row = await jobs_db.get(s, job_id)
         status = LifecycleStatus(row.lifecycle_status) if row is not None else None
         if action == "retry":
-            if status in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
-                return "input_expired"  # the only other refusal of a failed/cancelled job
-            return "not_failed"
+            if row is None or status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
+                return "not_failed"
+            # The two refusals of a failed or cancelled job: its input expired, or its key.
+            return "input_expired" if row.private_data_purged_at else "credential_revoked"
         if status in TERMINAL:
             return "already_finished"
         return "not_cancellable"
@@ -334,9 +361,15 @@ class BulkService:
                     done=st.done,
                     skipped=st.skipped_reasons,
                     failed=st.failed_reasons,
+                    refused=st.refused_reasons,
                 )
         log.info(
             "bulk operation completed",
-            extra={"operation_id": str(op.id), "done": st.done, "skipped": st.skipped},
+            extra={
+                "operation_id": str(op.id),
+                "done": st.done,
+                "skipped": st.skipped,
+                "refused": st.refused,
+            },
         )
         return BulkResult(str(op.id), op.matched, st.done, st.skipped, st.failed)

@@ -103,12 +103,18 @@ async def call(
     beat_interval_s: float,
     still_ours: Callable[[], Awaitable[bool]],
     check_every_s: float,
+    check_first: bool = False,
 ) -> ProviderResponse:
     """The provider call under `timeout_s`. `beat` runs every `beat_interval_s` on its own
     clock (a call that ends first costs none, and a slow database can never starve it); a
     separate task asks `still_ours` every `check_every_s` (extending the job's lock) and aborts
     the call with `SelfCancelled` when it answers False. A lost check is survivable (the lock's
-    TTL has slack)."""
+    TTL has slack). `check_first`: ask `still_ours` once before the request is sent (an attempt
+    that may have been taken over by now); False: `SelfCancelled`, nothing sent. That check is
+    bounded like the others: a database that does not answer in time is no answer, and the
+    checks during the call go on."""
+    if check_first and not await _ours_or_unknown(still_ours, check_every_s):
+        raise SelfCancelled()
     pending = asyncio.ensure_future(provider.generate(req))
     self_cancelled = False
 
@@ -145,6 +151,13 @@ async def call(
             pending.cancel()
 
 
+async def _ours_or_unknown(still_ours: Callable[[], Awaitable[bool]], within_s: float) -> bool:
+    try:
+        return await asyncio.wait_for(still_ours(), timeout=within_s)
+    except Exception:
+        return True
+
+
 def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return bool(task and task.cancelling())
@@ -164,9 +177,16 @@ class Called:
     model_out: BaseModel | None = None  # the same, as the projector takes it
 
     def usage(
-        self, row: JobRow, attempt: int, chunk_no: int | None, error_code: str | None
+        self,
+        row: JobRow,
+        attempt: int,
+        chunk_no: int | None,
+        error_code: str | None,
+        *,
+        call_no: int | None = None,
     ) -> UsageRow:
-        """The call's ai_usage_log row."""
+        """The call's ai_usage_log row; `call_no` (its take's number) makes it the one row of
+        this call, however often it is written."""
         r = self.response
         return UsageRow(
             job_id=row.id,
@@ -182,6 +202,7 @@ class Called:
             latency_ms=self.latency_ms,
             error_code=error_code,
             chunk_no=chunk_no,
+            call_no=call_no,
         )
 
 

@@ -104,11 +104,12 @@ class JobCreation:
         return Quote(checked, admission.refusal, admission.budgets)
 
     async def create(
-        self, req: CreateJobRequest, *, within: CreateHook | None = None
+        self, req: CreateJobRequest, *, within: CreateHook | None = None, budgeted: bool = False
     ) -> CreateJobResult:
         """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
         transaction (`within` runs last in it). Returns the existing job for a repeated
-        `Idempotency-Key` with the same request (`created` False)."""
+        `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
+        create (an admin retry) that still reserves against the owner's quotas and budgets."""
         checked = self.requests.check(req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -118,7 +119,7 @@ class JobCreation:
         new = self._new_job(req, checked, uuid.uuid4())
         try:
             async with self._sm.begin() as s:
-                result = await self._write(s, req, checked, new, within)
+                result = await self._write(s, req, checked, new, within, budgeted)
         except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is None or not is_unique_violation(exc):
@@ -154,16 +155,17 @@ class JobCreation:
         checked: CheckedRequest,
         new: NewJob,
         within: CreateHook | None,
+        budgeted: bool = False,
     ) -> CreateJobResult:
         """The create transaction's work, in order: quotas (a user's create), the target check,
         the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
         jt = checked.job_type
-        if not req.internal:
+        if not req.internal or budgeted:
             winner = await self._admit(s, req, checked)
             if winner is not None:
                 return _same_request(winner, checked.fingerprint)
-            if jt.check_target is not None:
-                await jt.check_target(s, req.user_id, req.target_type, req.target_id)
+        if not req.internal and jt.check_target is not None:
+            await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
         row = await lifecycle_db.create(s, new)
         if checked.chunks:

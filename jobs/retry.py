@@ -2,9 +2,13 @@
 
 One new job per original, found by `retried_from_job_id` (unique), never by an idempotency key
 a user could have claimed first: a double-click, or two admins at once, get the same job. The
-retry is an internal create (jobs/creation.py: outside the user's quotas and visibility); a
-long source's chunks the original already paid for are copied into its plan in the same
-transaction.
+retry is an internal create (jobs/creation.py: outside the job type's visibility and the target
+check) that reserves against the OWNER's quotas and budgets exactly as the owner's create would
+(same lock, same standing read, same refusal: a retry is money the owner spends), unless the
+admin overrides the budget (`override_budget`, recorded on the audit entry by the caller). It
+runs under the original's own credential choice (its mode and its pinned key, never whichever
+key is newest: a revoked one refuses the retry). A long source's chunks the original already
+paid for are copied into its plan in the same transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from db.chunks import copy_succeeded as copy_succeeded_chunks
 from db.errors import is_unique_violation
 from db.jobs import JobRow
 from db.session import SessionMaker
-from engine.errors import JobNotFound, JobNotRetryable
+from engine.errors import CredentialNotFound, JobNotFound, JobNotRetryable
 from engine.lifecycle import LifecycleStatus
 from jobs.creation import CreateHook, CreateJobResult, JobCreation
 from jobs.requests import CreateJobRequest
@@ -32,10 +36,16 @@ class JobRetry:
         self._creation = creation
 
     async def retry(
-        self, job_id: uuid.UUID, *, within: CreateHook | None = None
+        self,
+        job_id: uuid.UUID,
+        *,
+        within: CreateHook | None = None,
+        override_budget: bool = False,
     ) -> CreateJobResult:
         """The retry of `job_id`: the existing one (`created` False), or a new job. `within`
-        runs in the transaction that creates the retry (not when one existed)."""
+        runs in the transaction that creates the retry (not when one existed). Past the
+        owner's quotas or budgets it raises the create's refusal (`QuotaExceeded`,
+        `TooManyJobs`) unless `override_budget`."""
         async with self._sm.begin() as s:
             row = await jobs_db.get(s, job_id)
             existing = await jobs_db.find_retry_of(s, job_id) if row is not None else None
@@ -57,7 +67,12 @@ class JobRetry:
                 await within(s, new)
 
         try:
-            return await self._creation.create(_request_of(row), within=keep_paid_chunks)
+            return await self._creation.create(
+                _request_of(row), within=keep_paid_chunks, budgeted=not override_budget
+            )
+        except CredentialNotFound:
+            # The original's pinned key was revoked (or deleted): the retry would fail at once.
+            raise JobNotRetryable("The job's credential is no longer active.") from None
         except Exception as exc:
             # Two retries raced: the loser's unique violation resolves to the winner's job.
             if not is_unique_violation(exc):
@@ -79,6 +94,9 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         input=row.input,
         priority=row.priority,
         credential_mode=row.credential_mode,
+        # The key the original was pinned to (None: a platform-key job, or one created before
+        # keys were pinned, which gets the owner's newest active key as it did then).
+        credential_id=row.credential_id,
         retried_from_job_id=row.id,
         max_cost_usd=row.max_cost_usd,
         internal=True,

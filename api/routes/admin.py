@@ -21,6 +21,7 @@ from api.schemas import (
     CancelResponse,
     Queue,
     RetriedJobResponse,
+    RetryBody,
     Status,
     StuckOut,
     decode_cursor,
@@ -119,20 +120,46 @@ async def get_job(job_id: JobId, state: State, admin: Admin) -> AdminJobDetailRe
     responses={
         201: {"model": JobStatusResponse},
         200: {"model": JobStatusResponse, "description": "Already retried: that job"},
+        429: {
+            "description": (
+                "The owner's quotas or cost budgets refuse the retry (problem+json, `code` "
+                "`QUOTA_EXCEEDED`, or `TOO_MANY_JOBS` for the active-jobs quota, with "
+                "Retry-After), exactly as they would refuse the owner's create"
+            ),
+            "content": {
+                "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+            },
+        },
     },
     summary="Retry a failed or cancelled job as a new job",
+    description=(
+        "The retry is a new job of the same owner, request and credential choice (the "
+        "original's mode and pinned key; a revoked key: 409 `JOB_NOT_RETRYABLE`). It reserves "
+        "against the OWNER's quotas and cost budgets like the owner's create: past them, 429 "
+        '`QUOTA_EXCEEDED` with Retry-After. The body is optional; `{"overrideBudget": true}` '
+        "creates the retry past them, recorded as `detail.overrideBudget: true` on the "
+        "`job.retry` audit entry (outcome `retried`). One retry per job: a job retried before "
+        "answers 200 with that retry."
+    ),
 )
 async def retry_job(
-    job_id: JobId, state: State, admin: Admin, response: Response
+    job_id: JobId,
+    state: State,
+    admin: Admin,
+    response: Response,
+    body: RetryBody | None = None,
 ) -> RetriedJobResponse:
     audit = AuditLog(state.sessionmaker)
     entry = AuditEntry(admin.user_id, JOB_RETRY, "job", str(job_id))
+    override = body is not None and body.override_budget
+    # Present only when set: an entry without it was a retry within the owner's budgets.
+    overridden: dict[str, bool] = {"overrideBudget": True} if override else {}
 
     async def recorded(s: AsyncSession, new_job: JobRow) -> None:
-        await audit.write(s, entry, "retried", retryJobId=str(new_job.id))
+        await audit.write(s, entry, "retried", retryJobId=str(new_job.id), **overridden)
 
     async with audit.refusals(entry):
-        result = await state.jobs.retry(job_id, within=recorded)
+        result = await state.jobs.retry(job_id, within=recorded, override_budget=override)
     if not result.created:
         await audit.record(entry, "already_retried", retryJobId=str(result.job.id))
     response.status_code = 201 if result.created else 200

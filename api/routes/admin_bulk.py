@@ -74,7 +74,16 @@ class BulkBody(Camel):
 
     def filter_json(self) -> dict[str, Any]:
         """The filter as recorded (operation row, audit detail): ids and codes, no job data."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"dry_run"})
+        return self.model_dump(
+            mode="json", by_alias=True, exclude_none=True, exclude={"dry_run", "override_budget"}
+        )
+
+
+class BulkRetryBody(BulkBody):
+    """A bulk retry's body: the filters, plus the admin's budget override (the retries are
+    created even past their owners' quotas and cost budgets)."""
+
+    override_budget: bool = False
 
 
 class BulkPreviewResponse(Camel):
@@ -97,6 +106,14 @@ class BulkStatusResponse(BulkAcceptedResponse):
     pending: int
     skipped_reasons: dict[str, int]
     failed_reasons: dict[str, int]
+    refused: int = Field(
+        default=0,
+        description="Bulk retry: jobs whose owner's quotas or cost budgets refused the retry "
+        "(no job created; never counted in `done`)",
+    )
+    refused_reasons: dict[str, int] = Field(
+        default_factory=dict, description="The refusals' codes (`QUOTA_EXCEEDED`, ...)"
+    )
     actor: str
     filter: dict[str, Any]
     workflow_id: str
@@ -164,6 +181,8 @@ def _status_json(state: State, st: OperationStatus) -> dict[str, Any]:
         pending=st.pending,
         skipped_reasons=st.skipped_reasons,
         failed_reasons=st.failed_reasons,
+        refused=st.refused,
+        refused_reasons=st.refused_reasons,
         actor=op.actor,
         filter=op.filter,
         workflow_id=op.workflow_id,
@@ -187,7 +206,14 @@ async def _submit(
                 mode="json", by_alias=True
             )
         )
-    submitted = await bulk.submit(admin.user_id, action, f, body.filter_json(), idempotency_key=key)
+    submitted = await bulk.submit(
+        admin.user_id,
+        action,
+        f,
+        body.filter_json(),
+        idempotency_key=key,
+        override_budget=isinstance(body, BulkRetryBody) and body.override_budget,
+    )
     op = submitted.operation
     return JSONResponse(
         BulkAcceptedResponse(
@@ -245,10 +271,14 @@ async def bulk_cancel(
     summary="Retry every failed or cancelled job a filter matches",
     description=_SUBMIT_DOC
     + " Each job gets the admin retry: at most one retry per job ever; jobs retried before are "
-    "skipped (`already_retried`), jobs not failed or cancelled too (`not_failed`).",
+    "skipped (`already_retried`), jobs not failed or cancelled too (`not_failed`). Each retry "
+    "reserves against its OWNER's quotas and cost budgets like the owner's create, under the "
+    "original's own credential choice: a job they refuse is counted in `refused` (with "
+    "`refusedReasons`, e.g. `QUOTA_EXCEEDED`), never in `done`, unless the body says "
+    "`overrideBudget: true` (recorded on the operation's audit entry).",
 )
 async def bulk_retry(
-    body: BulkBody,
+    body: BulkRetryBody,
     state: State,
     admin: Admin,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
@@ -263,7 +293,8 @@ async def bulk_retry(
     description=(
         "`status` is `running` until every item is settled, then `completed`. Items are "
         "`done`, `skipped` (`skippedReasons` says why, e.g. `already_retried`, `not_failed`), "
-        "`failed` (`failedReasons`: the error code) or still `pending`."
+        "`refused` (a bulk retry the owner's quotas or cost budgets refused; `refusedReasons`: "
+        "the code), `failed` (`failedReasons`: the error code) or still `pending`."
     ),
 )
 async def get_operation(operation_id: OperationId, state: State, _admin: Admin) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
-from db import lifecycle as lifecycle_db
+from db import attempts as attempts_db
 from db.session import SessionMaker
 from engine.contracts import ExecuteInput, FinalizeFailedInput, ProjectInput
 from engine.settings import Settings
@@ -179,22 +179,22 @@ async def test_heartbeats_never_wait_on_the_database(
             await asyncio.Event().wait()  # never answers
 
         # The first transaction locks the job; only the extensions during the call hang.
-        original = lifecycle_db.extend_lock
+        original = attempts_db.extend
         beats: list[float] = []
         env = env_for(st, job)
         env.on_heartbeat = lambda *a: beats.append(time.monotonic())
 
         async def run() -> Any:
             # A lock extension that hangs, patched in for this test only.
-            setattr(lifecycle_db, "extend_lock", stuck_extend)  # noqa: B010
+            setattr(attempts_db, "extend", stuck_extend)  # noqa: B010
             try:
                 return await env.run(acts.execute, execute_input(job))
             finally:
-                setattr(lifecycle_db, "extend_lock", original)  # noqa: B010
+                setattr(attempts_db, "extend", original)  # noqa: B010
 
         task = asyncio.ensure_future(run())
         await asyncio.sleep(2.0)
-        setattr(lifecycle_db, "extend_lock", original)  # noqa: B010  # the store needs it
+        setattr(attempts_db, "extend", original)  # noqa: B010  # the store needs it
         result = await task
         assert result.output_hash
         assert extensions >= 1
