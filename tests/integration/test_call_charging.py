@@ -18,6 +18,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import text
 from temporalio.client import Client
 
 from db import budgets as budgets_db
@@ -210,3 +211,31 @@ async def test_cached_and_reasoning_tokens_are_reported_per_call_and_priced_by_t
         "reasoningTokens": 300,
     }
     assert body["estimatedCostUsd"] == "0.00000000"
+
+
+async def test_a_call_cut_by_a_worker_drain_is_charged_before_the_worker_stops(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    await fake.ascript([], default={"kind": "slow", "delay_s": 30, "content": SCRIPTED[QUIZ]})
+    # WORKER_DRAIN_S=0: the worker's shutdown cancels the call at once.
+    settings = _settings(database_url, temporal_address, fake)
+    async with engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES) as st:
+        job_id = await st.create(job_type=QUIZ_LONG.definition.job_type, input=INPUTS[QUIZ])
+
+        async def called() -> bool:
+            return bool((await fake.acalls())["count"] >= 1)
+
+        await eventually(called, timeout=30, what="the provider call to start")
+    # The worker stopped: its call's row was written before it let the cancellation go.
+    async with db() as s:
+        [u] = (
+            await s.execute(text("SELECT * FROM ai_usage_log WHERE job_id = :j"), {"j": job_id})
+        ).all()
+        row = (await s.execute(text("SELECT * FROM ai_job WHERE id = :j"), {"j": job_id})).one()
+    assert u.error_code == "INTERNAL_WORKER_SHUTDOWN"
+    assert (u.cost_basis, u.cost_usd) == ("estimated", _worst(row))
+    assert await _spent_today(db, "u1") == _worst(row) > 0
