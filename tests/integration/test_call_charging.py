@@ -239,3 +239,48 @@ async def test_a_call_cut_by_a_worker_drain_is_charged_before_the_worker_stops(
     assert u.error_code == "INTERNAL_WORKER_SHUTDOWN"
     assert (u.cost_basis, u.cost_usd) == ("estimated", _worst(row))
     assert await _spent_today(db, "u1") == _worst(row) > 0
+
+
+async def test_a_create_and_cancel_loop_stops_where_the_budget_does(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    long_type = QUIZ_LONG.definition.job_type
+    policy = CreatePolicy(
+        max_active_jobs=0, max_jobs_per_day=0, model="deepseek-chat", platform_synthetic=False
+    )
+    req = CreateJobRequest(
+        user_id="u1", job_type=long_type, target_type="t", target_id="t", input=INPUTS[QUIZ]
+    )
+    worst = (await JobService(db, CATALOG, policy).quote(req)).checked.estimate.worst_case_cost_usd
+    budget = worst * 2 + worst / 2  # two cancelled calls, not three
+    await fake.ascript([], default={"kind": "slow", "delay_s": 30, "content": SCRIPTED[QUIZ]})
+    settings = _settings(
+        database_url, temporal_address, fake, QUOTA_MAX_COST_USD_PER_DAY=float(budget)
+    )
+    cancelled = 0
+    async with engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES) as st:
+        for i in range(5):
+            try:
+                job_id = (
+                    await st.service.create(dataclasses.replace(req, target_id=f"t{i}"))
+                ).job.id
+            except QuotaExceeded:
+                break
+
+            async def called(n: int = i + 1) -> bool:
+                return bool((await fake.acalls())["count"] >= n)
+
+            await eventually(called, timeout=30, what="the provider call to start")
+            await st.service.cancel(
+                job_id, "u1", cancel_workflow=workflow_canceller(temporal_client)
+            )
+            row = await st.wait_status(job_id, "cancelled", "failed", "succeeded", timeout=30)
+            assert row.lifecycle_status == "cancelled"
+            cancelled += 1
+        assert await _spent_today(st.parts.sessionmaker, "u1") == worst * 2 <= budget
+    assert cancelled == 2
+    assert (await fake.acalls())["count"] == 2
