@@ -237,6 +237,7 @@ class _Attempt:
         out: dict[str, Any] | None = None
         model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
+        request: ProviderRequest | None = None
         try:
             request = calls.request(d.gateway, a, model_name, self.ticket.api_key)
             self.ticket.api_key = None  # the decrypted key moved into the request
@@ -252,19 +253,15 @@ class _Attempt:
         except calls.SelfCancelled:
             failure = ExecutionFailure("CANCELLED", internal_message="cancel requested (SQL)")
         except asyncio.CancelledError:
-            await asyncio.shield(
-                self._record_aborted(row, provider.name, model_name, started, called)
-            )
+            await asyncio.shield(self._record_aborted(a, request, started, called))
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
             failure = self._unexpected(exc, a, response)
         latency_ms = int((time.monotonic() - started) * 1000)
-        # Priced once (an unknown model is reported once per call), for the metric and the row.
-        cost = (
-            d.gateway.prices.cost_usd(response.model, response.tokens_in, response.tokens_out)
-            if response is not None
-            else Decimal(0)
-        )
+        # Priced once (an unknown echo is reported once per call), for the metric and the row.
+        charged = calls.charged(d.gateway.prices, a, request, response, self._cfg.estimate_margin)
+        d.metrics.money.charged(provider.name, model_name, charged)
+        cost = charged.cost_usd if charged is not None else Decimal(0)
         if called:
             code = failure.code if failure is not None else None
             observe_call(
@@ -281,7 +278,7 @@ class _Attempt:
         if response is not None and estimated and not row.correction_hint:
             d.metrics.estimate_checked(row.job_type, model_name, estimated, response.tokens_in)
         return calls.Called(
-            provider.name, model_name, latency_ms, cost, response, failure, out, model_out
+            provider.name, model_name, latency_ms, cost, response, failure, out, model_out, charged
         )
 
     def _unexpected(
@@ -302,16 +299,22 @@ class _Attempt:
         )
 
     async def _record_aborted(
-        self, row: JobRow, provider: str, model: str, started: float, called: bool
+        self, a: calls.Attempt, request: ProviderRequest | None, started: float, called: bool
     ) -> None:
         """A workflow cancel, or a worker shutdown whose grace period ran out, stopped the
-        attempt: the aborted call is recorded under what really happened (the caller then lets
-        the cancellation go)."""
+        attempt: the aborted call is recorded under what really happened, charged for what it
+        may have cost (the caller then lets the cancellation go)."""
+        d, row = self._d, a.row
+        provider = d.gateway.provider_for(a.jt, row.credential_mode).name
+        model = d.gateway.model_for(a.jt, row.credential_mode)
         code = WORKER_SHUTDOWN if activity.is_worker_shutdown() else "CANCELLED"
+        charged = calls.charged(d.gateway.prices, a, request, None, self._cfg.estimate_margin)
+        d.metrics.money.charged(provider, model, charged)
+        elapsed = time.monotonic() - started
         if called:
-            elapsed = time.monotonic() - started
-            observe_call(self._d.metrics, provider, model, elapsed, error_code=code, response=None)
-        aborted = calls.Called(provider, model, int((time.monotonic() - started) * 1000))
+            observe_call(d.metrics, provider, model, elapsed, error_code=code, response=None)
+        cost = charged.cost_usd if charged is not None else Decimal(0)
+        aborted = calls.Called(provider, model, int(elapsed * 1000), cost, charged=charged)
         await self.record_failure(row, ExecutionFailure(code), aborted, asked=called)
 
     async def _provider_call(

@@ -259,6 +259,33 @@ class UsageSums(Camel):
     tokens_in: int = Field(examples=[1200])
     tokens_out: int = Field(examples=[800])
     cost_usd: UsdAmount
+    estimated_cost_usd: UsdAmount = Field(
+        default=Decimal(0),
+        description="The part of `costUsd` charged on the engine's estimate: calls whose "
+        "answer was not read to its end or carried no usage (docs/money.md)",
+    )
+
+
+class ProviderCallOut(Camel):
+    """One provider call of an attempt, as its usage row says."""
+
+    cost_usd: UsdAmount
+    cost_basis: Literal["reported", "estimated"] = Field(
+        description="`reported`: the provider's usage; `estimated`: the engine's bound on a "
+        "call whose answer it did not read to the end (never less than it may have cost)"
+    )
+    model: str = Field(description="The model as the provider echoed it", examples=["m"])
+    priced_as: str | None = Field(
+        description="The model whose price the call was charged at: the echo when the price "
+        "table knows it, else the requested model (what the reservation was made at)",
+        examples=["deepseek-chat"],
+    )
+    tokens_in: int = Field(description="Prompt tokens, cached ones included", examples=[1200])
+    tokens_out: int = Field(description="Answer tokens, reasoning ones included", examples=[800])
+    cached_input_tokens: int = Field(
+        description="Of `tokensIn`, served from the provider's cache (cache-hit price)"
+    )
+    reasoning_tokens: int = Field(description="Of `tokensOut`, spent reasoning", examples=[0])
 
 
 class UsageItem(UsageSums):
@@ -314,6 +341,9 @@ class AttemptUsageOut(UsageSums):
     error_codes: list[str] = Field(
         description="The error code of each failed call of the attempt, in call order",
         examples=[["PROVIDER_UNAVAILABLE"]],
+    )
+    provider_calls: list[ProviderCallOut] = Field(
+        default_factory=list, description="The attempt's provider calls, in call order"
     )
 
 

@@ -272,6 +272,7 @@ class OutboxEvent(Base):
 
 class AiUsageLog(Base):
     __tablename__ = "ai_usage_log"
+    __table_args__ = (CheckConstraint("cost_basis IN ('reported','estimated')", name="cost_basis"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(
@@ -291,6 +292,12 @@ class AiUsageLog(Base):
     # Which call of the job (`ai_job.call_seq` at its attempt's take); NULL before it existed.
     call_no: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # How the cost was found: the provider's usage, or the engine's bound on a call whose
+    # answer it did not read to the end (jobs/charging.py).
+    cost_basis: Mapped[str] = mapped_column(String(16), server_default=text("'reported'"))
+    priced_as: Mapped[str | None] = mapped_column(String(128))  # the model whose price it paid
+    cached_input_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)
@@ -324,6 +331,8 @@ class AiUsageDaily(Base):
     tokens_in: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     tokens_out: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), server_default=text("0"))
+    # The share of cost_usd charged on the engine's estimate (cost_basis 'estimated').
+    estimated_cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), server_default=text("0"))
 
 
 class UserModelCredential(Base):

@@ -12,7 +12,7 @@ never spliced from the request."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
 from typing import Any, Literal
@@ -39,6 +39,11 @@ class UsageRow:
     # Which call of the job (`ai_job.call_seq` at its attempt's take): with the job, attempt
     # and chunk, the row's one identity. None: unnumbered (never deduplicated).
     call_no: int | None = None
+    # "reported": the provider's usage; "estimated": the engine's bound (jobs/charging.py).
+    cost_basis: str = "reported"
+    priced_as: str | None = None  # the model whose price the call was charged at
+    cached_input_tokens: int = 0  # of tokens_in, served from the provider's cache
+    reasoning_tokens: int = 0  # of tokens_out, spent reasoning
 
 
 @dataclass(frozen=True)
@@ -63,23 +68,25 @@ _INSERT = text(
     WITH logged AS (
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
             model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
-            created_at)
+            created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
             :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, :call_no,
-            now())
+            now(), :cost_basis, :priced_as, :cached_input_tokens, :reasoning_tokens)
         ON CONFLICT DO NOTHING
         RETURNING created_at
     ), rolled AS (
         INSERT INTO ai_usage_daily AS d (day, user_id, job_type, model, credential_mode, calls,
-            tokens_in, tokens_out, cost_usd)
+            tokens_in, tokens_out, cost_usd, estimated_cost_usd)
         SELECT (logged.created_at AT TIME ZONE 'UTC')::date, :user_id, :job_type, :model,
-               :credential_mode, 1, :tokens_in, :tokens_out, :cost_usd
+               :credential_mode, 1, :tokens_in, :tokens_out, :cost_usd,
+               CASE WHEN :cost_basis = 'estimated' THEN CAST(:cost_usd AS numeric) ELSE 0 END
         FROM logged
         ON CONFLICT (day, user_id, job_type, model, credential_mode) DO UPDATE
         SET calls = d.calls + 1,
             tokens_in = d.tokens_in + EXCLUDED.tokens_in,
             tokens_out = d.tokens_out + EXCLUDED.tokens_out,
-            cost_usd = d.cost_usd + EXCLUDED.cost_usd
+            cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+            estimated_cost_usd = d.estimated_cost_usd + EXCLUDED.estimated_cost_usd
     )
     UPDATE ai_job SET spent_cost_usd = spent_cost_usd + :cost_usd
     WHERE id = :job_id AND CAST(:cost_usd AS numeric) <> 0 AND EXISTS (SELECT 1 FROM logged)
@@ -173,6 +180,27 @@ class UsageBucket:
     tokens_in: int
     tokens_out: int
     cost_usd: Decimal
+    estimated_cost_usd: Decimal = Decimal(0)  # the share charged on the engine's estimate
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """One provider call as its usage row says: the model as echoed, the model it was priced
+    as, its tokens (with their cached and reasoning parts), its cost and how it was found."""
+
+    attempt: int
+    model: str
+    priced_as: str | None
+    tokens_in: int
+    tokens_out: int
+    cached_input_tokens: int
+    reasoning_tokens: int
+    cost_usd: Decimal
+    cost_basis: str
+
+    @property
+    def estimated(self) -> bool:
+        return self.cost_basis == "estimated"
 
 
 @dataclass(frozen=True)
@@ -183,6 +211,8 @@ class AttemptUsage:
     tokens_out: int
     cost_usd: Decimal
     error_codes: list[str]
+    estimated_cost_usd: Decimal = Decimal(0)
+    provider_calls: list[CallUsage] = field(default_factory=list)  # in call order
 
 
 # The optional filters of a usage read: (UsageFilter field, rollup column, log column).
@@ -210,7 +240,8 @@ def grouped_usage_sql(group_by: str, f: UsageFilter, *, from_log: bool = False) 
         join = " JOIN ai_job j ON j.id = u.job_id" if "j.job_type" in key + where else ""
         return f"""
             SELECT {key} AS key, count(*) AS calls, sum(u.tokens_in) AS tin,
-                   sum(u.tokens_out) AS tout, sum(u.cost_usd) AS cost
+                   sum(u.tokens_out) AS tout, sum(u.cost_usd) AS cost,
+                   coalesce(sum(u.cost_usd) FILTER (WHERE u.cost_basis = 'estimated'), 0) AS est
             FROM ai_usage_log u{join}
             WHERE u.created_at >= CAST(:start AS date) AT TIME ZONE 'UTC'
               AND u.created_at < (CAST(:end AS date) + 1) AT TIME ZONE 'UTC'{where}
@@ -219,7 +250,8 @@ def grouped_usage_sql(group_by: str, f: UsageFilter, *, from_log: bool = False) 
     where = "".join(f" AND {rolled} = :{name}" for name, rolled, _ in given)
     return f"""
         SELECT {col} AS key, sum(calls) AS calls, sum(tokens_in) AS tin,
-               sum(tokens_out) AS tout, sum(cost_usd) AS cost
+               sum(tokens_out) AS tout, sum(cost_usd) AS cost,
+               sum(estimated_cost_usd) AS est
         FROM ai_usage_daily
         WHERE day BETWEEN :start AND :end{where}
         GROUP BY 1 ORDER BY 1
@@ -245,6 +277,7 @@ async def grouped_usage(
             tokens_in=int(r.tin),
             tokens_out=int(r.tout),
             cost_usd=Decimal(r.cost),
+            estimated_cost_usd=Decimal(r.est),
         )
         for r in rows
     ]
@@ -264,6 +297,7 @@ async def job_attempts(session: AsyncSession, job_id: uuid.UUID) -> list[Attempt
     """A job's calls summed per attempt, in attempt order, with the error code of every failed
     call in the order the calls were made (read by the log's `job_id` index)."""
     rows = await session.execute(text(JOB_ATTEMPTS_SQL), {"j": job_id})
+    calls = await job_calls(session, job_id)
     return [
         AttemptUsage(
             attempt=int(r.attempt_no),
@@ -272,6 +306,39 @@ async def job_attempts(session: AsyncSession, job_id: uuid.UUID) -> list[Attempt
             tokens_out=int(r.tout),
             cost_usd=Decimal(r.cost),
             error_codes=list(r.codes),
+            estimated_cost_usd=sum(
+                (c.cost_usd for c in calls if c.attempt == r.attempt_no and c.estimated),
+                Decimal(0),
+            ),
+            provider_calls=[c for c in calls if c.attempt == r.attempt_no],
+        )
+        for r in rows
+    ]
+
+
+JOB_CALLS_SQL = """
+    SELECT attempt_no, model, priced_as, tokens_in, tokens_out, cached_input_tokens,
+           reasoning_tokens, cost_usd, cost_basis
+    FROM ai_usage_log WHERE job_id = :j
+    ORDER BY attempt_no, id
+"""
+
+
+async def job_calls(session: AsyncSession, job_id: uuid.UUID) -> list[CallUsage]:
+    """A job's calls one by one, in attempt and call order (read by the log's `job_id`
+    index)."""
+    rows = await session.execute(text(JOB_CALLS_SQL), {"j": job_id})
+    return [
+        CallUsage(
+            attempt=int(r.attempt_no),
+            model=r.model,
+            priced_as=r.priced_as,
+            tokens_in=int(r.tokens_in),
+            tokens_out=int(r.tokens_out),
+            cached_input_tokens=int(r.cached_input_tokens),
+            reasoning_tokens=int(r.reasoning_tokens),
+            cost_usd=Decimal(r.cost_usd),
+            cost_basis=r.cost_basis,
         )
         for r in rows
     ]

@@ -27,12 +27,21 @@ from db.jobs import JobRow
 from db.session import SessionMaker
 from db.usage import UsageRow
 from engine.errors import ExecutionFailure
+from engine.tokens import count_chat_tokens
 from jobs.admission import AdmissionConfig, Ticket
+from jobs.charging import Bound, Charged, charge
 from jobs.chunked import chunk_model
 from jobs.gateway import Gateway
 from jobs.output import output_schema
 from jobs.spec import AnyJobType
-from providers.base import Provider, ProviderRequest, ProviderResponse, SyntheticBehaviour
+from providers.base import (
+    CallProgress,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    SyntheticBehaviour,
+)
+from providers.pricing import PriceTable
 
 # A 429 is the provider asking the key to wait, not a failed attempt: the job waits out the pause
 # in its workflow and calls again under the same attempt number, this many times per attempt
@@ -91,7 +100,33 @@ def request(gateway: Gateway, a: Attempt, model: str, api_key: str | None) -> Pr
             if jt.synthetic_behaviour is not None
             else SyntheticBehaviour(output=jt.synthetic_output(model_in))
         ),
+        # What the call has done so far: a call cut before its answer was read is still charged.
+        progress=CallProgress(),
     )
+
+
+def charged(
+    prices: PriceTable,
+    a: Attempt,
+    req: ProviderRequest | None,
+    response: ProviderResponse | None,
+    margin: float,
+) -> Charged | None:
+    """What the call of `req` is charged, however it ended (jobs/charging.py): None when no
+    request was made (a prompt refused before the call)."""
+    if req is None:
+        return None
+    return charge(prices, req.model, response, req.progress, bound(a, req, margin))
+
+
+def bound(a: Attempt, req: ProviderRequest, margin: float) -> Bound:
+    """What create reserved this call for (jobs/charging.py): the chunk's or the job's
+    estimated prompt (jobs created before estimates were stored: the prompt as counted now),
+    its answer budget and the quote's margin."""
+    estimated = a.chunk.input_tokens if a.chunk is not None else a.row.estimated_input_tokens
+    if estimated is None:
+        estimated = count_chat_tokens(req.system_prompt, req.user_prompt)
+    return Bound(estimated, req.max_tokens or 0, margin)
 
 
 async def call(
@@ -175,6 +210,7 @@ class Called:
     failure: ExecutionFailure | None = None
     out: dict[str, Any] | None = None  # the output as stored
     model_out: BaseModel | None = None  # the same, as the projector takes it
+    charged: Charged | None = None  # what the call is charged (None: it was never sent)
 
     def usage(
         self,
@@ -187,7 +223,7 @@ class Called:
     ) -> UsageRow:
         """The call's ai_usage_log row; `call_no` (its take's number) makes it the one row of
         this call, however often it is written."""
-        r = self.response
+        r, c = self.response, self.charged
         return UsageRow(
             job_id=row.id,
             user_id=row.user_id,
@@ -195,14 +231,18 @@ class Called:
             attempt_no=attempt,
             credential_mode=row.credential_mode,
             provider=r.provider if r else (self.provider or "unknown"),
-            model=r.model if r else (self.model or "unknown"),
-            tokens_in=r.tokens_in if r else 0,
-            tokens_out=r.tokens_out if r else 0,
-            cost_usd=self.cost if r else Decimal(0),
+            model=c.model if c else r.model if r else (self.model or "unknown"),
+            tokens_in=c.tokens_in if c else r.tokens_in if r else 0,
+            tokens_out=c.tokens_out if c else r.tokens_out if r else 0,
+            cost_usd=c.cost_usd if c else self.cost if r else Decimal(0),
             latency_ms=self.latency_ms,
             error_code=error_code,
             chunk_no=chunk_no,
             call_no=call_no,
+            cost_basis=c.basis if c else "reported",
+            priced_as=c.priced_as if c else None,
+            cached_input_tokens=c.cached_input_tokens if c else 0,
+            reasoning_tokens=c.reasoning_tokens if c else 0,
         )
 
 

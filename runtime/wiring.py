@@ -82,9 +82,12 @@ def api_app(
 def price_table(settings: Settings, metrics: WorkerMetrics | None = None) -> PriceTable:
     """The process's prices (AI_MODEL_PRICES over the built-in table); a call charged the
     fallback price counts in `aijobs_unpriced_calls_total` of `metrics` (default: the process's
-    registry). Raises ValueError naming the setting when the prices are malformed."""
+    registry), an echo it does not know in `aijobs_unknown_model_echoes_total`. Raises
+    ValueError naming the setting when the prices are malformed."""
     m = metrics if metrics is not None else worker_metrics()
-    return PriceTable.from_settings(settings, on_unpriced=m.unpriced_call)
+    return PriceTable.from_settings(
+        settings, on_unpriced=m.unpriced_call, on_unknown_echo=m.money.unknown_echo
+    )
 
 
 def price_problems(settings: Settings, role: Role, queues: Sequence[str] = ()) -> list[str]:

@@ -29,6 +29,7 @@ from api.schemas import (
     AdminUsageGroupBy,
     AttemptUsageOut,
     JobUsageResponse,
+    ProviderCallOut,
     UsageGroupBy,
     UsageItem,
     UsageReport,
@@ -99,6 +100,7 @@ def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -
             tokens_in=b.tokens_in,
             tokens_out=b.tokens_out,
             cost_usd=b.cost_usd,
+            estimated_cost_usd=b.estimated_cost_usd,
         )
         for b in buckets
     ]
@@ -107,6 +109,7 @@ def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -
         tokens_in=sum(b.tokens_in for b in buckets),
         tokens_out=sum(b.tokens_out for b in buckets),
         cost_usd=sum((b.cost_usd for b in buckets), Decimal(0)),
+        estimated_cost_usd=sum((b.estimated_cost_usd for b in buckets), Decimal(0)),
     )
     return UsageReport(from_=start, to=end, group_by=group_by, items=items, total=total)
 
@@ -119,8 +122,9 @@ def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -
         "Your provider calls (failed ones included), tokens and cost over the UTC days "
         "`from`..`to` (inclusive; `to` defaults to today, `from` to `to` minus 29 days; at most "
         f"{MAX_RANGE_DAYS} days), grouped by `day`, `jobType` or `model`. `costUsd` is a "
-        "decimal string with 8 places. `from` after `to`, or a longer range, is 422 "
-        "`VALIDATION_FAILED` naming `from`."
+        "decimal string with 8 places; `estimatedCostUsd` is its part charged on the engine's "
+        "estimate (calls whose answer was not read to its end). `from` after `to`, or a "
+        "longer range, is 422 `VALIDATION_FAILED` naming `from`."
     ),
 )
 async def own_usage(
@@ -183,9 +187,13 @@ async def admin_usage(
     summary="What one of your jobs' calls cost, per attempt",
     description=(
         "Every provider call of the job (failed ones included) summed, and per attempt with "
-        "the error codes of its failed calls; with the token estimate, answer budget, cost cap "
-        "and reservation create fixed. Owner or admin; anyone else's job is 404 "
-        "`JOB_NOT_FOUND`, as a missing one."
+        "the error codes of its failed calls and each call (`providerCalls`: its cost and "
+        "`costBasis`, the model as echoed and the model it was `pricedAs`, its tokens with "
+        "their cached and reasoning parts); with the token estimate, answer budget, cost cap "
+        "and reservation create fixed. A call whose answer was not read to its end (a cancel, "
+        "a timeout, a worker drain, a broken connection) is charged on the engine's estimate "
+        "(`costBasis: estimated`, summed in `estimatedCostUsd`). Owner or admin; anyone "
+        "else's job is 404 `JOB_NOT_FOUND`, as a missing one."
     ),
 )
 async def job_usage(job_id: JobId, state: State, principal: User) -> JobUsageResponse:
@@ -201,6 +209,7 @@ async def job_usage(job_id: JobId, state: State, principal: User) -> JobUsageRes
         tokens_in=sum(a.tokens_in for a in attempts),
         tokens_out=sum(a.tokens_out for a in attempts),
         cost_usd=sum((a.cost_usd for a in attempts), Decimal(0)),
+        estimated_cost_usd=sum((a.estimated_cost_usd for a in attempts), Decimal(0)),
         reserved_cost_usd=money.reserved_cost_usd,
         max_cost_usd=money.max_cost_usd,
         estimated_input_tokens=money.estimated_input_tokens,
@@ -213,6 +222,20 @@ async def job_usage(job_id: JobId, state: State, principal: User) -> JobUsageRes
                 tokens_out=a.tokens_out,
                 cost_usd=a.cost_usd,
                 error_codes=a.error_codes,
+                estimated_cost_usd=a.estimated_cost_usd,
+                provider_calls=[
+                    ProviderCallOut(
+                        cost_usd=c.cost_usd,
+                        cost_basis="estimated" if c.estimated else "reported",
+                        model=c.model,
+                        priced_as=c.priced_as,
+                        tokens_in=c.tokens_in,
+                        tokens_out=c.tokens_out,
+                        cached_input_tokens=c.cached_input_tokens,
+                        reasoning_tokens=c.reasoning_tokens,
+                    )
+                    for c in a.provider_calls
+                ],
             )
             for a in attempts
         ],

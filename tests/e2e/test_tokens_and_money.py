@@ -406,9 +406,11 @@ async def test_usage_totals_are_the_sums_of_the_jobs(
                 "tokensIn": sum(f["tokensIn"] for f in figures),
                 "tokensOut": sum(f["tokensOut"] for f in figures),
                 "costUsd": sum((usd(f["costUsd"]) for f in figures), Decimal(0)),
+                "estimatedCostUsd": sum((usd(f["estimatedCostUsd"]) for f in figures), Decimal(0)),
             }
             assert summed["costUsd"] > 0
             total = (await own_usage(api, user))["total"]
+            total = {k: usd(v) if k.endswith("CostUsd") else v for k, v in total.items()}
             assert {**total, "costUsd": usd(total["costUsd"])} == summed, (user, total, summed)
             per_user[user] = summed
         assert sum(u["tokensIn"] for u in per_user.values()) == sum(100 + 17 * i for i in range(5))
@@ -424,6 +426,7 @@ async def test_usage_totals_are_the_sums_of_the_jobs(
                 "tokensIn": item["tokensIn"],
                 "tokensOut": item["tokensOut"],
                 "costUsd": usd(item["costUsd"]),
+                "estimatedCostUsd": usd(item["estimatedCostUsd"]),
             }
             for item in report["items"]
         }

@@ -287,7 +287,20 @@ async def test_admin_groups_by_each_value_and_filters(
                 "tokensIn": 7,
                 "tokensOut": 0,
                 "costUsd": "0.00000000",
+                "estimatedCostUsd": "0.00000000",
                 "errorCodes": ["PROVIDER_TIMEOUT"],
+                "providerCalls": [
+                    {
+                        "costUsd": "0.00000000",
+                        "costBasis": "reported",
+                        "model": "m-b",
+                        "pricedAs": None,
+                        "tokensIn": 7,
+                        "tokensOut": 0,
+                        "cachedInputTokens": 0,
+                        "reasoningTokens": 0,
+                    }
+                ],
             }
         ]
 
@@ -298,7 +311,13 @@ async def test_date_range_defaults_and_validation(idle_stack: Stack, settings: S
         assert body["to"] == TODAY.isoformat()
         assert body["from"] == (TODAY - timedelta(days=29)).isoformat()
         assert body["groupBy"] == "day" and body["items"] == []
-        assert body["total"] == {"calls": 0, "tokensIn": 0, "tokensOut": 0, "costUsd": "0.00000000"}
+        assert body["total"] == {
+            "calls": 0,
+            "tokensIn": 0,
+            "tokensOut": 0,
+            "costUsd": "0.00000000",
+            "estimatedCostUsd": "0.00000000",
+        }
 
         to = date(2026, 12, 31)
         longest = f"from={(to - timedelta(days=365)).isoformat()}&to={to.isoformat()}"
