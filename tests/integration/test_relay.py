@@ -342,6 +342,12 @@ async def test_a_crashed_relay_loop_is_started_again_and_counted(
                 row = await st.wait_status(job_id, timeout=30)
                 assert row.lifecycle_status == "succeeded"
                 assert CrashingRelay.crashes == 1
+                # Counted once the failed attempt has closed its loop (the job may be faster).
+
+                async def counted() -> bool:
+                    return relay_restarts() == before + 1
+
+                await eventually(counted, timeout=10, what="the restart counted")
                 assert relay_restarts() == before + 1
             finally:
                 await handle.terminate("test over")

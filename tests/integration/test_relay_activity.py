@@ -100,8 +100,8 @@ async def test_a_shard_continues_as_new_and_a_surplus_shard_ends(
 async def test_a_stopping_worker_ends_the_relay_attempt_at_once(
     settings: Settings, temporal_client: Client
 ) -> None:
-    """SIGTERM's path: the worker shuts down, the activity finishes its batch and returns, the
-    workflow continues as new and the next worker takes the new attempt without waiting."""
+    """SIGTERM's path: the worker shuts down, the activity finishes its batch and returns; the
+    next worker continues the workflow as new and relays, without a heartbeat timeout."""
     async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
         worker = relay_worker(st)
         await worker.__aenter__()
@@ -114,11 +114,15 @@ async def test_a_stopping_worker_ends_the_relay_attempt_at_once(
             t0 = time.monotonic()
             await worker.shutdown()
             assert time.monotonic() - t0 < 5, "the relay attempt did not end on shutdown"
+            # The attempt returned (nothing pending): no heartbeat timeout to wait out.
             desc = await temporal_client.get_workflow_handle(wid).describe()
-            assert desc.run_id != before and desc.status == WorkflowExecutionStatus.RUNNING
+            assert list(desc.raw_description.pending_activities) == []
             async with relay_worker(st):
                 job = await st.create()
                 assert (await st.wait_status(job, timeout=30)).lifecycle_status == "succeeded"
+                # The next worker continued the workflow as new and runs its relay.
+                desc = await temporal_client.get_workflow_handle(wid).describe()
+                assert desc.run_id != before and desc.status == WorkflowExecutionStatus.RUNNING
         finally:
             await temporal_client.get_workflow_handle(wid).terminate("test over")
 
