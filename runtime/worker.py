@@ -161,50 +161,54 @@ def build_workers(
                 )
             )
         elif q == SYSTEM_QUEUE:
-            # Its `relay` phase starts a missing relay shard workflow.
-            rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
-            reconciler = Reconciler(parts.sessionmaker, client, rc, catalog=parts.catalog)
-            # Admin bulk operations act through the same use cases as the API (same catalog,
-            # same create policy: a bulk retry is an internal create, outside user quotas).
-            bulk = BulkActivities(
-                BulkService(
-                    parts.sessionmaker,
-                    JobService(
-                        parts.sessionmaker,
-                        parts.catalog,
-                        create_policy(s),
-                        credential_lookup=active_user_key_id,
-                    ),
-                    BulkPolicy.from_settings(s),
-                ),
-                client,
-            )
-            relay = RelayActivities(
-                parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
-            )
-            workers.append(
-                Worker(
-                    client,
-                    task_queue=s.task_queue(q),
-                    # RelayWorkflow only so that a run an older version left open can take its
-                    # workflow tasks until it is retired (workflows/system.py).
-                    workflows=[RelayShardWorkflow, RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
-                    activities=[relay.outbox_relay, reconciler.reconcile_once, *bulk.all()],
-                    # A slot per relay shard it may hold, beside the reconciler and bulk pages.
-                    max_concurrent_activities=8 + s.relay_shards,
-                    # The relay's progress reaches the Temporal UI every 2 s.
-                    max_heartbeat_throttle_interval=timedelta(seconds=2),
-                    # On SIGTERM the relay activity finishes its batch and returns (its next
-                    # attempt starts on another worker at once); what still runs after this
-                    # is cancelled.
-                    graceful_shutdown_timeout=timedelta(seconds=SYSTEM_DRAIN_S),
-                    workflow_runner=sandbox_runner(),
-                    interceptors=[PublicFailureInterceptor()],
-                )
-            )
+            workers.append(system_worker(client, parts))
         else:
             raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
     return workers
+
+
+def system_worker(client: Client, parts: Parts) -> Worker:
+    """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations."""
+    s = parts.settings
+    # Its `relay` phase starts a missing relay shard workflow.
+    rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
+    reconciler = Reconciler(parts.sessionmaker, client, rc, catalog=parts.catalog)
+    # Admin bulk operations act through the same use cases as the API (same catalog,
+    # same create policy: a bulk retry is an internal create, outside user quotas).
+    bulk = BulkActivities(
+        BulkService(
+            parts.sessionmaker,
+            JobService(
+                parts.sessionmaker,
+                parts.catalog,
+                create_policy(s),
+                credential_lookup=active_user_key_id,
+            ),
+            BulkPolicy.from_settings(s),
+        ),
+        client,
+    )
+    relay = RelayActivities(
+        parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
+    )
+    return Worker(
+        client,
+        task_queue=s.task_queue(SYSTEM_QUEUE),
+        # RelayWorkflow only so that a run an older version left open can take its
+        # workflow tasks until it is retired (workflows/system.py).
+        workflows=[RelayShardWorkflow, RelayWorkflow, ReconcilerWorkflow, BulkWorkflow],
+        activities=[relay.outbox_relay, reconciler.reconcile_once, *bulk.all()],
+        # A slot per relay shard it may hold, beside the reconciler and bulk pages.
+        max_concurrent_activities=8 + s.relay_shards,
+        # The relay's progress reaches the Temporal UI every 2 s.
+        max_heartbeat_throttle_interval=timedelta(seconds=2),
+        # On SIGTERM the relay activity finishes its batch and returns (its next
+        # attempt starts on another worker at once); what still runs after this
+        # is cancelled.
+        graceful_shutdown_timeout=timedelta(seconds=SYSTEM_DRAIN_S),
+        workflow_runner=sandbox_runner(),
+        interceptors=[PublicFailureInterceptor()],
+    )
 
 
 def relay_shards(settings: Settings) -> RelayShards:
