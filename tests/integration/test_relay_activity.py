@@ -5,6 +5,7 @@ reconciler starts a missing shard, and leaves a running one alone."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from datetime import timedelta
@@ -153,3 +154,24 @@ async def test_the_reconciler_starts_a_missing_relay_workflow(
                 assert f"relay workflow {wid} started" in third.details
             finally:
                 await temporal_client.get_workflow_handle(wid).terminate("test over")
+
+
+async def test_a_terminated_relay_workflow_ends_its_activity_and_the_worker_stops(
+    settings: Settings, temporal_client: Client
+) -> None:
+    """The cancel path: the workflow is terminated while its activity relays; the activity
+    learns it from its next heartbeat and stops its loop, so the worker still stops at once."""
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
+        worker = relay_worker(st)
+        await worker.__aenter__()
+        try:
+            wid = await start_shard(st, 0)
+            await eventually(
+                lambda: relay_heartbeat(temporal_client, wid), timeout=15, what="a heartbeat"
+            )
+            await temporal_client.get_workflow_handle(wid).terminate("an operator")
+            await asyncio.sleep(3)  # a few heartbeats: the activity is cancelled
+        finally:
+            t0 = time.monotonic()
+            await asyncio.wait_for(worker.shutdown(), 30)
+        assert time.monotonic() - t0 < 5, f"the worker took {time.monotonic() - t0:.1f} s to stop"
