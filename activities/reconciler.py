@@ -13,9 +13,9 @@ phases, in this order:
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
-- relay: a run of the retired `outbox_relay` workflow that an older version left open is
-  terminated (the relay is a supervised loop of every `ai-system` worker process now, and no
-  worker serves that workflow's activity any more);
+- relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started; a run of the
+  retired `outbox_relay` singleton that an older version left open is terminated (no worker
+  serves its activity any more);
 - retention: expired snapshots deleted; input and output of old terminal jobs removed; published
   outbox rows deleted after OUTBOX_RETENTION_DAYS; admin audit entries after
   ADMIN_AUDIT_RETENTION_DAYS.
@@ -55,7 +55,7 @@ from temporalio.service import RPCError
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
-from activities.relay import retire_relay_workflow
+from activities.relay_activity import RelayShards, check_relay
 from db import audit as audit_db
 from db import outbox as outbox_db
 from db import reconciler as reconciler_db
@@ -104,7 +104,9 @@ class ReconcilerConfig:
     retention_days: int = 30
     outbox_retention_days: int = 7
     audit_retention_days: int = 365
-    # The retired relay workflow whose open run this reconciler terminates (None: not its job).
+    # The relay shard workflows it starts when missing, and the retired relay workflow whose
+    # open run it terminates (None: not its job).
+    relay_shards: RelayShards | None = None
     relay_workflow_id: str | None = None
     # Per-pass limits (tests shrink them; production keeps the module constants).
     page: int = PAGE
@@ -394,16 +396,13 @@ class Reconciler:
                 log.warning("cancel re-send failed", extra={"job_id": str(c.job_id)})
         return after, False
 
-    # ---- phases: the retired relay, retention ------------------------------------------------
+    # ---- phases: the relay, retention ------------------------------------------------
 
     async def _relay(self, p: Pass, phase: Phase) -> None:
-        relay_id = self.config.relay_workflow_id
-        if relay_id is None or not (await describe(self._client, p, relay_id)).running:
-            return
-        p.temporal_calls += 2  # its describe and terminate
-        if await retire_relay_workflow(self._client, relay_id):
-            p.add("relay_retired")
-            p.details.append("legacy relay workflow retired")
+        c = await check_relay(self._client, self.config.relay_shards, self.config.relay_workflow_id)
+        p.temporal_calls += c.calls
+        p.details.extend(c.notes)
+        p.add("relay_retired", int(c.retired))
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
         """One bounded page of each kind per pass (their queries carry the limits)."""

@@ -1,16 +1,13 @@
 """The outbox relay (docs/architecture.md): claim → start workflow → mark published.
 
-Runs as a plain loop (`Relay.run`) under the supervisor of the `ai-system` worker process
-(runtime/supervisor.py), beside the webhook deliverer, or standalone via `aijobs relay`: both
-pollers follow one model, see docs/architecture.md "Pollers". Several relays may run at once:
-claims are disjoint (SKIP LOCKED) and a workflow id is per job, so a row dispatched twice after a
-crash starts its workflow once ("already started" counts as success). Nothing is sent to
-Temporal while a transaction is open.
-
-The relay used to be a long heartbeating activity of a singleton `outbox_relay` workflow. That
-workflow stays registered so that its recorded histories replay; it is no longer started, and a
-run an older version left open is terminated (`retire_relay_workflow`) at worker start and by
-the reconciler, since no worker serves its activity any more.
+`Relay.run` is the loop. It runs inside the long heartbeating `outbox_relay` activity of each
+relay shard workflow (`outbox-relay-<k>`, activities/relay_activity.py) on `ai-system` workers,
+so Temporal keeps it alive: a worker that dies stops heartbeating and the activity is retried
+on another one. `aijobs relay` may run the same loop outside Temporal, beside the webhook
+deliverer. Several relays may run at once: claims are disjoint (SKIP LOCKED) and a workflow id
+is per job, so a row dispatched twice after a crash starts its workflow once ("already started"
+counts as success). Nothing is sent to Temporal while a transaction is open. The loop counts its
+progress (`dispatched`, `batches`, `last_*`) for the activity's heartbeat details.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from typing import Literal
 
 import psycopg
 from opentelemetry import context as otel_context
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import (
     Priority,
     SearchAttributePair,
@@ -113,6 +110,12 @@ class Relay:
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)
         self.unavailable_streak = 0
+        # Progress, for the relay activity's heartbeat: rows settled, batches, the last batch's
+        # size and wall time, the last failure's type or kind and its time.
+        self.dispatched = self.batches = self.last_batch = 0
+        self.last_batch_at: datetime | None = None
+        self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -136,11 +139,12 @@ class Relay:
                         if stop.is_set():
                             return
                     failures = 0
-                except Exception:
+                except Exception as exc:
                     # Keep the relay alive and back off. Rows claimed but not marked stay
                     # `processing` until their TTL, then go out again; starting a workflow
                     # twice is a no-op.
                     failures += 1
+                    self._note_error(type(exc).__name__)
                     log.warning("relay iteration failed (%d in a row); backing off", failures)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), min(5.0, 0.2 * 2**failures))
@@ -211,6 +215,11 @@ class Relay:
             await relay_db.publish(self._sm, ok, ended, owner=self.config.owner)
         else:
             await self._settle(ok, ended, failed)
+        self.dispatched += len(rows)
+        self.batches += 1
+        self.last_batch, self.last_batch_at = len(rows), datetime.now(UTC)
+        if failed:
+            self._note_error(f"dispatch {failed[-1][1].kind}")
         if failed and all(res.kind == "unavailable" for _, res in failed):
             # Temporal is unreachable: slow the whole relay down, not only these rows.
             self.unavailable_streak += 1
@@ -218,6 +227,9 @@ class Relay:
         else:
             self.unavailable_streak = 0
         return len(rows)
+
+    def _note_error(self, what: str) -> None:
+        self.last_error, self.last_error_at = what, datetime.now(UTC)
 
     async def _settle(
         self,
@@ -369,33 +381,6 @@ class Relay:
                 kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
                 return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
         return None
-
-
-async def retire_relay_workflow(client: Client, workflow_id: str) -> bool:
-    """Terminate the open run of the retired `outbox_relay` workflow, if there is one (an older
-    version started it; no worker serves its activity any more, so it would retry that activity
-    forever). Returns True when a run was terminated. The relay itself runs as a supervised loop
-    in every `ai-system` worker process; nothing is lost with the workflow."""
-    handle = client.get_workflow_handle(workflow_id)
-    try:
-        desc = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        return False
-    try:
-        await handle.terminate(reason="the relay runs as a supervised loop in ai-system workers")
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False  # it closed meanwhile
-        raise
-    log.warning(
-        "retired the legacy relay workflow",
-        extra={"workflow_id": workflow_id, "alert": "AIJOBS_RELAY_WORKFLOW_RETIRED"},
-    )
-    return True
 
 
 @contextlib.contextmanager

@@ -28,14 +28,19 @@ COMPLETE = "complete"
 MERGE = "merge"
 FINALIZE_FAILED = "finalize_failed"
 FINALIZE_CANCELLED = "finalize_cancelled"
-RELAY_LOOP = "relay_loop"
+RELAY_LOOP = "relay_loop"  # the retired relay workflow's activity (never served now)
+# The relay: one long heartbeating activity per shard workflow (activities/relay_activity.py).
+OUTBOX_RELAY = "outbox_relay"
 RECONCILE_ONCE = "reconcile_once"
 
 BULK_PROCESS_PAGE = "bulk_process_page"
 BULK_FINISH = "bulk_finish"
 
+# The retired singleton relay workflow: registered for its recorded histories, never started.
 RELAY_WORKFLOW = "outbox_relay"
 RELAY_WORKFLOW_ID = "ai-system:outbox-relay"
+# The relay's shard workflows (`RELAY_SHARDS` of them, ids `outbox-relay-<k>`).
+RELAY_SHARD_WORKFLOW = "outbox_relay_shard"
 RECONCILER_WORKFLOW = "reconciler"
 RECONCILER_SCHEDULE_ID = "ai-system:reconciler"
 BULK_WORKFLOW = "bulk_operation"
@@ -44,6 +49,11 @@ BULK_WORKFLOW = "bulk_operation"
 def bulk_workflow_id(operation_id: str) -> str:
     """One workflow per bulk operation: starting it twice is a no-op."""
     return f"bulk:{operation_id}"
+
+
+def relay_shard_workflow_id(shard: int, suffix: str = "") -> str:
+    """One workflow per relay shard: starting a running one again is a no-op."""
+    return f"outbox-relay-{shard}{suffix}"
 
 
 def workflow_id(queue_name: str, job_type: str, job_id: str) -> str:
@@ -229,6 +239,39 @@ class JobWorkflowResult:
 @dataclass(frozen=True)
 class RelayInput:
     iterations_before_continue: int = 0  # 0: run until the activity's own time budget ends
+
+
+@dataclass(frozen=True)
+class RelayShardInput:
+    """A relay shard's workflow input. `run_for_s` bounds one activity run: the workflow then
+    continues as new, so its history stays a dozen events whatever the relay's uptime."""
+
+    shard: int
+    run_for_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class RelayShardResult:
+    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (the setting
+    went down), so its workflow ends instead of continuing as new."""
+
+    dispatched: int = 0
+    retired: bool = False
+
+
+@dataclass(frozen=True)
+class RelayProgress:
+    """The relay activity's heartbeat details, what the Temporal UI shows of it: counts, times
+    (ISO 8601) and an error's type or kind, never a message (a driver's repeats parameters)."""
+
+    shard: int
+    dispatched: int  # rows claimed and settled by this attempt
+    started: int  # workflows it started
+    batches: int
+    last_batch: int
+    last_batch_at: str | None = None
+    last_error: str | None = None
+    last_error_at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -196,10 +196,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
-    """The two pollers of an `ai-system` worker (relay and webhook deliverer, supervised), with
-    no Temporal worker: e.g. more dispatch capacity beside the system workers."""
+    """The relay loop and the webhook deliverer (supervised), with no Temporal worker: dispatch
+    and delivery capacity beside the system workers, whose relay runs as an activity."""
+    from activities.relay import Relay
     from runtime.telemetry import start_metrics_server, temporal_runtime
-    from runtime.wiring import build_parts, connect_temporal
+    from runtime.wiring import build_parts, connect_temporal, relay_config
     from runtime.worker import run_pollers
 
     stop = asyncio.Event()
@@ -209,7 +210,8 @@ async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
     client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
     gc.freeze()  # start-up's objects out of the collector's walks, as in the worker
     try:
-        await run_pollers(client, parts, stop)
+        relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(s))
+        await run_pollers(client, parts, stop, relay=relay)
     finally:
         stop.set()
         await parts.close()

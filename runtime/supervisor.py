@@ -1,5 +1,7 @@
-"""Supervised loops: the engine's pollers (the outbox relay, the webhook deliverer) run as plain
-asyncio loops in the `ai-system` worker process (and `aijobs relay`), each under `supervise`.
+"""Supervised loops: the webhook deliverer runs as a plain asyncio loop in every `ai-system`
+worker process under `supervise` (it must deliver while Temporal is down), and `aijobs relay`
+runs the outbox relay's loop the same way. In the `ai-system` workers the relay is a Temporal
+activity instead, and its retry policy plays this module's part (activities/relay_activity.py).
 
 A poller handles its own transient failures (a database blip backs off inside its loop); what
 escapes it is a bug or something it did not expect. The supervisor then logs the failure (its

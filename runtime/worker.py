@@ -6,15 +6,17 @@ AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the 
 activity there, so the limit caps concurrent provider calls; the bookkeeping stages (local
 activities) are not throttled by it. The worker takes at most WORKER_WORKFLOW_TASKS workflow tasks
 and runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
-on the server, where tasks are dispatched fairly across users. `ai-system` runs the reconciler
-schedule and the admin bulk workflows; its process also runs the two pollers, the outbox relay
-and the webhook deliverer, as supervised loops (`run_pollers`, docs/architecture.md "Pollers").
+on the server, where tasks are dispatched fairly across users. `ai-system` runs the relay shard
+workflows (`outbox-relay-<k>`, each one heartbeating relay activity), the reconciler schedule
+and the admin bulk workflows; its process also runs the webhook deliverer as a supervised loop
+(`run_pollers`: it must deliver while Temporal is down; docs/architecture.md "Pollers").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,7 +40,13 @@ from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
-from activities.relay import Relay, retire_relay_workflow
+from activities.relay import Relay
+from activities.relay_activity import (
+    RelayActivities,
+    RelayShards,
+    ensure_relay_workflows,
+    retire_relay_workflow,
+)
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
@@ -63,10 +71,13 @@ from runtime.wiring import (
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
 from workflows.schedule_run import ScheduledRun
-from workflows.system import ReconcilerWorkflow, RelayWorkflow
+from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
 
 log = logging.getLogger(__name__)
 ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
+# How long a stopping `ai-system` worker lets its activities end on their own (the relay's
+# batch in hand; a reconciler pass or bulk page still running is cancelled after it).
+SYSTEM_DRAIN_S = 10.0
 # The job queues, interactive first (unpacking fails loudly if a queue is ever added).
 INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
 
@@ -131,38 +142,6 @@ def _job_worker(
     )
 
 
-def _system_worker(client: Client, parts: Parts) -> Worker:
-    """The ai-system worker: the reconciler schedule's workflow and admin bulk operations."""
-    s = parts.settings
-    reconciler = Reconciler(parts.sessionmaker, client, reconciler_config(s), catalog=parts.catalog)
-    # Admin bulk operations act through the same use cases as the API (same catalog, same
-    # create policy: a bulk retry is an internal create, outside user quotas).
-    bulk = BulkActivities(
-        BulkService(
-            parts.sessionmaker,
-            JobService(
-                parts.sessionmaker,
-                parts.catalog,
-                create_policy(s),
-                credential_lookup=active_user_key_id,
-            ),
-            BulkPolicy.from_settings(s),
-        ),
-        client,
-    )
-    return Worker(
-        client,
-        task_queue=s.task_queue(SYSTEM_QUEUE),
-        # RelayWorkflow only so that a run an older version left open can take its workflow
-        # tasks until it is retired (workflows/system.py).
-        workflows=[RelayWorkflow, ReconcilerWorkflow, BulkWorkflow, ScheduledRun],
-        activities=[reconciler.reconcile_once, *bulk.all(), *schedule_activities(parts).all()],
-        max_concurrent_activities=8,
-        workflow_runner=sandbox_runner(),
-        interceptors=[PublicFailureInterceptor()],
-    )
-
-
 def build_workers(
     client: Client,
     parts: Parts,
@@ -193,15 +172,79 @@ def build_workers(
     return [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else _system_worker(client, parts)
+        else system_worker(client, parts)
         for q in queues
     ]
 
 
+def system_worker(client: Client, parts: Parts) -> Worker:
+    """The `ai-system` worker: the relay shards, the reconciler, the admin bulk operations and
+    the schedules' runs."""
+    s = parts.settings
+    # Its `relay` phase starts a missing relay shard workflow.
+    rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
+    reconciler = Reconciler(parts.sessionmaker, client, rc, catalog=parts.catalog)
+    # Admin bulk operations act through the same use cases as the API (same catalog,
+    # same create policy: a bulk retry is an internal create, outside user quotas).
+    bulk = BulkActivities(
+        BulkService(
+            parts.sessionmaker,
+            JobService(
+                parts.sessionmaker,
+                parts.catalog,
+                create_policy(s),
+                credential_lookup=active_user_key_id,
+            ),
+            BulkPolicy.from_settings(s),
+        ),
+        client,
+    )
+    relay = RelayActivities(
+        parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
+    )
+    return Worker(
+        client,
+        task_queue=s.task_queue(SYSTEM_QUEUE),
+        # RelayWorkflow only so that a run an older version left open can take its
+        # workflow tasks until it is retired (workflows/system.py).
+        workflows=[
+            RelayShardWorkflow,
+            RelayWorkflow,
+            ReconcilerWorkflow,
+            BulkWorkflow,
+            ScheduledRun,
+        ],
+        activities=[
+            relay.outbox_relay,
+            reconciler.reconcile_once,
+            *bulk.all(),
+            *schedule_activities(parts).all(),
+        ],
+        # A slot per relay shard it may hold, beside the reconciler and bulk pages.
+        max_concurrent_activities=8 + s.relay_shards,
+        # The relay's progress reaches the Temporal UI every 2 s.
+        max_heartbeat_throttle_interval=timedelta(seconds=2),
+        # On SIGTERM the relay activity finishes its batch and returns (its next
+        # attempt starts on another worker at once); what still runs after this
+        # is cancelled.
+        graceful_shutdown_timeout=timedelta(seconds=SYSTEM_DRAIN_S),
+        workflow_runner=sandbox_runner(),
+        interceptors=[PublicFailureInterceptor()],
+    )
+
+
+def relay_shards(settings: Settings) -> RelayShards:
+    return RelayShards(
+        settings.relay_shards, settings.task_queue(SYSTEM_QUEUE), settings.task_queue_suffix
+    )
+
+
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:
-    """Start the reconciler schedule (idempotent), and terminate an open run of the retired
-    relay workflow an older version started (the relay is one of this process's pollers)."""
+    """Start the relay shard workflows that are not running and the reconciler schedule (both
+    idempotent), and terminate an open run of the retired relay workflow an older version
+    started."""
     await retire_relay_workflow(client, RELAY_WORKFLOW_ID + settings.task_queue_suffix)
+    await ensure_relay_workflows(client, relay_shards(settings))
     with contextlib.suppress(ScheduleAlreadyRunningError):
         await client.create_schedule(
             RECONCILER_SCHEDULE_ID + settings.task_queue_suffix,
@@ -236,17 +279,19 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
 async def run_pollers(
     client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
 ) -> None:
-    """The outbox relay and the webhook deliverer, each a plain loop under `supervise` (restarted
-    with backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set.
-    Every `ai-system` worker process (and `aijobs relay`) runs both: their claims are disjoint,
-    so any number of processes may (docs/architecture.md "Pollers")."""
-    relay = relay or Relay(parts.sessionmaker, client, parts.catalog, relay_config(parts.settings))
-    deliverer = webhook_deliverer(parts)
-    await asyncio.gather(
-        supervise("relay", relay.run, stop),
-        supervise("webhooks", deliverer.run, stop),
+    """The webhook deliverer, the schedules' dispatcher, and `relay` when given (`aijobs relay`:
+    the relay loop outside Temporal), each a plain loop under `supervise` (restarted with
+    backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set. Every
+    `ai-system` worker process runs the deliverer (it must deliver while Temporal is down) and
+    the dispatcher; their claims are disjoint, so any number of processes may
+    (docs/architecture.md "Pollers")."""
+    loops = [
+        supervise("webhooks", webhook_deliverer(parts).run, stop),
         supervise("schedules", schedule_dispatcher(client, parts).run, stop),
-    )
+    ]
+    if relay is not None:
+        loops.append(supervise("relay", relay.run, stop))
+    await asyncio.gather(*loops)
 
 
 async def run_workers(
@@ -291,6 +336,7 @@ __all__ = [
     "build_workers",
     "ensure_system_workflows",
     "relay_config",
+    "relay_shards",
     "run_pollers",
     "run_workers",
     "shutdown_together",

@@ -311,6 +311,8 @@ async def test_the_ai_system_worker_runs_the_deliverer(
         suffix = settings.task_queue_suffix
         with contextlib.suppress(Exception):
             await temporal_client.get_schedule_handle(RECONCILER_SCHEDULE_ID + suffix).delete()
+        with contextlib.suppress(Exception):  # the relay workflow the worker started
+            await temporal_client.get_workflow_handle(f"outbox-relay-0{suffix}").terminate()
 
 
 async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack) -> None:

@@ -380,3 +380,16 @@ def local_stages(history: Any) -> list[str]:
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
         and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
     ]
+
+
+async def relay_heartbeat(client: Client, wid: str) -> dict[str, Any] | None:
+    """The heartbeat details of the pending relay activity of the running relay workflow `wid`
+    (what the Temporal UI shows), or None while there are none."""
+    desc = await describe_or_none(client, wid)
+    if desc is None or desc.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    for a in desc.raw_description.pending_activities:
+        if "relay" in a.activity_type.name and a.heartbeat_details.payloads:
+            details: dict[str, Any] = json.loads(a.heartbeat_details.payloads[0].data)
+            return details
+    return None

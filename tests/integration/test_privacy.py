@@ -93,8 +93,8 @@ async def test_failed_jobs_keep_input_out_of_temporal(
 async def test_reconciler_history_carries_no_job_data(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    """The system workflow's history names jobs by id only. (The relay has no history: it is a
-    plain loop of the ai-system worker process, see docs/architecture.md "Pollers".)"""
+    """The system workflow's history names jobs by id only. (The relay's shard workflows carry
+    a shard number and counts only, see docs/architecture.md "Pollers".)"""
     secret = sentinel()
     async with engine_stack(settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as st:
         done = await job_with_secret(st, secret)

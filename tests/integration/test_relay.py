@@ -1,6 +1,7 @@
 """The outbox relay on the real PostgreSQL and Temporal dev server: the crash
-window between claim and publish, two relays at once, the relay as a supervised loop of the
-`ai-system` worker process, and a crashed relay loop started again by its supervisor."""
+window between claim and publish, two relays at once, the relay as the heartbeating activity of
+the `outbox-relay-<k>` workflows that `ai-system` workers run, and a crashed relay loop started
+again by the activity's retry."""
 
 from __future__ import annotations
 
@@ -12,25 +13,31 @@ import uuid
 import psycopg
 from prometheus_client import REGISTRY
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.worker import Worker
 
 from activities.metrics import worker_metrics
-from activities.relay import Relay
+from activities.relay import Relay, RelayConfig
+from activities.relay_activity import RelayActivities
 from db import outbox as outbox_db
 from db.outbox import COMPLETED, ENQUEUE
 from db.session import SessionMaker
 from engine.contracts import (
     RECONCILER_SCHEDULE_ID,
+    RELAY_SHARD_WORKFLOW,
     RELAY_WORKFLOW,
     RELAY_WORKFLOW_ID,
     RelayInput,
+    RelayShardInput,
+    relay_shard_workflow_id,
     workflow_id,
 )
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
-from runtime.worker import ensure_system_workflows, run_pollers, run_workers
+from runtime.worker import ensure_system_workflows, run_workers, sandbox_runner
 from tests.integration.engine_helpers import (
     describe_or_none,
     job_facts,
+    relay_heartbeat,
     rows,
     scalar,
     wait_jobs,
@@ -38,6 +45,7 @@ from tests.integration.engine_helpers import (
 )
 from tests.stack import INTERACTIVE, engine_stack, make_settings, new_relay, relay_running
 from tests.support import eventually
+from workflows.system import RelayShardWorkflow
 
 
 async def runs_of(client: Client, wid: str) -> list[str]:
@@ -184,8 +192,9 @@ async def test_two_relays_500_jobs_each_published_and_started_once(
 async def test_the_system_worker_process_relays_and_retires_the_old_relay_workflow(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    """The production path: an `ai-system` worker process runs the relay as a supervised loop
-    (no workflow); a run of the retired relay workflow that an older version left open is
+    """The production path: an `ai-system` worker process starts the relay workflow
+    `outbox-relay-0` and runs its relay activity, whose heartbeat details show what it
+    dispatched; a run of the retired relay workflow that an older version left open is
     terminated at start; an event type nobody knows is acknowledged, never dispatched."""
     async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
         relay_wid = RELAY_WORKFLOW_ID + settings.task_queue_suffix
@@ -211,6 +220,15 @@ async def test_the_system_worker_process_relays_and_retires_the_old_relay_workfl
             job_id = await st.create(input={"echo": {"via": "system-worker"}})
             row = await st.wait_status(job_id, timeout=30)
             assert row.lifecycle_status == "succeeded"
+            # The relay is the pending activity of `outbox-relay-0`; its heartbeat shows it.
+            shard = relay_shard_workflow_id(0, settings.task_queue_suffix)
+
+            async def progressed() -> dict[str, object] | None:
+                details = await relay_heartbeat(temporal_client, shard)
+                return details if details and int(str(details["dispatched"])) >= 1 else None
+
+            details = await eventually(progressed, timeout=15, what="relay heartbeat progress")
+            assert details["shard"] == 0 and details["batches"], details
 
             # An unknown event whose payload looks like an enqueue of a job.
             ghost = uuid.uuid4()
@@ -259,6 +277,9 @@ async def test_the_system_worker_process_relays_and_retires_the_old_relay_workfl
         finally:
             stop.set()
             await asyncio.wait_for(system, 30)
+            await temporal_client.get_workflow_handle(
+                relay_shard_workflow_id(0, settings.task_queue_suffix)
+            ).terminate("test over")
             schedule = temporal_client.get_schedule_handle(
                 RECONCILER_SCHEDULE_ID + settings.task_queue_suffix
             )
@@ -267,17 +288,23 @@ async def test_the_system_worker_process_relays_and_retires_the_old_relay_workfl
 
 class CrashingRelay(Relay):
     """Fails outside its own per-iteration guard the first time it would sleep: what a bug in
-    the loop looks like to the supervisor."""
+    the loop looks like to the activity that runs it. Counted across attempts (each attempt
+    runs a relay of its own)."""
 
     crashes = 0
 
     async def _wait(
         self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
     ) -> None:
-        if self.crashes == 0:
-            self.crashes += 1
+        if CrashingRelay.crashes == 0:
+            CrashingRelay.crashes += 1
             raise RuntimeError("relay bug")
         await super()._wait(listener, stop)
+
+
+class CrashingRelays(RelayActivities):
+    def new_relay(self, config: RelayConfig) -> Relay:
+        return CrashingRelay(self._sm, self._client, self._catalog, config)
 
 
 def relay_restarts() -> float:
@@ -289,19 +316,38 @@ def relay_restarts() -> float:
 async def test_a_crashed_relay_loop_is_started_again_and_counted(
     settings: Settings, temporal_client: Client
 ) -> None:
+    """A loop that raises fails its activity attempt; Temporal retries it a second later."""
     async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
-        relay = CrashingRelay(
+        CrashingRelay.crashes = 0
+        relays = CrashingRelays(
             st.parts.sessionmaker, temporal_client, st.parts.catalog, new_relay(st).config
         )
         before = relay_restarts()
-        stop = asyncio.Event()
-        pollers = asyncio.create_task(run_pollers(temporal_client, st.parts, stop, relay=relay))
-        try:
-            job_id = await st.create()
-            row = await st.wait_status(job_id, timeout=30)
-            assert row.lifecycle_status == "succeeded"
-            assert relay.crashes == 1
-            assert relay_restarts() == before + 1
-        finally:
-            stop.set()
-            await asyncio.wait_for(pollers, 30)
+        tq = settings.task_queue(SYSTEM_QUEUE)
+        async with Worker(
+            temporal_client,
+            task_queue=tq,
+            workflows=[RelayShardWorkflow],
+            activities=[relays.outbox_relay],
+            workflow_runner=sandbox_runner(),
+        ):
+            handle = await temporal_client.start_workflow(
+                RELAY_SHARD_WORKFLOW,
+                RelayShardInput(shard=0),
+                id=relay_shard_workflow_id(0, settings.task_queue_suffix),
+                task_queue=tq,
+            )
+            try:
+                job_id = await st.create()
+                row = await st.wait_status(job_id, timeout=30)
+                assert row.lifecycle_status == "succeeded"
+                assert CrashingRelay.crashes == 1
+                # Counted once the failed attempt has closed its loop (the job may be faster).
+
+                async def counted() -> bool:
+                    return relay_restarts() == before + 1
+
+                await eventually(counted, timeout=10, what="the restart counted")
+                assert relay_restarts() == before + 1
+            finally:
+                await handle.terminate("test over")

@@ -1,6 +1,8 @@
-"""The relay runs as a supervised loop in every ai-system worker process: when that process dies,
-the next one relays what was enqueued meanwhile (including the rows the dead one had claimed,
-after their lock TTL), and no relay workflow is involved."""
+"""The relay runs as the heartbeating activity of the `outbox-relay-0` workflow, which an
+ai-system worker process starts: when the process that runs the activity is killed, the
+activity is retried on the next ai-system worker within its heartbeat timeout, and a job created
+meanwhile still starts within about 15 s; SIGTERM makes a worker exit well within 45 s. The
+retired singleton relay workflow is never started."""
 
 from __future__ import annotations
 
@@ -10,16 +12,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from db.session import SessionMaker
-from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID
+from engine.contracts import RECONCILER_SCHEDULE_ID, RELAY_WORKFLOW_ID, relay_shard_workflow_id
 from engine.definition import SYSTEM_QUEUE
-from tests.integration.engine_helpers import describe_or_none, worker_processes
+from tests.integration.engine_helpers import describe_or_none, relay_heartbeat, worker_processes
 from tests.stack import INTERACTIVE, engine_stack, make_settings
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -61,16 +65,48 @@ async def test_relay_survives_the_death_of_its_worker(
                 first = await st.create(input={"echo": {"n": 1}})
                 row = await st.wait_status(first, "succeeded", "failed", timeout=60)
                 assert row.lifecycle_status == "succeeded", log.read_text()[-2000:]
+                # The Temporal server lists the relay workflow with its heartbeating activity.
+                shard = relay_shard_workflow_id(0, suffix)
 
-                ps[0].kill()  # the relay loop dies with its process
+                async def progressed() -> dict[str, object] | None:
+                    details = await relay_heartbeat(temporal_client, shard)
+                    return details if details and int(str(details["dispatched"])) >= 1 else None
+
+                await eventually(progressed, timeout=20, what="the relay activity's heartbeat")
+
+                ps[0].kill()  # the relay activity's process dies: no heartbeat any more
                 assert ps[0].wait(timeout=10) == -signal.SIGKILL
-                second = await st.create(input={"echo": {"n": 2}})
+                killed = time.monotonic()
                 ps.append(start_system_worker(env, log))
+                second = await st.create(input={"echo": {"n": 2}})
 
-                # The new process's relay loop takes the job created while no relay was alive.
-                row = await st.wait_status(second, "succeeded", "failed", timeout=90)
+                # The activity is retried on the new process after its heartbeat timeout (10 s)
+                # and takes the job created while no relay was alive.
+                await eventually(
+                    lambda: describe_or_none(temporal_client, st.workflow_id(second)),
+                    timeout=30,
+                    interval=0.2,
+                    what="the second job's workflow started",
+                )
+                took = time.monotonic() - killed
+                print(f"a job's workflow started {took:.1f} s after the relay's process died")
+                assert took < 20, f"the relay came back after {took:.1f} s"
+                row = await st.wait_status(second, "succeeded", "failed", timeout=60)
                 assert row.lifecycle_status == "succeeded", log.read_text()[-2000:]
                 assert await describe_or_none(temporal_client, RELAY_WORKFLOW_ID + suffix) is None
+
+                # SIGTERM: the worker ends its relay attempt and exits well within 45 s.
+                t0 = time.monotonic()
+                ps[1].send_signal(signal.SIGTERM)
+                assert ps[1].wait(timeout=45) == 0, log.read_text()[-2000:]
+                print(f"SIGTERM to exit: {time.monotonic() - t0:.1f} s")
+                shard_desc = await temporal_client.get_workflow_handle(shard).describe()
+                pending = list(shard_desc.raw_description.pending_activities)
+                assert all(a.attempt == 1 for a in pending), pending  # it returned, not failed
         finally:
             with contextlib.suppress(Exception):
                 await temporal_client.get_schedule_handle(RECONCILER_SCHEDULE_ID + suffix).delete()
+            with contextlib.suppress(Exception):
+                await temporal_client.get_workflow_handle(
+                    relay_shard_workflow_id(0, suffix)
+                ).terminate("test over")

@@ -2,7 +2,7 @@
 it is back, with no manual step (no requeue, no restart of workers or relay).
 
 The outage lasts AIJOBS_TEST_TEMPORAL_OUTAGE_S seconds (20 by default to keep the suite short;
-run with 240 to see minutes pass). Workers, the relay loop and the reconciler schedule run
+run with 240 to see minutes pass). Workers, the relay and the reconciler schedule run
 as in production, on their own Temporal dev server with a database file (state survives the
 restart) and their own PostgreSQL.
 """
@@ -39,7 +39,8 @@ async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() ->
             RECONCILE_INTERVAL_S=2,
             OUTBOX_LOCK_TTL_S=10,
         )
-        # The relay runs as in an ai-system worker process: a plain loop beside the workers.
+        # A relay loop beside the workers, and the ai-system worker's relay activity
+        # (`ensure_system_workflows` starts its workflow), as in production.
         async with engine_stack(settings, client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as stack:
             await ensure_system_workflows(client, settings)
             warm = await stack.create(input={"delayMs": 100})

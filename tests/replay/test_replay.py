@@ -54,7 +54,7 @@ from workflows.job_workflow import (
     JobStages,
     JobWorkflow,
 )
-from workflows.system import ReconcilerWorkflow, RelayWorkflow
+from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
 
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
@@ -103,7 +103,7 @@ def recorded() -> tuple[Recorded, ...]:
 
 def current_workflows() -> list[type]:
     """What the workers register: a workflow per job type, the relay and the reconciler."""
-    return [JobWorkflow, RelayWorkflow, ReconcilerWorkflow]
+    return [JobWorkflow, RelayShardWorkflow, RelayWorkflow, ReconcilerWorkflow]
 
 
 async def replay(workflows: list[type], records: Sequence[Recorded]) -> dict[str, Exception]:
