@@ -38,9 +38,8 @@ from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
     fail_final,
-    internal_message,
-    loggable,
     private_strings,
+    unexpected_failure,
 )
 from activities.heartbeat import beat_interval_s, db_retry, heartbeating
 from activities.project import log_completed
@@ -284,19 +283,12 @@ class _Attempt:
     def _unexpected(
         self, exc: Exception, a: calls.Attempt, response: ProviderResponse | None
     ) -> ExecutionFailure:
-        log.warning(
-            "EXECUTE failed with an unexpected error",
-            extra={"job_id": self.inp.job_id, "attempt": self.number},
-            exc_info=loggable(exc),
-        )
         private = private_strings(
             a.snapshot, a.row.input, response.content if response is not None else None
         )
         if self.ticket.api_key:
             private.append(self.ticket.api_key)
-        return ExecutionFailure(
-            "INTERNAL_ERROR", internal_message=internal_message(exc, private=private)
-        )
+        return unexpected_failure(exc, self.inp.job_id, self.number, private)
 
     async def _record_aborted(
         self, a: calls.Attempt, request: ProviderRequest | None, started: float, called: bool

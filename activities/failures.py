@@ -39,7 +39,7 @@ from temporalio.worker import (
 )
 
 from db.errors import is_driver_error, is_unavailable, sqlstate
-from engine.errors import EngineError, is_retryable, public_message_for
+from engine.errors import EngineError, ExecutionFailure, is_retryable, public_message_for
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +233,18 @@ class _Inbound(ActivityInboundInterceptor):
 class PublicFailureInterceptor(Interceptor):
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _Inbound(next)
+
+
+def unexpected_failure(
+    exc: Exception, job_id: str, attempt: int, private: list[str]
+) -> ExecutionFailure:
+    """A bug or an unexpected library error in EXECUTE: logged with its stack (the job's own
+    strings withheld), and failed as INTERNAL_ERROR, which is retried once."""
+    log.warning(
+        "EXECUTE failed with an unexpected error",
+        extra={"job_id": job_id, "attempt": attempt},
+        exc_info=loggable(exc),
+    )
+    return ExecutionFailure(
+        "INTERNAL_ERROR", internal_message=internal_message(exc, private=private)
+    )

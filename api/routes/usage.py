@@ -23,9 +23,8 @@ from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
 from api.deps import Admin, JobId, State, User
-from api.schemas import (
-    JOB_TYPE_PATTERN,
-    NO_NUL,
+from api.schemas import JOB_TYPE_PATTERN, NO_NUL
+from api.usage_schemas import (
     AdminUsageGroupBy,
     AttemptUsageOut,
     JobUsageResponse,
