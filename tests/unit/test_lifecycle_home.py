@@ -117,3 +117,45 @@ async def end(s, d, job_id):
         "x.py:4 event_type=CANCELLED",
         "x.py:5 SQL sets lifecycle_status",
     ]
+
+
+# The transitions that do not end a job: taking it (queued -> running, or a retried attempt's
+# takeover of its own lock) and the cancel request (`cancel_requested_at` on a running job). The
+# repository calls behind them, by receiver and name: only the home makes them.
+NON_TERMINAL = {
+    ("attempts_db", "take"),
+    ("lifecycle_db", "lock"),
+    ("lifecycle_db", "request_cancel"),
+}
+
+
+def non_terminal_transitions(path: Path, tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and (node.func.value.id, node.func.attr) in NON_TERMINAL
+        ):
+            found.append(f"{path}:{node.lineno} {node.func.value.id}.{node.func.attr}")
+    return found
+
+
+def test_only_the_home_takes_a_job_or_records_a_cancel_request() -> None:
+    everywhere = [w for path, _, tree in sources() for w in non_terminal_transitions(path, tree)]
+    elsewhere = [w for w in everywhere if not w.startswith(f"{HOME}:")]
+    assert elsewhere == [], f"a job is taken and a cancel requested through {HOME} only"
+    # The check sees the home making each of them, so it cannot pass by finding nothing.
+    assert {w.split()[-1] for w in everywhere} == {f"{r}.{n}" for r, n in NON_TERMINAL}
+
+
+def test_the_checker_flags_a_take_outside_the_home() -> None:
+    snippet = """
+async def start(s, job_id):
+    await attempts_db.take(s, job_id, owner="w")
+    await lifecycle_db.request_cancel(s, job_id)
+    await jobs_db.get(s, job_id)
+"""
+    found = non_terminal_transitions(Path("x.py"), ast.parse(snippet))
+    assert found == ["x.py:3 attempts_db.take", "x.py:4 lifecycle_db.request_cancel"]
