@@ -80,3 +80,6 @@ WebhookId = Annotated[
 OperationId = Annotated[
     uuid.UUID, Path(alias="operationId", description="The bulk operation's id (`operationId`)")
 ]
+ScheduleId = Annotated[
+    uuid.UUID, Path(alias="scheduleId", description="The schedule's id (`scheduleId`)")
+]

@@ -20,7 +20,7 @@ from pydantic import AwareDatetime, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from api.cursors import CURSOR_PATTERN
-from api.deps import Admin, State, User
+from api.deps import Admin, ScheduleId, State, User
 from api.schemas import (
     MAX_INPUT_BYTES,
     NO_NUL,
@@ -232,8 +232,8 @@ async def list_schedules(
     return await _page(state, principal.user_id, cursor, limit)
 
 
-@router.get("/{schedule_id}", response_model=ScheduleResponse, summary="Get one of your schedules")
-async def get_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> ScheduleResponse:
+@router.get("/{scheduleId}", response_model=ScheduleResponse, summary="Get one of your schedules")
+async def get_schedule(schedule_id: ScheduleId, state: State, principal: User) -> ScheduleResponse:
     # As for a job: the owner and admins see it, anyone else gets 404.
     return _out(await _service(state).get(schedule_id, principal))
 
@@ -247,36 +247,36 @@ async def _set_paused(
     return _out(await svc.get(schedule_id, viewer))
 
 
-@router.post("/{schedule_id}/pause", response_model=ScheduleResponse, summary="Pause")
-async def pause_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> ScheduleResponse:
+@router.post("/{scheduleId}/pause", response_model=ScheduleResponse, summary="Pause")
+async def pause_schedule(
+    schedule_id: ScheduleId, state: State, principal: User
+) -> ScheduleResponse:
     return await _set_paused(state, schedule_id, Owner(principal.user_id), True)
 
 
-@router.post("/{schedule_id}/resume", response_model=ScheduleResponse, summary="Resume")
+@router.post("/{scheduleId}/resume", response_model=ScheduleResponse, summary="Resume")
 async def resume_schedule(
-    schedule_id: uuid.UUID, state: State, principal: User
+    schedule_id: ScheduleId, state: State, principal: User
 ) -> ScheduleResponse:
     return await _set_paused(state, schedule_id, Owner(principal.user_id), False)
 
 
 @router.post(
-    "/{schedule_id}/trigger",
+    "/{scheduleId}/trigger",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=TriggerResponse,
     summary="Run once now (even while paused)",
 )
 async def trigger_schedule(
-    schedule_id: uuid.UUID, state: State, principal: User
+    schedule_id: ScheduleId, state: State, principal: User
 ) -> TriggerResponse:
     at = await _service(state).trigger(schedule_id, Owner(principal.user_id))
     await _dispatch(state, schedule_id)
     return TriggerResponse(schedule_id=schedule_id, scheduled_at=at)
 
 
-@router.delete(
-    "/{schedule_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a schedule"
-)
-async def delete_schedule(schedule_id: uuid.UUID, state: State, principal: User) -> Response:
+@router.delete("/{scheduleId}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a schedule")
+async def delete_schedule(schedule_id: ScheduleId, state: State, principal: User) -> Response:
     await _service(state).delete(schedule_id, Owner(principal.user_id))
     await _dispatch(state, schedule_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -312,15 +312,15 @@ async def _admin_set_paused(
     return out
 
 
-@admin_router.post("/{schedule_id}/pause", response_model=ScheduleResponse, summary="Pause any")
+@admin_router.post("/{scheduleId}/pause", response_model=ScheduleResponse, summary="Pause any")
 async def admin_pause_schedule(
-    schedule_id: uuid.UUID, state: State, admin: Admin
+    schedule_id: ScheduleId, state: State, admin: Admin
 ) -> ScheduleResponse:
     return await _admin_set_paused(state, schedule_id, admin.user_id, True)
 
 
-@admin_router.post("/{schedule_id}/resume", response_model=ScheduleResponse, summary="Resume any")
+@admin_router.post("/{scheduleId}/resume", response_model=ScheduleResponse, summary="Resume any")
 async def admin_resume_schedule(
-    schedule_id: uuid.UUID, state: State, admin: Admin
+    schedule_id: ScheduleId, state: State, admin: Admin
 ) -> ScheduleResponse:
     return await _admin_set_paused(state, schedule_id, admin.user_id, False)
