@@ -55,6 +55,11 @@ class BulkActivities:
         interval = 1.0 / inp.jobs_per_second
         start = loop.time()
         for i, item in enumerate(items):
+            if activity.is_worker_shutdown():
+                # A stopping worker hands the rest of the page on at a clean point (the items
+                # acted on are settled): the workflow's next page starts after the last one.
+                last = items[i - 1].ordinal if i else inp.after_ordinal
+                return BulkPageResult(last_ordinal=last, processed=i, more=True)
             # Pacing: item i is acted on no earlier than i / rate seconds into the page.
             delay = start + i * interval - loop.time()
             if delay > 0:
