@@ -331,58 +331,92 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev(args)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help ends with its default, except a required flag's (it has none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="aijobs", description=__doc__)
+    from runtime import jobs_cli
+
+    fmt = HelpFormatter
+    p = argparse.ArgumentParser(prog="aijobs", description=__doc__, formatter_class=fmt)
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("dev", help="run the whole stack on embedded PostgreSQL and Temporal")
-    d.add_argument("--data-dir", default=".aijobs")
-    d.add_argument("--api-port", type=int, default=8000)
-    d.add_argument("--temporal-port", type=int, default=7233)
-    d.add_argument("--ui-port", type=int, default=8233)
+    d = sub.add_parser(
+        "dev", help="run the whole stack on embedded PostgreSQL and Temporal", formatter_class=fmt
+    )
+    d.add_argument("--data-dir", default=".aijobs", help="where the embedded stack keeps its data")
+    d.add_argument("--api-port", type=int, default=8000, help="port of the HTTP API")
+    d.add_argument("--temporal-port", type=int, default=7233, help="port of the Temporal server")
+    d.add_argument("--ui-port", type=int, default=8233, help="port of the Temporal UI")
     d.add_argument("--fresh", action="store_true", help="delete the data dir first")
     d.add_argument(
         "--metrics-port",
         type=int,
         default=None,
         help="first port of the workers' metrics endpoints (each worker gets its own; "
-        "default 9464, or free ports when those are taken)",
+        "None: 9464, or free ports when those are taken)",
     )
     d.set_defaults(func=cmd_dev)
 
-    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    sub.add_parser("migrate", help="apply database migrations", formatter_class=fmt).set_defaults(
+        func=cmd_migrate
+    )
 
-    a = sub.add_parser("api", help="serve the HTTP API")
-    a.add_argument("--host", default=os.environ.get("API_HOST", "0.0.0.0"))
-    a.add_argument("--port", type=int, default=int(os.environ.get("API_PORT", "8000")))
+    a = sub.add_parser("api", help="serve the HTTP API", formatter_class=fmt)
+    a.add_argument(
+        "--host", default=os.environ.get("API_HOST", "0.0.0.0"), help="address to listen on"
+    )
+    a.add_argument(
+        "--port", type=int, default=int(os.environ.get("API_PORT", "8000")), help="port to serve"
+    )
     a.set_defaults(func=cmd_api)
 
-    w = sub.add_parser("worker", help="run Temporal workers")
-    w.add_argument("--queue", action="append", help="ai-interactive | ai-background | ai-system")
+    w = sub.add_parser("worker", help="run Temporal workers", formatter_class=fmt)
+    w.add_argument(
+        "--queue",
+        action="append",
+        help="task queue to serve: ai-interactive | ai-background | ai-system (repeatable; "
+        "None: all three)",
+    )
     w.set_defaults(func=cmd_worker)
 
-    sub.add_parser("relay", help="run the relay and webhook pollers").set_defaults(func=cmd_relay)
-    sub.add_parser("reconcile", help="run the reconciler once").set_defaults(func=cmd_reconcile)
+    sub.add_parser(
+        "relay", help="run the relay and webhook pollers", formatter_class=fmt
+    ).set_defaults(func=cmd_relay)
+    sub.add_parser("reconcile", help="run the reconciler once", formatter_class=fmt).set_defaults(
+        func=cmd_reconcile
+    )
 
-    t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET")
-    t.add_argument("--user", required=True)
-    t.add_argument("--admin", action="store_true")
+    t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET", formatter_class=fmt)
+    t.add_argument("--user", required=True, help="the token's user id (its subject)")
+    t.add_argument("--admin", action="store_true", help="an admin token")
     t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most JWT_MAX_TTL_S")
     t.set_defaults(func=cmd_token)
 
     sub.add_parser(
-        "setup-temporal", help="register the search attributes on an external cluster"
+        "setup-temporal",
+        help="register the search attributes on an external cluster",
+        formatter_class=fmt,
     ).set_defaults(func=cmd_setup_temporal)
 
     sub.add_parser(
         "rotate-keys",
         help="re-encrypt every stored secret (users' provider keys, webhook signing secrets) "
         "under the current CREDENTIAL_ENCRYPTION_KEY key id",
+        formatter_class=fmt,
     ).set_defaults(func=cmd_rotate_keys)
 
-    o = sub.add_parser("outbox-dead", help="list dead outbox events")
-    o.add_argument("--requeue", action="store_true")
+    o = sub.add_parser("outbox-dead", help="list dead outbox events", formatter_class=fmt)
+    o.add_argument("--requeue", action="store_true", help="requeue the dead events listed")
     o.set_defaults(func=cmd_outbox)
+
+    jobs_cli.add_parser(sub, fmt)
     return p
 
 

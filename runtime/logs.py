@@ -17,7 +17,9 @@ from typing import IO, Any, Literal
 
 from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter as _PythonJsonFormatter
+from temporalio.exceptions import ApplicationError
 
+from engine.errors import PUBLIC_MESSAGES
 from engine.logcontext import current_job
 
 _STD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
@@ -44,6 +46,31 @@ class JobContextFilter(logging.Filter):
         if ctx.is_valid:
             _set_default(record, "trace_id", format(ctx.trace_id, "032x"))
             _set_default(record, "span_id", format(ctx.span_id, "016x"))
+        return True
+
+
+# Classified outcomes a job may meet in normal operation. INTERNAL_* codes stand for unexpected
+# exceptions, whose traceback is what an operator needs, so they are not in this set.
+EXPECTED_CODES = frozenset(c for c in PUBLIC_MESSAGES if not c.startswith("INTERNAL_"))
+
+
+class ExpectedFailureFilter(logging.Filter):
+    """The SDK's "Completing activity as failed" record for an expected failure (an
+    ApplicationError whose type is a classified, non-internal error code) becomes one line
+    carrying `error_code`, without the traceback: a provider outage or a content-safety refusal
+    is an outcome, not a bug, and a traceback per attempt buries the real ones. Any other
+    exception keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "temporalio.activity" or not isinstance(record.exc_info, tuple):
+            return True
+        exc = record.exc_info[1]
+        if isinstance(exc, ApplicationError) and exc.type in EXPECTED_CODES:
+            record.exc_info = None
+            record.exc_text = None
+            record.stack_info = None
+            record.error_code = exc.type
+            record.msg = f"{record.msg} ({exc.type})"
         return True
 
 
@@ -121,6 +148,7 @@ def build_handler(
     )
     handler.setFormatter(formatter)
     handler.addFilter(JobContextFilter())
+    handler.addFilter(ExpectedFailureFilter())
     return handler
 
 
