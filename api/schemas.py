@@ -68,6 +68,22 @@ def check_storable_json(value: Any, *, max_depth: int = MAX_INPUT_DEPTH) -> None
             stack.extend((v, depth + 1) for v in item)
 
 
+def storable_str(v: str) -> str:
+    """A text field PostgreSQL can store (the validator of every body that takes one)."""
+    if not storable_text(v):
+        raise ValueError("must not contain NUL characters or unpaired surrogates")
+    return v
+
+
+def storable_input(v: dict[str, Any]) -> dict[str, Any]:
+    """A job input (a create's, a schedule's): storable and within MAX_INPUT_BYTES."""
+    check_storable_json(v)
+    if compact_json_size(v) > MAX_INPUT_BYTES:
+        # The message states the bound, never the value.
+        raise ValueError(f"must not exceed {MAX_INPUT_BYTES} bytes as compact JSON")
+    return v
+
+
 def compact_json_size(value: Any) -> int:
     """Bytes of `value` as compact UTF-8 JSON. Call it after `check_storable_json`: unpaired
     surrogates cannot be encoded, and that check refuses them with a clear message."""
@@ -123,18 +139,12 @@ class CreateJobBody(Camel):
     @field_validator("job_type", "target_type", "target_id")
     @classmethod
     def _storable_str(cls, v: str) -> str:
-        if not storable_text(v):
-            raise ValueError("must not contain NUL characters or unpaired surrogates")
-        return v
+        return storable_str(v)
 
     @field_validator("input")
     @classmethod
     def _storable_input(cls, v: dict[str, Any]) -> dict[str, Any]:
-        check_storable_json(v)
-        if compact_json_size(v) > MAX_INPUT_BYTES:
-            # The message states the bound, never the value.
-            raise ValueError(f"must not exceed {MAX_INPUT_BYTES} bytes as compact JSON")
-        return v
+        return storable_input(v)
 
 
 def encode_cursor(key: JobKey | None) -> str | None:

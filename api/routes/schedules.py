@@ -22,15 +22,13 @@ from pydantic.alias_generators import to_camel
 from api.cursors import CURSOR_PATTERN
 from api.deps import Admin, ScheduleId, State, User
 from api.schemas import (
-    MAX_INPUT_BYTES,
     NO_NUL,
     Camel,
     UsdAmount,
-    check_storable_json,
-    compact_json_size,
     decode_cursor,
     encode_cursor,
-    storable_text,
+    storable_input,
+    storable_str,
 )
 from api.state import AppState
 from engine.definition import CredentialMode
@@ -76,17 +74,12 @@ class CreateScheduleBody(Camel):
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
     def _storable_str(cls, v: str | None) -> str | None:
-        if v is not None and not storable_text(v):
-            raise ValueError("must not contain NUL characters or unpaired surrogates")
-        return v
+        return storable_str(v) if v is not None else None
 
     @field_validator("input")
     @classmethod
     def _storable_input(cls, v: dict[str, Any]) -> dict[str, Any]:
-        check_storable_json(v)
-        if compact_json_size(v) > MAX_INPUT_BYTES:
-            raise ValueError(f"must not exceed {MAX_INPUT_BYTES} bytes as compact JSON")
-        return v
+        return storable_input(v)
 
 
 class ScheduleRunOut(Camel):
