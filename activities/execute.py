@@ -303,9 +303,11 @@ class _Attempt:
         charged = calls.charged(d.gateway.prices, a, request, None, self._cfg.estimate_margin)
         d.metrics.money.charged(provider, model, charged)
         elapsed = time.monotonic() - started
-        if called:
-            observe_call(d.metrics, provider, model, elapsed, error_code=code, response=None)
         cost = charged.cost_usd if charged is not None else Decimal(0)
+        if called:
+            observe_call(
+                d.metrics, provider, model, elapsed, error_code=code, response=None, cost_usd=cost
+            )
         aborted = calls.Called(provider, model, int(elapsed * 1000), cost, charged=charged)
         await self.record_failure(row, ExecutionFailure(code), aborted, asked=called)
 

@@ -120,9 +120,10 @@ def observe_call(
 ) -> None:
     """One provider call: its outcome, latency, tokens and cost (the caller prices it once,
     with the same table as its ai_usage_log row). `model` is the configured model (a bounded
-    label), not whatever the provider echoes."""
+    label), not whatever the provider echoes. A call with no answer read is still counted at
+    its charge (an estimate: the money was spent all the same)."""
     if response is None:
-        metrics.provider_call(provider, model, latency_s, error_code=error_code)
+        metrics.provider_call(provider, model, latency_s, error_code=error_code, cost_usd=cost_usd)
         return
     metrics.provider_call(
         provider,

@@ -335,3 +335,23 @@ def test_worst_case_cost_follows_the_create_path_rule() -> None:
             )
     # The worst case has no cache discount and counts every answer token.
     assert table.worst_case_cost("gpt-4o", 1000, 1000, 0.0) == table.cost_usd("gpt-4o", 1000, 1000)
+
+
+def test_a_call_with_no_answer_read_counts_its_charge_in_the_cost_metric() -> None:
+    from activities.telemetry import observe_call
+
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    observe_call(
+        metrics,
+        "deepseek",
+        "deepseek-chat",
+        0.5,
+        error_code="CANCELLED",
+        response=None,
+        cost_usd=Decimal("0.0042"),
+    )
+    value = registry.get_sample_value(
+        "aijobs_provider_cost_usd_total", {"provider": "deepseek", "model": "deepseek-chat"}
+    )
+    assert value == pytest.approx(0.0042)
