@@ -44,7 +44,6 @@ from bench.procs import progress
 from bench.throughput import CpuMeter, read_cpu
 
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity.json"
-IDLE_PROBE_S = 6.0
 JOB_PREFIXES = ("ai-interactive:", "ai-background:")
 
 
@@ -106,8 +105,9 @@ async def measure(args: argparse.Namespace, sv: Servers) -> dict[str, Any]:
         progress(f"capacity: {STATS_SETTLE_S:.0f}s for statistics to settle, then idle probe")
         await asyncio.sleep(STATS_SETTLE_S)
         i0 = await reading(admin, edb, sv, meter)
-        await asyncio.sleep(IDLE_PROBE_S)
-        idle = rates(i0, await reading(admin, edb, sv, meter))
+        await asyncio.sleep(args.idle_seconds)
+        i1 = await reading(admin, edb, sv, meter)
+        idle = rates(i0, i1)
         progress(f"capacity: {args.jobs} jobs from {args.users} users")
         r0 = await reading(admin, edb, sv, meter)
         run = await run_jobs(args, stack, edb, args.jobs, "run")
@@ -115,7 +115,7 @@ async def measure(args: argparse.Namespace, sv: Servers) -> dict[str, Any]:
         await asyncio.sleep(STATS_SETTLE_S)
         r1 = await reading(admin, edb, sv, meter)
         run["per_job"] = per_job(r0, r1, idle, args.jobs, run["active_s"])
-        return await _counts(args, client, edb, run, idle, (r0, r1))
+        return await _counts(args, client, edb, run, idle, (i0, i1))
     finally:
         stack.stop()
         await edb.close()
@@ -130,7 +130,8 @@ async def _counts(
     idle: dict[str, Any],
     window: tuple[dict[str, Any], dict[str, Any]],
 ) -> dict[str, Any]:
-    """Provider calls and tokens from the usage rows, the histories, and the derived figures."""
+    """Provider calls and tokens from the usage rows, the job workflows' histories, the system
+    workflows' events during the idle probe (`window`), and the derived figures."""
     calls, tokens = (
         await edb.fetchall(
             "SELECT count(*), coalesce(sum(tokens_in + tokens_out), 0) FROM ai_usage_log"
@@ -139,6 +140,8 @@ async def _counts(
     run.update(provider_calls=int(calls), tokens=int(tokens), users=args.users)
     run["tokens_override"] = args.tokens_per_job
     run["background_type"] = "weak_point_analysis"
+    run["system_window_s"] = window[1]["t"] - window[0]["t"]
+    run["idle_actions_per_s"] = {k: v for k, v in idle["actions"].items() if v > 0}
     ids = [str(r[0]) for r in await edb.fetchall("SELECT workflow_id FROM ai_job ORDER BY id")]
     sample = ids if args.history_sample <= 0 else ids[: args.history_sample]
     progress(f"capacity: counting {len(sample)} job histories and the system workflows")
@@ -186,6 +189,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=QUEUES["ai-interactive"].concurrency,
         help="AI_INTERACTIVE_CONCURRENCY of the interactive worker (the queue's default)",
+    )
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=35.0,
+        help="idle probe, long enough for one reconciler run (RECONCILE_INTERVAL_S 30) (35)",
     )
     p.add_argument("--history-sample", type=int, default=0, help="job histories counted (0: all)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every engine process")

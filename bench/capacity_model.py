@@ -12,7 +12,9 @@ defines them, from the events a history shows:
   exempts them (the page exempts the `TemporalChangeVersion` search attribute, not the marker);
 - timer started, signal received, search-attribute upsert (not one that only sets
   `TemporalChangeVersion`), update accepted, execution options updated, Nexus operation
-  scheduled or cancel requested: 1 each; a child workflow's start initiated: 2.
+  scheduled or cancel requested: 1 each; a child workflow's start initiated: 2;
+- a run a schedule started (`TemporalScheduledById` among its start's search attributes): the
+  schedule's own 2 actions beside the run's start.
 What no history shows (activity heartbeats that reach the server, queries, a schedule's own two
 actions per run) is read from the server's `action` metric instead, which the caller reports
 beside the history count. The invariant the unit tests pin: one count per rule above, nothing
@@ -33,6 +35,7 @@ ROLES = ("api", "interactive", "background", "system", "postgres", "temporal")
 ENGINE_ROLES = ("api", "interactive", "background", "system")
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CHANGE_VERSION_SA = "TemporalChangeVersion"
+SCHEDULED_BY_SA = "TemporalScheduledById"
 # Temporal Cloud's pay-as-you-go action tiers (Business plan and up): (millions in the tier,
 # USD per million). Beyond the last tier the page says "contact sales"; the model prices it at
 # the last published rate and says so.
@@ -99,6 +102,9 @@ def count_history(
         out.event_types[name.removeprefix("EVENT_TYPE_").lower()] += 1
         if name in _ONE_ACTION:
             out.actions[_ONE_ACTION[name]] += 1
+            started = e.workflow_execution_started_event_attributes
+            if SCHEDULED_BY_SA in started.search_attributes.indexed_fields:
+                out.actions["schedule (two per scheduled run)"] += 2
         elif name == "EVENT_TYPE_ACTIVITY_TASK_STARTED":
             retries = e.activity_task_started_event_attributes.attempt - 1
             if retries > 0:

@@ -81,11 +81,18 @@ def derive(
     a: Assumptions,
     rates_: tuple[float, ...] = (100.0, 1000.0),
 ) -> dict[str, Any]:
-    """The per-job figures and the model at each rate. `run` holds `n` (jobs), `per_job` (from
-    `per_job`), `window_s`, `provider_calls` and `tokens` (totals of the run)."""
+    """The per-job figures and the model at each rate. `run` holds `n` (jobs), `jobs_per_s`,
+    `per_job` (from `per_job`), `provider_calls` and `tokens` (totals of the run), and from the
+    idle probe `system_window_s` (its seconds, over which `system` was counted) and
+    `idle_actions_per_s` (the server's counter)."""
     n = run["n"]
     sampled = max(1, jobs.histories)
-    window = run["per_job"]["window_s"]
+    # The system workflows' fixed cost, from the idle probe: events from their histories,
+    # actions from the server's counter when it has one (it sees the relay's heartbeats, which
+    # no history shows), else from the histories.
+    probe = run["system_window_s"]
+    idle_actions = sum(run.get("idle_actions_per_s", {}).values())
+    system_actions_s = idle_actions or system.total_actions / probe
     figures = {
         "cpu_ms": {r: run["per_job"]["cpu_ms"].get(r, 0.0) for r in ROLES},
         "transactions": run["per_job"]["transactions"],
@@ -96,13 +103,18 @@ def derive(
         "event_types": {k: v / sampled for k, v in sorted(jobs.event_types.items())},
         "provider_calls": run["provider_calls"] / n,
         "tokens": run["tokens"] / n,
-        # The system workflows' work during the window: a fixed cost per second, shown per job
-        # at the run's own rate too.
-        "system_events_per_s": system.events / window,
-        "system_actions_per_s": system.total_actions / window,
-        "system_events_per_job": system.events / n,
-        "system_actions_per_job": system.total_actions / n,
+        # A fixed cost per second, shown per job at the run's own rate too.
+        "system_events_per_s": system.events / probe,
+        "system_actions_per_s": system_actions_s,
+        "system_history_actions_per_s": system.total_actions / probe,
+        "system_events_per_job": system.events / probe / run["jobs_per_s"],
+        "system_actions_per_job": system_actions_s / run["jobs_per_s"],
         "system_actions_by_kind": dict(sorted(system.actions.items())),
+    }
+    # A worker's CPU per job of its own queue (the mix's per-job figure above is per job of any
+    # queue, the one the model multiplies by the total rate).
+    figures["cpu_ms_per_own_job"] = {
+        q: figures["cpu_ms"][q] * n / run[q] for q in ("interactive", "background") if run.get(q)
     }
     model_in = dict(figures)
     model_in["tokens"] = run.get("tokens_override") or figures["tokens"]
@@ -132,8 +144,10 @@ def render(res: Mapping[str, Any]) -> str:
         "| per job | value |",
         "|---|---:|",
     ]
+    own = f["cpu_ms_per_own_job"]
     for r in ROLES:
-        lines.append(f"| CPU ms, {r} | {f['cpu_ms'][r]:.2f} |")
+        mine = f" ({own[r]:.1f} per job of its queue)" if r in own else ""
+        lines.append(f"| CPU ms, {r} | {f['cpu_ms'][r]:.2f}{mine} |")
     lines += [
         f"| CPU ms, engine processes / all | {d['engine_cpu_ms_per_job']:.1f} / "
         f"{d['total_cpu_ms_per_job']:.1f} |",
@@ -141,8 +155,10 @@ def render(res: Mapping[str, Any]) -> str:
         f"| PostgreSQL WAL bytes | {f['wal_bytes']:,.0f} |",
         f"| Temporal history events (job workflow) | {f['history_events']:.1f} |",
         f"| Temporal Cloud actions (job workflow, from its history) | {f['actions']:.2f} |",
-        f"| actions of the system workflows, per job at this rate | "
-        f"{f['system_actions_per_job']:.3f} ({f['system_actions_per_s'] * 3600:,.0f}/h fixed) |",
+        f"| system workflows (idle stack): history events/h, actions/h | "
+        f"{f['system_events_per_s'] * 3600:,.0f} / {f['system_actions_per_s'] * 3600:,.0f} |",
+        f"| system workflows' actions per job at this run's rate | "
+        f"{f['system_actions_per_job']:.3f} |",
         f"| server `action` metric, per job (idle rate subtracted) | "
         f"{sum(res['run']['per_job']['server_actions'].values()):.2f} |",
         f"| provider calls / tokens | {f['provider_calls']:.2f} / {f['tokens']:.0f} |",

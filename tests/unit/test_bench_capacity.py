@@ -116,6 +116,18 @@ def test_actions_follow_the_cloud_rules_one_count_each() -> None:
     assert c.event_types["marker_recorded"] == 3
 
 
+def test_a_scheduled_run_adds_the_schedules_two_actions() -> None:
+    started = _event("WORKFLOW_EXECUTION_STARTED", 1)
+    sas = started.workflow_execution_started_event_attributes.search_attributes
+    sas.indexed_fields["TemporalScheduledById"].CopyFrom(Payload(data=b'"ai-system:reconciler"'))
+    c = count_history([started, _event("ACTIVITY_TASK_SCHEDULED", 2)])
+    assert dict(c.actions) == {
+        "workflow started": 1,
+        "schedule (two per scheduled run)": 2,
+        "activity scheduled": 1,
+    }
+
+
 def test_a_window_keeps_only_its_events() -> None:
     c = count_history(_history(), since=T0 + timedelta(seconds=5), until=T0 + timedelta(hours=1))
     assert c.events == 2
@@ -199,21 +211,34 @@ def test_per_job_subtracts_the_bench_and_the_idle_stack() -> None:
     assert pj["wal_bytes"] == pytest.approx((400_000 - 100 * 10) / 100)
     assert pj["server_actions"]["start_workflow"] == pytest.approx((230 - 1.0 * 30) / 100)
     jobs = count_history(_history())
-    run = {"n": 100, "per_job": pj, "provider_calls": 100, "tokens": 5000}
-    d = derive(run, jobs, HistoryCount(), Assumptions())
+    run = {
+        "n": 100,
+        "jobs_per_s": 5.0,
+        "per_job": pj,
+        "provider_calls": 100,
+        "tokens": 5000,
+        "interactive": 80,
+        "background": 20,
+        "system_window_s": 30.0,
+        "idle_actions_per_s": {"grpc_RecordActivityTaskHeartbeat": 0.5},
+    }
+    system = count_history(_history()[:1])  # one workflow started in the probe
+    d = derive(run, jobs, system, Assumptions())
+    assert d["per_job"]["system_history_actions_per_s"] == pytest.approx(1 / 30)
+    # The server's counter wins: it sees the heartbeats no history shows.
+    assert d["per_job"]["system_actions_per_s"] == pytest.approx(0.5)
+    assert d["per_job"]["system_actions_per_job"] == pytest.approx(0.1)
     assert d["per_job"]["actions"] == 11
+    assert d["per_job"]["cpu_ms_per_own_job"]["background"] == pytest.approx(29.0 * 5)
     assert d["cost_per_1000_jobs_usd"] == pytest.approx(0.55)
     assert set(d["model"]) == {"100", "1000"}
     res = {
         "derived": d,
         "run": {
             **run,
-            "interactive": 80,
-            "background": 20,
             "background_type": "weak_point_analysis",
             "users": 8,
             "succeeded": 100,
-            "jobs_per_s": 5.0,
         },
         "load_start": 1.0,
         "load_end": 2.0,
