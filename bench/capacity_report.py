@@ -35,6 +35,7 @@ def rates(a: Reading, b: Reading) -> dict[str, Any]:
         "cpu": {k: (b["cpu"][k] - a["cpu"][k]) / dt for k in a["cpu"]},
         "transactions": (b["pg"]["transactions"] - a["pg"]["transactions"] - (b["own"] - a["own"]))
         / dt,
+        "rollbacks": (b["pg"].get("rollbacks", 0) - a["pg"].get("rollbacks", 0)) / dt,
         "wal_bytes": (b["pg"]["wal_bytes"] - a["pg"]["wal_bytes"]) / dt,
         "actions": {
             k: (b["actions"].get(k, 0) - a["actions"].get(k, 0)) / dt
@@ -57,6 +58,9 @@ def per_job(
         - (b["own"] - a["own"])
         - idle["transactions"] * settle
     )
+    rollbacks = (
+        b["pg"].get("rollbacks", 0) - a["pg"].get("rollbacks", 0) - idle["rollbacks"] * settle
+    )
     wal = b["pg"]["wal_bytes"] - a["pg"]["wal_bytes"] - idle["wal_bytes"] * settle
     kinds = set(a["actions"]) | set(b["actions"])
     actions = {
@@ -69,6 +73,7 @@ def per_job(
         "settle_s": settle,
         "cpu_ms": {k: 1000.0 * v for k, v in cpu.items()},
         "transactions": xacts / n,
+        "rollbacks": rollbacks / n,  # of the transactions: read-only ones end in ROLLBACK
         "wal_bytes": wal / n,
         "server_actions": {k: v for k, v in actions.items() if abs(v) >= 0.005},
     }
@@ -96,6 +101,7 @@ def derive(
     figures = {
         "cpu_ms": {r: run["per_job"]["cpu_ms"].get(r, 0.0) for r in ROLES},
         "transactions": run["per_job"]["transactions"],
+        "rollbacks": run["per_job"].get("rollbacks", 0.0),
         "wal_bytes": run["per_job"]["wal_bytes"],
         "history_events": jobs.events / sampled,
         "actions": jobs.total_actions / sampled,
@@ -151,7 +157,8 @@ def render(res: Mapping[str, Any]) -> str:
     lines += [
         f"| CPU ms, engine processes / all | {d['engine_cpu_ms_per_job']:.1f} / "
         f"{d['total_cpu_ms_per_job']:.1f} |",
-        f"| PostgreSQL transactions | {f['transactions']:.2f} |",
+        f"| PostgreSQL transactions (of them rollbacks) | {f['transactions']:.2f} "
+        f"({f['rollbacks']:.2f}) |",
         f"| PostgreSQL WAL bytes | {f['wal_bytes']:,.0f} |",
         f"| Temporal history events (job workflow) | {f['history_events']:.1f} |",
         f"| Temporal Cloud actions (job workflow, from its history) | {f['actions']:.2f} |",

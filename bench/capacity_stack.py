@@ -206,13 +206,16 @@ async def wait_ended(edb: EngineDb, stack: Stack, n: int, timeout_s: float) -> t
 
 
 async def pg_counters(admin: Admin) -> dict[str, int]:
-    """Transactions (commits + rollbacks) of the engine's database, and the WAL position in
-    bytes."""
+    """Transactions (commits + rollbacks, and the rollbacks alone) of the engine's database,
+    and the WAL position in bytes."""
     xacts = await admin.one(
         "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
     )
+    rollbacks = await admin.one(
+        "SELECT xact_rollback FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
+    )
     wal = await admin.one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
-    return {"transactions": int(xacts), "wal_bytes": int(wal)}
+    return {"transactions": int(xacts), "rollbacks": int(rollbacks), "wal_bytes": int(wal)}
 
 
 async def temporal_actions(sv: Servers) -> dict[str, float]:

@@ -194,7 +194,7 @@ def _reading(t: float, cpu: float, xacts: int, wal: int, actions: int, own: int)
     return {
         "t": t,
         "cpu": dict.fromkeys(ROLES, cpu),
-        "pg": {"transactions": xacts, "wal_bytes": wal},
+        "pg": {"transactions": xacts, "rollbacks": xacts // 4, "wal_bytes": wal},
         "actions": {"start_workflow": actions},
         "own": own,
     }
@@ -208,6 +208,7 @@ def test_per_job_subtracts_the_bench_and_the_idle_stack() -> None:
     assert pj["settle_s"] == pytest.approx(10.0)
     assert pj["cpu_ms"]["api"] == pytest.approx((3.0 - 0.01 * 10) / 100 * 1000)
     assert pj["transactions"] == pytest.approx((1600 - 100 - 10) / 100)
+    assert pj["rollbacks"] == pytest.approx((650 - 250 - 0.5 * 10) / 100)
     assert pj["wal_bytes"] == pytest.approx((400_000 - 100 * 10) / 100)
     assert pj["server_actions"]["start_workflow"] == pytest.approx((230 - 1.0 * 30) / 100)
     jobs = count_history(_history())
@@ -244,5 +245,5 @@ def test_per_job_subtracts_the_bench_and_the_idle_stack() -> None:
         "load_end": 2.0,
     }
     table = render(res)
-    assert "| PostgreSQL transactions | 14.90 |" in table
+    assert "| PostgreSQL transactions (of them rollbacks) | 14.90 (3.95) |" in table
     assert "| Temporal history shards |" in table
