@@ -175,8 +175,11 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from engine.queues import QUEUES
 
-    d = Assumptions()
-    p = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.capacity",
+        description="What one job costs each role, measured through the real stack, and the "
+        "capacity model for 100 and 1,000 jobs/s (docs/benchmarks.md, 'Capacity model').",
+    )
     p.add_argument("--jobs", type=int, default=300, help="jobs of the measured run (300)")
     p.add_argument("--warmup-jobs", type=int, default=40, help="jobs of the warm-up (40)")
     p.add_argument("--users", type=int, default=8, help="users the jobs are spread over (8)")
@@ -198,14 +201,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--history-sample", type=int, default=0, help="job histories counted (0: all)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every engine process")
-    p.add_argument("--utilisation", type=float, default=d.utilisation, help="target CPU share")
-    p.add_argument("--cores-per-machine", type=int, default=d.cores_per_machine)
-    p.add_argument("--pg-max-tps", type=float, default=d.pg_max_tps, help="one primary's tx/s")
-    p.add_argument("--pg-max-wal-mb-s", type=float, default=d.pg_max_wal_mb_s)
-    p.add_argument("--shard-events-per-s", type=float, default=d.shard_events_per_s)
-    p.add_argument("--action-price", type=float, default=d.action_price_per_million, help="USD/M")
-    p.add_argument("--provider-rpm", type=float, default=d.provider_rpm)
-    p.add_argument("--provider-tpm", type=float, default=d.provider_tpm)
+    _add_assumption_args(p)
     p.add_argument("--tokens-per-job", type=float, help="provider tokens per job (measured)")
     p.add_argument("--output", default=str(RESULTS), help="JSON results path")
     p.add_argument("--keep", action="store_true", help="keep the data dirs and logs")
@@ -214,6 +210,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.jobs < 1 or args.users < 1 or not 0 <= args.background_share < 1:
         p.error("--jobs and --users must be positive, --background-share in [0, 1)")
     return args
+
+
+def _add_assumption_args(p: argparse.ArgumentParser) -> None:
+    """The model's inputs no run measures (docs/benchmarks.md states where each comes from)."""
+    d = Assumptions()
+    flags: tuple[tuple[str, type, float, str], ...] = (
+        ("--utilisation", float, d.utilisation, "target CPU utilisation of a core"),
+        ("--cores-per-machine", int, d.cores_per_machine, "cores of one machine"),
+        ("--pg-max-tps", float, d.pg_max_tps, "write transactions/s one primary sustains"),
+        ("--pg-max-wal-mb-s", float, d.pg_max_wal_mb_s, "WAL MB/s one primary sustains"),
+        ("--shard-events-per-s", float, d.shard_events_per_s, "history events/s per shard"),
+        ("--action-price", float, d.action_price_per_million, "USD per million actions"),
+        ("--provider-rpm", float, d.provider_rpm, "requests/min per provider key"),
+        ("--provider-tpm", float, d.provider_tpm, "tokens/min per provider key"),
+    )
+    for flag, kind, default, what in flags:
+        p.add_argument(flag, type=kind, default=default, help=f"{what} ({default:g})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

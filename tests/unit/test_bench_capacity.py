@@ -247,3 +247,12 @@ def test_per_job_subtracts_the_bench_and_the_idle_stack() -> None:
     table = render(res)
     assert "| PostgreSQL transactions (of them rollbacks) | 14.90 (3.95) |" in table
     assert "| Temporal history shards |" in table
+
+
+def test_the_flags_default_to_the_documented_assumptions() -> None:
+    from bench.capacity import assumptions, parse_args
+
+    args = parse_args([])
+    assert (args.jobs, args.users, args.background_share, args.idle_seconds) == (300, 8, 0.2, 35.0)
+    assert assumptions(args) == Assumptions()
+    assert assumptions(parse_args(["--pg-max-tps", "20000"])).pg_max_tps == 20_000
