@@ -32,7 +32,7 @@ from temporalio import activity
 from activities.deps import StageDeps
 from activities.heartbeat import beat_interval_s, heartbeating
 from activities.telemetry import observe_call
-from db import call_numbers as call_numbers_db
+from db import fallback_calls as fallback_calls_db
 from db.jobs import JobRow
 from engine.contracts import ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
@@ -232,7 +232,7 @@ async def _move(
                 got = await chain_of.admit_entry(s, d.gateway, d.config, call, entry)
                 if not isinstance(got, Ticket):
                     raise _NotAdmitted()
-                call_no = await call_numbers_db.next_call(s, row.id)
+                call_no = await fallback_calls_db.next_call(s, row.id)
         except _NotAdmitted:
             continue
         attempt.ticket, attempt.call_no = got, call_no

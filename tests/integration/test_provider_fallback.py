@@ -117,6 +117,7 @@ async def test_primary_503_succeeds_on_the_fallback_at_its_price(
         async with api_client(settings) as (_, c):
             view = await c.get(f"/api/ai/jobs/{job_id}", headers=auth(settings, "u1"))
         assert view.status_code == 200, view.text
+        assert view.json()["result"]["model"] == FALLBACK_MODEL
         assert FALLBACK_KEY not in view.text
 
 
