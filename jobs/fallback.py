@@ -79,14 +79,19 @@ async def admit(
     s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: Call
 ) -> Ticket | Wait | Refused:
     """The primary's admission; when its breaker is open (nothing was taken), the first entry
-    of the chain whose own gate admits the call. Every entry closed: the primary's wait."""
+    of the chain whose own gate admits the call. An entry whose gate is closed took nothing and
+    is passed over; an entry whose limits say wait answers that wait, and one whose cost cover
+    refuses answers the primary's wait (the caller rolls back what either took). Every entry
+    closed: the primary's wait."""
     got = await admission.admit(s, gateway, cfg, call)
     if not isinstance(got, Wait) or got.reason != "breaker":
         return got
     for entry in chain(gateway, call.jt, call.row.credential_mode):
         routed = await admit_entry(s, gateway, cfg, call, entry)
-        if isinstance(routed, Wait):
+        if isinstance(routed, Wait) and routed.reason in ("pause", "breaker"):
             continue
+        if isinstance(routed, Refused):
+            return got
         if isinstance(routed, Ticket):
             log.warning(
                 "primary provider's breaker is open; the call goes to a fallback",

@@ -8,6 +8,7 @@ never reach the fallback; an open primary breaker sends calls straight to it.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,7 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from engine.settings import Settings
 from jobs.spec import Catalog
 from jobs.types import quiz_generation as quiz
 from providers.crypto import generate_key_setting
@@ -65,14 +67,21 @@ def make(
     fake: FakeOpenAIServer,
     second: FakeOpenAIServer,
 ) -> Any:
+    """(settings, stack) of an engine whose primary is `fake` (unless `env` says otherwise)
+    and whose one fallback entry is `second`."""
     chain = [{"model": FALLBACK_MODEL, "baseUrl": second.base_url, "apiKey": FALLBACK_KEY}]
-    settings = make_settings(
-        database_url,
-        temporal_address,
-        CREDENTIAL_ENCRYPTION_KEY=generate_key_setting("k1"),
-        **fake_env(fake, AI_FALLBACKS=json.dumps(chain)),
-    )
-    return settings, engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES)
+
+    def build(**env: Any) -> tuple[Settings, Any]:
+        settings = make_settings(
+            database_url,
+            temporal_address,
+            CREDENTIAL_ENCRYPTION_KEY=generate_key_setting("k1"),
+            **fake_env(fake, AI_FALLBACKS=json.dumps(chain), **env),
+        )
+        stack = engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES)
+        return settings, stack
+
+    return build
 
 
 def _moves(reason: str) -> float:
@@ -88,7 +97,7 @@ async def _history(client: Client, workflow_id: str) -> bytes:
 async def test_primary_503_succeeds_on_the_fallback_at_its_price(
     make: Any, fake: FakeOpenAIServer, second: FakeOpenAIServer, temporal_client: Client
 ) -> None:
-    settings, stack_cm = make
+    settings, stack_cm = make()
     await fake.ascript([], default={"kind": "status", "status": 503})
     await second.ascript([], default=VALID_STEP)
     before = _moves("5xx")
@@ -124,7 +133,7 @@ async def test_primary_503_succeeds_on_the_fallback_at_its_price(
 async def test_primary_400_fails_without_a_fallback_call(
     make: Any, fake: FakeOpenAIServer, second: FakeOpenAIServer
 ) -> None:
-    _, stack_cm = make
+    _, stack_cm = make()
     await fake.ascript([], default={"kind": "status", "status": 400, "message": "bad field"})
     await second.ascript([], default=VALID_STEP)
     async with stack_cm as stack:
@@ -137,7 +146,7 @@ async def test_primary_400_fails_without_a_fallback_call(
 async def test_user_key_401_fails_without_a_fallback_call(
     make: Any, fake: FakeOpenAIServer, second: FakeOpenAIServer
 ) -> None:
-    settings, stack_cm = make
+    settings, stack_cm = make()
     await fake.ascript([], default={"kind": "status", "status": 401, "message": "bad key"})
     await second.ascript([], default=VALID_STEP)
     async with api_client(settings) as (_, c):
@@ -160,7 +169,7 @@ async def test_user_key_401_fails_without_a_fallback_call(
 async def test_open_primary_breaker_sends_calls_straight_to_the_fallback(
     make: Any, db: SessionMaker, fake: FakeOpenAIServer, second: FakeOpenAIServer
 ) -> None:
-    _, stack_cm = make
+    _, stack_cm = make()
     await second.ascript([], default=VALID_STEP)
     async with db.begin() as s:
         await s.execute(
@@ -184,3 +193,24 @@ async def test_open_primary_breaker_sends_calls_straight_to_the_fallback(
         assert (await fake.acalls())["count"] == 0
         assert (await second.acalls())["count"] == 2
         assert _moves("breaker") == before + 2
+
+
+async def test_a_primary_that_refuses_connections_moves_to_the_fallback(
+    make: Any, second: FakeOpenAIServer
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    _, stack_cm = make(AI_BASE_URL=closed)
+    await second.ascript([], default=VALID_STEP)
+    async with stack_cm as stack:
+        job_id = await stack.create(job_type="test_quiz_fallback", input=INPUT)
+        row = await stack.wait_status(job_id, "succeeded", "failed")
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        usage = await usage_rows(stack, job_id)
+        assert [(u.model, u.error_code) for u in usage] == [
+            ("deepseek-chat", "PROVIDER_UNAVAILABLE"),
+            (FALLBACK_MODEL, None),
+        ]
+        assert usage[0].cost_usd == 0  # never connected: nothing reached the provider
+        assert (await second.acalls())["count"] == 1
