@@ -123,6 +123,8 @@ async def test_primary_503_succeeds_on_the_fallback_at_its_price(
         history = await _history(temporal_client, row.workflow_id)
         assert f"deepseek-chat->{FALLBACK_MODEL}:5xx".encode() in history
         assert FALLBACK_KEY.encode() not in history
+        described = await temporal_client.get_workflow_handle(row.workflow_id).describe()
+        assert (await described.memo())["fallback"] == f"deepseek-chat->{FALLBACK_MODEL}:5xx"
         async with api_client(settings) as (_, c):
             view = await c.get(f"/api/ai/jobs/{job_id}", headers=auth(settings, "u1"))
         assert view.status_code == 200, view.text
