@@ -138,13 +138,14 @@ async def call(
                 raise
             if attempt.call_no is None:  # no identity: a second write would charge twice
                 raise
-            await _record(attempt, a, provider, request, failure, started)
+            failed = await _record(attempt, a, provider, request, failure, started)
             # Recorded and settled: the raise below (no entry admits the call) records it
             # again under the same identity, which writes nothing and tells no gate twice.
             attempt.ticket = Ticket()
             to = await _move(attempt, a, entries, request, failure)
             if to is None:
-                raise
+                raise  # EXECUTE counts the call in its metrics, as any failed call
+            _observe(attempt._d, provider, failed)
             entry, provider, request = to
             attempt.route.provider, attempt.route.request = provider, request
             moved = True
@@ -187,27 +188,34 @@ async def _record(
     request: ProviderRequest,
     failure: ExecutionFailure,
     started: float,
-) -> None:
-    """The failed call before the move: charged at its own model's price, its metrics, its
-    usage row and what it tells its gate and limits (EXECUTE's `record_failure`)."""
+) -> calls.Called:
+    """The failed call before the move: charged at its own model's price, its usage row and
+    what it tells its gate and limits (EXECUTE's `record_failure`)."""
     d = attempt._d
-    latency_s = time.monotonic() - started
+    latency_ms = int((time.monotonic() - started) * 1000)
     charged = calls.charged(d.gateway.prices, a, request, None, d.config.estimate_margin)
-    d.metrics.money.charged(provider.name, request.model, charged)
     cost = charged.cost_usd if charged is not None else Decimal(0)
+    failed = calls.Called(
+        provider.name, request.model, latency_ms, cost, None, failure, charged=charged
+    )
+    await attempt.record_failure(a.row, failure, failed)
+    return failed
+
+
+def _observe(d: StageDeps, provider: Provider, failed: calls.Called) -> None:
+    """A moved call's metrics (a call that did not move is counted by EXECUTE itself)."""
+    d.metrics.money.charged(provider.name, failed.model, failed.charged)
+    code = failed.failure.code if failed.failure is not None else None
+    latency_s = failed.latency_ms / 1000
     observe_call(
         d.metrics,
         provider.name,
-        request.model,
+        failed.model,
         latency_s,
-        error_code=failure.code,
+        error_code=code,
         response=None,
-        cost_usd=cost,
+        cost_usd=failed.cost,
     )
-    failed = calls.Called(
-        provider.name, request.model, int(latency_s * 1000), cost, None, failure, charged=charged
-    )
-    await attempt.record_failure(a.row, failure, failed)
 
 
 class _NotAdmitted(Exception):
