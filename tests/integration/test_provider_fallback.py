@@ -7,6 +7,7 @@ never reach the fallback; an open primary breaker sends calls straight to it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from collections.abc import Iterator
@@ -29,7 +30,12 @@ from tests.integration.provider_helpers import api_client, auth, fake_env, usage
 from tests.stack import JOB_QUEUES, catalog_with, engine_stack, make_settings, variant
 
 QUIZ_ONCE = variant(quiz.JOB, "test_quiz_fallback", timeout_ms=5000, max_retries=0)
-CATALOG: Catalog = catalog_with(QUIZ_ONCE)
+_ONE = variant(quiz.JOB, "test_quiz_one_model", timeout_ms=5000, max_retries=0)
+# A type whose output must come from the one configured model.
+QUIZ_ONE_MODEL = dataclasses.replace(
+    _ONE, definition=_ONE.definition.model_copy(update={"fallback": "none"})
+)
+CATALOG: Catalog = catalog_with(QUIZ_ONCE, QUIZ_ONE_MODEL)
 FALLBACK_MODEL = "gpt-4o-mini"
 FALLBACK_KEY = "sk-fallback-test-key-1111"
 INPUT = {"sourceText": "Ribosomes assemble proteins. Mitochondria make ATP.", "count": 1}
@@ -142,6 +148,19 @@ async def test_primary_400_fails_without_a_fallback_call(
         job_id = await stack.create(job_type="test_quiz_fallback", input=INPUT)
         row = await stack.wait_status(job_id, "succeeded", "failed")
         assert (row.lifecycle_status, row.error_code) == ("failed", "REQUEST_REJECTED")
+        assert (await second.acalls())["count"] == 0
+
+
+async def test_a_type_that_opts_out_fails_on_its_one_model(
+    make: Any, fake: FakeOpenAIServer, second: FakeOpenAIServer
+) -> None:
+    _, stack_cm = make()
+    await fake.ascript([], default={"kind": "status", "status": 503})
+    await second.ascript([], default=VALID_STEP)
+    async with stack_cm as stack:
+        job_id = await stack.create(job_type="test_quiz_one_model", input=INPUT)
+        row = await stack.wait_status(job_id, "succeeded", "failed")
+        assert (row.lifecycle_status, row.error_code) == ("failed", "PROVIDER_UNAVAILABLE")
         assert (await second.acalls())["count"] == 0
 
 
