@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities import execute_recorded
+from activities import execute_recorded, fallback
 from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
@@ -108,7 +108,7 @@ class Execute:
                 gate_wait_s=begun.gate_wait_s,
                 gate_reason=begun.gate_reason,
             )
-        return await attempt.run(begun)
+        return fallback.noted(attempt, await attempt.run(begun))
 
 
 class _Attempt:
@@ -130,6 +130,7 @@ class _Attempt:
         self.started: attempt_start.Started | None = None  # its fence and call number
         self.call_no: int | None = None  # the call's number: its usage row's identity
         self.began = time.monotonic()
+        self.route = fallback.Route()  # where the call went (activities/fallback.py)
 
     # ---- the first transaction ---------------------------------------------------------
 
@@ -228,8 +229,7 @@ class _Attempt:
         Every way it can end becomes a failure code, except a cancellation (a workflow cancel,
         or a drained worker's grace running out), which is recorded and then goes on."""
         d, row = self._d, a.row
-        provider = d.gateway.provider_for(a.jt, row.credential_mode)
-        model_name = d.gateway.model_for(a.jt, row.credential_mode)
+        provider, model_name = self.route.start(d, a, self.ticket)
         started = time.monotonic()
         response: ProviderResponse | None = None
         failure: ExecutionFailure | None = None
@@ -241,7 +241,7 @@ class _Attempt:
             request = calls.request(d.gateway, a, model_name, self.ticket.api_key)
             self.ticket.api_key = None  # the decrypted key moved into the request
             called = True
-            response = await self._provider_call(provider, request)
+            response = await fallback.call(self, a, provider, request)
             out, model_out, failure = validated_answer(a.jt, response.content)
         except TimeoutError:
             failure = ExecutionFailure(
@@ -252,11 +252,13 @@ class _Attempt:
         except calls.SelfCancelled:
             failure = ExecutionFailure("CANCELLED", internal_message="cancel requested (SQL)")
         except asyncio.CancelledError:
+            request = self.route.final(provider, request, model_name)[1]  # a moved call's
             await asyncio.shield(self._record_aborted(a, request, started, called))
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
             failure = self._unexpected(exc, a, response)
         latency_ms = int((time.monotonic() - started) * 1000)
+        provider, request, model_name = self.route.final(provider, request, model_name)
         # Priced once (an unknown echo is reported once per call), for the metric and the row.
         charged = calls.charged(d.gateway.prices, a, request, response, self._cfg.estimate_margin)
         d.metrics.money.charged(provider.name, model_name, charged)

@@ -24,6 +24,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from activities.metrics_fallback import FallbackMetrics
 from activities.metrics_money import MoneyMetrics
 from engine.errors import PUBLIC_MESSAGES
 
@@ -147,6 +148,7 @@ class WorkerMetrics:
         self._reconciler_families(reg)
         self._relay_families(reg)
         self.money = MoneyMetrics(reg)  # what calls are charged (activities/metrics_money.py)
+        self.fallbacks = FallbackMetrics(reg)  # calls moved down the fallback chain
         self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         for outcome in WEBHOOK_OUTCOMES:

@@ -162,6 +162,9 @@ class ExecuteResult:
     # Why: "pause", "breaker" (polled with a growing wait) or a provider limit (LIMIT_WAITS:
     # the wait is exactly what the limit needs, so the workflow waits just that).
     gate_reason: str = ""
+    # The call moved down the fallback chain: "<from model>-><to model>:<reason>" (models from
+    # configuration, a reason of a fixed set; never a key or a URL). Empty: no move.
+    fallback: str = ""
 
 
 # The gate reasons whose wait is exact: a provider limit's bucket refills at a known rate.

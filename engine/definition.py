@@ -111,6 +111,10 @@ class JobDefinition(_Frozen):
     security: SecuritySpec = SecuritySpec()
     visibility: Visibility = "public"
     prompt_version: str = ""
+    # The provider fallback chain (docs/fallback.md): "default" (AI_FALLBACKS as configured),
+    # "none" (its output must come from the one configured model), or the models of
+    # AI_FALLBACKS entries it may fall back to, in its own order.
+    fallback: Literal["default", "none"] | tuple[str, ...] = "default"
 
     @model_validator(mode="before")
     @classmethod

@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
     # docs/limits.md). Empty: only what providers announce in their rate-limit headers.
     ai_model_limits: str = Field(default="", alias="AI_MODEL_LIMITS")
+    # Platform-key fallback chain (JSON list of {"model", "baseUrl" ending in /v1, "apiKey"}):
+    # a call moves down it on a health failure of its provider (providers/fallback.py,
+    # docs/fallback.md). A secret as a whole: it holds keys.
+    ai_fallbacks: SecretStr | None = Field(default=None, alias="AI_FALLBACKS")
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )

@@ -30,7 +30,7 @@ from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
-from jobs import admission
+from jobs import admission, fallback
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket, Wait
 from jobs.gateway import Gateway
@@ -161,7 +161,7 @@ async def start(
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
     jt = catalog.get(row.job_type)
-    got = await admission.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
+    got = await fallback.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
     if not isinstance(got, Ticket):
         return got
     if chunk is not None:

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import budgets as budgets_db
 from engine.errors import CostCapTooLow, QuotaExceeded
-from providers.pricing import Price
+from providers.pricing import Price, PriceTable
 
 _MILLION = Decimal(1_000_000)
 _CENT_FRACTION = Decimal("0.00000001")
@@ -111,6 +111,22 @@ def call_worst_case_usd(
 ) -> Decimal:
     """One call's worst case: what EXECUTE tops a job's reservation up by before a retry."""
     return _usd(padded(input_tokens, margin), output_budget, price)
+
+
+def chain_price(prices: PriceTable, models: Sequence[str]) -> Price:
+    """The price a job whose calls may run on any of `models` (its primary and its fallback
+    chain) is reserved and capped at: the highest input and the highest output price among
+    them. Whatever model answers, a call's worst case at its own price
+    (`PriceTable.worst_case_cost`) is at most its worst case at this price, so the reservation
+    stays a bound however far down the chain the job goes."""
+    found = [prices.price_for(m) for m in models]
+    if len(found) == 1:
+        return found[0]
+    return Price(
+        max(p.usd_per_million_in for p in found),
+        max(p.usd_per_million_out for p in found),
+        min((p.context_window for p in found if p.context_window is not None), default=None),
+    )
 
 
 # ---- budget windows ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ from engine.errors import ExecutionFailure
 from jobs.spec import AnyJobType
 from providers.base import Provider
 from providers.crypto import CredentialCipher, decrypt_credential
+from providers.fallback import Fallbacks
 from providers.pricing import PriceTable
 from providers.safety import ContentSafety, RuleBasedContentSafety
 from providers.synthetic import SyntheticProvider
@@ -38,6 +39,8 @@ class Gateway:
     user_provider: Provider | None = None
     # What a call costs, per model (the usage row's cost_usd).
     prices: PriceTable = field(default_factory=PriceTable)
+    # The platform's fallback chain (AI_FALLBACKS; providers/fallback.py, jobs/fallback.py).
+    fallbacks: Fallbacks = field(default_factory=Fallbacks)
 
     async def aclose(self) -> None:
         """Close the providers' HTTP connections (a stopping worker leaves no socket open)."""
@@ -46,6 +49,7 @@ class Gateway:
             close = getattr(p, "aclose", None)
             if close is not None:
                 await close()
+        await self.fallbacks.aclose()
 
     def provider_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> Provider:
         if jt.always_synthetic:

@@ -41,6 +41,8 @@ class CreatePolicy:
     platform_synthetic: bool = True
     prices: PriceTable = dataclasses.field(default_factory=PriceTable)
     estimate_margin: float = 0.25
+    # The models of AI_FALLBACKS, in order: a job's worst case is priced over its chain's.
+    fallback_models: tuple[str, ...] = ()
     # A long source's per-call input budget (AI_CHUNK_INPUT_TOKENS): past it, chunks.
     chunking: chunked.ChunkPolicy = dataclasses.field(default_factory=chunked.ChunkPolicy)
 

@@ -22,10 +22,11 @@ from engine.definition import USER_DEEPSEEK_KEY
 from engine.errors import RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.hashing import request_fingerprint
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
-from jobs import chunked
-from jobs.costs import JobEstimate, estimate_job
+from jobs import chunked, fallback
+from jobs.costs import JobEstimate, chain_price, estimate_job
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
+from providers.pricing import Price
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,14 @@ class RequestChecker:
                 "Shorten the input."
             )
 
+    def _chain_price(self, jt: AnyJobType, mode: str, model_name: str) -> Price:
+        """The price a job is reserved at: the dearest of its primary and fallback chain."""
+        p = self._policy
+        models = fallback.chain_models(
+            model_name, p.fallback_models, jt, mode, synthetic=model_name == "synthetic"
+        )
+        return chain_price(p.prices, models)
+
     def estimate(
         self,
         jt: AnyJobType,
@@ -188,7 +197,7 @@ class RequestChecker:
         return estimate_job(
             prompt_tokens,
             model=model_name,
-            price=self._policy.prices.price_for(model_name),
+            price=self._chain_price(jt, mode, model_name),
             output_budget=budget,
             expected_output_tokens=expected,
             margin=self._policy.estimate_margin,

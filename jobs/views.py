@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import artifacts as artifacts_db
+from db import fallback_calls as fallback_calls_db
 from db import jobs as jobs_db
 from db.artifacts import ArtifactRef
 from db.chunks import job_chunking
@@ -62,6 +63,13 @@ class ResultOut(Camel):
         "or timed out after some of its chunks succeeded: the artifacts are the items those "
         "chunks produced, kept; `lifecycleStatus` and `errorCode` still say why it stopped. "
         "Absent otherwise.",
+    )
+    model: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The model that produced the output (as the provider named it): the "
+        "configured one, or a fallback's when the provider failed (docs/fallback.md). Given "
+        "by `GET /api/ai/jobs/{jobId}` for a succeeded job; absent elsewhere.",
     )
 
 
@@ -290,12 +298,16 @@ async def read_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
 async def job_status(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobStatusResponse:
     """`GET /api/ai/jobs/{jobId}`: the public view, or JobNotFound. The view `read_job` gives,
     from one statement (the job's public columns and its artifacts; not its input and output
-    JSON): one round trip however the job ended."""
+    JSON): one round trip however the job ended, and for a succeeded job one more (the model
+    that produced its output)."""
     found = await jobs_db.status_with_artifacts(session, job_id)
     if found is None or not can_see(viewer, found[0].user_id):
         raise not_found()
     row, artifacts = found
-    return job_view(row, artifacts if _may_have_artifacts(row) else [])
+    view = job_view(row, artifacts if _may_have_artifacts(row) else [])
+    if view.result is not None and row.lifecycle_status == "succeeded":
+        view.result.model = await fallback_calls_db.answered_model(session, job_id)
+    return view
 
 
 # ---- pages --------------------------------------------------------------------------------

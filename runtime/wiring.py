@@ -31,6 +31,7 @@ from jobs.policy import CreatePolicy
 from jobs.spec import Catalog
 from jobs.types import default_catalog
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
+from providers.fallback import Fallbacks, fallback_models, parse_fallbacks
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
 from providers.pricing import PriceTable
 from providers.safety import RuleBasedContentSafety, parse_blocklist
@@ -122,10 +123,14 @@ def gateway(
         cipher=credential_cipher(settings),
         safety=RuleBasedContentSafety(parse_blocklist(settings.content_safety_blocklist)),
         prices=price_table(settings, metrics),
+        # Raises ValueError naming AI_FALLBACKS and the entry (never its key): no start.
+        fallbacks=Fallbacks(parse_fallbacks(settings.ai_fallbacks), timeout_s=MAX_CALL_TIMEOUT_S),
     )
     if telemetry is not None:
         telemetry.instrument_provider(built.provider)
         telemetry.instrument_provider(built.user_provider)
+        for fallback_provider in built.fallbacks.providers.values():
+            telemetry.instrument_provider(fallback_provider)
     return built
 
 
@@ -167,6 +172,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         platform_synthetic=not (settings.deepseek_api_key or settings.ai_base_url),
         prices=PriceTable.from_settings(settings),
         estimate_margin=settings.token_estimate_margin,
+        fallback_models=fallback_models(settings.ai_fallbacks),
         chunking=ChunkPolicy(max_input_tokens=settings.ai_chunk_input_tokens),
     )
 

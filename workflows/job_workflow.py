@@ -75,6 +75,8 @@ EXACT_LIMIT_WAITS = "exact-limit-waits"
 # A long source runs as its chunks: one EXECUTE per chunk (a window of them in flight), then
 # MERGE, then PROJECT. Runs before it called one EXECUTE over the whole source.
 CHUNKED_FAN_OUT = "chunked-fan-out"
+# A call that moved down its provider fallback chain is upserted as the run's memo `fallback`.
+FALLBACK_MEMO = "provider-fallback-memo"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -181,6 +183,8 @@ class JobStages:
                 executed = await self._execute_chunks(inp, prep.plan, resolved)
             else:
                 executed = await self._execute_through_gate(inp, prep.plan)
+            if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
+                workflow.upsert_memo({"fallback": executed.fallback})
             if executed.lifecycle_status is not None:
                 # The job ended before it ran (cancelled while it waited for a slot).
                 self._set_status(executed.lifecycle_status)

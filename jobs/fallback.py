@@ -1,0 +1,184 @@
+"""A job's fallback chain and the admission of a call on one of its entries.
+
+Whose chain: a platform-key job of a type that does not opt out (`fallback: "none"`), whose
+primary is a real provider, gets the AI_FALLBACKS entries its type's `fallback` keeps
+(providers/fallback.py `select`). A job on a user's own key has no chain: its calls never move
+to a key of the platform's (nor spend the platform's quota for a user's outage).
+
+An entry's call is admitted as the primary's is (jobs/admission.py), under the entry's own
+identity: its gate (`GateKey(provider, "fallback:<n>")`, its own pause and breaker), the cost
+cover at the entry's price (jobs/costs.py `cover_next_call`: with what the job has spent so far,
+the primary's failed call included, another worst case at this model's price must fit the
+reservation, else it grows under the user's budgets or the call is refused), its key, and its
+(provider, model, key) limits. `admit` wraps the primary's admission: when the primary's
+breaker is open, the call goes straight to the first entry whose own gate is closed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import chunks as chunks_db
+from db import jobs as jobs_db
+from db import provider_gate as provider_gate_db
+from db import provider_limits as provider_limits_db
+from db.provider_gate import GateKey
+from db.provider_limits import LimitKey
+from engine.definition import PLATFORM_KEY
+from jobs import admission
+from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket, Wait
+from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
+from jobs.gateway import Gateway
+from jobs.spec import AnyJobType
+from providers.fallback import FallbackEntry, position_of, select
+
+log = logging.getLogger(__name__)
+
+
+def applies(jt: AnyJobType, mode: str, *, primary_synthetic: bool) -> bool:
+    """Whether a job of this type and credential mode may fall back at all (module docstring)."""
+    return (
+        mode == PLATFORM_KEY
+        and not jt.always_synthetic
+        and not primary_synthetic
+        and jt.definition.fallback != "none"
+    )
+
+
+def chain(gateway: Gateway, jt: AnyJobType, mode: str) -> tuple[FallbackEntry, ...]:
+    """The entries a job's calls may move to, in order (empty: no fallback)."""
+    entries = gateway.fallbacks.entries
+    primary_synthetic = gateway.provider_for(jt, mode).name == "synthetic"
+    if not entries or not applies(jt, mode, primary_synthetic=primary_synthetic):
+        return ()
+    picked = select([e.model for e in entries], jt.definition.fallback)
+    return tuple(entries[i] for i in picked)
+
+
+def chain_models(
+    primary: str, fallback_models: tuple[str, ...], jt: AnyJobType, mode: str, *, synthetic: bool
+) -> tuple[str, ...]:
+    """The models a job's calls may be priced at: the primary, then its chain's (what create
+    reserves the worst of: jobs/costs.py `chain_price`)."""
+    if not fallback_models or not applies(jt, mode, primary_synthetic=synthetic):
+        return (primary,)
+    picked = select(fallback_models, jt.definition.fallback)
+    return (primary, *(fallback_models[i] for i in picked))
+
+
+def entry_of(gateway: Gateway, ticket: Ticket) -> FallbackEntry | None:
+    """The chain entry a ticket was admitted on (None: the primary)."""
+    position = position_of(ticket.gate.key_ref) if ticket.gate is not None else None
+    return gateway.fallbacks.entry(position) if position is not None else None
+
+
+async def admit(
+    s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: Call
+) -> Ticket | Wait | Refused:
+    """The primary's admission; when its breaker is open (nothing was taken), the first entry
+    of the chain whose own gate admits the call. An entry whose gate is closed took nothing and
+    is passed over; an entry whose limits say wait answers that wait, and one whose cost cover
+    refuses answers the primary's wait (the caller rolls back what either took). Every entry
+    closed: the primary's wait."""
+    got = await admission.admit(s, gateway, cfg, call)
+    if not isinstance(got, Wait) or got.reason != "breaker":
+        return got
+    for entry in chain(gateway, call.jt, call.row.credential_mode):
+        routed = await admit_entry(s, gateway, cfg, call, entry)
+        if isinstance(routed, Wait) and routed.reason in ("pause", "breaker"):
+            continue
+        if isinstance(routed, Refused):
+            return got
+        if isinstance(routed, Ticket):
+            log.warning(
+                "primary provider's breaker is open; the call goes to a fallback",
+                extra={
+                    "job_id": str(call.row.id),
+                    "from_model": got.model,
+                    "to_model": entry.model,
+                    "fallback_position": entry.position,
+                    "reason": "breaker",
+                },
+            )
+        return routed
+    return got
+
+
+async def admit_entry(
+    s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: Call, entry: FallbackEntry
+) -> Ticket | Wait | Refused:
+    """A call on `entry`: its gate, the cost cover at its price, its key, its limits, in the
+    caller's transaction (a `Wait` or `Refused`: the caller rolls it back or moves on; a `Wait`
+    from the gate took nothing)."""
+    gate = GateKey(entry.provider, entry.key_ref)
+    ticket = Ticket(gate=gate)
+    probe_ttl_s = call.jt.definition.execution.timeout_ms / 1000 + 30
+    gated = await provider_gate_db.admit(s, gate, probe_ttl_s=probe_ttl_s)
+    if gated.wait_s > 0:
+        return Wait(gated.wait_s, gated.reason or "pause", entry.provider, entry.model)
+    ticket.probe_held = gated.probe
+    refused = await _cover(s, gateway, cfg, call, entry)
+    if refused is not None:
+        if ticket.probe_held:
+            await provider_gate_db.release_probe(s, gate)
+        return Refused(refused)
+    ticket.api_key = entry.api_key.get_secret_value()
+    row, jt = call.row, call.jt
+    limits = cfg.model_limits.for_model(entry.provider, entry.model)
+    prompt = call.chunk.input_tokens if call.chunk is not None else row.estimated_input_tokens
+    tokens = (prompt or 0) + (row.max_output_tokens or jt.definition.execution.max_output_tokens)
+    got = await provider_limits_db.admit(
+        s,
+        LimitKey(entry.provider, entry.model, entry.key_ref),
+        limits,
+        tokens=tokens,
+        job_id=row.id,
+        lease_ttl_s=call.timeout_ms / 1000 + 30,
+    )
+    if got.wait_s > 0:
+        return Wait(got.wait_s, got.reason or "announced", entry.provider, entry.model)
+    key = LimitKey(entry.provider, entry.model, entry.key_ref)
+    ticket.lease = Lease(key, limits, tokens, got.lease_id, got.metered)
+    return ticket
+
+
+async def _cover(
+    s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: Call, entry: FallbackEntry
+) -> str | None:
+    """The cost cover of a call on `entry` (as jobs/admission.py covers the primary's, at the
+    entry's price), over the job as it stands now (the primary's failed call charged)."""
+    row, jt = call.row, call.jt
+    if row.estimated_input_tokens is None:
+        return None
+    fresh = await jobs_db.get(s, row.id)
+    if fresh is not None:
+        row = fresh
+    price = gateway.prices.price_for(entry.model)
+    budget = row.max_output_tokens or jt.definition.execution.max_output_tokens
+    if call.chunk is not None:
+        unfinished = await chunks_db.unfinished_input_tokens(s, row.id)
+        worst = call_worst_case_usd(
+            sum(padded(t, cfg.estimate_margin) for t in unfinished),
+            budget * len(unfinished),
+            price=price,
+            margin=0.0,
+        )
+    else:
+        worst = call_worst_case_usd(
+            row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
+        )
+    return await cover_next_call(
+        s,
+        job_id=row.id,
+        user_id=row.user_id,
+        reserved_usd=row.reserved_cost_usd,
+        spent_usd=row.spent_cost_usd,
+        max_cost_usd=row.max_cost_usd,
+        call_worst_usd=worst,
+        windows=budget_windows(
+            cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
+        ),
+    )
