@@ -6,6 +6,7 @@ is cancelled at once before it; and the owner's own retry."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from tests.e2e.conftest import Api, assert_problem
+from db.session import SessionMaker
+from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.stack import Stack
 from tests.support import eventually
 
@@ -232,3 +234,28 @@ async def test_the_owner_retries_their_own_cancelled_job(api: Api) -> None:
     assert_problem(missing, 404, "JOB_NOT_FOUND")
     queued = await api.http.post(f"/api/ai/jobs/{new['jobId']}/retry", headers=api.as_user())
     assert_problem(queued, 409, "JOB_NOT_RETRYABLE")
+
+
+async def test_the_owners_retry_counts_against_their_quotas(db: SessionMaker, env: Any) -> None:
+    async with start_api(env(QUOTA_MAX_ACTIVE_JOBS=1)) as q:
+        old = await q.create_id("carol")
+        assert (await q.cancel(old, "carol")).status_code == 200
+        busy = await q.create_id("carol")  # the one active job carol may have
+        r = await q.http.post(f"/api/ai/jobs/{old}/retry", headers=q.as_user("carol"))
+        assert_problem(r, 429, "TOO_MANY_JOBS")
+        assert (await q.cancel(busy, "carol")).status_code == 200
+        r = await q.http.post(f"/api/ai/jobs/{old}/retry", headers=q.as_user("carol"))
+        assert r.status_code == 201 and r.json()["retriedFromJobId"] == old, r.text
+
+
+async def test_the_status_event_carries_target_and_metadata(api: Api) -> None:
+    meta = {"courseId": "C42"}
+    job_id = await api.create_id(metadata=meta, targetId="L7")
+    url = f"/api/ai/jobs/{job_id}/events"
+    async with api.http.stream("GET", url, headers=api.as_user()) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                data = json.loads(line[len("data:") :])
+                break
+    assert (data["jobId"], data["targetId"], data["metadata"]) == (job_id, "L7", meta)
