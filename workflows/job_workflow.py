@@ -75,7 +75,7 @@ EXACT_LIMIT_WAITS = "exact-limit-waits"
 # A long source runs as its chunks: one EXECUTE per chunk (a window of them in flight), then
 # MERGE, then PROJECT. Runs before it called one EXECUTE over the whole source.
 CHUNKED_FAN_OUT = "chunked-fan-out"
-# A delayed job (`runAt`) waits on a durable timer before its first stage (only it asks).
+# A delayed job (`runAt`) waits on a durable timer after PREPARE (only such a job asks).
 DELAYED_START = "delayed-start"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
@@ -172,16 +172,16 @@ class JobStages:
         LifecycleStatus search attribute is upserted once, with the status the run ends with
         (the one status a Temporal UI query by status needs; `running` is PostgreSQL's)."""
         try:
-            if inp.runAt and workflow.patched(DELAYED_START):
-                # Queued on a timer, no slot held; a cancel ends it at once (finalized below).
-                wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
-                if wait_s > 0:
-                    await workflow.sleep(wait_s)
             prep = await self._local(stages.prepare, stage)
             if not prep.run or prep.plan is None:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
+            if inp.runAt and workflow.patched(DELAYED_START):
+                # Queued on a timer, no slot held; a cancel ends it at once (finalized below).
+                wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
+                if wait_s > 0:
+                    await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
             if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
