@@ -324,11 +324,25 @@ async def list_jobs(
     ] = None,
     target_type: Annotated[
         str | None,
-        Query(alias="targetType", min_length=1, max_length=64, pattern=NO_NUL),
+        Query(
+            alias="targetType",
+            min_length=1,
+            max_length=64,
+            pattern=NO_NUL,
+            description="Only jobs about this kind of thing (the create's `targetType`)",
+            examples=["lesson"],
+        ),
     ] = None,
     target_id: Annotated[
         str | None,
-        Query(alias="targetId", min_length=1, max_length=128, pattern=NO_NUL),
+        Query(
+            alias="targetId",
+            min_length=1,
+            max_length=128,
+            pattern=NO_NUL,
+            description="Only jobs about this thing (the create's `targetId`)",
+            examples=["L1"],
+        ),
     ] = None,
     metadata: Annotated[tuple[tuple[str, str], ...], Depends(metadata_filter)] = (),
     cursor: Annotated[str | None, Query(max_length=200)] = None,
