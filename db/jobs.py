@@ -180,10 +180,11 @@ def filter_sql(f: JobFilter) -> tuple[list[str], dict[str, Any]]:
         if value is not None:
             where.append(f"{col} = :{col}")
             params[col] = value
-    if f.metadata:
-        # Containment, so the GIN index (jsonb_path_ops) on metadata serves it.
-        where.append("metadata @> CAST(:metadata AS jsonb)")
-        params["metadata"] = json.dumps(dict(f.metadata))
+    for i, (key, value) in enumerate(f.metadata):
+        # One containment test per pair, each served by the GIN index (jsonb_path_ops) on
+        # metadata: a key given twice with two values matches no job, as "all must match" says.
+        where.append(f"metadata @> CAST(:md{i} AS jsonb)")
+        params[f"md{i}"] = json.dumps({key: value})
     if f.created_from is not None:
         where.append("created_at >= :cf")
         params["cf"] = f.created_from

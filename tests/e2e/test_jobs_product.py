@@ -63,6 +63,8 @@ async def test_target_and_metadata_round_trip_and_filter_the_list(api: Api) -> N
     assert await listed(api, **{"metadata.courseId": "C4"}) == []
     assert await listed(api, "bob", **both) == [bobs]
     # The same key twice: a job would have to hold both values.
+    spring = await api.create_id(targetType="unit", targetId="U1", metadata={"term": "spring"})
+    assert await listed(api, **{"metadata.term": "spring"}) == [spring]
     r = await api.http.get(
         "/api/ai/jobs?metadata.term=autumn&metadata.term=spring", headers=api.as_user()
     )
