@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.session import SessionMaker
 from tests.e2e.conftest import Api, assert_problem, start_api
-from tests.stack import Stack
+from tests.stack import Stack, engine_stack
 from tests.support import eventually
 
 
@@ -208,6 +208,26 @@ async def test_a_delayed_job_is_cancelled_at_once(
 
     await eventually(closed, timeout=10, what=lambda: "the delayed job's workflow to end")
     assert time.monotonic() - started < 10
+    assert (await api.get(job_id))["lifecycleStatus"] == "cancelled"
+
+
+async def test_a_delayed_job_cancelled_before_its_workflow_started_ends_at_prepare(
+    api: Api, env: Any, temporal_client: Client
+) -> None:
+    """The relay may start the workflow after the cancel (no workers yet here): the run ends at
+    PREPARE, which sees the job cancelled, instead of waiting for runAt."""
+    job_id = await api.create_id(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=10)))
+    assert (await api.cancel(job_id)).json()["cancelOutcome"] == "cancelled"
+    wf = temporal_client.get_workflow_handle(f"ai-interactive:synthetic:{job_id}")
+
+    async def ended() -> bool:
+        try:
+            return (await wf.describe()).status == WorkflowExecutionStatus.COMPLETED
+        except Exception:
+            return False  # not started by the relay yet
+
+    async with engine_stack(env(), temporal_client):
+        await eventually(ended, timeout=20, what=lambda: "the cancelled job's workflow to end")
     assert (await api.get(job_id))["lifecycleStatus"] == "cancelled"
 
 
