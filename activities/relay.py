@@ -316,6 +316,7 @@ class Relay:
                         # Derived from the job id: no user id or client key reaches Temporal.
                         idempotencyKey=enqueue_dedupe_key(job_id),
                         createdAt=row.created_at.isoformat(),
+                        runAt=str(p.get("runAt") or ""),
                     ),
                     id=workflow_id(queue, job_type, job_id),
                     task_queue=f"{queue}{self.config.task_queue_suffix}",

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from api import cursors
 from api.usage_schemas import UsdAmount as UsdAmount
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
-from engine.definition import CredentialMode, QueueName
+from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
 from engine.lifecycle import StatusName
 from jobs.service import RefusalLimit
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
@@ -117,6 +124,40 @@ class AdminJobPage(Camel):
     next_cursor: str | None = None
 
 
+# A create's `metadata`: the client's own references, small and flat (API-checked; the column
+# is jsonb). Keys are what a list filter `metadata.<key>=` names, so they stay URL-plain.
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_LENGTH = 64
+MAX_METADATA_VALUE_LENGTH = 512
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9_.-]+$"
+MetadataKey = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=MAX_METADATA_KEY_LENGTH, pattern=METADATA_KEY_PATTERN
+    ),
+]
+MetadataValue = Annotated[
+    str, StringConstraints(max_length=MAX_METADATA_VALUE_LENGTH), AfterValidator(storable_str)
+]
+Metadata = dict[MetadataKey, MetadataValue]
+
+
+def _metadata_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of `metadata` as the server checks it: pydantic puts the key pattern
+    under `patternProperties`, which would let any other key through as schema-valid."""
+    values = schema.pop("patternProperties", {}).get(METADATA_KEY_PATTERN, {"type": "string"})
+    schema["propertyNames"] = {
+        "minLength": 1,
+        "maxLength": MAX_METADATA_KEY_LENGTH,
+        "pattern": METADATA_KEY_PATTERN,
+    }
+    schema["additionalProperties"] = {**values, "pattern": NO_NUL}
+
+
+# How far ahead a create's `runAt` may be: a delayed job holds its reservation until it runs.
+MAX_RUN_AT_DAYS = 30
+
+
 class CreateJobBody(Camel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -135,11 +176,66 @@ class CreateJobBody(Camel):
     max_cost_usd: Decimal | None = Field(
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
+    metadata: Metadata = Field(
+        default_factory=dict,
+        max_length=MAX_METADATA_KEYS,
+        description="Your own references, stored with the job and returned by every view of "
+        f"it: at most {MAX_METADATA_KEYS} keys of 1-{MAX_METADATA_KEY_LENGTH} characters "
+        f"`[A-Za-z0-9_.-]`, string values of at most {MAX_METADATA_VALUE_LENGTH} characters. "
+        "Never sent to the AI provider. List your jobs by it with `metadata.<key>=<value>`.",
+        examples=[{"courseId": "C42", "requestedBy": "teacher-7"}],
+        json_schema_extra=_metadata_schema,
+    )
+    run_at: AwareDatetime | None = Field(
+        default=None,
+        description="Run the job later: RFC 3339 with an offset (`Z` or `+01:00`), not in the "
+        f"past and at most {MAX_RUN_AT_DAYS} days ahead. The job stays `queued` until then "
+        "(its cost is reserved from the create) and may be cancelled meanwhile.",
+        examples=["2026-12-05T08:00:00Z"],
+    )
+    prompt_version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=VERSION_MAX_LENGTH,
+        description="Pin the job type's prompt version (`promptVersion` of GET "
+        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        examples=["quiz_generation.v1"],
+    )
+    output_schema_version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=VERSION_MAX_LENGTH,
+        description="Pin the job type's output schema version (`outputSchemaVersion` of GET "
+        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        examples=["quiz_generation.output.v1"],
+    )
 
-    @field_validator("job_type", "target_type", "target_id")
+    @field_validator(
+        "job_type", "target_type", "target_id", "prompt_version", "output_schema_version"
+    )
     @classmethod
-    def _storable_str(cls, v: str) -> str:
-        return storable_str(v)
+    def _storable_str(cls, v: str | None) -> str | None:
+        return storable_str(v) if v is not None else None
+
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _rfc3339(cls, v: Any) -> Any:
+        # A number would parse as a Unix time: only the RFC 3339 text is a `runAt`.
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be an RFC 3339 date-time with an offset")
+        return v
+
+    @field_validator("run_at")
+    @classmethod
+    def _soon_enough(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        now = datetime.now(UTC)
+        if v < now:
+            raise ValueError("must not be in the past")
+        if v > now + timedelta(days=MAX_RUN_AT_DAYS):
+            raise ValueError(f"must be at most {MAX_RUN_AT_DAYS} days ahead")
+        return v.astimezone(UTC)
 
     @field_validator("input")
     @classmethod

@@ -27,17 +27,37 @@ class UnsupportedMediaType(EngineError):
     title = "Unsupported media type"
 
 
-def _declared_query(route: APIRoute) -> frozenset[str]:
-    """The query parameter names the route takes (cached on the route: routes never change)."""
-    cached: frozenset[str] | None = getattr(route, "_aijobs_query", None)
+class QueryPrefix:
+    """A dependency taking every query parameter named `<prefix><key>` (a family of names no
+    list of parameters can declare, e.g. `metadata.<key>`), as (key, value) pairs in request
+    order, repeats kept. A route declares the family by depending on it; `check_request`
+    then accepts those names on that route only."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __call__(self, request: Request) -> list[tuple[str, str]]:
+        n = len(self.prefix)
+        return [
+            (k[n:], v) for k, v in request.query_params.multi_items() if k.startswith(self.prefix)
+        ]
+
+
+def _declared_query(route: APIRoute) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The query parameter names the route takes and the name prefixes it takes (its
+    `QueryPrefix` dependencies), cached on the route: routes never change."""
+    cached: tuple[frozenset[str], tuple[str, ...]] | None = getattr(route, "_aijobs_query", None)
     if cached is None:
         names: set[str] = set()
+        prefixes: set[str] = set()
         stack: list[Dependant] = [route.dependant]
         while stack:
             dep = stack.pop()
             names |= {p.alias for p in dep.query_params}
+            if isinstance(dep.call, QueryPrefix):
+                prefixes.add(dep.call.prefix)
             stack.extend(dep.dependencies)
-        cached = frozenset(names)
+        cached = (frozenset(names), tuple(sorted(prefixes)))
         route._aijobs_query = cached  # type: ignore[attr-defined]
     return cached
 
@@ -63,17 +83,20 @@ async def check_request(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    declared = _declared_query(route)
+    declared, prefixes = _declared_query(route)
     if STREAM_TOKEN_PARAM in request.query_params and STREAM_TOKEN_PARAM not in declared:
         raise misused()  # a stream token opens the event streams only
-    unknown = sorted({k for k in request.query_params if k not in declared})
+    unknown = sorted(
+        {k for k in request.query_params if k not in declared and not k.startswith(prefixes)}
+    )
     if unknown:
+        takes = sorted(declared) + [f"{p}<key>" for p in prefixes]
         raise RequestValidationError(
             [
                 {
                     "loc": ("query", name),
                     "msg": "Unknown query parameter"
-                    + (f"; this route takes: {', '.join(sorted(declared))}" if declared else ""),
+                    + (f"; this route takes: {', '.join(takes)}" if takes else ""),
                     "type": "extra_forbidden",
                 }
                 for name in unknown

@@ -6,8 +6,9 @@ reservations they are decided with). Every function runs in the caller's session
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -64,6 +65,9 @@ class JobRow:
     reserved_cost_usd: Decimal = Decimal(0)
     spent_cost_usd: Decimal = Decimal(0)
     chunk_count: int | None = None  # a long source's chunks (db/chunks.py); None: one call
+    # The client's own references (`{}`: none) and when a delayed job may start (None: at once).
+    metadata: dict[str, str] = field(default_factory=dict)
+    run_at: datetime | None = None
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
@@ -99,6 +103,12 @@ class JobStatusRow:
     error_code: str | None
     public_error_message: str | None
     chunk_count: int | None
+    target_type: str
+    target_id: str
+    metadata: dict[str, str]
+    run_at: datetime | None
+    prompt_version: str
+    output_schema_version: str
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
@@ -147,6 +157,10 @@ class JobFilter:
     created_from: datetime | None = None
     created_to: datetime | None = None
     error_code: str | None = None
+    target_type: str | None = None
+    target_id: str | None = None
+    # (key, value) pairs the job's metadata must all hold (`metadata.<key>=<value>`).
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
 def filter_sql(f: JobFilter) -> tuple[list[str], dict[str, Any]]:
@@ -160,10 +174,17 @@ def filter_sql(f: JobFilter) -> tuple[list[str], dict[str, Any]]:
         ("lifecycle_status", f.status),
         ("queue_name", f.queue_name),
         ("error_code", f.error_code),
+        ("target_type", f.target_type),
+        ("target_id", f.target_id),
     ):
         if value is not None:
             where.append(f"{col} = :{col}")
             params[col] = value
+    for i, (key, value) in enumerate(f.metadata):
+        # One containment test per pair, each served by the GIN index (jsonb_path_ops) on
+        # metadata: a key given twice with two values matches no job, as "all must match" says.
+        where.append(f"metadata @> CAST(:md{i} AS jsonb)")
+        params[f"md{i}"] = json.dumps({key: value})
     if f.created_from is not None:
         where.append("created_at >= :cf")
         params["cf"] = f.created_from

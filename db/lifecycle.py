@@ -14,7 +14,7 @@ use case or activity that calls it owns the transaction, like every repository i
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -71,6 +71,8 @@ class NewJob:
     max_cost_usd: Decimal | None = None
     reserved_cost_usd: Decimal = Decimal(0)
     chunk_count: int | None = None  # set with the job's chunk plan (db/chunks.py)
+    metadata: dict[str, str] = field(default_factory=dict)  # the client's own references
+    run_at: datetime | None = None  # a delayed job's start (None: at once)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ _INSERT = text(
     f"INSERT INTO ai_job ({', '.join([*_NEW_JOB_FIELDS, *_NEW_JOB_DEFAULTS])}) "
     f"VALUES ({', '.join([*(f':{n}' for n in _NEW_JOB_FIELDS), *_NEW_JOB_DEFAULTS.values()])}) "
     f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified"
-).bindparams(bindparam("input", type_=JSONB))
+).bindparams(bindparam("input", type_=JSONB), bindparam("metadata", type_=JSONB))
 
 
 # ---- (new) -> queued --------------------------------------------------------------

@@ -100,6 +100,22 @@ class AiJob(Base):
         Index("ix_ai_job_status_created", "lifecycle_status", "created_at", "id"),
         Index("ix_ai_job_type_created", "job_type", "created_at", "id"),
         Index("ix_ai_job_queue_created", "queue_name", "created_at", "id"),
+        # A user's jobs about one of their product's things (`targetType`, `targetId`).
+        Index(
+            "ix_ai_job_user_target_created",
+            "user_id",
+            "target_type",
+            "target_id",
+            "created_at",
+            "id",
+        ),
+        # The list filter `metadata.<key>=<value>` is a containment test (`metadata @> ...`).
+        Index(
+            "ix_ai_job_metadata",
+            "metadata",
+            postgresql_using="gin",
+            postgresql_ops={"metadata": "jsonb_path_ops"},
+        ),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -163,6 +179,13 @@ class AiJob(Base):
     call_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # The client's own references (string keys and values, checked by the API; `{}`: none).
+    # The attribute is not named `metadata`: declarative models reserve that name.
+    job_metadata: Mapped[dict[str, str]] = mapped_column(
+        "metadata", JSONB, server_default=text("'{}'::jsonb")
+    )
+    # When a delayed job may start (NULL: at once); its workflow waits for it on a timer.
+    run_at: Mapped[datetime | None] = mapped_column(TS)
 
 
 class AiJobChunk(Base):

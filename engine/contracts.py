@@ -72,6 +72,9 @@ class JobWorkflowInput:
     # Provider attempts the job spent before a continue-as-new (a long wait on its provider's
     # gate starts a new run so the history stays bounded); 0 on the relay's start.
     attemptsSpent: int = 0
+    # A delayed job's start (RFC 3339, from its enqueue row; "": at once): the run waits for it
+    # on a durable timer before its first stage.
+    runAt: str = ""
 
 
 @dataclass(frozen=True)

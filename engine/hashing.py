@@ -26,11 +26,17 @@ def request_fingerprint(
     credential_mode: str | None = None,
     credential_id: str | None = None,
     max_cost_usd: str | None = None,
+    *,
+    metadata: dict[str, str] | None = None,
+    prompt_version: str | None = None,
+    output_schema_version: str | None = None,
+    run_at: str | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
     The effective credential mode, the key a client named and a per-job cost cap are part of
-    the request (who pays, and how much, is not a detail). Left out, they leave earlier
-    fingerprints unchanged."""
+    the request (who pays, and how much, is not a detail); so are the client's metadata, the
+    versions it pinned and a delayed start (what the job carries and runs on, and when). Left
+    out (or empty metadata), they leave earlier fingerprints unchanged."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -44,4 +50,12 @@ def request_fingerprint(
         body["credentialId"] = credential_id
     if max_cost_usd is not None:
         body["maxCostUsd"] = max_cost_usd
+    if metadata:
+        body["metadata"] = metadata
+    if prompt_version is not None:
+        body["promptVersion"] = prompt_version
+    if output_schema_version is not None:
+        body["outputSchemaVersion"] = output_schema_version
+    if run_at is not None:
+        body["runAt"] = run_at
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -244,6 +244,8 @@ class JobCreation:
             max_cost_usd=req.max_cost_usd,
             reserved_cost_usd=estimate.worst_case_cost_usd,
             chunk_count=len(checked.chunks) if checked.chunks else None,
+            metadata=req.metadata,
+            run_at=req.run_at,
         )
 
     async def _enqueue(
@@ -277,6 +279,9 @@ class JobCreation:
                 # Fair dispatch per user without naming the user in Temporal.
                 "fairnessKey": self._policy.fairness_key(req.user_id),
                 "fairnessWeight": self._policy.fairness_weights.get(req.user_id, 1.0),
+                # A delayed job's workflow waits for it (a time, not job content); metadata is
+                # the client's and never leaves PostgreSQL.
+                **({"runAt": req.run_at.isoformat()} if req.run_at is not None else {}),
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),

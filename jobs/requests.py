@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -46,6 +47,13 @@ class CreateJobRequest:
     max_cost_usd: Decimal | None = None
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
+    # The client's own references, stored with the job and never sent to Temporal or the
+    # provider; the versions a client pinned (checked by the API against the job type's); a
+    # delayed job's start (None: at once).
+    metadata: dict[str, str] = field(default_factory=dict)
+    prompt_version: str | None = None
+    output_schema_version: str | None = None
+    run_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,10 @@ class RequestChecker:
             mode,
             str(req.credential_id) if req.credential_id is not None else None,
             str(req.max_cost_usd) if req.max_cost_usd is not None else None,
+            metadata=req.metadata,
+            prompt_version=req.prompt_version,
+            output_schema_version=req.output_schema_version,
+            run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
         )
         return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks)
 

@@ -1,4 +1,5 @@
-"""An admin's retry: a failed or cancelled job runs again as a new job.
+"""A retry: a failed or cancelled job runs again as a new job, asked for by an admin or by the
+job's owner (the same use case: an owner's retry is an admin's without the budget override).
 
 One new job per original, found by `retried_from_job_id` (unique), never by an idempotency key
 a user could have claimed first: a double-click, or two admins at once, get the same job. The
@@ -41,15 +42,18 @@ class JobRetry:
         *,
         within: CreateHook | None = None,
         override_budget: bool = False,
+        owner: str | None = None,
     ) -> CreateJobResult:
         """The retry of `job_id`: the existing one (`created` False), or a new job. `within`
         runs in the transaction that creates the retry (not when one existed). Past the
         owner's quotas or budgets it raises the create's refusal (`QuotaExceeded`,
-        `TooManyJobs`) unless `override_budget`."""
+        `TooManyJobs`) unless `override_budget`. `owner`: the user retrying their own job (a
+        job of anyone else's is JobNotFound, as a missing one: an id tells an outsider
+        nothing); None: an admin's retry."""
         async with self._sm.begin() as s:
             row = await jobs_db.get(s, job_id)
             existing = await jobs_db.find_retry_of(s, job_id) if row is not None else None
-        if row is None:
+        if row is None or (owner is not None and row.user_id != owner):
             raise JobNotFound("Job not found.")
         if row.lifecycle_status not in (LifecycleStatus.FAILED, LifecycleStatus.CANCELLED):
             raise JobNotRetryable("Only failed or cancelled jobs can be retried.")
@@ -99,5 +103,8 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         credential_id=row.credential_id,
         retried_from_job_id=row.id,
         max_cost_usd=row.max_cost_usd,
+        # The client's references go with it (the retry is the same piece of their product);
+        # a delayed start does not: the retry runs now.
+        metadata=row.metadata,
         internal=True,
     )

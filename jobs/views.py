@@ -87,13 +87,32 @@ class JobStatusResponse(Camel):
     error_code: str | None = None
     public_error_message: str | None = None
     result: ResultOut | None = None
+    # What joins the job to the client's product, and what it runs on and when: after the
+    # fields above, whose order is frozen.
+    target_type: str
+    target_id: str
+    metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your own references, as the create gave them (`{}`: none)",
+        examples=[{"courseId": "C42"}],
+    )
+    run_at: datetime | None = Field(
+        default=None,
+        description="When a delayed job may start (RFC 3339); null: as soon as it can",
+        examples=["2026-12-05T08:00:00Z"],
+    )
+    prompt_version: str = Field(
+        description="The job type's prompt version the job runs on", examples=["quiz_generation.v1"]
+    )
+    output_schema_version: str = Field(
+        description="The job type's output schema version the job's output is validated with",
+        examples=["quiz_generation.output.v1"],
+    )
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
 class AdminJobResponse(JobStatusResponse):
     user_id: str
-    target_type: str
-    target_id: str
     internal_error_message: str | None = None
     workflow_id: str
     temporal_ui_url: str
@@ -217,6 +236,12 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "error_code": row.error_code,
         "public_error_message": row.public_error_message,
         "result": result,
+        "target_type": row.target_type,
+        "target_id": row.target_id,
+        "metadata": row.metadata,
+        "run_at": row.run_at,
+        "prompt_version": row.prompt_version,
+        "output_schema_version": row.output_schema_version,
     }
 
 
@@ -228,8 +253,6 @@ def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) ->
     return AdminJobResponse(
         **_public_fields(row, artifacts),
         user_id=row.user_id,
-        target_type=row.target_type,
-        target_id=row.target_id,
         internal_error_message=row.internal_error_message,
         workflow_id=row.workflow_id,
         temporal_ui_url=link.workflow_url(row.workflow_id),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
@@ -77,6 +77,8 @@ EXACT_LIMIT_WAITS = "exact-limit-waits"
 CHUNKED_FAN_OUT = "chunked-fan-out"
 # A call that moved down its provider fallback chain is upserted as the run's memo `fallback`.
 FALLBACK_MEMO = "provider-fallback-memo"
+# A delayed job (`runAt`) waits on a durable timer after PREPARE (only such a job asks).
+DELAYED_START = "delayed-start"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -177,6 +179,11 @@ class JobStages:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
+            if inp.runAt and workflow.patched(DELAYED_START):
+                # Queued on a timer, no slot held; a cancel ends it at once (finalized below).
+                wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
+                if wait_s > 0:
+                    await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
             if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):

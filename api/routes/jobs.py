@@ -1,21 +1,28 @@
-"""User routes: create, get, list and cancel one's own jobs."""
+"""User routes: create, get, list, cancel and retry one's own jobs."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
+from api.errors import PROBLEM
 from api.limits import TOO_LARGE_RESPONSE
 from api.schemas import (
     JOB_TYPE_PATTERN,
+    MAX_METADATA_KEY_LENGTH,
+    MAX_METADATA_KEYS,
+    MAX_METADATA_VALUE_LENGTH,
+    METADATA_KEY_PATTERN,
+    NO_NUL,
     ArtifactPage,
     CancelResponse,
     CreateJobBody,
@@ -23,13 +30,17 @@ from api.schemas import (
     QuoteBudget,
     QuoteRefusal,
     QuoteResponse,
+    RetriedJobResponse,
     Status,
     decode_artifact_cursor,
     decode_cursor,
     encode_artifact_cursor,
     encode_cursor,
+    storable_text,
 )
+from api.strict import QueryPrefix
 from db.jobs import JobFilter
+from engine.definition import JobDefinition
 from engine.errors import UnknownJobType, ValidationFailed
 from jobs import views
 from jobs.requests import CreateJobRequest, validation_errors
@@ -87,6 +98,28 @@ def _checked(body: CreateJobBody, state: State) -> None:
         )  # what JSON cannot say: NaN, Infinity
     except ValidationFailed as exc:
         raise _located(exc, "body", "input") from None
+    _check_pins(body, jt.definition)
+
+
+def _check_pins(body: CreateJobBody, d: JobDefinition) -> None:
+    """A pinned version must be the job type's registered one: a job pinned to a prompt or an
+    output schema the server no longer has would run on another, which is what the pin is
+    there to refuse."""
+    errors: list[dict[str, object]] = [
+        {"loc": ["body", field], "msg": f"{field} must be {registered!r}", "type": "enum"}
+        for field, pinned, registered in (
+            ("promptVersion", body.prompt_version, d.prompt_version),
+            ("outputSchemaVersion", body.output_schema_version, d.output.schema_version),
+        )
+        if pinned is not None and pinned != registered
+    ]
+    if errors:
+        raise ValidationFailed(
+            f"The job type {d.job_type} has no such version: "
+            + "; ".join(str(e["msg"]) for e in errors)
+            + ".",
+            errors=errors,
+        )
 
 
 def public_job_types(state: State) -> list[str]:
@@ -115,6 +148,10 @@ def _request(
         credential_mode=body.credential_mode,
         credential_id=body.credential_id,
         max_cost_usd=body.max_cost_usd,
+        metadata=dict(body.metadata),
+        prompt_version=body.prompt_version,
+        output_schema_version=body.output_schema_version,
+        run_at=body.run_at,
     )
 
 
@@ -241,7 +278,43 @@ async def list_artifacts(
     return ArtifactPage(items=page.items, next_cursor=encode_artifact_cursor(page.next_after))
 
 
-@router.get("", response_model=JobPage, summary="List your jobs, newest first")
+_METADATA_QUERY = QueryPrefix("metadata.")
+_METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+
+
+def metadata_filter(
+    pairs: Annotated[list[tuple[str, str]], Depends(_METADATA_QUERY)],
+) -> tuple[tuple[str, str], ...]:
+    """`metadata.<key>=<value>` query parameters (repeatable; a job must hold every pair). A
+    pair no stored metadata could hold (a key or a value the create would refuse, more pairs
+    than a job has keys) is a 422 located at its parameter, never an empty page."""
+    errors = []
+    for key, value in pairs:
+        if not _METADATA_KEY.match(key) or len(key) > MAX_METADATA_KEY_LENGTH:
+            msg = f"the key must be 1-{MAX_METADATA_KEY_LENGTH} characters [A-Za-z0-9_.-]"
+        elif len(value) > MAX_METADATA_VALUE_LENGTH or not storable_text(value):
+            msg = f"the value must be at most {MAX_METADATA_VALUE_LENGTH} characters, no NUL"
+        elif len(pairs) > MAX_METADATA_KEYS:
+            msg = f"at most {MAX_METADATA_KEYS} metadata filters"
+        else:
+            continue
+        errors.append({"loc": ("query", f"metadata.{key}"), "msg": msg, "type": "value_error"})
+    if errors:
+        raise RequestValidationError(errors)
+    return tuple(pairs)
+
+
+@router.get(
+    "",
+    response_model=JobPage,
+    summary="List your jobs, newest first",
+    description=(
+        "Your jobs, newest first, filtered by `status`, `jobType`, `targetType`, `targetId` "
+        "and your own `metadata`: `metadata.<key>=<value>` (repeatable; a job must hold every "
+        "pair, e.g. `?metadata.courseId=C42&metadata.term=autumn`). Filters combine with AND. "
+        "Paged: pass `nextCursor` back as `cursor` (opaque)."
+    ),
+)
 async def list_jobs(
     state: State,
     principal: User,
@@ -249,11 +322,41 @@ async def list_jobs(
     job_type: Annotated[
         str | None, Query(alias="jobType", max_length=64, pattern=JOB_TYPE_PATTERN)
     ] = None,
+    target_type: Annotated[
+        str | None,
+        Query(
+            alias="targetType",
+            min_length=1,
+            max_length=64,
+            pattern=NO_NUL,
+            description="Only jobs about this kind of thing (the create's `targetType`)",
+            examples=["lesson"],
+        ),
+    ] = None,
+    target_id: Annotated[
+        str | None,
+        Query(
+            alias="targetId",
+            min_length=1,
+            max_length=128,
+            pattern=NO_NUL,
+            description="Only jobs about this thing (the create's `targetId`)",
+            examples=["L1"],
+        ),
+    ] = None,
+    metadata: Annotated[tuple[tuple[str, str], ...], Depends(metadata_filter)] = (),
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> JobPage:
     after = decode_cursor(cursor)
-    f = JobFilter(user_id=principal.user_id, job_type=job_type, status=status_)
+    f = JobFilter(
+        user_id=principal.user_id,
+        job_type=job_type,
+        status=status_,
+        target_type=target_type,
+        target_id=target_id,
+        metadata=metadata,
+    )
     async with state.sessionmaker() as s:
         page = await views.job_page(s, principal, f, after=after, limit=limit)
     return JobPage(items=page.items, next_cursor=encode_cursor(page.next_after))
@@ -278,3 +381,45 @@ async def cancel_job(
         job = await views.job_status(s, job_id, principal)
     response.status_code = 200 if result.outcome == "cancelled" else 202
     return CancelResponse(**dict(job), cancel_outcome=result.outcome)
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+@router.post(
+    "/{jobId}/retry",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RetriedJobResponse,
+    responses={
+        200: {"model": RetriedJobResponse, "description": "Already retried: that retry"},
+        409: _problem("The job is not `failed` or `cancelled` (`JOB_NOT_RETRYABLE`)"),
+        429: _problem(
+            "Your quotas or cost budgets refuse the retry, as they would refuse a create "
+            "(`QUOTA_EXCEEDED`, `TOO_MANY_JOBS`; see Retry-After)"
+        ),
+    },
+    summary="Retry one of your failed or cancelled jobs as a new job",
+    description=(
+        "Creates a new job with the original's type, target, input, priority, credential "
+        "choice, cost cap and `metadata` (not its `runAt`: the retry runs now) and answers 201 "
+        "with it, `retriedFromJobId` naming the original. It counts against your quotas and "
+        "cost budgets exactly as a create does. One retry per job: retrying it again answers "
+        "200 with that same retry. A job in any other state is 409 `JOB_NOT_RETRYABLE` (so is "
+        "one whose input retention has purged, or whose key was revoked); someone else's job "
+        "is 404 `JOB_NOT_FOUND`."
+    ),
+)
+async def retry_own_job(
+    job_id: JobId, state: State, principal: User, response: Response
+) -> RetriedJobResponse:
+    # The per-user create admission (the request rate limit a create passes) belongs here,
+    # before the retry's transaction: this is the route's one call into the create path.
+    result = await state.jobs.retry(job_id, owner=principal.user_id)
+    response.status_code = 201 if result.created else 200
+    response.headers["Location"] = f"/api/ai/jobs/{result.job.id}"
+    job = await views.present(state.sessionmaker, result.job)
+    return RetriedJobResponse(**dict(job), retried_from_job_id=job_id)

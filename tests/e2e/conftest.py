@@ -49,6 +49,12 @@ JOB_STATUS_KEYS = {
     "errorCode",
     "publicErrorMessage",
     "result",
+    "targetType",
+    "targetId",
+    "metadata",
+    "runAt",
+    "promptVersion",
+    "outputSchemaVersion",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (
