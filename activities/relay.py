@@ -86,6 +86,9 @@ class RelayConfig:
     # of another user's backlog instead of taking turns with it. 0 turns it off.
     light_jobs: int = 4
     light_boost: float = 8.0
+    # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's
+    # further jobs wait in the outbox and go out in the user's priority order (db/relay.py).
+    user_window: int = relay_db.DEFAULT_WINDOW
     owner: str = field(
         # Unique per relay instance: a memory address (id()) can come back in another process
         # or later in this one, and two relays with one owner would release each other's claims.
@@ -182,15 +185,25 @@ class Relay:
     # ---- one batch -------------------------------------------------------------------
 
     async def release_expired(self) -> int:
+        """Expired claims go back to pending; held enqueue rows whose job ended while held (a
+        cancel ends a queued job in SQL at once) are closed, as nothing is left to start."""
         async with self._sm.begin() as s:
             n = await outbox_db.release_expired(s, ttl_s=self.config.lock_ttl_s)
+            closed = await relay_db.close_ended_held(s)
         if n:
             log.warning("released %d expired outbox claims", n)
+        if closed:
+            log.info("closed %d held enqueue rows of jobs that ended while held", closed)
         return n
 
     async def claim(self) -> list[OutboxRow]:
         """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        return await relay_db.claim(self._sm, owner=self.config.owner, limit=self.config.batch_size)
+        return await relay_db.claim(
+            self._sm,
+            owner=self.config.owner,
+            limit=self.config.batch_size,
+            window=self.config.user_window,
+        )
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
@@ -292,7 +305,6 @@ class Relay:
             job_id = str(uuid.UUID(str(p["jobId"])))
             job_type = str(p["jobType"])
             queue = str(p["queueName"])
-            priority = int(p.get("priority", 50))
             fairness_key = str(p.get("fairnessKey") or "")[:64] if self.config.fairness else ""
             fairness_weight = float(p.get("fairnessWeight") or 1.0)
             user_active = int(p.get("userActive") or 0)
@@ -306,6 +318,11 @@ class Relay:
             # Possibly a newer job type than this relay knows (a rolling deploy): retried, and
             # revived by the reconciler while the job waits.
             return DispatchFailure("retry", f"unknown jobType {job_type[:64]!r}")
+        # The job type's own priority, set by the operator, never the client's: Temporal
+        # orders priority keys before fairness keys across every user, so a client's urgency
+        # would jump other users' jobs. A user's own jobs are ordered by the client's priority
+        # before they get here (the dispatch window, db/relay.py).
+        type_priority = self._catalog.get(job_type).definition.default_priority
         async with self._sem:
             try:
                 await self._client.start_workflow(
@@ -331,10 +348,10 @@ class Relay:
                             SearchAttributePair(search_attributes.LIFECYCLE_STATUS, "queued"),
                         ]
                     ),
-                    # Activities inherit it: EXECUTE waits for a slot in priority order, and
-                    # within a priority fairly across users (in proportion to their weights).
+                    # Activities inherit it: EXECUTE waits for a slot in the job types'
+                    # priority order, and within one fairly across users (by their weights).
                     priority=Priority(
-                        priority_key=priority_key(priority),
+                        priority_key=priority_key(type_priority),
                         fairness_key=fairness_key or None,
                         fairness_weight=fairness_weight if fairness_key else None,
                     ),
