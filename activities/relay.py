@@ -322,7 +322,7 @@ class Relay:
         # orders priority keys before fairness keys across every user, so a client's urgency
         # would jump other users' jobs. A user's own jobs are ordered by the client's priority
         # before they get here (the dispatch window, db/relay.py).
-        type_priority = self._catalog.get(job_type).definition.default_priority
+        type_priority = self._catalog.get(job_type).definition.queue.default_priority
         async with self._sem:
             try:
                 await self._client.start_workflow(

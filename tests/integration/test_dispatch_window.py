@@ -74,7 +74,8 @@ async def end(db: SessionMaker, *ids: uuid.UUID) -> None:
         for step, legacy in (("running", "processing"), ("succeeded", "completed")):
             await s.execute(
                 text(
-                    "UPDATE ai_job SET lifecycle_status = :to, status = :legacy WHERE id = ANY(:ids)"
+                    "UPDATE ai_job SET lifecycle_status = :to, status = :legacy "
+                    "WHERE id = ANY(:ids)"
                 ),
                 {"ids": list(ids), "to": step, "legacy": legacy},
             )
