@@ -306,6 +306,13 @@ async def phase_fairness(
                 }
             )
     f["rows"] = rows
+    _priority_summary(f, alone)
+    f["target"] = f"B within {TARGET_RATIO} x alone (fairness on)"
+    f["met"] = all(r["b_ratio"] <= TARGET_RATIO for r in rows if r["mode"] == "on")
+
+
+def _priority_summary(f: dict[str, Any], alone: float) -> None:
+    """The urgent backlog's and the order within one user's figures, from the "on" mode."""
     on = f["modes"]["on"]
     urgent_b = median([x["b_s"] for x in on["urgent"]])
     f["urgent"] = {
@@ -322,8 +329,6 @@ async def phase_fairness(
         "urgent_mean_rank": median(on["within_rank"]),
         "arrival_order_rank": LOW_JOBS + (URGENT_JOBS + 1) / 2,
     }
-    f["target"] = f"B within {TARGET_RATIO} x alone (fairness on)"
-    f["met"] = all(r["b_ratio"] <= TARGET_RATIO for r in rows if r["mode"] == "on")
 
 
 def render(f: dict[str, Any]) -> list[str]:

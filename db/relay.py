@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
+from db.lifecycle import JOB_CHANGED_CHANNEL
 from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
@@ -161,3 +163,10 @@ async def publish(
     if ended:
         statements.append((FAN_OUT, fan_out_params(ended)))
     await pipeline.run(sm, statements, commit=True)
+
+
+async def listen_job_changes(conn: psycopg.AsyncConnection[object]) -> None:
+    """Also LISTEN for job changes (`ai_job_changed`, sent by every job state change, its end
+    included) on the relay's autocommit listener: a job's end makes room in its user's dispatch
+    window, and the relay wakes for it instead of waiting for its next poll."""
+    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")
