@@ -19,13 +19,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
-from opentelemetry import context as otel_context
 from temporalio.client import Client
 from temporalio.common import (
     Priority,
@@ -38,10 +36,12 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.relay_context import row_context
 from db import outbox as outbox_db
 from db import relay as relay_db
 from db import webhook_deliveries as deliveries_db
 from db.bulk import BULK_START
+from db.lifecycle import JOB_CHANGED_CHANNEL
 from db.outbox import (
     CANCELLED,
     COMPLETED,
@@ -61,9 +61,7 @@ from engine.contracts import (
     workflow_id,
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
-from engine.logcontext import bind_job, unbind
 from jobs.spec import Catalog
-from jobs.tracecontext import context_from
 
 log = logging.getLogger(__name__)
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
@@ -86,6 +84,12 @@ class RelayConfig:
     # of another user's backlog instead of taking turns with it. 0 turns it off.
     light_jobs: int = 4
     light_boost: float = 8.0
+    # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's
+    # further jobs wait in the outbox and go out in the user's priority order (db/relay.py).
+    user_window: int = relay_db.DEFAULT_WINDOW
+    # A job's change (its end makes room in a window) wakes the relay at most this often; the
+    # outbox's own NOTIFY and the poll are not held back by it.
+    job_wake_s: float = 0.2
     owner: str = field(
         # Unique per relay instance: a memory address (id()) can come back in another process
         # or later in this one, and two relays with one owner would release each other's claims.
@@ -116,6 +120,7 @@ class Relay:
         self.last_batch_at: datetime | None = None
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
+        self._last_claim = 0.0  # monotonic time of the last claim
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -157,10 +162,15 @@ class Relay:
 
     async def _listen(self) -> psycopg.AsyncConnection[object] | None:
         try:
-            return await listen_connection(self.config.database_url)
+            conn = await listen_connection(self.config.database_url)
         except Exception:
             log.warning("relay could not LISTEN; polling only")
             return None
+        try:
+            await relay_db.listen_job_changes(conn)
+        except Exception:
+            log.warning("relay could not LISTEN for job changes; polling for room only")
+        return conn
 
     async def _wait(
         self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
@@ -173,7 +183,14 @@ class Relay:
                 await asyncio.wait_for(stop.wait(), timeout)
             return
         try:
-            async for _ in listener.notifies(timeout=timeout, stop_after=1):
+            async for note in listener.notifies(timeout=timeout, stop_after=1):
+                if note.channel == JOB_CHANGED_CHANNEL:
+                    # Jobs change several times each: one claim per `job_wake_s` at most (the
+                    # notifications meanwhile wait in the connection and wake the next wait).
+                    rest = self._last_claim + self.config.job_wake_s - time.monotonic()
+                    if rest > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), rest)
                 break
         except Exception:
             with contextlib.suppress(Exception):
@@ -182,19 +199,30 @@ class Relay:
     # ---- one batch -------------------------------------------------------------------
 
     async def release_expired(self) -> int:
+        """Expired claims go back to pending; held enqueue rows whose job ended while held (a
+        cancel ends a queued job in SQL at once) are closed, as nothing is left to start."""
         async with self._sm.begin() as s:
             n = await outbox_db.release_expired(s, ttl_s=self.config.lock_ttl_s)
+            closed = await relay_db.close_ended_held(s)
         if n:
             log.warning("released %d expired outbox claims", n)
+        if closed:
+            log.info("closed %d held enqueue rows of jobs that ended while held", closed)
         return n
 
     async def claim(self) -> list[OutboxRow]:
         """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        return await relay_db.claim(self._sm, owner=self.config.owner, limit=self.config.batch_size)
+        return await relay_db.claim(
+            self._sm,
+            owner=self.config.owner,
+            limit=self.config.batch_size,
+            window=self.config.user_window,
+        )
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
         alone: every row gets its own outcome, whatever happens to the others."""
+        self._last_claim = time.monotonic()
         rows = await self.claim()
         if not rows:
             return 0
@@ -254,7 +282,7 @@ class Relay:
                         error=res.error,
                         count_attempt=res.kind == "retry",
                     )
-                with _row_context(row):
+                with row_context(row):
                     log.warning(
                         "outbox dispatch failed",
                         extra={
@@ -271,7 +299,7 @@ class Relay:
             # The row's trace context is the current one while it is dispatched, so the tracing
             # interceptor's StartWorkflow span (and through its headers the workflow) joins the
             # trace of the request that created the job; a row without one starts its own.
-            with _row_context(row):
+            with row_context(row):
                 return await self._dispatch_row(row)
         except Exception as exc:  # a bug must not take the batch down with it
             return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -292,7 +320,6 @@ class Relay:
             job_id = str(uuid.UUID(str(p["jobId"])))
             job_type = str(p["jobType"])
             queue = str(p["queueName"])
-            priority = int(p.get("priority", 50))
             fairness_key = str(p.get("fairnessKey") or "")[:64] if self.config.fairness else ""
             fairness_weight = float(p.get("fairnessWeight") or 1.0)
             user_active = int(p.get("userActive") or 0)
@@ -306,6 +333,11 @@ class Relay:
             # Possibly a newer job type than this relay knows (a rolling deploy): retried, and
             # revived by the reconciler while the job waits.
             return DispatchFailure("retry", f"unknown jobType {job_type[:64]!r}")
+        # The job type's own priority, set by the operator, never the client's: Temporal
+        # orders priority keys before fairness keys across every user, so a client's urgency
+        # would jump other users' jobs. A user's own jobs are ordered by the client's priority
+        # before they get here (the dispatch window, db/relay.py).
+        type_priority = self._catalog.get(job_type).definition.queue.default_priority
         async with self._sem:
             try:
                 await self._client.start_workflow(
@@ -332,10 +364,10 @@ class Relay:
                             SearchAttributePair(search_attributes.LIFECYCLE_STATUS, "queued"),
                         ]
                     ),
-                    # Activities inherit it: EXECUTE waits for a slot in priority order, and
-                    # within a priority fairly across users (in proportion to their weights).
+                    # Activities inherit it: EXECUTE waits for a slot in the job types'
+                    # priority order, and within one fairly across users (by their weights).
                     priority=Priority(
-                        priority_key=priority_key(priority),
+                        priority_key=priority_key(type_priority),
                         fairness_key=fairness_key or None,
                         fairness_weight=fairness_weight if fairness_key else None,
                     ),
@@ -382,23 +414,6 @@ class Relay:
                 kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
                 return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
         return None
-
-
-@contextlib.contextmanager
-def _row_context(row: OutboxRow) -> Iterator[None]:
-    """While working on one row: its trace context is current (or an empty one, never the
-    relay's own), and log lines name its job."""
-    p = row.payload if isinstance(row.payload, dict) else {}
-    job_type = p.get("jobType") if isinstance(p.get("jobType"), str) else None
-    queue = p.get("queueName") if isinstance(p.get("queueName"), str) else None
-    wf_id = workflow_id(queue, job_type, row.aggregate_id) if queue and job_type else None
-    job_token = bind_job(row.aggregate_id[:64], job_type, wf_id)
-    trace_token = otel_context.attach(context_from(row.trace_context))
-    try:
-        yield
-    finally:
-        otel_context.detach(trace_token)
-        unbind(job_token)
 
 
 def _event_label(event_type: str) -> str:

@@ -9,9 +9,14 @@ always has `matching.enableFairness` on.
 Per mode: a warm-up, then per repetition
 - B alone: user `bench-b` creates 4 synthetic jobs (`delayMs` each) on the idle engine; time from
   B's first create to B's 4th job's `finished_at`;
-- per backlog N: user `bench-a` creates N jobs, the bench waits until all N enqueue rows are
-  published (their workflows started), then B creates 4; B's time as above, and A's jobs/s =
-  N / (A's first create -> A's last `finished_at`).
+- per backlog N: user `bench-a` creates N jobs, the bench waits until all N enqueue rows reached
+  the relay (published: their workflows started, or held by A's dispatch window), then B creates
+  4; B's time as above, and A's jobs/s = N / (A's first create -> A's last `finished_at`).
+With fairness on, per repetition also:
+- urgent backlog: the same with N = 40 jobs of A at `priority: 0` (the most urgent) and B's 4 at
+  the default; B's time ÷ B alone (target 2: priority must not jump another user's jobs);
+- priority within one user: user `bench-c` creates 12 jobs at priority 90, then 4 at priority 0;
+  the urgent ones' mean finish rank among the 16 (1 = first; in arrival order 14.5).
 Jobs are created through `JobService.create`, as in the other figures.
 """
 
@@ -34,28 +39,37 @@ from jobs.service import CreateJobRequest
 
 USER_A = "bench-a"
 USER_B = "bench-b"
+USER_C = "bench-c"
+URGENT_BACKLOG = 40
+URGENT_TARGET = 2.0
+LOW_JOBS, URGENT_JOBS = 12, 4
 B_JOBS = 4
 TARGET_RATIO = 1.5
 MODES = (("on", "true"), ("off", "false"))
 
 
-def _req(user: str, tag: str, i: int, delay_ms: int) -> CreateJobRequest:
+def _req(
+    user: str, tag: str, i: int, delay_ms: int, priority: int | None = None
+) -> CreateJobRequest:
     return CreateJobRequest(
         user_id=user,
         job_type="synthetic",
         target_type="bench",
         target_id=f"fair-{tag}-{i}",
         input={"delayMs": delay_ms},
+        priority=priority,
     )
 
 
-async def _create(ctx: Ctx, user: str, tag: str, n: int, delay_ms: int) -> float:
+async def _create(
+    ctx: Ctx, user: str, tag: str, n: int, delay_ms: int, priority: int | None = None
+) -> float:
     """Create `n` jobs for `user` (bounded concurrency); the wall time of the first create."""
     sem = asyncio.Semaphore(ctx.concurrency)
 
     async def one(i: int) -> None:
         async with sem:
-            await ctx.svc.create(_req(user, tag, i, delay_ms))
+            await ctx.svc.create(_req(user, tag, i, delay_ms, priority))
 
     wall0 = time.time()
     await asyncio.gather(*(one(i) for i in range(n)))
@@ -159,15 +173,16 @@ async def b_alone(ctx: Ctx, delay_ms: int, tag: str) -> float:
 
 
 async def with_backlog(
-    ctx: Ctx, n: int, delay_ms: int, concurrency: int, tag: str
+    ctx: Ctx, n: int, delay_ms: int, concurrency: int, tag: str, a_priority: int | None = None
 ) -> dict[str, Any]:
     await ctx.edb.truncate()
-    a0 = await _create(ctx, USER_A, f"{tag}-a", n, delay_ms)
-    # Every A job's enqueue row published (its workflow started) before B's first create.
+    a0 = await _create(ctx, USER_A, f"{tag}-a", n, delay_ms, a_priority)
+    # Every A job's enqueue row reached the relay before B's first create: published (its
+    # workflow started) or held by A's dispatch window.
     await _wait(
         ctx,
         "SELECT count(*) FROM outbox_event WHERE event_type = 'ai.job.enqueue' "
-        "AND status = 'published'",
+        "AND (status = 'published' OR held_at IS NOT NULL)",
         None,
         n,
         60.0 + n / 10.0,
@@ -192,6 +207,32 @@ async def with_backlog(
         "a_succeeded_when_b_started": int(a_done_at_b[0][0]),
         "a_created_before_b_s": b0 - a0,
     }
+
+
+async def within_user(ctx: Ctx, delay_ms: int, tag: str) -> float:
+    """User C's 12 jobs at priority 90, then 4 at priority 0: the urgent ones' mean finish
+    rank among the 16 (1 = first)."""
+    await ctx.edb.truncate()
+    await _create(ctx, USER_C, f"{tag}-low", LOW_JOBS, delay_ms, 90)
+    await _create(ctx, USER_C, f"{tag}-urgent", URGENT_JOBS, delay_ms, 0)
+    await _wait_user_done(ctx, USER_C, LOW_JOBS + URGENT_JOBS, 120.0)
+    rows = await ctx.edb.fetchall(
+        "SELECT priority FROM ai_job WHERE user_id = %s ORDER BY finished_at, id", (USER_C,)
+    )
+    ranks = [i + 1 for i, (prio,) in enumerate(rows) if prio == 0]
+    return sum(ranks) / len(ranks)
+
+
+async def _priority_runs(ctx: Ctx, delay: int, conc: int, tag: str, m: dict[str, Any]) -> None:
+    """Fairness on only: the urgent backlog and the order within one user, once each."""
+    run = await with_backlog(ctx, URGENT_BACKLOG, delay, conc, f"{tag}-urgent", a_priority=0)
+    m.setdefault("urgent", []).append(run)
+    rank = await within_user(ctx, delay, f"{tag}-within")
+    m.setdefault("within_rank", []).append(rank)
+    progress(
+        f"fairness on {tag}: B behind {URGENT_BACKLOG} urgent {run['b_s']:.2f}s; "
+        f"urgent jobs' mean finish rank {rank:.2f} of {LOW_JOBS + URGENT_JOBS}"
+    )
 
 
 async def phase_fairness(
@@ -236,6 +277,8 @@ async def phase_fairness(
                         f"fairness {mode} rep {r + 1}/{args.reps} N={n}: B {run['b_s']:.2f}s, "
                         f"A {run['a_jobs_per_s']:.2f} jobs/s {_phases_text(run['b_phases_s'])}"
                     )
+                if mode == "on":
+                    await _priority_runs(ctx, delay, conc, f"r{r}", m)
         finally:
             ctx.watch = []
             stack.stop()
@@ -263,8 +306,29 @@ async def phase_fairness(
                 }
             )
     f["rows"] = rows
+    _priority_summary(f, alone)
     f["target"] = f"B within {TARGET_RATIO} x alone (fairness on)"
     f["met"] = all(r["b_ratio"] <= TARGET_RATIO for r in rows if r["mode"] == "on")
+
+
+def _priority_summary(f: dict[str, Any], alone: float) -> None:
+    """The urgent backlog's and the order within one user's figures, from the "on" mode."""
+    on = f["modes"]["on"]
+    urgent_b = median([x["b_s"] for x in on["urgent"]])
+    f["urgent"] = {
+        "backlog": URGENT_BACKLOG,
+        "b_s": urgent_b,
+        "b_ratio": ratio(urgent_b, alone),
+        "a_jobs_per_s": median([x["a_jobs_per_s"] for x in on["urgent"]]),
+        "target": URGENT_TARGET,
+        "met": ratio(urgent_b, alone) <= URGENT_TARGET,
+    }
+    f["within_user"] = {
+        "low": LOW_JOBS,
+        "urgent": URGENT_JOBS,
+        "urgent_mean_rank": median(on["within_rank"]),
+        "arrival_order_rank": LOW_JOBS + (URGENT_JOBS + 1) / 2,
+    }
 
 
 def render(f: dict[str, Any]) -> list[str]:
@@ -286,4 +350,15 @@ def render(f: dict[str, Any]) -> list[str]:
             f"| {num(r['a_jobs_per_s'], '.2f')} | {'≤ ' + str(TARGET_RATIO) if on else '—'} "
             f"| {met(r['b_ratio'] <= TARGET_RATIO) if on else '—'} |"
         )
+    u, w = f.get("urgent"), f.get("within_user")
+    if u and w:
+        lines += [
+            "",
+            f"Priority: B behind {u['backlog']} jobs of A at priority 0: "
+            f"{num(u['b_s'], '.2f')} s, {num(u['b_ratio'], '.2f')} x alone "
+            f"(target ≤ {u['target']}: {met(u['met'])}); A {num(u['a_jobs_per_s'], '.2f')} "
+            f"jobs/s. One user's {w['urgent']} urgent jobs created after {w['low']} at "
+            f"priority 90 finish at mean rank {num(w['urgent_mean_rank'], '.2f')} "
+            f"(arrival order: {w['arrival_order_rank']}).",
+        ]
     return lines

@@ -39,7 +39,7 @@ OUTBOX_SQL = (
 )
 OLDEST_PENDING_SQL = (
     "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0) "
-    "FROM outbox_event WHERE status = 'pending'"
+    "FROM outbox_event WHERE status = 'pending' AND held_at IS NULL"  # held: waits by design
 )
 
 

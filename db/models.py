@@ -116,6 +116,23 @@ class AiJob(Base):
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         ),
+        # The user dispatch window (db/relay.py): a user's held jobs in dispatch order, and
+        # the user's dispatched jobs that have not ended.
+        Index(
+            "ix_ai_job_undispatched",
+            "user_id",
+            "priority",
+            "created_at",
+            "id",
+            postgresql_where=text("dispatched_at IS NULL AND lifecycle_status = 'queued'"),
+        ),
+        Index(
+            "ix_ai_job_user_dispatched",
+            "user_id",
+            postgresql_where=text(
+                "dispatched_at IS NOT NULL AND lifecycle_status IN ('queued', 'running')"
+            ),
+        ),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -177,6 +194,9 @@ class AiJob(Base):
     # The job's provider calls numbered: each EXECUTE attempt's take raises it and the call's
     # usage row carries it (`ai_usage_log.call_no`), so a retried write of one call is one row.
     call_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # When the relay claimed its enqueue row within its user's dispatch window (db/relay.py);
+    # NULL while the job is held in the outbox.
+    dispatched_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     # The client's own references (string keys and values, checked by the API; `{}`: none).
@@ -265,6 +285,19 @@ class OutboxEvent(Base):
             "id",
             postgresql_where=text("status IN ('dead','failed')"),
         ),
+        # The relay's claim (db/relay.py): pending rows that are not held, oldest due first;
+        # and the held ones (enqueue rows waiting for room in their user's dispatch window).
+        Index(
+            "ix_outbox_event_ready",
+            "available_at",
+            "id",
+            postgresql_where=text("status = 'pending' AND held_at IS NULL"),
+        ),
+        Index(
+            "ix_outbox_event_held",
+            "id",
+            postgresql_where=text("status = 'pending' AND held_at IS NOT NULL"),
+        ),
         # The reconciler's revival cursor: parked enqueue rows only, in id order.
         Index(
             "ix_outbox_event_parked_enqueue",
@@ -291,6 +324,9 @@ class OutboxEvent(Base):
     # The W3C trace context of the request that wrote the row (traceparent, tracestate), so the
     # relay continues its trace; not part of the payload. NULL when tracing is off.
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)
+    # A pending enqueue row waiting for room in its user's dispatch window: since when
+    # (db/relay.py); NULL for every other row.
+    held_at: Mapped[datetime | None] = mapped_column(TS)
 
 
 class AiUsageLog(Base):

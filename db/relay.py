@@ -14,27 +14,113 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
-from db.outbox import COLUMNS, MARK_PUBLISHED, OutboxRow
+from db.lifecycle import JOB_CHANGED_CHANNEL
+from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
 
-# Up to :lim due pending rows, oldest first, claimed by :owner (rows another relay holds are
-# skipped, not waited for), sent pipelined by `claim`.
+# The claims of all relays are serialized by this transaction-scoped advisory lock, taken as the
+# claim transaction's first statement: the claim then reads its users' windows in a snapshot
+# taken after the previous claim committed, so concurrent shards never overshoot a window. A
+# claim is one short statement; the dispatch, the slow part, stays parallel.
+CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('aijobs:relay-claim', 0))")
+
+# USER_DISPATCH_WINDOW's default (engine/settings.py).
+DEFAULT_WINDOW = 4
+_ENQUEUE_SQL = f"'{ENQUEUE}'"
+_HELD_JOB_SQL = "dispatched_at IS NULL AND lifecycle_status = 'queued'"
+_UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+# One claim, sent pipelined by `claim` after `CLAIM_LOCK`, in three parts:
+# - window: for each user with jobs not yet dispatched (a loose index scan of
+#   `ix_ai_job_undispatched`: one probe per such user), room = :window minus the user's
+#   dispatched jobs that have not ended (`ix_ai_job_user_dispatched`, counted up to :window);
+#   the user's first `room` undispatched jobs in (priority, created_at, id) order whose enqueue
+#   row is pending and due; up to :lim of them, oldest first. Their jobs are marked dispatched
+#   in the same statement, so the next claim counts them.
+# - ready: up to :lim due pending rows that are not held (`ix_outbox_event_ready`), oldest
+#   first: job events, bulk starts, enqueue rows of jobs dispatched before (a retry after a
+#   failed dispatch, an expired claim, a re-enqueue) or of no waiting job (they go out as they
+#   always did). An enqueue row of a job not yet dispatched is claimed only through the window:
+#   if the window did not pick it, it is held (`held_at`), still `pending`, and leaves the ready
+#   index, so held rows cost the claim nothing however many there are.
+# - the claimed rows (ready and windowed) go `processing`.
+# Rows another relay holds are skipped, not waited for (SKIP LOCKED).
 CLAIM = text(
     f"""
-    WITH c AS (
-        SELECT id FROM outbox_event
-        WHERE status = 'pending' AND available_at <= now()
-        ORDER BY available_at, id
+    WITH RECURSIVE waiting_users(user_id) AS (
+        (SELECT user_id FROM ai_job WHERE {_HELD_JOB_SQL} ORDER BY user_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.user_id FROM ai_job j
+                WHERE j.{_HELD_JOB_SQL} AND j.user_id > u.user_id
+                ORDER BY j.user_id LIMIT 1)
+        FROM waiting_users u WHERE u.user_id IS NOT NULL),
+    room AS (
+        SELECT u.user_id, :window - (
+            SELECT count(*) FROM (
+                SELECT 1 FROM ai_job d
+                WHERE d.user_id = u.user_id AND d.dispatched_at IS NOT NULL
+                  AND d.lifecycle_status IN ('queued', 'running')
+                LIMIT :window) n) AS n
+        FROM waiting_users u WHERE u.user_id IS NOT NULL),
+    pick AS (
+        SELECT h.event_id, h.job_id FROM room r
+        CROSS JOIN LATERAL (
+            SELECT o.id AS event_id, j.id AS job_id, j.created_at
+            FROM ai_job j
+            JOIN outbox_event o ON o.aggregate_id = j.id::text
+            WHERE j.user_id = r.user_id AND j.{_HELD_JOB_SQL}
+              AND o.event_type = {_ENQUEUE_SQL} AND o.status = 'pending'
+              AND o.available_at <= now()
+            ORDER BY j.priority, j.created_at, j.id
+            LIMIT r.n) h
+        WHERE r.n > 0
+        ORDER BY h.created_at LIMIT :lim),
+    windowed AS (
+        SELECT o.id FROM outbox_event o WHERE o.id = ANY(ARRAY(SELECT event_id FROM pick))
+        FOR UPDATE SKIP LOCKED),
+    ready AS (
+        SELECT o.id, (j.id IS NOT NULL) AS waits FROM outbox_event o
+        LEFT JOIN ai_job j
+          ON o.event_type = {_ENQUEUE_SQL} AND j.{_HELD_JOB_SQL}
+         AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
+        WHERE o.status = 'pending' AND o.held_at IS NULL AND o.available_at <= now()
+        ORDER BY o.available_at, o.id
         LIMIT :lim
-        FOR UPDATE SKIP LOCKED)
+        FOR UPDATE OF o SKIP LOCKED),
+    held AS (
+        UPDATE outbox_event o SET held_at = now()
+        WHERE o.id = ANY(ARRAY(SELECT id FROM ready WHERE waits
+                               EXCEPT SELECT id FROM windowed))),
+    dispatched AS (
+        UPDATE ai_job j SET dispatched_at = now()
+        WHERE j.id = ANY(ARRAY(SELECT p.job_id FROM pick p JOIN windowed w ON w.id = p.event_id))
+          AND j.dispatched_at IS NULL)
     UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
-           locked_at = now(), attempt_count = o.attempt_count + 1
-    FROM c WHERE o.id = c.id AND o.status = 'pending'
+           locked_at = now(), attempt_count = o.attempt_count + 1, held_at = NULL
+    WHERE o.id = ANY(ARRAY(SELECT id FROM ready WHERE NOT waits UNION SELECT id FROM windowed))
+      AND o.status = 'pending'
     RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
+    """
+)
+
+# Held enqueue rows whose job ended without being dispatched (cancelled while held, say) have
+# nothing left to start: closed as published, the reason first in `last_error`. Bounded by the
+# held rows (`ix_outbox_event_held`).
+CLOSE_ENDED_HELD = text(
+    f"""
+    UPDATE outbox_event o SET status = 'published', published_at = now(), held_at = NULL,
+           locked_by = NULL, locked_at = NULL,
+           last_error = 'closed: job ' || j.lifecycle_status || ' while held by its window'
+    FROM ai_job j
+    WHERE o.status = 'pending' AND o.held_at IS NOT NULL
+      AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
+      AND j.lifecycle_status <> 'queued'
     """
 )
 
@@ -44,11 +130,25 @@ def _claimed(rows: Sequence[Any]) -> list[OutboxRow]:
     return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
 
 
-async def claim(sm: SessionMaker, *, owner: str, limit: int) -> list[OutboxRow]:
-    """Up to `limit` due pending rows, claimed by `owner` and committed in one round trip, in
-    id order. Rows another relay holds are skipped (SKIP LOCKED), so claims are disjoint."""
-    [rows] = await pipeline.run(sm, [(CLAIM, {"lim": limit, "owner": owner})], commit=True)
+async def claim(
+    sm: SessionMaker, *, owner: str, limit: int, window: int = DEFAULT_WINDOW
+) -> list[OutboxRow]:
+    """Up to `limit` due pending rows that need no window, and up to `limit` held enqueue rows
+    their users' windows (`window` dispatched jobs that have not ended, per user) have room
+    for, claimed by `owner` and committed in one round trip, in id order. A user's held rows
+    are admitted in (priority, created_at, id) order: priority orders a user's own jobs only.
+    Rows another relay holds are skipped (SKIP LOCKED), so claims are disjoint; the claims
+    themselves are serialized (`CLAIM_LOCK`), so no window is overshot; an enqueue row whose
+    user has no room is left pending and held (`held_at`) for a later claim."""
+    params = {"lim": limit, "owner": owner, "window": max(1, window)}
+    [_, rows] = await pipeline.run(sm, [(CLAIM_LOCK, {}), (CLAIM, params)], commit=True)
     return _claimed(rows)
+
+
+async def close_ended_held(session: AsyncSession) -> int:
+    """`CLOSE_ENDED_HELD` in the caller's transaction; how many rows it closed."""
+    result = await session.execute(CLOSE_ENDED_HELD)
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 async def publish(
@@ -63,3 +163,10 @@ async def publish(
     if ended:
         statements.append((FAN_OUT, fan_out_params(ended)))
     await pipeline.run(sm, statements, commit=True)
+
+
+async def listen_job_changes(conn: psycopg.AsyncConnection[object]) -> None:
+    """Also LISTEN for job changes (`ai_job_changed`, sent by every job state change, its end
+    included) on the relay's autocommit listener: a job's end makes room in its user's dispatch
+    window, and the relay wakes for it instead of waiting for its next poll."""
+    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")

@@ -199,6 +199,13 @@ class Settings(BaseSettings):
     fairness_light_boost: float = Field(
         default=8.0, ge=1.0, le=1000.0, alias="FAIRNESS_LIGHT_BOOST"
     )
+    # A user's jobs dispatched to Temporal and not yet ended, at most: the user's further jobs
+    # wait in the outbox (still `queued`) and are dispatched in the user's (priority, created
+    # at) order as the user's jobs end. Priority thus orders a user's own jobs only; across
+    # users the fairness keys decide. 4 is two interactive workers' calls (2 each): enough to
+    # keep a lone user's calls going between relay polls, small enough that an urgent job waits
+    # behind at most 4 of its user's older jobs.
+    user_dispatch_window: int = Field(default=4, ge=1, le=1000, alias="USER_DISPATCH_WINDOW")
     # Provider calls per second across every worker of a job task queue (server-enforced by
     # Temporal's task-queue rate limit; 0 = unlimited).
     provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")

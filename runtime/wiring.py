@@ -202,6 +202,7 @@ def relay_config(settings: Settings) -> RelayConfig:
         fairness=settings.fairness_enabled,
         light_jobs=settings.fairness_light_jobs,
         light_boost=settings.fairness_light_boost,
+        user_window=settings.user_dispatch_window,
     )
 
 

@@ -46,6 +46,9 @@ def make_settings(database_url: str, temporal_address: str, **overrides: Any) ->
         "QUOTA_MAX_ACTIVE_JOBS": 0,
         "QUOTA_MAX_JOBS_PER_DAY": 0,
         "RELAY_POLL_INTERVAL_S": 0.2,
+        # Tests of other things dispatch a user's jobs at once; the window's own tests (and the
+        # fairness bench) set USER_DISPATCH_WINDOW themselves.
+        "USER_DISPATCH_WINDOW": 1000,
         "DB_POOL_SIZE": 10,
         # In-process workers stop at the end of each test: a hung job must not hold them.
         "WORKER_DRAIN_S": 0,

@@ -99,7 +99,7 @@ async def test_a_claim_skips_rows_another_open_claim_holds(db: SessionMaker) -> 
     ids = await seed(db, 10)
     # A's claim is the relay's statement in a transaction left open; B claims as the relay does.
     async with pipeline.transaction(db) as a:
-        [rows_a] = await a.run([(relay_db.CLAIM, {"lim": 5, "owner": "relay-a"})])
+        [rows_a] = await a.run([(relay_db.CLAIM, {"lim": 5, "owner": "relay-a", "window": 4})])
         held = sorted((OutboxRow(**r) for r in rows_a), key=lambda r: r.id)
         assert [r.id for r in held] == ids[:5]
         # A wait for A's row locks would never end while A is open: a timeout turns it into

@@ -1,0 +1,65 @@
+"""The user dispatch window on the engine (relay, worker, Temporal): a user's urgent job created
+after their low-priority backlog runs before the rest of it, another user's job is not held
+behind that backlog, and a held job is cancelled at once and its enqueue row closed."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import text
+from temporalio.client import Client
+
+from db.session import SessionMaker
+from tests.stack import engine_stack, make_settings
+from tests.support import eventually
+
+
+async def finished_order(db: SessionMaker, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    async with db() as s:
+        rows = await s.execute(
+            text(
+                "SELECT id FROM ai_job WHERE id = ANY(:ids) AND lifecycle_status = 'succeeded' "
+                "ORDER BY finished_at, id"
+            ),
+            {"ids": ids},
+        )
+        return [r.id for r in rows]
+
+
+async def test_priority_orders_a_users_own_jobs_and_no_one_elses(
+    db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
+) -> None:
+    settings = make_settings(
+        database_url, temporal_address, USER_DISPATCH_WINDOW=1, AI_INTERACTIVE_CONCURRENCY=1
+    )
+    async with engine_stack(settings, temporal_client) as st:
+        low = [
+            await st.create(user_id="heavy", priority=90, input={"delayMs": 150}) for _ in range(4)
+        ]
+        cancelled = await st.create(user_id="heavy", priority=50, input={"delayMs": 150})
+        urgent = await st.create(user_id="heavy", priority=0, input={"delayMs": 150})
+        light = await st.create(user_id="light", input={"delayMs": 150})
+        # Held: still queued, its enqueue row pending; cancelled at once all the same.
+        assert (await st.job(cancelled)).lifecycle_status == "queued"
+        out = await st.service.cancel(cancelled, "heavy")
+        assert out.outcome == "cancelled"
+
+        async def closed() -> bool:
+            async with db() as s:
+                status = (
+                    await s.execute(
+                        text("SELECT status FROM outbox_event WHERE aggregate_id = :a"),
+                        {"a": str(cancelled)},
+                    )
+                ).scalar()
+            return status == "published"
+
+        for job in [*low, urgent, light]:
+            await st.wait_status(job, "succeeded", timeout=60)
+        await eventually(closed, timeout=15, what="the cancelled held job's row closed")
+        order = await finished_order(db, [*low, urgent, light])
+        # The heavy user's urgent job, created after 4 low ones, ran right after the one
+        # already dispatched; the light user's job was not held behind any of them.
+        assert order.index(urgent) <= 2, order
+        assert order.index(light) <= 2, order
+        assert (await st.job(cancelled)).lifecycle_status == "cancelled"
