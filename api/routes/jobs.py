@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
-from api.limits import TOO_LARGE_RESPONSE
+from api.limits import RATE_LIMITED_RESPONSE, TOO_LARGE_RESPONSE, RateLimitedUser
 from api.schemas import (
     JOB_TYPE_PATTERN,
     ArtifactPage,
@@ -121,7 +121,7 @@ def _request(
 @router.post(
     "/quote",
     response_model=QuoteResponse,
-    responses={**TOO_LARGE_RESPONSE},
+    responses={**TOO_LARGE_RESPONSE, **RATE_LIMITED_RESPONSE},
     summary="What a job would cost, and whether it would be admitted now",
     description=(
         "Takes a create body and answers with the model, the estimated input tokens, each "
@@ -133,7 +133,7 @@ def _request(
         "spend changed in between."
     ),
 )
-async def quote_job(body: CreateJobBody, state: State, principal: User) -> QuoteResponse:
+async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUser) -> QuoteResponse:
     _checked(body, state)
     q = await state.jobs.quote(_request(body, principal.user_id))
     e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
@@ -180,6 +180,7 @@ async def quote_job(body: CreateJobBody, state: State, principal: User) -> Quote
     responses={
         200: {"model": JobStatusResponse, "description": "Existing job (same key)"},
         **TOO_LARGE_RESPONSE,
+        **RATE_LIMITED_RESPONSE,
     },
     summary="Create a job",
     description=(
@@ -193,7 +194,7 @@ async def quote_job(body: CreateJobBody, state: State, principal: User) -> Quote
 async def create_job(
     body: CreateJobBody,
     state: State,
-    principal: User,
+    principal: RateLimitedUser,
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JobStatusResponse:
