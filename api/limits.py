@@ -241,30 +241,23 @@ def install(app: FastAPI, *, max_bytes: int) -> None:
 
 # ---- the per-user request rate ------------------------------------------------------------------
 
+_RATE_LIMITED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "code", "detail"],
+    "properties": {
+        "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
+        "title": {"type": "string", "title": "Title", "description": "Too many requests"},
+        "status": {"type": "integer", "title": "Status", "description": "429"},
+        "code": {"type": "string", "title": "Code", "description": "`RATE_LIMITED`"},
+        "detail": {"type": "string", "title": "Detail", "description": "The limit and what to do"},
+    },
+}
 RATE_LIMITED_RESPONSE: dict[int | str, dict[str, Any]] = {
     429: {
         "description": "Past your rate of creates and quotes (`RATE_LIMITED`, API_RATE_LIMIT_PER_"
         "MINUTE with bursts of API_RATE_LIMIT_BURST, across all API processes), or this server's "
-        "token counting busy for too long; `Retry-After` in whole seconds",
-        "content": {
-            PROBLEM: {
-                "schema": {
-                    "type": "object",
-                    "required": _PROBLEM_SCHEMA["required"],
-                    "properties": {
-                        **_PROBLEM_SCHEMA["properties"],
-                        "title": {"type": "string", "title": "Title"},
-                        "status": {"type": "integer", "title": "Status", "description": "429"},
-                        "code": {
-                            "type": "string",
-                            "title": "Code",
-                            "description": "`RATE_LIMITED`",
-                        },
-                        "detail": {"type": "string", "title": "Detail"},
-                    },
-                }
-            }
-        },
+        "token counting busy for too long; `Retry-After` in whole seconds, at least 1",
+        "content": {PROBLEM: {"schema": _RATE_LIMITED_SCHEMA}},
     }
 }
 
