@@ -34,7 +34,8 @@ async def test_a_read_is_served_while_a_maximum_size_quote_is_counted(db: Any, e
 
         def check(req: CreateJobRequest) -> CheckedRequest:
             counting.set()
-            checked = real_check(req)  # the real count and chunk plan of 400k characters
+            # The real count and chunk plan of 400k characters.
+            checked: CheckedRequest = real_check(req)
             # Still inside the check: finish only once the read has been answered (bounded,
             # so a count on the loop fails this test instead of hanging it).
             released_by_read.append(read_answered.wait(20))
