@@ -113,7 +113,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from runtime.embedded import free_port
 
     with servers(keep=False) as sv:
-        knobs = EngineKnobs(interactive_concurrency=1, log_level="WARNING", extra_env={})
+        extra = dict(kv.split("=", 1) for kv in args.env)
+        knobs = EngineKnobs(interactive_concurrency=1, log_level="WARNING", extra_env=extra)
         env = engine_env(sv, knobs, suffix="-benchfair", quotas=False)
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
@@ -149,6 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     q, ld, af = summary_ms(quiet), summary_ms(loaded), summary_ms(after)
     return {
         "concurrency": args.concurrency,
+        "env": args.env,
         "source_chars": SOURCE_CHARS,
         "quiet": q,
         "load": ld,
@@ -172,6 +174,13 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.api_fairness")
     p.add_argument("--concurrency", type=int, default=16, help="the flooder's concurrent loops")
     p.add_argument("--reads", type=int, default=300, help="the reader's reads per phase")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the API process (e.g. API_TOKEN_COUNT_CONCURRENCY=1); repeatable",
+    )
     p.add_argument("--flood", metavar="BASE_URL", help=argparse.SUPPRESS)
     p.add_argument("--token", help=argparse.SUPPRESS)
     args = p.parse_args()
