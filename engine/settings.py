@@ -134,10 +134,10 @@ class Settings(BaseSettings):
     # RATE_LIMITED with Retry-After. 0: no limit. Reads are never limited by it.
     api_rate_limit_per_minute: int = Field(default=600, ge=0, alias="API_RATE_LIMIT_PER_MINUTE")
     api_rate_limit_burst: int = Field(default=100, ge=1, alias="API_RATE_LIMIT_BURST")
-    # Creates' and quotes' checks (token counting of up to 400k characters) run off the event
-    # loop on this many threads per API process; a request waits at most API_TOKEN_COUNT_WAIT_S
-    # for one, then 429 RATE_LIMITED (jobs/token_count.py).
-    api_token_count_concurrency: int = Field(default=2, ge=1, alias="API_TOKEN_COUNT_CONCURRENCY")
+    # Creates' and quotes' checks of long inputs (token counting of up to 400k characters) run
+    # off the event loop on this many threads per API process; a request waits at most
+    # API_TOKEN_COUNT_WAIT_S for one, then 429 RATE_LIMITED (jobs/token_count.py).
+    api_token_count_concurrency: int = Field(default=1, ge=1, alias="API_TOKEN_COUNT_CONCURRENCY")
     api_token_count_wait_s: float = Field(default=10.0, gt=0, alias="API_TOKEN_COUNT_WAIT_S")
     # Browser origins allowed to call the API (CORS), comma-separated ("https://app.example.com");
     # empty: no CORS headers at all, so no web page of another origin can read an answer.
