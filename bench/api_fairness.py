@@ -9,10 +9,12 @@ process of its own (`--flood`, so its client work does not delay the reader's): 
 source (bodies built once). The reader is another user reading its own job
 (`GET /api/ai/jobs/{id}`) one request at a time.
 
-Phases, in one run: quiet (the reader alone), load (the reader beside the flood), quiet again.
-Figures: the reader's p50 and p95 under load as ratios of quiet (the first quiet phase; the
-second shows the server recovered), and the flood's answers by status (a 429 RATE_LIMITED is
-the flood meeting its rate or the count pool's wait; a 5xx would be a failure).
+Phases, in one run: `--rounds` (3) rounds of quiet (the reader alone, `--reads` reads) then load
+(the reader beside a fresh flood, as many reads), interleaved so that a shared machine's drifting
+load weighs on both alike. Figures: the reader's p50 and p95 under load (all rounds' reads) as
+ratios of quiet (all rounds' quiet reads), per round too, and the flood's answers by status (a
+429 RATE_LIMITED is the flood meeting its rate or the count pool's wait; a 5xx would be a
+failure).
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         api = Proc("api", [*cli, "--port", str(port)], env, sv.log_dir)
         api.start()
         reader = {"Authorization": f"Bearer {issue_token(BENCH_JWT_SECRET, 'reader')}"}
+        quiet: list[float] = []
+        loaded: list[float] = []
+        rounds: list[dict[str, Any]] = []
         async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=reader) as c:
             await _wait_healthy(c)
             job = {"jobType": "synthetic", "targetType": "lesson", "targetId": "r", "input": {}}
@@ -129,36 +134,54 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             assert created.status_code == 202, created.text
             path = f"/api/ai/jobs/{created.json()['jobId']}"
             await reads(c, path, 50)  # warm-up: pool connections, code paths
-            progress(f"quiet: {args.reads} reads")
-            quiet = await reads(c, path, args.reads)
             token = issue_token(BENCH_JWT_SECRET, "heavy")
-            flood_argv = ["--flood", base_url, "--token", token, "--concurrency"]
-            flooder = subprocess.Popen(
-                [sys.executable, "-m", "bench.api_fairness", *flood_argv, str(args.concurrency)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert flooder.stdout is not None
-            assert flooder.stdout.readline().strip() == "flooding"
-            progress(f"load: {args.reads} reads beside {args.concurrency} max-size flooders")
-            loaded = await reads(c, path, args.reads)
-            flooder.send_signal(signal.SIGTERM)
-            answers = json.loads(flooder.communicate(timeout=120)[0].strip().splitlines()[-1])
-            progress("quiet again")
-            after = await reads(c, path, args.reads)
+            for i in range(args.rounds):
+                progress(f"round {i + 1}: quiet, then beside {args.concurrency} flooders")
+                q = await reads(c, path, args.reads)
+                ld, answers = await _beside_flood(args, base_url, token, c, path)
+                quiet += q
+                loaded += ld
+                rounds.append(_figures(q, ld) | {"flood": answers})
         api.stop()
-    q, ld, af = summary_ms(quiet), summary_ms(loaded), summary_ms(after)
     return {
         "concurrency": args.concurrency,
         "env": args.env,
         "source_chars": SOURCE_CHARS,
+        **_figures(quiet, loaded),
+        "rounds": rounds,
+    }
+
+
+def _figures(quiet: list[float], loaded: list[float]) -> dict[str, Any]:
+    q, ld = summary_ms(quiet), summary_ms(loaded)
+    return {
         "quiet": q,
         "load": ld,
-        "after": af,
         "p50_ratio": ratio(ld["p50_ms"], q["p50_ms"]),
         "p95_ratio": ratio(ld["p95_ms"], q["p95_ms"]),
-        "flood": answers,
     }
+
+
+async def _beside_flood(
+    args: argparse.Namespace, base_url: str, token: str, c: httpx.AsyncClient, path: str
+) -> tuple[list[float], dict[str, Any]]:
+    """The reader's reads while a flood process runs (started, and answering, before the first
+    read; stopped after the last); returns them and the flood's answers."""
+    flood_argv = ["--flood", base_url, "--token", token, "--concurrency", str(args.concurrency)]
+    flooder = subprocess.Popen(
+        [sys.executable, "-m", "bench.api_fairness", *flood_argv],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert flooder.stdout is not None
+    assert flooder.stdout.readline().strip() == "flooding"
+    loaded = await reads(c, path, args.reads)
+    flooder.send_signal(signal.SIGTERM)
+    answers: dict[str, Any] = json.loads(
+        flooder.communicate(timeout=120)[0].strip().splitlines()[-1]
+    )
+    await asyncio.sleep(1.0)  # the checks the flood left in flight finish (a few tenths each)
+    return loaded, answers
 
 
 async def _wait_healthy(c: httpx.AsyncClient) -> None:
@@ -173,7 +196,8 @@ async def _wait_healthy(c: httpx.AsyncClient) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.api_fairness")
     p.add_argument("--concurrency", type=int, default=16, help="the flooder's concurrent loops")
-    p.add_argument("--reads", type=int, default=300, help="the reader's reads per phase")
+    p.add_argument("--reads", type=int, default=150, help="the reader's reads per phase")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of a quiet and a load phase")
     p.add_argument(
         "--env",
         action="append",

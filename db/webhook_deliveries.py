@@ -107,6 +107,62 @@ async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:
 # ---- the deliverer ----------------------------------------------------------------------------
 
 
+CLAIM_DUE = text(
+    f"""
+    WITH RECURSIVE owners(user_id) AS (
+        (SELECT user_id FROM webhook_delivery
+         WHERE status IN ('pending', 'failed') ORDER BY user_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.user_id FROM webhook_delivery d
+                WHERE d.status IN ('pending', 'failed') AND d.user_id > o.user_id
+                ORDER BY d.user_id LIMIT 1)
+        FROM owners o WHERE o.user_id IS NOT NULL),
+    share AS (
+        SELECT user_id, slots FROM (
+            SELECT o.user_id, :per_user - greatest(coalesce(b.n, 0), (
+                SELECT count(*) FROM webhook_delivery f
+                WHERE f.user_id = o.user_id AND f.status IN ('pending', 'failed')
+                  AND f.next_attempt_at > now()
+                  AND f.claimed_until = f.next_attempt_at)) AS slots
+            FROM owners o
+            LEFT JOIN unnest(CAST(:busy_users AS text[]), CAST(:busy_counts AS int[]))
+                      AS b(user_id, n) ON b.user_id = o.user_id
+            WHERE o.user_id IS NOT NULL) free
+        WHERE slots > 0),
+    candidates AS (
+        SELECT c.* FROM share s CROSS JOIN LATERAL (
+            SELECT d.id, d.user_id, d.endpoint_id, d.next_attempt_at
+            FROM webhook_delivery d
+            WHERE d.user_id = s.user_id AND d.status IN ('pending', 'failed')
+              AND d.next_attempt_at <= now()
+              AND NOT (d.endpoint_id = ANY(CAST(:busy AS uuid[])))
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT :scan
+            FOR UPDATE SKIP LOCKED) c),
+    one_each AS (
+        SELECT id, user_id, next_attempt_at FROM (
+            SELECT id, user_id, next_attempt_at, row_number() OVER (
+                PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
+            FROM candidates) per_endpoint
+        WHERE rn = 1),
+    turns AS (
+        SELECT o.id, o.next_attempt_at, s.slots, row_number() OVER (
+            PARTITION BY o.user_id ORDER BY o.next_attempt_at, o.id) AS turn
+        FROM one_each o JOIN share s ON s.user_id = o.user_id),
+    chosen AS (
+        SELECT id FROM turns WHERE turn <= slots
+        ORDER BY turn, next_attempt_at, id
+        LIMIT :lim)
+    UPDATE webhook_delivery d
+       SET next_attempt_at = now() + make_interval(secs => :lease),
+           claimed_until = now() + make_interval(secs => :lease),
+           attempt_count = d.attempt_count + 1
+    FROM chosen WHERE d.id = chosen.id
+    RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
+    """
+)
+
+
 async def claim_due(
     session: AsyncSession,
     *,
@@ -130,60 +186,7 @@ async def claim_due(
     Cost: one index probe per user with undelivered rows (the skip scan of `owners`) plus at
     most `4 * per_user` locked rows per user, whatever the size of one user's backlog."""
     rows = await session.execute(
-        text(
-            f"""
-            WITH RECURSIVE owners(user_id) AS (
-                (SELECT user_id FROM webhook_delivery
-                 WHERE status IN ('pending', 'failed') ORDER BY user_id LIMIT 1)
-                UNION ALL
-                SELECT (SELECT d.user_id FROM webhook_delivery d
-                        WHERE d.status IN ('pending', 'failed') AND d.user_id > o.user_id
-                        ORDER BY d.user_id LIMIT 1)
-                FROM owners o WHERE o.user_id IS NOT NULL),
-            share AS (
-                SELECT user_id, slots FROM (
-                    SELECT o.user_id, :per_user - greatest(coalesce(b.n, 0), (
-                        SELECT count(*) FROM webhook_delivery f
-                        WHERE f.user_id = o.user_id AND f.status IN ('pending', 'failed')
-                          AND f.next_attempt_at > now()
-                          AND f.claimed_until = f.next_attempt_at)) AS slots
-                    FROM owners o
-                    LEFT JOIN unnest(CAST(:busy_users AS text[]), CAST(:busy_counts AS int[]))
-                              AS b(user_id, n) ON b.user_id = o.user_id
-                    WHERE o.user_id IS NOT NULL) free
-                WHERE slots > 0),
-            candidates AS (
-                SELECT c.* FROM share s CROSS JOIN LATERAL (
-                    SELECT d.id, d.user_id, d.endpoint_id, d.next_attempt_at
-                    FROM webhook_delivery d
-                    WHERE d.user_id = s.user_id AND d.status IN ('pending', 'failed')
-                      AND d.next_attempt_at <= now()
-                      AND NOT (d.endpoint_id = ANY(CAST(:busy AS uuid[])))
-                    ORDER BY d.next_attempt_at, d.id
-                    LIMIT :scan
-                    FOR UPDATE SKIP LOCKED) c),
-            one_each AS (
-                SELECT id, user_id, next_attempt_at FROM (
-                    SELECT id, user_id, next_attempt_at, row_number() OVER (
-                        PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
-                    FROM candidates) per_endpoint
-                WHERE rn = 1),
-            turns AS (
-                SELECT o.id, o.next_attempt_at, s.slots, row_number() OVER (
-                    PARTITION BY o.user_id ORDER BY o.next_attempt_at, o.id) AS turn
-                FROM one_each o JOIN share s ON s.user_id = o.user_id),
-            chosen AS (
-                SELECT id FROM turns WHERE turn <= slots
-                ORDER BY turn, next_attempt_at, id
-                LIMIT :lim)
-            UPDATE webhook_delivery d
-               SET next_attempt_at = now() + make_interval(secs => :lease),
-                   claimed_until = now() + make_interval(secs => :lease),
-                   attempt_count = d.attempt_count + 1
-            FROM chosen WHERE d.id = chosen.id
-            RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
-            """
-        ),
+        CLAIM_DUE,
         {
             "busy": list(busy_endpoints),
             "busy_users": list(busy_users),
