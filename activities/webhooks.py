@@ -202,7 +202,7 @@ class WebhookDeliverer:
         if free <= 0:
             return 0
         async with self._sm.begin() as s:
-            rows = await deliveries_db.claim_due(
+            rows = await deliveries_db.claim_share(
                 s,
                 limit=free,
                 busy_endpoints=list(self._busy),

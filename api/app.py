@@ -32,6 +32,7 @@ from api.strict import check_request
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
+from jobs import token_count
 from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
@@ -56,6 +57,9 @@ def create_app(
             pooled=settings.database_pooled,
         )
         sm = make_sessionmaker(engine)
+        token_count.configure(
+            concurrency=settings.api_token_count_concurrency, wait_s=settings.api_token_count_wait_s
+        )
         keyring = credential_cipher(settings)
         app.state.aijobs = AppState(
             settings=settings,

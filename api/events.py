@@ -18,8 +18,12 @@ overflows (a reader stalled) is cleared and gets `RESYNC` instead. A subscriptio
 Streams are bounded (`StreamSlots`): a stream holds a slot from before its response starts until
 it ends, whatever ends it (the client leaves, the job ends, the server shuts down, an error).
 Past SSE_MAX_STREAMS_PER_USER streams of one user, or SSE_MAX_STREAMS in the process, a new
-stream is refused with 429 `TOO_MANY_STREAMS` and Retry-After. The count is this process's: with
-N API processes behind a balancer, one user can hold up to N x the per-user cap.
+stream is refused with 429 `TOO_MANY_STREAMS` and Retry-After. The per-user cap is the
+cluster's: each stream of a user also holds a lease row in PostgreSQL (db/caps.py), taken under
+the user's advisory lock, renewed every `STREAM_LEASE_TTL_S / 3` while the stream lasts and
+deleted when it ends, so with N API processes a user still holds at most the cap, and a killed
+process's streams stop counting after `STREAM_LEASE_TTL_S`. The total cap is per process by
+nature: it protects this process's memory and connections.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -35,6 +41,7 @@ from typing import Any
 
 import psycopg
 
+from db import caps as caps_db
 from db import jobs as jobs_db
 from db.lifecycle import JOB_CHANGED_CHANNEL
 from db.session import SessionMaker, listen_connection, ping_connection
@@ -50,6 +57,10 @@ _OWNER_CACHE = 10_000
 # Seconds a refused client waits before it tries again (streams last minutes: a few seconds
 # of delay costs nothing and keeps a reconnect loop from hammering the process).
 STREAM_RETRY_AFTER_S = 5
+# A stream's lease in PostgreSQL lives this long unless renewed (every third of it): how long a
+# killed process's streams keep counting against their users.
+STREAM_LEASE_TTL_S = 30.0
+STREAM_CAP = "stream"  # `cap_lease.kind` of an event stream
 
 
 class TooManyStreams(EngineError):
@@ -59,32 +70,60 @@ class TooManyStreams(EngineError):
 
 
 class StreamSlot:
-    """One open stream's hold on its user's and the process's counts; `release` is idempotent,
-    so every exit path may call it."""
+    """One open stream's hold on its user's and the process's counts, and on its lease in
+    PostgreSQL. `release` (sync, idempotent) frees the counts at once and the lease soon after;
+    `aclose` frees the lease first, so that a stream that has ended no longer counts anywhere
+    when it returns. Every exit path may call either."""
 
     def __init__(self, slots: StreamSlots, user_id: str) -> None:
         self._slots = slots
         self.user_id = user_id
+        self.lease_id: uuid.UUID | None = None
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._slots._release(self.user_id)
+            self._slots._release(self)
+
+    async def aclose(self) -> None:
+        lease, self.lease_id = self.lease_id, None
+        try:
+            if lease is not None and not self.released:
+                await self._slots.drop_lease(lease)
+        finally:
+            self.release()
+
+
+def too_many(message: str) -> TooManyStreams:
+    return TooManyStreams(message, retry_after_s=STREAM_RETRY_AFTER_S)
 
 
 class StreamSlots:
-    """Caps on the event streams one API process serves: `per_user` at once for one user,
-    `total` at once in all. Only the event loop touches the counts (no await between check and
-    increment), so two requests racing for the last slot cannot both get it."""
+    """Caps on event streams: `per_user` at once for one user across every API process (leases
+    through `sessionmaker`; without one, this process's count only) and `total` at once in this
+    process. The process's counts are reserved before the lease is asked for (no await between
+    check and increment), so two requests racing for the last slot cannot both get it."""
 
-    def __init__(self, *, per_user: int, total: int) -> None:
+    def __init__(
+        self,
+        *,
+        per_user: int,
+        total: int,
+        sessionmaker: SessionMaker | None = None,
+        lease_ttl_s: float = STREAM_LEASE_TTL_S,
+    ) -> None:
         if per_user < 1 or total < 1:
             raise ValueError("stream caps must be at least 1")
         self.per_user = per_user
         self.total = total
+        self._sm = sessionmaker
+        self._ttl_s = lease_ttl_s
+        self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._by_user: dict[str, int] = {}
         self._open = 0
+        self._leases: set[uuid.UUID] = set()
+        self._renewer: asyncio.Task[None] | None = None
 
     @property
     def open(self) -> int:
@@ -93,30 +132,86 @@ class StreamSlots:
     def held_by(self, user_id: str) -> int:
         return self._by_user.get(user_id, 0)
 
-    def acquire(self, user_id: str) -> StreamSlot:
+    async def acquire(self, user_id: str) -> StreamSlot:
         """A slot for a new stream of `user_id`, or TooManyStreams (429, Retry-After)."""
         if self._by_user.get(user_id, 0) >= self.per_user:
-            raise TooManyStreams(
-                f"At most {self.per_user} event streams per user may be open at once; close one "
-                "or try again later.",
-                retry_after_s=STREAM_RETRY_AFTER_S,
-            )
+            raise too_many(self._per_user_message())
         if self._open >= self.total:
-            raise TooManyStreams(
-                "This server has no room for another event stream; try again later.",
-                retry_after_s=STREAM_RETRY_AFTER_S,
-            )
+            raise too_many("This server has no room for another event stream; try again later.")
         self._by_user[user_id] = self._by_user.get(user_id, 0) + 1
         self._open += 1
-        return StreamSlot(self, user_id)
+        slot = StreamSlot(self, user_id)
+        if self._sm is None:
+            return slot
+        try:
+            slot.lease_id = await caps_db.take(
+                self._sm,
+                STREAM_CAP,
+                user_id,
+                cap=self.per_user,
+                holder=self._holder,
+                ttl_s=self._ttl_s,
+            )
+        except BaseException:
+            slot.release()
+            raise
+        if slot.lease_id is None:
+            slot.release()
+            raise too_many(self._per_user_message())
+        self._leases.add(slot.lease_id)
+        self._ensure_renewer()
+        return slot
 
-    def _release(self, user_id: str) -> None:
+    def _per_user_message(self) -> str:
+        return (
+            f"At most {self.per_user} event streams per user may be open at once; close one "
+            "or try again later."
+        )
+
+    def _release(self, slot: StreamSlot) -> None:
         self._open -= 1
-        left = self._by_user.get(user_id, 0) - 1
+        left = self._by_user.get(slot.user_id, 0) - 1
         if left > 0:
-            self._by_user[user_id] = left
+            self._by_user[slot.user_id] = left
         else:
-            self._by_user.pop(user_id, None)
+            self._by_user.pop(slot.user_id, None)
+        lease, slot.lease_id = slot.lease_id, None
+        if lease is None:
+            return
+        self._leases.discard(lease)
+        with contextlib.suppress(RuntimeError):  # no loop (a collected response): it lapses
+            asyncio.get_running_loop().create_task(self.drop_lease(lease))
+
+    async def drop_lease(self, lease_id: uuid.UUID) -> None:
+        """Deletes a lease now; if the database is away, it lapses after its TTL instead."""
+        self._leases.discard(lease_id)
+        if self._sm is None:
+            return
+        try:
+            await caps_db.release(self._sm, lease_id)
+        except Exception:
+            log.warning("stream lease not released; it lapses after its TTL")
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew(), name="stream-leases")
+
+    async def _renew(self) -> None:
+        """Every third of the TTL, this process's leases are extended in one statement; the
+        task ends when no stream is left (the next stream starts it again)."""
+        assert self._sm is not None
+        while self._leases:
+            await asyncio.sleep(self._ttl_s / 3)
+            try:
+                await caps_db.renew(self._sm, list(self._leases), ttl_s=self._ttl_s)
+            except Exception:
+                log.warning("stream leases not renewed; trying again")
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._renewer
 
 
 @dataclass(eq=False)
@@ -171,10 +266,11 @@ class JobEventHub:
         return self._slots
 
     def stream_slots(self, *, per_user: int, total: int) -> StreamSlots:
-        """The process's stream caps: one `StreamSlots` per hub (one hub per API process),
-        built by the first stream with the app's settings (the same on every call)."""
+        """The stream caps: one `StreamSlots` per hub (one hub per API process), built by the
+        first stream with the app's settings (the same on every call), its per-user cap held
+        in PostgreSQL through the hub's sessionmaker."""
         if self._slots is None:
-            self._slots = StreamSlots(per_user=per_user, total=total)
+            self._slots = StreamSlots(per_user=per_user, total=total, sessionmaker=self._sm)
         return self._slots
 
     # ---- subscriptions ----------------------------------------------------------------
@@ -222,6 +318,8 @@ class JobEventHub:
             self._task = asyncio.create_task(self._run(), name="job-event-hub")
 
     async def close(self) -> None:
+        if self._slots is not None:
+            await self._slots.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):

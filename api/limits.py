@@ -1,4 +1,6 @@
-"""Bounded input before anything else: a request body over MAX_REQUEST_BYTES is refused with 413.
+"""Bounded input before anything else: a request body over MAX_REQUEST_BYTES is refused with 413;
+and a user's creates and quotes past their rate are refused with 429 before any costly work
+(`RateLimitedUser`, the end of this module).
 
 The limit wraps the whole application, Starlette's own error middleware included, so an oversized
 body costs neither JSON parsing nor a token check, and no route can forget it:
@@ -19,14 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.auth import Principal
+from api.deps import State, User
 from api.errors import PROBLEM, problem
 from engine.errors import PayloadTooLarge
+from jobs.rate_limit import take_request
 
 log = logging.getLogger(__name__)
 
@@ -232,3 +237,44 @@ def install(app: FastAPI, *, max_bytes: int) -> None:
         return BodySizeLimit(build_stack(), max_bytes=max_bytes)
 
     app.build_middleware_stack = build_limited_stack  # type: ignore[method-assign]
+
+
+# ---- the per-user request rate ------------------------------------------------------------------
+
+_RATE_LIMITED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "code", "detail"],
+    "properties": {
+        "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
+        "title": {"type": "string", "title": "Title", "description": "Too many requests"},
+        "status": {"type": "integer", "title": "Status", "description": "429"},
+        "code": {"type": "string", "title": "Code", "description": "`RATE_LIMITED`"},
+        "detail": {"type": "string", "title": "Detail", "description": "The limit and what to do"},
+    },
+}
+RATE_LIMITED_RESPONSE: dict[int | str, dict[str, Any]] = {
+    429: {
+        "description": "Past your rate of creates and quotes (`RATE_LIMITED`, API_RATE_LIMIT_PER_"
+        "MINUTE with bursts of API_RATE_LIMIT_BURST, across all API processes), or this server's "
+        "token counting busy for too long; `Retry-After` in whole seconds, at least 1",
+        "content": {PROBLEM: {"schema": _RATE_LIMITED_SCHEMA}},
+    }
+}
+
+
+async def rate_limited_user(state: State, principal: User) -> Principal:
+    """The caller, once one request has been taken from its rate (jobs/rate_limit.py): a route
+    that declares it is refused with 429 RATE_LIMITED before its body is checked, its tokens
+    counted or its quotas read. Authentication comes first, so an anonymous flood costs no
+    statement."""
+    s = state.settings
+    await take_request(
+        state.sessionmaker,
+        principal.user_id,
+        per_minute=s.api_rate_limit_per_minute,
+        burst=s.api_rate_limit_burst,
+    )
+    return principal
+
+
+RateLimitedUser = Annotated[Principal, Depends(rate_limited_user)]

@@ -91,6 +91,9 @@ class WebhookDelivery(Base):
     status: Mapped[str] = mapped_column(String(16), server_default=text("'pending'"))
     attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     next_attempt_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # The claim's lease end while a deliverer holds it (equal to `next_attempt_at` then):
+    # a user's in-flight share is counted from it across deliverers (db/webhook_deliveries.py).
+    claimed_until: Mapped[datetime | None] = mapped_column(TS)
     last_status_code: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())

@@ -10,8 +10,11 @@ open while a receiver is called.
 
 Fairness: the claim serves users round-robin (each owner's oldest due row first, then each
 one's second ...), never one queue in due order across users, and never more of a user's rows
-than that user's free share of the deliverer's slots: one user's backlog cannot queue another
-user's delivery behind it. Finished rows (delivered, dead) are purged after their retention.
+than that user's free share (WEBHOOK_MAX_IN_FLIGHT_PER_USER less what it has in flight on any
+deliverer, counted from the rows' live claims; deliverers' claims are serialised by one
+advisory lock, `claim_share`): one user's backlog cannot queue another user's delivery behind
+it, whatever the number of deliverers. Finished rows (delivered, dead) are purged after their
+retention.
 """
 
 from __future__ import annotations
@@ -104,6 +107,62 @@ async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:
 # ---- the deliverer ----------------------------------------------------------------------------
 
 
+CLAIM_DUE = text(
+    f"""
+    WITH RECURSIVE owners(user_id) AS (
+        (SELECT user_id FROM webhook_delivery
+         WHERE status IN ('pending', 'failed') ORDER BY user_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.user_id FROM webhook_delivery d
+                WHERE d.status IN ('pending', 'failed') AND d.user_id > o.user_id
+                ORDER BY d.user_id LIMIT 1)
+        FROM owners o WHERE o.user_id IS NOT NULL),
+    share AS (
+        SELECT user_id, slots FROM (
+            SELECT o.user_id, :per_user - greatest(coalesce(b.n, 0), (
+                SELECT count(*) FROM webhook_delivery f
+                WHERE f.user_id = o.user_id AND f.status IN ('pending', 'failed')
+                  AND f.next_attempt_at > now()
+                  AND f.claimed_until = f.next_attempt_at)) AS slots
+            FROM owners o
+            LEFT JOIN unnest(CAST(:busy_users AS text[]), CAST(:busy_counts AS int[]))
+                      AS b(user_id, n) ON b.user_id = o.user_id
+            WHERE o.user_id IS NOT NULL) free
+        WHERE slots > 0),
+    candidates AS (
+        SELECT c.* FROM share s CROSS JOIN LATERAL (
+            SELECT d.id, d.user_id, d.endpoint_id, d.next_attempt_at
+            FROM webhook_delivery d
+            WHERE d.user_id = s.user_id AND d.status IN ('pending', 'failed')
+              AND d.next_attempt_at <= now()
+              AND NOT (d.endpoint_id = ANY(CAST(:busy AS uuid[])))
+            ORDER BY d.next_attempt_at, d.id
+            LIMIT :scan
+            FOR UPDATE SKIP LOCKED) c),
+    one_each AS (
+        SELECT id, user_id, next_attempt_at FROM (
+            SELECT id, user_id, next_attempt_at, row_number() OVER (
+                PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
+            FROM candidates) per_endpoint
+        WHERE rn = 1),
+    turns AS (
+        SELECT o.id, o.next_attempt_at, s.slots, row_number() OVER (
+            PARTITION BY o.user_id ORDER BY o.next_attempt_at, o.id) AS turn
+        FROM one_each o JOIN share s ON s.user_id = o.user_id),
+    chosen AS (
+        SELECT id FROM turns WHERE turn <= slots
+        ORDER BY turn, next_attempt_at, id
+        LIMIT :lim)
+    UPDATE webhook_delivery d
+       SET next_attempt_at = now() + make_interval(secs => :lease),
+           claimed_until = now() + make_interval(secs => :lease),
+           attempt_count = d.attempt_count + 1
+    FROM chosen WHERE d.id = chosen.id
+    RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
+    """
+)
+
+
 async def claim_due(
     session: AsyncSession,
     *,
@@ -113,63 +172,21 @@ async def claim_due(
     per_user: int,
     lease_s: float,
 ) -> list[DeliveryRow]:
-    """At most `limit` due deliveries, fair across users. Per user at most
-    `per_user - busy_users[user]` rows (its free share of this deliverer's slots) and at most
-    one per endpoint, none for `busy_endpoints` (in flight in this process): a slow receiver
-    holds its own slot, a user's slow receivers at most that user's share. Users take turns:
-    every user's first row ranks before anyone's second, ties by due time. The claim pushes
-    `next_attempt_at` a lease ahead and counts the attempt.
+    """At most `limit` due deliveries, fair across users. Per user at most its free share:
+    `per_user` less its deliveries in flight on every deliverer (rows whose claim is live:
+    `claimed_until` still equal to `next_attempt_at` and ahead of now; a mark or an expired
+    lease ends it), or less `busy_users[user]` (this process's own count) if that is more; at
+    most one per endpoint, none for `busy_endpoints` (in flight in this process): a slow
+    receiver holds its own slot, a user's slow receivers at most that user's share. Users take
+    turns: every user's first row ranks before anyone's second, ties by due time. The claim
+    pushes `next_attempt_at` (and `claimed_until`) a lease ahead and counts the attempt. Two
+    claims in concurrent transactions do not see each other's rows: deliverers claim through
+    `claim_share`, which serialises them.
 
     Cost: one index probe per user with undelivered rows (the skip scan of `owners`) plus at
     most `4 * per_user` locked rows per user, whatever the size of one user's backlog."""
     rows = await session.execute(
-        text(
-            f"""
-            WITH RECURSIVE owners(user_id) AS (
-                (SELECT user_id FROM webhook_delivery
-                 WHERE status IN ('pending', 'failed') ORDER BY user_id LIMIT 1)
-                UNION ALL
-                SELECT (SELECT d.user_id FROM webhook_delivery d
-                        WHERE d.status IN ('pending', 'failed') AND d.user_id > o.user_id
-                        ORDER BY d.user_id LIMIT 1)
-                FROM owners o WHERE o.user_id IS NOT NULL),
-            share AS (
-                SELECT o.user_id, :per_user - coalesce(b.n, 0) AS slots
-                FROM owners o
-                LEFT JOIN unnest(CAST(:busy_users AS text[]), CAST(:busy_counts AS int[]))
-                          AS b(user_id, n) ON b.user_id = o.user_id
-                WHERE o.user_id IS NOT NULL AND :per_user - coalesce(b.n, 0) > 0),
-            candidates AS (
-                SELECT c.* FROM share s CROSS JOIN LATERAL (
-                    SELECT d.id, d.user_id, d.endpoint_id, d.next_attempt_at
-                    FROM webhook_delivery d
-                    WHERE d.user_id = s.user_id AND d.status IN ('pending', 'failed')
-                      AND d.next_attempt_at <= now()
-                      AND NOT (d.endpoint_id = ANY(CAST(:busy AS uuid[])))
-                    ORDER BY d.next_attempt_at, d.id
-                    LIMIT :scan
-                    FOR UPDATE SKIP LOCKED) c),
-            one_each AS (
-                SELECT id, user_id, next_attempt_at FROM (
-                    SELECT id, user_id, next_attempt_at, row_number() OVER (
-                        PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS rn
-                    FROM candidates) per_endpoint
-                WHERE rn = 1),
-            turns AS (
-                SELECT o.id, o.next_attempt_at, s.slots, row_number() OVER (
-                    PARTITION BY o.user_id ORDER BY o.next_attempt_at, o.id) AS turn
-                FROM one_each o JOIN share s ON s.user_id = o.user_id),
-            chosen AS (
-                SELECT id FROM turns WHERE turn <= slots
-                ORDER BY turn, next_attempt_at, id
-                LIMIT :lim)
-            UPDATE webhook_delivery d
-               SET next_attempt_at = now() + make_interval(secs => :lease),
-                   attempt_count = d.attempt_count + 1
-            FROM chosen WHERE d.id = chosen.id
-            RETURNING {", ".join("d." + c.strip() for c in _DELIVERY.split(","))}
-            """
-        ),
+        CLAIM_DUE,
         {
             "busy": list(busy_endpoints),
             "busy_users": list(busy_users),
@@ -183,6 +200,34 @@ async def claim_due(
     return sorted((DeliveryRow(**r._mapping) for r in rows), key=lambda r: r.id)
 
 
+# One key for every deliverer's claim: claims are short, and serialising them is what makes a
+# user's share exact across deliverers (each claim counts what the previous ones committed).
+CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('webhook-claim', 0))")
+
+
+async def claim_share(
+    session: AsyncSession,
+    *,
+    limit: int,
+    busy_endpoints: Sequence[uuid.UUID],
+    busy_users: Mapping[str, int],
+    per_user: int,
+    lease_s: float,
+) -> list[DeliveryRow]:
+    """`claim_due` after the claims' transaction-scoped lock: the deliverer's claim. The lock
+    is held until the caller commits, so the next deliverer's claim reads this one's rows as
+    in flight and a user never holds more than `per_user` deliveries across all deliverers."""
+    await session.execute(CLAIM_LOCK)
+    return await claim_due(
+        session,
+        limit=limit,
+        busy_endpoints=busy_endpoints,
+        busy_users=busy_users,
+        per_user=per_user,
+        lease_s=lease_s,
+    )
+
+
 async def mark_delivered(
     session: AsyncSession, delivery_id: int, *, attempt: int, status_code: int
 ) -> bool:
@@ -191,7 +236,8 @@ async def mark_delivered(
         text(
             """
             UPDATE webhook_delivery SET status = 'delivered', delivered_at = now(),
-                   finished_at = now(), last_status_code = :code, last_error = NULL
+                   finished_at = now(), last_status_code = :code, last_error = NULL,
+                   claimed_until = NULL
             WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
             """
         ),
@@ -224,6 +270,7 @@ async def mark_attempt_failed(
                                             + make_interval(secs => :for_s) <= now()
                                        THEN now() END,
                     next_attempt_at = now() + make_interval(secs => :retry_in),
+                    claimed_until = NULL,
                     last_status_code = :code, last_error = left(:err, 300)
                 WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')
                 RETURNING status
@@ -246,7 +293,7 @@ async def mark_dead(session: AsyncSession, delivery_id: int, *, attempt: int, er
     await session.execute(
         text(
             "UPDATE webhook_delivery SET status = 'dead', last_error = left(:err, 300), "
-            "finished_at = now() "
+            "finished_at = now(), claimed_until = NULL "
             "WHERE id = :id AND attempt_count = :attempt AND status IN ('pending', 'failed')"
         ),
         {"id": delivery_id, "attempt": attempt, "err": error},

@@ -221,6 +221,15 @@ class QuotaExceeded(EngineError):
     title = "Job quota exceeded"
 
 
+class RateLimited(EngineError):
+    """A user's creates and quotes past their rate, or a process's check pool full for longer
+    than its bounded wait: the request is refused before any costly work, never failed."""
+
+    code = "RATE_LIMITED"
+    http_status = 429
+    title = "Too many requests"
+
+
 class RequestTooLarge(EngineError):
     """The job's prompt and output budget cannot fit the model's context window: refused at
     create, before anything is queued or paid for."""

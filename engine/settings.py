@@ -129,10 +129,20 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=3 * 1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
     # Seconds between keep-alive comments on the API's server-sent event streams.
     sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
-    # Concurrent event streams one API process serves, per user and in all (past either: 429
-    # TOO_MANY_STREAMS). Per process: with N API processes a user can hold N x the per-user cap.
+    # Concurrent event streams: per user across all API processes (leases in PostgreSQL,
+    # db/caps.py), and in all on one API process (past either: 429 TOO_MANY_STREAMS).
     sse_max_streams_per_user: int = Field(default=10, ge=1, alias="SSE_MAX_STREAMS_PER_USER")
     sse_max_streams: int = Field(default=1000, ge=1, alias="SSE_MAX_STREAMS")
+    # Creates and quotes per user across all API processes (a token bucket in PostgreSQL,
+    # db/rate_limits.py): this many a minute on average, up to the burst at once; past it 429
+    # RATE_LIMITED with Retry-After. 0: no limit. Reads are never limited by it.
+    api_rate_limit_per_minute: int = Field(default=600, ge=0, alias="API_RATE_LIMIT_PER_MINUTE")
+    api_rate_limit_burst: int = Field(default=100, ge=1, alias="API_RATE_LIMIT_BURST")
+    # Creates' and quotes' checks of long inputs (token counting of up to 400k characters) run
+    # off the event loop on this many threads per API process; a request waits at most
+    # API_TOKEN_COUNT_WAIT_S for one, then 429 RATE_LIMITED (jobs/token_count.py).
+    api_token_count_concurrency: int = Field(default=1, ge=1, alias="API_TOKEN_COUNT_CONCURRENCY")
+    api_token_count_wait_s: float = Field(default=10.0, gt=0, alias="API_TOKEN_COUNT_WAIT_S")
     # Browser origins allowed to call the API (CORS), comma-separated ("https://app.example.com");
     # empty: no CORS headers at all, so no web page of another origin can read an answer.
     cors_allow_origins: str = Field(default="", alias="CORS_ALLOW_ORIGINS")

@@ -46,6 +46,7 @@ from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
 from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
 from jobs.spec import Catalog
+from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class JobCreation:
         """What creating `req` now would cost and whether it would be admitted: the checks and
         the estimate of create, and its quotas and budgets read without the user's lock. It
         writes nothing and counts against nothing."""
-        checked = self.requests.check(req)
+        # Token counting of a long source: on the process's bounded check pool, not the loop.
+        checked = await off_loop(self.requests.check, req)
         self._check_platform(checked)
         async with self._sm.begin() as s:
             admission = await self.quotas.admission(s, req.user_id, checked.estimate)
@@ -110,7 +112,7 @@ class JobCreation:
         transaction (`within` runs last in it). Returns the existing job for a repeated
         `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
         create (an admin retry) that still reserves against the owner's quotas and budgets."""
-        checked = self.requests.check(req)
+        checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
             if existing is not None:

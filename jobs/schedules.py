@@ -40,6 +40,7 @@ from engine.schedules import (
 )
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, JobService
+from jobs.token_count import off_loop
 from jobs.views import Viewer, can_see
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,8 @@ class ScheduleService:
             raise ValidationFailed(str(exc)) from exc
         schedule_id = uuid.uuid4()
         target_id = new.target_id or str(schedule_id)
-        checked = self._jobs.creation.requests.check(self._request(new, target_id, new.input, None))
+        req = self._request(new, target_id, new.input, None)
+        checked = await off_loop(self._jobs.creation.requests.check, req)
         now = datetime.now(UTC)
         row = ScheduleRow(
             id=schedule_id,

@@ -15,7 +15,8 @@ events carry that version as their id (never less than an id already sent); a re
 Keep-alive comments go out every `SSE_PING_S` seconds. Wake-ups come from the process's one LISTEN
 connection (`api/events.py`); a stream re-reads its job when woken, never on a timer.
 
-Each stream holds one of the process's stream slots (`api/events.py` `StreamSlots`), taken
+Each stream holds one of its user's stream slots (`api/events.py` `StreamSlots`: a lease in
+PostgreSQL for the per-user cap across processes, and the process's own count), taken
 after the request is authorised and released when the response ends, however it ends; a
 response that is never served releases it when it is garbage-collected. Past the caps the
 route answers 429 `TOO_MANY_STREAMS` with Retry-After.
@@ -151,15 +152,16 @@ class _SlottedStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._slot.release()
+            await self._slot.aclose()
 
 
-def _slot(state: State, user_id: str) -> StreamSlot:
-    """A stream slot for `user_id`, or 429 TOO_MANY_STREAMS. Take it last in the route: an
-    error raised after it would leave it to the garbage collector."""
+async def _slot(state: State, user_id: str) -> StreamSlot:
+    """A stream slot for `user_id`, or 429 TOO_MANY_STREAMS (the per-user cap across every API
+    process). Take it last in the route: an error raised after it would leave it to the
+    garbage collector."""
     s = state.settings
     slots = state.events.stream_slots(per_user=s.sse_max_streams_per_user, total=s.sse_max_streams)
-    return slots.acquire(user_id)
+    return await slots.acquire(user_id)
 
 
 def _stream(
@@ -241,7 +243,7 @@ async def user_events(
                 async for ev in emit(sorted(ids)):
                     yield ev
 
-    return _stream(state, _slot(state, user_id), gen())
+    return _stream(state, await _slot(state, user_id), gen())
 
 
 @router.get(
@@ -301,4 +303,4 @@ async def job_events(
                     return
                 await sub.next_batch()
 
-    return _stream(state, _slot(state, principal.user_id), gen())
+    return _stream(state, await _slot(state, principal.user_id), gen())

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
 from api.errors import PROBLEM
-from api.limits import TOO_LARGE_RESPONSE
+from api.limits import RATE_LIMITED_RESPONSE, TOO_LARGE_RESPONSE, RateLimitedUser
 from api.schemas import (
     JOB_TYPE_PATTERN,
     MAX_METADATA_KEY_LENGTH,
@@ -158,7 +158,7 @@ def _request(
 @router.post(
     "/quote",
     response_model=QuoteResponse,
-    responses={**TOO_LARGE_RESPONSE},
+    responses={**TOO_LARGE_RESPONSE, **RATE_LIMITED_RESPONSE},
     summary="What a job would cost, and whether it would be admitted now",
     description=(
         "Takes a create body and answers with the model, the estimated input tokens, each "
@@ -170,7 +170,7 @@ def _request(
         "spend changed in between."
     ),
 )
-async def quote_job(body: CreateJobBody, state: State, principal: User) -> QuoteResponse:
+async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUser) -> QuoteResponse:
     _checked(body, state)
     q = await state.jobs.quote(_request(body, principal.user_id))
     e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
@@ -217,6 +217,7 @@ async def quote_job(body: CreateJobBody, state: State, principal: User) -> Quote
     responses={
         200: {"model": JobStatusResponse, "description": "Existing job (same key)"},
         **TOO_LARGE_RESPONSE,
+        **RATE_LIMITED_RESPONSE,
     },
     summary="Create a job",
     description=(
@@ -230,7 +231,7 @@ async def quote_job(body: CreateJobBody, state: State, principal: User) -> Quote
 async def create_job(
     body: CreateJobBody,
     state: State,
-    principal: User,
+    principal: RateLimitedUser,
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> JobStatusResponse:
@@ -399,7 +400,8 @@ def _problem(description: str) -> dict[str, Any]:
         409: _problem("The job is not `failed` or `cancelled` (`JOB_NOT_RETRYABLE`)"),
         429: _problem(
             "Your quotas or cost budgets refuse the retry, as they would refuse a create "
-            "(`QUOTA_EXCEEDED`, `TOO_MANY_JOBS`; see Retry-After)"
+            "(`QUOTA_EXCEEDED`, `TOO_MANY_JOBS`), or you are past your request rate, which "
+            "retries share with creates and quotes (`RATE_LIMITED`); see Retry-After"
         ),
     },
     summary="Retry one of your failed or cancelled jobs as a new job",
@@ -414,10 +416,9 @@ def _problem(description: str) -> dict[str, Any]:
     ),
 )
 async def retry_own_job(
-    job_id: JobId, state: State, principal: User, response: Response
+    job_id: JobId, state: State, principal: RateLimitedUser, response: Response
 ) -> RetriedJobResponse:
-    # The per-user create admission (the request rate limit a create passes) belongs here,
-    # before the retry's transaction: this is the route's one call into the create path.
+    # `RateLimitedUser` took one request from the user's rate, as a create's does.
     result = await state.jobs.retry(job_id, owner=principal.user_id)
     response.status_code = 201 if result.created else 200
     response.headers["Location"] = f"/api/ai/jobs/{result.job.id}"

@@ -21,6 +21,7 @@ DB = ROOT / "db"
 NOT_REPOSITORIES = {
     "models.py",
     "models_admin.py",
+    "models_limits.py",
     "models_projected.py",
     "models_provider.py",
     "models_webhooks.py",

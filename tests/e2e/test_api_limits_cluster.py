@@ -1,0 +1,138 @@
+"""The API's per-user limits hold across API processes: two `aijobs api` processes on the
+session's database, a flood of one user's quotes spread over both, and one user's event streams
+opened on both."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from api.auth import JwtConfig, issue_token
+from runtime.embedded import free_port
+from tests.e2e.conftest import assert_problem, bearer
+from tests.stack import make_settings
+from tests.support import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+QUOTE = {"jobType": "synthetic", "targetType": "lesson", "targetId": "l-1", "input": {}}
+BURST = 5
+CLI_API = (sys.executable, "-m", "runtime.cli", "api", "--host", "127.0.0.1")
+
+
+@contextlib.contextmanager
+def api_processes(
+    database_url: str, temporal_address: str, log_dir: Path, n: int = 2, **env: str
+) -> Iterator[list[str]]:
+    """`n` API processes on the session's database; yields their base URLs once each answers
+    /healthz (the API serves while Temporal is away, so readiness is not awaited)."""
+    base_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "AIJOBS_ENV": "test",
+        "LOG_LEVEL": "WARNING",
+        "DATABASE_URL": database_url,
+        "TEMPORAL_ADDRESS": temporal_address,
+        "STARTUP_WAIT_S": "30",
+        **env,
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+    urls = []
+    try:
+        for i in range(n):
+            port = free_port()
+            with open(log_dir / f"api-{i}.log", "ab") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [*CLI_API, "--port", str(port)],
+                        cwd=ROOT,
+                        env=base_env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        pending = set(urls)
+        while pending and time.monotonic() < deadline:
+            for i, p in enumerate(procs):
+                assert p.poll() is None, (log_dir / f"api-{i}.log").read_text()[-2000:]
+            for url in list(pending):
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                        pending.discard(url)
+            time.sleep(0.2)
+        assert not pending, f"APIs not up: {pending}"
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def as_user(database_url: str, temporal_address: str, user: str) -> dict[str, str]:
+    cfg = JwtConfig.from_settings(make_settings(database_url, temporal_address))
+    return bearer(issue_token(cfg, user, ttl_s=600))
+
+
+async def test_a_quote_flood_is_limited_across_processes_and_streams_are_capped_per_user(
+    db: object, database_url: str, temporal_address: str, tmp_path: Path
+) -> None:
+    flooder = as_user(database_url, temporal_address, "flooder")
+    other = as_user(database_url, temporal_address, "other")
+    with api_processes(
+        database_url,
+        temporal_address,
+        tmp_path,
+        API_RATE_LIMIT_PER_MINUTE="60",  # one a second
+        API_RATE_LIMIT_BURST=str(BURST),
+        SSE_MAX_STREAMS_PER_USER="1",
+    ) as (a, b):
+        async with httpx.AsyncClient(timeout=30) as http:
+            started = time.monotonic()
+            answers = [
+                await http.post(f"{url}/api/ai/jobs/quote", json=QUOTE, headers=flooder)
+                for url in (a, b) * 8
+            ]
+            elapsed = time.monotonic() - started
+            ok = [r for r in answers if r.status_code == 200]
+            limited = [r for r in answers if r.status_code != 200]
+            # One bucket for both processes: the burst and what refilled meanwhile, no more
+            # (two per-process buckets would have let through twice the burst).
+            assert BURST <= len(ok) <= BURST + int(elapsed) + 1, (len(ok), elapsed)
+            assert limited
+            for r in limited:
+                assert_problem(r, 429, "RATE_LIMITED")
+                assert int(r.headers["Retry-After"]) >= 1
+            # The next user is not touched by it, on either process; reads are not limited.
+            for url in (a, b):
+                r = await http.post(f"{url}/api/ai/jobs/quote", json=QUOTE, headers=other)
+                assert r.status_code == 200, r.text
+                assert (await http.get(f"{url}/api/ai/jobs", headers=flooder)).status_code == 200
+
+            # One stream per user in the cluster: held on A, refused on B.
+            async with http.stream("GET", f"{a}/api/ai/jobs/events", headers=flooder) as held:
+                assert held.status_code == 200
+                refused = await http.get(f"{b}/api/ai/jobs/events", headers=flooder)
+                assert_problem(refused, 429, "TOO_MANY_STREAMS")
+                async with http.stream("GET", f"{b}/api/ai/jobs/events", headers=other) as o:
+                    assert o.status_code == 200
+
+            # A closed: its lease is released, and B serves the user's stream.
+            async def b_serves() -> bool:
+                async with http.stream("GET", f"{b}/api/ai/jobs/events", headers=flooder) as r:
+                    return r.status_code == 200
+
+            await eventually(b_serves, timeout=15, what="B to serve the freed stream slot")
