@@ -35,7 +35,7 @@ import httpx
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import webhook_deliveries as deliveries_db
 from db import webhooks as webhooks_db
-from db.session import SessionMaker
+from db.session import SessionMaker, listen_connection
 from db.webhook_deliveries import DeliveryRow
 from engine.errors import EngineError
 from jobs.schedules import schedule_event_body
@@ -63,6 +63,9 @@ class WebhookConfig:
     retry_max_s: float = 3600.0
     retry_for_s: float = 86_400.0
     poll_interval_s: float = 1.0
+    # A session URL to LISTEN on for new deliveries (None: poll only). With it, the poll is
+    # only a backstop (retries coming due, a lost notification).
+    listen_url: str | None = None
     max_in_flight: int = 16
     # One user's share of those slots (its receivers may all hang).
     max_in_flight_per_user: int = 4
@@ -162,6 +165,7 @@ class WebhookDeliverer:
         self._busy_users: dict[str, int] = {}  # user → requests in flight
         self._next_purge = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()  # a new delivery was committed, or a slot came free
         self._client: httpx.AsyncClient | None = None
         self.attempts = 0  # requests made (tests)
 
@@ -170,9 +174,15 @@ class WebhookDeliverer:
         to finish (their rows are retried after the lease otherwise)."""
         failures = 0
         self._client = http_client(self.config, self._resolve)
+        listener = (
+            asyncio.create_task(self._listen(stop), name="webhooks:listen")
+            if self.config.listen_url
+            else None
+        )
         try:
             while not stop.is_set():
                 await self._maybe_purge()
+                self._wake.clear()
                 try:
                     claimed = await self.run_once()
                     failures = 0
@@ -186,8 +196,12 @@ class WebhookDeliverer:
                     await _sleep_or_stop(stop, min(5.0, 0.2 * 2**failures))
                     continue
                 if not claimed:
-                    await _sleep_or_stop(stop, self.config.poll_interval_s)
+                    await self._idle(stop)
         finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
             if self._tasks:
                 _, pending = await asyncio.wait(
                     list(self._tasks), timeout=self.config.request_timeout_s + 2
@@ -215,8 +229,42 @@ class WebhookDeliverer:
             self._busy_users[row.user_id] = self._busy_users.get(row.user_id, 0) + 1
             task = asyncio.create_task(self._deliver(row), name=f"webhook:{row.id}")
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._done)
         return len(rows)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake.set()  # a slot came free: claim again without waiting for the poll
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Wait for a NOTIFY of a new delivery, a freed slot, the stop, or the poll interval
+        (the backstop: retries coming due, a lost notification), whichever comes first."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self.config.poll_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Sets the wake-up on every `NOTIFY ai_webhook` (a committed new delivery). A lost
+        connection is opened again after a pause; the poll covers the gap."""
+        assert self.config.listen_url is not None
+        while not stop.is_set():
+            conn = None
+            try:
+                conn = await listen_connection(self.config.listen_url, deliveries_db.NOTIFY_CHANNEL)
+                async for _ in conn.notifies():
+                    self._wake.set()
+            except Exception as exc:
+                log.info("webhook LISTEN lost; polling", extra={"error": type(exc).__name__})
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            await _sleep_or_stop(stop, 5.0)
 
     async def _deliver(self, row: DeliveryRow) -> None:
         try:

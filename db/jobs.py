@@ -113,8 +113,15 @@ class JobStatusRow:
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
 # One round trip for a job and its artifacts, in `artifacts`' order (ordinal, id).
+# The model of a succeeded job's latest successful call: what produced its output.
+_ANSWERED_MODEL = (
+    "CASE WHEN j.lifecycle_status = 'succeeded' THEN (SELECT u.model FROM ai_usage_log u "
+    "WHERE u.job_id = j.id AND u.error_code IS NULL "
+    "ORDER BY u.created_at DESC, u.id DESC LIMIT 1) END"
+)
 _STATUS_WITH_ARTIFACTS = text(
-    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs FROM ai_job j LEFT JOIN LATERAL "
+    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs, {_ANSWERED_MODEL} AS answered_model "
+    "FROM ai_job j LEFT JOIN LATERAL "
     "(SELECT json_agg(json_build_array(artifact_type, artifact_id, ordinal) "
     "ORDER BY ordinal, id) AS refs FROM ai_job_artifact WHERE job_id = j.id) a ON TRUE "
     "WHERE j.id = :id"
@@ -123,15 +130,17 @@ _STATUS_WITH_ARTIFACTS = text(
 
 async def status_with_artifacts(
     session: AsyncSession, job_id: uuid.UUID
-) -> tuple[JobStatusRow, list[ArtifactRef]] | None:
-    """A job's public columns and owner, and its artifacts (what `db.artifacts.artifacts` reads
-    for it), in one statement; None when the job does not exist."""
+) -> tuple[JobStatusRow, list[ArtifactRef], str | None] | None:
+    """A job's public columns and owner, its artifacts (what `db.artifacts.artifacts` reads for
+    it) and, once it succeeded, the model that answered, in one statement; None when the job
+    does not exist."""
     row = (await session.execute(_STATUS_WITH_ARTIFACTS, {"id": job_id})).first()
     if row is None:
         return None
     fields = dict(row._mapping)
     refs = fields.pop("artifact_refs") or []
-    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs]
+    model = fields.pop("answered_model")
+    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs], model
 
 
 @dataclass(frozen=True)

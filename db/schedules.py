@@ -279,6 +279,7 @@ _REFUSED_EVENT = text(
     FROM ev JOIN webhook_endpoint e ON e.user_id = :u AND e.deleted_at IS NULL
                                     AND e.event_types ? :type
     ON CONFLICT (endpoint_id, event_id) DO NOTHING
+    RETURNING pg_notify('ai_webhook', '') IS NULL AS notified
     """
 ).bindparams(bindparam("payload", type_=JSONB))
 

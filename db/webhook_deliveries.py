@@ -72,7 +72,9 @@ _DELIVERY = (
 
 
 # One delivery per published domain event and matching live endpoint of the job's owner.
-# Idempotent (unique endpoint and event): a row published twice fans out once.
+# Idempotent (unique endpoint and event): a row published twice fans out once. Each new row
+# wakes the deliverers (`NOTIFY ai_webhook` at commit, one per transaction), so they need not
+# poll for new work.
 FAN_OUT = text(
     """
     INSERT INTO webhook_delivery (endpoint_id, user_id, event_id, job_id, webhook_id,
@@ -88,8 +90,13 @@ FAN_OUT = text(
                            AND e.event_types ? o.event_type
     WHERE o.id = ANY(:ids) AND o.status = 'published' AND o.event_type = ANY(:types)
     ON CONFLICT (endpoint_id, event_id) DO NOTHING
+    RETURNING pg_notify('ai_webhook', '') IS NULL AS notified
     """
 )
+
+
+# Deliverers LISTEN here: a new pending delivery was committed.
+NOTIFY_CHANNEL = "ai_webhook"
 
 
 def fan_out_params(event_ids: Sequence[int]) -> dict[str, object]:
@@ -381,4 +388,7 @@ async def replay(session: AsyncSession, delivery_id: int) -> DeliveryRow | None:
             {"id": delivery_id, "ok": list(REPLAYABLE)},
         )
     ).first()
-    return DeliveryRow(**row._mapping) if row else None
+    if row is None:
+        return None
+    await session.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))  # the deliverers' wake-up
+    return DeliveryRow(**row._mapping)

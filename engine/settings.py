@@ -266,7 +266,7 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=30.0, gt=0, alias="WEBHOOK_RETRY_BASE_S")
     webhook_retry_max_s: float = Field(default=3600.0, gt=0, alias="WEBHOOK_RETRY_MAX_S")
     webhook_retry_for_s: float = Field(default=86_400.0, ge=0, alias="WEBHOOK_RETRY_FOR_S")
-    webhook_poll_interval_s: float = Field(default=1.0, gt=0, alias="WEBHOOK_POLL_INTERVAL_S")
+    webhook_poll_interval_s: float = Field(default=10.0, gt=0, alias="WEBHOOK_POLL_INTERVAL_S")
     webhook_max_in_flight: int = Field(default=16, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT")
     # Fairness: of a deliverer's WEBHOOK_MAX_IN_FLIGHT slots one user's deliveries hold at most
     # this many (its receivers may all hang); a user registers at most this many endpoints.

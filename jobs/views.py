@@ -269,9 +269,13 @@ class JobRead:
 
     row: JobRow
     artifacts: list[ArtifactRef]
+    model: str | None = None  # a succeeded job's answering model
 
     def view(self) -> JobStatusResponse:
-        return job_view(self.row, self.artifacts)
+        view = job_view(self.row, self.artifacts)
+        if view.result is not None:
+            view.result.model = self.model
+        return view
 
     def admin_view(self, link: TemporalLink) -> AdminJobResponse:
         return admin_view(self.row, self.artifacts, link)
@@ -298,7 +302,12 @@ async def find_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
     row = await jobs_db.get(session, job_id)
     if row is None or not can_see(viewer, row.user_id):
         return None
-    return JobRead(row, await _artifacts_of(session, row))
+    model = (
+        await fallback_calls_db.answered_model(session, job_id)
+        if row.lifecycle_status == "succeeded"
+        else None
+    )
+    return JobRead(row, await _artifacts_of(session, row), model)
 
 
 async def present(sessionmaker: SessionMaker, row: JobRow) -> JobStatusResponse:
@@ -321,15 +330,15 @@ async def read_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
 async def job_status(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> JobStatusResponse:
     """`GET /api/ai/jobs/{jobId}`: the public view, or JobNotFound. The view `read_job` gives,
     from one statement (the job's public columns and its artifacts; not its input and output
-    JSON): one round trip however the job ended, and for a succeeded job one more (the model
-    that produced its output)."""
+    JSON) and, for a succeeded job, the model that produced its output: one round trip however
+    the job ended."""
     found = await jobs_db.status_with_artifacts(session, job_id)
     if found is None or not can_see(viewer, found[0].user_id):
         raise not_found()
-    row, artifacts = found
+    row, artifacts, model = found
     view = job_view(row, artifacts if _may_have_artifacts(row) else [])
-    if view.result is not None and row.lifecycle_status == "succeeded":
-        view.result.model = await fallback_calls_db.answered_model(session, job_id)
+    if view.result is not None:
+        view.result.model = model
     return view
 
 

@@ -237,6 +237,7 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         retry_max_s=settings.webhook_retry_max_s,
         retry_for_s=settings.webhook_retry_for_s,
         poll_interval_s=settings.webhook_poll_interval_s,
+        listen_url=settings.session_database_url,
         max_in_flight=settings.webhook_max_in_flight,
         max_in_flight_per_user=settings.webhook_max_in_flight_per_user,
         retention_s=settings.webhook_retention_days * 86_400,
