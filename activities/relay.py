@@ -76,7 +76,7 @@ class RelayConfig:
     lock_ttl_s: float = 60.0
     batch_size: int = 100
     max_in_flight: int = 64
-    release_every_s: float = 5.0
+    release_every_s: float = 15.0
     # Attach the jobs' fairness keys when starting their workflows.
     fairness: bool = True
     # A job created while its user had at most `light_jobs` active jobs (itself included) is
