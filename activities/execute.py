@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -51,7 +52,7 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls
+from jobs import attempt_start, calls, stream_items
 from jobs.admission import Refused, Ticket, Wait
 from jobs.output import validated_answer
 from providers.base import Provider, ProviderRequest, ProviderResponse
@@ -237,11 +238,12 @@ class _Attempt:
         model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
         request: ProviderRequest | None = None
+        items = stream_items.publisher(d.sessionmaker, a.jt, row.id, self.number, a.chunk)
         try:
-            request = calls.request(d.gateway, a, model_name, self.ticket.api_key)
+            request = calls.request(d.gateway, a, model_name, self.ticket.api_key, items.on_delta)
             self.ticket.api_key = None  # the decrypted key moved into the request
             called = True
-            response = await self._provider_call(provider, request)
+            response = await items.during(self._provider_call(provider, request, items.progress))
             out, model_out, failure = validated_answer(a.jt, response.content)
         except TimeoutError:
             failure = ExecutionFailure(
@@ -253,9 +255,11 @@ class _Attempt:
             failure = ExecutionFailure("CANCELLED", internal_message="cancel requested (SQL)")
         except asyncio.CancelledError:
             await asyncio.shield(self._record_aborted(a, request, started, called))
+            await asyncio.shield(items.settle(None))
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
             failure = self._unexpected(exc, a, response)
+        await items.settle(out if failure is None else None)  # rejected items retracted
         latency_ms = int((time.monotonic() - started) * 1000)
         # Priced once (an unknown echo is reported once per call), for the metric and the row.
         charged = calls.charged(d.gateway.prices, a, request, response, self._cfg.estimate_margin)
@@ -310,7 +314,10 @@ class _Attempt:
         await self.record_failure(row, ExecutionFailure(code), aborted, asked=called)
 
     async def _provider_call(
-        self, provider: Provider, request: ProviderRequest
+        self,
+        provider: Provider,
+        request: ProviderRequest,
+        progress: Callable[[], dict[str, int]] | None = None,
     ) -> ProviderResponse:
         """`jobs/calls.py` `call` with this attempt's heartbeat and lock extension: the SQL
         lock is extended every `extend_every_s`, and the call aborted when SQL says the job was
@@ -327,7 +334,7 @@ class _Attempt:
             provider,
             request,
             timeout_s=self.inp.timeout_ms / 1000,
-            beat=activity.heartbeat,
+            beat=(lambda: activity.heartbeat(progress())) if progress else activity.heartbeat,
             beat_interval_s=beat_interval_s(),
             still_ours=still_ours,
             check_every_s=extend_every_s,
