@@ -42,9 +42,12 @@ content pieces: `cut: "close"` (default) ends the body there without a finish or
 a plain JSON completion instead (as many mocks and proxies do). `hold_at: N` stops the stream
 before its content piece N (before a `cut_after` there) until `POST /_release` is called (a
 test decides when the answer may end, instead of sleeping); `GET /_streams` then reports
-`held` (how many streams waited there, counted when they started to wait). `GET /_streams`
-reports, per call in order, whether it asked to stream (`stream`, `include_usage`) and, per
-streamed answer, how it ended (`ends`: "complete", "cut", "aborted" or "client_gone").
+`held` (how many streams waited there, counted when they started to wait), and `pieces`: per
+streamed answer, `[end, at]` for each content piece (its end offset in the content, and when it
+was handed to the server, epoch seconds), for the latency bench (bench/stream_items.py).
+`GET /_streams` reports, per call in order, whether it asked to stream (`stream`,
+`include_usage`) and, per streamed answer, how it ended (`ends`: "complete", "cut",
+"aborted" or "client_gone").
 
 `GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
 it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
@@ -141,6 +144,7 @@ class _FakeState:
         self.stream_ends: list[str] = []
         self.release = asyncio.Event()
         self.held = 0
+        self.pieces: list[list[list[float]]] = []
 
     def reset(self) -> None:
         self.steps.clear()
@@ -157,6 +161,7 @@ class _FakeState:
         self.stream_ends.clear()
         self.release = asyncio.Event()
         self.held = 0
+        self.pieces.clear()
 
     def next_step(self) -> dict[str, Any]:
         return self.steps.popleft() if self.steps else self.default
@@ -235,6 +240,8 @@ def _streamed_response(
 
     async def body() -> Any:
         end = "client_gone"
+        sent: list[list[float]] = []
+        state.pieces.append(sent)
         try:
             yield _chunk(model, {"role": "assistant", "content": ""})
             for thought in thoughts:
@@ -251,6 +258,7 @@ def _streamed_response(
                     return
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)
+                sent.append([n * size + len(piece), time.time()])
                 yield _chunk(model, {"content": piece})
             yield _chunk(model, {}, "stop")
             if include_usage:
@@ -410,6 +418,7 @@ def create_fake_app() -> FastAPI:
             "include_usage": list(state.include_usage),
             "ends": list(state.stream_ends),
             "held": state.held,
+            "pieces": state.pieces,
         }
 
     @app.post("/_release")
