@@ -220,3 +220,42 @@ async def test_a_json_body_answering_a_streamed_request_still_gives_its_items(
     assert (await fake.astreams())["stream"] == [True]
     assert [i["ordinal"] for i in follow.items()] == [0, 1, 2, 3]
     assert len(final) == 4
+
+
+async def test_items_of_an_answer_the_final_validation_rejects_are_retracted(
+    db: SessionMaker, env: Any, temporal_client: Client, fake: FakeOpenAIServer
+) -> None:
+    # 21 questions: each valid on its own, the answer not (at most 20).
+    rejected, good = answer("x", 21), answer("g", 4)
+    steps = [
+        {
+            "kind": "valid",
+            "content": rejected,
+            "chunk_chars": PIECE,
+            "hold_at": pieces_of(rejected) - 1,
+        },
+        {"kind": "valid", "content": good, "chunk_chars": PIECE},
+    ]
+    await fake.ascript(steps)
+    async with stack_of(env, temporal_client, fake) as (api, stack):
+        job_id = await create_quiz(api)
+        follow = Follow(api, job_id)
+        try:
+            await follow.until(lambda: len(follow.items()) >= 3, "three items", timeout=60)
+            await fake.arelease()
+            await follow.until(lambda: follow.closed, "the stream to end", timeout=90)
+        finally:
+            await follow.stop()
+        job = await api.get(job_id)
+        usage = await usage_rows(stack, uuid.UUID(job_id))
+    assert job["lifecycleStatus"] == "succeeded", job
+    assert [u.error_code for u in usage] == ["VALIDATION_OUTPUT_INVALID", None]
+    events = [e for e in follow.events if e.event != "status"]
+    shown = [e.data["ordinal"] for e in events if e.event == "item"]
+    first = [e.data["ordinal"] for e in events if e.event == "item"][: len(shown) - 4]
+    taken = [e.data["ordinal"] for e in events if e.event == ITEM_RETRACTED]
+    # Every item of the rejected answer that was shown is taken back, before the retry's come.
+    assert len(first) >= 3 and sorted(taken) == sorted(first)
+    last_retraction = max(i for i, e in enumerate(events) if e.event == ITEM_RETRACTED)
+    retry = [e.data["content"]["question"] for e in events[last_retraction + 1 :]]
+    assert retry == [f"Question g-{n}?" for n in range(4)]
