@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -55,6 +54,7 @@ from engine.hashing import output_hash
 from jobs import attempt_start, calls, stream_items
 from jobs.admission import Refused, Ticket, Wait
 from jobs.output import validated_answer
+from jobs.stream_items import Progress
 from providers.base import Provider, ProviderRequest, ProviderResponse
 
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
@@ -314,10 +314,7 @@ class _Attempt:
         await self.record_failure(row, ExecutionFailure(code), aborted, asked=called)
 
     async def _provider_call(
-        self,
-        provider: Provider,
-        request: ProviderRequest,
-        progress: Callable[[], dict[str, int]] | None = None,
+        self, provider: Provider, request: ProviderRequest, progress: Progress | None = None
     ) -> ProviderResponse:
         """`jobs/calls.py` `call` with this attempt's heartbeat and lock extension: the SQL
         lock is extended every `extend_every_s`, and the call aborted when SQL says the job was

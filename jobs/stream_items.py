@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_args
 
@@ -44,6 +44,7 @@ from jobs.spec import AnyJobType
 
 log = logging.getLogger("jobs.stream_items")
 T = TypeVar("T")
+Progress = Callable[[], dict[str, int]]  # the heartbeat's details: counts only
 
 # A failed write is tried again after this long (with the next batch), so a database outage
 # costs one attempt per interval, not one per item.
