@@ -259,3 +259,36 @@ async def test_items_of_an_answer_the_final_validation_rejects_are_retracted(
     last_retraction = max(i for i, e in enumerate(events) if e.event == ITEM_RETRACTED)
     retry = [e.data["content"]["question"] for e in events[last_retraction + 1 :]]
     assert retry == [f"Question g-{n}?" for n in range(4)]
+
+
+async def test_a_cancel_mid_stream_closes_the_call_charges_it_and_takes_its_items_back(
+    db: SessionMaker, env: Any, temporal_client: Client, fake: FakeOpenAIServer
+) -> None:
+    content = answer("c", 4)
+    await fake.ascript([{"kind": "valid", "content": content, "chunk_chars": PIECE, "hold_at": 8}])
+    async with stack_of(env, temporal_client, fake) as (api, stack):
+        job_id = await create_quiz(api)
+        follow = Follow(api, job_id)
+        try:
+            await follow.until(lambda: len(follow.items()) >= 2, "two items", timeout=60)
+            r = await api.cancel(job_id)
+            assert r.status_code == 202, r.text
+            await follow.until(lambda: follow.closed, "the stream to end", timeout=60)
+        finally:
+            await follow.stop()
+        job = await api.get(job_id)
+        usage = await usage_rows(stack, uuid.UUID(job_id))
+        partial = await all_artifacts(api, job_id)
+
+        async def connection_closed() -> bool:
+            return bool((await fake.astreams())["ends"] == ["client_gone"])
+
+        await eventually(connection_closed, timeout=10, what="the provider's stream to close")
+    assert job["lifecycleStatus"] == "cancelled", job
+    # Charged for the prompt and what it received, before the job ended.
+    assert [(u.error_code, u.cost_basis) for u in usage] == [("CANCELLED", "estimated")]
+    assert usage[0].cost_usd > 0
+    shown = sorted(i["ordinal"] for i in follow.items())
+    taken = sorted(e.data["ordinal"] for e in follow.events if e.event == ITEM_RETRACTED)
+    assert taken == shown and len(shown) >= 2
+    assert follow.events[-1].event == "status" and partial == []
