@@ -97,23 +97,30 @@ def streams_items(catalog: Catalog, job_type: str) -> bool:
 
 
 async def streamed_item_events(
-    session: AsyncSession, job_id: uuid.UUID, sent: SentItems, since: int
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    sent: SentItems,
+    since: int,
+    ended_at: int | None = None,
 ) -> list[ItemEvent]:
     """The events a stream owes for a one-call job's streamed items: `item` for each live one
     not yet sent (and newer than `since`, the client's Last-Event-ID), `item_retracted` for
     each retracted one the stream sent (or the client had before its reconnect). The same
-    data as a long source's item events, chunk 0: a one-call job is one chunk."""
+    data as a long source's item events, chunk 0: a one-call job is one chunk. `ended_at`: the
+    job ended without an output (failed, cancelled) at that version: every item left is taken
+    back then (an attempt cut before it could retract its own)."""
     out: list[ItemEvent] = []
     for r in await stream_items_db.rows(session, job_id):
         key = (r.attempt_no, r.ordinal)
         made = _micros(r.created_at)
         ref = {"jobId": str(job_id), "chunk": 0, "ordinal": r.ordinal}
-        if r.retracted_at is None:
+        gone_at = _micros(r.retracted_at) if r.retracted_at is not None else ended_at
+        if gone_at is None:
             if key not in sent.live and made > since:
                 sent.live[key] = False
                 out.append(ItemEvent("item", {**ref, "content": r.content}, made))
             continue
-        gone = _micros(r.retracted_at)
+        gone = max(gone_at, made)
         had = key in sent.live or made <= since < gone
         if had and not sent.live.get(key, False):
             sent.live[key] = True

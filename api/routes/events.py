@@ -154,8 +154,10 @@ async def _streamed_item_events(
         return [], high
     if row.lifecycle_status != "running" and not live.live:
         return [], high
+    status = row.lifecycle_status
+    ended = version(row) if status in TERMINAL and status != "succeeded" else None
     async with state.sessionmaker() as s:
-        found = await streamed_item_events(s, row.id, live, since)
+        found = await streamed_item_events(s, row.id, live, since, ended)
     events = []
     for ev in found:
         high = max(high, ev.version)

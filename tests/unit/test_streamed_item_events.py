@@ -76,3 +76,16 @@ async def test_a_reconnect_gets_what_it_missed_and_no_retraction_of_what_it_neve
         (ITEM_RETRACTED, 0, micros(50)),
         ("item", 0, micros(80)),
     ]
+
+
+async def test_a_job_that_ended_without_output_takes_back_what_is_left(
+    rows: list[StreamItemRow],
+) -> None:
+    sent = SentItems()
+    rows += [row(1, 0, 10), row(1, 1, 20)]
+    await streamed_item_events(None, JOB, sent, -1)  # type: ignore[arg-type]
+    got = await streamed_item_events(None, JOB, sent, -1, micros(90))  # type: ignore[arg-type]
+    assert [(e.event, e.data["ordinal"], e.version) for e in got] == [
+        (ITEM_RETRACTED, 0, micros(90)),
+        (ITEM_RETRACTED, 1, micros(90)),
+    ]
