@@ -98,6 +98,7 @@ class ItemPublisher:
         self._pending: list[tuple[int, dict[str, Any], float]] = []
         self._wake = asyncio.Event()
         self._published: dict[int, dict[str, Any]] = {}  # ordinal -> content, committed
+        self._closing = False  # the call returned: write what is queued, then stop
         self.stats = StreamStats()
 
     # ---- while the provider writes ----------------------------------------------------
@@ -137,19 +138,24 @@ class ItemPublisher:
         return {"items": self.stats.items, "written": self.stats.written}
 
     async def run(self) -> None:
-        """Write queued items until cancelled, a batch per wake-up."""
+        """Write queued items, a batch per wake-up, until cancelled or, once the call has
+        returned (`_closing`), until the queue is written (or a last write failed)."""
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not await self._write():
+                if self._closing:
+                    return
                 await asyncio.sleep(_RETRY_WRITE_S)
                 if self._pending:
                     self._wake.set()
+            if self._closing and not self._pending:
+                return
 
     async def _write(self) -> bool:
         """One transaction for everything queued; False when it failed (kept for later)."""
-        # Taken off the queue only once committed: a writer cancelled mid-transaction leaves
-        # them to `flush` (ON CONFLICT makes a batch that did commit one anyway).
+        # Taken off the queue only once committed: a batch whose transaction failed is tried
+        # again (ON CONFLICT makes a batch that did commit one anyway).
         batch = list(self._pending)
         if not batch:
             return True
@@ -178,19 +184,18 @@ class ItemPublisher:
         writer = asyncio.ensure_future(self.run())
         try:
             result = await call
-        finally:
+        except BaseException:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
-        await self.flush()
+            raise
+        # The writer ends its batch in hand (never cut mid-transaction), then the last one.
+        self._closing = True
+        self._wake.set()
+        await writer
         return result
 
     # ---- after the call ---------------------------------------------------------------
-
-    async def flush(self) -> None:
-        """Write what is still queued (the call ended: its last items)."""
-        if self._pending:
-            await self._write()
 
     async def settle(self, output: dict[str, Any] | None) -> None:
         """The attempt's items against its final output (as stored): each published item the
