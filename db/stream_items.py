@@ -7,7 +7,9 @@ artifacts page) read them back (`rows`, `live`). Every write notifies `ai_job_ch
 same statement, so a woken reader finds the rows committed. Rows carry job content: they are
 private data like `ai_job.output`, and go with their job (ON DELETE CASCADE).
 
-Every function runs in the caller's transaction and never commits.
+`publish` is EXECUTE's hot transaction while the provider writes: BEGIN, the statement and
+COMMIT in one round trip (db/pipeline.py), on the caller's sessionmaker. The other functions
+run in the caller's transaction and never commit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from db import pipeline
+from db.session import SessionMaker
 
 # One statement per batch: the rows (only while the job runs: a job that ended, or was taken
 # from this attempt's workflow, gets no more items), the items of earlier attempts retracted
@@ -55,15 +60,19 @@ SELECT (SELECT count(*) FROM r) AS retracted,
 """
 
 
+_PUBLISH = text(PUBLISH).bindparams(bindparam("items", type_=JSONB))
+
+
 async def publish(
-    s: AsyncSession, job_id: uuid.UUID, attempt: int, items: Sequence[tuple[int, Any]]
+    sm: SessionMaker, job_id: uuid.UUID, attempt: int, items: Sequence[tuple[int, Any]]
 ) -> int:
     """Write `items` ((ordinal, content) pairs) of `attempt`, retract earlier attempts' items,
-    notify; how many rows were written (0: the job no longer runs, or they were written)."""
+    notify, in one transaction and one round trip (EXECUTE's hot path while the provider
+    writes); how many rows were written (0: the job no longer runs, or they were written)."""
     payload = [{"ordinal": n, "content": c} for n, c in items]
-    stmt = text(PUBLISH).bindparams(bindparam("items", type_=JSONB))
-    got = await s.execute(stmt, {"job_id": job_id, "attempt": attempt, "items": payload})
-    return int(got.scalar_one())
+    params = {"job_id": job_id, "attempt": attempt, "items": payload}
+    [rows] = await pipeline.run(sm, [(_PUBLISH, params)], commit=True)
+    return int(rows[0]["written"])
 
 
 async def retract(

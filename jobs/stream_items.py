@@ -160,10 +160,9 @@ class ItemPublisher:
         if not batch:
             return True
         try:
-            async with self._sm.begin() as s:
-                written = await stream_items_db.publish(
-                    s, self.job_id, self.attempt, [(n, c) for n, c, _ in batch]
-                )
+            written = await stream_items_db.publish(
+                self._sm, self.job_id, self.attempt, [(n, c) for n, c, _ in batch]
+            )
         except Exception as exc:
             self.stats.write_errors += 1
             log.warning("stream items not written: %s", type(exc).__name__)
