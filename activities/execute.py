@@ -51,9 +51,10 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls
+from jobs import attempt_start, calls, stream_items
 from jobs.admission import Refused, Ticket, Wait
 from jobs.output import validated_answer
+from jobs.stream_items import Progress
 from providers.base import Provider, ProviderRequest, ProviderResponse
 
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"
@@ -237,11 +238,12 @@ class _Attempt:
         model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
         request: ProviderRequest | None = None
+        items = stream_items.publisher(d.sessionmaker, a.jt, row.id, self.number, a.chunk)
         try:
-            request = calls.request(d.gateway, a, model_name, self.ticket.api_key)
+            request = calls.request(d.gateway, a, model_name, self.ticket.api_key, items.on_delta)
             self.ticket.api_key = None  # the decrypted key moved into the request
             called = True
-            response = await fallback.call(self, a, provider, request)
+            response = await items.during(fallback.call(self, a, provider, request, items.progress))
             out, model_out, failure = validated_answer(a.jt, response.content)
         except TimeoutError:
             failure = ExecutionFailure(
@@ -254,9 +256,11 @@ class _Attempt:
         except asyncio.CancelledError:
             request = self.route.final(provider, request, model_name)[1]  # a moved call's
             await asyncio.shield(self._record_aborted(a, request, started, called))
+            await asyncio.shield(items.settle(None))
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
             failure = self._unexpected(exc, a, response)
+        await items.settle(out if failure is None else None)  # rejected items retracted
         latency_ms = int((time.monotonic() - started) * 1000)
         provider, request, model_name = self.route.final(provider, request, model_name)
         # Priced once (an unknown echo is reported once per call), for the metric and the row.
@@ -314,7 +318,7 @@ class _Attempt:
         await self.record_failure(row, ExecutionFailure(code), aborted, asked=called)
 
     async def _provider_call(
-        self, provider: Provider, request: ProviderRequest
+        self, provider: Provider, request: ProviderRequest, progress: Progress | None = None
     ) -> ProviderResponse:
         """`jobs/calls.py` `call` with this attempt's heartbeat and lock extension: the SQL
         lock is extended every `extend_every_s`, and the call aborted when SQL says the job was
@@ -331,7 +335,7 @@ class _Attempt:
             provider,
             request,
             timeout_s=self.inp.timeout_ms / 1000,
-            beat=activity.heartbeat,
+            beat=(lambda: activity.heartbeat(progress())) if progress else activity.heartbeat,
             beat_interval_s=beat_interval_s(),
             still_ours=still_ours,
             check_every_s=extend_every_s,

@@ -39,6 +39,7 @@ from engine.errors import ExecutionFailure
 from jobs import attempt_start, calls
 from jobs import fallback as chain_of
 from jobs.admission import Call, Ticket
+from jobs.stream_items import Progress
 from providers.base import CallProgress, Provider, ProviderRequest, ProviderResponse
 from providers.fallback import FallbackEntry, falls_back, reason_of
 
@@ -58,7 +59,7 @@ class AttemptLike(Protocol):
     route: Route
 
     async def _provider_call(
-        self, provider: Provider, request: ProviderRequest
+        self, provider: Provider, request: ProviderRequest, progress: Progress | None = None
     ) -> ProviderResponse: ...
 
     async def record_failure(
@@ -114,7 +115,11 @@ def noted(attempt: AttemptLike, result: ExecuteResult) -> ExecuteResult:
 
 
 async def call(
-    attempt: AttemptLike, a: calls.Attempt, provider: Provider, request: ProviderRequest
+    attempt: AttemptLike,
+    a: calls.Attempt,
+    provider: Provider,
+    request: ProviderRequest,
+    progress: Progress | None = None,
 ) -> ProviderResponse:
     """The call, and on a health failure the next entries of the chain in turn (module
     docstring). The last failure is raised as it came; `attempt.route` says where the last
@@ -130,7 +135,7 @@ async def call(
         started = time.monotonic()
         try:
             if not moved:  # the primary's call, exactly as EXECUTE makes it
-                return await attempt._provider_call(provider, request)
+                return await attempt._provider_call(provider, request, progress)
             return await _send(attempt, provider, request, deadline - started)
         except ExecutionFailure as failure:
             left = deadline - time.monotonic()

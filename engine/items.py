@@ -11,6 +11,11 @@ can no longer change) or when the list has closed, which shows as a later field 
 having a value, or as the whole document parsing. So the last item of a list that ends its
 object is seen when the object closes, a few bytes later than its own last byte.
 
+`ItemStream` hands an item out sooner, with its own last byte: when the text so far ends right
+after an item (its `}`, or the comma after it) and closing the list and its object there makes
+a whole document, every item of that document is complete. Each item handed out stays handed
+out, so its stream keeps the invariant below.
+
 Invariants: the items returned for a prefix of an answer are a prefix of the items returned for
 any longer prefix of it (an item once returned never changes or disappears), and for the whole
 answer they are its list. A text that is no prefix of a JSON document has no complete items;
@@ -71,6 +76,22 @@ def complete_items(text: str, list_field: str | None) -> list[Any]:
     return items[:-1]
 
 
+def _closed_at_end(text: str, list_field: str | None) -> list[Any] | None:
+    """The items of `text` when it ends right after the list's last item (its closing `}`, or
+    the comma after it): closing the list and its object there (`]}`, or `]` for a bare list)
+    makes a whole document. A `}` inside a string, or closing a nested object, leaves the text
+    at another depth, and that document does not parse: None."""
+    data = text.encode().rstrip()
+    last = data[:-1].rstrip() if data.endswith(b",") else data
+    if last is data and not last.endswith(b"}"):
+        return None
+    closed = _parse(last + (b"]}" if list_field is not None else b"]"), partial=False)
+    if closed is _MISSING:
+        return None
+    items, _ = _list_of(closed, list_field)
+    return items
+
+
 class ItemStream:
     """Feeds an answer's pieces as they arrive and hands out each item once, when it becomes
     complete. Cheap enough to run on every piece of a stream (one partial parse of the text so
@@ -99,6 +120,11 @@ class ItemStream:
         if len(self._parts) > 1:
             self._parts = ["".join(self._parts)]
         found = complete_items(self._parts[0], self.list_field)
+        # An item is also whole with its own last byte (`_closed_at_end`), a few bytes before
+        # the next one starts: handed out then, so a reader sees it that much sooner.
+        eager = _closed_at_end(self._parts[0], self.list_field)
+        if eager is not None and len(eager) > len(found):
+            found = eager
         fresh = found[self._emitted :]
         self._emitted = max(self._emitted, len(found))
         return fresh

@@ -66,9 +66,17 @@ class Attempt:
     timeout_ms: int
 
 
-def request(gateway: Gateway, a: Attempt, model: str, api_key: str | None) -> ProviderRequest:
+def request(
+    gateway: Gateway,
+    a: Attempt,
+    model: str,
+    api_key: str | None,
+    on_delta: Callable[[str], None] | None = None,
+) -> ProviderRequest:
     """The provider request: the prompt (with the correction after an invalid answer),
-    checked for content safety when the job type asks; the job's key goes into it."""
+    checked for content safety when the job type asks; the job's key goes into it. It asks
+    for a streamed answer (a model in AI_STREAM_DISABLED_MODELS is not asked), whose pieces go
+    to `on_delta` as they arrive (jobs/stream_items.py)."""
     jt, row = a.jt, a.row
     model_in = jt.input_model.model_validate(a.snapshot["input"])
     if a.chunk is not None:
@@ -102,6 +110,8 @@ def request(gateway: Gateway, a: Attempt, model: str, api_key: str | None) -> Pr
         ),
         # What the call has done so far: a call cut before its answer was read is still charged.
         progress=CallProgress(),
+        stream=True,
+        on_delta=on_delta,
     )
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import stream_items as stream_items_db
 from db.chunks import SucceededChunk, succeeded_chunks
 from jobs.spec import Catalog
 
@@ -55,3 +57,84 @@ async def landed_chunks(
 ) -> list[SucceededChunk]:
     """The job's succeeded chunks but those in `exclude` (a stream's already sent)."""
     return await succeeded_chunks(session, job_id, exclude=exclude or ())
+
+
+# ---- one-call jobs: the items of an answer still being written (jobs/stream_items.py) -------
+
+# The event that takes back an item already sent: its (chunk, ordinal) is no longer an item of
+# the job (the final validation rejected it, or its attempt failed and a retry replaces it).
+ITEM_RETRACTED = "item_retracted"
+
+
+class SentItems(set[int]):
+    """What one event stream sent of one job: the chunk numbers (the set itself) and, for a
+    one-call job's streamed items, each (attempt, ordinal) sent and whether its retraction
+    was sent too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[tuple[int, int], bool] = {}
+
+
+@dataclass(frozen=True)
+class ItemEvent:
+    """An `item` or `item_retracted` event of a one-call job: its name, data and version (the
+    microseconds of its row's write or retraction)."""
+
+    event: str
+    data: dict[str, Any]
+    version: int
+
+
+def _micros(at: datetime) -> int:
+    delta = at - datetime(1970, 1, 1, tzinfo=at.tzinfo)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def streams_items(catalog: Catalog, job_type: str) -> bool:
+    """Whether a one-call job of this type may have streamed items (its output lists them)."""
+    return job_type in catalog and catalog.get(job_type).chunking is not None
+
+
+async def streamed_item_events(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    sent: SentItems,
+    since: int,
+    ended_at: int | None = None,
+) -> list[ItemEvent]:
+    """The events a stream owes for a one-call job's streamed items: `item` for each live one
+    not yet sent (and newer than `since`, the client's Last-Event-ID), `item_retracted` for
+    each retracted one the stream sent (or the client had before its reconnect). The same
+    data as a long source's item events, chunk 0: a one-call job is one chunk. `ended_at`: the
+    job ended without an output (failed, cancelled) at that version: every item left is taken
+    back then (an attempt cut before it could retract its own)."""
+    out: list[ItemEvent] = []
+    for r in await stream_items_db.rows(session, job_id):
+        key = (r.attempt_no, r.ordinal)
+        made = _micros(r.created_at)
+        ref = {"jobId": str(job_id), "chunk": 0, "ordinal": r.ordinal}
+        gone_at = _micros(r.retracted_at) if r.retracted_at is not None else ended_at
+        if gone_at is None:
+            if key not in sent.live and made > since:
+                sent.live[key] = False
+                out.append(ItemEvent("item", {**ref, "content": r.content}, made))
+            continue
+        gone = max(gone_at, made)
+        had = key in sent.live or made <= since < gone
+        if had and not sent.live.get(key, False):
+            sent.live[key] = True
+            out.append(ItemEvent(ITEM_RETRACTED, ref, gone))
+    out.sort(key=lambda e: e.version)
+    return out
+
+
+async def running_items(
+    session: AsyncSession, catalog: Catalog, job_type: str, job_id: uuid.UUID, *, chunked: bool
+) -> list[ChunkItem]:
+    """The items a running job shows before its artifacts exist: a long source's succeeded
+    chunks' items, or a one-call job's streamed items of its live attempt (chunk 0)."""
+    if chunked:
+        landed = await landed_chunks(session, job_id)
+        return [it for c in landed for it in chunk_items(catalog, job_type, c)]
+    return [ChunkItem(0, r.ordinal, r.content) for r in await stream_items_db.live(session, job_id)]

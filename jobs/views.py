@@ -36,7 +36,7 @@ from db.session import SessionMaker
 from engine.errors import JobNotFound
 from engine.lifecycle import StatusName
 from engine.settings import Settings
-from jobs.chunk_items import CHUNK_ITEM_TYPE, chunk_items, landed_chunks
+from jobs.chunk_items import CHUNK_ITEM_TYPE, running_items, streams_items
 from jobs.spec import Catalog
 
 # ---- the models (their names are the OpenAPI schema names: keep them) --------------------
@@ -418,6 +418,8 @@ async def artifact_page(
     state = await job_chunking(session, job_id)
     if state is not None and state[1] is not None and state[0] in ("queued", "running"):
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit)
+    if state is not None and state[0] == "running" and streams_items(catalog, job_type):
+        return await _chunk_item_page(session, catalog, job_type, job_id, after, limit, False)
     rows = await artifacts_db.artifact_page(session, job_id, after=after, limit=limit + 1)
     page = rows[:limit]
     view = catalog.get(job_type).artifact_view if job_type in catalog else None
@@ -442,12 +444,12 @@ async def _chunk_item_page(
     job_id: uuid.UUID,
     after: ArtifactKey | None,
     limit: int,
+    chunked: bool = True,
 ) -> Page[ArtifactItem, ArtifactKey]:
-    """The items of a running long-source job's succeeded chunks: a few dozen at most (the
-    requested count plus one per chunk), so they are read whole and the page cut here."""
-    items = [
-        it for c in await landed_chunks(session, job_id) for it in chunk_items(catalog, job_type, c)
-    ]
+    """The items of a running long-source job's succeeded chunks (a one-call job's streamed
+    items, `chunked` False): a few dozen at most (the requested count plus one per chunk), so
+    they are read whole and the page cut here."""
+    items = await running_items(session, catalog, job_type, job_id, chunked=chunked)
     start = after[0] + 1 if after is not None else 0
     page = items[start : start + limit]
     out = [

@@ -32,7 +32,7 @@ from jobs.spec import Catalog
 from jobs.types import default_catalog
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.fallback import Fallbacks, fallback_models, parse_fallbacks
-from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider
+from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider, parse_model_set
 from providers.pricing import PriceTable
 from providers.safety import RuleBasedContentSafety, parse_blocklist
 from runtime.telemetry import Telemetry
@@ -111,12 +111,16 @@ def gateway(
     settings: Settings, telemetry: Telemetry | None = None, metrics: WorkerMetrics | None = None
 ) -> Gateway:
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
+    no_stream = parse_model_set(settings.ai_stream_disabled_models)  # never asked to stream
     built = Gateway(
-        provider=build_provider(api_key=key, base_url=settings.ai_base_url),
+        provider=build_provider(
+            api_key=key, base_url=settings.ai_base_url, stream_disabled_models=no_stream
+        ),
         user_provider=OpenAICompatibleProvider(
             user_key_base_url(settings),
             name="deepseek",
             timeout_s=MAX_CALL_TIMEOUT_S,
+            stream_disabled_models=no_stream,
         ),
         model=settings.ai_model,
         platform_api_key=key,

@@ -46,7 +46,13 @@ from db.jobs import JobRow
 from engine.errors import JobNotFound, ValidationFailed
 from engine.lifecycle import TERMINAL
 from jobs import views
-from jobs.chunk_items import chunk_items, landed_chunks
+from jobs.chunk_items import (
+    SentItems,
+    chunk_items,
+    landed_chunks,
+    streamed_item_events,
+    streams_items,
+)
 from jobs.views import JobRead, Viewer
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
@@ -117,7 +123,7 @@ async def _item_events(
     A chunk no newer than `since` (the client's Last-Event-ID) was delivered before the
     reconnect and is skipped. One-call jobs cost no query."""
     if row.chunk_count is None:
-        return [], high
+        return await _streamed_item_events(state, row, sent, since, high)
     async with state.sessionmaker() as s:
         chunks = await landed_chunks(s, row.id, exclude=sorted(sent))
     events: list[ServerSentEvent] = []
@@ -135,6 +141,28 @@ async def _item_events(
                 "content": item.content,
             }
             events.append(ServerSentEvent(data=json.dumps(data), id=str(high), event="item"))
+    return events, high
+
+
+async def _streamed_item_events(
+    state: State, row: JobRow, sent: set[int], since: int, high: int
+) -> tuple[list[ServerSentEvent], int]:
+    """A one-call job's items streamed while its answer is written (and their retractions);
+    a job of a type without items, or not running, costs no query (once a stream sent items,
+    it looks once more after the job ended, for their retractions)."""
+    live = sent if isinstance(sent, SentItems) else None
+    if live is None or not streams_items(state.catalog, row.job_type):
+        return [], high
+    if row.lifecycle_status != "running" and not live.live:
+        return [], high
+    status = row.lifecycle_status
+    ended = version(row) if status in TERMINAL and status != "succeeded" else None
+    async with state.sessionmaker() as s:
+        found = await streamed_item_events(s, row.id, live, since, ended)
+    events = []
+    for ev in found:
+        high = max(high, ev.version)
+        events.append(ServerSentEvent(data=json.dumps(ev.data), id=str(high), event=ev.event))
     return events, high
 
 
@@ -217,7 +245,7 @@ async def user_events(
                 row = got.row
                 # Items before the status event that reports their chunk's progress.
                 items, _ = await _item_events(
-                    state, row, chunks_sent.setdefault(job_id, set()), since, -1
+                    state, row, chunks_sent.setdefault(job_id, SentItems()), since, -1
                 )
                 for ev in items:
                     yield ev
@@ -280,7 +308,7 @@ async def job_events(
         async with hub.subscribe_job(job_id) as sub:
             last_key: tuple[str, int] | None = None
             high = since
-            chunks_sent: set[int] = set()
+            chunks_sent: set[int] = SentItems()
             while True:
                 got = await _read(state, job_id, principal)
                 if got is None:

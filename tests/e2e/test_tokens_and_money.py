@@ -254,8 +254,14 @@ async def test_a_quote_is_close_to_what_the_provider_counts_and_creates_nothing(
     worst = usd(first["worstCaseCostUsd"])
     # A budget of exactly one worst case: the first job fits, and once it has cost anything
     # the next one cannot fit before the day ends.
+    # fakellm streams without a usage chunk: a server that does not support include_usage is
+    # named in AI_STREAM_DISABLED_MODELS, so its calls are answered (and counted) whole.
     async with engine_and_api(
-        env, temporal_client, fakellm.base_url, QUOTA_MAX_COST_USD_PER_DAY=float(worst)
+        env,
+        temporal_client,
+        fakellm.base_url,
+        QUOTA_MAX_COST_USD_PER_DAY=float(worst),
+        AI_STREAM_DISABLED_MODELS="*",
     ) as api:
         q = await quote(api)
         assert q["admitted"] is True and q["refusal"] is None, q

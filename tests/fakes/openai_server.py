@@ -39,9 +39,15 @@ chunk with finish_reason "stop", then (when the call asked for `stream_options.i
 a usage chunk with empty `choices`, then `data: [DONE]`. `cut_after: N` ends the stream after N
 content pieces: `cut: "close"` (default) ends the body there without a finish or [DONE],
 `cut: "abort"` breaks the connection mid-body. `stream_json: true` answers a streamed call with
-a plain JSON completion instead (as many mocks and proxies do). `GET /_streams` reports, per
-call in order, whether it asked to stream (`stream`, `include_usage`) and, per streamed
-answer, how it ended (`ends`: "complete", "cut", "aborted" or "client_gone").
+a plain JSON completion instead (as many mocks and proxies do). `hold_at: N` stops the stream
+before its content piece N (before a `cut_after` there) until `POST /_release` is called (a
+test decides when the answer may end, instead of sleeping); `GET /_streams` then reports
+`held` (how many streams waited there, counted when they started to wait), and `pieces`: per
+streamed answer, `[end, at]` for each content piece (its end offset in the content, and when it
+was handed to the server, epoch seconds), for the latency bench (bench/stream_items.py).
+`GET /_streams` reports, per call in order, whether it asked to stream (`stream`,
+`include_usage`) and, per streamed answer, how it ended (`ends`: "complete", "cut",
+"aborted" or "client_gone").
 
 `GET /_timings` reports when each call arrived (`started_at`, epoch seconds) and the most calls
 it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
@@ -136,6 +142,9 @@ class _FakeState:
         self.streams: list[bool] = []
         self.include_usage: list[bool] = []
         self.stream_ends: list[str] = []
+        self.release = asyncio.Event()
+        self.held = 0
+        self.pieces: list[list[list[float]]] = []
 
     def reset(self) -> None:
         self.steps.clear()
@@ -150,6 +159,9 @@ class _FakeState:
         self.streams.clear()
         self.include_usage.clear()
         self.stream_ends.clear()
+        self.release = asyncio.Event()
+        self.held = 0
+        self.pieces.clear()
 
     def next_step(self) -> dict[str, Any]:
         return self.steps.popleft() if self.steps else self.default
@@ -228,11 +240,16 @@ def _streamed_response(
 
     async def body() -> Any:
         end = "client_gone"
+        sent: list[list[float]] = []
+        state.pieces.append(sent)
         try:
             yield _chunk(model, {"role": "assistant", "content": ""})
             for thought in thoughts:
                 yield _chunk(model, {"reasoning_content": thought})
             for n, piece in enumerate(pieces):
+                if step.get("hold_at") is not None and n == int(step["hold_at"]):
+                    state.held += 1
+                    await state.release.wait()
                 if cut_after is not None and n >= int(cut_after):
                     if step.get("cut") == "abort":
                         end = "aborted"
@@ -241,6 +258,7 @@ def _streamed_response(
                     return
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)
+                sent.append([n * size + len(piece), time.time()])
                 yield _chunk(model, {"content": piece})
             yield _chunk(model, {}, "stop")
             if include_usage:
@@ -399,7 +417,14 @@ def create_fake_app() -> FastAPI:
             "stream": list(state.streams),
             "include_usage": list(state.include_usage),
             "ends": list(state.stream_ends),
+            "held": state.held,
+            "pieces": state.pieces,
         }
+
+    @app.post("/_release")
+    async def release() -> dict[str, bool]:
+        state.release.set()
+        return {"released": True}
 
     @app.get("/_messages")
     async def messages() -> dict[str, Any]:
@@ -590,6 +615,11 @@ class FakeOpenAIServer:
             response.raise_for_status()
             result: dict[str, Any] = response.json()
             return result
+
+    async def arelease(self) -> None:
+        """Let the streams held at their `hold_at` piece go on."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            (await client.post(f"{self.root_url}/_release")).raise_for_status()
 
     async def areset(self) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:

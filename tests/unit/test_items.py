@@ -100,3 +100,17 @@ def test_a_stream_hands_out_each_item_once_in_order() -> None:
     # Garbage afterwards hands out nothing more and takes nothing back.
     assert stream.feed(" ]]] nonsense") == []
     assert stream.emitted == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "before"), [("questions", ""), ("questions", '"title": "a {x}", '), (None, "")]
+)
+def test_a_stream_hands_out_an_object_item_with_its_last_byte(
+    field: str | None, before: str
+) -> None:
+    text, _, ends = _document(TRICKY, field, before, ', "more": 1')
+    stream = ItemStream(field)
+    out_at: list[int] = []
+    for offset, char in enumerate(text, start=1):
+        out_at.extend(offset for _ in stream.feed(char))
+    assert out_at == ends  # not a byte later, not a byte sooner (a "}" in a string is no end)
