@@ -416,5 +416,6 @@ from db import (  # noqa: E402,F401
     models_projected,
     models_provider,
     models_schedules,
+    models_stream,
     models_webhooks,
 )

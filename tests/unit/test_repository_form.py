@@ -24,6 +24,7 @@ NOT_REPOSITORIES = {
     "models_limits.py",
     "models_projected.py",
     "models_provider.py",
+    "models_stream.py",
     "models_webhooks.py",
     "session.py",
     "migrate.py",
