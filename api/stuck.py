@@ -73,7 +73,8 @@ def from_enqueue(row: OutboxRow) -> Stuck | None:
         return Stuck(
             "DEAD_ENQUEUE",
             f"Enqueue event {row.id} failed: it can never be dispatched as written and is not "
-            f"retried; POST /admin-api/ai/outbox/{row.id}/requeue sends it again.{_last_error(row)}",
+            f"retried; POST /admin-api/ai/outbox/{row.id}/requeue sends it again."
+            f"{_last_error(row)}",
             row.created_at,
         )
     if row.status == "pending" and row.attempt_count > 0:

@@ -99,6 +99,7 @@ class JobStatusRow:
     error_code: str | None
     public_error_message: str | None
     chunk_count: int | None
+    private_data_purged_at: datetime | None = None
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))

@@ -232,8 +232,8 @@ async def mark_failed(
     count_attempt: bool = True,
 ) -> str | None:
     """Back to pending with capped exponential backoff, or `dead` after `max_attempts`
-    claims (attempts used up). `count_attempt=False` (the dispatch target was unreachable, e.g. Temporal is
-    down) gives the claim back: an outage of any length never exhausts a row.
+    claims (attempts used up). `count_attempt=False` (the dispatch target was unreachable,
+    e.g. Temporal is down) gives the claim back: an outage of any length never exhausts a row.
     Returns the new status (None if the row was no longer ours)."""
     row = (
         await session.execute(

@@ -79,6 +79,12 @@ class JobStatusResponse(Camel):
     error_code: str | None = None
     public_error_message: str | None = None
     result: ResultOut | None = None
+    private_data_purged: bool = Field(
+        default=False,
+        description="True once the job's private data was purged (its owner's DELETE, or "
+        "retention after DATA_RETENTION_DAYS): its input, output, chunk outputs and internal "
+        "error message are gone; the job, its codes and its usage stay.",
+    )
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
@@ -209,6 +215,7 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "error_code": row.error_code,
         "public_error_message": row.public_error_message,
         "result": result,
+        "private_data_purged": row.private_data_purged_at is not None,
     }
 
 

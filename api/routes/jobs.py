@@ -1,4 +1,4 @@
-"""User routes: create, get, list and cancel one's own jobs."""
+"""User routes: create, get, list, cancel and purge one's own jobs."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from api.schemas import (
 from db.jobs import JobFilter
 from engine.errors import UnknownJobType, ValidationFailed
 from jobs import views
+from jobs.purge import purge_own_job
 from jobs.requests import CreateJobRequest, validation_errors
 from jobs.views import JobStatusResponse
 
@@ -278,3 +279,28 @@ async def cancel_job(
         job = await views.job_status(s, job_id, principal)
     response.status_code = 200 if result.outcome == "cancelled" else 202
     return CancelResponse(**dict(job), cancel_outcome=result.outcome)
+
+
+@router.delete(
+    "/{jobId}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Purge the private data of one of your ended jobs",
+    description=(
+        "Removes the job's private data now, as retention (`DATA_RETENTION_DAYS`) would later: "
+        "its input, its output (and what its artifacts show of it), its chunks' outputs (the "
+        "partial items of a long source), its snapshot and its internal error message. The job "
+        "itself stays (status, codes, times, costs and usage, for billing and audit) and reads "
+        "`privateDataPurged: true`; a purged job cannot be retried. Only a `succeeded`, "
+        "`failed` or `cancelled` job can be purged (409 `JOB_NOT_TERMINAL`: cancel it first); "
+        "another user's job is 404 `JOB_NOT_FOUND`. A second DELETE is 204 again."
+    ),
+    responses={
+        204: {"description": "Purged (or already purged)"},
+        404: {"description": "No such job of yours (problem+json, `JOB_NOT_FOUND`)"},
+        409: {"description": "The job has not ended (problem+json, `JOB_NOT_TERMINAL`)"},
+    },
+)
+async def purge_job(job_id: JobId, state: State, principal: User) -> Response:
+    await purge_own_job(state.sessionmaker, job_id, principal.user_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

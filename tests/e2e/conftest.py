@@ -49,6 +49,7 @@ JOB_STATUS_KEYS = {
     "errorCode",
     "publicErrorMessage",
     "result",
+    "privateDataPurged",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (
