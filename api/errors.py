@@ -57,6 +57,12 @@ def _allowed_methods(request: Request) -> str:
     """Every method some route serves at this path (the router names only the first route's).
     Each method is tried against the routes as the router would: included routers are not
     flat lists of routes, so a route's `methods` cannot simply be read."""
+    # A path that OpenAPI lists literally (`/api/ai/jobs/quote`) is that resource, and its
+    # methods are the ones listed there: a template that would also match it
+    # (`/api/ai/jobs/{jobId}`) is another resource.
+    literal = request.app.openapi().get("paths", {}).get(request.scope.get("path", ""))
+    if isinstance(literal, dict):
+        return ", ".join(m for m in HTTP_METHODS if m.lower() in literal)
     routes = request.app.router.routes
     allowed = [
         method

@@ -125,7 +125,8 @@ async def test_path_parameters_are_camel_case_in_openapi(api: Api) -> None:
 
 async def test_every_405_carries_allow(api: Api) -> None:
     cases = {
-        f"/api/ai/jobs/{uuid.uuid4()}": ("DELETE", "GET"),
+        f"/api/ai/jobs/{uuid.uuid4()}": ("PUT", "DELETE, GET"),
+        "/api/ai/jobs/quote": ("OPTIONS", "POST"),  # not the methods of /api/ai/jobs/{jobId}
         "/api/ai/jobs": ("PUT", "GET, POST"),
         "/healthz": ("POST", "GET"),
         f"/api/ai/jobs/{uuid.uuid4()}/cancel": ("GET", "POST"),
