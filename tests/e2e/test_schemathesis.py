@@ -14,8 +14,9 @@ for the stateful phase (`STATEFUL_EXAMPLES`, at most `MAX_STEPS` calls each). Th
 (boundary values of every schema; about 40 s more per run) is left out: what it found here (a
 literal path such as `/api/ai/jobs/quote` answering an undeclared GET through the
 `/api/ai/jobs/{jobId}` template with 422, and its 405s listing that template's methods in
-`Allow`) is held by `test_api_mistakes.py`. The two event-stream routes are left out: a stream that stays
-open (a queued job's, or the all-jobs stream) would hold a generated request until its timeout;
+`Allow`; a bulk body's boolean or date-time given as a number) is held by `test_api_mistakes.py`
+and the strict fields. The two event-stream routes are left out: a stream that stays open (a
+queued job's, or the all-jobs stream) would hold a generated request until its timeout;
 `test_events.py` covers them.
 """
 
