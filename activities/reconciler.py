@@ -16,9 +16,9 @@ phases, in this order:
 - relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started; a run of the
   retired `outbox_relay` singleton that an older version left open is terminated (no worker
   serves its activity any more);
-- retention: expired snapshots deleted; input and output of old terminal jobs removed; published
-  outbox rows deleted after OUTBOX_RETENTION_DAYS; admin audit entries after
-  ADMIN_AUDIT_RETENTION_DAYS.
+- retention: expired snapshots deleted; the private data of old terminal jobs purged; published
+  outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
+  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
 
 Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
 reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
@@ -45,7 +45,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from temporalio import activity
@@ -56,10 +56,9 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
-from db import audit as audit_db
+from activities.retention import RetentionConfig, run_retention
 from db import outbox as outbox_db
 from db import reconciler as reconciler_db
-from db import snapshots as snapshots_db
 from db.lifecycle import JobLockRow
 from db.outbox import ParkedPage
 from db.reconciler import CancelRequest, WaitingJob
@@ -104,6 +103,7 @@ class ReconcilerConfig:
     retention_days: int = 30
     outbox_retention_days: int = 7
     audit_retention_days: int = 365
+    retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
     # The relay shard workflows it starts when missing, and the retired relay workflow whose
     # open run it terminates (None: not its job).
     relay_shards: RelayShards | None = None
@@ -405,26 +405,16 @@ class Reconciler:
         p.add("relay_retired", int(c.retired))
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
-        """One bounded page of each kind per pass (their queries carry the limits)."""
-        async with self._sm.begin() as s:
-            p.add("snapshot_deleted", await snapshots_db.delete_expired_snapshots(s))
-        async with self._sm.begin() as s:
-            p.add(
-                "private_data_purged",
-                await snapshots_db.purge_private_data(s, retention_days=self.config.retention_days),
-            )
-        async with self._sm.begin() as s:
-            p.add(
-                "outbox_deleted",
-                await outbox_db.delete_published(
-                    s, older_than_days=self.config.outbox_retention_days
-                ),
-            )
-        async with self._sm.begin() as s:
-            p.add(
-                "audit_deleted",
-                await audit_db.purge_older_than(s, days=self.config.audit_retention_days),
-            )
+        """One bounded page of each kind per pass (activities/retention.py)."""
+        c = self.config
+        days = replace(
+            c.retention,
+            data_days=c.retention_days,
+            outbox_days=c.outbox_retention_days,
+            audit_days=c.audit_retention_days,
+        )
+        for name, n in (await run_retention(self._sm, days)).items():
+            p.add(name, n)
 
     # ---- repairs -------------------------------------------------------------------------
 

@@ -271,9 +271,11 @@ class Relay:
             await outbox_db.mark_published(s, ok, owner=self.config.owner)
             await deliveries_db.fan_out(s, ended)
             for row, res in failed:
-                if res.kind == "malformed":
-                    await outbox_db.mark_dead(s, row.id, owner=self.config.owner, error=res.error)
-                    status: str | None = "dead"
+                if res.kind == "malformed":  # never dispatchable: `failed`, never retried
+                    await outbox_db.mark_undispatchable(
+                        s, row.id, owner=self.config.owner, error=res.error
+                    )
+                    status: str | None = "failed"
                 else:
                     status = await outbox_db.mark_failed(
                         s,

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from db.errors import ALL_UNAVAILABLE_ERRORS
 from engine.errors import EngineError, ValidationFailed
@@ -53,10 +54,52 @@ def _clean_errors(errors: Any) -> list[dict[str, Any]]:
     return out[:50]
 
 
+def _literal_methods(app: FastAPI, path: str) -> list[str] | None:
+    """The methods OpenAPI lists for `path` when it is one of its literal paths (no template),
+    else None."""
+    ops = app.openapi().get("paths", {}).get(path)
+    if not isinstance(ops, dict):
+        return None
+    return [m for m in HTTP_METHODS if m.lower() in ops]
+
+
+class LiteralPathMethods:
+    """A method a literal path does not serve is 405 with `Allow`, as for any other path.
+
+    Without it, `GET /api/ai/jobs/quote` would reach the `/api/ai/jobs/{jobId}` template (a
+    job id that is not a UUID: 422), so a literal resource would answer methods OpenAPI does not
+    list for it. A CORS preflight and `HEAD` where `GET` is served go on to the router."""
+
+    def __init__(self, app: ASGIApp, api: FastAPI) -> None:
+        self.app, self.api = app, api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            method = str(scope["method"])
+            allowed = _literal_methods(self.api, str(scope.get("path", "")))
+            headers = {k.lower() for k, _ in scope.get("headers", ())}
+            passes = (method == "OPTIONS" and b"access-control-request-method" in headers) or (
+                method == "HEAD" and allowed is not None and "GET" in allowed
+            )
+            if allowed is not None and method not in allowed and not passes:
+                title = "Method Not Allowed"
+                headers_out = {"Allow": ", ".join(allowed)}
+                response = problem(405, "METHOD_NOT_ALLOWED", title, title, headers=headers_out)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _allowed_methods(request: Request) -> str:
     """Every method some route serves at this path (the router names only the first route's).
     Each method is tried against the routes as the router would: included routers are not
     flat lists of routes, so a route's `methods` cannot simply be read."""
+    # A path that OpenAPI lists literally (`/api/ai/jobs/quote`) is that resource, and its
+    # methods are the ones listed there: a template that would also match it
+    # (`/api/ai/jobs/{jobId}`) is another resource.
+    literal = _literal_methods(request.app, str(request.scope.get("path", "")))
+    if literal is not None:
+        return ", ".join(literal)
     routes = request.app.router.routes
     allowed = [
         method
@@ -67,6 +110,8 @@ def _allowed_methods(request: Request) -> str:
 
 
 def install(app: FastAPI) -> None:
+    app.add_middleware(LiteralPathMethods, api=app)
+
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None

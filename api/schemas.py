@@ -107,7 +107,7 @@ class RetryBody(Camel):
     the owner's create would be."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-    override_budget: bool = False
+    override_budget: bool = Field(default=False, strict=True)  # `0` is not a boolean
 
 
 class RetriedJobResponse(JobStatusResponse):

@@ -57,22 +57,24 @@ def from_enqueue(row: OutboxRow) -> Stuck | None:
     """The enqueue event, before it is published. `since` is when the event was written: the job
     has waited for its workflow since then.
 
-    `dead` waits for an operator (the relay and the reconciler leave a malformed row alone);
-    `failed` (attempts exhausted) and `pending` after a failed attempt are retried on their own,
-    with a backoff, as long as the job waits."""
+    A parked row is `DEAD_ENQUEUE`: `dead` used up its attempts (the reconciler sends it again,
+    with a growing backoff, while the job waits; an operator's requeue does now), `failed` can
+    never be dispatched as written (only an operator's requeue sends it again); `pending` after
+    a failed attempt is retried on its own, with a backoff, as long as the job waits."""
     if row.status == "dead":
         return Stuck(
             "DEAD_ENQUEUE",
-            f"Enqueue event {row.id} is dead after {row.attempt_count} attempt(s); "
-            f"POST /admin-api/ai/outbox/{row.id}/requeue sends it again.{_last_error(row)}",
+            f"Enqueue event {row.id} is dead after {row.attempt_count} attempt(s); the "
+            "reconciler sends it again while the job waits, POST "
+            f"/admin-api/ai/outbox/{row.id}/requeue does now.{_last_error(row)}",
             row.created_at,
         )
     if row.status == "failed":
         return Stuck(
-            "ENQUEUE_BACKING_OFF",
-            f"Enqueue event {row.id} is parked as failed after {row.attempt_count} attempt(s); "
-            "the reconciler sends it again while the job waits, POST "
-            f"/admin-api/ai/outbox/{row.id}/requeue does now.{_last_error(row)}",
+            "DEAD_ENQUEUE",
+            f"Enqueue event {row.id} failed: it can never be dispatched as written and is not "
+            f"retried; POST /admin-api/ai/outbox/{row.id}/requeue sends it again."
+            f"{_last_error(row)}",
             row.created_at,
         )
     if row.status == "pending" and row.attempt_count > 0:

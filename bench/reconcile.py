@@ -64,10 +64,10 @@ _SEED_ENQUEUES = text(
     SELECT CAST(:ev AS text), 'AiJob', j.id::text, CAST(:ev AS text) || ':' || j.id,
            jsonb_build_object('jobId', j.id::text, 'jobType', j.job_type,
                               'queueName', j.queue_name, 'priority', j.priority),
-           CAST(:status AS text), CASE WHEN :status = 'failed' THEN 3 ELSE 1 END,
+           CAST(:status AS text), CASE WHEN :status = 'dead' THEN 3 ELSE 1 END,
            now() - make_interval(secs => :age),
            CASE WHEN :status = 'published' THEN now() - make_interval(secs => :age) END,
-           CASE WHEN :status = 'failed' THEN 'seeded: start failed' END,
+           CASE WHEN :status = 'dead' THEN 'seeded: start failed' END,
            j.created_at
     FROM ai_job j WHERE j.id = ANY(:ids)
     ORDER BY j.created_at, j.id
@@ -86,7 +86,7 @@ async def seed_waiting_jobs(
     end_as: str | None = None,
 ) -> list[tuple[uuid.UUID, str]]:
     """N `queued` jobs created `age_s` ago (in id order of their enqueue rows), each with its
-    enqueue row in `enqueue_status` (published `age_s` ago, or parked as `failed` after 3
+    enqueue row in `enqueue_status` (published `age_s` ago, or parked as `dead` after 3
     attempts). `end_as="cancelled"` then ends them (queued → cancelled, as the cancel API does).
     Returns (job id, workflow id) in creation order. One transaction per 5,000 jobs."""
     out: list[tuple[uuid.UUID, str]] = []

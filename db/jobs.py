@@ -109,6 +109,7 @@ class JobStatusRow:
     run_at: datetime | None
     prompt_version: str
     output_schema_version: str
+    private_data_purged_at: datetime | None = None
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))

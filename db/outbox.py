@@ -27,8 +27,10 @@ COMPLETED = "ai.job.completed"
 FAILED = "ai.job.failed"
 CANCELLED = "ai.job.cancelled"
 NOTIFY_CHANNEL = "ai_outbox"
-# Claims before a row is parked as `failed`; the reconciler revives a failed enqueue whose job
-# still waits. `dead` is only for rows that can never succeed (a malformed payload).
+# The specification's outbox statuses: a row whose counted claims reach MAX_ATTEMPTS is parked
+# as `dead` (it used up its attempts; the reconciler revives a dead enqueue whose job still
+# waits); `failed` is a row that can never be dispatched (a malformed payload), parked at its
+# first claim and never retried by the engine (only an operator's requeue sends it again).
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_S = 300.0
 
@@ -229,9 +231,9 @@ async def mark_failed(
     max_backoff_s: float = MAX_BACKOFF_S,
     count_attempt: bool = True,
 ) -> str | None:
-    """Back to pending with capped exponential backoff, or `failed` after `max_attempts`
-    claims. `count_attempt=False` (the dispatch target was unreachable, e.g. Temporal is
-    down) gives the claim back: an outage of any length never exhausts a row.
+    """Back to pending with capped exponential backoff, or `dead` after `max_attempts`
+    claims (attempts used up). `count_attempt=False` (the dispatch target was unreachable,
+    e.g. Temporal is down) gives the claim back: an outage of any length never exhausts a row.
     Returns the new status (None if the row was no longer ours)."""
     row = (
         await session.execute(
@@ -240,7 +242,7 @@ async def mark_failed(
                 UPDATE outbox_event SET
                     attempt_count = CASE WHEN :counted THEN attempt_count
                                          ELSE greatest(attempt_count - 1, 0) END,
-                    status = CASE WHEN :counted AND attempt_count >= :max THEN 'failed'
+                    status = CASE WHEN :counted AND attempt_count >= :max THEN 'dead'
                                   ELSE 'pending' END,
                     available_at = now() + make_interval(secs => least(:cap,
                         :base * power(2, least(greatest(attempt_count - 1, 0), 20)))),
@@ -263,13 +265,16 @@ async def mark_failed(
     return str(row.status) if row else None
 
 
-async def mark_dead(session: AsyncSession, event_id: int, *, owner: str, error: str) -> bool:
-    """A row that can never succeed (malformed payload): parked for an operator, alone; the
-    rest of its batch goes on."""
+async def mark_undispatchable(
+    session: AsyncSession, event_id: int, *, owner: str, error: str
+) -> bool:
+    """A row that can never be dispatched (a malformed payload): `failed` at this first claim,
+    alone (the rest of its batch goes on), and never retried: no claim, no reconciler revival;
+    only an operator's requeue sends it again."""
     result = await session.execute(
         text(
             """
-            UPDATE outbox_event SET status = 'dead', last_error = left(:err, 2000),
+            UPDATE outbox_event SET status = 'failed', last_error = left(:err, 2000),
                    locked_by = NULL, locked_at = NULL
             WHERE id = :id AND status = 'processing' AND locked_by = :owner
             """
@@ -294,7 +299,7 @@ _REPAIR_PARKED = text(
         FROM outbox_event o
         LEFT JOIN ai_job j ON j.id = CASE
             WHEN o.aggregate_id ~* :uuid_re THEN o.aggregate_id::uuid END
-        WHERE o.event_type = :ev AND o.status IN ('failed', 'dead')
+        WHERE o.event_type = :ev AND o.status = 'dead'
           AND o.id > :after
         ORDER BY o.id LIMIT :lim
     ),
@@ -302,7 +307,7 @@ _REPAIR_PARKED = text(
         UPDATE outbox_event o SET status = 'pending', attempt_count = 0,
                revive_count = o.revive_count + 1, available_at = now()
         FROM page p
-        WHERE o.id = p.id AND p.due AND o.status IN ('failed', 'dead')
+        WHERE o.id = p.id AND p.due AND o.status = 'dead'
         RETURNING o.id, o.aggregate_id
     ),
     closed AS (
@@ -312,7 +317,7 @@ _REPAIR_PARKED = text(
                    || ' while its enqueue was parked; last error: '
                    || coalesce(o.last_error, '-'), 2000)
         FROM page p
-        WHERE o.id = p.id AND o.status IN ('failed', 'dead')
+        WHERE o.id = p.id AND o.status = 'dead'
           AND p.job_status IN ('succeeded', 'failed', 'cancelled')
         RETURNING o.id
     )
@@ -331,9 +336,10 @@ async def repair_parked_enqueues(
     base_s: float = 30.0,
     cap_s: float = MAX_BACKOFF_S,
 ) -> ParkedPage:
-    """Reconciler, one page of the `ai.job.enqueue` rows parked as `failed` (or `dead` by an
-    older relay) with an id above `after_id`, in id order (the partial index
-    `ix_outbox_event_parked_enqueue` holds exactly these rows), each looked at once:
+    """Reconciler, one page of the `ai.job.enqueue` rows parked as `dead` (attempts used up)
+    with an id above `after_id`, in id order (the partial index
+    `ix_outbox_event_parked_enqueue` holds these rows and the `failed` ones, which are never
+    retried and so never looked at here), each looked at once:
 
     - its job is still `queued`: the row goes out again (`pending`, fresh attempts) once a
       capped backoff that grows with each revival has passed (`available_at` is when the

@@ -1,5 +1,5 @@
-"""Private copies of a job's input: the snapshot EXECUTE reads, its expiry, and the retention
-rule that purges a finished job's input and output. Every function runs in the caller's session
+"""Private copies of a job's input: the snapshot EXECUTE reads and its expiry (the purge of a
+finished job's private data is db/retention.py's). Every function runs in the caller's session
 and never commits."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
+from db.lifecycle import ACTIVE_SQL
 from db.outbox import INSERT_NOTIFY_SQL, insert_params
 
 _INSERT_SQL = """
@@ -98,30 +98,6 @@ async def insert_snapshot_and_enqueue(
         )
     ).first()
     return int(row.id) if row else None
-
-
-async def purge_private_data(
-    session: AsyncSession, *, retention_days: int, limit: int = 1000
-) -> int:
-    """The retention rule for the job row's copies of private data: a terminal job created
-    more than `retention_days` ago keeps its status, codes, hashes and artifacts, but its
-    input and validated output are removed (snapshots expire on the same clock)."""
-    result = await session.execute(
-        text(
-            f"""
-            UPDATE ai_job SET input = '{{}}'::jsonb, output = NULL,
-                   private_data_purged_at = now(), updated_at = now()
-            WHERE id IN (
-                SELECT id FROM ai_job
-                WHERE private_data_purged_at IS NULL
-                  AND {TERMINAL_SQL}
-                  AND created_at < now() - make_interval(days => :d)
-                ORDER BY created_at LIMIT :lim)
-            """
-        ),
-        {"d": retention_days, "lim": limit},
-    )
-    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 async def delete_expired_snapshots(session: AsyncSession, *, limit: int = 1000) -> int:

@@ -209,6 +209,12 @@ class JobNotRetryable(EngineError):
     title = "Only failed or cancelled jobs can be retried"
 
 
+class JobNotTerminal(EngineError):
+    code = "JOB_NOT_TERMINAL"
+    http_status = 409
+    title = "Only a job that has ended (succeeded, failed or cancelled) can be purged"
+
+
 class TooManyJobs(EngineError):
     code = "TOO_MANY_JOBS"
     http_status = 429

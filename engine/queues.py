@@ -13,9 +13,14 @@ EXECUTE's lock. The worker's provider-call concurrency per queue comes from here
 
 What "lock" maps to (BullMQ's lockDuration: how long a silent worker keeps a job before it is
 considered stalled): EXECUTE's Temporal heartbeat timeout (a worker silent that long loses the
-attempt, which is retried elsewhere) and the SQL lock TTL (`ai_job.lock_until`, extended every
-half of it while the call runs). AI_HEARTBEAT_TIMEOUT_MS and AI_LOCK_TTL_S, when set, override
-the queue's value for every queue (a type's own `lock_ms` still wins). Pure: no I/O.
+attempt, which is retried elsewhere). The SQL lock TTL (`ai_job.lock_until`, extended every half
+of it while the call runs) is the specification's `lockJob` TTL instead, `LOCK_TTL_S` (60 s) on
+every queue: the 30 s lockDuration of `ai-interactive` is a stall detector, which the heartbeat
+timeout is, while the row's lock only tells the reconciler when an abandoned job may be failed
+(TTL + AI_LOCK_GRACE_S = the specification's 90 s). A longer TTL never delays a retry: a new
+attempt of the same workflow takes the lock over whatever `lock_until` says. AI_HEARTBEAT_TIMEOUT_MS
+and AI_LOCK_TTL_S, when set, override these for every queue (a type's own `lock_ms` still wins
+for both). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,11 +32,16 @@ if TYPE_CHECKING:
     from engine.definition import JobDefinition
 
 
+# The specification's `lockJob` TTL (`lockUntil = now + 60 s`, extended every 30 s): the SQL lock
+# of a running job on every queue, unless AI_LOCK_TTL_S or the type's own `lock_ms` says otherwise.
+LOCK_TTL_S = 60
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     name: str
     concurrency: int  # provider calls at once per worker process
-    lock_ms: int  # heartbeat timeout and SQL lock TTL of a running EXECUTE
+    lock_ms: int  # lockDuration: the heartbeat timeout of a running EXECUTE
     attempts: int  # provider attempts per job, the first included
     backoff_ms: int  # before the first retry; doubles after each
 
@@ -75,8 +85,9 @@ def resolve_execution(
     heartbeat_timeout_ms: int | None = None,
     lock_ttl_s: int | None = None,
 ) -> ResolvedExecution:
-    """The definition's own values where it sets them, else the queue's. The keyword arguments
-    are the operator's overrides of the queue's lock (AI_HEARTBEAT_TIMEOUT_MS, AI_LOCK_TTL_S);
+    """The definition's own values where it sets them, else the queue's (the SQL lock TTL:
+    `LOCK_TTL_S`). The keyword arguments are the operator's overrides (AI_HEARTBEAT_TIMEOUT_MS,
+    AI_LOCK_TTL_S);
     a definition's `lock_ms` wins over them, being the type author's explicit choice."""
     q = queue_config(d.queue.queue_name)
     e = d.execution
@@ -85,5 +96,5 @@ def resolve_execution(
         max_attempts=(e.max_retries + 1) if e.max_retries is not None else q.attempts,
         backoff_ms=e.retry_backoff.delay if e.retry_backoff is not None else q.backoff_ms,
         heartbeat_timeout_ms=own_lock or heartbeat_timeout_ms or q.lock_ms,
-        lock_ttl_s=max(1, -(-own_lock // 1000)) if own_lock else lock_ttl_s or q.lock_ms // 1000,
+        lock_ttl_s=max(1, -(-own_lock // 1000)) if own_lock else lock_ttl_s or LOCK_TTL_S,
     )

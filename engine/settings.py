@@ -242,6 +242,21 @@ class Settings(BaseSettings):
         ge=1,
         validation_alias=AliasChoices("DATA_RETENTION_DAYS", "SNAPSHOT_TTL_DAYS"),
     )
+    # The engine's bookkeeping rows, each deleted (a page per reconciler pass) this many days
+    # after it stopped mattering (docs/operations.md "Retention"): usage rows (billing; the
+    # current month's rollup is always kept, budgets read it), idle provider rate-limit buckets
+    # and closed provider gates, expired call leases, `dead`/`failed` outbox rows, revoked keys
+    # (deleted when no job names them, else their ciphertext erased).
+    usage_retention_days: int = Field(default=400, ge=1, alias="USAGE_RETENTION_DAYS")
+    provider_limit_retention_days: int = Field(
+        default=7, ge=1, alias="PROVIDER_LIMIT_RETENTION_DAYS"
+    )
+    provider_gate_retention_days: int = Field(default=7, ge=1, alias="PROVIDER_GATE_RETENTION_DAYS")
+    provider_lease_retention_days: int = Field(
+        default=1, ge=1, alias="PROVIDER_LEASE_RETENTION_DAYS"
+    )
+    outbox_dead_retention_days: int = Field(default=30, ge=1, alias="OUTBOX_DEAD_RETENTION_DAYS")
+    revoked_key_retention_days: int = Field(default=90, ge=1, alias="REVOKED_KEY_RETENTION_DAYS")
     content_safety_blocklist: str = Field(default="", alias="CONTENT_SAFETY_BLOCKLIST")
     db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
     # How long a starting process waits for its database and Temporal to answer before it

@@ -50,6 +50,9 @@ from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
 
 log = logging.getLogger(__name__)
+# Logged when a create is answered with the job an earlier create made under the same
+# Idempotency-Key: the specification marks duplicates with `{{##duplicate}}`.
+DUPLICATE_CREATE_LOG = "{{##duplicate}} create answered with the existing job"
 # `ai_job_snapshot.redaction_version` of a snapshot stored as the user wrote it.
 SNAPSHOT_VERBATIM = "none"
 
@@ -298,6 +301,15 @@ def _same_request(existing: JobRow, fingerprint: str) -> CreateJobResult:
         raise IdempotencyKeyReused(
             "This Idempotency-Key was already used with a different request."
         )
+    # The specification's duplicate marker: ids, type and state only (never the key or input).
+    log.info(
+        DUPLICATE_CREATE_LOG,
+        extra={
+            "job_id": str(existing.id),
+            "job_type": existing.job_type,
+            "lifecycle_status": existing.lifecycle_status,
+        },
+    )
     return CreateJobResult(job=existing, created=False)
 
 

@@ -108,6 +108,12 @@ class JobStatusResponse(Camel):
         description="The job type's output schema version the job's output is validated with",
         examples=["quiz_generation.output.v1"],
     )
+    private_data_purged: bool = Field(
+        default=False,
+        description="True once the job's private data was purged (its owner's DELETE, or "
+        "retention after DATA_RETENTION_DAYS): its input, output, chunk outputs and internal "
+        "error message are gone; the job, its codes and its usage stay.",
+    )
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
@@ -242,6 +248,7 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "run_at": row.run_at,
         "prompt_version": row.prompt_version,
         "output_schema_version": row.output_schema_version,
+        "private_data_purged": row.private_data_purged_at is not None,
     }
 
 

@@ -17,6 +17,7 @@ from activities.deps import EngineConfig
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
+from activities.retention import retention_config
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
@@ -216,6 +217,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         retention_days=settings.data_retention_days,
         outbox_retention_days=settings.outbox_retention_days,
         audit_retention_days=settings.admin_audit_retention_days,
+        retention=retention_config(settings),
         relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
     )
 

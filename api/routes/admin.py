@@ -38,8 +38,9 @@ _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
 
 def iso_datetime(value: Any) -> Any:
-    """An RFC 3339 date-time, as documented: not a bare number (read as a Unix time)."""
-    if isinstance(value, str) and not _ISO_DATE.match(value):
+    """An RFC 3339 date-time, as documented: not a bare number (read as a Unix time), whether
+    in a query string or as a JSON number in a body."""
+    if (isinstance(value, str) and not _ISO_DATE.match(value)) or isinstance(value, int | float):
         raise ValueError("must be an RFC 3339 date-time")
     return value
 

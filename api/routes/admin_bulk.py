@@ -59,7 +59,7 @@ class BulkBody(Camel):
     error_code: str | None = Field(default=None, max_length=64, pattern=ERROR_CODE_PATTERN)
     created_from: IsoDateTime | None = None
     created_to: IsoDateTime | None = None
-    dry_run: bool = False
+    dry_run: bool = Field(default=False, strict=True)  # `0` is not a boolean
 
     def job_filter(self) -> JobFilter:
         return JobFilter(
@@ -83,7 +83,7 @@ class BulkRetryBody(BulkBody):
     """A bulk retry's body: the filters, plus the admin's budget override (the retries are
     created even past their owners' quotas and cost budgets)."""
 
-    override_budget: bool = False
+    override_budget: bool = Field(default=False, strict=True)  # `0` is not a boolean
 
 
 class BulkPreviewResponse(Camel):

@@ -1,4 +1,4 @@
-"""User routes: create, get, list, cancel and retry one's own jobs."""
+"""User routes: create, get, list, cancel, retry and purge one's own jobs."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from db.jobs import JobFilter
 from engine.definition import JobDefinition
 from engine.errors import UnknownJobType, ValidationFailed
 from jobs import views
+from jobs.purge import purge_own_job
 from jobs.requests import CreateJobRequest, validation_errors
 from jobs.views import JobStatusResponse
 
@@ -424,3 +425,28 @@ async def retry_own_job(
     response.headers["Location"] = f"/api/ai/jobs/{result.job.id}"
     job = await views.present(state.sessionmaker, result.job)
     return RetriedJobResponse(**dict(job), retried_from_job_id=job_id)
+
+
+@router.delete(
+    "/{jobId}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Purge the private data of one of your ended jobs",
+    description=(
+        "Removes the job's private data now, as retention (`DATA_RETENTION_DAYS`) would later: "
+        "its input, its output (and what its artifacts show of it), its chunks' outputs (the "
+        "partial items of a long source), its snapshot and its internal error message. The job "
+        "itself stays (status, codes, times, costs and usage, for billing and audit) and reads "
+        "`privateDataPurged: true`; a purged job cannot be retried. Only a `succeeded`, "
+        "`failed` or `cancelled` job can be purged (409 `JOB_NOT_TERMINAL`: cancel it first); "
+        "another user's job is 404 `JOB_NOT_FOUND`. A second DELETE is 204 again."
+    ),
+    responses={
+        204: {"description": "Purged (or already purged)"},
+        404: {"description": "No such job of yours (problem+json, `JOB_NOT_FOUND`)"},
+        409: {"description": "The job has not ended (problem+json, `JOB_NOT_TERMINAL`)"},
+    },
+)
+async def purge_job(job_id: JobId, state: State, principal: User) -> Response:
+    await purge_own_job(state.sessionmaker, job_id, principal.user_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai/outbox", tags=["admin"])
 
 LAST_ERROR_CHARS = 500
+# The statuses as the specification (ADR-003 §4.4) names them; the OpenAPI text of the list.
+STATUS_MEANINGS = (
+    "Statuses: `pending` (waiting, or backing off after a failed attempt), `processing` "
+    "(claimed by a relay), `published` (done), `dead` (its 3 attempts used up, "
+    "`attemptCount` >= 3; the reconciler sends a dead enqueue again while its job waits), "
+    "`failed` (can never be dispatched, e.g. a payload without `jobId`: parked at its first "
+    "claim and never retried). `dead` and `failed` rows wait for `POST .../requeue`."
+)
 _CURSOR_PREFIX = "outbox:"
 
 
@@ -57,13 +65,16 @@ def decode_cursor(cursor: str | None) -> int | None:
     description=(
         "Newest first (descending id), filtered by `status` and `eventType`; `nextCursor` "
         "continues after the last item and is stable under inserts. Payloads are not shown, "
-        "except their `jobId`; `lastError` is cut to 500 characters."
+        "except their `jobId`; `lastError` is cut to 500 characters.\n\n" + STATUS_MEANINGS
     ),
 )
 async def list_events(
     state: State,
     _admin: Admin,
-    status_: Annotated[OutboxStatus | None, Query(alias="status")] = None,
+    status_: Annotated[
+        OutboxStatus | None,
+        Query(alias="status", description="Only rows in this status. " + STATUS_MEANINGS),
+    ] = None,
     event_type: Annotated[str | None, Query(alias="eventType", pattern=EVENT_TYPE_PATTERN)] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,

@@ -55,6 +55,7 @@ JOB_STATUS_KEYS = {
     "runAt",
     "promptVersion",
     "outputSchemaVersion",
+    "privateDataPurged",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (

@@ -613,7 +613,7 @@ async def test_unexpected_error_is_a_generic_500(env: Any) -> None:
 
 async def test_unknown_route_and_method_are_problems(api: Api) -> None:
     assert_problem(await api.http.get("/api/ai/nothing-here"), 404, "NOT_FOUND")
-    r = await api.http.delete(f"/api/ai/jobs/{uuid.uuid4()}", headers=api.as_user())
+    r = await api.http.put(f"/api/ai/jobs/{uuid.uuid4()}", headers=api.as_user())
     assert_problem(r, 405, "METHOD_NOT_ALLOWED")
 
 

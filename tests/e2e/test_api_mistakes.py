@@ -125,7 +125,10 @@ async def test_path_parameters_are_camel_case_in_openapi(api: Api) -> None:
 
 async def test_every_405_carries_allow(api: Api) -> None:
     cases = {
-        f"/api/ai/jobs/{uuid.uuid4()}": ("DELETE", "GET"),
+        f"/api/ai/jobs/{uuid.uuid4()}": ("PUT", "DELETE, GET"),
+        # A literal path is its own resource, not the /api/ai/jobs/{jobId} template's.
+        "/api/ai/jobs/quote": ("GET", "POST"),
+        "/admin-api/ai/bulk/cancel": ("GET", "POST"),
         "/api/ai/jobs": ("PUT", "GET, POST"),
         "/healthz": ("POST", "GET"),
         f"/api/ai/jobs/{uuid.uuid4()}/cancel": ("GET", "POST"),

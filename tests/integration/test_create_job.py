@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import uuid
 from collections import Counter
 from decimal import Decimal
@@ -114,6 +115,21 @@ async def test_same_key_different_body_is_rejected(db: SessionMaker) -> None:
     # The key is scoped to the user: another user may use it.
     other = await svc.create(request("u2", idempotency_key="key-1", input={"echo": {"n": 2}}))
     assert other.created and other.job.id != first.job.id
+
+
+async def test_a_duplicate_create_logs_the_specifications_marker_without_content(
+    db: SessionMaker, caplog: pytest.LogCaptureFixture
+) -> None:
+    svc = service(db)
+    secret = "duplicate-sentinel-text"
+    req = request(idempotency_key="dup-key-1", input={"echo": {"text": secret}})
+    first = await svc.create(req)
+    with caplog.at_level(logging.INFO, logger="jobs.creation"):
+        again = await svc.create(req)
+    assert (again.job.id, again.created) == (first.job.id, False)
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("{{##duplicate}}")]
+    assert (rec.job_id, rec.job_type) == (str(first.job.id), "synthetic")  # type: ignore[attr-defined]
+    assert secret not in str(rec.__dict__) and "dup-key-1" not in str(rec.__dict__)
 
 
 async def test_same_key_different_bodies_racing(db: SessionMaker) -> None:

@@ -170,7 +170,7 @@ async def test_mark_failed_backs_off_then_parks_as_failed_then_requeued(db: Sess
             assert await claim(db, "relay-a", 10) == []  # not due yet
             await make_claimable(db, [event_id])
         else:
-            assert status == r.status == "failed"
+            assert status == r.status == "dead"
 
     await make_claimable(db, [event_id])
     assert await claim(db, "relay-a", 10) == []  # parked rows are never claimed
@@ -321,11 +321,11 @@ async def test_backoff_is_capped(db: SessionMaker) -> None:
     assert r.available_at - now == dt.timedelta(seconds=300)
 
 
-async def test_mark_dead_touches_only_the_claimers_row(db: SessionMaker) -> None:
+async def test_mark_undispatchable_touches_only_the_claimers_row(db: SessionMaker) -> None:
     a, b = await seed(db, 2)
     await claim(db, "relay-a", 10)
     async with db.begin() as s:
-        assert not await outbox_db.mark_dead(s, a, owner="relay-b", error="malformed")
-        assert await outbox_db.mark_dead(s, a, owner="relay-a", error="malformed")
+        assert not await outbox_db.mark_undispatchable(s, a, owner="relay-b", error="malformed")
+        assert await outbox_db.mark_undispatchable(s, a, owner="relay-a", error="malformed")
     got = await rows(db, [a, b])
-    assert got[a].status == "dead" and got[b].status == "processing"
+    assert got[a].status == "failed" and got[b].status == "processing"

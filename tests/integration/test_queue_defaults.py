@@ -57,15 +57,16 @@ async def test_execute_is_scheduled_and_locked_with_its_queues_values(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
     """A new ai-background type that sets nothing gets 3 attempts, 5 s backoff and a 60 s
-    heartbeat timeout and SQL lock; an interactive one 2, 2 s and 30 s."""
+    heartbeat timeout and SQL lock; an interactive one 2, 2 s and a 30 s heartbeat timeout
+    with the specification's 60 s SQL lock."""
     background = on_queue("t_background_defaults", "ai-background")
     interactive = on_queue("t_interactive_defaults", "ai-interactive")
     async with engine_stack(
         settings, temporal_client, queues=JOB_QUEUES, extra_types=[background, interactive]
     ) as st:
-        for jt, attempts, backoff_s, lock_s in (
-            (background, 3, 5, 60),
-            (interactive, 2, 2, 30),
+        for jt, attempts, backoff_s, heartbeat_s, lock_s in (
+            (background, 3, 5, 60, 60),
+            (interactive, 2, 2, 30, 60),
         ):
             queue = jt.definition.queue.queue_name
             job_id = await st.create(job_type=jt.job_type, input={"hang": True})
@@ -81,7 +82,7 @@ async def test_execute_is_scheduled_and_locked_with_its_queues_values(
             assert scheduled.retry_policy.initial_interval.ToTimedelta() == timedelta(
                 seconds=backoff_s
             )
-            assert scheduled.heartbeat_timeout.ToTimedelta() == timedelta(seconds=lock_s)
+            assert scheduled.heartbeat_timeout.ToTimedelta() == timedelta(seconds=heartbeat_s)
             row = await st.wait_status(job_id, "running")
             assert row.max_retry_count == attempts - 1
             ttl = (row.lock_until - row.locked_at).total_seconds()

@@ -56,11 +56,11 @@ async def test_a_stalled_job_behind_more_than_500_parked_rows_of_ended_jobs_is_r
 ) -> None:
     async with engine_stack(settings, temporal_client, relay=False) as st:
         # 600 jobs cancelled while their enqueue was parked: older than anything that waits.
-        ended = await seed_waiting_jobs(db, 600, enqueue_status="failed", end_as="cancelled")
+        ended = await seed_waiting_jobs(db, 600, enqueue_status="dead", end_as="cancelled")
         job = await st.create()
         await execute(
             db,
-            "UPDATE outbox_event SET status = 'failed', attempt_count = 3, "
+            "UPDATE outbox_event SET status = 'dead', attempt_count = 3, "
             "last_error = 'start failed' WHERE aggregate_id = :j",
             j=str(job),
         )
@@ -88,7 +88,7 @@ async def test_revival_covers_every_parked_row_across_passes_when_a_pass_is_capp
     """More stalled enqueues of waiting jobs than one pass may touch: successive passes revive
     all of them (a keyset cursor, not the N oldest again and again)."""
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
-        waiting = await seed_waiting_jobs(db, 250, enqueue_status="failed")
+        waiting = await seed_waiting_jobs(db, 250, enqueue_status="dead")
         rec = reconciler(st.settings, db, temporal_client, page=40, rows_per_phase=100)
         revived = 0
         for _ in range(3):
@@ -176,7 +176,7 @@ async def test_a_failing_phase_does_not_stop_the_others(
         parked = await st.create()
         await execute(
             db,
-            "UPDATE outbox_event SET status = 'failed', attempt_count = 3 WHERE aggregate_id = :j",
+            "UPDATE outbox_event SET status = 'dead', attempt_count = 3 WHERE aggregate_id = :j",
             j=str(parked),
         )
         await execute(

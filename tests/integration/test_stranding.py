@@ -124,7 +124,7 @@ async def test_a_parked_enqueue_of_a_waiting_job_is_revived_and_the_job_runs(
         job = await st.create()
         await execute(
             db,
-            "UPDATE outbox_event SET status = 'failed', attempt_count = 3, "
+            "UPDATE outbox_event SET status = 'dead', attempt_count = 3, "
             "last_error = 'start failed' WHERE aggregate_id = :j",
             j=str(job),
         )
@@ -142,7 +142,7 @@ async def test_revival_backs_off_per_revival(
         job = await st.create()
         await execute(
             db,
-            "UPDATE outbox_event SET status = 'failed', revive_count = 3, "
+            "UPDATE outbox_event SET status = 'dead', revive_count = 3, "
             "available_at = now() - interval '100 seconds' WHERE aggregate_id = :j",
             j=str(job),
         )
@@ -181,7 +181,7 @@ async def test_a_malformed_payload_fails_only_its_own_row(
             status = (
                 await s.execute(text("SELECT status FROM outbox_event WHERE id = :i"), {"i": bad})
             ).scalar_one()
-        assert status == "dead"
+        assert status == "failed"
         for job in jobs:
             await st.wait_status(job, "succeeded")
 

@@ -21,7 +21,7 @@ def test_the_specifications_queue_table() -> None:
 
 @pytest.mark.parametrize(
     ("queue", "attempts", "backoff_ms", "heartbeat_ms", "lock_s"),
-    [("ai-interactive", 2, 2000, 30_000, 30), ("ai-background", 3, 5000, 60_000, 60)],
+    [("ai-interactive", 2, 2000, 30_000, 60), ("ai-background", 3, 5000, 60_000, 60)],
 )
 def test_a_type_without_overrides_inherits_its_queues_values(
     queue: str, attempts: int, backoff_ms: int, heartbeat_ms: int, lock_s: int

@@ -72,8 +72,8 @@ def test_enqueue_classification() -> None:
     assert from_enqueue(row("processing", 1)) is None
     assert from_enqueue(row("published", 1)) is None
     for status, reason in (
-        ("dead", "DEAD_ENQUEUE"),  # only an operator sends it again
-        ("failed", "ENQUEUE_BACKING_OFF"),  # parked; the reconciler revives it
+        ("dead", "DEAD_ENQUEUE"),  # attempts used up; the reconciler revives it
+        ("failed", "DEAD_ENQUEUE"),  # never dispatchable: only an operator sends it again
         ("pending", "ENQUEUE_BACKING_OFF"),  # after a failed attempt
     ):
         s = from_enqueue(row(status, 3))

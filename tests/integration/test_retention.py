@@ -1,0 +1,200 @@
+"""Retention with the shortest setting (1 day) for every kind of row the engine keeps: a row
+just past it goes, a fresh one stays. The private data of an ended job goes whole (input,
+output, chunk outputs, snapshot, internal error message), its lifecycle row and usage stay."""
+
+from __future__ import annotations
+
+import uuid
+
+from activities.retention import RetentionConfig, run_retention
+from db.session import SessionMaker
+from tests.integration.engine_helpers import execute, insert_job, rows, scalar
+
+SHORTEST = RetentionConfig(
+    data_days=1,
+    outbox_days=1,
+    audit_days=1,
+    usage_days=1,
+    provider_limit_days=1,
+    provider_gate_days=1,
+    lease_days=1,
+    outbox_parked_days=1,
+    revoked_key_days=1,
+)
+OLD = "now() - interval '2 days'"
+SECRET = "retention-sentinel"
+
+
+async def ended_job(db: SessionMaker, *, old: bool, status: str = "failed") -> uuid.UUID:
+    """A job that ran a long source: chunk outputs, an internal error, a snapshot."""
+    job = await insert_job(db)
+    await execute(
+        db,
+        "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing' WHERE id = :j",
+        j=job,
+    )
+    await execute(
+        db,
+        "UPDATE ai_job SET lifecycle_status = CAST(:st AS text), status = 'failed', "
+        "finished_at = now(), input = CAST(:doc AS jsonb), output = CAST(:doc AS jsonb), "
+        "internal_error_message = :secret, correction_hint = :secret, chunk_count = 2, "
+        f"created_at = {OLD if old else 'now()'} WHERE id = :j",
+        j=job,
+        st=status,
+        doc=f'{{"s": "{SECRET}"}}',
+        secret=SECRET,
+    )
+    for n in (0, 1):
+        await execute(
+            db,
+            "INSERT INTO ai_job_chunk (job_id, chunk_no, start_char, end_char, input_tokens, "
+            "item_count, status, output) VALUES (:j, :n, 0, 1, 1, 1, 'succeeded', "
+            "CAST(:doc AS jsonb))",
+            j=job,
+            n=n,
+            doc=f'{{"items": ["{SECRET}"]}}',
+        )
+    await execute(
+        db,
+        "INSERT INTO ai_job_snapshot (job_id, content, redaction_version, expires_at) "
+        "VALUES (:j, CAST(:doc AS jsonb), 'v1', now() + interval '30 days')",
+        j=job,
+        doc=f'{{"s": "{SECRET}"}}',
+    )
+    await execute(
+        db,
+        "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
+        "model) VALUES (:j, 'u1', 1, 'platform_key', 'synthetic', 'm')",
+        j=job,
+    )
+    return job
+
+
+async def test_an_ended_jobs_private_data_goes_whole_and_its_row_and_usage_stay(
+    db: SessionMaker,
+) -> None:
+    old, fresh = await ended_job(db, old=True), await ended_job(db, old=False)
+    running = await insert_job(db)
+    await execute(db, f"UPDATE ai_job SET created_at = {OLD} WHERE id = :j", j=running)
+
+    counts = await run_retention(db, SHORTEST)
+    assert counts["private_data_purged"] == 1
+
+    (row,) = await rows(
+        db,
+        "SELECT input, output, internal_error_message, correction_hint, lifecycle_status, "
+        "error_code, private_data_purged_at FROM ai_job WHERE id = :j",
+        j=old,
+    )
+    assert (row.input, row.output, row.internal_error_message, row.correction_hint) == (
+        {},
+        None,
+        None,
+        None,
+    )
+    assert row.lifecycle_status == "failed" and row.private_data_purged_at is not None
+    chunk_outputs = await rows(db, "SELECT output FROM ai_job_chunk WHERE job_id = :j", j=old)
+    assert [c.output for c in chunk_outputs] == [None, None]
+    assert await scalar(db, "SELECT count(*) FROM ai_job_snapshot WHERE job_id = :j", j=old) == 0
+    assert await scalar(db, "SELECT count(*) FROM ai_usage_log WHERE job_id = :j", j=old) == 1
+    every_copy = await scalar(
+        db,
+        "SELECT concat(j.input, j.output, j.internal_error_message, "
+        "(SELECT string_agg(c.output::text, '') FROM ai_job_chunk c WHERE c.job_id = j.id), "
+        "(SELECT n.content::text FROM ai_job_snapshot n WHERE n.job_id = j.id)) "
+        "FROM ai_job j WHERE j.id = :j",
+        j=old,
+    )
+    assert SECRET not in every_copy
+    # A fresh ended job and an old one that has not ended keep theirs.
+    assert SECRET in str(await scalar(db, "SELECT output FROM ai_job WHERE id = :j", j=fresh))
+    assert await scalar(
+        db, "SELECT private_data_purged_at IS NULL FROM ai_job WHERE id = :j", j=running
+    )
+    # Idempotent: the next pass finds nothing left to purge.
+    assert (await run_retention(db, SHORTEST))["private_data_purged"] == 0
+
+
+async def test_every_bookkeeping_kind_goes_after_its_retention(db: SessionMaker) -> None:
+    job = await insert_job(db)
+    for age in (OLD, "now()"):
+        await execute(
+            db,
+            "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
+            f"model, created_at) VALUES (:j, 'u1', 1, 'platform_key', 'p', 'm', {age}) "
+            "ON CONFLICT DO NOTHING",
+            j=job,
+        )
+        tag = "old" if age == OLD else "new"
+        await execute(
+            db,
+            "INSERT INTO provider_limit (provider, model, key_ref, requests_available, "
+            f"tokens_available, refilled_at) VALUES ('p', :m, 'platform', 1, 1, {age})",
+            m=tag,
+        )
+        await execute(
+            db,
+            f"INSERT INTO provider_gate (provider, key_ref, paused_until) VALUES ('p', :k, {age})",
+            k=tag,
+        )
+        await execute(
+            db,
+            "INSERT INTO provider_call_lease (id, provider, model, key_ref, job_id, expires_at) "
+            f"VALUES (:id, 'p', 'm', 'platform', :j, {age})",
+            id=uuid.uuid4(),
+            j=job,
+        )
+        for status in ("dead", "failed"):
+            await execute(
+                db,
+                "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, "
+                f"payload, status, available_at) VALUES ('ai.job.enqueue', 'AiJob', :a, :d, "
+                f"'{{}}'::jsonb, :st, {age})",
+                a=str(uuid.uuid4()),
+                d=f"retention:{uuid.uuid4()}",
+                st=status,
+            )
+        await execute(
+            db,
+            "INSERT INTO user_model_credential (id, user_id, provider, key_id, ciphertext, "
+            f"key_hint, revoked_at) VALUES (:id, 'u1', 'deepseek', 'k1', :c, '…1234', {age})",
+            id=uuid.uuid4(),
+            c=b"sealed",
+        )
+    # The daily rollup: a day of an earlier month goes, today's stays.
+    await execute(
+        db,
+        "INSERT INTO ai_usage_daily (day, user_id, job_type, model, credential_mode) VALUES "
+        "((now() - interval '40 days')::date, 'u1', 'synthetic', 'm', 'platform_key'), "
+        "(now()::date, 'u1', 'synthetic', 'm', 'platform_key')",
+    )
+    # A revoked key a job still names keeps its row, its ciphertext erased.
+    named = uuid.uuid4()
+    await execute(
+        db,
+        "INSERT INTO user_model_credential (id, user_id, provider, key_id, ciphertext, key_hint, "
+        f"revoked_at) VALUES (:id, 'u1', 'deepseek', 'k1', :c, '…9999', {OLD})",
+        id=named,
+        c=b"sealed",
+    )
+    await execute(db, "UPDATE ai_job SET credential_id = :c WHERE id = :j", c=named, j=job)
+
+    counts = await run_retention(db, SHORTEST)
+
+    assert counts["usage_deleted"] == 2  # one call row, one day of the rollup
+    assert await scalar(db, "SELECT count(*) FROM ai_usage_log") == 1
+    assert await scalar(db, "SELECT count(*) FROM ai_usage_daily WHERE day = now()::date") == 1
+    assert counts["provider_limits_deleted"] == 1
+    assert [r.model for r in await rows(db, "SELECT model FROM provider_limit")] == ["new"]
+    assert counts["provider_gates_deleted"] == 1
+    assert [r.key_ref for r in await rows(db, "SELECT key_ref FROM provider_gate")] == ["new"]
+    assert counts["leases_deleted"] == 1
+    assert await scalar(db, "SELECT count(*) FROM provider_call_lease") == 1
+    assert counts["outbox_parked_deleted"] == 2
+    assert (
+        await scalar(db, "SELECT count(*) FROM outbox_event WHERE status IN ('dead', 'failed')")
+        == 2
+    )
+    assert counts["revoked_keys_purged"] == 2  # one deleted, one erased
+    keys = await rows(db, "SELECT id, length(ciphertext) AS n FROM user_model_credential")
+    assert sorted(r.n for r in keys) == [0, 6] and {r.id: r.n for r in keys}[named] == 0
