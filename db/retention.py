@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.lifecycle import TERMINAL_SQL
 
 # The purge of the terminal, not yet purged jobs among `:ids`: the job row's copies, its chunks'
-# outputs and its snapshot, in one statement (data-modifying WITHs see the same snapshot).
+# outputs, its streamed items and its snapshot, in one statement (data-modifying WITHs see the same snapshot).
 _PURGE_JOBS = text(
     f"""
     WITH target AS (
@@ -51,8 +51,13 @@ _PURGE_JOBS = text(
     snapshots AS (
         DELETE FROM ai_job_snapshot n USING target t WHERE n.job_id = t.id
         RETURNING n.job_id
+    ),
+    streamed AS (
+        DELETE FROM ai_job_stream_item i USING target t WHERE i.job_id = t.id
+        RETURNING i.job_id
     )
     SELECT (SELECT count(*) FROM jobs) AS purged,
+           (SELECT count(*) FROM streamed) AS streamed_items,
            (SELECT count(*) FROM chunks) AS chunks,
            (SELECT count(*) FROM snapshots) AS snapshots
     """

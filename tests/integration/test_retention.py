@@ -63,6 +63,13 @@ async def ended_job(db: SessionMaker, *, old: bool, status: str = "failed") -> u
     )
     await execute(
         db,
+        "INSERT INTO ai_job_stream_item (job_id, attempt_no, ordinal, content) "
+        "VALUES (:j, 1, 0, CAST(:doc AS jsonb))",
+        j=job,
+        doc=f'{{"s": "{SECRET}"}}',
+    )
+    await execute(
+        db,
         "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
         "model) VALUES (:j, 'u1', 1, 'platform_key', 'synthetic', 'm')",
         j=job,
@@ -96,6 +103,9 @@ async def test_an_ended_jobs_private_data_goes_whole_and_its_row_and_usage_stay(
     chunk_outputs = await rows(db, "SELECT output FROM ai_job_chunk WHERE job_id = :j", j=old)
     assert [c.output for c in chunk_outputs] == [None, None]
     assert await scalar(db, "SELECT count(*) FROM ai_job_snapshot WHERE job_id = :j", j=old) == 0
+    streamed = "SELECT count(*) FROM ai_job_stream_item WHERE job_id = :j"
+    assert await scalar(db, streamed, j=old) == 0
+    assert await scalar(db, streamed, j=fresh) == 1
     assert await scalar(db, "SELECT count(*) FROM ai_usage_log WHERE job_id = :j", j=old) == 1
     every_copy = await scalar(
         db,
