@@ -29,7 +29,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db.lifecycle import TERMINAL_SQL
 
 # The purge of the terminal, not yet purged jobs among `:ids`: the job row's copies, its chunks'
-# outputs, its streamed items and its snapshot, in one statement (data-modifying WITHs see the same snapshot).
+# outputs, its streamed items and its snapshot, in one statement (data-modifying WITHs see the
+# same snapshot).
 _PURGE_JOBS = text(
     f"""
     WITH target AS (
