@@ -259,7 +259,13 @@ class _Attempt:
             await asyncio.shield(items.settle(None))
             raise
         except Exception as exc:  # a bug or an unexpected library error: INTERNAL, retried once
-            failure = self._unexpected(exc, a, response)
+            private = private_strings(
+                a.snapshot,
+                a.row.input,
+                response.content if response else None,
+                self.ticket.api_key or None,
+            )
+            failure = unexpected_failure(exc, self.inp.job_id, self.number, private)
         await items.settle(out if failure is None else None)  # rejected items retracted
         latency_ms = int((time.monotonic() - started) * 1000)
         provider, request, model_name = self.route.final(provider, request, model_name)
@@ -285,16 +291,6 @@ class _Attempt:
         return calls.Called(
             provider.name, model_name, latency_ms, cost, response, failure, out, model_out, charged
         )
-
-    def _unexpected(
-        self, exc: Exception, a: calls.Attempt, response: ProviderResponse | None
-    ) -> ExecutionFailure:
-        private = private_strings(
-            a.snapshot, a.row.input, response.content if response is not None else None
-        )
-        if self.ticket.api_key:
-            private.append(self.ticket.api_key)
-        return unexpected_failure(exc, self.inp.job_id, self.number, private)
 
     async def _record_aborted(
         self, a: calls.Attempt, request: ProviderRequest | None, started: float, called: bool

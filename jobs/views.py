@@ -22,8 +22,6 @@ from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import artifacts as artifacts_db
@@ -34,122 +32,17 @@ from db.chunks import job_chunking
 from db.jobs import JobFilter, JobRow, JobStatusRow
 from db.session import SessionMaker
 from engine.errors import JobNotFound
-from engine.lifecycle import StatusName
 from engine.settings import Settings
 from jobs.chunk_items import CHUNK_ITEM_TYPE, running_items, streams_items
 from jobs.spec import Catalog
+from jobs.view_models import AdminJobResponse as AdminJobResponse
+from jobs.view_models import ArtifactItem as ArtifactItem
+from jobs.view_models import ArtifactOut as ArtifactOut
+from jobs.view_models import Camel as Camel
+from jobs.view_models import JobStatusResponse as JobStatusResponse
+from jobs.view_models import ResultOut as ResultOut
 
-# ---- the models (their names are the OpenAPI schema names: keep them) --------------------
-
-
-class Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-
-class ArtifactOut(Camel):
-    artifact_type: str
-    artifact_id: str
-
-
-class ResultOut(Camel):
-    artifact_count: int
-    artifacts: list[ArtifactOut]
-    # Left out unless true: the frozen shape stays `{artifactCount, artifacts}` for every job
-    # that is not partial.
-    partial: bool = Field(
-        default=False,
-        exclude_if=lambda v: not v,
-        description="Present, and true, only on a long-source job that failed, was cancelled "
-        "or timed out after some of its chunks succeeded: the artifacts are the items those "
-        "chunks produced, kept; `lifecycleStatus` and `errorCode` still say why it stopped. "
-        "Absent otherwise.",
-    )
-    model: str | None = Field(
-        default=None,
-        exclude_if=lambda v: v is None,
-        description="The model that produced the output (as the provider named it): the "
-        "configured one, or a fallback's when the provider failed (docs/fallback.md). Given "
-        "by `GET /api/ai/jobs/{jobId}` for a succeeded job; absent elsewhere.",
-    )
-
-
-# The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
-class JobStatusResponse(Camel):
-    job_id: uuid.UUID
-    job_type: str
-    lifecycle_status: StatusName
-    queue_name: str
-    priority: int
-    progress: int
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    error_code: str | None = None
-    public_error_message: str | None = None
-    result: ResultOut | None = None
-    # What joins the job to the client's product, and what it runs on and when: after the
-    # fields above, whose order is frozen.
-    target_type: str
-    target_id: str
-    metadata: dict[str, str] = Field(
-        default_factory=dict,
-        description="Your own references, as the create gave them (`{}`: none)",
-        examples=[{"courseId": "C42"}],
-    )
-    run_at: datetime | None = Field(
-        default=None,
-        description="When a delayed job may start (RFC 3339); null: as soon as it can",
-        examples=["2026-12-05T08:00:00Z"],
-    )
-    prompt_version: str = Field(
-        description="The job type's prompt version the job runs on", examples=["quiz_generation.v1"]
-    )
-    output_schema_version: str = Field(
-        description="The job type's output schema version the job's output is validated with",
-        examples=["quiz_generation.output.v1"],
-    )
-    private_data_purged: bool = Field(
-        default=False,
-        description="True once the job's private data was purged (its owner's DELETE, or "
-        "retention after DATA_RETENTION_DAYS): its input, output, chunk outputs and internal "
-        "error message are gone; the job, its codes and its usage stay.",
-    )
-
-
-# SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
-class AdminJobResponse(JobStatusResponse):
-    user_id: str
-    internal_error_message: str | None = None
-    workflow_id: str
-    temporal_ui_url: str
-    attempt_count: int
-    cancel_requested_at: datetime | None = None
-    retried_from_job_id: uuid.UUID | None = None
-    output_hash: str | None = None
-
-
-class ArtifactItem(Camel):
-    artifact_type: str
-    artifact_id: str
-    ordinal: int
-    content: dict[str, Any] | None = Field(
-        default=None,
-        description="The projected business row as the job type exposes it (camelCase); null "
-        "when the job type has no view or the row is gone. For an item that is not final, the "
-        "chunk's output item with its fields in camelCase.",
-    )
-    final: bool = Field(
-        default=True,
-        description="True: a projected artifact, as the job keeps it. False: an item of a "
-        "long-source chunk that succeeded while the job still runs; the final artifacts "
-        "replace these once the job ends (repeats across chunks dropped, renumbered).",
-    )
-    chunk: int | None = Field(
-        default=None,
-        description="The chunk an item that is not final came from (`ordinal` is then its "
-        "index within that chunk's output); null for final artifacts and one-call jobs.",
-    )
-
+# The models live in jobs/view_models.py; they are imported from here by every reader.
 
 # ---- who may see a job ------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
 from api.errors import PROBLEM
 from api.limits import RATE_LIMITED_RESPONSE, TOO_LARGE_RESPONSE, RateLimitedUser
+from api.pins import check_pins
 from api.schemas import (
     JOB_TYPE_PATTERN,
     MAX_METADATA_KEY_LENGTH,
@@ -40,7 +41,6 @@ from api.schemas import (
 )
 from api.strict import QueryPrefix
 from db.jobs import JobFilter
-from engine.definition import JobDefinition
 from engine.errors import UnknownJobType, ValidationFailed
 from jobs import views
 from jobs.purge import purge_own_job
@@ -99,28 +99,7 @@ def _checked(body: CreateJobBody, state: State) -> None:
         )  # what JSON cannot say: NaN, Infinity
     except ValidationFailed as exc:
         raise _located(exc, "body", "input") from None
-    _check_pins(body, jt.definition)
-
-
-def _check_pins(body: CreateJobBody, d: JobDefinition) -> None:
-    """A pinned version must be the job type's registered one: a job pinned to a prompt or an
-    output schema the server no longer has would run on another, which is what the pin is
-    there to refuse."""
-    errors: list[dict[str, object]] = [
-        {"loc": ["body", field], "msg": f"{field} must be {registered!r}", "type": "enum"}
-        for field, pinned, registered in (
-            ("promptVersion", body.prompt_version, d.prompt_version),
-            ("outputSchemaVersion", body.output_schema_version, d.output.schema_version),
-        )
-        if pinned is not None and pinned != registered
-    ]
-    if errors:
-        raise ValidationFailed(
-            f"The job type {d.job_type} has no such version: "
-            + "; ".join(str(e["msg"]) for e in errors)
-            + ".",
-            errors=errors,
-        )
+    check_pins(body, jt.definition)
 
 
 def public_job_types(state: State) -> list[str]:
