@@ -156,6 +156,8 @@ async def scenario(
             "AI_BASE_URL": fake.base_url,
             "DEEPSEEK_API_KEY": PLATFORM_KEY,
             "AI_MODEL": MODEL,
+            # fakellm's error rules hold for whole answers only (tests/e2e/...third_party.py).
+            "AI_STREAM_DISABLED_MODELS": "*",
         }
     )
     figures = Figures(tree=_tree_name(), reps=reps)
