@@ -160,8 +160,14 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
         job = await st.create(input={"delayMs": 0})
         await _fault_function(db, job)
         _prepare_reads_through_the_fault(monkeypatch)
-        # finalize_failed cannot write the job either.
-        await _trigger(db, "ai_job", "id", "BEFORE UPDATE")
+        # finalize_failed cannot write the job either (the relay's claim, which only marks the
+        # job dispatched, still can: the fault is the stages', not the relay's).
+        await _trigger(
+            db,
+            "ai_job",
+            "id",
+            "BEFORE UPDATE OF lifecycle_status, status, progress, error_code, finished_at",
+        )
         async with relay_running(st.relay):
             names, status = await _stages(st, temporal_client, job)
         assert names == ["prepare", "finalize_failed"]
