@@ -4,7 +4,7 @@ A thin stage over its use cases; `Execute.execute` runs one `_Attempt`, in steps
 1. `begin`: the first transaction (`jobs/attempt_start.py` `start`): the job taken (the CAS
    queued → running, or this workflow's own lock on a retry), then its provider admission
    (`jobs/admission.py`: the gate, the cost cover, the key, the limits). A `Wait` rolls it back
-   and returns how long to wait (the workflow waits on a timer). A job that ended while it
+   and returns how long to wait (a limit's wait enters its key's fair queue). A job that ended while it
    waited ends here without a call; an output already stored is reused, not bought again.
 2. `call`: the prompt and the provider call (`jobs/calls.py`) under the job's timeout,
    heartbeating on its own clock while a separate task extends the SQL lock and reads a cancel
@@ -51,7 +51,7 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls
+from jobs import attempt_start, calls, limit_wake
 from jobs.admission import Refused, Ticket, Wait
 from jobs.output import validated_answer
 from providers.base import Provider, ProviderRequest, ProviderResponse
@@ -135,14 +135,19 @@ class _Attempt:
 
     async def begin(self) -> Begun:
         """The first transaction, heartbeating while the database is slow or away. A closed
-        gate rolls it back (the job stays `queued`) and says how long to wait."""
+        gate rolls it back (the job stays `queued`); a limit's wait enters its fair queue."""
+        budget_s, metrics = self._cfg.db_retry_budget_s, self._d.metrics.limiter_waited
         async with heartbeating():
-            try:
-                return await db_retry(self._begin_transaction, budget_s=self._cfg.db_retry_budget_s)
-            except _Waiting as waiting:
-                w = waiting.wait
-                self._d.metrics.limiter_waited(w.provider, w.model, w.reason, w.wait_s)
-                return Begun(gate_wait_s=w.wait_s, gate_reason=w.reason)
+            for _ in range(limit_wake.LOOKS_PER_ATTEMPT):
+                try:
+                    return await db_retry(self._begin_transaction, budget_s=budget_s)
+                except _Waiting as waiting:
+                    w = waiting.wait
+                wf = activity.info().workflow_id
+                queued = await limit_wake.enqueue(self._d.sessionmaker, w, self.job_id, wf, metrics)
+                if not queued.look_again:
+                    break
+            return Begun(gate_wait_s=w.wait_s, gate_reason=w.reason)
 
     async def _begin_transaction(self) -> Begun:
         d = self._d
