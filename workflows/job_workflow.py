@@ -23,6 +23,7 @@ from temporalio.exceptions import (
 )
 
 from workflows import stages
+from workflows.limit_wait import Wakes, wait_for_room
 
 with workflow.unsafe.imports_passed_through():
     from engine import contracts
@@ -43,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from engine.errors import non_retryable_codes, public_message_for
     from engine.lifecycle import LifecycleStatus
+    from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
 
@@ -75,6 +77,8 @@ EXACT_LIMIT_WAITS = "exact-limit-waits"
 # A long source runs as its chunks: one EXECUTE per chunk (a window of them in flight), then
 # MERGE, then PROJECT. Runs before it called one EXECUTE over the whole source.
 CHUNKED_FAN_OUT = "chunked-fan-out"
+# A provider limit's wait ends at its exact time or at a wake-up signal (workflows/limit_wait.py).
+LIMIT_WAKE = "limit-wake"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -113,6 +117,9 @@ def _is_cancellation(err: BaseException) -> bool:
 
 class JobStages:
     """The job workflow's logic; `JobWorkflow` registers it for every job type."""
+
+    def __init__(self, wakes: Wakes | None = None) -> None:
+        self._wakes = wakes or Wakes()
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
@@ -303,17 +310,18 @@ class JobStages:
         chunk_no: int | None = None,
         spent: int | None = None,
     ) -> ExecuteResult:
-        """EXECUTE, asked again after each wait its provider gate names. A gated EXECUTE
-        returned before it spent an attempt (the job still `queued`, progress 0, unless a 429
-        answered its call); the next one starts with the attempts spent so far and only the
-        remaining ones in its retry policy. With `chunk_no`: that chunk's EXECUTE, `spent` its
-        own attempts so far; its activity id names the chunk (`execute-chunk-3`, then
-        `execute-chunk-3-2`... after each wait), never its text."""
+        """EXECUTE, asked again after each wait its provider gate names (a limit's: until its
+        time or its wake-up, workflows/limit_wait.py). A gated EXECUTE returned before it spent
+        an attempt (the job still `queued`, progress 0, unless a 429 answered its call); the
+        next one starts with the attempts spent so far and only the remaining ones in its retry
+        policy. With `chunk_no`: that chunk's EXECUTE, `spent` its own attempts so far; its
+        activity id names the chunk (`execute-chunk-3`, `execute-chunk-3-2`...), never its text."""
         spent = inp.attemptsSpent if spent is None else spent
         looks = 0
         schedules = 0
         while True:
             schedules += 1
+            seen = self._wakes.count  # a wake-up during EXECUTE still ends the wait after it
             executed = await self._execute(
                 inp,
                 plan,
@@ -330,17 +338,16 @@ class JobStages:
             if executed.gate_wait_s <= 0:
                 return executed
             spent = max(spent, executed.attempt - 1)
-            if executed.gate_reason in contracts.LIMIT_WAITS and workflow.patched(
-                EXACT_LIMIT_WAITS
-            ):
-                # A limit says exactly when its bucket has room: a growing wait would only
-                # pace the job slower than the limit allows (1 s is Temporal's timer floor).
-                wait_s = max(executed.gate_wait_s, 1.0)
+            limit_wait = executed.gate_reason in contracts.LIMIT_WAITS
+            if limit_wait and workflow.patched(LIMIT_WAKE):  # its time, or a wake-up signal
+                wait_s = await wait_for_room(self._wakes, seen, executed, executed.gate_wait_s)
+            elif limit_wait and workflow.patched(EXACT_LIMIT_WAITS):
+                wait_s = max(executed.gate_wait_s, 1.0)  # exact: no backoff (1 s timer floor)
             else:
                 looks += 1
                 wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
-            # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
-            await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
+            if wait_s > 0:  # up to 10 % more: the jobs a pause held come back spread out
+                await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
             if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
                 if chunk_no is not None:
                     raise _HistoryFull()  # the fan-out continues as new once its chunks end
@@ -429,7 +436,15 @@ class JobWorkflow:
     and re-applies `workflow.defn` at every run, which inspects every member of the class and
     of its bases, so a class with only `run` costs each run less (the commands are the same)."""
 
+    def __init__(self) -> None:
+        self._wakes = Wakes()
+
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await JobStages().execute_job(inp)
+        return await JobStages(self._wakes).execute_job(inp)
+
+    @workflow.signal(name=LIMIT_WAKE_SIGNAL)
+    def limit_wake(self) -> None:
+        """Room may have appeared for a call waiting for its provider limit."""
+        self._wakes.woken()
