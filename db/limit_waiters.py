@@ -68,6 +68,7 @@ class Room:
     requests: float = math.inf
     tokens: float = math.inf
     free_slots: int | None = None
+    slot_in_s: float = 0.0  # when the first lease in flight expires (0: none)
     blocked_s: float = 0.0
     rpm_reason: WaitReason = "rpm"
     tpm_reason: WaitReason = "tpm"
@@ -81,8 +82,8 @@ class Room:
 @dataclass(frozen=True)
 class Verdict:
     """`reason` None: the call goes now. Otherwise wait `wait_s` (the exact refill of the
-    deficit for rpm/tpm, the provider's reset for `announced`; 0 for `concurrency`, which no
-    clock predicts)."""
+    deficit for rpm/tpm, the provider's reset for `announced`; for `concurrency`, which no
+    clock predicts, when the first lease in flight expires: its latest end)."""
 
     wait_s: float = 0.0
     reason: WaitReason | None = None
@@ -103,7 +104,7 @@ def verdict(room: Room, ahead: int, ahead_tokens: float, tokens: int) -> Verdict
     if reason is not None:
         return Verdict(wait_s, reason)
     if room.free_slots is not None and room.free_slots <= ahead:
-        return Verdict(0.0, "concurrency")
+        return Verdict(room.slot_in_s, "concurrency")
     return Verdict()
 
 

@@ -41,11 +41,12 @@ from db import limit_waiters
 from db.limit_config import Limits, LimitTable, parse_model_limits
 from db.limit_waiters import Room, WaiterId, WaitReason, verdict
 from db.pipeline import Statement
+from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
 
 PLATFORM_KEY_REF = "platform"
-# The wait a concurrency limit answers: leases end when calls end, which no timer predicts. A
-# workflow of this version waits for a wake-up instead (workflows/limit_wait.py, its backstop);
-# runs recorded before it poll at this interval.
+# The shortest wait a concurrency limit answers. Leases end when calls end, which no timer
+# predicts: the wait is until the first lease expires (a killed worker's sends no NOTIFY), at
+# most the backstop; a workflow of this version ends it earlier on a wake-up signal.
 CONCURRENCY_POLL_S = 1.0
 
 
@@ -131,7 +132,9 @@ _IN_FLIGHT = text(
         WHERE provider = :p AND model = :m AND key_ref = :k
           AND expires_at <= clock_timestamp()
     )
-    SELECT count(*) FROM provider_call_lease
+    SELECT count(*) AS n,
+           extract(epoch FROM min(expires_at) - clock_timestamp()) AS first_expiry_s
+    FROM provider_call_lease
     WHERE provider = :p AND model = :m AND key_ref = :k
       AND expires_at > clock_timestamp()
     """
@@ -231,16 +234,20 @@ async def room(s: AsyncSession, key: LimitKey, limits: Limits) -> Room | None:
     tpm = _lower(limits.tpm, row.announced_tpm)
     elapsed = float(row.elapsed)
     free: int | None = None
+    slot_in_s = 0.0
     blocked = float(row.blocked_s) if row.blocked_s is not None else 0.0
     if limits.concurrency is not None and blocked <= 0:
-        in_flight = (await s.execute(_IN_FLIGHT, params)).scalar_one()
-        free = limits.concurrency - int(in_flight)
+        leases = (await s.execute(_IN_FLIGHT, params)).one()
+        free = limits.concurrency - int(leases.n)
+        if leases.first_expiry_s is not None:
+            slot_in_s = max(float(leases.first_expiry_s), 0.0)
     return Room(
         rpm=rpm,
         tpm=tpm,
         requests=_bucket(float(row.requests_available), rpm, elapsed),
         tokens=_bucket(float(row.tokens_available), tpm, elapsed),
         free_slots=free,
+        slot_in_s=slot_in_s,
         blocked_s=max(blocked, 0.0),
         rpm_reason="rpm" if rpm == limits.rpm else "announced",
         tpm_reason="tpm" if tpm == limits.tpm else "announced",
@@ -272,7 +279,9 @@ async def admit(
     n, ahead_tokens, queued = await limit_waiters.ahead(s, params, who, cap_tokens=now.tpm)
     got = verdict(now, n, ahead_tokens, tokens)
     if got.reason == "concurrency":
-        return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
+        # At the latest when the first lease expires (its worker was killed: no NOTIFY).
+        wait_s = min(max(got.wait_s, CONCURRENCY_POLL_S), LIMIT_WAIT_BACKSTOP_S)
+        return LimitAdmission(wait_s, "concurrency")
     if got.reason is not None:
         return LimitAdmission(got.wait_s, got.reason)
     lease_id = None
