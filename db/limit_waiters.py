@@ -1,11 +1,15 @@
 """The fair queue of calls waiting for a provider limit, per (provider, model, key_ref), in
 PostgreSQL (`limit_waiter`), and the rule that admits a call only after the waiters ahead of it.
 
-Order: fair between users, first come first served within a user. Each live waiter is ranked
-within its user by the order it entered (`seq`); the queue is ordered by (that rank, `seq`): every
-user's first waiter, oldest first, then every user's second... A caller not yet in the queue
-stands at the end of its own user's lane: rank (its user's live waiters + 1), after every waiter
-of that rank. A waiter keeps its place (`seq`) on every later look until it is admitted.
+Order: fair between users, first come first served within a user (start-time fair queuing).
+A waiter gets a `turn` when it enters: one after its user's last live waiter's turn, or, when its
+user has none, the lowest live turn (the one being served now: it neither jumps ahead of it nor
+goes behind everyone). The queue is ordered by (`turn`, `seq`, the order of entry): every user's
+first waiter, then every user's second... A user with a backlog is served one call per turn
+beside a user who just arrived. A turn is kept for good (ranks recomputed at each look would
+put the oldest user's backlog first, which is first come first served, not fair). A caller
+not yet in the queue stands where it would enter: its new turn, after every waiter of that turn.
+A waiter keeps its place on every later look until it is admitted.
 
 Admission (`verdict`): a call goes only if there is room for it after reserving room for every
 waiter ahead of it: under a concurrency limit, more free slots than waiters ahead; under rpm,
@@ -132,33 +136,44 @@ class Head:
     claimed: bool  # woken less than CLAIM_TTL_S ago: its wake-up is on its way
 
 
-_LIVE = f"""
-    live AS (
-        SELECT w.job_id, w.chunk_no, w.user_id, w.workflow_id, w.tokens, w.seq, w.woken_at,
-               row_number() OVER (PARTITION BY w.user_id ORDER BY w.seq) AS rk
-        FROM limit_waiter w
-        WHERE w.provider = :p AND w.model = :m AND w.key_ref = :k
+_LIVE_WHERE = f"""
+        w.provider = :p AND w.model = :m AND w.key_ref = :k
           AND w.expires_at > clock_timestamp()
           AND NOT EXISTS (
               SELECT 1 FROM ai_job j WHERE j.id = w.job_id
                 AND (j.lifecycle_status IN {_TERMINAL} OR j.cancel_requested_at IS NOT NULL))
+"""
+_LIVE = f"""
+    live AS (
+        SELECT w.job_id, w.chunk_no, w.user_id, w.workflow_id, w.tokens, w.turn, w.seq,
+               w.woken_at
+        FROM limit_waiter w WHERE {_LIVE_WHERE}
     )
 """
-# A caller not in the queue stands after every waiter of rank (its user's waiters + 1).
+# The turn a new waiter of `:user` gets: one after its user's last live waiter's, or (its user
+# has none) the current turn, the lowest live one: never ahead of a turn already being served.
+_NEW_TURN = """
+    coalesce((SELECT max(turn) + 1 FROM live
+              WHERE user_id = :user AND NOT (job_id = :job AND chunk_no = :chunk)),
+             (SELECT min(turn) FROM live), 0)
+"""
+# A caller not in the queue stands where it would enter: its new turn, after every waiter of it.
 _AHEAD = text(
     "WITH "
     + _LIVE
     + """,
     me AS (
-        SELECT coalesce((SELECT rk FROM live WHERE job_id = :job AND chunk_no = :chunk),
-                        (SELECT count(*) + 1 FROM live WHERE user_id = :user)) AS rk,
+        SELECT coalesce((SELECT turn FROM live WHERE job_id = :job AND chunk_no = :chunk),
+                        """
+    + _NEW_TURN
+    + """) AS turn,
                coalesce((SELECT seq FROM live WHERE job_id = :job AND chunk_no = :chunk),
                         9223372036854775807) AS seq
     )
     SELECT count(*) AS n, coalesce(sum(least(l.tokens, :cap)), 0) AS tokens,
            EXISTS (SELECT 1 FROM limit_waiter
                    WHERE job_id = :job AND chunk_no = :chunk) AS queued
-    FROM live l, me WHERE (l.rk, l.seq) < (me.rk, me.seq)
+    FROM live l, me WHERE (l.turn, l.seq) < (me.turn, me.seq)
     """
 )
 _HEADS = text(
@@ -167,15 +182,20 @@ _HEADS = text(
     + """
     SELECT job_id, chunk_no, workflow_id, tokens,
            coalesce(woken_at > clock_timestamp() - make_interval(secs => :ttl), false) AS claimed
-    FROM live ORDER BY rk, seq LIMIT :n
+    FROM live ORDER BY turn, seq LIMIT :n
     """
 )
 _ENQUEUE = text(
-    """
+    "WITH "
+    + _LIVE
+    + """
     INSERT INTO limit_waiter AS w (job_id, chunk_no, provider, model, key_ref, user_id,
-        workflow_id, tokens, expires_at)
-    VALUES (:job, :chunk, :p, :m, :k, :user, :wf, :tokens,
-            clock_timestamp() + make_interval(secs => :ttl))
+        workflow_id, tokens, turn, expires_at)
+    SELECT CAST(:job AS uuid), CAST(:chunk AS integer), CAST(:p AS varchar),
+           CAST(:m AS varchar), CAST(:k AS varchar), CAST(:user AS varchar),
+           CAST(:wf AS varchar), CAST(:tokens AS bigint), """
+    + _NEW_TURN
+    + """, clock_timestamp() + make_interval(secs => :ttl)
     ON CONFLICT (job_id, chunk_no) DO UPDATE SET
         provider = EXCLUDED.provider, model = EXCLUDED.model, key_ref = EXCLUDED.key_ref,
         user_id = EXCLUDED.user_id, workflow_id = EXCLUDED.workflow_id,

@@ -85,6 +85,7 @@ class LimitWaiter(Base):
     user_id: Mapped[str] = mapped_column(String(128))
     workflow_id: Mapped[str] = mapped_column(String(255))
     tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    turn: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
     woken_at: Mapped[datetime | None] = mapped_column(TS)
     expires_at: Mapped[datetime] = mapped_column(TS)

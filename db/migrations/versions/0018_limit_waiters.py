@@ -2,8 +2,8 @@
 
 - `limit_waiter`: one row per waiting call (a job, or one chunk of it: `chunk_no` -1 for a
   job's one call), per (provider, model, key_ref), with its user (the fair order's lane), its
-  workflow (whom a wake-up signals), the tokens it needs, its place (`seq`, the order it
-  entered), when it was last woken (`woken_at`: a wake claimed, so two waker processes never
+  workflow (whom a wake-up signals), the tokens it needs, its place (`turn`, its user's
+  round in the fair order, then `seq`, the order it entered), when it was last woken (`woken_at`: a wake claimed, so two waker processes never
   signal the same waiter) and when the row stops counting if nobody looks again
   (`expires_at`: a waiter whose workflow is gone never blocks the others for ever).
 
@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column('user_id', sa.String(length=128), nullable=False),
         sa.Column('workflow_id', sa.String(length=255), nullable=False),
         sa.Column('tokens', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+        sa.Column('turn', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
         sa.Column('seq', sa.BigInteger(), sa.Identity(always=False), nullable=False),
         sa.Column('woken_at', sa.DateTime(timezone=True), nullable=True),
         sa.Column('expires_at', sa.DateTime(timezone=True), nullable=False),
