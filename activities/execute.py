@@ -4,8 +4,8 @@ A thin stage over its use cases; `Execute.execute` runs one `_Attempt`, in steps
 1. `begin`: the first transaction (`jobs/attempt_start.py` `start`): the job taken (the CAS
    queued → running, or this workflow's own lock on a retry), then its provider admission
    (`jobs/admission.py`: the gate, the cost cover, the key, the limits). A `Wait` rolls it back
-   and returns how long to wait (a limit's wait enters its key's fair queue). A job that ended while it
-   waited ends here without a call; an output already stored is reused, not bought again.
+   and returns how long to wait (a limit's wait enters its key's fair queue). A job that ended
+   while it waited ends here without a call; an output already stored is reused, not bought.
 2. `call`: the prompt and the provider call (`jobs/calls.py`) under the job's timeout,
    heartbeating on its own clock while a separate task extends the SQL lock and reads a cancel
    recorded in SQL; then the output's validation (`jobs/output.py`).
