@@ -5,7 +5,8 @@ One embedded PostgreSQL and one in-memory Temporal dev server (`bench.infra.serv
 stack (`aijobs relay` + one `aijobs worker --queue ai-interactive`) with the synthetic model
 under `AI_MODEL_LIMITS={"synthetic": {"concurrency": 1}}`. Transactions are PostgreSQL's own
 count for the engine's database (`pg_stat_database` xact_commit + xact_rollback), read from
-another database; the bench sends nothing to the engine's database during a window.
+another database, less PostgreSQL's own autovacuum and autoanalyze runs in the window
+(`pg_stat_all_tables`); the bench sends nothing to the engine's database during a window.
 
 1. idle: the stack with no job, over `--window` seconds: the baseline of the same run;
 2. concurrency: a call holds the only slot for longer than the window (its lease inserted as a
@@ -60,12 +61,25 @@ async def xacts(admin: Admin) -> int:
     )
 
 
-async def per_minute(admin: Admin, window_s: float) -> float:
-    """The engine database's transactions per minute over `window_s` (the bench quiet)."""
+async def autovacuums(edb: EngineDb) -> int:
+    """PostgreSQL's own maintenance of the engine's tables so far (autovacuum and autoanalyze
+    runs): transactions the engine did not send, taken out of every window."""
+    rows = await edb.fetchall(
+        "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables"
+    )
+    return int(rows[0][0])
+
+
+async def per_minute(admin: Admin, window_s: float, edb: EngineDb | None = None) -> float:
+    """The engine's transactions per minute on its database over `window_s`, the bench quiet
+    (its own reads of the maintenance counts fall outside the window), less PostgreSQL's own
+    maintenance runs in it."""
+    vac0 = await autovacuums(edb) if edb is not None else 0
     before, t0 = await xacts(admin), time.monotonic()
     await asyncio.sleep(window_s)
     after, t1 = await xacts(admin), time.monotonic()
-    return (after - before) * 60.0 / (t1 - t0)
+    vac1 = await autovacuums(edb) if edb is not None else 0
+    return (after - before - (vac1 - vac0)) * 60.0 / (t1 - t0)
 
 
 async def until(edb: EngineDb, sql: str, want: int, what: str, timeout_s: float = 120.0) -> None:
@@ -113,7 +127,7 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
     )
     await create(ctx.svc, n, "behind")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
-    rate = await per_minute(ctx.admin, args.window)
+    rate = await per_minute(ctx.admin, args.window, ctx.edb)
     # The call "ends": its lease goes and its key is notified, as a call's last transaction does.
     await edb.fetchall("DELETE FROM provider_call_lease")
     await edb.fetchall(
@@ -137,7 +151,7 @@ async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> floa
     )
     await create(ctx.svc, n, "announced")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
-    rate = await per_minute(ctx.admin, args.window)
+    rate = await per_minute(ctx.admin, args.window, ctx.edb)
     await all_done(edb, done + n)
     return rate
 
@@ -157,7 +171,7 @@ async def waits(ctx: Any, sv: Servers, args: argparse.Namespace) -> dict[str, An
     try:
         await st.start(ctx.client, ctx.admin)
         await asyncio.sleep(args.settle)
-        idle = await per_minute(ctx.admin, args.window)
+        idle = await per_minute(ctx.admin, args.window, ctx.edb)
         progress(f"idle stack: {idle:.1f} transactions/min")
         conc = await concurrency_phase(ctx, args)
         progress(f"concurrency wait: {conc:.1f} transactions/min for {args.jobs} jobs")
@@ -165,7 +179,7 @@ async def waits(ctx: Any, sv: Servers, args: argparse.Namespace) -> dict[str, An
         progress(f"announced wait: {ann:.1f} transactions/min for {args.jobs} jobs")
         st.relay.stop()
         await asyncio.sleep(args.settle)
-        worker_only = await per_minute(ctx.admin, args.window)
+        worker_only = await per_minute(ctx.admin, args.window, ctx.edb)
         progress(f"worker alone, idle: {worker_only:.1f} transactions/min")
     finally:
         st.stop()
@@ -187,7 +201,7 @@ async def loop_costs(ctx: Any, sv: Servers, args: argparse.Namespace) -> dict[st
         try:
             await st.start(ctx.client, ctx.admin)
             await asyncio.sleep(args.settle)
-            out[loop] = await per_minute(ctx.admin, args.window)
+            out[loop] = await per_minute(ctx.admin, args.window, ctx.edb)
             progress(f"idle with the {loop} slowed: {out[loop]:.1f} transactions/min")
         finally:
             st.stop()
