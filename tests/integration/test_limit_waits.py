@@ -18,7 +18,8 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from jobs.types import synthetic
 from tests.integration.engine_helpers import scalar
-from tests.stack import Stack, engine_stack, make_settings, variant
+from tests.integration.test_chunked_jobs import long_source
+from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings, variant
 from tests.support import eventually
 
 SLOW = {"delayMs": 600}
@@ -42,8 +43,13 @@ async def waiting(db: SessionMaker, job: uuid.UUID) -> None:
 
 
 def waits_counted(reason: str) -> float:
-    labels = {"provider": "synthetic", "model": "synthetic", "reason": reason}
-    return REGISTRY.get_sample_value("aijobs_limiter_waits_total", labels) or 0.0
+    """Waits counted for `reason`, every provider and model."""
+    return sum(
+        s.value
+        for m in REGISTRY.collect()
+        for s in m.samples
+        if s.name == "aijobs_limiter_waits_total" and s.labels.get("reason") == reason
+    )
 
 
 async def test_waiters_go_in_fair_order_without_polling(
@@ -119,3 +125,32 @@ async def test_a_large_call_is_not_starved_by_a_stream_of_small_ones(
         waited = (row.started_at - created).total_seconds()
         # Its own refill, one small call ahead of it, and the engine's latency.
         assert waited < (need + 1200) * 60 / tpm + 4, waited
+
+
+async def test_a_long_sources_chunks_wait_in_the_queue_and_are_woken(
+    db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
+) -> None:
+    """A chunked job's fan-out under concurrency 1: its chunks in flight wait in the queue (one
+    row each) and a call's end wakes the run, so the job ends without any backstop wait."""
+    settings = make_settings(
+        database_url,
+        temporal_address,
+        AI_CHUNK_INPUT_TOKENS=1000,
+        AI_MODEL_LIMITS=json.dumps({"*": {"concurrency": 1}}),
+        AI_INTERACTIVE_CONCURRENCY=4,
+        AI_BACKGROUND_CONCURRENCY=4,
+    )
+    counted = waits_counted("concurrency")
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
+        started = time.monotonic()
+        job = await st.create(job_type="quiz_generation", input={"sourceText": long_source()})
+        row = await st.wait_status(job, timeout=60)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        assert time.monotonic() - started < 30  # woken, never the 60 s backstop
+    assert row.chunk_count is not None and row.chunk_count >= 4
+    attempts = await scalar(
+        db, "SELECT array_agg(DISTINCT attempt_count) FROM ai_job_chunk WHERE job_id = :j", j=job
+    )
+    assert attempts == [1]
+    assert waits_counted("concurrency") > counted  # chunks did wait for the slot
+    assert await scalar(db, "SELECT count(*) FROM limit_waiter") == 0
