@@ -127,6 +127,7 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
     )
     await create(ctx.svc, n, "behind")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
+    await asyncio.sleep(args.settle)  # the relay's and deliverer's work of the jobs before
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     # The call "ends": its lease goes and its key is notified, as a call's last transaction does.
     await edb.fetchall("DELETE FROM provider_call_lease")
@@ -151,6 +152,7 @@ async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> floa
     )
     await create(ctx.svc, n, "announced")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
+    await asyncio.sleep(args.settle)  # the relay's and deliverer's work of the jobs before
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     await all_done(edb, done + n)
     return rate

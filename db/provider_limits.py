@@ -19,6 +19,12 @@ statement, after the lock). Leases are inserted only under that row lock, so cou
 there never over-admits; a lease expires on its own (`expires_at`) so a dead worker never
 holds a slot for ever.
 
+Order: a call is admitted only with room for it after room for every waiter ahead of it in
+the key's fair queue (db/limit_waiters.py: fair between users, first come first served within
+one), so nobody passes a waiter, and the wait this answers is the exact time room appears for
+the caller behind those ahead. The configured limits (AI_MODEL_LIMITS) are parsed in
+db/limit_config.py.
+
 Cost when unused: with no configured limit the repository reads the key's row once (a
 provider may have announced limits for it) and writes nothing; a key the synthetic provider
 serves without a configured limit is never asked at all (the caller skips it).
