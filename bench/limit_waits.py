@@ -73,7 +73,9 @@ async def autovacuums(edb: EngineDb) -> int:
 async def per_minute(admin: Admin, window_s: float, edb: EngineDb | None = None) -> float:
     """The engine's transactions per minute on its database over `window_s`, the bench quiet
     (its own reads of the maintenance counts fall outside the window), less PostgreSQL's own
-    maintenance runs in it."""
+    maintenance runs in it. A backend reports its transactions to the statistics when it goes
+    idle, up to 10 s later: each window opens after `--settle` seconds of calm, or a burst
+    before it (creating the jobs, their first looks) would be counted in it."""
     vac0 = await autovacuums(edb) if edb is not None else 0
     before, t0 = await xacts(admin), time.monotonic()
     await asyncio.sleep(window_s)
@@ -127,7 +129,7 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
     )
     await create(ctx.svc, n, "behind")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
-    await asyncio.sleep(args.settle)  # the relay's and deliverer's work of the jobs before
+    await asyncio.sleep(args.settle)  # see `per_minute`: counts reach the statistics late
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     # The call "ends": its lease goes and its key is notified, as a call's last transaction does.
     await edb.fetchall("DELETE FROM provider_call_lease")
@@ -152,7 +154,7 @@ async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> floa
     )
     await create(ctx.svc, n, "announced")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
-    await asyncio.sleep(args.settle)  # the relay's and deliverer's work of the jobs before
+    await asyncio.sleep(args.settle)  # see `per_minute`: counts reach the statistics late
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     await all_done(edb, done + n)
     return rate
@@ -265,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.limit_waits", description=__doc__)
     p.add_argument("--jobs", type=int, default=20, help="waiting jobs per wait (20)")
     p.add_argument("--window", type=float, default=60.0, help="seconds per measurement (60)")
-    p.add_argument("--settle", type=float, default=5.0, help="seconds before idle windows (5)")
+    p.add_argument(
+        "--settle", type=float, default=15.0, help="seconds of calm before each window (15)"
+    )
     p.add_argument("--no-loops", dest="loops", action="store_false", help="skip the loop split")
     p.add_argument(
         "--interactive-concurrency", type=int, default=4, help="AI_INTERACTIVE_CONCURRENCY (4)"
