@@ -125,7 +125,7 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
     await edb.fetchall(
         "INSERT INTO provider_call_lease (id, provider, model, key_ref, job_id, tokens, "
         "expires_at) VALUES (gen_random_uuid(), 'synthetic', 'synthetic', 'platform', "
-        f"gen_random_uuid(), 0, clock_timestamp() + interval '{args.window + 60} seconds')"
+        f"gen_random_uuid(), 0, clock_timestamp() + interval '{2 * args.window + 60} seconds')"
     )
     await create(ctx.svc, n, "behind")
     await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
@@ -144,7 +144,7 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
 async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> float:
     """`args.jobs` jobs waiting for an announced reset; their transactions/min."""
     edb, n = ctx.edb, args.jobs
-    block_s = args.window + 10
+    block_s = args.settle + args.window + 30  # the reset comes after the window
     await edb.fetchall(
         "INSERT INTO provider_limit (provider, model, key_ref, requests_available, "
         "tokens_available, refilled_at, blocked_until) VALUES ('synthetic', 'synthetic', "
