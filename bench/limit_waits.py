@@ -92,6 +92,18 @@ async def until(edb: EngineDb, sql: str, want: int, what: str, timeout_s: float 
         await asyncio.sleep(POLL_S)
 
 
+async def drained(edb: EngineDb, settle_s: float, timeout_s: float = 120.0) -> None:
+    """Until the relay has published every outbox row (the ending events of the jobs before),
+    then `settle_s` of calm: the work of earlier jobs is not counted in the next window."""
+    deadline = time.monotonic() + timeout_s
+    sql = "SELECT count(*) FROM outbox_event WHERE status IN ('pending', 'processing')"
+    while int((await edb.fetchall(sql))[0][0]) > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the outbox not drained in {timeout_s:.0f}s")
+        await asyncio.sleep(POLL_S)
+    await asyncio.sleep(settle_s)
+
+
 async def create(svc: Any, n: int, tag: str, delay_ms: int = 0) -> None:
     from jobs.service import CreateJobRequest
 
@@ -144,7 +156,8 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
 async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> float:
     """`args.jobs` jobs waiting for an announced reset; their transactions/min."""
     edb, n = ctx.edb, args.jobs
-    block_s = args.settle + args.window + 30  # the reset comes after the window
+    await drained(edb, args.settle)
+    block_s = 2 * args.settle + args.window + 30  # the reset comes after the window
     await edb.fetchall(
         "INSERT INTO provider_limit (provider, model, key_ref, requests_available, "
         "tokens_available, refilled_at, blocked_until) VALUES ('synthetic', 'synthetic', "
@@ -181,6 +194,7 @@ async def waits(ctx: Any, sv: Servers, args: argparse.Namespace) -> dict[str, An
         progress(f"concurrency wait: {conc:.1f} transactions/min for {args.jobs} jobs")
         ann = await announced_phase(ctx, args, args.jobs)
         progress(f"announced wait: {ann:.1f} transactions/min for {args.jobs} jobs")
+        await drained(ctx.edb, 0.0)
         st.relay.stop()
         await asyncio.sleep(args.settle)
         worker_only = await per_minute(ctx.admin, args.window, ctx.edb)
