@@ -18,12 +18,20 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from jobs.types import synthetic
 from tests.integration.engine_helpers import scalar
-from tests.integration.test_chunked_jobs import long_source
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings, variant
 from tests.support import eventually
 
 SLOW = {"delayMs": 600}
 KEY = {"p": "synthetic", "m": "synthetic", "k": "platform"}
+
+
+def long_source(paragraphs: int = 80) -> str:
+    """Distinct sentences, long enough for several chunks of 1,000 tokens."""
+    return "\n\n".join(
+        f"Paragraph {i} explains that enzyme catalysts{i} accelerate reactions{i} inside "
+        f"cells. Researchers measured temperature{i} effects on molecules{i} carefully."
+        for i in range(paragraphs)
+    )
 
 
 def limited(database_url: str, temporal_address: str, limits: dict[str, Any]) -> Any:
