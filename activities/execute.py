@@ -4,8 +4,8 @@ A thin stage over its use cases; `Execute.execute` runs one `_Attempt`, in steps
 1. `begin`: the first transaction (`jobs/attempt_start.py` `start`): the job taken (the CAS
    queued → running, or this workflow's own lock on a retry), then its provider admission
    (`jobs/admission.py`: the gate, the cost cover, the key, the limits). A `Wait` rolls it back
-   and returns how long to wait (the workflow waits on a timer). A job that ended while it
-   waited ends here without a call; an output already stored is reused, not bought again.
+   and returns how long to wait (a limit's wait enters its key's fair queue). A job that ended
+   while it waited ends here without a call; an output already stored is reused, not bought.
 2. `call`: the prompt and the provider call (`jobs/calls.py`) under the job's timeout,
    heartbeating on its own clock while a separate task extends the SQL lock and reads a cancel
    recorded in SQL; then the output's validation (`jobs/output.py`).
@@ -38,6 +38,7 @@ from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
     fail_final,
+    fail_over_budget,
     private_strings,
     unexpected_failure,
 )
@@ -51,7 +52,7 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls, stream_items
+from jobs import attempt_start, calls, limit_wake, stream_items
 from jobs.admission import Refused, Ticket, Wait
 from jobs.output import validated_answer
 from jobs.stream_items import Progress
@@ -137,14 +138,19 @@ class _Attempt:
 
     async def begin(self) -> Begun:
         """The first transaction, heartbeating while the database is slow or away. A closed
-        gate rolls it back (the job stays `queued`) and says how long to wait."""
+        gate rolls it back (the job stays `queued`); a limit's wait enters its fair queue."""
+        budget_s, metrics = self._cfg.db_retry_budget_s, self._d.metrics.limiter_waited
         async with heartbeating():
-            try:
-                return await db_retry(self._begin_transaction, budget_s=self._cfg.db_retry_budget_s)
-            except _Waiting as waiting:
-                w = waiting.wait
-                self._d.metrics.limiter_waited(w.provider, w.model, w.reason, w.wait_s)
-                return Begun(gate_wait_s=w.wait_s, gate_reason=w.reason)
+            for _ in range(limit_wake.LOOKS_PER_ATTEMPT):
+                try:
+                    return await db_retry(self._begin_transaction, budget_s=budget_s)
+                except _Waiting as waiting:
+                    w = waiting.wait
+                wf = activity.info().workflow_id
+                queued = await limit_wake.enqueue(self._d.sessionmaker, w, self.job_id, wf, metrics)
+                if not queued.look_again:
+                    break
+            return Begun(gate_wait_s=w.wait_s, gate_reason=w.reason)
 
     async def _begin_transaction(self) -> Begun:
         d = self._d
@@ -163,12 +169,8 @@ class _Attempt:
             got = await attempt_start.start(s, d.gateway, d.catalog, self._cfg, start)
             if isinstance(got, Wait):
                 raise _Waiting(got)  # rolls the CAS back: still queued
-            if isinstance(got, Refused):
-                log.info(
-                    "another call would exceed a cost limit; the job stops",
-                    extra={"job_id": self.inp.job_id, "limit": got.limit, "attempt": self.number},
-                )
-                fail_final("BUDGET_EXHAUSTED")  # rolls the CAS back; no other call
+            if isinstance(got, Refused):  # rolls the CAS back; no other call
+                fail_over_budget(self.inp.job_id, got.limit, self.number)
             if isinstance(got, attempt_start.Stop):
                 fail_final(got.code)  # rolls back
             if isinstance(got, attempt_start.Ended):
@@ -177,8 +179,6 @@ class _Attempt:
                 return Begun(reuse_hash=got.output_hash)
             self.chunk, self.started, self.call_no = got.chunk, got, got.call_no
             return Begun(started=got)
-
-    # ---- the steps after it ------------------------------------------------------------
 
     async def run(self, begun: Begun) -> ExecuteResult:
         """The steps after the first transaction. A probe or lease no outcome settled (an error

@@ -177,6 +177,15 @@ def fail_final(code: str) -> NoReturn:
     raise ApplicationError(public_message_for(code), type=code, non_retryable=True)
 
 
+def fail_over_budget(job_id: str, limit: str, attempt: int) -> NoReturn:
+    """Another call would exceed a cost limit (a budget, the job's cap): the job stops, final."""
+    log.info(
+        "another call would exceed a cost limit; the job stops",
+        extra={"job_id": job_id, "limit": limit, "attempt": attempt},
+    )
+    fail_final("BUDGET_EXHAUSTED")
+
+
 def fail_domain(exc: EngineError) -> NoReturn:
     """A domain error in a bookkeeping stage is final: retrying cannot change the answer."""
     raise ApplicationError(exc.public_message, type=exc.code, non_retryable=True) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Float, Index, Integer, String, func, text
+from sqlalchemy import BigInteger, Float, Identity, Index, Integer, String, func, text
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -67,4 +67,25 @@ class ProviderCallLease(Base):
     key_ref: Mapped[str] = mapped_column(String(80))
     job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
     tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    expires_at: Mapped[datetime] = mapped_column(TS)
+
+
+class LimitWaiter(Base):
+    """A call waiting for its key's provider limits, in the key's fair queue (per user, in the
+    order each entered: db/limit_waiters.py); `expires_at` bounds a waiter nobody looks for."""
+
+    __tablename__ = "limit_waiter"
+    __table_args__ = (Index("ix_limit_waiter_key", "provider", "model", "key_ref", "seq"),)
+
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    chunk_no: Mapped[int] = mapped_column(Integer, primary_key=True)  # -1: the job's one call
+    provider: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    key_ref: Mapped[str] = mapped_column(String(80))
+    user_id: Mapped[str] = mapped_column(String(128))
+    workflow_id: Mapped[str] = mapped_column(String(255))
+    tokens: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    turn: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
+    woken_at: Mapped[datetime | None] = mapped_column(TS)
     expires_at: Mapped[datetime] = mapped_column(TS)

@@ -19,6 +19,12 @@ statement, after the lock). Leases are inserted only under that row lock, so cou
 there never over-admits; a lease expires on its own (`expires_at`) so a dead worker never
 holds a slot for ever.
 
+Order: a call is admitted only with room for it after room for every waiter ahead of it in
+the key's fair queue (db/limit_waiters.py: fair between users, first come first served within
+one), so nobody passes a waiter, and the wait this answers is the exact time room appears for
+the caller behind those ahead. The configured limits (AI_MODEL_LIMITS) are parsed in
+db/limit_config.py.
+
 Cost when unused: with no configured limit the repository reads the key's row once (a
 provider may have announced limits for it) and writes nothing; a key the synthetic provider
 serves without a configured limit is never asked at all (the caller skips it).
@@ -29,26 +35,25 @@ transaction back, so nothing is taken while a job waits.
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import limit_waiters
+from db.limit_config import Limits, LimitTable, parse_model_limits
+from db.limit_waiters import Room, WaiterId, WaitReason, verdict
 from db.pipeline import Statement
+from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
 
 PLATFORM_KEY_REF = "platform"
-# How long a caller held by the concurrency limit waits before it asks again: leases end when
-# calls end, which no timer predicts.
+# The shortest wait a concurrency limit answers. Leases end when calls end, which no timer
+# predicts: the wait is until the first lease expires (a killed worker's sends no NOTIFY), at
+# most the backstop; a workflow of this version ends it earlier on a wake-up signal.
 CONCURRENCY_POLL_S = 1.0
-_MAX_NAME = 128
-_FIELDS = ("rpm", "tpm", "concurrency")
-
-WaitReason = Literal["rpm", "tpm", "concurrency", "announced"]
 
 
 @dataclass(frozen=True)
@@ -61,20 +66,7 @@ class LimitKey:
     key_ref: str = PLATFORM_KEY_REF
 
     def params(self) -> dict[str, str]:
-        return {"p": self.provider[:64], "m": self.model[:_MAX_NAME], "k": self.key_ref[:80]}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-minute requests and tokens and calls at once; None: unlimited."""
-
-    rpm: int | None = None
-    tpm: int | None = None
-    concurrency: int | None = None
-
-    @property
-    def configured(self) -> bool:
-        return self.rpm is not None or self.tpm is not None or self.concurrency is not None
+        return {"p": self.provider[:64], "m": self.model[:128], "k": self.key_ref[:80]}
 
 
 @dataclass(frozen=True)
@@ -105,61 +97,6 @@ class RateLimitInfo(Protocol):
     def reset_requests_s(self) -> float | None: ...
     @property
     def reset_tokens_s(self) -> float | None: ...
-
-
-class LimitTable:
-    """AI_MODEL_LIMITS: the limits of each model, looked up as "provider/model", then "model",
-    then "*" (every model); names are case-insensitive. Built once per process."""
-
-    def __init__(self, entries: Mapping[str, Limits] | None = None) -> None:
-        self._entries = {name.strip().lower(): v for name, v in (entries or {}).items()}
-
-    def __bool__(self) -> bool:
-        return bool(self._entries)
-
-    def for_model(self, provider: str, model: str) -> Limits:
-        p, m = provider.strip().lower(), model.strip().lower()
-        for name in (f"{p}/{m}", m, "*"):
-            found = self._entries.get(name)
-            if found is not None:
-                return found
-        return Limits()
-
-
-def _limit(value: Any, where: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
-        raise ValueError(f"{where}: want a positive integer or null")
-    return value
-
-
-def parse_model_limits(raw_text: str) -> LimitTable:
-    """AI_MODEL_LIMITS: a JSON object of model name ("deepseek-chat"), "provider/model" or "*"
-    -> {"rpm": int, "tpm": int, "concurrency": int}, each optional (null or absent:
-    unlimited). Empty: no limits. Raises ValueError naming the setting and the entry."""
-    if not raw_text.strip():
-        return LimitTable()
-    try:
-        raw = json.loads(raw_text)
-    except ValueError:
-        raise ValueError("AI_MODEL_LIMITS: not valid JSON") from None
-    if not isinstance(raw, dict):
-        raise ValueError("AI_MODEL_LIMITS: want a JSON object of model name -> limits")
-    out: dict[str, Limits] = {}
-    for name, entry in raw.items():
-        model = name.strip().lower()
-        if not model or len(model) > _MAX_NAME:
-            raise ValueError(f"AI_MODEL_LIMITS: a model name must have 1-{_MAX_NAME} characters")
-        where = f"AI_MODEL_LIMITS[{model[:40]!r}]"
-        if not isinstance(entry, dict) or not set(entry) <= set(_FIELDS):
-            raise ValueError(f"{where}: want an object with rpm, tpm and/or concurrency")
-        out[model] = Limits(
-            rpm=_limit(entry.get("rpm"), f"{where}.rpm"),
-            tpm=_limit(entry.get("tpm"), f"{where}.tpm"),
-            concurrency=_limit(entry.get("concurrency"), f"{where}.concurrency"),
-        )
-    return LimitTable(out)
 
 
 def _lower(a: int | None, b: int | None) -> int | None:
@@ -201,7 +138,9 @@ _IN_FLIGHT = text(
         WHERE provider = :p AND model = :m AND key_ref = :k
           AND expires_at <= clock_timestamp()
     )
-    SELECT count(*) FROM provider_call_lease
+    SELECT count(*) AS n,
+           extract(epoch FROM min(expires_at) - clock_timestamp()) AS first_expiry_s
+    FROM provider_call_lease
     WHERE provider = :p AND model = :m AND key_ref = :k
       AND expires_at > clock_timestamp()
     """
@@ -290,6 +229,38 @@ async def _locked_row(s: AsyncSession, params: dict[str, str], limits: Limits) -
     return row
 
 
+async def room(s: AsyncSession, key: LimitKey, limits: Limits) -> Room | None:
+    """The key's limits and what they hold now, its row locked until the caller's transaction
+    ends (expired leases swept on the way). None: nothing limits the key."""
+    params = key.params()
+    row = await _locked_row(s, params, limits)
+    if row is None:
+        return None
+    rpm = _lower(limits.rpm, row.announced_rpm)
+    tpm = _lower(limits.tpm, row.announced_tpm)
+    elapsed = float(row.elapsed)
+    free: int | None = None
+    slot_in_s = 0.0
+    blocked = float(row.blocked_s) if row.blocked_s is not None else 0.0
+    if limits.concurrency is not None and blocked <= 0:
+        leases = (await s.execute(_IN_FLIGHT, params)).one()
+        free = limits.concurrency - int(leases.n)
+        if leases.first_expiry_s is not None:
+            slot_in_s = max(float(leases.first_expiry_s), 0.0)
+    return Room(
+        rpm=rpm,
+        tpm=tpm,
+        requests=_bucket(float(row.requests_available), rpm, elapsed),
+        tokens=_bucket(float(row.tokens_available), tpm, elapsed),
+        free_slots=free,
+        slot_in_s=slot_in_s,
+        blocked_s=max(blocked, 0.0),
+        rpm_reason="rpm" if rpm == limits.rpm else "announced",
+        tpm_reason="tpm" if tpm == limits.tpm else "announced",
+        read_at=row.read_at,
+    )
+
+
 async def admit(
     s: AsyncSession,
     key: LimitKey,
@@ -298,50 +269,43 @@ async def admit(
     tokens: int,
     job_id: uuid.UUID,
     lease_ttl_s: float,
+    chunk_no: int | None = None,
+    user_id: str = "",
 ) -> LimitAdmission:
-    """Whether a call of `tokens` may go now with `key`; when it may, its request and
-    tokens are taken from the buckets (and a lease is held under a concurrency limit).
-    The row lock this takes is held until the caller's transaction ends."""
+    """Whether a call of `tokens` may go now with `key`, after the waiters ahead of it in the
+    key's fair queue (db/limit_waiters.py: room is reserved for each of them first); when it
+    may, its request and tokens are taken from the buckets (and a lease is held under a
+    concurrency limit) and it leaves the queue. The row lock this takes is held until the
+    caller's transaction ends."""
     params = key.params()
-    row = await _locked_row(s, params, limits)
-    if row is None:
+    now = await room(s, key, limits)
+    if now is None:
         return LimitAdmission()
-    if row.blocked_s is not None and float(row.blocked_s) > 0:
-        return LimitAdmission(float(row.blocked_s), "announced")
-    rpm = _lower(limits.rpm, row.announced_rpm)
-    tpm = _lower(limits.tpm, row.announced_tpm)
-    elapsed = float(row.elapsed)
-    requests = _bucket(float(row.requests_available), rpm, elapsed)
-    available = _bucket(float(row.tokens_available), tpm, elapsed)
-    wait_s: float = 0.0
-    reason: WaitReason | None = None
-    if rpm is not None and requests < 1:
-        wait_s = (1 - requests) * 60.0 / rpm
-        reason = "rpm" if rpm == limits.rpm else "announced"
-    if tpm is not None:
-        need = min(tokens, tpm)  # a call larger than the bucket goes when it is full
-        if available < need and (need - available) * 60.0 / tpm > wait_s:
-            wait_s = (need - available) * 60.0 / tpm
-            reason = "tpm" if tpm == limits.tpm else "announced"
-    if reason is not None:
-        return LimitAdmission(wait_s, reason)
+    who = WaiterId(job_id, chunk_no, user_id)
+    n, ahead_tokens, queued = await limit_waiters.ahead(s, params, who, cap_tokens=now.tpm)
+    got = verdict(now, n, ahead_tokens, tokens)
+    if got.reason == "concurrency":
+        # At the latest when the first lease expires (its worker was killed: no NOTIFY).
+        wait_s = min(max(got.wait_s, CONCURRENCY_POLL_S), LIMIT_WAIT_BACKSTOP_S)
+        return LimitAdmission(wait_s, "concurrency")
+    if got.reason is not None:
+        return LimitAdmission(got.wait_s, got.reason)
     lease_id = None
     if limits.concurrency is not None:
-        in_flight = (await s.execute(_IN_FLIGHT, params)).scalar_one()
-        if int(in_flight) >= limits.concurrency:
-            return LimitAdmission(CONCURRENCY_POLL_S, "concurrency")
         lease_id = uuid.uuid4()
         lease = {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s}
         await s.execute(_LEASE, lease)
-    if rpm is not None or tpm is not None:
+    if now.rpm is not None or now.tpm is not None:
         taken = {
             **params,
-            "r": requests - 1 if rpm is not None else math.inf,
-            "t": available - tokens if tpm is not None else math.inf,
-            "at": row.read_at,
+            "r": now.requests - 1 if now.rpm is not None else math.inf,
+            "t": now.tokens - tokens if now.tpm is not None else math.inf,
+            "at": now.read_at,
         }
         await s.execute(_TAKE, taken)
-    return LimitAdmission(lease_id=lease_id, metered=tpm is not None)
+    if queued:
+        await limit_waiters.leave(s, who)
+    return LimitAdmission(lease_id=lease_id, metered=now.tpm is not None)
 
 
 @dataclass(frozen=True)
@@ -379,9 +343,12 @@ def settle_statements(st: LimitSettle) -> list[Statement]:
     last transaction pipelines them after the attempt's UPDATE, db/attempts.py)."""
     params = st.key.params()
     out: list[Statement] = []
+    back = max(st.tokens_reserved - st.tokens_used, 0)
+    if st.lease_id is not None or back > 0:
+        # Room may have appeared: the key's waker signals the fair heads that now fit.
+        out.append(limit_waiters.notify_statement(params))
     if st.lease_id is not None:
         out.append((_END_LEASE, {"id": st.lease_id}))
-    back = max(st.tokens_reserved - st.tokens_used, 0)
     cfg = st.limits or Limits()
     h = st.headers
     if h is None:
@@ -425,7 +392,25 @@ async def settle(
         await s.execute(stmt, params)
 
 
-async def release(s: AsyncSession, lease_id: uuid.UUID) -> None:
+async def release(s: AsyncSession, lease_id: uuid.UUID, key: LimitKey | None = None) -> None:
     """A lease whose call was never settled (the bookkeeping itself failed): the slot is
-    free at once rather than when the lease expires."""
+    free at once rather than when the lease expires (and the key's waker is told, if given)."""
     await s.execute(_END_LEASE, {"id": lease_id})
+    if key is not None:
+        stmt, params = limit_waiters.notify_statement(key.params())
+        await s.execute(stmt, params)
+
+
+__all__ = [
+    "LimitAdmission",
+    "LimitKey",
+    "LimitSettle",
+    "LimitTable",
+    "Limits",
+    "admit",
+    "parse_model_limits",
+    "release",
+    "room",
+    "settle",
+    "settle_statements",
+]

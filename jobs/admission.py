@@ -64,12 +64,19 @@ class AdmissionConfig(Protocol):
 @dataclass(frozen=True)
 class Wait:
     """The key is paused, its breaker open or one of its limits used up (`reason`, as
-    engine/contracts.py ExecuteResult.gate_reason names it): ask again after `wait_s`."""
+    engine/contracts.py ExecuteResult.gate_reason names it): ask again after `wait_s`. A
+    limit's wait names its `key`, `limits`, the call's `tokens`, its user and chunk: the
+    caller puts it in the key's fair queue (jobs/limit_wake.py)."""
 
     wait_s: float
     reason: str
     provider: str
     model: str
+    key: LimitKey | None = None
+    limits: Limits | None = None
+    tokens: int = 0
+    user_id: str = ""
+    chunk_no: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,7 @@ class Ticket:
         if self.lease is not None and self.lease.lease_id is not None:
             try:
                 async with sm.begin() as s:
-                    await provider_limits_db.release(s, self.lease.lease_id)
+                    await provider_limits_db.release(s, self.lease.lease_id, self.lease.key)
                 self.lease = None
             except Exception:  # the lease's TTL still bounds it
                 log.warning("could not release a provider call lease", exc_info=True)
@@ -314,6 +321,7 @@ async def _admit_limits(
     tokens = (prompt_tokens or 0) + (
         row.max_output_tokens or jt.definition.execution.max_output_tokens
     )
+    chunk_no = call.chunk.chunk_no if call.chunk is not None else None
     got = await provider_limits_db.admit(
         s,
         key,
@@ -322,7 +330,10 @@ async def _admit_limits(
         job_id=row.id,
         # A dead worker's lease frees the slot once the call could no longer be running.
         lease_ttl_s=call.timeout_ms / 1000 + 30,
+        chunk_no=chunk_no,
+        user_id=row.user_id,
     )
     if got.wait_s > 0:
-        return Wait(got.wait_s, got.reason or "announced", provider, model)
+        reason = got.reason or "announced"
+        return Wait(got.wait_s, reason, provider, model, key, limits, tokens, row.user_id, chunk_no)
     return Lease(key, limits, tokens, got.lease_id, got.metered)

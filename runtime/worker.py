@@ -56,6 +56,7 @@ from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
+from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_dispatcher
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
@@ -312,6 +313,7 @@ async def run_workers(
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
         pollers = asyncio.create_task(run_pollers(client, parts, stop), name="pollers")
+    waker = limit_waker_task(client, parts, queues, stop)
     log.info("workers running", extra={"queues": list(queues)})
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -324,9 +326,11 @@ async def run_workers(
                 # them all first (the stack's own shutdowns then return at once).
                 await shutdown_together(workers)
     finally:
-        if pollers is not None:
+        if pollers is not None or waker is not None:
             stop.set()
-            await pollers
+        for task in (pollers, waker):
+            if task is not None:
+                await task
         for close in closers:
             await close()
 

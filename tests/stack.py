@@ -26,6 +26,7 @@ from engine.settings import Settings
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.spec import AnyJobType, Catalog
 from jobs.types import ALL_TYPES
+from runtime.limit_waker import limit_waker_task
 from runtime.telemetry import Telemetry
 from runtime.wiring import Parts, build_parts, create_policy, relay_config
 from runtime.worker import build_workers
@@ -159,6 +160,7 @@ async def engine_stack(
     stack = Stack(settings, parts, client, svc, r)
     stop = asyncio.Event()
     relay_task: asyncio.Task[None] | None = None
+    waker: asyncio.Task[int] | None = None
     closers: list[Callable[[], Awaitable[None]]] = []
     try:
         async with contextlib.AsyncExitStack() as es:
@@ -168,6 +170,7 @@ async def engine_stack(
                 )
                 for w in stack.workers:
                     await es.enter_async_context(w)
+                waker = limit_waker_task(client, parts, tuple(queues), stop)  # as run_workers
             if relay:
                 relay_task = asyncio.create_task(r.run(stop=stop))
             yield stack
@@ -176,6 +179,10 @@ async def engine_stack(
                 await asyncio.wait_for(relay_task, 10)
     finally:
         stop.set()
+        if waker is not None:
+            waker.cancel()
+            with contextlib.suppress(BaseException):
+                await waker
         if relay_task is not None and not relay_task.done():
             relay_task.cancel()
             with contextlib.suppress(BaseException):

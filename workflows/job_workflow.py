@@ -14,15 +14,24 @@ from typing import TypeVar
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import (
-    ActivityError,
     ApplicationError,
     CancelledError,
     FailureError,
-    TimeoutError,
-    TimeoutType,
 )
 
 from workflows import stages
+from workflows.failures import HistoryFull, error_code, is_cancellation
+from workflows.limit_wait import Wakes, wait_for_room
+from workflows.patches import (
+    CHUNKED_FAN_OUT,
+    DELAYED_START,
+    EXACT_LIMIT_WAITS,
+    EXECUTE_OWNS_RUNNING,
+    FALLBACK_MEMO,
+    FIVE_STAGES,
+    LIMIT_WAKE,
+    SKIP_COMPLETE_STAGE,
+)
 
 with workflow.unsafe.imports_passed_through():
     from engine import contracts
@@ -43,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from engine.errors import non_retryable_codes, public_message_for
     from engine.lifecycle import LifecycleStatus
+    from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
 
@@ -61,24 +71,9 @@ BOOKKEEPING_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=0,
 )
+
 LOCAL_TIMEOUT = timedelta(seconds=30)
 
-# Patch ids: each one gates a change of the commands a run issues (docs/versioning.md).
-SKIP_COMPLETE_STAGE = "skip-complete-stage"
-# EXECUTE does the CAS queued -> running when a worker slot starts it; RESOLVE no longer runs.
-EXECUTE_OWNS_RUNNING = "execute-owns-running"
-# The five stages, each under its own name: resolve before the slot, project and complete after
-# it; a closed provider gate is waited out on a workflow timer.
-FIVE_STAGES = "five-stages"
-# A provider limit's wait (its bucket's exact refill time) is waited as it is, not backed off.
-EXACT_LIMIT_WAITS = "exact-limit-waits"
-# A long source runs as its chunks: one EXECUTE per chunk (a window of them in flight), then
-# MERGE, then PROJECT. Runs before it called one EXECUTE over the whole source.
-CHUNKED_FAN_OUT = "chunked-fan-out"
-# A call that moved down its provider fallback chain is upserted as the run's memo `fallback`.
-FALLBACK_MEMO = "provider-fallback-memo"
-# A delayed job (`runAt`) waits on a durable timer after PREPARE (only such a job asks).
-DELAYED_START = "delayed-start"
 
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
@@ -86,37 +81,11 @@ DELAYED_START = "delayed-start"
 GATE_WAIT_CAP_S = 15.0
 
 
-def _error_code(err: BaseException) -> str:
-    """The public error code behind an activity failure."""
-    cause: BaseException | None = err.cause if isinstance(err, ActivityError) else err
-    if isinstance(cause, ApplicationError) and cause.type:
-        return cause.type
-    if isinstance(cause, TimeoutError):
-        if cause.type == TimeoutType.HEARTBEAT:
-            return "INTERNAL_WORKER_LOST"
-        return "TIMEOUT"
-    return "INTERNAL_ERROR"
-
-
-class _HistoryFull(Exception):
-    """A chunk waited on its gate until the run's history passed GATE_WAIT_HISTORY_LIMIT: the
-    fan-out lets the chunks in flight end, then continues as new (a new run resumes from what
-    SQL says is done, each chunk with the attempts it spent)."""
-
-
-def _is_cancellation(err: BaseException) -> bool:
-    if isinstance(err, asyncio.CancelledError | CancelledError):
-        return True
-    if isinstance(err, ActivityError):
-        if isinstance(err.cause, CancelledError):
-            return True
-        if isinstance(err.cause, ApplicationError) and err.cause.type == "CANCELLED":
-            return True
-    return False
-
-
 class JobStages:
     """The job workflow's logic; `JobWorkflow` registers it for every job type."""
+
+    def __init__(self, wakes: Wakes | None = None) -> None:
+        self._wakes = wakes or Wakes()
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
@@ -224,7 +193,7 @@ class JobStages:
         self, inp: JobWorkflowInput, stage: StageInput, err: BaseException
     ) -> JobWorkflowResult:
         """The job's one terminal state after a failure or a cancel, whatever won the race."""
-        if _is_cancellation(err):
+        if is_cancellation(err):
             fin = await self._shielded(self._local(stages.finalize_cancelled, stage))
             self._set_status(fin.lifecycle_status)
             if fin.lifecycle_status == CANCELLED and workflow.cancellation_reason() is not None:
@@ -234,7 +203,7 @@ class JobStages:
                 raise CancelledError("The job was cancelled.") from None
             # Cancelled through SQL only (no Temporal cancel request), or a finish won.
             return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
-        code = _error_code(err)
+        code = error_code(err)
         fin = await self._shielded(
             self._local(
                 stages.finalize_failed,
@@ -281,7 +250,7 @@ class JobStages:
                     running.remove(task)
                     try:
                         result = task.result()
-                    except _HistoryFull:
+                    except HistoryFull:
                         history_full = True
                         continue
                     if result.lifecycle_status is not None:
@@ -314,17 +283,18 @@ class JobStages:
         chunk_no: int | None = None,
         spent: int | None = None,
     ) -> ExecuteResult:
-        """EXECUTE, asked again after each wait its provider gate names. A gated EXECUTE
-        returned before it spent an attempt (the job still `queued`, progress 0, unless a 429
-        answered its call); the next one starts with the attempts spent so far and only the
-        remaining ones in its retry policy. With `chunk_no`: that chunk's EXECUTE, `spent` its
-        own attempts so far; its activity id names the chunk (`execute-chunk-3`, then
-        `execute-chunk-3-2`... after each wait), never its text."""
+        """EXECUTE, asked again after each wait its provider gate names (a limit's: until its
+        time or its wake-up, workflows/limit_wait.py). A gated EXECUTE returned before it spent
+        an attempt (the job still `queued`, progress 0, unless a 429 answered its call); the
+        next one starts with the attempts spent so far and only the remaining ones in its retry
+        policy. With `chunk_no`: that chunk's EXECUTE, `spent` its own attempts so far; its
+        activity id names the chunk (`execute-chunk-3`, `execute-chunk-3-2`...), never its text."""
         spent = inp.attemptsSpent if spent is None else spent
         looks = 0
         schedules = 0
         while True:
             schedules += 1
+            seen = self._wakes.count  # a wake-up during EXECUTE still ends the wait after it
             executed = await self._execute(
                 inp,
                 plan,
@@ -341,20 +311,19 @@ class JobStages:
             if executed.gate_wait_s <= 0:
                 return executed
             spent = max(spent, executed.attempt - 1)
-            if executed.gate_reason in contracts.LIMIT_WAITS and workflow.patched(
-                EXACT_LIMIT_WAITS
-            ):
-                # A limit says exactly when its bucket has room: a growing wait would only
-                # pace the job slower than the limit allows (1 s is Temporal's timer floor).
-                wait_s = max(executed.gate_wait_s, 1.0)
+            limit_wait = executed.gate_reason in contracts.LIMIT_WAITS
+            if limit_wait and workflow.patched(LIMIT_WAKE):  # its time, or a wake-up signal
+                wait_s = await wait_for_room(self._wakes, seen, executed, executed.gate_wait_s)
+            elif limit_wait and workflow.patched(EXACT_LIMIT_WAITS):
+                wait_s = max(executed.gate_wait_s, 1.0)  # exact: no backoff (1 s timer floor)
             else:
                 looks += 1
                 wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
-            # Up to 10 % more, so the jobs a pause held do not all come back in one instant.
-            await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
+            if wait_s > 0:  # up to 10 % more: the jobs a pause held come back spread out
+                await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
             if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
                 if chunk_no is not None:
-                    raise _HistoryFull()  # the fan-out continues as new once its chunks end
+                    raise HistoryFull()  # the fan-out continues as new once its chunks end
                 workflow.continue_as_new(
                     JobWorkflowInput(
                         jobId=inp.jobId,
@@ -440,7 +409,15 @@ class JobWorkflow:
     and re-applies `workflow.defn` at every run, which inspects every member of the class and
     of its bases, so a class with only `run` costs each run less (the commands are the same)."""
 
+    def __init__(self) -> None:
+        self._wakes = Wakes()
+
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await JobStages().execute_job(inp)
+        return await JobStages(self._wakes).execute_job(inp)
+
+    @workflow.signal(name=LIMIT_WAKE_SIGNAL)
+    def limit_wake(self) -> None:
+        """Room may have appeared for a call waiting for its provider limit."""
+        self._wakes.woken()

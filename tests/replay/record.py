@@ -72,7 +72,7 @@ from tests.integration.engine_helpers import (
 )
 from tests.replay import HISTORIES, SENTINEL
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
-from workflows.job_workflow import EXACT_LIMIT_WAITS
+from workflows.patches import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")

@@ -44,15 +44,13 @@ from jobs.types import default_catalog
 from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
 from workflows import stages
-from workflows.job_workflow import (
+from workflows.job_workflow import GATE_WAIT_CAP_S, JobStages, JobWorkflow
+from workflows.patches import (
     CHUNKED_FAN_OUT,
     EXACT_LIMIT_WAITS,
     EXECUTE_OWNS_RUNNING,
     FIVE_STAGES,
-    GATE_WAIT_CAP_S,
     SKIP_COMPLETE_STAGE,
-    JobStages,
-    JobWorkflow,
 )
 from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
 

@@ -1,0 +1,135 @@
+"""The limit waker: a supervised loop in every worker process that runs EXECUTE (the job
+queues), so jobs waiting for a provider's concurrency limit are woken instead of polling.
+
+It LISTENs on `aijobs_limit_freed` (db/limit_waiters.py `CHANNEL`), which the transaction that
+ends a call under a key's limits notifies with the key (provider, model, `platform` or
+`key:<credential id>`: never a secret). For each key heard it claims the fair heads that now fit
+(jobs/limit_wake.py `wake`: one transaction under the key's row lock, so two processes never
+signal the same waiter) and signals their workflows (`limit-wake`), which then ask EXECUTE
+again. Notifications that arrive together are handled once per key.
+
+Nothing is polled per job: an idle waker costs one round trip on its LISTEN connection and one
+sweep of ended or expired waiters every `idle_s`. On (re)connecting it wakes every key with
+waiters (notifications sent while it was away are lost). What a lost wake-up costs is bounded
+by the workflow's backstop (engine/limit_wait.py): a lease whose worker was killed expires
+and sends no NOTIFY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+import psycopg
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from db.errors import is_driver_error
+from db.limit_waiters import CHANNEL, parse_payload
+from db.provider_limits import LimitKey, LimitTable, parse_model_limits
+from db.session import SessionMaker, listen_connection, ping_connection
+from engine.definition import QUEUE_NAMES
+from engine.limit_wait import LIMIT_WAKE_SIGNAL
+from jobs import limit_wake
+from runtime.supervisor import supervise
+from runtime.wiring import Parts
+
+log = logging.getLogger(__name__)
+
+# How long the loop waits for a notification before it checks `stop` (no database traffic).
+STOP_CHECK_S = 1.0
+# Notifications arriving within this long of the first are handled in one pass.
+BATCH_S = 0.02
+
+
+class LimitWaker:
+    """One per worker process; `run` is its supervised loop (runtime/supervisor.py)."""
+
+    def __init__(
+        self,
+        client: Client,
+        sessionmaker: SessionMaker,
+        database_url: str,
+        limits: LimitTable,
+        *,
+        idle_s: float = 60.0,
+    ) -> None:
+        self._client = client
+        self._sm = sessionmaker
+        self._url = database_url  # a session of its own (DATABASE_DIRECT_URL behind a pooler)
+        self._limits = limits
+        self._idle_s = idle_s
+        self.signalled = 0  # wake-up signals sent (tests, logs)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        conn = await listen_connection(self._url, CHANNEL)
+        async with conn:
+            await self._signal(await limit_wake.wake_all(self._sm, self._limits))
+            idle_since = time.monotonic()
+            while not stop.is_set():
+                keys = await self._heard(conn)
+                if keys:
+                    for key in keys:
+                        await self._wake(key)
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self._idle_s:
+                    await ping_connection(conn)  # a dead connection says so here
+                    await limit_wake.sweep(self._sm)
+                    idle_since = time.monotonic()
+
+    async def _heard(self, conn: psycopg.AsyncConnection[object]) -> set[tuple[str, str, str]]:
+        """The keys notified within STOP_CHECK_S (and those right behind the first)."""
+        keys: set[tuple[str, str, str]] = set()
+        async for note in conn.notifies(timeout=STOP_CHECK_S, stop_after=1):
+            self._add(keys, note.payload)
+        if keys:
+            async for note in conn.notifies(timeout=BATCH_S):
+                self._add(keys, note.payload)
+        return keys
+
+    @staticmethod
+    def _add(keys: set[tuple[str, str, str]], payload: str) -> None:
+        key = parse_payload(payload)
+        if key is not None:
+            keys.add(key)
+
+    async def _wake(self, key: tuple[str, str, str]) -> None:
+        provider, model, key_ref = key
+        limits = self._limits.for_model(provider, model)
+        try:
+            ids = await limit_wake.wake(self._sm, LimitKey(provider, model, key_ref), limits)
+        except Exception as exc:  # a database blip: the backstop covers this wake-up
+            if not (is_driver_error(exc) or isinstance(exc, OSError)):
+                raise
+            log.warning("limit waker could not claim waiters: %s", type(exc).__name__)
+            return
+        await self._signal(ids)
+
+    async def _signal(self, workflow_ids: Iterable[str]) -> None:
+        ids = list(workflow_ids)
+        if ids:
+            await asyncio.gather(*(self._one(wf) for wf in ids))
+
+    async def _one(self, workflow_id: str) -> None:
+        # A run that ended meanwhile (not found) needs no wake-up; any other failure leaves
+        # the run to its backstop.
+        with contextlib.suppress(RPCError):
+            await self._client.get_workflow_handle(workflow_id).signal(LIMIT_WAKE_SIGNAL)
+            self.signalled += 1
+
+
+def limit_waker_task(
+    client: Client, parts: Parts, queues: Sequence[str], stop: asyncio.Event
+) -> asyncio.Task[int] | None:
+    """The waker of a worker process that runs a job queue (EXECUTE), supervised until `stop`;
+    None for a process without one."""
+    if not set(queues) & set(QUEUE_NAMES):
+        return None
+    s = parts.settings
+    waker = LimitWaker(
+        client, parts.sessionmaker, s.session_database_url, parse_model_limits(s.ai_model_limits)
+    )
+    return asyncio.create_task(supervise("limit-waker", waker.run, stop), name="limit-waker")
