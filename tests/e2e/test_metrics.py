@@ -36,6 +36,7 @@ ALLOWED_LABELS = {
     "le",  # histogram buckets
     "window",  # aijobs_cost_spent_usd: day | month
     "reason",  # aijobs_limiter_wait*: rpm | tpm | concurrency | announced | pause | breaker
+    "poller",  # aijobs_poller_restarts_total: the supervised loops' names, fixed in the code
 }
 Key = tuple[str, frozenset[tuple[str, str]]]
 
