@@ -38,6 +38,7 @@ from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, pad
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
 from providers.base import ProviderResponse
+from providers.pricing import Price
 
 log = logging.getLogger(__name__)
 
@@ -268,9 +269,16 @@ async def _cover(s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: 
     """Which cost limit this call would exceed (the job's cap, or its user's budget) beyond
     what create reserved (jobs/costs.py `cover_next_call`): only a call after a paid one can.
     Covered calls grow the job's reservation in this transaction. None: covered."""
-    row, jt = call.row, call.jt
-    price = gateway.prices.price_for(gateway.model_for(jt, row.credential_mode))
-    budget = row.max_output_tokens or jt.definition.execution.max_output_tokens
+    price = gateway.prices.price_for(gateway.model_for(call.jt, call.row.credential_mode))
+    return await cover_at(s, cfg, call, call.row, price)
+
+
+async def cover_at(
+    s: AsyncSession, cfg: AdmissionConfig, call: Call, row: JobRow, price: Price
+) -> str | None:
+    """`_cover` for a call priced at `price`, over the job as `row` says it stands (a fallback
+    entry's call is covered at that entry's price, after the primary's call was charged)."""
+    budget = row.max_output_tokens or call.jt.definition.execution.max_output_tokens
     if call.chunk is not None:
         # A chunked job's reservation holds every chunk not yet succeeded (this one and
         # those in flight included), each padded as create padded it and priced once as

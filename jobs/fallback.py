@@ -16,12 +16,10 @@ breaker is open, the call goes straight to the first entry whose own gate is clo
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import chunks as chunks_db
 from db import jobs as jobs_db
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
@@ -30,7 +28,6 @@ from db.provider_limits import LimitKey
 from engine.definition import PLATFORM_KEY
 from jobs import admission
 from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket, Wait
-from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
 from providers.fallback import FallbackEntry, position_of, select
@@ -150,35 +147,10 @@ async def _cover(
 ) -> str | None:
     """The cost cover of a call on `entry` (as jobs/admission.py covers the primary's, at the
     entry's price), over the job as it stands now (the primary's failed call charged)."""
-    row, jt = call.row, call.jt
+    row = call.row
     if row.estimated_input_tokens is None:
         return None
     fresh = await jobs_db.get(s, row.id)
     if fresh is not None:
         row = fresh
-    price = gateway.prices.price_for(entry.model)
-    budget = row.max_output_tokens or jt.definition.execution.max_output_tokens
-    if call.chunk is not None:
-        unfinished = await chunks_db.unfinished_input_tokens(s, row.id)
-        worst = call_worst_case_usd(
-            sum(padded(t, cfg.estimate_margin) for t in unfinished),
-            budget * len(unfinished),
-            price=price,
-            margin=0.0,
-        )
-    else:
-        worst = call_worst_case_usd(
-            row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
-        )
-    return await cover_next_call(
-        s,
-        job_id=row.id,
-        user_id=row.user_id,
-        reserved_usd=row.reserved_cost_usd,
-        spent_usd=row.spent_cost_usd,
-        max_cost_usd=row.max_cost_usd,
-        call_worst_usd=worst,
-        windows=budget_windows(
-            cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
-        ),
-    )
+    return await admission.cover_at(s, cfg, call, row, gateway.prices.price_for(entry.model))
