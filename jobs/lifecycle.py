@@ -66,6 +66,9 @@ from jobs.chunked import merge_outputs
 from jobs.spec import AnyJobType, Artifact, Catalog, ProjectionContext
 
 log = logging.getLogger(__name__)
+# A projection repeated after its job succeeded (a retry whose first answer was lost) writes
+# nothing and answers with what exists; the specification marks it `{{##duplicate}}`.
+DUPLICATE_PROJECTION_LOG = "{{##duplicate}} projection found the job already succeeded"
 
 # `finalize_failed` takes a never-run job's lock and ends it in the same transaction, so the
 # lock's expiry is never read: any TTL does.
@@ -374,6 +377,11 @@ async def succeed(
         if row is None:
             raise ExecutionFailure("INTERNAL_JOB_MISSING")
         if row.lifecycle_status != LifecycleStatus.RUNNING:
+            if row.lifecycle_status == LifecycleStatus.SUCCEEDED:  # a repeated projection
+                log.info(
+                    DUPLICATE_PROJECTION_LOG,
+                    extra={"job_id": str(job_id), "job_type": row.job_type},
+                )
             return await _as_found(s, row)
         jt = catalog.get(row.job_type)
         out = stored_output(jt, row, output_hash)

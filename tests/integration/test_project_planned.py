@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
 from typing import Any
 
@@ -25,6 +26,7 @@ from db.session import SessionMaker
 from engine.contracts import ExecuteInput, ProjectInput, ProjectResult, StageInput
 from engine.settings import Settings
 from jobs import lifecycle
+from jobs.lifecycle import DUPLICATE_PROJECTION_LOG
 from jobs.service import CreateJobRequest, JobService
 from jobs.types import default_catalog
 from runtime.wiring import create_policy, engine_config, gateway
@@ -72,7 +74,7 @@ async def _executed(
 
 
 async def test_a_planned_projection_ends_the_job_with_everything_it_wrote(
-    db: SessionMaker, settings: Settings
+    db: SessionMaker, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     acts, env, job_id, digest = await _executed(db, settings)
     result = await env.run(acts.project, ProjectInput(str(job_id), digest))
@@ -85,10 +87,14 @@ async def test_a_planned_projection_ends_the_job_with_everything_it_wrote(
         row = await jobs_db.get(s, job_id)
     assert row is not None and row.lifecycle_status == "succeeded" and row.progress == 100
 
-    # Again (a retry whose first answer was lost): the same answer, nothing new written.
-    again = await env.run(acts.project, ProjectInput(str(job_id), digest))
+    # Again (a retry whose first answer was lost): the same answer, nothing new written, and
+    # the repeat logged as the specification marks it.
+    with caplog.at_level(logging.INFO, logger="jobs.lifecycle"):
+        again = await env.run(acts.project, ProjectInput(str(job_id), digest))
     assert again == ProjectResult("succeeded", 1)
     assert await job_facts(db, job_id) == f
+    (rec,) = [r for r in caplog.records if r.getMessage() == DUPLICATE_PROJECTION_LOG]
+    assert rec.job_id == str(job_id)  # type: ignore[attr-defined]
 
 
 async def test_a_cancel_racing_the_projection_wins_and_nothing_is_written(
