@@ -41,17 +41,26 @@ DRAIN_MAX_SECONDS = 10.0
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _CLOSE = {"Connection": "close"}
 
-_PROBLEM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["type", "title", "status", "code", "detail"],
-    "properties": {
-        "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
-        "title": {"type": "string", "title": "Title", "description": "Request body too large"},
-        "status": {"type": "integer", "title": "Status", "description": "413"},
-        "code": {"type": "string", "title": "Code", "description": "`PAYLOAD_TOO_LARGE`"},
-        "detail": {"type": "string", "title": "Detail", "description": "The limit, in bytes"},
-    },
-}
+
+def problem_schema(title: str, status: str, code: str, detail: str) -> dict[str, Any]:
+    """The OpenAPI schema of one problem+json answer, its fields described as this answer
+    fills them (`title`, `status`, `code`, `detail` are those descriptions)."""
+    return {
+        "type": "object",
+        "required": ["type", "title", "status", "code", "detail"],
+        "properties": {
+            "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
+            "title": {"type": "string", "title": "Title", "description": title},
+            "status": {"type": "integer", "title": "Status", "description": status},
+            "code": {"type": "string", "title": "Code", "description": code},
+            "detail": {"type": "string", "title": "Detail", "description": detail},
+        },
+    }
+
+
+_PROBLEM_SCHEMA = problem_schema(
+    "Request body too large", "413", "`PAYLOAD_TOO_LARGE`", "The limit, in bytes"
+)
 # `responses=` entry for every route that takes a body (the limit itself applies to all routes).
 TOO_LARGE_RESPONSE: dict[int | str, dict[str, Any]] = {
     413: {
@@ -241,17 +250,9 @@ def install(app: FastAPI, *, max_bytes: int) -> None:
 
 # ---- the per-user request rate ------------------------------------------------------------------
 
-_RATE_LIMITED_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["type", "title", "status", "code", "detail"],
-    "properties": {
-        "type": {"type": "string", "title": "Type", "description": "Always `about:blank`"},
-        "title": {"type": "string", "title": "Title", "description": "Too many requests"},
-        "status": {"type": "integer", "title": "Status", "description": "429"},
-        "code": {"type": "string", "title": "Code", "description": "`RATE_LIMITED`"},
-        "detail": {"type": "string", "title": "Detail", "description": "The limit and what to do"},
-    },
-}
+_RATE_LIMITED_SCHEMA = problem_schema(
+    "Too many requests", "429", "`RATE_LIMITED`", "The limit and what to do"
+)
 RATE_LIMITED_RESPONSE: dict[int | str, dict[str, Any]] = {
     429: {
         "description": "Past your rate of creates and quotes (`RATE_LIMITED`, API_RATE_LIMIT_PER_"
