@@ -6,7 +6,6 @@ the retry's replace them; a JSON body answering a streamed request still yields 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import uuid
@@ -19,9 +18,9 @@ from temporalio.client import Client
 from db.session import SessionMaker
 from jobs.chunk_items import ITEM_RETRACTED
 from tests.e2e.conftest import Api, start_api
+from tests.e2e.follow import Follow, all_artifacts
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import fake_env, usage_rows
-from tests.sse import Event, events_of
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
 
@@ -45,49 +44,6 @@ def answer(tag: str, count: int = 4) -> dict[str, Any]:
             for i in range(count)
         ]
     }
-
-
-class Follow:
-    """A client following one job's event stream in the background."""
-
-    def __init__(self, api: Api, job_id: str) -> None:
-        self.events: list[Event] = []
-        self.closed = False
-        self._task = asyncio.create_task(self._run(api, job_id))
-
-    async def _run(self, api: Api, job_id: str) -> None:
-        path = f"/api/ai/jobs/{job_id}/events"
-        async with api.http.stream("GET", path, headers=api.as_user()) as r:
-            assert r.status_code == 200
-            async for item in events_of(r):
-                if isinstance(item, Event):
-                    self.events.append(item)
-        self.closed = True
-
-    def items(self) -> list[dict[str, Any]]:
-        return [e.data for e in self.events if e.event == "item"]
-
-    async def until(self, cond: Any, what: str, timeout: float = 60) -> None:
-        async def holds() -> bool:
-            if self._task.done():
-                self._task.result()
-            return bool(cond())
-
-        await eventually(holds, timeout=timeout, interval=0.02, what=what)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
-
-
-async def all_artifacts(api: Api, job_id: str) -> list[dict[str, Any]]:
-    r = await api.http.get(
-        f"/api/ai/jobs/{job_id}/artifacts", headers=api.as_user(), params={"limit": 100}
-    )
-    assert r.status_code == 200, r.text
-    items: list[dict[str, Any]] = r.json()["items"]
-    return items
 
 
 def pieces_of(content: dict[str, Any]) -> int:
