@@ -9,7 +9,7 @@
   `pending → submitted → succeeded | failed`, or `cancelled` when its job left.
 
 Revision ID: 0027
-Revises: 0024
+Revises: 0025
 """
 
 from __future__ import annotations
