@@ -25,6 +25,7 @@ from api.usage_schemas import UsdAmount as UsdAmount
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
 from engine.lifecycle import StatusName
+from engine.tiers import OffpeakOnDeadline, ServiceTier
 from jobs.service import RefusalLimit
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
 from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
@@ -158,6 +159,33 @@ def _metadata_schema(schema: dict[str, Any]) -> None:
 MAX_RUN_AT_DAYS = 30
 
 
+class OffpeakDeadline(Camel):
+    """An off-peak job's deadline and what it does there (engine/tiers.py)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    at: AwareDatetime | None = None
+    then: OffpeakOnDeadline = "fail"
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _rfc3339(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str):
+            raise ValueError("must be an RFC 3339 date-time with an offset")
+        return v
+
+    @field_validator("at")
+    @classmethod
+    def _ahead(cls, v: datetime | None) -> datetime | None:
+        if v is None:
+            return None
+        now = datetime.now(UTC)
+        if v < now:
+            raise ValueError("must not be in the past")
+        if v > now + timedelta(days=MAX_RUN_AT_DAYS):
+            raise ValueError(f"must be at most {MAX_RUN_AT_DAYS} days ahead")
+        return v.astimezone(UTC)
+
+
 class CreateJobBody(Camel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -209,6 +237,38 @@ class CreateJobBody(Camel):
         "/api/ai/job-types): the create is refused (422) unless the type has that version.",
         examples=["quiz_generation.output.v1"],
     )
+
+    service_tier: ServiceTier | None = Field(
+        default=None,
+        description="How soon and at which price the job's provider calls are made: `standard` "
+        "(at once), `batch` (grouped into the provider's batch API, answered within 24 h at its "
+        "batch price; for job types and providers that have it) or `offpeak` (held `queued` "
+        "until the provider's next discount window, run there at its price). Left out: the "
+        "job type's default (`defaultServiceTier` of GET /api/ai/job-types). A tier the job type "
+        "or the provider does not offer is refused (422), never silently run on another.",
+        examples=["batch"],
+    )
+    reuse: Literal["allow", "deny"] = Field(
+        default="deny",
+        description="`allow`: if you already have a succeeded job of this type with the same "
+        "input, prompt version, model and output schema version (within its retention), this "
+        "job copies its answer: no provider call, cost 0, `reusedFromJobId` set. Never across "
+        "users. Only for job types that permit reuse (422 otherwise).",
+    )
+    offpeak_deadline: OffpeakDeadline | None = Field(
+        default=None,
+        description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '
+        '| "fail"}`. A job still waiting for a discount window at `at` (left out: '
+        "AI_OFFPEAK_MAX_WAIT_S after the create) runs at once at the standard price when "
+        '`then` is "standard", or fails with OFFPEAK_DEADLINE_PASSED when it is "fail" (the '
+        'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
+        examples=[{"at": "2026-12-06T08:00:00Z", "then": "standard"}],
+    )
+
+    @field_validator("offpeak_deadline", mode="before")
+    @classmethod
+    def _deadline_shorthand(cls, v: Any) -> Any:
+        return {"then": v} if isinstance(v, str) else v
 
     @field_validator(
         "job_type", "target_type", "target_id", "prompt_version", "output_schema_version"

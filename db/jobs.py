@@ -68,6 +68,12 @@ class JobRow:
     # The client's own references (`{}`: none) and when a delayed job may start (None: at once).
     metadata: dict[str, str] = field(default_factory=dict)
     run_at: datetime | None = None
+    # Its service tier (engine/tiers.py), an off-peak deadline and policy, result reuse.
+    service_tier: str = "standard"
+    offpeak_deadline_at: datetime | None = None
+    offpeak_on_deadline: str | None = None
+    reuse_allowed: bool = False
+    reused_from_job_id: uuid.UUID | None = None
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
@@ -110,6 +116,8 @@ class JobStatusRow:
     prompt_version: str
     output_schema_version: str
     private_data_purged_at: datetime | None = None
+    service_tier: str = "standard"
+    reused_from_job_id: uuid.UUID | None = None
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))

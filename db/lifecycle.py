@@ -73,6 +73,11 @@ class NewJob:
     chunk_count: int | None = None  # set with the job's chunk plan (db/chunks.py)
     metadata: dict[str, str] = field(default_factory=dict)  # the client's own references
     run_at: datetime | None = None  # a delayed job's start (None: at once)
+    service_tier: str = "standard"  # engine/tiers.py
+    offpeak_deadline_at: datetime | None = None  # an off-peak job's deadline
+    offpeak_on_deadline: str | None = None  # and what it does there ("standard", "fail")
+    reuse_allowed: bool = False  # the create said `reuse: "allow"`
+    reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Date,
     DateTime,
@@ -74,6 +75,11 @@ class AiJob(Base):
         CheckConstraint("progress BETWEEN 0 AND 100", name="progress"),
         CheckConstraint(
             "credential_mode IN ('platform_key','user_deepseek_key')", name="credential_mode"
+        ),
+        CheckConstraint("service_tier IN ('standard','batch','offpeak')", name="service_tier"),
+        CheckConstraint(
+            "offpeak_on_deadline IS NULL OR offpeak_on_deadline IN ('standard','fail')",
+            name="offpeak_on_deadline",
         ),
         # Lists: a user's own jobs newest first; admin filters; the reconciler's sweep.
         Index("ix_ai_job_user_created", "user_id", "created_at", "id"),
@@ -206,6 +212,16 @@ class AiJob(Base):
     )
     # When a delayed job may start (NULL: at once); its workflow waits for it on a timer.
     run_at: Mapped[datetime | None] = mapped_column(TS)
+    # How soon and at which price its calls are made (engine/tiers.py), fixed at create.
+    service_tier: Mapped[str] = mapped_column(String(16), server_default=text("'standard'"))
+    # An off-peak job's deadline and what it does when no discount window came before it.
+    offpeak_deadline_at: Mapped[datetime | None] = mapped_column(TS)
+    offpeak_on_deadline: Mapped[str | None] = mapped_column(String(16))
+    # The create said `reuse: "allow"`; the same user's job whose answer this one reuses.
+    reuse_allowed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    reused_from_job_id: Mapped[uuid.UUID | None] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="SET NULL")
+    )
 
 
 class AiJobChunk(Base):

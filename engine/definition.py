@@ -13,6 +13,7 @@ from pydantic.alias_generators import to_camel
 
 from engine.errors import InvalidJobDefinition
 from engine.queues import QUEUES, resolve_execution
+from engine.tiers import ServiceTier
 
 QueueName = Literal["ai-interactive", "ai-background"]
 CredentialMode = Literal["platform_key", "user_deepseek_key"]
@@ -86,6 +87,25 @@ class SecuritySpec(_Frozen):
     output_redaction: bool = False
 
 
+class ServiceSpec(_Frozen):
+    """The service tiers a job type accepts (engine/tiers.py) and whether a create may reuse an
+    earlier answer. `default_tier` is a create's tier when it names none; `standard` is always
+    accepted; `batch` and `offpeak` only when their flag is set; `reuse`: a create with
+    `reuse: "allow"` may be answered from the same user's identical succeeded job."""
+
+    default_tier: ServiceTier = "standard"
+    batch: bool = False
+    offpeak: bool = False
+    reuse: bool = False
+
+    def accepts(self, tier: str) -> bool:
+        return (
+            tier == "standard"
+            or (tier == "batch" and self.batch)
+            or (tier == "offpeak" and self.offpeak)
+        )
+
+
 class JobDefinition(_Frozen):
     """`visibility`: "public" (any user may create it), "dev" (only when the settings say
     development or test, e.g. the synthetic type), "internal" (never through the REST API).
@@ -115,6 +135,8 @@ class JobDefinition(_Frozen):
     # "none" (its output must come from the one configured model), or the models of
     # AI_FALLBACKS entries it may fall back to, in its own order.
     fallback: Literal["default", "none"] | tuple[str, ...] = "default"
+    # The service tiers it accepts, its default tier, and whether results may be reused.
+    service: ServiceSpec = ServiceSpec()
 
     @model_validator(mode="before")
     @classmethod
@@ -162,6 +184,8 @@ def validate_definition(d: JobDefinition) -> None:
         )
     if d.domain not in DOMAINS:
         raise InvalidJobDefinition(f"invalid domain {d.domain!r} for {d.job_type}")
+    if not d.service.accepts(d.service.default_tier):
+        raise InvalidJobDefinition(f"defaultTier of {d.job_type} is not a tier it accepts")
     for field_name, version in (
         ("version", d.version),
         ("prompt_version", d.prompt_version),

@@ -31,12 +31,13 @@ def request_fingerprint(
     prompt_version: str | None = None,
     output_schema_version: str | None = None,
     run_at: str | None = None,
+    service: dict[str, str] | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
     The effective credential mode, the key a client named and a per-job cost cap are part of
     the request (who pays, and how much, is not a detail); so are the client's metadata, the
-    versions it pinned and a delayed start (what the job carries and runs on, and when). Left
-    out (or empty metadata), they leave earlier fingerprints unchanged."""
+    versions it pinned, its service options and a delayed start (what the job carries and runs
+    on, and when). Left out (or empty), they leave earlier fingerprints unchanged."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -58,4 +59,6 @@ def request_fingerprint(
         body["outputSchemaVersion"] = output_schema_version
     if run_at is not None:
         body["runAt"] = run_at
+    if service:  # a tier other than the type's default, reuse, an off-peak deadline
+        body["service"] = service
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

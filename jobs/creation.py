@@ -41,6 +41,7 @@ from engine.errors import (
 )
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
+from engine.tiers import OFFPEAK
 from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
@@ -251,6 +252,12 @@ class JobCreation:
             chunk_count=len(checked.chunks) if checked.chunks else None,
             metadata=req.metadata,
             run_at=req.run_at,
+            service_tier=checked.service_tier,
+            offpeak_deadline_at=req.offpeak_deadline_at,
+            offpeak_on_deadline=(
+                (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
+            ),
+            reuse_allowed=req.reuse,
         )
 
     async def _enqueue(

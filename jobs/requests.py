@@ -22,11 +22,13 @@ from db.chunks import PlannedChunk
 from engine.definition import USER_DEEPSEEK_KEY
 from engine.errors import RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.hashing import request_fingerprint
+from engine.tiers import STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, fallback
 from jobs.costs import JobEstimate, chain_price, estimate_job
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
+from jobs.tiers import checked_tier, tier_fingerprint
 from providers.pricing import Price
 
 
@@ -54,6 +56,12 @@ class CreateJobRequest:
     prompt_version: str | None = None
     output_schema_version: str | None = None
     run_at: datetime | None = None
+    # The service tier (None: the job type's default), result reuse, and an off-peak job's
+    # deadline and what it does there (None: the defaults, engine/tiers.py).
+    service_tier: str | None = None
+    reuse: bool = False
+    offpeak_deadline_at: datetime | None = None
+    offpeak_on_deadline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class CheckedRequest:
     estimate: JobEstimate
     fingerprint: str
     chunks: list[PlannedChunk] | None = None  # a long source's plan; None: one call
+    service_tier: str = STANDARD  # the effective tier (the request's, or the type's default)
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -91,6 +100,7 @@ class RequestChecker:
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)
+        tier = checked_tier(req, jt)
         chunks = self.plan_chunks(jt, model)
         self._check_fits_the_model(jt, model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
@@ -114,8 +124,9 @@ class RequestChecker:
             prompt_version=req.prompt_version,
             output_schema_version=req.output_schema_version,
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
+            service=tier_fingerprint(req, jt),
         )
-        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks)
+        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks, tier)
 
     def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
         jt = self._catalog.get(job_type)

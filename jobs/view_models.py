@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from engine.lifecycle import StatusName
+from engine.tiers import ServiceTier
 
 
 class Camel(BaseModel):
@@ -88,6 +89,18 @@ class JobStatusResponse(Camel):
         description="True once the job's private data was purged (its owner's DELETE, or "
         "retention after DATA_RETENTION_DAYS): its input, output, chunk outputs and internal "
         "error message are gone; the job, its codes and its usage stay.",
+    )
+    service_tier: ServiceTier = Field(
+        default="standard",
+        description="How soon and at which price its provider calls are made: `standard` (at "
+        "once), `batch` (the provider's batch API, within 24 h, at its batch price) or "
+        "`offpeak` (held until the provider's next discount window)",
+        examples=["batch"],
+    )
+    reused_from_job_id: uuid.UUID | None = Field(
+        default=None,
+        description="Your earlier identical job whose answer this one reused (a create with "
+        '`reuse: "allow"`): no provider call, cost 0, its own copies of the artifacts',
     )
 
 

@@ -142,6 +142,8 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "prompt_version": row.prompt_version,
         "output_schema_version": row.output_schema_version,
         "private_data_purged": row.private_data_purged_at is not None,
+        "service_tier": row.service_tier,
+        "reused_from_job_id": row.reused_from_job_id,
     }
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from api.deps import State, User
 from api.schemas import Camel
 from engine.definition import Domain
+from engine.tiers import SERVICE_TIERS, ServiceTier
 from jobs.spec import AnyJobType
 
 router = APIRouter(prefix="/api/ai/job-types", tags=["job types"])
@@ -37,9 +38,16 @@ EXAMPLE: dict[str, Any] = {
                 "required": ["text"],
                 "additionalProperties": False,
             },
+            "defaultServiceTier": "standard",
+            "serviceTiers": ["standard"],
+            "reuse": False,
         }
     ]
 }
+
+
+def _standard_only() -> list[ServiceTier]:
+    return ["standard"]
 
 
 class JobTypeOut(Camel):
@@ -56,6 +64,15 @@ class JobTypeOut(Camel):
     input_schema_version: str = Field(min_length=1)
     output_schema_version: str = Field(min_length=1)
     input_schema: dict[str, Any] = Field(description="JSON Schema of the job type's `input`")
+    default_service_tier: ServiceTier = Field(
+        default="standard", description="A create's `serviceTier` when it names none"
+    )
+    service_tiers: list[ServiceTier] = Field(
+        default_factory=_standard_only,
+        description="The `serviceTier` values a create may ask for (the provider must offer "
+        "the tier too: `batch` needs a batch API, `offpeak` a discount window)",
+    )
+    reuse: bool = Field(default=False, description='Whether a create may send `reuse: "allow"`')
 
 
 class JobTypeList(Camel):
@@ -92,6 +109,9 @@ def describe(jt: AnyJobType) -> JobTypeOut:
         input_schema_version=d.input.schema_version,
         output_schema_version=d.output.schema_version,
         input_schema=input_schema(jt.input_model),
+        default_service_tier=d.service.default_tier,
+        service_tiers=[t for t in SERVICE_TIERS if d.service.accepts(t)],
+        reuse=d.service.reuse,
     )
 
 

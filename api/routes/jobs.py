@@ -132,6 +132,10 @@ def _request(
         prompt_version=body.prompt_version,
         output_schema_version=body.output_schema_version,
         run_at=body.run_at,
+        service_tier=body.service_tier,
+        reuse=body.reuse == "allow",
+        offpeak_deadline_at=body.offpeak_deadline.at if body.offpeak_deadline else None,
+        offpeak_on_deadline=body.offpeak_deadline.then if body.offpeak_deadline else None,
     )
 
 

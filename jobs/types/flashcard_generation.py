@@ -16,7 +16,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models_projected import Flashcard
-from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
+from engine.definition import (
+    CREDENTIAL_MODES,
+    CredentialSpec,
+    Execution,
+    JobDefinition,
+    QueueSpec,
+    ServiceSpec,
+)
 from jobs.spec import (
     ChunkSpec,
     JobInput,
@@ -77,6 +84,9 @@ DEFINITION = JobDefinition(
     execution=Execution(timeout_ms=90_000),
     credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
+    # A course's decks rarely need an answer within seconds: batch and off-peak accepted, and
+    # the same text asked again may be answered from the user's earlier deck.
+    service=ServiceSpec(batch=True, offpeak=True, reuse=True),
 )
 
 

@@ -25,6 +25,7 @@ from engine.definition import (
     JobDefinition,
     QueueSpec,
     RetryBackoff,
+    ServiceSpec,
 )
 from jobs.spec import (
     JobInput,
@@ -82,6 +83,7 @@ DEFINITION = JobDefinition(
     execution=Execution(timeout_ms=120_000, max_retries=2, retry_backoff=RetryBackoff(delay=5000)),
     credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
+    service=ServiceSpec(batch=True, offpeak=True),  # background work: may wait for a price
 )
 
 

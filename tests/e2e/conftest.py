@@ -56,6 +56,8 @@ JOB_STATUS_KEYS = {
     "promptVersion",
     "outputSchemaVersion",
     "privateDataPurged",
+    "serviceTier",
+    "reusedFromJobId",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (

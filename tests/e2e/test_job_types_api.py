@@ -25,6 +25,9 @@ KEYS = {
     "inputSchemaVersion",
     "outputSchemaVersion",
     "inputSchema",
+    "defaultServiceTier",
+    "serviceTiers",
+    "reuse",
 }
 
 
@@ -38,6 +41,9 @@ async def test_any_user_lists_every_registered_job_type_with_its_metadata(api: A
         assert set(item) == KEYS, item
         d = catalog.get(item["name"]).definition
         assert item["domain"] in DOMAINS
+        assert item["defaultServiceTier"] in item["serviceTiers"]
+        assert ("batch" in item["serviceTiers"]) == d.service.batch
+        assert item["reuse"] == d.service.reuse
         assert item["label"] == d.label and item["label"].strip()
         for key in ("version", "promptVersion", "outputSchemaVersion", "inputSchemaVersion"):
             assert isinstance(item[key], str) and item[key], (key, item)

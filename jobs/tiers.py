@@ -1,0 +1,63 @@
+"""A create's service options, checked: its service tier (engine/tiers.py), result reuse and an
+off-peak job's deadline. Pure (no I/O), called by `jobs.requests.RequestChecker.check`.
+
+A tier the job type does not accept, `reuse: "allow"` on a type that does not permit reuse, or
+an off-peak deadline on a job that is not off-peak is refused (422 VALIDATION_FAILED naming the
+field): a create never silently runs on terms other than the ones it asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.errors import ValidationFailed
+from engine.tiers import OFFPEAK, OFFPEAK_ON_DEADLINE, SERVICE_TIERS
+
+if TYPE_CHECKING:
+    from jobs.requests import CreateJobRequest
+    from jobs.spec import AnyJobType
+
+
+def _refuse(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed(message, errors=[{"loc": [field], "msg": message, "type": "value"}])
+
+
+def checked_tier(req: CreateJobRequest, jt: AnyJobType) -> str:
+    """The effective tier of `req` (the job type's default when it names none), after the
+    checks of its service options, in this order: the tier is one the type accepts, reuse is
+    permitted, an off-peak deadline comes with the off-peak tier only."""
+    service = jt.definition.service
+    tier = req.service_tier or service.default_tier
+    if tier not in SERVICE_TIERS:
+        raise _refuse("serviceTier", f"serviceTier must be one of: {', '.join(SERVICE_TIERS)}")
+    if not service.accepts(tier):
+        raise _refuse(
+            "serviceTier",
+            f"{jt.definition.job_type} does not accept serviceTier {tier}; it accepts: "
+            + ", ".join(t for t in SERVICE_TIERS if service.accepts(t)),
+        )
+    if req.reuse and not service.reuse:
+        raise _refuse("reuse", f'{jt.definition.job_type} does not permit reuse: "allow"')
+    deadline_given = req.offpeak_deadline_at is not None or req.offpeak_on_deadline is not None
+    if deadline_given and tier != OFFPEAK:
+        raise _refuse("offpeakDeadline", "offpeakDeadline needs serviceTier offpeak")
+    if req.offpeak_on_deadline is not None and req.offpeak_on_deadline not in OFFPEAK_ON_DEADLINE:
+        raise _refuse("offpeakDeadline", "offpeakDeadline.then must be standard or fail")
+    return tier
+
+
+def tier_fingerprint(req: CreateJobRequest, jt: AnyJobType) -> dict[str, str]:
+    """The service options that make a request differ from one that left them out: the tier
+    when it is not the type's default, reuse, an off-peak deadline. Empty when all are the
+    defaults, so earlier fingerprints are unchanged."""
+    out: dict[str, str] = {}
+    tier = req.service_tier or jt.definition.service.default_tier
+    if tier != jt.definition.service.default_tier:
+        out["serviceTier"] = tier
+    if req.reuse:
+        out["reuse"] = "allow"
+    if req.offpeak_deadline_at is not None:
+        out["offpeakDeadlineAt"] = req.offpeak_deadline_at.isoformat()
+    if req.offpeak_on_deadline is not None:
+        out["offpeakOnDeadline"] = req.offpeak_on_deadline
+    return out
