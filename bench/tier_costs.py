@@ -15,10 +15,11 @@ counts) and adds, per sample:
   the type gets at the cache-hit price. OpenAI caches only prompts of 1,024 tokens and more,
   in steps of 128 from there, so its share is shown beside it;
 - (b) the cost per 1,000 jobs (the mean over the samples, times 1,000) at the engine's price
-  table (`providers/pricing.py`, what real calls are charged by), per tier, with and without
-  the cache hit: `standard`; `batch` (the batch price: half of standard, cached input at half
-  the cache-hit price); `offpeak` (DeepSeek's discount window, the standard price times the
-  window's factor, 0.5); `reused` (a reused result makes no call: 0). A tier a provider does
+  table (`PriceTable.call_cost` with its `tier`, what real calls are charged by), per tier,
+  with and without the cache hit: `standard`; `batch` (the model's batch price: half of
+  standard for the built-in OpenAI models, cached input at half the cache-hit price);
+  `offpeak` (DeepSeek's discount window: the standard price times the window's factor, 0.5);
+  `reused` (a reused result makes no call: 0). A tier a provider does
   not offer is `n/a`: DeepSeek has no batch API, OpenAI no discount window.
 
 deepseek-chat is charged DeepSeek's counts (what it reports); gpt-4o-mini the engine's cl100k
@@ -60,7 +61,6 @@ OPENAI_STEP = 128  # ... in steps of 128 tokens from there
 # prompt and the user role token (bench/estimates.py DEEPSEEK_FRAMING).
 DEEPSEEK_PREFIX_FRAMING = 2
 OFFPEAK_DISCOUNT = Decimal("0.5")  # the default off-peak window's price factor
-BATCH_FACTOR = Decimal("0.5")  # the batch price against standard (built-in models)
 TIERS = ("standard", "batch", "offpeak", "reused")
 # The models priced, and the tiers their provider offers.
 MODELS: dict[str, tuple[str, ...]] = {
@@ -164,17 +164,13 @@ def measure_type(jt: AnyJobType, counter: TextCounter, seeds: int) -> list[Measu
 def tier_cost(
     table: PriceTable, model: str, tokens_in: int, tokens_out: int, cached_in: int, tier: str
 ) -> Decimal:
-    """One job's charge on `tier`: standard at the table's prices, batch at the batch price
-    (half; cached input at half the cache-hit price), off-peak at the standard price times the
-    window's factor, a reused result nothing."""
+    """One job's charge on `tier`, by the function that charges real calls
+    (`PriceTable.call_cost`): standard at the table's prices, batch at the model's batch price,
+    off-peak at the standard price times the window's factor; a reused result nothing."""
     if tier == "reused":
         return Decimal(0)
-    standard = table.call_cost(model, tokens_in, tokens_out, cached_in=cached_in)
-    if tier == "batch":
-        return standard * BATCH_FACTOR
-    if tier == "offpeak":
-        return standard * OFFPEAK_DISCOUNT
-    return standard
+    discount = OFFPEAK_DISCOUNT if tier == "offpeak" else None
+    return table.call_cost(model, tokens_in, tokens_out, cached_in, tier=tier, discount=discount)
 
 
 def job_cost(table: PriceTable, m: Measured, model: str, tier: str, *, cache: bool) -> Decimal:
