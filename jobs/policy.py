@@ -12,11 +12,29 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from engine.definition import PLATFORM_KEY
+from engine.tiers import BATCH
 from jobs import chunked
 from jobs.spec import AnyJobType
 from providers.pricing import PriceTable
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    """What a create needs to know of the provider a job's calls go to: its name (as in the
+    usage rows) and whether it has a Batch API (providers/batch.py `has_batch_api`, decided
+    once by the wiring, so the request checks stay pure)."""
+
+    name: str
+    batch_api: bool = False
+
+
+SYNTHETIC = ProviderTraits("synthetic")
+# A user's own key goes to DeepSeek's endpoint (runtime/wiring.py `user_key_base_url`): no
+# Batch API; also what a mode the wiring did not describe is taken for.
+DEEPSEEK = ProviderTraits("deepseek")
 
 
 @dataclass(frozen=True)
@@ -45,12 +63,47 @@ class CreatePolicy:
     fallback_models: tuple[str, ...] = ()
     # A long source's per-call input budget (AI_CHUNK_INPUT_TOKENS): past it, chunks.
     chunking: chunked.ChunkPolicy = dataclasses.field(default_factory=chunked.ChunkPolicy)
+    # The provider each credential mode's calls go to when they are not synthetic (built by
+    # runtime/wiring.py from the same settings as the workers' gateway); a mode not listed:
+    # DeepSeek's endpoint.
+    providers: Mapping[str, ProviderTraits] = dataclasses.field(default_factory=dict)
+    # Per provider name, the price factor an off-peak job is reserved at (the dearest of its
+    # discount windows, AI_OFFPEAK_WINDOWS); a provider not listed has no window.
+    offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""
         if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
             return "synthetic"
         return self.model
+
+    def provider_for(self, jt: AnyJobType, mode: str) -> ProviderTraits:
+        """The provider a job's calls go to (as jobs/gateway.py chooses it for EXECUTE)."""
+        if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
+            return SYNTHETIC
+        return self.providers.get(mode, DEEPSEEK)
+
+    def offpeak_discount(self, jt: AnyJobType, mode: str) -> Decimal | None:
+        """The price factor an off-peak job of this type and mode is reserved at; None: its
+        provider has no discount window."""
+        return self.offpeak_discounts.get(self.provider_for(jt, mode).name)
+
+    def tier_refusal(self, jt: AnyJobType, mode: str, tier: str) -> str | None:
+        """Why the provider of a job of this type and mode cannot serve `tier`, None when it
+        can. Only `batch` needs a capability (a Batch API); a batch job is never run at the
+        standard tier instead, so a provider without one refuses it at create."""
+        provider = self.provider_for(jt, mode)
+        if tier == BATCH and not provider.batch_api:
+            return (
+                f"serviceTier batch needs a provider with a batch API; this job's provider "
+                f"({provider.name}) has none. Use serviceTier standard"
+                + (" or offpeak" if self._offpeak_served(jt, provider) else "")
+                + "."
+            )
+        return None
+
+    def _offpeak_served(self, jt: AnyJobType, provider: ProviderTraits) -> bool:
+        return jt.definition.service.offpeak and provider.name in self.offpeak_discounts
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible
