@@ -49,6 +49,7 @@ from engine.contracts import (
     PREPARE,
     PROJECT,
     RESOLVE,
+    REUSE,
 )
 from engine.errors import public_message_for
 
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 # The stages the bound applies to: every job stage but EXECUTE (bounded by its own policy).
 BOUNDED_STAGES = frozenset(
-    {PREPARE, RESOLVE, PROJECT, MERGE, COMPLETE, FINALIZE_FAILED, FINALIZE_CANCELLED}
+    {PREPARE, RESOLVE, PROJECT, MERGE, REUSE, COMPLETE, FINALIZE_FAILED, FINALIZE_CANCELLED}
 )
 DEFAULT_ATTEMPTS = 3
 # What `internal_error_message` may hold (the column's bound elsewhere in the stages).

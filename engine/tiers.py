@@ -24,3 +24,9 @@ OFFPEAK: ServiceTier = "offpeak"
 # the standard price, or fail (OFFPEAK_DEADLINE_PASSED).
 OffpeakOnDeadline = Literal["standard", "fail"]
 OFFPEAK_ON_DEADLINE: tuple[OffpeakOnDeadline, ...] = ("standard", "fail")
+
+# Result reuse (jobs/reuse.py): the signal (no argument) the reuse waker sends a job's workflow
+# when the job whose answer it waits for has ended (runtime/reuse_waker.py), and the longest the
+# workflow waits for it before it looks again on its own (a NOTIFY lost while no waker listened).
+REUSE_SOURCE_ENDED_SIGNAL = "reuse-source-ended"
+REUSE_WAIT_BACKSTOP_S = 600.0
