@@ -18,14 +18,18 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client
+from temporalio.worker import Replayer
 
 from db.session import SessionMaker
+from engine.payloads import DATA_CONVERTER
 from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
+from runtime.worker import sandbox_runner
 from tests.e2e.conftest import Api, start_api
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import FAKE_MODEL, PLATFORM_KEY
 from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, engine_stack
+from workflows.job_workflow import JobWorkflow
 
 CARDS = "flashcard_generation"
 ALICE, BOB = "alice", "bob"
@@ -145,3 +149,26 @@ async def test_two_identical_creates_at_once_make_one_call(
             if e.HasField("workflow_execution_signaled_event_attributes")
         ]
         assert REUSE_SOURCE_ENDED_SIGNAL in signals, signals
+        # Its history (the reuse stage, the wait, the signal, PROJECT) replays deterministically.
+        await Replayer(
+            workflows=[JobWorkflow], workflow_runner=sandbox_runner(), data_converter=DATA_CONVERTER
+        ).replay_workflow(history)
+
+
+async def test_a_reuser_whose_source_is_cancelled_makes_its_own_call(
+    db: SessionMaker, env: Any, temporal_client: Client, fake: FakeOpenAIServer
+) -> None:
+    # The source's call is slow (it is cancelled during it); every later call answers at once.
+    await fake.ascript([{**ANSWER, "kind": "slow", "delay_s": 10.0}], default=ANSWER)
+    async with engine_and_api(env, temporal_client, fake.base_url) as api:
+        source = (await create(api, reuse="allow")).json()["jobId"]
+        await api.wait_status(source, "running")
+        reuser = (await create(api, reuse="allow")).json()
+        assert reuser["reusedFromJobId"] == source
+        r = await api.http.post(f"/api/ai/jobs/{source}/cancel", headers=api.as_user(ALICE))
+        assert r.status_code in (200, 202), r.text
+        assert (await api.wait_status(source, timeout=30))["lifecycleStatus"] == "cancelled"
+        final = await done(api, reuser["jobId"])
+        assert final["reusedFromJobId"] is None  # the answer it waited for never came
+        assert (await usage(api, reuser["jobId"]))["calls"] == 1
+        assert await calls(fake) == 2
