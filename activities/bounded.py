@@ -1,6 +1,6 @@
 """Bounded bookkeeping stages: an unexpected error ends the job, an outage is waited out.
 
-The bookkeeping stages (PREPARE, RESOLVE, PROJECT, MERGE, COMPLETE and the two finalizers) run
+The bookkeeping stages (PREPARE, RESOLVE, PROJECT, MERGE, REUSE, COMPLETE, the two finalizers) run
 under a retry policy without a maximum (`BOOKKEEPING_RETRY` in workflows/job_workflow.py), so
 that a database restart never loses a job. That policy is part of the commands recorded
 histories replay, so it stays; the bound is kept here, in the worker, instead:

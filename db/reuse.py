@@ -69,10 +69,12 @@ class JobReuse:
 
 @dataclass(frozen=True)
 class SourceAnswer:
-    """A source job as the `reuse` stage reads it: its state and, when it succeeded and its
-    private data is kept, its stored answer and hash (None otherwise)."""
+    """A source job as the `reuse` stage reads it: its state, whether it is still held by its
+    user's dispatch window (queued, its workflow not started: db/relay.py) and, when it
+    succeeded and its private data is kept, its stored answer and hash (None otherwise)."""
 
     lifecycle_status: str
+    held: bool
     output: dict[str, Any] | None
     output_hash: str | None
 
@@ -99,6 +101,7 @@ async def source(s: AsyncSession, source_id: uuid.UUID, *, user_id: str) -> Sour
             text(
                 """
                 SELECT lifecycle_status,
+                       (lifecycle_status = 'queued' AND dispatched_at IS NULL) AS held,
                        CASE WHEN private_data_purged_at IS NULL THEN output END AS output,
                        CASE WHEN private_data_purged_at IS NULL THEN output_hash END
                            AS output_hash

@@ -13,8 +13,9 @@ request was already answered (or is being answered) for the same user, makes no 
 - At run (`step`, the `reuse` stage's one transaction): a source that succeeded gives its
   stored answer and hash to the job (taken queued → running, its own output row; PROJECT then
   writes its own business rows and artifacts; no usage row); a source still active: wait
-  (nothing taken); a source that ended without an answer (failed, cancelled, purged, gone) is
-  forgotten and the job makes its own call.
+  (nothing taken); a source that ended without an answer (failed, cancelled, purged, gone), or
+  one still held back by the user's dispatch window, is forgotten and the job makes its own
+  call.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ async def step(
     if me.lifecycle_status != S.QUEUED or me.reused_from_job_id is None:
         return Step("run")
     src = await reuse_db.source(s, me.reused_from_job_id, user_id=me.user_id)
-    if src is not None and src.lifecycle_status in (S.QUEUED, S.RUNNING):
+    if src is not None and src.lifecycle_status in (S.QUEUED, S.RUNNING) and not src.held:
         return Step("wait")
     if src is not None and src.lifecycle_status == S.SUCCEEDED and src.output and src.output_hash:
         await lifecycle.take(s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id)
@@ -150,7 +151,9 @@ async def step(
         if not stored:  # taken just now under the row's lock: cannot happen
             raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")
         return Step("copied", output_hash=src.output_hash)
-    # Failed, cancelled, purged or gone: nothing to reuse; the job pays its own call.
+    # Failed, cancelled, purged or gone: nothing to reuse; the job pays its own call. So does a
+    # job whose source its user's dispatch window still holds (this one went first, by its
+    # priority): waiting in the window for a job the window holds back would never end.
     await reuse_db.forget_source(s, job_id)
     return Step("run")
 
