@@ -21,6 +21,7 @@ from activities.deps import StageDeps, lock_owner, log
 from activities.failures import fail_final
 from engine.contracts import REUSE, ReuseInput, ReuseResult
 from engine.errors import ExecutionFailure
+from engine.tiers import REUSE_LOOK_AGAIN_S
 from jobs import reuse
 
 
@@ -51,4 +52,5 @@ class Reuse:
             fail_final("INTERNAL_JOB_MISSING")
         if found.action == "copied":
             log.info("answer reused", extra={"job_id": inp.job_id})
-        return ReuseResult(found.action, found.output_hash, found.lifecycle_status)
+        look_again_s = REUSE_LOOK_AGAIN_S if found.look_again else 0.0
+        return ReuseResult(found.action, found.output_hash, found.lifecycle_status, look_again_s)

@@ -10,6 +10,7 @@ it): a job never reuses another user's answer. Every function runs in the caller
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +31,17 @@ class Candidate:
 
 
 # The user's newest job with the key that succeeded with its answer still held (not purged),
-# or that is still queued or running with no cancel asked for.
+# or that is still queued or running with no cancel asked for; none of `:x`, and no active job
+# that waits on one of `:x`.
 _CANDIDATE = text(
     """
     SELECT id, lifecycle_status, reused_from_job_id FROM ai_job
-    WHERE user_id = :u AND job_type = :t AND reuse_key = :k
+    WHERE user_id = :u AND job_type = :t AND reuse_key = :k AND id <> ALL(CAST(:x AS uuid[]))
       AND ((lifecycle_status = 'succeeded' AND output IS NOT NULL
             AND output_hash IS NOT NULL AND private_data_purged_at IS NULL)
-           OR (lifecycle_status IN ('queued', 'running') AND cancel_requested_at IS NULL))
+           OR (lifecycle_status IN ('queued', 'running') AND cancel_requested_at IS NULL
+               AND (reused_from_job_id IS NULL
+                    OR reused_from_job_id <> ALL(CAST(:x AS uuid[])))))
     ORDER BY created_at DESC, id DESC
     LIMIT 1
     """
@@ -45,12 +49,19 @@ _CANDIDATE = text(
 
 
 async def candidate(
-    s: AsyncSession, *, user_id: str, job_type: str, reuse_key: str
+    s: AsyncSession,
+    *,
+    user_id: str,
+    job_type: str,
+    reuse_key: str,
+    excluding: Sequence[uuid.UUID] = (),
 ) -> Candidate | None:
-    """The user's newest job with `reuse_key` that succeeded (answer held) or is still active;
-    None: none. Read under the user's create lock (jobs/reuse.py), so two identical creates
-    see each other."""
-    row = (await s.execute(_CANDIDATE, {"u": user_id, "t": job_type, "k": reuse_key})).first()
+    """The user's newest job with `reuse_key` that succeeded (answer held) or is still active,
+    leaving out the jobs `excluding` and the active jobs that wait on one of them; None: none.
+    Read under the user's create lock (jobs/reuse.py), so two identical creates see each
+    other."""
+    params = {"u": user_id, "t": job_type, "k": reuse_key, "x": list(excluding)}
+    row = (await s.execute(_CANDIDATE, params)).first()
     return Candidate(row.id, row.lifecycle_status, row.reused_from_job_id) if row else None
 
 
@@ -59,8 +70,10 @@ class JobReuse:
     """The `reuse` stage's view of a job: its state, lock, stored answer and the source it
     reuses (None: none, or forgotten)."""
 
+    id: uuid.UUID
     user_id: str
     job_type: str
+    reuse_key: str | None
     lifecycle_status: str
     locked_by: str | None
     output_hash: str | None
@@ -84,8 +97,8 @@ async def job(s: AsyncSession, job_id: uuid.UUID) -> JobReuse | None:
     row = (
         await s.execute(
             text(
-                "SELECT user_id, job_type, lifecycle_status, locked_by, output_hash, "
-                "reused_from_job_id FROM ai_job WHERE id = :id FOR UPDATE"
+                "SELECT id, user_id, job_type, reuse_key, lifecycle_status, locked_by, "
+                "output_hash, reused_from_job_id FROM ai_job WHERE id = :id FOR UPDATE"
             ),
             {"id": job_id},
         )
@@ -93,9 +106,11 @@ async def job(s: AsyncSession, job_id: uuid.UUID) -> JobReuse | None:
     return JobReuse(**row._mapping) if row else None
 
 
-async def source(s: AsyncSession, source_id: uuid.UUID, *, user_id: str) -> SourceAnswer | None:
-    """The source job (the same user's only) read `FOR SHARE`: a purge cannot take its answer
-    away while it is copied. None: gone, or not the user's."""
+async def source(
+    s: AsyncSession, source_id: uuid.UUID, *, user_id: str, share: bool = True
+) -> SourceAnswer | None:
+    """The source job (the same user's only), read `FOR SHARE` (`share`): a purge cannot take
+    its answer away while it is copied. None: gone, or not the user's."""
     row = (
         await s.execute(
             text(
@@ -105,8 +120,9 @@ async def source(s: AsyncSession, source_id: uuid.UUID, *, user_id: str) -> Sour
                        CASE WHEN private_data_purged_at IS NULL THEN output END AS output,
                        CASE WHEN private_data_purged_at IS NULL THEN output_hash END
                            AS output_hash
-                FROM ai_job WHERE id = :id AND user_id = :u FOR SHARE
+                FROM ai_job WHERE id = :id AND user_id = :u
                 """
+                + (" FOR SHARE" if share else "")
             ),
             {"id": source_id, "u": user_id},
         )
@@ -114,15 +130,15 @@ async def source(s: AsyncSession, source_id: uuid.UUID, *, user_id: str) -> Sour
     return SourceAnswer(**row._mapping) if row else None
 
 
-async def forget_source(s: AsyncSession, job_id: uuid.UUID) -> bool:
-    """The queued job stops reusing (its source ended without an answer to give): it makes its
-    own call. False: the job is no longer queued."""
+async def set_source(s: AsyncSession, job_id: uuid.UUID, source_id: uuid.UUID | None) -> bool:
+    """The queued job's source: another one (its own ended without an answer to give), or none
+    (it makes its own call). False: the job is no longer queued."""
     result = await s.execute(
         text(
-            "UPDATE ai_job SET reused_from_job_id = NULL, updated_at = now() "
+            "UPDATE ai_job SET reused_from_job_id = :src, updated_at = now() "
             "WHERE id = :id AND lifecycle_status = 'queued'"
         ),
-        {"id": job_id},
+        {"id": job_id, "src": source_id},
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 

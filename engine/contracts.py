@@ -192,6 +192,8 @@ class ReuseResult:
     action: str
     output_hash: str = ""
     lifecycle_status: str = ""
+    # `wait` on a source the stage moved to just now: wait at most this long for its signal.
+    look_again_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,6 @@ OFFPEAK_ON_DEADLINE: tuple[OffpeakOnDeadline, ...] = ("standard", "fail")
 # workflow waits for it before it looks again on its own (a NOTIFY lost while no waker listened).
 REUSE_SOURCE_ENDED_SIGNAL = "reuse-source-ended"
 REUSE_WAIT_BACKSTOP_S = 600.0
+# A wait on a source the `reuse` stage moved to (the first one ended without an answer) is also
+# looked at again after this long: that source may have ended before the move was committed.
+REUSE_LOOK_AGAIN_S = 2.0

@@ -13,9 +13,13 @@ request was already answered (or is being answered) for the same user, makes no 
 - At run (`step`, the `reuse` stage's one transaction): a source that succeeded gives its
   stored answer and hash to the job (taken queued → running, its own output row; PROJECT then
   writes its own business rows and artifacts; no usage row); a source still active: wait
-  (nothing taken); a source that ended without an answer (failed, cancelled, purged, gone), or
-  one still held back by the user's dispatch window, is forgotten and the job makes its own
-  call.
+  (nothing taken); a source that ended without an answer (failed, cancelled, purged, gone)
+  gives way to the next of the user's jobs with the key that can still answer (looked up under
+  the user's create lock, never one that waits on a source already tried, so waiters never form
+  a cycle), else the job makes its own call: of the jobs that waited on a failed source, one
+  makes the call and the others wait for it. A source still held back by the user's dispatch
+  window is not waited for (this job went first: waiting in the window for a job the window
+  holds would never end): the job makes its own call.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import budgets as budgets_db
 from db import lifecycle as lifecycle_db
 from db import reuse as reuse_db
 from db.lifecycle import NewJob, lock_holder
@@ -111,6 +116,7 @@ class Step:
     action: Literal["copied", "wait", "run", "ended"]
     output_hash: str = ""
     lifecycle_status: str = ""
+    look_again: bool = False  # `wait` on a source found just now: look again soon, too
 
 
 async def step(
@@ -135,27 +141,94 @@ async def step(
         return Step("ended", lifecycle_status=me.lifecycle_status)
     if me.lifecycle_status != S.QUEUED or me.reused_from_job_id is None:
         return Step("run")
-    src = await reuse_db.source(s, me.reused_from_job_id, user_id=me.user_id)
-    if src is not None and src.lifecycle_status in (S.QUEUED, S.RUNNING) and not src.held:
-        return Step("wait")
-    if src is not None and src.lifecycle_status == S.SUCCEEDED and src.output and src.output_hash:
-        await lifecycle.take(s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id)
-        stored = await lifecycle_db.store_output(
-            s,
-            job_id,
-            owner=owner,
-            output=src.output,
-            output_hash=src.output_hash,
-            progress=COPIED_PROGRESS,
-        )
-        if not stored:  # taken just now under the row's lock: cannot happen
-            raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")
-        return Step("copied", output_hash=src.output_hash)
-    # Failed, cancelled, purged or gone: nothing to reuse; the job pays its own call. So does a
-    # job whose source its user's dispatch window still holds (this one went first, by its
-    # priority): waiting in the window for a job the window holds back would never end.
-    await reuse_db.forget_source(s, job_id)
+    source_id: uuid.UUID = me.reused_from_job_id
+    src = await reuse_db.source(s, source_id, user_id=me.user_id)
+    tried = [job_id]
+    for _ in range(MAX_SOURCES):
+        if src is not None and src.lifecycle_status in (S.QUEUED, S.RUNNING) and not src.held:
+            # A source found just now may end before this commit, unseen by its ending's NOTIFY
+            # (which looks for the jobs waiting on it): the workflow looks again soon as well.
+            moved = await _point_at(s, me, source_id)
+            return Step("wait", look_again=moved)
+        if src is not None and _answered(src):
+            await _point_at(s, me, source_id)
+            return await _copy(s, job_id, src, owner, identity, ttl_s, run_id)
+        if src is not None and src.held:
+            # Its user's dispatch window holds it back while this job went first (by its
+            # priority): waiting in the window for a job the window holds would never end.
+            break
+        # Failed, cancelled, purged or gone: another of the user's jobs with the key may still
+        # answer (the newest one that does not wait on a source already tried).
+        tried.append(source_id)
+        found = await _another_source(s, me, tried)
+        if found is None:
+            break
+        source_id = found
+        src = await reuse_db.source(s, source_id, user_id=me.user_id, share=False)
+    # Nothing to reuse: the job pays its own call.
+    await reuse_db.set_source(s, job_id, None)
     return Step("run")
+
+
+# How many sources one `reuse` stage looks at before the job makes its own call.
+MAX_SOURCES = 4
+
+
+def _answered(src: reuse_db.SourceAnswer) -> bool:
+    """The source succeeded and its answer is still held (not purged)."""
+    return src.lifecycle_status == S.SUCCEEDED and bool(src.output) and bool(src.output_hash)
+
+
+async def _point_at(s: AsyncSession, me: reuse_db.JobReuse, source_id: uuid.UUID) -> bool:
+    """The job's `reused_from_job_id` names the source it waits on or copies; True: moved."""
+    if source_id == me.reused_from_job_id:
+        return False
+    await reuse_db.set_source(s, me.id, source_id)
+    return True
+
+
+async def _another_source(
+    s: AsyncSession, me: reuse_db.JobReuse, tried: list[uuid.UUID]
+) -> uuid.UUID | None:
+    """Under the user's create lock (a create, and another job's stage, see the same rows):
+    the user's newest job with the key that succeeded or is active, none of `tried` nor waiting
+    on one of them; an active one that waits on a source gives that source (the root)."""
+    if me.reuse_key is None:
+        return None
+    await budgets_db.lock_user(s, me.user_id)
+    found = await reuse_db.candidate(
+        s, user_id=me.user_id, job_type=me.job_type, reuse_key=me.reuse_key, excluding=tried
+    )
+    if found is None:
+        return None
+    if found.lifecycle_status == S.SUCCEEDED:
+        return found.id
+    return found.reused_from_job_id or found.id
+
+
+async def _copy(
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    src: reuse_db.SourceAnswer,
+    owner: str,
+    identity: str,
+    ttl_s: int,
+    run_id: str | None,
+) -> Step:
+    """The source's stored answer and hash become the job's own, the job taken by `owner`."""
+    assert src.output is not None and src.output_hash is not None
+    await lifecycle.take(s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id)
+    stored = await lifecycle_db.store_output(
+        s,
+        job_id,
+        owner=owner,
+        output=src.output,
+        output_hash=src.output_hash,
+        progress=COPIED_PROGRESS,
+    )
+    if not stored:  # taken just now under the row's lock: cannot happen
+        raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")
+    return Step("copied", output_hash=src.output_hash)
 
 
 async def dependents(sm: SessionMaker, source_id: uuid.UUID) -> list[str]:

@@ -23,10 +23,10 @@ with workflow.unsafe.imports_passed_through():
     from engine.tiers import REUSE_WAIT_BACKSTOP_S
 
 
-async def _source_end(ends: Wakes, seen: int) -> None:
-    """Until a signal newer than `seen`, or the backstop (then the stage looks again)."""
+async def _source_end(ends: Wakes, seen: int, timeout_s: float) -> None:
+    """Until a signal newer than `seen`, or `timeout_s` (then the stage looks again)."""
     try:
-        await workflow.wait_condition(lambda: ends.count > seen, timeout=REUSE_WAIT_BACKSTOP_S)
+        await workflow.wait_condition(lambda: ends.count > seen, timeout=timeout_s)
     except TimeoutError:  # asyncio.TimeoutError: the backstop
         pass
 
@@ -45,7 +45,7 @@ async def reused(
             return ExecuteResult(output_hash="", attempt=0, lifecycle_status=found.lifecycle_status)
         if found.action != "wait":
             return None
-        await _source_end(ends, seen)
+        await _source_end(ends, seen, found.look_again_s or REUSE_WAIT_BACKSTOP_S)
         if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
             workflow.continue_as_new(
                 JobWorkflowInput(

@@ -140,3 +140,28 @@ async def test_a_source_end_is_notified_only_while_a_queued_job_waits_on_it(
         async with db.begin() as s:
             assert await reuse_db.waiting_on(s, waited) == [(await row(db, dependent)).workflow_id]
         assert await reuse.stranded(db) == [(await row(db, dependent)).workflow_id]
+
+
+async def test_waiters_on_a_failed_source_share_one_new_call(db: SessionMaker) -> None:
+    root = await job(db)
+    await seed(db, root, "lifecycle_status = 'running', status = 'processing'")
+    first = await job(db, reused_from_job_id=root)
+    second = await job(db, reused_from_job_id=root)
+    for w in (first, second):
+        await seed(db, w, "dispatched_at = now()")
+    await seed(db, root, "lifecycle_status = 'failed', status = 'failed'")
+    # The first to look makes its own call (the other one waits on the failed root: no source);
+    # the second then waits on the first, and looks again soon (the move may race its end).
+    assert await step(db, first) == reuse.Step("run")
+    assert await step(db, second) == reuse.Step("wait", look_again=True)
+    assert (await row(db, second)).reused_from_job_id == first
+    await seed(db, first, "lifecycle_status = 'running', status = 'processing'")
+    await seed(
+        db,
+        first,
+        "lifecycle_status = 'succeeded', status = 'completed', output = CAST(:o AS jsonb), "
+        "output_hash = :h",
+        o='{"flashcards": [{"front": "Q", "back": "A"}]}',
+        h="f" * 64,
+    )
+    assert await step(db, second) == reuse.Step("copied", output_hash="f" * 64)
