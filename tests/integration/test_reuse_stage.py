@@ -15,7 +15,7 @@ from db import lifecycle as lifecycle_db
 from db import reuse as reuse_db
 from db.session import SessionMaker, listen_connection
 from jobs import reuse
-from tests.integration.test_schema import new_job
+from tests.integration.engine_helpers import new_job
 
 KEY = "k" * 64
 OWNER = "ai-background:flashcard_generation:dependent"
@@ -23,7 +23,7 @@ ANSWER = {"flashcards": [{"front": "Q", "back": "A"}]}
 
 
 async def job(sm: SessionMaker, user: str = "u1", **kw: Any) -> uuid.UUID:
-    row = dataclasses.replace(new_job(user_id=user), reuse_key=KEY, **kw)
+    row = dataclasses.replace(new_job(user), reuse_key=KEY, **kw)
     async with sm.begin() as s:
         await lifecycle_db.create(s, row)
     return row.id
