@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from functools import partial
 from typing import TypeVar
 
 from temporalio import workflow
@@ -31,7 +30,6 @@ from workflows.patches import (
     FALLBACK_MEMO,
     FIVE_STAGES,
     LIMIT_WAKE,
-    RESULT_REUSE,
     SKIP_COMPLETE_STAGE,
 )
 from workflows.reuse_wait import reused
@@ -159,9 +157,7 @@ class JobStages:
                 if wait_s > 0:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
-            executed = None  # a job reusing another's answer asks for its patch (no call)
-            if resolved.reuses and workflow.patched(RESULT_REUSE):
-                executed = await reused(inp, self._ends, partial(self._local, stages.reuse))
+            executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
             if executed is None and resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
                 executed = await self._execute_chunks(inp, prep.plan, resolved)

@@ -15,11 +15,19 @@ from collections.abc import Awaitable, Callable
 
 from temporalio import workflow
 
+from workflows import stages
 from workflows.limit_wait import Wakes
+from workflows.patches import RESULT_REUSE
 
 with workflow.unsafe.imports_passed_through():
     from engine import contracts
-    from engine.contracts import ExecuteResult, JobWorkflowInput, ReuseInput, ReuseResult
+    from engine.contracts import (
+        ExecuteResult,
+        JobWorkflowInput,
+        ResolveResult,
+        ReuseInput,
+        ReuseResult,
+    )
     from engine.tiers import REUSE_WAIT_BACKSTOP_S
 
 
@@ -31,14 +39,24 @@ async def _source_end(ends: Wakes, seen: int, timeout_s: float) -> None:
         pass
 
 
+Stage = Callable[[ReuseInput], Awaitable[ReuseResult]]
+
+
 async def reused(
-    inp: JobWorkflowInput, ends: Wakes, stage: Callable[[ReuseInput], Awaitable[ReuseResult]]
+    inp: JobWorkflowInput,
+    resolved: ResolveResult,
+    ends: Wakes,
+    local: Callable[[Stage, ReuseInput], Awaitable[ReuseResult]],
 ) -> ExecuteResult | None:
     """The job's answer from its source (`ExecuteResult` with its hash, or with the state the
-    job ended in before), or None: it makes its own call."""
+    job ended in before), or None: it makes its own call. Only a job that reuses (RESOLVE said
+    so) asks for the `result-reuse` patch: every other run's commands are unchanged. `local`
+    runs a stage as the workflow's other local activities run (its timeout and retries)."""
+    if not (resolved.reuses and workflow.patched(RESULT_REUSE)):
+        return None
     while True:
         seen = ends.count
-        found = await stage(ReuseInput(job_id=inp.jobId))
+        found = await local(stages.reuse, ReuseInput(job_id=inp.jobId))
         if found.action == "copied":
             return ExecuteResult(output_hash=found.output_hash, attempt=0)
         if found.action == "ended":
