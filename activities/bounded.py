@@ -1,6 +1,6 @@
 """Bounded bookkeeping stages: an unexpected error ends the job, an outage is waited out.
 
-The bookkeeping stages (PREPARE, RESOLVE, PROJECT, MERGE, COMPLETE and the two finalizers) run
+The bookkeeping stages (PREPARE, RESOLVE, PROJECT, MERGE, REUSE, COMPLETE, the two finalizers) run
 under a retry policy without a maximum (`BOOKKEEPING_RETRY` in workflows/job_workflow.py), so
 that a database restart never loses a job. That policy is part of the commands recorded
 histories replay, so it stays; the bound is kept here, in the worker, instead:
@@ -49,6 +49,7 @@ from engine.contracts import (
     PREPARE,
     PROJECT,
     RESOLVE,
+    REUSE,
 )
 from engine.errors import public_message_for
 
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 # The stages the bound applies to: every job stage but EXECUTE (bounded by its own policy).
 BOUNDED_STAGES = frozenset(
-    {PREPARE, RESOLVE, PROJECT, MERGE, COMPLETE, FINALIZE_FAILED, FINALIZE_CANCELLED}
+    {PREPARE, RESOLVE, PROJECT, MERGE, REUSE, COMPLETE, FINALIZE_FAILED, FINALIZE_CANCELLED}
 )
 DEFAULT_ATTEMPTS = 3
 # What `internal_error_message` may hold (the column's bound elsewhere in the stages).

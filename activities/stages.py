@@ -6,6 +6,7 @@
     project            (local)  `activities/project.py`   projector + succeeded, one transaction
     complete           (local)  `activities/complete.py`  the usage summary
     merge              (local)  `activities/merge.py`     a long source's chunks, one output
+    reuse              (local)  `activities/reuse.py`     another job's answer, instead of execute
     finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
     finalize_cancelled
 
@@ -27,6 +28,7 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.prepare import Prepare
 from activities.project import Project
 from activities.resolve import Resolve
+from activities.reuse import Reuse
 from db.session import SessionMaker
 from jobs.gateway import Gateway
 from jobs.spec import Catalog
@@ -58,6 +60,7 @@ class JobActivities:
         self.project = Project(self.deps).project
         self.complete = Complete(self.deps).complete
         self.merge = Merge(self.deps).merge
+        self.reuse = Reuse(self.deps).reuse
         self.finalize_failed = finalize.finalize_failed
         self.finalize_cancelled = finalize.finalize_cancelled
 
@@ -69,6 +72,7 @@ class JobActivities:
             self.project,
             self.complete,
             self.merge,
+            self.reuse,
             self.finalize_failed,
             self.finalize_cancelled,
         ]

@@ -78,6 +78,7 @@ class NewJob:
     offpeak_on_deadline: str | None = None  # and what it does there ("standard", "fail")
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
+    reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
 
 
 @dataclass(frozen=True)

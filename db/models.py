@@ -59,6 +59,9 @@ def encrypted(*, key_id: str) -> dict[str, Any]:
     return {ENCRYPTED: {"key_id": key_id}}
 
 
+_REUSE, _REUSED = text("reuse_key IS NOT NULL"), text("reused_from_job_id IS NOT NULL")
+
+
 class AiJob(Base):
     __tablename__ = "ai_job"
     __table_args__ = (
@@ -139,6 +142,11 @@ class AiJob(Base):
                 "dispatched_at IS NOT NULL AND lifecycle_status IN ('queued', 'running')"
             ),
         ),
+        # Result reuse (jobs/reuse.py): a create's lookup; the jobs waiting on a source.
+        Index(
+            "ix_ai_job_user_reuse_key", "user_id", "job_type", "reuse_key", postgresql_where=_REUSE
+        ),
+        Index("ix_ai_job_reused_from", "reused_from_job_id", postgresql_where=_REUSED),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -222,6 +230,8 @@ class AiJob(Base):
     reused_from_job_id: Mapped[uuid.UUID | None] = mapped_column(
         UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="SET NULL")
     )
+    # What a create asks, for result reuse (jobs/reuse.py); NULL: the type permits no reuse.
+    reuse_key: Mapped[str | None] = mapped_column(String(64))
 
 
 class AiJobChunk(Base):

@@ -26,6 +26,7 @@ EXECUTE = "execute"
 PROJECT = "project"
 COMPLETE = "complete"
 MERGE = "merge"
+REUSE = "reuse"  # result reuse: a job's answer copied from the same user's job (jobs/reuse.py)
 FINALIZE_FAILED = "finalize_failed"
 FINALIZE_CANCELLED = "finalize_cancelled"
 RELAY_LOOP = "relay_loop"  # the retired relay workflow's activity (never served now)
@@ -129,6 +130,9 @@ class ResolveResult:
     chunk_concurrency: int = 0
     chunks_done: list[int] = field(default_factory=list)
     chunk_attempts: list[int] = field(default_factory=list)
+    # The job reuses another job's answer (`reused_from_job_id`): the workflow runs the `reuse`
+    # stage instead of EXECUTE (runs with the `result-reuse` patch).
+    reuses: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,24 @@ class ExecuteResult:
 
 # The gate reasons whose wait is exact: a provider limit's bucket refills at a known rate.
 LIMIT_WAITS = frozenset({"rpm", "tpm", "concurrency", "announced"})
+
+
+@dataclass(frozen=True)
+class ReuseInput:
+    job_id: str  # the stage reads the job's source itself
+
+
+@dataclass(frozen=True)
+class ReuseResult:
+    """`copied` (the source's answer is the job's: `output_hash`; PROJECT next), `wait` (the
+    source is still active: wait for its `reuse-source-ended` signal), `run` (nothing to reuse:
+    EXECUTE makes the job's own call) or `ended` (the job ended before: `lifecycle_status`)."""
+
+    action: str
+    output_hash: str = ""
+    lifecycle_status: str = ""
+    # `wait` on a source the stage moved to just now: wait at most this long for its signal.
+    look_again_s: float = 0.0
 
 
 @dataclass(frozen=True)

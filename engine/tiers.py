@@ -31,3 +31,11 @@ BATCH_RESULT_SIGNAL = "batch-result"
 # Sent (no payload) to a batch workflow to make it poll now instead of at its next timer (a job
 # that left its batch: a batch whose every item left is cancelled at the provider).
 BATCH_POKE_SIGNAL = "batch-poke"
+# Result reuse (jobs/reuse.py): the signal (no argument) the reuse waker sends a job's workflow
+# when the job whose answer it waits for has ended (runtime/reuse_waker.py), and the longest the
+# workflow waits for it before it looks again on its own (a NOTIFY lost while no waker listened).
+REUSE_SOURCE_ENDED_SIGNAL = "reuse-source-ended"
+REUSE_WAIT_BACKSTOP_S = 600.0
+# A wait on a source the `reuse` stage moved to (the first one ended without an answer) is also
+# looked at again after this long: that source may have ended before the move was committed.
+REUSE_LOOK_AGAIN_S = 2.0

@@ -46,6 +46,7 @@ from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
 from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
+from jobs.reuse import attach, key_for
 from jobs.spec import Catalog
 from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
@@ -166,6 +167,8 @@ class JobCreation:
         """The create transaction's work, in order: quotas (a user's create), the target check,
         the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
         jt = checked.job_type
+        # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
+        new, checked = await attach(s, new, checked, self.quotas.lock)
         if not req.internal or budgeted:
             winner = await self._admit(s, req, checked)
             if winner is not None:
@@ -258,6 +261,7 @@ class JobCreation:
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),
             reuse_allowed=req.reuse,
+            reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
         )
 
     async def _enqueue(

@@ -34,6 +34,7 @@ from db.session import SessionMaker, listen_connection, ping_connection
 from engine.definition import QUEUE_NAMES
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import limit_wake
+from runtime.reuse_waker import beside
 from runtime.supervisor import supervise
 from runtime.wiring import Parts
 
@@ -132,4 +133,6 @@ def limit_waker_task(
     waker = LimitWaker(
         client, parts.sessionmaker, s.session_database_url, parse_model_limits(s.ai_model_limits)
     )
-    return asyncio.create_task(supervise("limit-waker", waker.run, stop), name="limit-waker")
+    loop = supervise("limit-waker", waker.run, stop)  # with the reuse waker beside it
+    both = beside(loop, client, parts.sessionmaker, s.session_database_url, stop)
+    return asyncio.create_task(both, name="limit-waker")

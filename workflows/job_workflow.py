@@ -32,6 +32,7 @@ from workflows.patches import (
     LIMIT_WAKE,
     SKIP_COMPLETE_STAGE,
 )
+from workflows.reuse_wait import reused
 
 with workflow.unsafe.imports_passed_through():
     from engine import contracts
@@ -55,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
+    from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
 
 I = TypeVar("I")  # noqa: E741
 T = TypeVar("T")
@@ -84,8 +86,9 @@ GATE_WAIT_CAP_S = 15.0
 class JobStages:
     """The job workflow's logic; `JobWorkflow` registers it for every job type."""
 
-    def __init__(self, wakes: Wakes | None = None) -> None:
+    def __init__(self, wakes: Wakes | None = None, ends: Wakes | None = None) -> None:
         self._wakes = wakes or Wakes()
+        self._ends = ends or Wakes()  # a reused answer's source ended (workflows/reuse_wait.py)
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
@@ -154,10 +157,11 @@ class JobStages:
                 if wait_s > 0:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
+            executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
-            if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
+            if executed is None and resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
                 executed = await self._execute_chunks(inp, prep.plan, resolved)
-            else:
+            elif executed is None:
                 executed = await self._execute_through_gate(inp, prep.plan)
             if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
                 workflow.upsert_memo({"fallback": executed.fallback})
@@ -411,13 +415,19 @@ class JobWorkflow:
 
     def __init__(self) -> None:
         self._wakes = Wakes()
+        self._ends = Wakes()
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await JobStages(self._wakes).execute_job(inp)
+        return await JobStages(self._wakes, self._ends).execute_job(inp)
 
     @workflow.signal(name=LIMIT_WAKE_SIGNAL)
     def limit_wake(self) -> None:
         """Room may have appeared for a call waiting for its provider limit."""
         self._wakes.woken()
+
+    @workflow.signal(name=REUSE_SOURCE_ENDED_SIGNAL)
+    def reuse_source_ended(self) -> None:
+        """The job whose answer this one reuses has ended."""
+        self._ends.woken()

@@ -22,3 +22,6 @@ FALLBACK_MEMO = "provider-fallback-memo"
 DELAYED_START = "delayed-start"
 # A provider limit's wait ends at its exact time or at a wake-up signal (workflows/limit_wait.py).
 LIMIT_WAKE = "limit-wake"
+# A job that reuses another job's answer runs the `reuse` stage instead of EXECUTE, waiting for
+# its source's end on a signal (workflows/reuse_wait.py; only such a job asks).
+RESULT_REUSE = "result-reuse"

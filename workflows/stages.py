@@ -18,6 +18,7 @@ from engine.contracts import (
     PREPARE,
     PROJECT,
     RESOLVE,
+    REUSE,
     CompleteInput,
     CompleteResult,
     ExecuteInput,
@@ -30,6 +31,8 @@ from engine.contracts import (
     ProjectInput,
     ProjectResult,
     ResolveResult,
+    ReuseInput,
+    ReuseResult,
     StageInput,
 )
 
@@ -61,6 +64,11 @@ async def project(inp: ProjectInput) -> ProjectResult:
 @activity.defn(name=MERGE)
 async def merge(inp: MergeInput) -> MergeResult:
     _stub(MERGE)
+
+
+@activity.defn(name=REUSE)
+async def reuse(inp: ReuseInput) -> ReuseResult:
+    _stub(REUSE)
 
 
 @activity.defn(name=COMPLETE)
