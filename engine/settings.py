@@ -311,6 +311,8 @@ class Settings(BaseSettings):
     admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
     # Admin audit entries are deleted this long after they were written.
     admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
+    ai_offpeak_windows: str = Field(default="", alias="AI_OFFPEAK_WINDOWS")  # both: docs/money.md
+    ai_offpeak_max_wait_s: int = Field(default=86_400, ge=1, alias="AI_OFFPEAK_MAX_WAIT_S")
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:

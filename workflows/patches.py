@@ -22,3 +22,6 @@ FALLBACK_MEMO = "provider-fallback-memo"
 DELAYED_START = "delayed-start"
 # A provider limit's wait ends at its exact time or at a wake-up signal (workflows/limit_wait.py).
 LIMIT_WAKE = "limit-wake"
+# An off-peak job waits `queued` on a durable timer for its provider's discount window (or its
+# deadline) after RESOLVE, and an EXECUTE that found the window closed is waited out exactly.
+OFFPEAK_HOLD = "offpeak-hold"
