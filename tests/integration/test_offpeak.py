@@ -1,7 +1,8 @@
 """The off-peak tier end to end (real PostgreSQL and Temporal, the fake OpenAI-compatible
 server): a job waits `queued` on its workflow's timer until its provider's window opens, and its
 call is charged at the window's price and says so; a deadline that comes before any window
-fails the job (`then: "fail"`) or runs it at the standard price (`then: "standard"`)."""
+fails the job (`then: "fail"`) or runs it at the standard price (`then: "standard"`); a retry
+after the window closed waits again, for its deadline here, and runs at the standard price."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from db.session import SessionMaker
+from jobs.types import flashcard_generation
 from providers.pricing import PriceTable
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import fake_env, usage_rows
 from tests.job_data import INPUTS, SCRIPTED
-from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
+from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings, variant
 from tests.support import eventually
 
 JOB_TYPE = "flashcard_generation"
@@ -124,3 +126,45 @@ async def test_a_deadline_before_any_window_fails_or_runs_at_the_standard_price(
     assert u.created_at >= deadline and u.service_tier == "standard"
     assert u.cost_usd == PriceTable().call_cost(MODEL, TOKENS_IN, TOKENS_OUT)
     assert (await fake.acalls())["models"] == [MODEL]
+
+
+async def test_a_retry_after_the_window_closed_waits_again_within_the_deadline(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    """The first attempt runs in the window and fails; its retry (4 s later) finds the window
+    closed, hands the workflow the wait to the deadline, and runs there at the standard price."""
+    await fake.ascript(
+        [{"kind": "status", "status": 500}],
+        default={"kind": "valid", "content": SCRIPTED[JOB_TYPE], "tokens_in": TOKENS_IN},
+    )
+    now = datetime.now(UTC)
+    closes = now + timedelta(seconds=3)
+    env = fake_env(
+        fake, AI_MODEL=MODEL, AI_OFFPEAK_WINDOWS=_window(now - timedelta(minutes=1), closes)
+    )
+    settings = make_settings(database_url, temporal_address, **env)
+    slow_retry = variant(flashcard_generation.JOB, "flashcard_offpeak_retry", backoff_ms=4000)
+    deadline = now + timedelta(seconds=8)
+    async with engine_stack(
+        settings, temporal_client, queues=JOB_QUEUES, extra_types=[slow_retry]
+    ) as stack:
+        job_id = await stack.create(
+            job_type="flashcard_offpeak_retry",
+            target_type="lesson",
+            target_id="L-1",
+            input=INPUTS[JOB_TYPE],
+            service_tier="offpeak",
+            offpeak_deadline_at=deadline,
+            offpeak_on_deadline="standard",
+        )
+        row = await stack.wait_status(job_id, timeout=30)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        first, second = await usage_rows(stack, job_id)
+    assert (first.error_code, first.service_tier) == ("PROVIDER_UNAVAILABLE", "offpeak")
+    assert first.created_at < closes
+    assert (second.attempt_no, second.error_code, second.service_tier) == (2, None, "standard")
+    assert second.created_at >= deadline
