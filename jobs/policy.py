@@ -99,10 +99,13 @@ class CreatePolicy:
             return (
                 f"serviceTier batch needs a provider with a batch API; this job's provider "
                 f"({provider.name}) has none. Use serviceTier standard"
-                + (" or offpeak" if jt.definition.service.offpeak else "")
+                + (" or offpeak" if self._offpeak_served(jt, provider) else "")
                 + "."
             )
         return None
+
+    def _offpeak_served(self, jt: AnyJobType, provider: ProviderTraits) -> bool:
+        return jt.definition.service.offpeak and provider.name in self.offpeak_discounts
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible

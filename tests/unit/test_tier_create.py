@@ -164,3 +164,9 @@ def test_a_cap_only_the_batch_price_fits_leaves_standard_unavailable() -> None:
     assert checked.estimate.worst_case_cost_usd <= cap
     assert prices["batch"].available
     assert not prices["standard"].available
+
+
+def test_the_refusal_points_to_offpeak_only_where_a_window_serves_it() -> None:
+    windowed = policy(providers={}, offpeak_discounts={"deepseek": HALF})
+    assert "or offpeak" in refusal(windowed, service_tier="batch").public_message
+    assert "or offpeak" not in refusal(policy(providers={}), service_tier="batch").public_message
