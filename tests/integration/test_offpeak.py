@@ -1,7 +1,8 @@
 """The off-peak tier end to end (real PostgreSQL and Temporal, the fake OpenAI-compatible
 server): a job waits `queued` on its workflow's timer until its provider's window opens, and its
 call is charged at the window's price and says so; a deadline that comes before any window
-fails the job (`then: "fail"`) or runs it at the standard price (`then: "standard"`); a retry
+fails the job (`then: "fail"`) or runs it at the standard price (`then: "standard"`); a cancel
+ends the wait at once; a retry
 after the window closed waits again, for its deadline here, and runs at the standard price."""
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ from decimal import Decimal
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from db.session import SessionMaker
 from jobs.types import flashcard_generation
 from providers.pricing import PriceTable
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.engine_helpers import wait_workflow_closed, workflow_canceller
 from tests.integration.provider_helpers import fake_env, usage_rows
 from tests.job_data import INPUTS, SCRIPTED
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings, variant
 from tests.support import eventually
 
 JOB_TYPE = "flashcard_generation"
+CANCELED = WorkflowExecutionStatus.CANCELED
 MODEL = "gpt-4o-mini"
 TOKENS_IN, TOKENS_OUT = 1200, 800
 
@@ -116,6 +119,14 @@ async def test_a_deadline_before_any_window_fails_or_runs_at_the_standard_price(
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as stack:
         failed = await _create(stack, offpeak_deadline_at=deadline, offpeak_on_deadline="fail")
         ran = await _create(stack, offpeak_deadline_at=deadline, offpeak_on_deadline="standard")
+        waiting = await _create(stack)  # its deadline a day away: cancelled while it waits
+        await _held(temporal_client, stack, waiting)
+        cancel = workflow_canceller(temporal_client)
+        assert (await stack.service.cancel(waiting, "u1", cancel_workflow=cancel)).outcome == (
+            "cancelled"
+        )
+        wid = (await stack.job(waiting)).workflow_id
+        assert (await wait_workflow_closed(temporal_client, wid)).status == CANCELED
         f = await stack.wait_status(failed, timeout=30)
         r = await stack.wait_status(ran, timeout=30)
         assert (f.lifecycle_status, f.error_code) == ("failed", "OFFPEAK_DEADLINE_PASSED")
@@ -125,7 +136,7 @@ async def test_a_deadline_before_any_window_fails_or_runs_at_the_standard_price(
         [u] = await usage_rows(stack, ran)
     assert u.created_at >= deadline and u.service_tier == "standard"
     assert u.cost_usd == PriceTable().call_cost(MODEL, TOKENS_IN, TOKENS_OUT)
-    assert (await fake.acalls())["models"] == [MODEL]
+    assert (await fake.acalls())["models"] == [MODEL]  # the standard job's only
 
 
 async def test_a_retry_after_the_window_closed_waits_again_within_the_deadline(
