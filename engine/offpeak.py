@@ -27,6 +27,9 @@ GATE_REASON = "offpeak"
 # DeepSeek's published off-peak hours (UTC 16:30 to 00:30) at half its peak price.
 DEFAULT_WINDOWS_JSON = '{"deepseek": [{"start": "16:30", "end": "00:30", "price": 0.5}]}'
 _DAY = timedelta(days=1)
+# The provider names a job's calls go to (providers/factory.py, and the synthetic provider): a
+# window under any other name would never apply, so the setting refuses it.
+PROVIDERS = ("deepseek", "openai_compatible", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,9 @@ def _window(entry: Any, where: str) -> Window:
 
 
 def parse_windows(text: str) -> dict[str, tuple[Window, ...]]:
-    """AI_OFFPEAK_WINDOWS: a JSON object of provider name -> list of windows. Empty: DeepSeek's
-    published window (DEFAULT_WINDOWS_JSON); `{}`: no provider has one. Raises ValueError naming
-    the setting and the entry."""
+    """AI_OFFPEAK_WINDOWS: a JSON object of provider name (one of PROVIDERS) -> list of
+    windows. Empty: DeepSeek's published window (DEFAULT_WINDOWS_JSON); `{}`: no provider has
+    one. Raises ValueError naming the setting and the entry."""
     try:
         data = json.loads(text.strip() or DEFAULT_WINDOWS_JSON)
     except json.JSONDecodeError:
@@ -134,6 +137,8 @@ def parse_windows(text: str) -> dict[str, tuple[Window, ...]]:
         raise ValueError(f"{SETTING}: want an object of provider name -> list of windows")
     out: dict[str, tuple[Window, ...]] = {}
     for provider, entries in data.items():
+        if provider not in PROVIDERS:
+            raise ValueError(f"{SETTING}: {provider[:40]!r}: want one of {', '.join(PROVIDERS)}")
         if not isinstance(entries, list):
             raise ValueError(f"{SETTING}: {provider[:40]}: want a list of windows")
         out[provider] = tuple(_window(e, f"{provider[:40]}[{i}]") for i, e in enumerate(entries))

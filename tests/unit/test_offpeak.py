@@ -69,9 +69,9 @@ def test_the_next_window_is_the_current_one_or_the_next_to_open() -> None:
 
 def test_several_windows_the_next_opens_first_and_overlaps_pay_the_cheapest() -> None:
     ws = parse_windows(
-        '{"p": [{"start": "02:00", "end": "04:00", "price": 0.25},'
+        '{"deepseek": [{"start": "02:00", "end": "04:00", "price": 0.25},'
         ' {"start": "22:00", "end": "03:00", "price": 0.5}]}'
-    )["p"]
+    )["deepseek"]
     assert next_window(at(12, 0), ws).start == at(22, 0)  # type: ignore[union-attr]
     assert next_window(at(1, 0), ws).price == HALF  # type: ignore[union-attr]
     both = in_window(at(2, 30), ws)
@@ -82,7 +82,9 @@ def test_several_windows_the_next_opens_first_and_overlaps_pay_the_cheapest() ->
 
 
 def test_utc_has_no_daylight_saving_every_day_is_the_same_span() -> None:
-    ws = parse_windows('{"p": [{"start": "01:30", "end": "02:30", "price": 0.5}]}')["p"]
+    ws = parse_windows('{"deepseek": [{"start": "01:30", "end": "02:30", "price": 0.5}]}')[
+        "deepseek"
+    ]
     # The nights European and US clocks change: nothing moves in UTC.
     for day in (datetime(2026, 3, 29, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)):
         o = next_window(day, ws)
@@ -94,14 +96,15 @@ def test_utc_has_no_daylight_saving_every_day_is_the_same_span() -> None:
     "text, names",
     [
         ("[1]", "want an object"),
+        ('{"deepsek": []}', "want one of deepseek, openai_compatible, synthetic"),
         ("{", "not valid JSON"),
-        ('{"p": {"start": "01:00"}}', "want a list"),
-        ('{"p": [{"start": "1:00", "end": "02:00", "price": 0.5}]}', "HH:MM"),
-        ('{"p": [{"start": "25:00", "end": "02:00", "price": 0.5}]}', "not a time"),
-        ('{"p": [{"start": "01:00", "end": "01:00", "price": 0.5}]}', "same time"),
-        ('{"p": [{"start": "01:00", "end": "02:00", "price": 1.5}]}', "from 0 to 1"),
-        ('{"p": [{"start": "01:00", "end": "02:00", "price": "x"}]}', "from 0 to 1"),
-        ('{"p": [{"start": "01:00", "end": "02:00"}]}', "start, end, price"),
+        ('{"deepseek": {"start": "01:00"}}', "want a list"),
+        ('{"deepseek": [{"start": "1:00", "end": "02:00", "price": 0.5}]}', "HH:MM"),
+        ('{"deepseek": [{"start": "25:00", "end": "02:00", "price": 0.5}]}', "not a time"),
+        ('{"deepseek": [{"start": "01:00", "end": "01:00", "price": 0.5}]}', "same time"),
+        ('{"deepseek": [{"start": "01:00", "end": "02:00", "price": 1.5}]}', "from 0 to 1"),
+        ('{"deepseek": [{"start": "01:00", "end": "02:00", "price": "x"}]}', "from 0 to 1"),
+        ('{"deepseek": [{"start": "01:00", "end": "02:00"}]}', "start, end, price"),
     ],
 )
 def test_a_malformed_setting_names_itself_and_the_entry(text: str, names: str) -> None:
@@ -111,7 +114,9 @@ def test_a_malformed_setting_names_itself_and_the_entry(text: str, names: str) -
 
 
 def test_seconds_may_be_given() -> None:
-    [w] = parse_windows('{"p": [{"start": "01:00:05", "end": "01:00:35", "price": 0}]}')["p"]
+    [w] = parse_windows('{"deepseek": [{"start": "01:00:05", "end": "01:00:35", "price": 0}]}')[
+        "deepseek"
+    ]
     assert (w.start, w.end, w.price) == (time(1, 0, 5), time(1, 0, 35), Decimal(0))
 
 
@@ -244,3 +249,18 @@ def test_the_deadline_defaults_to_the_max_wait_and_may_not_exceed_it() -> None:
     with pytest.raises(ValidationFailed) as info:
         _check(p, offpeak_deadline_at=now + timedelta(hours=2))
     assert info.value.errors[0]["loc"] == ["offpeakDeadline"]
+
+
+def test_a_malformed_setting_stops_the_api_and_the_workers_at_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime import cli
+
+    monkeypatch.setenv("AIJOBS_ENV", "development")
+    monkeypatch.setenv("AI_OFFPEAK_WINDOWS", '{"deepseek": [{"start": "16:30"}]}')
+    for role in ("api", "worker"):
+        with pytest.raises(SystemExit) as info:
+            cli._settings(role)
+        assert info.value.code == 2
+        line = capsys.readouterr().err
+        assert f"aijobs {role}: invalid configuration: AI_OFFPEAK_WINDOWS: deepseek[0]" in line
