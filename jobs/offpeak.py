@@ -52,6 +52,9 @@ SYNTHETIC = "synthetic"
 _ALL_DAY = (Window(time(0), time(0), Decimal(1)),)
 # A wait EXECUTE hands back is at least this long: the workflow's timers have a 1 s floor.
 _MIN_WAIT_S = 1.0
+# A create's deadline may pass AI_OFFPEAK_MAX_WAIT_S by this much: a client that asks for the
+# longest wait from its own clock is not refused for its latency or its clock's drift.
+_DEADLINE_SLACK = timedelta(minutes=1)
 
 
 class CallTier(NamedTuple):
@@ -103,6 +106,7 @@ def check_create(
             f"{provider} has none configured (AI_OFFPEAK_WINDOWS). Use serviceTier standard.",
         )
     latest = (now or datetime.now(UTC)) + timedelta(seconds=policy.offpeak_max_wait_s)
+    latest += _DEADLINE_SLACK
     if req.offpeak_deadline_at is not None and req.offpeak_deadline_at > latest:
         raise _refuse(
             "offpeakDeadline",
