@@ -125,8 +125,8 @@ async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
 ) -> Started | Ended | Reused | Stop | Wait | Refused:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, admission, the chunk's attempt (after every check that rolls back: only an attempt
-    that runs is counted)."""
+    reuse, an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt
+    (after every check that rolls back: only an attempt that runs is counted)."""
     try:
         taken = await lifecycle.take(
             s,
