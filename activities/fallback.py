@@ -263,8 +263,12 @@ async def _move(
             },
         )
         key, got.api_key = got.api_key, None
-        request = dataclasses.replace(
-            failed, model=entry.model, api_key=key, progress=CallProgress()
+        request = dataclasses.replace(  # a fallback provider's call is a standard one
+            failed,
+            model=entry.model,
+            api_key=key,
+            progress=CallProgress(),
+            service_tier="standard",
         )
         return entry, d.gateway.fallbacks.providers[entry.position], request
     return None

@@ -5,6 +5,7 @@ its code, and never takes a slot."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from temporalio import activity
 
@@ -13,6 +14,7 @@ from activities.failures import fail_final
 from db.stage_reads import resolve_read
 from engine.contracts import RESOLVE, ResolveResult, StageInput
 from engine.errors import ExecutionFailure
+from jobs import offpeak
 
 
 class Resolve:
@@ -23,8 +25,9 @@ class Resolve:
     async def resolve(self, inp: StageInput) -> ResolveResult:
         """The snapshot (present, unexpired), the credential (pinned, active, decryptable:
         decrypted here and dropped at once), the prompt version, the provider and model, and
-        the limits. Only names, ids and numbers leave: the result is what an operator reads in
-        the Temporal UI."""
+        the limits; for an off-peak job, its hold (the next window's start, its deadline and
+        its policy there: times and a word). Only names, ids, numbers and times leave: the
+        result is what an operator reads in the Temporal UI."""
         d = self._d
         job_id = uuid.UUID(inp.job_id)
         # The job's references and its chunks (numbers and counts only: the ranges stay in SQL)
@@ -50,10 +53,11 @@ class Resolve:
         del key  # only its availability was in question
         chunks = read.chunks
         definition = jt.definition
+        provider = d.gateway.provider_for(jt, row.credential_mode).name
         return ResolveResult(
             prompt_version=row.prompt_version,
             credential_mode=row.credential_mode,
-            provider=d.gateway.provider_for(jt, row.credential_mode).name,
+            provider=provider,
             model=d.gateway.model_for(jt, row.credential_mode),
             credential_id=str(row.credential_id) if row.credential_id else None,
             timeout_ms=definition.execution.timeout_ms,
@@ -64,4 +68,6 @@ class Resolve:
             chunks_done=[c.chunk_no for c in chunks if c.status == "succeeded"],
             chunk_attempts=[c.attempt_count for c in chunks],
             reuses=row.reused_from_job_id is not None,
+            # An off-peak job's wait for its window, which the workflow holds it `queued` for.
+            offpeak=offpeak.hold(row, provider, d.gateway.offpeak_windows, datetime.now(UTC)),
         )

@@ -165,6 +165,10 @@ class ResolveRefs:
     locked_by: str | None = None
     max_output_tokens: int | None = None  # fixed at create; None on older jobs
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
+    # An off-peak job's tier, deadline and policy there (RESOLVE's hold, jobs/offpeak.py).
+    service_tier: str = "standard"
+    offpeak_deadline_at: datetime | None = None
+    offpeak_on_deadline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,8 @@ RESOLVE_REFS = text(
     """
     SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
            j.credential_id, j.lifecycle_status, j.locked_by,
-           j.max_output_tokens, j.reused_from_job_id,
+           j.max_output_tokens, j.reused_from_job_id, j.service_tier, j.offpeak_deadline_at,
+           j.offpeak_on_deadline,
            EXISTS (SELECT 1 FROM ai_job_snapshot s
                    WHERE s.job_id = j.id AND s.expires_at > now())
                AS has_snapshot,

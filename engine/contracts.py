@@ -107,6 +107,17 @@ class PrepareResult:
 
 
 @dataclass(frozen=True)
+class OffpeakHold:
+    """An off-peak job's wait, as RESOLVE found it (times only, RFC 3339 UTC): its provider's
+    next discount window (`window_at`; "": none configured), its deadline and what it does there
+    (`then`: "standard" runs at once at the standard price, "fail" fails the job)."""
+
+    window_at: str
+    deadline: str
+    then: str
+
+
+@dataclass(frozen=True)
 class ResolveResult:
     """What RESOLVE found, for the operator who reads the job's history in the Temporal UI
     (EXECUTE resolves its own row in its first transaction; the workflow reads only the chunk
@@ -133,6 +144,9 @@ class ResolveResult:
     # The job reuses another job's answer (`reused_from_job_id`): the workflow runs the `reuse`
     # stage instead of EXECUTE (runs with the `result-reuse` patch).
     reuses: bool = False
+    # An off-peak job's hold (None: not off-peak), read by the workflow (runs with the
+    # `offpeak-hold` patch): it waits on a timer before EXECUTE (workflows/offpeak_hold.py).
+    offpeak: OffpeakHold | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("REQUEST_", Retry.NO),
     # The job's input outlived its retention before it ran: nothing can bring it back.
     CodeRule("SNAPSHOT_EXPIRED", Retry.NO),
+    # An off-peak job's deadline came before its provider's discount window (`then: "fail"`).
+    CodeRule("OFFPEAK_DEADLINE_PASSED", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
     # Another call would take the job past its cost cap or its user past a budget: a retry
     # would only be refused again (a budget resets with its window; create the job again).
@@ -97,6 +99,10 @@ PUBLIC_MESSAGES: dict[str, str] = {
     ),
     "SNAPSHOT_EXPIRED": (
         "The job waited longer than its input is kept and can no longer run. Create it again."
+    ),
+    "OFFPEAK_DEADLINE_PASSED": (
+        "The job's off-peak deadline passed before the AI provider's discount window opened, "
+        "so it did not run. Create it again, or allow it to run at the standard price."
     ),
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",

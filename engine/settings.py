@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.settings_provider import ProviderSettings
 
 # Clearly labelled development defaults: `aijobs dev` and `aijobs token` agree on them when unset.
 # Both are public, so a production process refuses to start with either.
@@ -77,7 +78,7 @@ def current_key_is_development(keyring: str) -> bool:
     return _key_bytes(first.partition(":")[2]) == _DEV_KEY_BYTES
 
 
-class Settings(BaseSettings):
+class Settings(ProviderSettings):
     # An empty variable is unset: compose's `${X:-}` must not read as an empty secret.
     model_config = SettingsConfigDict(
         env_prefix="", extra="ignore", case_sensitive=False, env_ignore_empty=True
@@ -101,24 +102,6 @@ class Settings(BaseSettings):
     # Tokens whose lifetime (exp - iat) exceeds this are refused; `aijobs token --ttl` too.
     jwt_max_ttl_s: int = Field(default=30 * 86_400, ge=60, alias="JWT_MAX_TTL_S")
     jwt_leeway_s: int = Field(default=30, ge=0, le=300, alias="JWT_LEEWAY_S")
-    deepseek_api_key: SecretStr | None = Field(default=None, alias="DEEPSEEK_API_KEY")
-    ai_base_url: str | None = Field(default=None, alias="AI_BASE_URL")
-    ai_model: str = Field(default="deepseek-chat", alias="AI_MODEL")
-    # Prices per model (JSON, merged over the built-in table of providers/pricing.py) and the
-    # price of a model the table does not know (JSON; unset: the table's most expensive).
-    ai_model_prices: str = Field(default="", alias="AI_MODEL_PRICES")
-    ai_model_fallback_price: str = Field(default="", alias="AI_MODEL_FALLBACK_PRICE")
-    # Models whose server cannot stream an answer with its usage (`stream_options`): comma-
-    # separated names (case-insensitive, `*` for all); their calls are never asked to stream.
-    ai_stream_disabled_models: str = Field(default="", alias="AI_STREAM_DISABLED_MODELS")
-    # Provider limits per model (JSON: model, "provider/model" or "*" -> {"rpm", "tpm",
-    # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
-    # docs/limits.md). Empty: only what providers announce in their rate-limit headers.
-    ai_model_limits: str = Field(default="", alias="AI_MODEL_LIMITS")
-    # Platform-key fallback chain (JSON list of {"model", "baseUrl" ending in /v1, "apiKey"}):
-    # a call moves down it on a health failure of its provider (providers/fallback.py,
-    # docs/fallback.md). A secret as a whole: it holds keys.
-    ai_fallbacks: SecretStr | None = Field(default=None, alias="AI_FALLBACKS")
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )
@@ -311,8 +294,6 @@ class Settings(BaseSettings):
     admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
     # Admin audit entries are deleted this long after they were written.
     admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
-    ai_batch_window_s: float = Field(60.0, gt=0, alias="AI_BATCH_WINDOW_S")  # gathers jobs
-    ai_batch_poll_s: float = Field(60.0, gt=0, alias="AI_BATCH_POLL_S")  # then polled this often
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:

@@ -34,6 +34,7 @@ from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
 from engine.errors import ExecutionFailure, Fault
+from jobs import offpeak
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -269,8 +270,9 @@ async def _cover(s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: 
     """Which cost limit this call would exceed (the job's cap, or its user's budget) beyond
     what create reserved (jobs/costs.py `cover_next_call`): only a call after a paid one can.
     Covered calls grow the job's reservation in this transaction. None: covered."""
-    price = gateway.prices.price_for(gateway.model_for(call.jt, call.row.credential_mode))
-    return await cover_at(s, cfg, call, call.row, price)
+    model = gateway.model_for(call.jt, call.row.credential_mode)
+    tier = offpeak.call_tier(gateway, call.jt, call.row, dt.datetime.now(dt.UTC))  # its window's
+    return await cover_at(s, cfg, call, call.row, gateway.prices.price_for(model).at_tier(*tier))
 
 
 async def cover_at(

@@ -30,7 +30,7 @@ from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
-from jobs import admission, fallback
+from jobs import admission, fallback, offpeak
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket, Wait
 from jobs.gateway import Gateway
@@ -125,8 +125,8 @@ async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
 ) -> Started | Ended | Reused | Stop | Wait | Refused:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, admission, the chunk's attempt (after every check that rolls back: only an attempt
-    that runs is counted)."""
+    reuse, an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt
+    (after every check that rolls back: only an attempt that runs is counted)."""
     try:
         taken = await lifecycle.take(
             s,
@@ -161,6 +161,9 @@ async def start(
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
     jt = catalog.get(row.job_type)
+    held = offpeak.gate(gateway, jt, row, dt.datetime.now(dt.UTC))
+    if held is not None:  # an off-peak job outside its window: wait for it, or its deadline
+        return Stop(held) if isinstance(held, str) else held
     got = await fallback.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
     if not isinstance(got, Ticket):
         return got

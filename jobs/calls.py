@@ -13,6 +13,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +29,7 @@ from db.session import SessionMaker
 from db.usage import UsageRow
 from engine.errors import ExecutionFailure
 from engine.tokens import count_chat_tokens
+from jobs import offpeak
 from jobs.admission import AdmissionConfig, Ticket
 from jobs.charging import Bound, Charged, charge
 from jobs.chunked import chunk_model
@@ -90,6 +92,7 @@ def request(
     prompt = jt.prompt(model_in, correction)
     if jt.definition.security.content_safety_check:
         gateway.safety.check([prompt.system, prompt.user])
+    tier = offpeak.call_tier(gateway, jt, row, datetime.now(UTC))  # the call starts now
     output_model: type[BaseModel] = jt.output_model
     return ProviderRequest(
         job_id=str(row.id),
@@ -112,6 +115,8 @@ def request(
         progress=CallProgress(),
         stream=True,
         on_delta=on_delta,
+        service_tier=tier.tier,
+        discount=tier.discount,
     )
 
 
@@ -126,7 +131,15 @@ def charged(
     request was made (a prompt refused before the call)."""
     if req is None:
         return None
-    return charge(prices, req.model, response, req.progress, bound(a, req, margin))
+    return charge(
+        prices,
+        req.model,
+        response,
+        req.progress,
+        bound(a, req, margin),
+        tier=req.service_tier,
+        discount=req.discount,
+    )
 
 
 def bound(a: Attempt, req: ProviderRequest, margin: float) -> Bound:
@@ -253,6 +266,7 @@ class Called:
             priced_as=c.priced_as if c else None,
             cached_input_tokens=c.cached_input_tokens if c else 0,
             reasoning_tokens=c.reasoning_tokens if c else 0,
+            service_tier=c.service_tier if c else "standard",
         )
 
 

@@ -57,6 +57,7 @@ class Charged:
     reasoning_tokens: int
     cost_usd: Decimal
     basis: Basis
+    service_tier: str = "standard"  # the tier its price was at (jobs/offpeak.py)
 
 
 def charge(
@@ -65,12 +66,21 @@ def charge(
     response: ProviderResponse | None,
     progress: CallProgress | None,
     bound: Bound,
+    *,
+    tier: str = "standard",
+    discount: Decimal | None = None,
 ) -> Charged | None:
-    """The call's charge (rules in the module docstring); None when it was never sent."""
+    """The call's charge (rules in the module docstring) at `tier` (`discount`: an off-peak
+    window's price factor); None when it was never sent."""
     if response is not None and response.usage_reported:
         priced = prices.priced_as(response.model, requested)
         cost = prices.call_cost(
-            priced, response.tokens_in, response.tokens_out, response.cached_input_tokens
+            priced,
+            response.tokens_in,
+            response.tokens_out,
+            response.cached_input_tokens,
+            tier=tier,
+            discount=discount,
         )
         return Charged(
             response.model,
@@ -81,6 +91,7 @@ def charge(
             response.reasoning_tokens,
             cost,
             "reported",
+            tier,
         )
     if response is not None and (progress is None or not progress.request_sent):
         # A provider that keeps no progress answered without usage: what was read is the answer.
@@ -99,9 +110,13 @@ def charge(
     )
     if c.basis == "estimated":
         # Rounded up as create's worst case was: the reservation covers it to the last digit.
-        cost = prices.worst_case_cost(priced, c.tokens_in, c.tokens_out, 0.0)
+        cost = prices.worst_case_cost(
+            priced, c.tokens_in, c.tokens_out, 0.0, tier=tier, discount=discount
+        )
     else:
-        cost = prices.call_cost(priced, c.tokens_in, c.tokens_out, c.cached_input_tokens)
+        cost = prices.call_cost(
+            priced, c.tokens_in, c.tokens_out, c.cached_input_tokens, tier=tier, discount=discount
+        )
     return Charged(
         echoed,
         priced,
@@ -111,4 +126,5 @@ def charge(
         c.reasoning_tokens,
         cost,
         c.basis,
+        tier,
     )

@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -42,6 +43,7 @@ from engine.errors import (
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tiers import OFFPEAK
+from jobs import offpeak
 from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
@@ -256,7 +258,9 @@ class JobCreation:
             metadata=req.metadata,
             run_at=req.run_at,
             service_tier=checked.service_tier,
-            offpeak_deadline_at=req.offpeak_deadline_at,
+            offpeak_deadline_at=offpeak.deadline(
+                req, checked.service_tier, self._policy.offpeak_max_wait_s, datetime.now(UTC)
+            ),
             offpeak_on_deadline=(
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),

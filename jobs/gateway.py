@@ -15,6 +15,7 @@ from db.credentials import CredentialRow
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import ExecutionFailure
+from engine.offpeak import Windows, default_windows
 from jobs.spec import AnyJobType
 from providers.base import Provider
 from providers.crypto import CredentialCipher, decrypt_credential
@@ -41,6 +42,8 @@ class Gateway:
     prices: PriceTable = field(default_factory=PriceTable)
     # The platform's fallback chain (AI_FALLBACKS; providers/fallback.py, jobs/fallback.py).
     fallbacks: Fallbacks = field(default_factory=Fallbacks)
+    # Each provider's off-peak discount windows (AI_OFFPEAK_WINDOWS; jobs/offpeak.py).
+    offpeak_windows: Windows = field(default_factory=default_windows)
 
     async def aclose(self) -> None:
         """Close the providers' HTTP connections (a stopping worker leaves no socket open)."""

@@ -70,6 +70,8 @@ class CreatePolicy:
     # Per provider name, the price factor an off-peak job is reserved at (the dearest of its
     # discount windows, AI_OFFPEAK_WINDOWS); a provider not listed has no window.
     offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
+    # An off-peak job's deadline is at most this long after its create (AI_OFFPEAK_MAX_WAIT_S).
+    offpeak_max_wait_s: int = 86_400
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""

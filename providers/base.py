@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 
@@ -137,6 +138,10 @@ class ProviderRequest:
     # whole content of an answer that was not streamed), in order; their concatenation is the
     # answer's content. Must be cheap and must not raise; never given to a log.
     on_delta: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    # The service tier and price factor the call is charged at, decided when the request is
+    # built, just before it is sent (jobs/offpeak.py `call_tier`); providers ignore them.
+    service_tier: str = "standard"
+    discount: Decimal | None = None
 
 
 @dataclass(frozen=True)

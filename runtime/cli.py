@@ -42,11 +42,13 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
     if role in ("api", "worker"):
         # Prices are read by the API (budgets) and the workers (usage rows): malformed ones
         # stop either in every environment, like a malformed keyring.
+        from engine.offpeak import parse_windows
         from providers.pricing import PriceTable
         from runtime.wiring import price_problems
 
         try:
             PriceTable.from_settings(s)
+            parse_windows(s.ai_offpeak_windows)  # AI_OFFPEAK_WINDOWS, likewise
         except ValueError as exc:  # the message names the setting and the entry
             raise _refuse(role, f"invalid configuration: {exc}") from None
         problems = price_problems(s, role, queues)

@@ -23,11 +23,13 @@ from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
+from engine.offpeak import parse_windows
 from engine.payloads import DATA_CONVERTER
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
+from jobs.offpeak import reserve_discounts
 from jobs.policy import CreatePolicy, ProviderTraits
 from jobs.spec import Catalog
 from jobs.types import default_catalog
@@ -132,6 +134,7 @@ def gateway(
         prices=price_table(settings, metrics),
         # Raises ValueError naming AI_FALLBACKS and the entry (never its key): no start.
         fallbacks=Fallbacks(parse_fallbacks(settings.ai_fallbacks), timeout_s=MAX_CALL_TIMEOUT_S),
+        offpeak_windows=parse_windows(settings.ai_offpeak_windows),
     )
     if telemetry is not None:
         telemetry.instrument_provider(built.provider)
@@ -196,6 +199,8 @@ def create_policy(settings: Settings) -> CreatePolicy:
         fallback_models=fallback_models(settings.ai_fallbacks),
         chunking=ChunkPolicy(max_input_tokens=settings.ai_chunk_input_tokens),
         providers=provider_traits(settings),
+        offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
+        offpeak_max_wait_s=settings.ai_offpeak_max_wait_s,
     )
 
 

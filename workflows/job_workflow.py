@@ -19,7 +19,7 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from workflows import stages
+from workflows import offpeak_hold, stages
 from workflows.failures import HistoryFull, error_code, is_cancellation
 from workflows.limit_wait import Wakes, wait_for_room
 from workflows.patches import (
@@ -30,6 +30,7 @@ from workflows.patches import (
     FALLBACK_MEMO,
     FIVE_STAGES,
     LIMIT_WAKE,
+    OFFPEAK_HOLD,
     SKIP_COMPLETE_STAGE,
 )
 from workflows.reuse_wait import reused
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.errors import non_retryable_codes, public_message_for
     from engine.lifecycle import LifecycleStatus
     from engine.limit_wait import LIMIT_WAKE_SIGNAL
+    from engine.offpeak import GATE_REASON as OFFPEAK_GATE
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
     from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
@@ -158,6 +160,8 @@ class JobStages:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
             executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
+            if executed is None and resolved.offpeak is not None and workflow.patched(OFFPEAK_HOLD):
+                await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
             if executed is None and resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
                 executed = await self._execute_chunks(inp, prep.plan, resolved)
@@ -316,7 +320,9 @@ class JobStages:
                 return executed
             spent = max(spent, executed.attempt - 1)
             limit_wait = executed.gate_reason in contracts.LIMIT_WAITS
-            if limit_wait and workflow.patched(LIMIT_WAKE):  # its time, or a wake-up signal
+            if executed.gate_reason == OFFPEAK_GATE and workflow.patched(OFFPEAK_HOLD):
+                wait_s = await offpeak_hold.wait_exactly(executed.gate_wait_s)  # its window
+            elif limit_wait and workflow.patched(LIMIT_WAKE):  # its time, or a wake-up signal
                 wait_s = await wait_for_room(self._wakes, seen, executed, executed.gate_wait_s)
             elif limit_wait and workflow.patched(EXACT_LIMIT_WAITS):
                 wait_s = max(executed.gate_wait_s, 1.0)  # exact: no backoff (1 s timer floor)

@@ -25,3 +25,6 @@ LIMIT_WAKE = "limit-wake"
 # A job that reuses another job's answer runs the `reuse` stage instead of EXECUTE, waiting for
 # its source's end on a signal (workflows/reuse_wait.py; only such a job asks).
 RESULT_REUSE = "result-reuse"
+# An off-peak job waits `queued` on a durable timer for its provider's discount window (or its
+# deadline) after RESOLVE, and an EXECUTE that found the window closed is waited out exactly.
+OFFPEAK_HOLD = "offpeak-hold"

@@ -4,6 +4,7 @@ deadline, and what they add to the request's fingerprint."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -19,9 +20,16 @@ QUIZ = {"sourceText": "Ribosomes assemble proteins.", "count": 1}
 
 
 def _check(job_type: str, input_: dict[str, Any], **kw: Any) -> Any:
-    # A platform provider with a batch API, so a batch tier is refused only by the job type.
+    # A platform provider with a batch API and an off-peak window, so a batch or off-peak tier
+    # is refused only by the job type.
     batch_api = {"platform_key": ProviderTraits("openai_compatible", batch_api=True)}
-    policy = CreatePolicy(model="deepseek-chat", platform_synthetic=False, providers=batch_api)
+    window = {"openai_compatible": Decimal("0.5")}
+    policy = CreatePolicy(
+        model="deepseek-chat",
+        platform_synthetic=False,
+        providers=batch_api,
+        offpeak_discounts=window,
+    )
     checker = RequestChecker(default_catalog(), policy)
     req = CreateJobRequest(
         user_id="u1", job_type=job_type, target_type="t", target_id="1", input=input_, **kw

@@ -120,9 +120,9 @@ def test_an_offpeak_create_reserves_at_the_window_price_unless_it_may_run_at_sta
     assert held == pytest.approx(standard * HALF, abs=Decimal("1e-8"))
     may_run = check(p, service_tier="offpeak", offpeak_on_deadline="standard").estimate
     assert may_run.worst_case_cost_usd == standard
-    # A provider with no window: the standard price.
+    # A provider with no window refuses the tier (jobs/offpeak.py): never silently standard.
     no_window = policy(providers={}, model="deepseek-chat")
-    assert check(no_window, service_tier="offpeak").estimate.worst_case_cost_usd == standard
+    assert refusal(no_window, service_tier="offpeak").errors[0]["loc"] == ["serviceTier"]
 
 
 def test_the_tier_prices_show_each_tier_and_whether_it_is_available() -> None:

@@ -1,0 +1,41 @@
+"""The settings of the AI provider the platform calls: its key, endpoint and model, prices,
+streaming, limits and fallbacks, and the service tiers' batch and off-peak settings.
+
+A base of `engine.settings.Settings` (which holds the model configuration: environment
+variables by alias, `.env`), kept in a module of its own so each stays small; read them
+through `Settings` like any other setting.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings
+
+
+class ProviderSettings(BaseSettings):
+    deepseek_api_key: SecretStr | None = Field(default=None, alias="DEEPSEEK_API_KEY")
+    ai_base_url: str | None = Field(default=None, alias="AI_BASE_URL")
+    ai_model: str = Field(default="deepseek-chat", alias="AI_MODEL")
+    # Prices per model (JSON, merged over the built-in table of providers/pricing.py) and the
+    # price of a model the table does not know (JSON; unset: the table's most expensive).
+    ai_model_prices: str = Field(default="", alias="AI_MODEL_PRICES")
+    ai_model_fallback_price: str = Field(default="", alias="AI_MODEL_FALLBACK_PRICE")
+    # Models whose server cannot stream an answer with its usage (`stream_options`): comma-
+    # separated names (case-insensitive, `*` for all); their calls are never asked to stream.
+    ai_stream_disabled_models: str = Field(default="", alias="AI_STREAM_DISABLED_MODELS")
+    # Provider limits per model (JSON: model, "provider/model" or "*" -> {"rpm", "tpm",
+    # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
+    # docs/limits.md). Empty: only what providers announce in their rate-limit headers.
+    ai_model_limits: str = Field(default="", alias="AI_MODEL_LIMITS")
+    # Platform-key fallback chain (JSON list of {"model", "baseUrl" ending in /v1, "apiKey"}):
+    # a call moves down it on a health failure of its provider (providers/fallback.py,
+    # docs/fallback.md). A secret as a whole: it holds keys.
+    ai_fallbacks: SecretStr | None = Field(default=None, alias="AI_FALLBACKS")
+    # The batch tier (docs/batch.md): how long a batch gathers jobs before it is submitted,
+    # and how often a submitted batch is polled (durable timers of its workflow).
+    ai_batch_window_s: float = Field(60.0, gt=0, alias="AI_BATCH_WINDOW_S")
+    ai_batch_poll_s: float = Field(60.0, gt=0, alias="AI_BATCH_POLL_S")
+    # The off-peak tier (docs/money.md, "Off-peak"): the discount windows per provider (JSON;
+    # unset: DeepSeek's published window at half price) and an off-peak job's longest wait.
+    ai_offpeak_windows: str = Field(default="", alias="AI_OFFPEAK_WINDOWS")
+    ai_offpeak_max_wait_s: int = Field(default=86_400, ge=1, alias="AI_OFFPEAK_MAX_WAIT_S")
