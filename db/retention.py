@@ -56,8 +56,14 @@ _PURGE_JOBS = text(
     streamed AS (
         DELETE FROM ai_job_stream_item i USING target t WHERE i.job_id = t.id
         RETURNING i.job_id
+    ),
+    batch_items AS (
+        UPDATE ai_batch_item b SET body = '{{}}'::jsonb, response = NULL
+        FROM target t WHERE b.job_id = t.id AND (b.body <> '{{}}'::jsonb OR b.response IS NOT NULL)
+        RETURNING b.job_id
     )
     SELECT (SELECT count(*) FROM jobs) AS purged,
+           (SELECT count(*) FROM batch_items) AS batch_items,
            (SELECT count(*) FROM streamed) AS streamed_items,
            (SELECT count(*) FROM chunks) AS chunks,
            (SELECT count(*) FROM snapshots) AS snapshots

@@ -68,6 +68,25 @@ async def ended_job(db: SessionMaker, *, old: bool, status: str = "failed") -> u
         j=job,
         doc=f'{{"s": "{SECRET}"}}',
     )
+    batch = uuid.uuid4()
+    await execute(
+        db,
+        "INSERT INTO ai_batch (id, provider, model, key_ref, task_queue, status, workflow_id) "
+        "VALUES (:b, 'p', 'm', 'platform', 'q', 'completed', :w)",
+        b=batch,
+        w=f"ai-batch:{batch}",
+    )
+    await execute(
+        db,
+        "INSERT INTO ai_batch_item (id, batch_id, job_id, attempt, custom_id, status, body, "
+        "response) VALUES (:i, :b, :j, 1, :c, 'succeeded', CAST(:doc AS jsonb), "
+        "CAST(:doc AS jsonb))",
+        i=uuid.uuid4(),
+        b=batch,
+        j=job,
+        c=f"job-{job}-a1",
+        doc=f'{{"s": "{SECRET}"}}',
+    )
     await execute(
         db,
         "INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider, "
@@ -106,6 +125,10 @@ async def test_an_ended_jobs_private_data_goes_whole_and_its_row_and_usage_stay(
     streamed = "SELECT count(*) FROM ai_job_stream_item WHERE job_id = :j"
     assert await scalar(db, streamed, j=old) == 0
     assert await scalar(db, streamed, j=fresh) == 1
+    # A batch job's request line and its answer are job content too; the item row stays.
+    batch_content = "SELECT concat(body::text, response::text) FROM ai_batch_item WHERE job_id = :j"
+    assert await scalar(db, batch_content, j=old) == "{}"
+    assert SECRET in str(await scalar(db, batch_content, j=fresh))
     assert await scalar(db, "SELECT count(*) FROM ai_usage_log WHERE job_id = :j", j=old) == 1
     every_copy = await scalar(
         db,
