@@ -428,6 +428,7 @@ class UserModelCredential(Base):
 # migrations, the schema check and key rotation read the whole of it.
 from db import (  # noqa: E402,F401
     models_admin,
+    models_batch,
     models_limits,
     models_projected,
     models_provider,

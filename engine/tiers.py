@@ -24,3 +24,10 @@ OFFPEAK: ServiceTier = "offpeak"
 # the standard price, or fail (OFFPEAK_DEADLINE_PASSED).
 OffpeakOnDeadline = Literal["standard", "fail"]
 OFFPEAK_ON_DEADLINE: tuple[OffpeakOnDeadline, ...] = ("standard", "fail")
+
+# Sent (no payload) by the batch workflow to each job workflow whose batch item has its outcome
+# recorded: the job reads it from PostgreSQL (db/batches.py `item_for`).
+BATCH_RESULT_SIGNAL = "batch-result"
+# Sent (no payload) to a batch workflow to make it poll now instead of at its next timer (a job
+# that left its batch: a batch whose every item left is cancelled at the provider).
+BATCH_POKE_SIGNAL = "batch-poke"

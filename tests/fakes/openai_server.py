@@ -54,6 +54,10 @@ it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
 `GET /_max_tokens` reports the answer budget (`max_tokens`, or null) each call asked for, in
 order, for the cost-cap tests.
 
+Files and Batches (`/files`, `/batches`, ...; `POST /_batch_script`, `GET /_batches`): see
+tests/fakes/openai_batches.py. A batch's lines are answered from the same script as chat calls
+but are not counted as chat calls.
+
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
 
@@ -75,6 +79,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
+
+from tests.fakes.openai_batches import install_batch_routes
 
 STEP_KINDS = frozenset(
     {
@@ -206,6 +212,44 @@ def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
     )
 
 
+def _whole_answer(step: Mapping[str, Any], model_name: str) -> JSONResponse:
+    """The non-streamed answer of a step (a `slow` step after its wait answers as `valid`)."""
+    kind = step["kind"]
+    if kind in ("valid", "slow"):
+        return _valid_response(step, model_name)
+    if kind in ("invalid_json", "schema_invalid"):
+        content = "this is not json {" if kind == "invalid_json" else '{"unexpected": true}'
+        return JSONResponse(
+            _completion(model_name, content, finish_reason="stop", tokens_in=11, tokens_out=7)
+        )
+    if kind == "status":
+        headers: dict[str, str] = {}
+        if step.get("retry_after") is not None:
+            headers["Retry-After"] = str(step["retry_after"])
+        return JSONResponse(
+            {
+                "error": {
+                    "message": str(step.get("message", "scripted error")),
+                    "code": step.get("code"),
+                }
+            },
+            status_code=int(step.get("status", 500)),
+            headers=headers,
+        )
+    if kind == "rate_limited":
+        return JSONResponse(
+            {"error": {"message": "rate limited", "code": "rate_limit_exceeded"}},
+            status_code=429,
+            headers={"Retry-After": str(step.get("retry_after", "1"))},
+        )
+    if kind == "content_filter":
+        return JSONResponse(
+            _completion(model_name, "", finish_reason="content_filter", tokens_in=11, tokens_out=0)
+        )
+    # "malformed"
+    return JSONResponse({"id": "chatcmpl-fake", "object": "chat.completion"})
+
+
 class _Abort(Exception):
     """Raised inside a streamed body to break the connection mid-answer."""
 
@@ -320,73 +364,39 @@ def create_fake_app() -> FastAPI:
                 status_code=400,
             )
         model_name = model if isinstance(model, str) else "fake-model"
-        seen = f"{request.headers.get('authorization')}\n{json.dumps(body.get('messages'))}"
-        ruled = next((r.step for r in state.rules if r.match in seen), None)
-        step = ruled if ruled is not None else state.next_step()
+        step = pick_step(request.headers.get("authorization"), body)
         model_name = str(step.get("echo_model", model_name))
         kind = step["kind"]
         streams = streamed and not step.get("stream_json")
-        if kind == "valid":
-            if streams:
-                return _streamed_response(state, step, model_name, include_usage)
-            return _valid_response(step, model_name)
-        if kind == "invalid_json":
-            return JSONResponse(
-                _completion(
-                    model_name,
-                    "this is not json {",
-                    finish_reason="stop",
-                    tokens_in=11,
-                    tokens_out=7,
-                )
-            )
-        if kind == "schema_invalid":
-            return JSONResponse(
-                _completion(
-                    model_name,
-                    json.dumps({"unexpected": True}),
-                    finish_reason="stop",
-                    tokens_in=11,
-                    tokens_out=7,
-                )
-            )
-        if kind == "status":
-            headers: dict[str, str] = {}
-            if step.get("retry_after") is not None:
-                headers["Retry-After"] = str(step["retry_after"])
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": str(step.get("message", "scripted error")),
-                        "code": step.get("code"),
-                    }
-                },
-                status_code=int(step.get("status", 500)),
-                headers=headers,
-            )
-        if kind == "rate_limited":
-            return JSONResponse(
-                {"error": {"message": "rate limited", "code": "rate_limit_exceeded"}},
-                status_code=429,
-                headers={"Retry-After": str(step.get("retry_after", "1"))},
-            )
+        if kind in ("valid", "slow") and streams:
+            if kind == "slow" and not await _sleep_unless_disconnected(
+                request, float(step.get("delay_s", 1.0))
+            ):
+                return JSONResponse({"error": {"message": "client gone"}}, status_code=499)
+            return _streamed_response(state, step, model_name, include_usage)
         if kind == "slow":
             if not await _sleep_unless_disconnected(request, float(step.get("delay_s", 1.0))):
                 return JSONResponse({"error": {"message": "client gone"}}, status_code=499)
-            if streams:
-                return _streamed_response(state, step, model_name, include_usage)
-            return _valid_response(step, model_name)
-        if kind == "content_filter":
-            return JSONResponse(
-                _completion(
-                    model_name, "", finish_reason="content_filter", tokens_in=11, tokens_out=0
-                )
-            )
-        # "malformed"
-        return JSONResponse({"id": "chatcmpl-fake", "object": "chat.completion"})
+        return _whole_answer(step, model_name)
+
+    def pick_step(authorization: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        """The step that answers a request: the first matching rule's, else the next queued."""
+        seen = f"{authorization}\n{json.dumps(body.get('messages'))}"
+        ruled = next((r.step for r in state.rules if r.match in seen), None)
+        return ruled if ruled is not None else state.next_step()
+
+    def answer_line(authorization: str | None, body: dict[str, Any]) -> tuple[int, Any]:
+        """A batch line answered as a chat call would be (never streamed, no wait): its HTTP
+        status and JSON body. Not counted as a chat call."""
+        model = body.get("model")
+        step = pick_step(authorization, body)
+        name = str(step.get("echo_model", model if isinstance(model, str) else "fake-model"))
+        response = _whole_answer(step, name)
+        return response.status_code, json.loads(bytes(response.body))
 
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/chat/completions", chat_completions, methods=["POST"])
+    batches = install_batch_routes(app, answer_line)
 
     @app.post("/_script")
     async def script(body: ScriptBody) -> dict[str, int]:
@@ -424,6 +434,7 @@ def create_fake_app() -> FastAPI:
     @app.post("/_release")
     async def release() -> dict[str, bool]:
         state.release.set()
+        batches.release()
         return {"released": True}
 
     @app.get("/_messages")
@@ -433,6 +444,7 @@ def create_fake_app() -> FastAPI:
     @app.post("/_reset")
     async def reset() -> dict[str, bool]:
         state.reset()
+        batches.reset()
         return {"reset": True}
 
     return app
@@ -620,6 +632,19 @@ class FakeOpenAIServer:
         """Let the streams held at their `hold_at` piece go on."""
         async with httpx.AsyncClient(trust_env=False) as client:
             (await client.post(f"{self.root_url}/_release")).raise_for_status()
+
+    async def abatch_script(self, **script: Any) -> None:
+        """Replace the batch script (tests/fakes/openai_batches.py: hold, end_status, ...)."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            (await client.post(f"{self.root_url}/_batch_script", json=script)).raise_for_status()
+
+    async def abatches(self) -> dict[str, Any]:
+        """The batches seen (`batches`: id, status, lines, requests), `uploads`, `cancels`."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_batches")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
+            return result
 
     async def areset(self) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:
