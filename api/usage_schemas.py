@@ -72,6 +72,13 @@ class ProviderCallOut(Camel):
         description="Of `tokensIn`, served from the provider's cache (cache-hit price)"
     )
     reasoning_tokens: int = Field(description="Of `tokensOut`, spent reasoning", examples=[0])
+    service_tier: Literal["standard", "batch", "offpeak"] = Field(
+        default="standard",
+        description="The tier the call was priced at: `standard`; `batch`, through the "
+        "provider's Batch API at the model's batch price; `offpeak`, inside the provider's "
+        "discount window at the window's price",
+        examples=["batch"],
+    )
 
 
 class UsageItem(UsageSums):

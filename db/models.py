@@ -347,7 +347,10 @@ class OutboxEvent(Base):
 
 class AiUsageLog(Base):
     __tablename__ = "ai_usage_log"
-    __table_args__ = (CheckConstraint("cost_basis IN ('reported','estimated')", name="cost_basis"),)
+    __table_args__ = (
+        CheckConstraint("cost_basis IN ('reported','estimated')", name="cost_basis"),
+        CheckConstraint("service_tier IN ('standard','batch','offpeak')", name="service_tier"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     job_id: Mapped[uuid.UUID] = mapped_column(
@@ -373,6 +376,8 @@ class AiUsageLog(Base):
     priced_as: Mapped[str | None] = mapped_column(String(128))  # the model whose price it paid
     cached_input_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     reasoning_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # The tier the call was priced at (providers/pricing.py `Price.at_tier`).
+    service_tier: Mapped[str] = mapped_column(Text, server_default=text("'standard'"))
 
 
 Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)

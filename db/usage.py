@@ -44,6 +44,9 @@ class UsageRow:
     priced_as: str | None = None  # the model whose price the call was charged at
     cached_input_tokens: int = 0  # of tokens_in, served from the provider's cache
     reasoning_tokens: int = 0  # of tokens_out, spent reasoning
+    # The tier the call was priced at: "standard", "batch" (the provider's Batch API) or
+    # "offpeak" (inside the provider's discount window).
+    service_tier: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,12 @@ _INSERT = text(
     WITH logged AS (
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
             model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
-            created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens)
+            created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens,
+            service_tier)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
             :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, :call_no,
-            now(), :cost_basis, :priced_as, :cached_input_tokens, :reasoning_tokens)
+            now(), :cost_basis, :priced_as, :cached_input_tokens, :reasoning_tokens,
+            :service_tier)
         ON CONFLICT DO NOTHING
         RETURNING created_at
     ), rolled AS (
@@ -186,7 +191,8 @@ class UsageBucket:
 @dataclass(frozen=True)
 class CallUsage:
     """One provider call as its usage row says: the model as echoed, the model it was priced
-    as, its tokens (with their cached and reasoning parts), its cost and how it was found."""
+    as, its tokens (with their cached and reasoning parts), its cost, how it was found and the
+    service tier it was priced at."""
 
     attempt: int
     model: str
@@ -197,6 +203,7 @@ class CallUsage:
     reasoning_tokens: int
     cost_usd: Decimal
     cost_basis: str
+    service_tier: str = "standard"
 
     @property
     def estimated(self) -> bool:
@@ -318,7 +325,7 @@ async def job_attempts(session: AsyncSession, job_id: uuid.UUID) -> list[Attempt
 
 JOB_CALLS_SQL = """
     SELECT attempt_no, model, priced_as, tokens_in, tokens_out, cached_input_tokens,
-           reasoning_tokens, cost_usd, cost_basis
+           reasoning_tokens, cost_usd, cost_basis, service_tier
     FROM ai_usage_log WHERE job_id = :j
     ORDER BY attempt_no, id
 """
@@ -339,6 +346,7 @@ async def job_calls(session: AsyncSession, job_id: uuid.UUID) -> list[CallUsage]
             reasoning_tokens=int(r.reasoning_tokens),
             cost_usd=Decimal(r.cost_usd),
             cost_basis=r.cost_basis,
+            service_tier=r.service_tier,
         )
         for r in rows
     ]

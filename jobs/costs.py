@@ -7,6 +7,10 @@ counted with a margin for the estimate's error, plus the whole answer budget, bo
 model's price. That worst case is what create reserves against the user's budgets
 (db/budgets.py) and what a per-job cap (`maxCostUsd`) is checked against; when a cap is lower,
 the answer budget is cut so that the call cannot cost more than the cap.
+
+Each figure is at the job's service tier (`tier`, with the off-peak window's `discount`;
+providers/pricing.py `Price.at_tier`): a batch job is reserved and capped at the batch price,
+an off-peak job at the window's price, so a create reserves what its tier's calls will cost.
 """
 
 from __future__ import annotations
@@ -66,11 +70,17 @@ def estimate_job(
     expected_output_tokens: int,
     margin: float,
     max_cost_usd: Decimal | None = None,
+    tier: str = "standard",
+    discount: Decimal | None = None,
 ) -> JobEstimate:
     """The estimate of a job whose calls send prompts of `prompt_tokens` each (one per call,
-    counted by `engine.tokens.count_chat_tokens`). With `max_cost_usd`, the answer budget is cut
-    until the worst case of all calls fits the cap; a cap that leaves less than a useful answer
-    (or not even the prompts) raises `CostCapTooLow`, naming the numbers."""
+    counted by `engine.tokens.count_chat_tokens`), at `price` on `tier` (a standard price and
+    its tier, or a price already at its tier, such as `chain_price`'s, with the default
+    `standard`: never both, which would discount twice). With `max_cost_usd`,
+    the answer budget is cut until the worst case of all calls fits the cap; a cap that leaves
+    less than a useful answer (or not even the prompts) raises `CostCapTooLow`, naming the
+    numbers."""
+    price = price.at_tier(tier, discount)
     calls = max(len(prompt_tokens), 1)
     per_call_in = list(prompt_tokens) or [0]
     input_tokens = sum(per_call_in)
@@ -107,19 +117,37 @@ def estimate_job(
 
 
 def call_worst_case_usd(
-    input_tokens: int, output_budget: int, *, price: Price, margin: float
+    input_tokens: int,
+    output_budget: int,
+    *,
+    price: Price,
+    margin: float,
+    tier: str = "standard",
+    discount: Decimal | None = None,
 ) -> Decimal:
-    """One call's worst case: what EXECUTE tops a job's reservation up by before a retry."""
-    return _usd(padded(input_tokens, margin), output_budget, price)
+    """One call's worst case at `tier`: what EXECUTE tops a job's reservation up by before a
+    retry."""
+    return _usd(padded(input_tokens, margin), output_budget, price.at_tier(tier, discount))
 
 
-def chain_price(prices: PriceTable, models: Sequence[str]) -> Price:
+def chain_price(
+    prices: PriceTable,
+    models: Sequence[str],
+    *,
+    tier: str = "standard",
+    discount: Decimal | None = None,
+) -> Price:
     """The price a job whose calls may run on any of `models` (its primary and its fallback
     chain) is reserved and capped at: the highest input and the highest output price among
-    them. Whatever model answers, a call's worst case at its own price
+    them, the primary (the first) at `tier` and the chain at standard (a fallback provider's
+    calls are plain calls). Whatever model answers, a call's worst case at its own price
     (`PriceTable.worst_case_cost`) is at most its worst case at this price, so the reservation
-    stays a bound however far down the chain the job goes."""
-    found = [prices.price_for(m) for m in models]
+    stays a bound however far down the chain the job goes. A batch job has no chain (the
+    caller passes its primary alone): its calls go to its provider's Batch API or nowhere."""
+    found = [
+        prices.price_for(m).at_tier(tier, discount) if i == 0 else prices.price_for(m)
+        for i, m in enumerate(models)
+    ]
     if len(found) == 1:
         return found[0]
     return Price(

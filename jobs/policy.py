@@ -12,11 +12,28 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from engine.definition import PLATFORM_KEY
 from jobs import chunked
 from jobs.spec import AnyJobType
 from providers.pricing import PriceTable
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    """What a create needs to know of the provider a job's calls go to: its name (as in the
+    usage rows) and whether it has a Batch API (providers/batch.py `has_batch_api`, decided
+    once by the wiring, so the request checks stay pure)."""
+
+    name: str
+    batch_api: bool = False
+
+
+SYNTHETIC = ProviderTraits("synthetic")
+# A user's own key goes to DeepSeek's endpoint (runtime/wiring.py `user_key_base_url`): no
+# Batch API; also what a mode the wiring did not describe is taken for.
+DEEPSEEK = ProviderTraits("deepseek")
 
 
 @dataclass(frozen=True)
@@ -45,12 +62,25 @@ class CreatePolicy:
     fallback_models: tuple[str, ...] = ()
     # A long source's per-call input budget (AI_CHUNK_INPUT_TOKENS): past it, chunks.
     chunking: chunked.ChunkPolicy = dataclasses.field(default_factory=chunked.ChunkPolicy)
+    # The provider each credential mode's calls go to when they are not synthetic (built by
+    # runtime/wiring.py from the same settings as the workers' gateway); a mode not listed:
+    # DeepSeek's endpoint.
+    providers: Mapping[str, ProviderTraits] = dataclasses.field(default_factory=dict)
+    # Per provider name, the price factor an off-peak job is reserved at (the dearest of its
+    # discount windows, AI_OFFPEAK_WINDOWS); a provider not listed has no window.
+    offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""
         if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
             return "synthetic"
         return self.model
+
+    def provider_for(self, jt: AnyJobType, mode: str) -> ProviderTraits:
+        """The provider a job's calls go to (as jobs/gateway.py chooses it for EXECUTE)."""
+        if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
+            return SYNTHETIC
+        return self.providers.get(mode, DEEPSEEK)
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible

@@ -106,5 +106,10 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         # The client's references go with it (the retry is the same piece of their product);
         # a delayed start does not: the retry runs now.
         metadata=row.metadata,
+        # Its service terms too: the same tier (an off-peak job's deadline counts from the
+        # retry's create again) and the same reuse choice.
+        service_tier=row.service_tier,
+        reuse=row.reuse_allowed,
+        offpeak_on_deadline=row.offpeak_on_deadline if row.service_tier == "offpeak" else None,
         internal=True,
     )

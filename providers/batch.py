@@ -29,6 +29,7 @@ import httpx
 
 from engine.errors import ExecutionFailure
 from providers.base import Provider, Usage
+from providers.openai_compat import OpenAICompatibleProvider
 from providers.openai_stream import parse_usage
 
 # The providers (providers/factory.py names) whose endpoint has a batch API: the generic
@@ -43,10 +44,14 @@ _CODE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 def has_batch_api(provider: Provider | str) -> bool:
-    """Whether `provider` (a provider or its name) can take a batch: a capability of its
-    endpoint, so a create asking for the batch tier is refused rather than run at standard."""
-    name = provider if isinstance(provider, str) else provider.name
-    return name in BATCH_PROVIDERS
+    """Whether `provider` accepts OpenAI's Files and Batches endpoints: the generic
+    OpenAI-compatible provider does; DeepSeek's endpoint (name "deepseek") and the synthetic
+    provider do not. A capability of the endpoint, so a create asking for the batch tier is
+    refused (jobs/policy.py) rather than run at standard. Given a name (a batch row's
+    `provider`), only the generic provider's name has one."""
+    if isinstance(provider, str):
+        return provider in BATCH_PROVIDERS
+    return isinstance(provider, OpenAICompatibleProvider) and provider.name != "deepseek"
 
 
 def batch_line(custom_id: str, body: Mapping[str, Any]) -> dict[str, Any]:

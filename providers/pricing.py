@@ -32,6 +32,14 @@ Which price a call is charged at (`PriceTable.priced_as`): the reservation that 
 was made at the requested model's price, so an echoed id the table does not know is priced as
 the requested model, never at the fallback (which may be cheaper than the reservation assumed,
 or dearer than it allowed). Such echoes are counted through `on_unknown_echo`.
+
+Service tiers (`Price.at_tier`): a `batch` call (the provider's Batch API) pays the model's batch
+prices (`Price.usd_per_million_batch_in`/`_out`; without them half the standard prices, as
+OpenAI's and Anthropic's batch tiers charge), its cached prompt tokens half the cache-hit price;
+an `offpeak` call pays the standard prices times the discount window's price factor
+(`discount`, e.g. 0.5; none known: the standard price, never less than was reserved); a
+`standard` call the standard prices. The tier scales the whole price, so a charge at a tier is
+never more than the same call's standard charge when the factor is at most 1.
 """
 
 from __future__ import annotations
@@ -64,13 +72,18 @@ _MAX_NAME = 128  # a model name longer than this is refused in AI_MODEL_PRICES
 # Distinct unknown ids warned about per table: a provider echoing random ids cannot grow the
 # set (or the log) without bound; past this, one more warning says so and the rest are quiet.
 _MAX_WARNED = 100
+# The service tiers a call may be priced at (engine/tiers.py `SERVICE_TIERS`, the same names).
+TIERS = ("standard", "batch", "offpeak")
+_HALF = Decimal("0.5")
 
 
 @dataclass(frozen=True)
 class Price:
     """USD per million input and output tokens; `context_window` in tokens (None: unbounded,
     as for the synthetic provider); `usd_per_million_cached_in` the price of a prompt token the
-    provider served from its cache (None: the input price)."""
+    provider served from its cache (None: the input price); `usd_per_million_batch_in`/`_out`
+    the prices of a call sent through the provider's Batch API (None: half the standard
+    price)."""
 
     usd_per_million_in: Decimal
     usd_per_million_out: Decimal
@@ -78,6 +91,8 @@ class Price:
     # Left out of equality, so that prices compare as they did before cache-hit prices existed
     # (a table's entries are still told apart by what every model has).
     usd_per_million_cached_in: Decimal | None = field(default=None, compare=False)
+    usd_per_million_batch_in: Decimal | None = field(default=None, compare=False)
+    usd_per_million_batch_out: Decimal | None = field(default=None, compare=False)
 
     @property
     def cached_in(self) -> Decimal:
@@ -85,12 +100,40 @@ class Price:
         c = self.usd_per_million_cached_in
         return self.usd_per_million_in if c is None else c
 
+    def at_tier(self, tier: str = "standard", discount: Decimal | None = None) -> Price:
+        """The prices a call of `tier` pays, as a plain price (module docstring): `batch` the
+        batch prices and half the cache-hit price, `offpeak` every price times `discount`
+        (None: unchanged), `standard` this price itself. Only `offpeak` reads `discount`.
+        Raises ValueError for an unknown tier or a negative or non-finite discount."""
+        if tier not in TIERS:
+            raise ValueError(f"unknown service tier {tier!r}")
+        if tier == "batch":
+            b_in, b_out = self.usd_per_million_batch_in, self.usd_per_million_batch_out
+            return Price(
+                self.usd_per_million_in * _HALF if b_in is None else b_in,
+                self.usd_per_million_out * _HALF if b_out is None else b_out,
+                self.context_window,
+                self.cached_in * _HALF,
+            )
+        if tier == "offpeak" and discount is not None:
+            if not discount.is_finite() or discount < 0:
+                raise ValueError("an off-peak discount must be a non-negative factor")
+            return Price(
+                self.usd_per_million_in * discount,
+                self.usd_per_million_out * discount,
+                self.context_window,
+                self.cached_in * discount,
+            )
+        return self
 
+
+_D = Decimal
 PRICES: dict[str, Price] = {
     "deepseek-chat": Price(Decimal("0.27"), Decimal("1.10"), 65_536, Decimal("0.07")),
     "deepseek-reasoner": Price(Decimal("0.55"), Decimal("2.19"), 65_536, Decimal("0.14")),
-    "gpt-4o-mini": Price(Decimal("0.15"), Decimal("0.60"), 128_000, Decimal("0.075")),
-    "gpt-4o": Price(Decimal("2.50"), Decimal("10.00"), 128_000, Decimal("1.25")),
+    # OpenAI's Batch API: half the standard prices, stated rather than left to the default.
+    "gpt-4o-mini": Price(_D("0.15"), _D("0.60"), 128_000, _D("0.075"), _D("0.075"), _D("0.30")),
+    "gpt-4o": Price(_D("2.50"), _D("10.00"), 128_000, _D("1.25"), _D("1.25"), _D("5.00")),
     "synthetic": Price(Decimal(0), Decimal(0), None),
 }
 
@@ -200,20 +243,31 @@ class PriceTable:
             self._on_unknown_echo(echoed[:_MAX_NAME])
         return self.canonical(requested) or requested
 
-    def call_cost(self, model: str, tokens_in: int, tokens_out: int, cached_in: int = 0) -> Decimal:
+    def call_cost(
+        self,
+        model: str,
+        tokens_in: int,
+        tokens_out: int,
+        cached_in: int = 0,
+        *,
+        tier: str = "standard",
+        discount: Decimal | None = None,
+    ) -> Decimal:
         """Cost of one call, quantized to 8 decimal places with ROUND_HALF_UP. `tokens_in` is
         the whole prompt and `cached_in` the part of it served from the provider's cache
         (charged the cache-hit price, the rest the input price; a count above `tokens_in` is
         cut to it); `tokens_out` is the whole answer, reasoning tokens included, all at the
-        output price. An unknown model is charged the fallback price and reported."""
+        output price; every price at `tier` (`Price.at_tier`, with `discount` for `offpeak`).
+        An unknown model is charged the fallback price and reported."""
         if tokens_in < 0 or tokens_out < 0 or cached_in < 0:
             raise ValueError("token counts must be non-negative")
         known = self.canonical(model)
         if known is None:
-            price = self.fallback
+            base = self.fallback
             self._report_unpriced(model)
         else:
-            price = self._prices[known]
+            base = self._prices[known]
+        price = base.at_tier(tier, discount)
         cached = min(cached_in, tokens_in)
         raw = (
             Decimal(tokens_in - cached) * price.usd_per_million_in
@@ -223,16 +277,23 @@ class PriceTable:
         return raw.quantize(_QUANTUM, rounding=ROUND_HALF_UP)
 
     def worst_case_cost(
-        self, model: str, prompt_tokens: int, max_output_tokens: int, margin: float
+        self,
+        model: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        margin: float,
+        *,
+        tier: str = "standard",
+        discount: Decimal | None = None,
     ) -> Decimal:
         """The most one call can cost, by the rule the create path reserves with
         (jobs/costs.py): the prompt padded by `margin` (ceil of tokens * (1 + margin)) at the
-        input price, no cache discount, plus the whole answer budget at the output price,
-        rounded up to 8 decimal places. Quiet: an unknown model counts at the fallback
-        without a report, as no call was charged."""
+        input price, no cache discount, plus the whole answer budget at the output price, both
+        at `tier` (as `call_cost`), rounded up to 8 decimal places. Quiet: an unknown model
+        counts at the fallback without a report, as no call was charged."""
         if prompt_tokens < 0 or max_output_tokens < 0 or margin < 0:
             raise ValueError("token counts and margin must be non-negative")
-        price = self.price_for(model)
+        price = self.price_for(model).at_tier(tier, discount)
         padded_in = math.ceil(prompt_tokens * (1 + margin))
         raw = (
             Decimal(padded_in) * price.usd_per_million_in
@@ -287,20 +348,35 @@ def _decimal(value: Any, where: str) -> Decimal:
     return d
 
 
+def _batch(entry: Any, where: str) -> tuple[Decimal | None, Decimal | None]:
+    """An entry's `batch` prices: {"input": .., "output": ..}; absent or null: (None, None),
+    half the standard prices."""
+    if entry is None:
+        return None, None
+    if not isinstance(entry, dict) or set(entry) != {"input", "output"}:
+        raise ValueError(f"{where}: want an object with input, output")
+    return _decimal(entry["input"], f"{where}.input"), _decimal(entry["output"], f"{where}.output")
+
+
 def _price(entry: Any, where: str, *, window: bool) -> Price:
-    allowed = {"input", "output", "cached_input"} | ({"context_window"} if window else set())
+    extra = {"context_window", "batch"} if window else set()
+    allowed = {"input", "output", "cached_input"} | extra
     if not isinstance(entry, dict) or not {"input", "output"} <= set(entry) <= allowed:
-        keys = "input, output[, cached_input][, context_window]" if window else "input, output"
+        keys = "input, output[, cached_input][, context_window][, batch]"
+        keys = keys if window else "input, output"
         raise ValueError(f"{where}: want an object with {keys}")
     cw = entry.get("context_window")
     if cw is not None and (isinstance(cw, bool) or not isinstance(cw, int) or cw <= 0):
         raise ValueError(f"{where}.context_window: want a positive integer or null")
     cached = entry.get("cached_input")
+    batch_in, batch_out = _batch(entry.get("batch"), f"{where}.batch")
     return Price(
         _decimal(entry["input"], f"{where}.input"),
         _decimal(entry["output"], f"{where}.output"),
         cw,
         None if cached is None else _decimal(cached, f"{where}.cached_input"),
+        batch_in,
+        batch_out,
     )
 
 
@@ -308,7 +384,9 @@ def parse_prices(text: str) -> dict[str, Price]:
     """AI_MODEL_PRICES: a JSON object of model name -> {"input": USD per million input
     tokens, "output": USD per million output tokens, "context_window": tokens or null,
     optionally "cached_input": USD per million prompt tokens served from the provider's cache
-    (absent or null: the input price)}.
+    (absent or null: the input price), optionally "batch": {"input": .., "output": ..}, USD per
+    million tokens through the provider's Batch API (absent or null: half the standard
+    prices)}.
     Empty: no entries. Raises ValueError naming the setting and the entry."""
     if not text.strip():
         return {}

@@ -22,15 +22,17 @@ from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.contracts import RELAY_WORKFLOW_ID
-from engine.definition import QUEUE_NAMES
+from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.payloads import DATA_CONVERTER
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
-from jobs.policy import CreatePolicy
+from jobs.policy import CreatePolicy, ProviderTraits
 from jobs.spec import Catalog
 from jobs.types import default_catalog
+from providers.base import Provider
+from providers.batch import has_batch_api
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.fallback import Fallbacks, fallback_models, parse_fallbacks
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider, parse_model_set
@@ -160,6 +162,20 @@ def user_key_base_url(settings: Settings) -> str:
     return DEFAULT_BASE_URL
 
 
+def _traits(provider: Provider) -> ProviderTraits:
+    return ProviderTraits(provider.name, batch_api=has_batch_api(provider))
+
+
+def provider_traits(settings: Settings) -> dict[str, ProviderTraits]:
+    """The provider of each credential mode, as the workers' gateway builds it from the same
+    settings (`gateway`), and whether it has a Batch API: what a create needs to refuse a
+    tier its provider cannot serve. Building a provider does no I/O."""
+    key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
+    platform = build_provider(api_key=key, base_url=settings.ai_base_url)
+    user = OpenAICompatibleProvider(user_key_base_url(settings), name="deepseek")
+    return {PLATFORM_KEY: _traits(platform), USER_DEEPSEEK_KEY: _traits(user)}
+
+
 def create_policy(settings: Settings) -> CreatePolicy:
     return CreatePolicy(
         max_active_jobs=settings.quota_max_active_jobs,
@@ -179,6 +195,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         estimate_margin=settings.token_estimate_margin,
         fallback_models=fallback_models(settings.ai_fallbacks),
         chunking=ChunkPolicy(max_input_tokens=settings.ai_chunk_input_tokens),
+        providers=provider_traits(settings),
     )
 
 

@@ -232,6 +232,7 @@ async def job_usage(job_id: JobId, state: State, principal: User) -> JobUsageRes
                         tokens_out=c.tokens_out,
                         cached_input_tokens=c.cached_input_tokens,
                         reasoning_tokens=c.reasoning_tokens,
+                        service_tier=c.service_tier,
                     )
                     for c in a.provider_calls
                 ],
