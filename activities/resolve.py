@@ -63,4 +63,5 @@ class Resolve:
             chunk_concurrency=d.config.chunk_concurrency if chunks else 0,
             chunks_done=[c.chunk_no for c in chunks if c.status == "succeeded"],
             chunk_attempts=[c.attempt_count for c in chunks],
+            service_tier=row.service_tier,
         )

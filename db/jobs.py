@@ -164,6 +164,7 @@ class ResolveRefs:
     lifecycle_status: str = "queued"
     locked_by: str | None = None
     max_output_tokens: int | None = None  # fixed at create; None on older jobs
+    service_tier: str = "standard"  # engine/tiers.py
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ RESOLVE_REFS = text(
     """
     SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
            j.credential_id, j.lifecycle_status, j.locked_by,
-           j.max_output_tokens,
+           j.max_output_tokens, j.service_tier,
            EXISTS (SELECT 1 FROM ai_job_snapshot s
                    WHERE s.job_id = j.id AND s.expires_at > now())
                AS has_snapshot,
