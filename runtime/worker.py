@@ -35,6 +35,7 @@ from temporalio.client import (
 from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.batch import BatchActivities, BatchTiming
 from activities.bounded import BoundedStagesInterceptor
 from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
@@ -69,6 +70,7 @@ from runtime.wiring import (
     relay_config,
     webhook_deliverer,
 )
+from workflows.batch import BatchWorkflow
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
 from workflows.schedule_run import ScheduledRun
@@ -115,13 +117,17 @@ def _job_worker(
     stages: JobActivities,
     interceptors: Sequence[Interceptor],
 ) -> Worker:
-    """The worker of one job queue: every job workflow and the stage activities."""
+    """The worker of one job queue: every job workflow, the batch workflow (its jobs' queue
+    runs it) and the stage and batch activities."""
     s = parts.settings
+    batch = BatchActivities(
+        stages.deps, client, BatchTiming(s.ai_batch_window_s, s.ai_batch_poll_s)
+    )
     return Worker(
         client,
         task_queue=s.task_queue(queue),
-        workflows=[JobWorkflow],
-        activities=stages.all(),
+        workflows=[JobWorkflow, BatchWorkflow],
+        activities=[*stages.all(), *batch.all()],
         max_concurrent_activities=queue_concurrency(s, queue),
         # The worker's intake is bounded so that a burst waits on the server's fair queue, not
         # in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages never hold more connections

@@ -1,0 +1,249 @@
+"""The batch workflow over real PostgreSQL, Temporal and the fake server's Batches API: items
+enrolled directly (db/batches.py `enroll`, as the job side's enroll does) within one window go
+to the provider as one batch and no chat call; the results are stored, each answered item
+charged once at the batch price, and each item's job workflow signalled `batch-result`; a
+batch whose every item left is cancelled at the provider, and one emptied before its upload
+never reaches it.
+
+The jobs' workflows are stand-ins (a listener that ends on `batch-result`) on a task queue of
+this test: the job side's own workflow is tested beside it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from activities.batch import BatchActivities, BatchTiming, start_batch_workflow
+from activities.deps import StageDeps
+from db import batches as batches_db
+from db import lifecycle as lifecycle_db
+from db.batches import Enrolled
+from db.lifecycle import NewJob
+from db.provider_gate import PLATFORM_KEY_REF
+from db.session import SessionMaker
+from engine.tiers import BATCH_POKE_SIGNAL, BATCH_RESULT_SIGNAL
+from providers.pricing import PriceTable
+from runtime.wiring import gateway
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.provider_helpers import fake_env
+from tests.stack import INTERACTIVE, Stack, engine_stack, make_settings
+from tests.support import eventually
+
+MODEL = "gpt-4o-mini"
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "src"}],
+    "response_format": {"type": "json_object"},
+    "max_tokens": 500,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+VALID = {"kind": "valid", "content": {"ok": True}, "tokens_in": 1000, "tokens_out": 1000}
+
+
+@workflow.defn(name="test_batch_listener")
+class Listener:
+    """Stands in for a job workflow: ends with the number of `batch-result` signals seen."""
+
+    def __init__(self) -> None:
+        self.got = 0
+
+    @workflow.signal(name=BATCH_RESULT_SIGNAL)
+    def result(self) -> None:
+        self.got += 1
+
+    @workflow.run
+    async def run(self) -> int:
+        await workflow.wait_condition(lambda: self.got > 0)
+        return self.got
+
+
+@pytest.fixture
+async def stack(
+    database_url: str, temporal_address: str, temporal_client: Client, fake: FakeOpenAIServer
+) -> AsyncIterator[Stack]:
+    settings = make_settings(
+        database_url,
+        temporal_address,
+        **fake_env(fake, AI_MODEL=MODEL, AI_BATCH_WINDOW_S=1.0, AI_BATCH_POLL_S=0.3),
+    )
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as s:
+        yield s
+
+
+def task_queue(stack: Stack) -> str:
+    return stack.settings.task_queue(INTERACTIVE[0])
+
+
+async def new_job(db: SessionMaker, workflow_id: str) -> uuid.UUID:
+    job_id = uuid.uuid4()
+    job = NewJob(
+        id=job_id,
+        user_id="u-batch",
+        job_type="flashcard_generation",
+        target_type="test",
+        target_id="t1",
+        idempotency_key=None,
+        request_fingerprint="f" * 64,
+        queue_name="ai-background",
+        priority=50,
+        input={},
+        credential_mode="platform_key",
+        credential_id=None,
+        prompt_version="v1",
+        input_schema_version="x.input.v1",
+        output_schema_version="x.output.v1",
+        max_retry_count=1,
+        workflow_id=workflow_id,
+        service_tier="batch",
+    )
+    async with db.begin() as s:
+        await lifecycle_db.create(s, job)
+    return job_id
+
+
+async def enroll(stack: Stack, job_id: uuid.UUID) -> Enrolled:
+    async with stack.parts.sessionmaker.begin() as s:
+        enrolled = await batches_db.enroll(
+            s,
+            job_id=job_id,
+            attempt=1,
+            provider="openai_compatible",
+            model=MODEL,
+            key_ref=PLATFORM_KEY_REF,
+            task_queue=task_queue(stack),
+            body=BODY,
+        )
+    await start_batch_workflow(stack.client, enrolled, task_queue(stack))
+    return enrolled
+
+
+async def batch_status(db: SessionMaker, batch_id: uuid.UUID, *wanted: str) -> Any:
+    async def probe() -> Any:
+        async with db() as s:
+            row = await batches_db.get(s, batch_id)
+        return row if row is not None and row.status in wanted else None
+
+    return await eventually(probe, timeout=30, what=f"batch {batch_id} to reach {wanted}")
+
+
+async def rows(db: SessionMaker, sql: str, **params: Any) -> list[Any]:
+    async with db() as s:
+        return list(await s.execute(text(sql), params))
+
+
+async def test_enrollments_of_one_window_are_one_batch_charged_once_and_signalled(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer, temporal_client: Client
+) -> None:
+    await fake.ascript([VALID, VALID, {"kind": "status", "status": 500}, VALID, VALID])
+    listen_queue = f"batch-listen-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        temporal_client,
+        task_queue=listen_queue,
+        workflows=[Listener],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        handles, jobs = [], []
+        for _ in range(5):
+            workflow_id = f"test-batch-job:{uuid.uuid4()}"
+            handles.append(
+                await temporal_client.start_workflow(
+                    Listener.run, id=workflow_id, task_queue=listen_queue
+                )
+            )
+            jobs.append(await new_job(db, workflow_id))
+        enrolled = [await enroll(stack, job_id) for job_id in jobs]
+        assert len({e.batch_id for e in enrolled}) == 1
+        assert await enroll(stack, jobs[0]) == enrolled[0]  # a retried enroll finds its item
+        batch_id = enrolled[0].batch_id
+        ended = await batch_status(db, batch_id, "completed", "failed", "expired", "cancelled")
+        assert ended.status == "completed" and ended.item_count == 5
+        assert [await h.result() for h in handles] == [1, 1, 1, 1, 1]
+
+    seen = await fake.abatches()
+    assert [b["lines"] for b in seen["batches"]] == [5]
+    assert (await fake.acalls())["count"] == 0
+    for line in seen["batches"][0]["requests"]:
+        assert list(line) == ["custom_id", "method", "url", "body"]
+        assert line["url"] == "/v1/chat/completions" and "stream" not in line["body"]
+    assert sorted(line["custom_id"] for line in seen["batches"][0]["requests"]) == sorted(
+        e.custom_id for e in enrolled
+    )
+    items = await rows(
+        db, "SELECT status, error_code FROM ai_batch_item WHERE batch_id = :b", b=batch_id
+    )
+    assert sorted((i.status, i.error_code) for i in items) == [
+        ("failed", "PROVIDER_UNAVAILABLE"),
+        *[("succeeded", None)] * 4,
+    ]
+    half = PriceTable().call_cost(MODEL, 1000, 1000, tier="batch")
+    assert half * 2 == PriceTable().call_cost(MODEL, 1000, 1000)
+    usage_sql = (
+        "SELECT u.service_tier, u.cost_usd, j.spent_cost_usd FROM ai_usage_log u "
+        "JOIN ai_job j ON j.id = u.job_id WHERE u.job_id = ANY(:jobs)"
+    )
+    usage = await rows(db, usage_sql, jobs=jobs)
+    assert [(u.service_tier, u.cost_usd, u.spent_cost_usd) for u in usage] == [
+        ("batch", half, half)
+    ] * 4
+
+    # A poll retried after the batch's results were recorded charges nothing again.
+    async with db.begin() as s:
+        await s.execute(
+            text("UPDATE ai_batch SET status = 'submitted' WHERE id = :b"), {"b": batch_id}
+        )
+    deps = StageDeps(stack.parts.sessionmaker, stack.parts.catalog, gateway(stack.settings))
+    acts = BatchActivities(deps, temporal_client, BatchTiming())
+    assert await ActivityEnvironment().run(acts.poll, str(batch_id)) == "completed"
+    assert len(await rows(db, usage_sql, jobs=jobs)) == 4
+    spent = await rows(db, "SELECT sum(spent_cost_usd) AS s FROM ai_job WHERE id = ANY(:j)", j=jobs)
+    assert spent[0].s == half * 4
+    await deps.gateway.aclose()
+
+
+async def test_a_batch_every_item_of_which_left_is_cancelled_at_the_provider(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer, temporal_client: Client
+) -> None:
+    await fake.abatch_script(hold=True)
+    jobs = [await new_job(db, f"test-batch-gone:{uuid.uuid4()}") for _ in range(2)]
+    enrolled = [await enroll(stack, job_id) for job_id in jobs]
+    batch_id = enrolled[0].batch_id
+    submitted = await batch_status(db, batch_id, "submitted")
+    lefts = []
+    for job_id in jobs:
+        async with db.begin() as s:
+            lefts.append(await batches_db.leave(s, job_id))
+    assert [left.all_cancelled for left in lefts if left] == [False, True]
+    await temporal_client.get_workflow_handle(enrolled[0].workflow_id).signal(BATCH_POKE_SIGNAL)
+    await batch_status(db, batch_id, "cancelled")
+    seen = await fake.abatches()
+    assert seen["cancels"] == [submitted.provider_batch_id]
+    assert (await fake.acalls())["count"] == 0
+    items = await rows(db, "SELECT status FROM ai_batch_item WHERE batch_id = :b", b=batch_id)
+    assert [i.status for i in items] == ["cancelled", "cancelled"]
+    assert await rows(db, "SELECT 1 FROM ai_usage_log WHERE job_id = ANY(:j)", j=jobs) == []
+
+
+async def test_a_batch_emptied_before_its_upload_never_reaches_the_provider(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer, temporal_client: Client
+) -> None:
+    job_id = await new_job(db, f"test-batch-early:{uuid.uuid4()}")
+    enrolled = await enroll(stack, job_id)
+    async with db.begin() as s:
+        left = await batches_db.leave(s, job_id)
+    assert left is not None and left.all_cancelled and left.batch_status == "open"
+    await temporal_client.get_workflow_handle(enrolled.workflow_id).signal(BATCH_POKE_SIGNAL)
+    await batch_status(db, enrolled.batch_id, "cancelled")
+    assert (await fake.abatches())["uploads"] == 0
+    async with db() as s:
+        item = await batches_db.item_for(s, job_id, 1)
+    assert item is not None and (item.status, item.batch_status) == ("cancelled", "cancelled")
