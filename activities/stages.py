@@ -8,6 +8,9 @@
     merge              (local)  `activities/merge.py`     a long source's chunks, one output
     finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
     finalize_cancelled
+    batch_enroll,      (local)  `activities/batch_job.py` a batch-tier job's stages instead of
+    batch_collect,                                       execute: its batch's item, its answer,
+    batch_leave                                          its leaving on a cancel
 
 The activity names are the constants of `engine/contracts.py`; the workflow calls them through
 the typed stubs of `workflows/stages.py`. How a stage fails is `activities/failures.py`.
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.batch_job import BatchJob
 from activities.complete import Complete
 from activities.deps import EngineConfig, StageDeps
 from activities.execute import Execute
@@ -60,6 +64,7 @@ class JobActivities:
         self.merge = Merge(self.deps).merge
         self.finalize_failed = finalize.finalize_failed
         self.finalize_cancelled = finalize.finalize_cancelled
+        self.batch = BatchJob(self.deps)  # a batch-tier job's stages (activities/batch_job.py)
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -71,6 +76,7 @@ class JobActivities:
             self.merge,
             self.finalize_failed,
             self.finalize_cancelled,
+            *self.batch.all(),
         ]
 
 

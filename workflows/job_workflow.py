@@ -20,9 +20,11 @@ from temporalio.exceptions import (
 )
 
 from workflows import stages
+from workflows.batch_tier import BatchResults, BatchTier
 from workflows.failures import HistoryFull, error_code, is_cancellation
 from workflows.limit_wait import Wakes, wait_for_room
 from workflows.patches import (
+    BATCH_TIER,
     CHUNKED_FAN_OUT,
     DELAYED_START,
     EXACT_LIMIT_WAITS,
@@ -55,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
+    from engine.tiers import BATCH, BATCH_RESULT_SIGNAL
 
 I = TypeVar("I")  # noqa: E741
 T = TypeVar("T")
@@ -84,8 +87,9 @@ GATE_WAIT_CAP_S = 15.0
 class JobStages:
     """The job workflow's logic; `JobWorkflow` registers it for every job type."""
 
-    def __init__(self, wakes: Wakes | None = None) -> None:
+    def __init__(self, wakes: Wakes | None = None, batch: BatchResults | None = None) -> None:
         self._wakes = wakes or Wakes()
+        self._batch = batch or BatchResults()
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
@@ -157,6 +161,9 @@ class JobStages:
             # Only a chunked job asks for the patch: other jobs' commands are unchanged.
             if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
                 executed = await self._execute_chunks(inp, prep.plan, resolved)
+            elif resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
+                tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
+                executed = await tier.execute(inp, prep.plan)  # its batches instead of EXECUTE
             else:
                 executed = await self._execute_through_gate(inp, prep.plan)
             if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
@@ -411,13 +418,19 @@ class JobWorkflow:
 
     def __init__(self) -> None:
         self._wakes = Wakes()
+        self._batch = BatchResults()
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await JobStages(self._wakes).execute_job(inp)
+        return await JobStages(self._wakes, self._batch).execute_job(inp)
 
     @workflow.signal(name=LIMIT_WAKE_SIGNAL)
     def limit_wake(self) -> None:
         """Room may have appeared for a call waiting for its provider limit."""
         self._wakes.woken()
+
+    @workflow.signal(name=BATCH_RESULT_SIGNAL)
+    def batch_result(self) -> None:
+        """The job's batch item has its outcome recorded (workflows/batch_tier.py)."""
+        self._batch.arrived()

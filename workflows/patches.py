@@ -22,3 +22,6 @@ FALLBACK_MEMO = "provider-fallback-memo"
 DELAYED_START = "delayed-start"
 # A provider limit's wait ends at its exact time or at a wake-up signal (workflows/limit_wait.py).
 LIMIT_WAKE = "limit-wake"
+# A batch-tier job's attempts go through its provider's Batch API (workflows/batch_tier.py);
+# only such a job asks.
+BATCH_TIER = "batch-tier"
