@@ -128,10 +128,9 @@ def _is_too_long_error(body: str) -> bool:
 
 
 def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any]:
-    """The chat-completions request body of `request`: the model, the system and user prompts,
-    `response_format` json_object and the answer budget. `stream` True/False is sent as asked
-    (with the usage in the last chunk when True); None leaves `stream` out, as a Batch API line
-    must (docs/batch.md). One builder, so a batch line is exactly what a call would send."""
+    """The chat-completions body of `request` (model, prompts, `response_format` json_object,
+    answer budget): one builder, so a Batch API line is exactly what a call sends. `stream`
+    None leaves `stream` out, as a batch line must; True also asks for the usage."""
     payload: dict[str, Any] = {
         "model": request.model,
         "messages": [
@@ -150,9 +149,8 @@ def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any
 
 
 def chat_answer(data: Any, status: int = 200) -> str:
-    """The answer text of a chat completion's JSON body (a call's, or a Batch API output line's
-    `response.body`). Raises the engine's failure for a body without one (`malformed`) or one
-    the provider's content filter stopped (`CONTENT_SAFETY_BLOCKED`)."""
+    """The answer text of a chat completion's JSON body (a call's, or a batch output line's);
+    raises `malformed` without one, `CONTENT_SAFETY_BLOCKED` when the filter stopped it."""
     bad = malformed(status)
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
