@@ -17,17 +17,19 @@ from sqlalchemy import text
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from jobs.types import flashcard_generation as flashcards
 from providers.pricing import PriceTable
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import workflow_canceller
 from tests.integration.provider_helpers import fake_env
-from tests.job_data import INPUTS, SCRIPTED
-from tests.stack import INTERACTIVE, Stack, engine_stack, make_settings
+from tests.job_data import INPUTS, SCRIPTED, SOURCE
+from tests.stack import INTERACTIVE, Stack, engine_stack, make_settings, variant
 from tests.support import eventually
 
 MODEL = "gpt-4o-mini"
 TYPE = "flashcard_generation"
 VALID = {"kind": "valid", "content": SCRIPTED[TYPE], "tokens_in": 1200, "tokens_out": 300}
+ONCE = variant(flashcards.JOB, "test_flashcards_batch_once", max_retries=0)
 
 
 @pytest.fixture
@@ -39,13 +41,15 @@ async def stack(
         temporal_address,
         **fake_env(fake, AI_MODEL=MODEL, AI_BATCH_WINDOW_S=1.0, AI_BATCH_POLL_S=0.3),
     )
-    async with engine_stack(settings, temporal_client, queues=INTERACTIVE) as s:
+    async with engine_stack(
+        settings, temporal_client, queues=INTERACTIVE, extra_types=(ONCE,)
+    ) as s:
         yield s
 
 
-async def create(stack: Stack, n: int, user_id: str = "u-batch") -> list[uuid.UUID]:
+async def create(stack: Stack, n: int, job_type: str = TYPE) -> list[uuid.UUID]:
     return [
-        await stack.create(user_id, job_type=TYPE, input=INPUTS[TYPE], service_tier="batch")
+        await stack.create("u-batch", job_type=job_type, input=INPUTS[TYPE], service_tier="batch")
         for _ in range(n)
     ]
 
@@ -56,7 +60,7 @@ async def rows(db: SessionMaker, sql: str, **params: Any) -> list[Any]:
 
 
 async def test_five_batch_jobs_are_one_or_two_batches_no_call_and_half_the_price(
-    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer, temporal_client: Client
 ) -> None:
     await fake.ascript([], default=VALID)
     jobs = await create(stack, 5)
@@ -94,6 +98,12 @@ async def test_five_batch_jobs_are_one_or_two_batches_no_call_and_half_the_price
         db, "SELECT count(*) AS n FROM ai_job_artifact WHERE job_id = ANY(:j)", j=jobs
     )
     assert artifacts[0].n == 5 * len(SCRIPTED[TYPE]["flashcards"])
+    # The job's history holds ids, hashes and codes: never its prompt or its answer.
+    wf = temporal_client.get_workflow_handle(stack.workflow_id(jobs[0], TYPE))
+    history = b"".join([e.SerializeToString() async for e in wf.fetch_history_events()])
+    assert b"batch_enroll" in history and b"batch_collect" in history
+    assert SOURCE[:40].encode() not in history
+    assert SCRIPTED[TYPE]["flashcards"][0]["back"].encode() not in history
 
 
 async def test_a_job_cancelled_while_its_batch_runs_ends_cancelled_and_its_batch_too(
@@ -170,3 +180,15 @@ async def test_a_failed_line_retries_that_job_alone_in_the_next_batch(
     assert sorted(corrected) == [False, True]
     usage = await rows(db, "SELECT service_tier FROM ai_usage_log WHERE job_id = ANY(:j)", j=jobs)
     assert [u.service_tier for u in usage] == ["batch"] * 4  # every answered line, once
+
+
+async def test_a_failed_line_with_no_attempt_left_fails_the_job_with_its_code(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer
+) -> None:
+    await fake.ascript([{"kind": "status", "status": 500}], default=VALID)
+    [job_id] = await create(stack, 1, ONCE.definition.job_type)
+    row = await stack.wait_status(job_id, timeout=60)
+    assert (row.lifecycle_status, row.error_code) == ("failed", "PROVIDER_UNAVAILABLE")
+    assert row.attempt_count == 1
+    assert [b["lines"] for b in (await fake.abatches())["batches"]] == [1]
+    assert await rows(db, "SELECT 1 FROM ai_usage_log WHERE job_id = :j", j=job_id) == []
