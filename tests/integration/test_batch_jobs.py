@@ -149,7 +149,11 @@ async def test_a_failed_line_retries_that_job_alone_in_the_next_batch(
 ) -> None:
     # Lines are answered in their file's order: one fails (a 500, an error-file line), one's
     # answer does not match the schema; those two jobs retry in the next batch, the third not.
-    steps = [VALID, {"kind": "status", "status": 500}, {"kind": "schema_invalid"}]
+    steps: list[dict[str, Any]] = [
+        VALID,
+        {"kind": "status", "status": 500},
+        {"kind": "schema_invalid"},
+    ]
     await fake.ascript(steps, default=VALID)
     jobs = await create(stack, 3)
     for job_id in jobs:

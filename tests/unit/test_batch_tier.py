@@ -57,7 +57,8 @@ def test_an_output_lines_completion_reads_like_a_calls_answer() -> None:
     with pytest.raises(ExecutionFailure) as filtered:
         chat_answer(_completion(message={"content": ""}, finish_reason="content_filter"))
     assert filtered.value.code == "CONTENT_SAFETY_BLOCKED"
-    for bad in (None, {}, {"choices": []}, _completion(message="x"), _completion(message={})):
+    bodies: list[Any] = [None, {}, {"choices": []}, _completion(message="x"), _completion()]
+    for bad in bodies:
         with pytest.raises(ExecutionFailure) as malformed:
             chat_answer(bad)
         assert malformed.value.code == "PROVIDER_UNAVAILABLE"
