@@ -144,6 +144,10 @@ async def enroll(
         return Stored(row.output_hash)  # paid for and stored: never bought again
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
+    if row.chunk_count:
+        # A long source is one call per chunk, which a batch line is not: refused, never run
+        # at the standard tier instead.
+        return Stop("REQUEST_TOO_LARGE")
     jt = catalog.get(row.job_type)
     provider = gateway.provider_for(jt, row.credential_mode)
     if not has_batch_api(provider):

@@ -158,12 +158,13 @@ class JobStages:
                 if wait_s > 0:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
-            # Only a chunked job asks for the patch: other jobs' commands are unchanged.
-            if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
-                executed = await self._execute_chunks(inp, prep.plan, resolved)
-            elif resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
+            # Only a batch job asks for its patch, only a chunked one for its: other jobs'
+            # commands are unchanged. A batch job never runs EXECUTE (standard) instead.
+            if resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
                 tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
                 executed = await tier.execute(inp, prep.plan)  # its batches instead of EXECUTE
+            elif resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
+                executed = await self._execute_chunks(inp, prep.plan, resolved)
             else:
                 executed = await self._execute_through_gate(inp, prep.plan)
             if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
