@@ -6,8 +6,8 @@ none of them calls a provider, so none holds a worker slot):
                     batch workflow started if it is not running (activities/batch.py)
     batch_collect   the item's outcome: the validated answer stored as the job's output, or the
                     attempt's failure with its code; `pending` while the batch runs
-    batch_leave     a cancelled job's live item leaves its batch; a submitted batch left with
-                    no live item is poked, so its next poll cancels it at the provider
+    batch_leave     a cancelled job's live item leaves its batch; a batch left with no live
+                    item is poked: it ends without a call, or is cancelled at the provider
 
 Thin adapters over `jobs/batch_job.py`: each opens the transaction, maps the use case's outcome
 to its result or to a failure (`activities/failures.py`), and returns ids, hashes and codes only.
@@ -27,7 +27,7 @@ from temporalio.service import RPCError
 from activities.batch import start_batch_workflow
 from activities.deps import StageDeps, lock_owner, log
 from activities.failures import fail_final, fail_over_budget
-from db.batches import Enrolled
+from db.batches import ENDED, Enrolled
 from engine.contracts import (
     BATCH_COLLECT,
     BATCH_ENROLL,
@@ -40,10 +40,6 @@ from engine.contracts import (
 from engine.tiers import BATCH_POKE_SIGNAL
 from jobs import batch_job
 from jobs.batch_job import Attempt, Ended, Failed, Pending, Refused, Stop, Stored
-
-# A batch whose items have all left is cancelled at the provider only once it was submitted;
-# before that its window's close finds nothing to upload and ends it without a call.
-_POKED_STATES = frozenset({"submitting", "submitted"})
 
 
 class BatchJob:
@@ -108,14 +104,15 @@ class BatchJob:
 
     @activity.defn(name=BATCH_LEAVE)
     async def batch_leave(self, inp: BatchAttemptInput) -> BatchLeaveResult:
-        """The job's live item cancelled; its batch poked when it was submitted and has no live
-        item left (a lost poke costs only time: the batch's own poll sees the same)."""
+        """The job's live item cancelled; its batch poked when no live item is left: one not
+        yet uploaded then closes at once and ends without a call, a submitted one is cancelled
+        at the provider by that poll (a lost poke costs only time: its own timer comes)."""
         d = self._d
         async with d.sessionmaker.begin() as s:
             left = await batch_job.leave(s, uuid.UUID(inp.job_id))
         if left is None:
             return BatchLeaveResult(left=False)
-        if not (left.all_cancelled and left.batch_status in _POKED_STATES):
+        if not left.all_cancelled or left.batch_status in ENDED:
             return BatchLeaveResult(left=True)
         try:
             handle = activity.client().get_workflow_handle(left.workflow_id)

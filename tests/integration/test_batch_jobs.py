@@ -32,18 +32,26 @@ VALID = {"kind": "valid", "content": SCRIPTED[TYPE], "tokens_in": 1200, "tokens_
 ONCE = variant(flashcards.JOB, "test_flashcards_batch_once", max_retries=0)
 
 
+def batch_stack(
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+    window_s: float = 1.0,
+) -> Any:
+    settings = make_settings(
+        database_url,
+        temporal_address,
+        **fake_env(fake, AI_MODEL=MODEL, AI_BATCH_WINDOW_S=window_s, AI_BATCH_POLL_S=0.3),
+    )
+    return engine_stack(settings, temporal_client, queues=INTERACTIVE, extra_types=(ONCE,))
+
+
 @pytest.fixture
 async def stack(
     database_url: str, temporal_address: str, temporal_client: Client, fake: FakeOpenAIServer
 ) -> AsyncIterator[Stack]:
-    settings = make_settings(
-        database_url,
-        temporal_address,
-        **fake_env(fake, AI_MODEL=MODEL, AI_BATCH_WINDOW_S=1.0, AI_BATCH_POLL_S=0.3),
-    )
-    async with engine_stack(
-        settings, temporal_client, queues=INTERACTIVE, extra_types=(ONCE,)
-    ) as s:
+    async with batch_stack(database_url, temporal_address, temporal_client, fake) as s:
         yield s
 
 
@@ -196,3 +204,44 @@ async def test_a_failed_line_with_no_attempt_left_fails_the_job_with_its_code(
     assert row.attempt_count == 1
     assert [b["lines"] for b in (await fake.abatches())["batches"]] == [1]
     assert await rows(db, "SELECT 1 FROM ai_usage_log WHERE job_id = :j", j=job_id) == []
+
+
+async def test_a_job_cancelled_before_its_batch_is_uploaded_leaves_it_and_nothing_is_sent(
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    db: SessionMaker,
+    fake: FakeOpenAIServer,
+) -> None:
+    await fake.ascript([], default=VALID)
+    # A window far longer than the test: only the leave's poke can end the batch in time.
+    async with batch_stack(
+        database_url, temporal_address, temporal_client, fake, window_s=600.0
+    ) as stack:
+        [job_id] = await create(stack, 1)
+
+        async def pending() -> Any:
+            found = await rows(
+                db,
+                "SELECT i.status, i.batch_id FROM ai_batch_item i WHERE i.job_id = :j",
+                j=job_id,
+            )
+            return found[0] if found and found[0].status == "pending" else None
+
+        item = await eventually(pending, timeout=30, what="the job's item in the open batch")
+        assert (await stack.job(job_id)).lifecycle_status == "running"
+        result = await stack.service.cancel(
+            job_id, "u-batch", cancel_workflow=workflow_canceller(temporal_client)
+        )
+        assert result.outcome == "cancel_requested"
+        row = await stack.wait_status(job_id, timeout=30)
+        assert row.lifecycle_status == "cancelled", (row.error_code, row.internal_error_message)
+
+        async def batch_ended() -> Any:
+            found = await rows(db, "SELECT status FROM ai_batch WHERE id = :b", b=item.batch_id)
+            return found[0].status if found[0].status != "open" else None
+
+        status = await eventually(batch_ended, timeout=30, what="the emptied batch to end")
+        assert status == "cancelled"
+    seen = await fake.abatches()
+    assert (seen["uploads"], seen["batches"], (await fake.acalls())["count"]) == (0, [], 0)
