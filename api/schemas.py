@@ -21,12 +21,17 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from api import cursors
+
+# The quote's models (api/quote_schemas.py) keep their import path here.
+from api.quote_schemas import QuoteBudget as QuoteBudget
+from api.quote_schemas import QuoteRefusal as QuoteRefusal
+from api.quote_schemas import QuoteResponse as QuoteResponse
+from api.quote_schemas import TierPriceOut as TierPriceOut
 from api.usage_schemas import UsdAmount as UsdAmount
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
 from engine.lifecycle import StatusName
 from engine.tiers import OffpeakOnDeadline, ServiceTier
-from jobs.service import RefusalLimit
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
 from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
 
@@ -392,61 +397,3 @@ class AdminJobDetailResponse(AdminJobResponse):
         default=None,
         description="Why a queued or running job is not progressing; null when nothing is wrong.",
     )
-
-
-# ---- quotes -------------------------------------------------------------------------------
-
-
-class QuoteBudget(Camel):
-    window: Literal["daily", "monthly"]
-    limit_usd: UsdAmount
-    spent_usd: UsdAmount  # calls in the window
-    reserved_usd: UsdAmount  # the open reservations of your active jobs
-    remaining_usd: UsdAmount
-    resets_at: datetime
-
-
-class QuoteRefusal(Camel):
-    code: str  # the error code a create would answer with (TOO_MANY_JOBS, QUOTA_EXCEEDED)
-    limit: RefusalLimit
-    message: str
-    retry_after_s: int  # what a create's Retry-After would say
-    until: datetime  # now + retryAfterS
-
-
-class QuoteResponse(Camel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "jobType": "quiz_generation",
-                    "model": "deepseek-chat",
-                    "calls": 1,
-                    "estimatedInputTokens": 812,
-                    "maxOutputTokens": 4096,
-                    "expectedOutputTokens": 790,
-                    "estimatedCostUsd": "0.00108824",
-                    "worstCaseCostUsd": "0.00478001",
-                    "maxCostUsd": None,
-                    "admitted": True,
-                    "refusal": None,
-                    "budgets": [],
-                }
-            ]
-        },
-    )
-
-    job_type: str
-    model: str
-    calls: int  # provider calls one attempt makes
-    estimated_input_tokens: int
-    max_output_tokens: int  # each call's answer budget (cut to fit maxCostUsd)
-    expected_output_tokens: int
-    estimated_cost_usd: UsdAmount
-    worst_case_cost_usd: UsdAmount  # what a create reserves against your budgets
-    max_cost_usd: UsdAmount | None
-    admitted: bool
-    refusal: QuoteRefusal | None
-    budgets: list[QuoteBudget]

@@ -327,13 +327,15 @@ async def open_items(session: AsyncSession, batch_id: uuid.UUID) -> list[OpenIte
 
 
 # The outcome of one item, once: only an item not yet ended moves. A cancelled item keeps its
-# status (its job is gone) but its answer is stored and charged like the others.
+# status and stores no answer (its job is gone, its content may be purged already), but what
+# the provider billed for it is charged like the others' (the caller's usage row).
 _SETTLE = text(
     """
     WITH moved AS (
         UPDATE ai_batch_item SET
             status = CASE WHEN status IN ('pending', 'submitted') THEN :status ELSE status END,
-            response = :response, error_code = :error_code, ended_at = now()
+            response = CASE WHEN status IN ('pending', 'submitted') THEN :response END,
+            error_code = :error_code, ended_at = now()
         WHERE id = :id AND ended_at IS NULL
         RETURNING job_id, attempt, status
     )

@@ -311,9 +311,8 @@ class Settings(BaseSettings):
     admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
     # Admin audit entries are deleted this long after they were written.
     admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
-    # Batch tier (docs/batch.md): how long a batch gathers jobs, then how often it is polled.
-    ai_batch_window_s: float = Field(default=60.0, gt=0, alias="AI_BATCH_WINDOW_S")
-    ai_batch_poll_s: float = Field(default=60.0, gt=0, alias="AI_BATCH_POLL_S")
+    ai_batch_window_s: float = Field(60.0, gt=0, alias="AI_BATCH_WINDOW_S")  # gathers jobs
+    ai_batch_poll_s: float = Field(60.0, gt=0, alias="AI_BATCH_POLL_S")  # then polled this often
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:

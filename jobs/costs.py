@@ -48,6 +48,18 @@ class JobEstimate:
     call_worst_case_usd: Decimal  # the largest single call's worst case (a retry's top-up)
 
 
+@dataclass(frozen=True)
+class TierPrice:
+    """What a job would cost on one service tier (the quote's `tierPrices`), and whether a
+    create may ask for that tier (the job type accepts it, its provider serves it, a cap leaves
+    a useful answer at its price)."""
+
+    service_tier: str
+    estimated_cost_usd: Decimal
+    worst_case_cost_usd: Decimal
+    available: bool
+
+
 def _usd(tokens_in: float, tokens_out: float, price: Price) -> Decimal:
     raw = (
         Decimal(str(tokens_in)) * price.usd_per_million_in

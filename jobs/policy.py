@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from engine.definition import PLATFORM_KEY
+from engine.tiers import BATCH
 from jobs import chunked
 from jobs.spec import AnyJobType
 from providers.pricing import PriceTable
@@ -81,6 +82,28 @@ class CreatePolicy:
         if jt.always_synthetic or (mode == PLATFORM_KEY and self.platform_synthetic):
             return SYNTHETIC
         return self.providers.get(mode, DEEPSEEK)
+
+    def offpeak_discount(self, jt: AnyJobType, mode: str) -> Decimal | None:
+        """The price factor an off-peak job of this type and mode is reserved at; None: its
+        provider has no discount window."""
+        return self.offpeak_discounts.get(self.provider_for(jt, mode).name)
+
+    def tier_refusal(self, jt: AnyJobType, mode: str, tier: str) -> str | None:
+        """Why the provider of a job of this type and mode cannot serve `tier`, None when it
+        can. Only `batch` needs a capability (a Batch API); a batch job is never run at the
+        standard tier instead, so a provider without one refuses it at create."""
+        provider = self.provider_for(jt, mode)
+        if tier == BATCH and not provider.batch_api:
+            return (
+                f"serviceTier batch needs a provider with a batch API; this job's provider "
+                f"({provider.name}) has none. Use serviceTier standard"
+                + (" or offpeak" if self._offpeak_served(jt, provider) else "")
+                + "."
+            )
+        return None
+
+    def _offpeak_served(self, jt: AnyJobType, provider: ProviderTraits) -> bool:
+        return jt.definition.service.offpeak and provider.name in self.offpeak_discounts
 
     def fairness_key(self, user_id: str) -> str:
         """The user's fairness key on Temporal's task queues: stable per user, not reversible

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ValidationError
 
 from db.chunks import PlannedChunk
 from engine.definition import USER_DEEPSEEK_KEY
-from engine.errors import RequestTooLarge, UnknownJobType, ValidationFailed
+from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.hashing import request_fingerprint
-from engine.tiers import STANDARD
+from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, fallback
-from jobs.costs import JobEstimate, chain_price, estimate_job
+from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
@@ -74,6 +74,8 @@ class CheckedRequest:
     fingerprint: str
     chunks: list[PlannedChunk] | None = None  # a long source's plan; None: one call
     service_tier: str = STANDARD  # the effective tier (the request's, or the type's default)
+    # What the job would cost on each tier, and whether it may ask for it (the quote's).
+    tier_prices: tuple[TierPrice, ...] = ()
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -101,6 +103,12 @@ class RequestChecker:
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)
         tier = checked_tier(req, jt)
+        refusal = self._policy.tier_refusal(jt, mode, tier)
+        if refusal is not None:
+            errors: list[dict[str, object]] = [
+                {"loc": ["serviceTier"], "msg": refusal, "type": "value"}
+            ]
+            raise ValidationFailed(refusal, errors=errors)
         chunks = self.plan_chunks(jt, model)
         self._check_fits_the_model(jt, model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
@@ -108,7 +116,9 @@ class RequestChecker:
                 f"targetType must be one of: {', '.join(jt.target_types)}",
                 errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
             )
-        estimate = self.estimate(jt, model, mode, req.max_cost_usd, chunks)
+        tokens = self._tokens(jt, model, chunks)
+        discount = self._reserved_discount(req, jt, mode, tier)
+        estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
@@ -126,7 +136,10 @@ class RequestChecker:
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
         )
-        return CheckedRequest(jt, normalized, priority, mode, estimate, fingerprint, chunks, tier)
+        tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd)
+        return CheckedRequest(
+            jt, normalized, priority, mode, estimate, fingerprint, chunks, tier, tier_prices
+        )
 
     def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
         jt = self._catalog.get(job_type)
@@ -182,13 +195,18 @@ class RequestChecker:
                 "Shorten the input."
             )
 
-    def _chain_price(self, jt: AnyJobType, mode: str, model_name: str) -> Price:
-        """The price a job is reserved at: the dearest of its primary and fallback chain."""
+    def _chain_price(
+        self, jt: AnyJobType, mode: str, model_name: str, tier: str, discount: Decimal | None
+    ) -> Price:
+        """The price a job is reserved at: the dearest of its primary (at its tier) and its
+        fallback chain (at standard). A batch job has no chain: its calls go to its provider's
+        Batch API or nowhere, so its price is the primary's batch price."""
         p = self._policy
-        models = fallback.chain_models(
-            model_name, p.fallback_models, jt, mode, synthetic=model_name == "synthetic"
+        synthetic = model_name == "synthetic"
+        models = fallback.chain_models(model_name, p.fallback_models, jt, mode, synthetic=synthetic)
+        return chain_price(
+            p.prices, models[:1] if tier == BATCH else models, tier=tier, discount=discount
         )
-        return chain_price(p.prices, models)
 
     def estimate(
         self,
@@ -197,10 +215,19 @@ class RequestChecker:
         mode: str,
         max_cost_usd: Decimal | None,
         chunks: list[PlannedChunk] | None = None,
+        *,
+        tier: str = STANDARD,
+        discount: Decimal | None = None,
     ) -> JobEstimate:
         """The job's tokens and cost before any call (jobs/costs.py), over all its chunks' calls
-        for a long source; a cap too low for it raises CostCapTooLow."""
-        model_name = self._policy.model_for(jt, mode)
+        for a long source, at `tier`'s price (`discount`: an off-peak window's price factor); a
+        cap too low for it raises CostCapTooLow."""
+        return self._priced(jt, mode, self._tokens(jt, model, chunks), max_cost_usd, tier, discount)
+
+    def _tokens(
+        self, jt: AnyJobType, model: BaseModel, chunks: list[PlannedChunk] | None
+    ) -> tuple[list[int], int]:
+        """Each call's prompt tokens and the answer tokens all calls are expected to take."""
         budget = jt.definition.execution.max_output_tokens
         inputs = [chunked.chunk_model(jt, model, c) for c in chunks] if chunks else [model]
         expected = sum(
@@ -210,22 +237,67 @@ class RequestChecker:
         if jt.always_synthetic:
             # A synthetic job type's calls are free and never reach a provider: no prompt is
             # built for it here (EXECUTE builds it, and a failure there is the job's own).
-            prompt_tokens: list[int] = []
-        elif chunks:
+            return [], expected
+        if chunks:
             # The plan counted each chunk's prompt already; a long source is not counted twice.
-            prompt_tokens = [c.input_tokens for c in chunks]
-        else:
-            prompt = jt.prompt(model, None)
-            prompt_tokens = [count_chat_tokens(prompt.system, prompt.user)]
+            return [c.input_tokens for c in chunks], expected
+        prompt = jt.prompt(model, None)
+        return [count_chat_tokens(prompt.system, prompt.user)], expected
+
+    def _priced(
+        self,
+        jt: AnyJobType,
+        mode: str,
+        tokens: tuple[list[int], int],
+        max_cost_usd: Decimal | None,
+        tier: str,
+        discount: Decimal | None,
+    ) -> JobEstimate:
+        model_name = self._policy.model_for(jt, mode)
         return estimate_job(
-            prompt_tokens,
+            tokens[0],
             model=model_name,
-            price=self._chain_price(jt, mode, model_name),
-            output_budget=budget,
-            expected_output_tokens=expected,
+            price=self._chain_price(jt, mode, model_name, tier, discount),
+            output_budget=jt.definition.execution.max_output_tokens,
+            expected_output_tokens=tokens[1],
             margin=self._policy.estimate_margin,
             max_cost_usd=max_cost_usd,
         )
+
+    def _reserved_discount(
+        self, req: CreateJobRequest, jt: AnyJobType, mode: str, tier: str
+    ) -> Decimal | None:
+        """The price factor an off-peak job is reserved at: its window's only when it can
+        never run outside a window (its deadline fails it, the default); one that runs at the
+        standard price at its deadline, or whose provider has no window, at the standard price
+        (None)."""
+        if tier != OFFPEAK or req.offpeak_on_deadline == STANDARD:
+            return None
+        return self._policy.offpeak_discount(jt, mode)
+
+    def _tier_prices(
+        self,
+        jt: AnyJobType,
+        mode: str,
+        tokens: tuple[list[int], int],
+        max_cost_usd: Decimal | None,
+    ) -> tuple[TierPrice, ...]:
+        """The job at each tier's price (off-peak at its window's, the standard price when its
+        provider has none), and whether a create may ask for that tier: the type accepts it,
+        the provider serves it, and a cap leaves a useful answer at its price (when it does
+        not, the figures are the uncapped job's)."""
+        p, out = self._policy, []
+        for tier in SERVICE_TIERS:
+            discount = p.offpeak_discount(jt, mode) if tier == OFFPEAK else None
+            available = jt.definition.service.accepts(tier) and (
+                p.tier_refusal(jt, mode, tier) is None and (tier != OFFPEAK or discount is not None)
+            )
+            try:
+                e = self._priced(jt, mode, tokens, max_cost_usd, tier, discount)
+            except CostCapTooLow:
+                e, available = self._priced(jt, mode, tokens, None, tier, discount), False
+            out.append(TierPrice(tier, e.estimated_cost_usd, e.worst_case_cost_usd, available))
+        return tuple(out)
 
 
 def _checked_options(req: CreateJobRequest, jt: AnyJobType) -> tuple[int, str]:

@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
+from engine.tiers import SERVICE_TIERS
+
 if TYPE_CHECKING:
     from engine.settings import Settings
 
@@ -72,8 +74,6 @@ _MAX_NAME = 128  # a model name longer than this is refused in AI_MODEL_PRICES
 # Distinct unknown ids warned about per table: a provider echoing random ids cannot grow the
 # set (or the log) without bound; past this, one more warning says so and the rest are quiet.
 _MAX_WARNED = 100
-# The service tiers a call may be priced at (engine/tiers.py `SERVICE_TIERS`, the same names).
-TIERS = ("standard", "batch", "offpeak")
 _HALF = Decimal("0.5")
 
 
@@ -105,7 +105,7 @@ class Price:
         batch prices and half the cache-hit price, `offpeak` every price times `discount`
         (None: unchanged), `standard` this price itself. Only `offpeak` reads `discount`.
         Raises ValueError for an unknown tier or a negative or non-finite discount."""
-        if tier not in TIERS:
+        if tier not in SERVICE_TIERS:
             raise ValueError(f"unknown service tier {tier!r}")
         if tier == "batch":
             b_in, b_out = self.usd_per_million_batch_in, self.usd_per_million_batch_out

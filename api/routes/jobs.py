@@ -33,6 +33,7 @@ from api.schemas import (
     QuoteResponse,
     RetriedJobResponse,
     Status,
+    TierPriceOut,
     decode_artifact_cursor,
     decode_cursor,
     encode_artifact_cursor,
@@ -190,6 +191,10 @@ async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUse
                 resets_at=w.resets_at,
             )
             for w, held in q.budgets
+        ],
+        service_tier=q.checked.service_tier,
+        tier_prices=[
+            TierPriceOut.model_validate(t, from_attributes=True) for t in q.checked.tier_prices
         ],
     )
 

@@ -39,7 +39,7 @@ from jobs.text import SENTENCE_SPLIT, WORD, clip
 
 ARTIFACT_TYPE = "flashcard"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
-PROMPT_VERSION = "flashcard_generation.v1"
+PROMPT_VERSION = "flashcard_generation.v2"
 
 
 # The longest source a job takes: one prompt up to the per-call budget, chunks beyond it.
@@ -102,6 +102,7 @@ Rules:
 - "front" is a short question or cue (at most 500 characters) that has one clear answer.
 - "back" is that answer, complete on its own (at most 2000 characters).
 - Write in the language of the source text.
+- The user message gives the source text between markers, then how many cards to write at most.
 
 Reply with one JSON object and nothing else (no markdown, no code fences), exactly of this shape:
 {"flashcards": [{"front": "string", "back": "string"}]}
@@ -109,11 +110,14 @@ Reply with one JSON object and nothing else (no markdown, no code fences), exact
 
 
 def build_prompt(inp: FlashcardGenerationInput) -> Prompt:
+    """Stable text first, the job's own last: the system prompt and the user message up to the
+    source are the same for every job, so a provider's prefix cache serves them to the next job
+    of this type; the source and the count follow."""
     user = (
-        f"Write at most {inp.count} flashcards (at least one) covering the most important "
-        "points of this text.\n\n"
         "Source text (between the markers):\n"
-        f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>"
+        f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>\n\n"
+        f"Write at most {inp.count} flashcards (at least one) covering the most important "
+        "points of this text."
     )
     return Prompt(system=SYSTEM_PROMPT, user=user)
 

@@ -33,7 +33,7 @@ from jobs.text import SENTENCE_SPLIT, WORD, clip
 
 ARTIFACT_TYPE = "quiz_question"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
-PROMPT_VERSION = "quiz_generation.v1"
+PROMPT_VERSION = "quiz_generation.v2"
 
 Difficulty = Literal["easy", "medium", "hard"]
 
@@ -90,7 +90,17 @@ DEFINITION = JobDefinition(
 
 # ---- prompt --------------------------------------------------------------------------------
 
-SYSTEM_PROMPT = """\
+_DIFFICULTY_HINT: dict[str, str] = {
+    "easy": "recall of facts the text states explicitly",
+    "medium": "understanding: relating two statements of the text or restating an idea",
+    "hard": "application and inference: conclusions that follow from the text but are not "
+    "stated word for word",
+}
+
+# Every difficulty is described here, in the stable part, so that the user message only names
+# the one asked for, after the source.
+SYSTEM_PROMPT = (
+    """\
 You are an assessment writer for a learning platform. You write multiple-choice questions that \
 check a learner's understanding of a source text supplied by the user.
 
@@ -105,27 +115,31 @@ vary the position of the correct choice across questions.
 - "explanation" says in one or two sentences why the correct choice is right, citing the text.
 - Write in the language of the source text. Limits: question at most 1000 characters, each \
 choice at most 500, explanation at most 2000.
+- The user message gives the source text between markers, then how many questions to write \
+and their difficulty.
 
+Difficulty levels:
+"""
+    + "".join(f"- {level}: {hint}\n" for level, hint in _DIFFICULTY_HINT.items())
+    + """
 Reply with one JSON object and nothing else (no markdown, no code fences), exactly of this shape:
 {"questions": [{"question": "string", "choices": ["string", "string", "string", "string"], \
 "answer_index": 0, "explanation": "string"}]}
 """
-
-_DIFFICULTY_HINT: dict[str, str] = {
-    "easy": "recall of facts the text states explicitly",
-    "medium": "understanding: relating two statements of the text or restating an idea",
-    "hard": "application and inference: conclusions that follow from the text but are not "
-    "stated word for word",
-}
+)
 
 
 def build_prompt(inp: QuizGenerationInput) -> Prompt:
+    """Stable text first, the job's own last: the system prompt (every difficulty described)
+    and the user message up to the source are the same for every job, so a provider's prefix
+    cache serves them to the next job of this type; the source, the count and the difficulty
+    follow."""
     plural = "question" if inp.count == 1 else "questions"
     user = (
-        f"Write exactly {inp.count} multiple-choice {plural} at {inp.difficulty} difficulty "
-        f"({_DIFFICULTY_HINT[inp.difficulty]}).\n\n"
         "Source text (between the markers):\n"
-        f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>"
+        f"<<<SOURCE\n{inp.source_text}\nSOURCE>>>\n\n"
+        f"Write exactly {inp.count} multiple-choice {plural} about this text at "
+        f"{inp.difficulty} difficulty."
     )
     return Prompt(system=SYSTEM_PROMPT, user=user)
 

@@ -41,7 +41,7 @@ from jobs.text import clip
 
 ARTIFACT_TYPE = "weak_point_candidate"
 # Bump whenever SYSTEM_PROMPT or the user template changes; recorded on every job.
-PROMPT_VERSION = "weak_point_analysis.v1"
+PROMPT_VERSION = "weak_point_analysis.v2"
 
 
 class AnswerRecord(JobInput):
@@ -103,6 +103,8 @@ practise, and how).
 - If the answers show no weak point, return an empty list.
 - Write in the language of the answers. Limits: topic at most 200 characters, 1 to 10 evidence \
 items of at most 500 characters each, recommended_action at most 1000 characters.
+- The user message gives the answers between markers, one JSON object per line, with the \
+fields "number", "topic", "question", "learnerAnswer", "correctAnswer" and "judgedCorrect".
 
 Reply with one JSON object and nothing else (no markdown, no code fences), exactly of this shape:
 {"weak_points": [{"topic": "string", "evidence": ["string"], "recommended_action": "string"}]}
@@ -110,6 +112,9 @@ Reply with one JSON object and nothing else (no markdown, no code fences), exact
 
 
 def build_prompt(inp: WeakPointAnalysisInput) -> Prompt:
+    """Stable text first, the job's own last: the system prompt and the user message up to the
+    answers are the same for every job, so a provider's prefix cache serves them to the next
+    job of this type; the answers and their number follow."""
     numbered = [
         {
             "number": n,
@@ -123,9 +128,9 @@ def build_prompt(inp: WeakPointAnalysisInput) -> Prompt:
     ]
     lines = "\n".join(json.dumps(a, ensure_ascii=False) for a in numbered)
     user = (
-        f"Here are the learner's {len(numbered)} most recent answers, one JSON object per line "
-        "(between the markers). Find their weak points.\n\n"
-        f"<<<ANSWERS\n{lines}\nANSWERS>>>"
+        "The learner's most recent answers (between the markers):\n"
+        f"<<<ANSWERS\n{lines}\nANSWERS>>>\n\n"
+        f"Find the learner's weak points in these {len(numbered)} answers."
     )
     return Prompt(system=SYSTEM_PROMPT, user=user)
 

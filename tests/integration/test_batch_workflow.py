@@ -247,3 +247,60 @@ async def test_a_batch_emptied_before_its_upload_never_reaches_the_provider(
     async with db() as s:
         item = await batches_db.item_for(s, job_id, 1)
     assert item is not None and (item.status, item.batch_status) == ("cancelled", "cancelled")
+
+
+async def test_a_job_that_left_a_running_batch_is_charged_for_its_answer_but_keeps_none(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer
+) -> None:
+    await fake.ascript([], default=VALID)
+    await fake.abatch_script(hold=True)
+    # No workflow of these ids exists: signalling them is logged and skipped.
+    jobs = [await new_job(db, f"test-batch-absent:{uuid.uuid4()}") for _ in range(2)]
+    enrolled = [await enroll(stack, job_id) for job_id in jobs]
+    batch_id = enrolled[0].batch_id
+    await batch_status(db, batch_id, "submitted")
+    async with db.begin() as s:
+        left = await batches_db.leave(s, jobs[0])
+    assert left is not None and not left.all_cancelled and left.batch_status == "submitted"
+    await fake.arelease()
+    await batch_status(db, batch_id, "completed")
+    items = await rows(
+        db,
+        "SELECT job_id, status, response IS NOT NULL AS answered FROM ai_batch_item "
+        "WHERE batch_id = :b",
+        b=batch_id,
+    )
+    by_job = {i.job_id: (i.status, i.answered) for i in items}
+    assert by_job == {jobs[0]: ("cancelled", False), jobs[1]: ("succeeded", True)}
+    usage = await rows(db, "SELECT job_id FROM ai_usage_log WHERE job_id = ANY(:j)", j=jobs)
+    assert sorted(u.job_id for u in usage) == sorted(jobs)
+
+
+async def test_a_refused_create_and_an_expired_batch_fail_their_items_for_a_retry(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer
+) -> None:
+    # A create the provider refuses for good: no retry, the items fail with its code.
+    await fake.abatch_script(create_status=400, fail_times=1)
+    job_id = await new_job(db, f"test-batch-refused:{uuid.uuid4()}")
+    refused = await enroll(stack, job_id)
+    await batch_status(db, refused.batch_id, "failed")
+    async with db() as s:
+        item = await batches_db.item_for(s, job_id, 1)
+    assert item is not None and (item.status, item.error_code) == ("failed", "REQUEST_REJECTED")
+
+    # An expired batch: the line it answered is stored, the other fails PROVIDER_UNAVAILABLE.
+    await fake.ascript([], default=VALID)
+    await fake.abatch_script(end_status="expired", answer_lines=1)
+    jobs = [await new_job(db, f"test-batch-expired:{uuid.uuid4()}") for _ in range(2)]
+    expired = [await enroll(stack, j) for j in jobs]
+    await batch_status(db, expired[0].batch_id, "expired")
+    items = await rows(
+        db,
+        "SELECT status, error_code FROM ai_batch_item WHERE batch_id = :b ORDER BY custom_id",
+        b=expired[0].batch_id,
+    )
+    assert sorted((i.status, i.error_code) for i in items) == [
+        ("failed", "PROVIDER_UNAVAILABLE"),
+        ("succeeded", None),
+    ]
+    assert len(await rows(db, "SELECT 1 FROM ai_usage_log WHERE job_id = ANY(:j)", j=jobs)) == 1

@@ -210,6 +210,7 @@ async def test_cached_and_reasoning_tokens_are_reported_per_call_and_priced_by_t
         "tokensOut": 500,
         "cachedInputTokens": 600,
         "reasoningTokens": 300,
+        "serviceTier": "standard",
     }
     assert body["estimatedCostUsd"] == "0.00000000"
 

@@ -299,6 +299,7 @@ async def test_admin_groups_by_each_value_and_filters(
                         "tokensOut": 0,
                         "cachedInputTokens": 0,
                         "reasoningTokens": 0,
+                        "serviceTier": "standard",
                     }
                 ],
             }

@@ -35,7 +35,8 @@ def test_definitions_follow_design_section_7() -> None:
         assert d.credential.allowed_modes == ("platform_key", "user_deepseek_key")
         assert d.credential.default_mode == "platform_key"
         assert d.security.content_safety_check is True
-        assert d.prompt_version == f"{job_type}.v1"
+        # v2: the prompts moved the job's own text after the stable part (prefix caching).
+        assert d.prompt_version == f"{job_type}.v2"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 from engine.definition import JobDefinition, ServiceSpec, validate_definition
 from engine.errors import InvalidJobDefinition, ValidationFailed
-from jobs.policy import CreatePolicy
+from jobs.policy import CreatePolicy, ProviderTraits
 from jobs.requests import CreateJobRequest, RequestChecker
 from jobs.types import default_catalog
 
@@ -19,7 +19,10 @@ QUIZ = {"sourceText": "Ribosomes assemble proteins.", "count": 1}
 
 
 def _check(job_type: str, input_: dict[str, Any], **kw: Any) -> Any:
-    checker = RequestChecker(default_catalog(), CreatePolicy(model="deepseek-chat"))
+    # A platform provider with a batch API, so a batch tier is refused only by the job type.
+    batch_api = {"platform_key": ProviderTraits("openai_compatible", batch_api=True)}
+    policy = CreatePolicy(model="deepseek-chat", platform_synthetic=False, providers=batch_api)
+    checker = RequestChecker(default_catalog(), policy)
     req = CreateJobRequest(
         user_id="u1", job_type=job_type, target_type="t", target_id="1", input=input_, **kw
     )

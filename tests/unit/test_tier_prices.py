@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from jobs.costs import JobEstimate, call_worst_case_usd, chain_price, estimate_job
-from providers.pricing import PRICES, TIERS, Price, PriceTable, parse_prices
+from providers.pricing import PRICES, Price, PriceTable, parse_prices
 
 MILLION = 1_000_000
 HALF = Decimal("0.5")
@@ -83,10 +83,6 @@ def test_an_unknown_model_under_a_tier_is_the_fallback_at_that_tier() -> None:
 def test_an_unknown_tier_or_a_bad_discount_is_refused(tier: str, discount: Decimal | None) -> None:
     with pytest.raises(ValueError):
         PriceTable(warn=False).call_cost("gpt-4o", 1, 1, tier=tier, discount=discount)
-
-
-def test_tiers_are_the_service_tiers() -> None:
-    assert TIERS == ("standard", "batch", "offpeak")
 
 
 def test_worst_case_cost_at_a_tier_matches_the_create_path() -> None:

@@ -7,7 +7,7 @@
   validated separately, which holds a lighter lock on a large table.
 
 Revision ID: 0026
-Revises: 0024
+Revises: 0025
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0026'
-down_revision: str | None = '0024'
+down_revision: str | None = '0025'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,10 +8,8 @@
   request `body` and the provider's `response` (job content: private, gone with the job),
   `pending → submitted → succeeded | failed`, or `cancelled` when its job left.
 
-It joins the service tiers' (0025) and the usage tier's (0026) heads, both made from 0024.
-
 Revision ID: 0027
-Revises: 0025, 0026
+Revises: 0026
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0027"
-down_revision: tuple[str, ...] | None = ("0025", "0026")
+down_revision: str | None = "0026"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
