@@ -158,8 +158,7 @@ class JobStages:
                 if wait_s > 0:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
-            # Only a batch job asks for its patch, only a chunked one for its: other jobs'
-            # commands are unchanged. A batch job never runs EXECUTE (standard) instead.
+            # Only a batch (a chunked) job asks for its patch: other jobs' commands are unchanged.
             if resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
                 tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
                 executed = await tier.execute(inp, prep.plan)  # its batches instead of EXECUTE
