@@ -42,6 +42,9 @@ from db import lifecycle as lifecycle_db
 from db.errors import is_unavailable
 from db.session import SessionMaker
 from engine.contracts import (
+    BATCH_COLLECT,
+    BATCH_ENROLL,
+    BATCH_LEAVE,
     COMPLETE,
     FINALIZE_CANCELLED,
     FINALIZE_FAILED,
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 # The stages the bound applies to: every job stage but EXECUTE (bounded by its own policy).
 BOUNDED_STAGES = frozenset(
     {PREPARE, RESOLVE, PROJECT, MERGE, REUSE, COMPLETE, FINALIZE_FAILED, FINALIZE_CANCELLED}
+    | {BATCH_ENROLL, BATCH_COLLECT, BATCH_LEAVE}
 )
 DEFAULT_ATTEMPTS = 3
 # What `internal_error_message` may hold (the column's bound elsewhere in the stages).

@@ -70,4 +70,5 @@ class Resolve:
             reuses=row.reused_from_job_id is not None,
             # An off-peak job's wait for its window, which the workflow holds it `queued` for.
             offpeak=offpeak.hold(row, provider, d.gateway.offpeak_windows, datetime.now(UTC)),
+            service_tier=row.service_tier,
         )

@@ -9,6 +9,9 @@
     reuse              (local)  `activities/reuse.py`     another job's answer, instead of execute
     finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
     finalize_cancelled
+    batch_enroll,      (local)  `activities/batch_job.py` a batch-tier job's stages instead of
+    batch_collect,                                       execute: its batch's item, its answer,
+    batch_leave                                          its leaving on a cancel
 
 The activity names are the constants of `engine/contracts.py`; the workflow calls them through
 the typed stubs of `workflows/stages.py`. How a stage fails is `activities/failures.py`.
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from activities.batch_job import BatchJob
 from activities.complete import Complete
 from activities.deps import EngineConfig, StageDeps
 from activities.execute import Execute
@@ -63,6 +67,7 @@ class JobActivities:
         self.reuse = Reuse(self.deps).reuse
         self.finalize_failed = finalize.finalize_failed
         self.finalize_cancelled = finalize.finalize_cancelled
+        self.batch = BatchJob(self.deps)  # a batch-tier job's stages (activities/batch_job.py)
 
     def all(self) -> list[Callable[..., Any]]:
         return [
@@ -75,6 +80,7 @@ class JobActivities:
             self.reuse,
             self.finalize_failed,
             self.finalize_cancelled,
+            *self.batch.all(),
         ]
 
 

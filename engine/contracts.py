@@ -29,6 +29,10 @@ MERGE = "merge"
 REUSE = "reuse"  # result reuse: a job's answer copied from the same user's job (jobs/reuse.py)
 FINALIZE_FAILED = "finalize_failed"
 FINALIZE_CANCELLED = "finalize_cancelled"
+# A batch-tier job's stages in place of EXECUTE (workflows/batch_tier.py, docs/batch.md).
+BATCH_ENROLL = "batch_enroll"
+BATCH_COLLECT = "batch_collect"
+BATCH_LEAVE = "batch_leave"
 RELAY_LOOP = "relay_loop"  # the retired relay workflow's activity (never served now)
 # The relay: one long heartbeating activity per shard workflow (activities/relay_activity.py).
 OUTBOX_RELAY = "outbox_relay"
@@ -147,6 +151,9 @@ class ResolveResult:
     # An off-peak job's hold (None: not off-peak), read by the workflow (runs with the
     # `offpeak-hold` patch): it waits on a timer before EXECUTE (workflows/offpeak_hold.py).
     offpeak: OffpeakHold | None = None
+    # The job's service tier (engine/tiers.py), read by the workflow: a `batch` job goes
+    # through its provider's Batch API instead of EXECUTE. Results recorded before: standard.
+    service_tier: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,48 @@ class ExecuteResult:
     # The call moved down the fallback chain: "<from model>-><to model>:<reason>" (models from
     # configuration, a reason of a fixed set; never a key or a URL). Empty: no move.
     fallback: str = ""
+
+
+@dataclass(frozen=True)
+class BatchAttemptInput:
+    """A batch-tier job's attempt (1-based, the job's own count): the input of `batch_enroll`,
+    `batch_collect` and `batch_leave` (which ignores `attempt`: it leaves whatever is live)."""
+
+    job_id: str
+    attempt: int
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True)
+class BatchEnrollResult:
+    """`enrolled`: the attempt's item waits in batch `batch_id` (ids only). Otherwise the job
+    ended before it could join (`lifecycle_status`), or its output was already stored
+    (`output_hash`: PROJECT is next, nothing is bought again)."""
+
+    enrolled: bool
+    batch_id: str = ""
+    lifecycle_status: str | None = None
+    output_hash: str = ""
+
+
+@dataclass(frozen=True)
+class BatchCollectResult:
+    """The attempt's item as `batch_collect` found it: `pending` (no outcome yet: wait for the
+    next signal), `succeeded` (the validated answer stored as the job's output, `output_hash`)
+    or `failed` (the attempt is spent, `error_code` says why)."""
+
+    status: str
+    output_hash: str = ""
+    error_code: str = ""
+
+
+@dataclass(frozen=True)
+class BatchLeaveResult:
+    """`left`: the job's live item was cancelled; `poked`: its submitted batch has no live item
+    any more and was told to poll now (and so cancel itself at the provider)."""
+
+    left: bool
+    poked: bool = False
 
 
 # The gate reasons whose wait is exact: a provider limit's bucket refills at a known rate.

@@ -44,6 +44,8 @@ from providers.openai_stream import (
 __all__ = [
     "DEFAULT_BASE_URL",
     "OpenAICompatibleProvider",
+    "chat_answer",
+    "chat_body",
     "parse_duration_s",
     "parse_model_set",
     "parse_rate_limit_headers",
@@ -125,6 +127,46 @@ def _is_too_long_error(body: str) -> bool:
     return bool(_TOO_LONG.search(body))
 
 
+def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any]:
+    """The chat-completions body of `request` (model, prompts, `response_format` json_object,
+    answer budget): one builder, so a Batch API line is exactly what a call sends. `stream`
+    None leaves `stream` out, as a batch line must; True also asks for the usage."""
+    payload: dict[str, Any] = {
+        "model": request.model,
+        "messages": [
+            {"role": "system", "content": request.system_prompt},
+            {"role": "user", "content": request.user_prompt},
+        ],
+        "response_format": {"type": "json_object"},
+    }
+    if stream is not None:
+        payload["stream"] = stream
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    if request.max_tokens is not None:
+        payload["max_tokens"] = request.max_tokens
+    return payload
+
+
+def chat_answer(data: Any, status: int = 200) -> str:
+    """The answer text of a chat completion's JSON body (a call's, or a batch output line's);
+    raises `malformed` without one, `CONTENT_SAFETY_BLOCKED` when the filter stopped it."""
+    bad = malformed(status)
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad
+    choice: dict[str, Any] = choices[0]
+    if choice.get("finish_reason") == "content_filter":
+        raise content_filtered()
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise bad
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise bad
+    return content
+
+
 class _SendTracer:
     """httpcore's `trace` extension: marks the call's request as sent once its headers start
     going out. `observed` says whether the transport traces at all (a mock transport does
@@ -197,19 +239,7 @@ class OpenAICompatibleProvider:
             raise ExecutionFailure("CREDENTIAL_MISSING", internal_message="no api key for provider")
         timeout_s = min(request.timeout_s, self.timeout_s)
         stream = request.stream and self.streams(request.model)
-        payload: dict[str, Any] = {
-            "model": request.model,
-            "messages": [
-                {"role": "system", "content": request.system_prompt},
-                {"role": "user", "content": request.user_prompt},
-            ],
-            "response_format": {"type": "json_object"},
-            "stream": stream,
-        }
-        if stream:
-            payload["stream_options"] = {"include_usage": True}
-        if request.max_tokens is not None:
-            payload["max_tokens"] = request.max_tokens
+        payload = chat_body(request, stream=stream)
         headers = {"Authorization": f"Bearer {request.api_key}"}
         progress = request.progress if request.progress is not None else CallProgress()
         return await self._exchange(payload, headers, timeout_s, request, progress)
@@ -398,18 +428,7 @@ class OpenAICompatibleProvider:
         usage = parse_usage(data.get("usage"))
         if usage is not None:
             progress.usage = usage
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise bad
-        choice: dict[str, Any] = choices[0]
-        if choice.get("finish_reason") == "content_filter":
-            raise content_filtered()
-        message = choice.get("message")
-        if not isinstance(message, dict):
-            raise bad
-        content = message.get("content")
-        if not isinstance(content, str):
-            raise bad
+        content = chat_answer(data, response.status_code)
         progress.chars_received += len(content)
         progress.tokens_received_estimate = max(
             progress.tokens_received_estimate, -(-len(content) // _CHARS_PER_TOKEN)

@@ -20,9 +20,12 @@ from temporalio.exceptions import (
 )
 
 from workflows import offpeak_hold, stages
+from workflows.batch_tier import BatchResults, BatchTier
+from workflows.chunk_fan_out import execute_chunks
 from workflows.failures import HistoryFull, error_code, is_cancellation
 from workflows.limit_wait import Wakes, wait_for_room
 from workflows.patches import (
+    BATCH_TIER,
     CHUNKED_FAN_OUT,
     DELAYED_START,
     EXACT_LIMIT_WAITS,
@@ -47,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
         FinalizeResult,
         JobWorkflowInput,
         JobWorkflowResult,
-        MergeInput,
         ProjectInput,
         ResolveResult,
         StageInput,
@@ -58,7 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from engine.offpeak import GATE_REASON as OFFPEAK_GATE
     from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
-    from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
+    from engine.tiers import BATCH, BATCH_RESULT_SIGNAL, REUSE_SOURCE_ENDED_SIGNAL
 
 I = TypeVar("I")  # noqa: E741
 T = TypeVar("T")
@@ -88,9 +90,15 @@ GATE_WAIT_CAP_S = 15.0
 class JobStages:
     """The job workflow's logic; `JobWorkflow` registers it for every job type."""
 
-    def __init__(self, wakes: Wakes | None = None, ends: Wakes | None = None) -> None:
+    def __init__(
+        self,
+        wakes: Wakes | None = None,
+        ends: Wakes | None = None,
+        batch: BatchResults | None = None,
+    ) -> None:
         self._wakes = wakes or Wakes()
         self._ends = ends or Wakes()  # a reused answer's source ended (workflows/reuse_wait.py)
+        self._batch = batch or BatchResults()
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         info = workflow.info()
@@ -162,11 +170,8 @@ class JobStages:
             executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
             if executed is None and resolved.offpeak is not None and workflow.patched(OFFPEAK_HOLD):
                 await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
-            # Only a chunked job asks for the patch: other jobs' commands are unchanged.
-            if executed is None and resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
-                executed = await self._execute_chunks(inp, prep.plan, resolved)
-            elif executed is None:
-                executed = await self._execute_through_gate(inp, prep.plan)
+            if executed is None:
+                executed = await self._run(inp, prep.plan, resolved)
             if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
                 workflow.upsert_memo({"fallback": executed.fallback})
             if executed.lifecycle_status is not None:
@@ -197,6 +202,20 @@ class JobStages:
         except (FailureError, asyncio.CancelledError) as err:
             return await self._finalize(inp, stage, err)
 
+    async def _run(
+        self, inp: JobWorkflowInput, plan: ExecutionPlan, resolved: ResolveResult
+    ) -> ExecuteResult:
+        """The job's calls: its batches, its chunks' EXECUTEs, or EXECUTE through the gate. Only
+        a batch (a chunked) job asks for its patch: other jobs' commands are unchanged."""
+        if resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
+            tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
+            return await tier.execute(inp, plan)  # its batches instead of EXECUTE
+        if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
+            return await execute_chunks(
+                self._execute_through_gate, self._local, inp, plan, resolved
+            )
+        return await self._execute_through_gate(inp, plan)
+
     async def _finalize(
         self, inp: JobWorkflowInput, stage: StageInput, err: BaseException
     ) -> JobWorkflowResult:
@@ -223,65 +242,6 @@ class JobStages:
             message = public_message_for(code)
             raise ApplicationError(message, type=code, non_retryable=True) from None
         return JobWorkflowResult(inp.jobId, fin.lifecycle_status)
-
-    async def _execute_chunks(
-        self, inp: JobWorkflowInput, plan: ExecutionPlan, resolved: ResolveResult
-    ) -> ExecuteResult:
-        """A long source's chunks, each one EXECUTE through its own gate loop with its own
-        retry policy (its attempts are its own), at most `chunk_concurrency` in flight; chunks
-        already succeeded are skipped. Then MERGE stores the job's output. A chunk that fails
-        for good cancels the others in flight (each records its aborted call) and fails the
-        job with its own code. Only the job id, chunk numbers and counts reach the history."""
-        done = set(resolved.chunks_done)
-        todo = iter(n for n in range(resolved.chunk_count) if n not in done)
-        window = max(resolved.chunk_concurrency, 1)
-        spent = resolved.chunk_attempts
-        running: list[asyncio.Task[ExecuteResult]] = []
-        ended: ExecuteResult | None = None
-        history_full = False
-        nxt = next(todo, None)
-        try:
-            while True:
-                while nxt is not None and len(running) < window and not history_full and not ended:
-                    offset = spent[nxt] if nxt < len(spent) else 0
-                    running.append(
-                        asyncio.ensure_future(
-                            self._execute_through_gate(inp, plan, chunk_no=nxt, spent=offset)
-                        )
-                    )
-                    nxt = next(todo, None)
-                if not running:
-                    break
-                # workflow.wait, not asyncio.wait: its result is the same on every replay.
-                finished, _ = await workflow.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in [t for t in running if t in finished]:  # in the order they began
-                    running.remove(task)
-                    try:
-                        result = task.result()
-                    except HistoryFull:
-                        history_full = True
-                        continue
-                    if result.lifecycle_status is not None:
-                        ended = result  # the job ended before it ran (cancelled while queued)
-        except BaseException:
-            for task in running:
-                task.cancel()
-            if running:
-                await workflow.wait(running)  # each aborted call is recorded before the end
-            raise
-        if ended is not None:
-            return ended
-        if history_full:
-            workflow.continue_as_new(
-                JobWorkflowInput(
-                    jobId=inp.jobId,
-                    jobType=inp.jobType,
-                    idempotencyKey=inp.idempotencyKey,
-                    createdAt=inp.createdAt,
-                )
-            )
-        merged = await self._local(stages.merge, MergeInput(job_id=inp.jobId))
-        return ExecuteResult(output_hash=merged.output_hash, attempt=0)
 
     async def _execute_through_gate(
         self,
@@ -422,11 +382,12 @@ class JobWorkflow:
     def __init__(self) -> None:
         self._wakes = Wakes()
         self._ends = Wakes()
+        self._batch = BatchResults()
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
         inp = workflow.payload_converter().from_payload(args[0].payload, JobWorkflowInput)
-        return await JobStages(self._wakes, self._ends).execute_job(inp)
+        return await JobStages(self._wakes, self._ends, self._batch).execute_job(inp)
 
     @workflow.signal(name=LIMIT_WAKE_SIGNAL)
     def limit_wake(self) -> None:
@@ -437,3 +398,8 @@ class JobWorkflow:
     def reuse_source_ended(self) -> None:
         """The job whose answer this one reuses has ended."""
         self._ends.woken()
+
+    @workflow.signal(name=BATCH_RESULT_SIGNAL)
+    def batch_result(self) -> None:
+        """The job's batch item has its outcome recorded (workflows/batch_tier.py)."""
+        self._batch.arrived()

@@ -28,3 +28,6 @@ RESULT_REUSE = "result-reuse"
 # An off-peak job waits `queued` on a durable timer for its provider's discount window (or its
 # deadline) after RESOLVE, and an EXECUTE that found the window closed is waited out exactly.
 OFFPEAK_HOLD = "offpeak-hold"
+# A batch-tier job's attempts go through its provider's Batch API (workflows/batch_tier.py);
+# only such a job asks.
+BATCH_TIER = "batch-tier"
