@@ -34,12 +34,20 @@ CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('aijobs:relay-c
 DEFAULT_WINDOW = 4
 _ENQUEUE_SQL = f"'{ENQUEUE}'"
 _HELD_JOB_SQL = "dispatched_at IS NULL AND lifecycle_status = 'queued'"
+# A dispatched job that waits without a worker slot for hours by design does not take room in
+# its user's window: a batch job (its batch runs up to 24 h at the provider) and an off-peak job
+# still held for its discount window. Else one user's cheap background work would hold that
+# user's interactive jobs for as long.
+_PARKED_SQL = (
+    "(d.service_tier = 'batch' OR (d.service_tier = 'offpeak' AND d.lifecycle_status = 'queued'))"
+)
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # One claim, sent pipelined by `claim` after `CLAIM_LOCK`, in three parts:
 # - window: for each user with jobs not yet dispatched (a loose index scan of
 #   `ix_ai_job_undispatched`: one probe per such user), room = :window minus the user's
-#   dispatched jobs that have not ended (`ix_ai_job_user_dispatched`, counted up to :window);
+#   dispatched jobs that have not ended (`ix_ai_job_user_dispatched`, counted up to :window),
+#   less those parked for hours without a slot (`_PARKED_SQL`);
 #   the user's first `room` undispatched jobs in (priority, created_at, id) order whose enqueue
 #   row is pending and due; up to :lim of them, oldest first. Their jobs are marked dispatched
 #   in the same statement, so the next claim counts them.
@@ -65,7 +73,7 @@ CLAIM = text(
             SELECT count(*) FROM (
                 SELECT 1 FROM ai_job d
                 WHERE d.user_id = u.user_id AND d.dispatched_at IS NOT NULL
-                  AND d.lifecycle_status IN ('queued', 'running')
+                  AND d.lifecycle_status IN ('queued', 'running') AND NOT {_PARKED_SQL}
                 LIMIT :window) n) AS n
         FROM waiting_users u WHERE u.user_id IS NOT NULL),
     pick AS (

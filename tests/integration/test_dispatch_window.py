@@ -120,6 +120,39 @@ async def test_a_users_held_jobs_go_out_in_priority_order(db: SessionMaker) -> N
     assert order[3:] == low[2:6]
 
 
+async def test_batch_and_held_offpeak_jobs_take_no_room_in_the_window(db: SessionMaker) -> None:
+    batch, offpeak = await create(db, "u"), await create(db, "u")
+    assert await claimed(db, window=2) == [batch, offpeak]
+    interactive = await create(db, "u")
+    assert await claimed(db, window=2) == []  # two dispatched standard jobs: no room
+    async with db.begin() as s:
+        await s.execute(
+            text(
+                "UPDATE ai_job SET service_tier = 'batch', lifecycle_status = 'running', "
+                "status = 'processing' WHERE id = :j"
+            ),
+            {"j": batch},
+        )
+        await s.execute(
+            text("UPDATE ai_job SET service_tier = 'offpeak' WHERE id = :j"), {"j": offpeak}
+        )
+    # The batch job waits at the provider and the off-peak one for its window: neither holds a
+    # slot, so neither holds the user's next job.
+    assert await claimed(db, window=2) == [interactive]
+    later = await create(db, "u")
+    async with db.begin() as s:  # the window opened: the off-peak job runs, and counts again
+        await s.execute(
+            text(
+                "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing' "
+                "WHERE id = :j"
+            ),
+            {"j": offpeak},
+        )
+    assert await claimed(db, window=2) == []
+    await end(db, interactive)
+    assert await claimed(db, window=2) == [later]
+
+
 async def test_another_user_is_not_held_behind_a_full_window(db: SessionMaker) -> None:
     heavy = [await create(db, "heavy", priority=0) for _ in range(20)]
     assert await claimed(db, window=1) == heavy[:1]
