@@ -24,7 +24,7 @@ from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, Valida
 from engine.hashing import request_fingerprint
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
-from jobs import chunked, fallback, offpeak
+from jobs import chunked, fallback, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
@@ -111,6 +111,7 @@ class RequestChecker:
             raise ValidationFailed(refusal, errors=errors)
         offpeak.check_create(req, jt, self._policy, mode, tier)  # 422: no window, too late
         chunks = self.plan_chunks(jt, model)
+        tiers.check_batch_source(tier, chunks)  # a long source is several calls: not a line
         self._check_fits_the_model(jt, model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(

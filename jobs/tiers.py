@@ -8,10 +8,11 @@ field): a create never silently runs on terms other than the ones it asked for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.errors import ValidationFailed
-from engine.tiers import OFFPEAK, OFFPEAK_ON_DEADLINE, SERVICE_TIERS
+from engine.tiers import BATCH, OFFPEAK, OFFPEAK_ON_DEADLINE, SERVICE_TIERS
 
 if TYPE_CHECKING:
     from jobs.requests import CreateJobRequest
@@ -44,6 +45,18 @@ def checked_tier(req: CreateJobRequest, jt: AnyJobType) -> str:
     if req.offpeak_on_deadline is not None and req.offpeak_on_deadline not in OFFPEAK_ON_DEADLINE:
         raise _refuse("offpeakDeadline", "offpeakDeadline.then must be standard or fail")
     return tier
+
+
+def check_batch_source(tier: str, chunks: Sequence[object] | None) -> None:
+    """A batch job is one line of its provider's batch file, one call: a long source runs as
+    several calls (its chunks), so it is refused on the batch tier at create (never failed
+    later at its enroll, nor run at the standard price)."""
+    if tier == BATCH and chunks:
+        raise _refuse(
+            "serviceTier",
+            f"serviceTier batch takes one call per job; this source is long enough for "
+            f"{len(chunks)} calls: send it as standard or offpeak, or split it",
+        )
 
 
 def tier_fingerprint(req: CreateJobRequest, jt: AnyJobType) -> dict[str, str]:

@@ -94,3 +94,10 @@ def test_a_default_tier_the_type_does_not_accept_is_an_invalid_definition() -> N
     validate_definition(
         JobDefinition(job_type="cheap_thing", service=ServiceSpec(default_tier="batch", batch=True))
     )
+
+
+def test_a_long_source_is_refused_on_the_batch_tier_and_taken_on_the_others() -> None:
+    long = {"sourceText": "Ribosomes assemble proteins from amino acids. " * 6_000, "count": 5}
+    assert _refused_field("flashcard_generation", long, service_tier="batch") == "serviceTier"
+    assert _check("flashcard_generation", long).chunks  # standard: its chunks
+    assert _check("flashcard_generation", CARDS, service_tier="batch").chunks is None
