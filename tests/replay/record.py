@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ from jobs.types import default_catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.wiring import reconciler_config
 from runtime.worker import sandbox_runner
+from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import (
     wait_activity_started,
     wait_jobs,
@@ -71,6 +72,7 @@ from tests.integration.engine_helpers import (
     workflow_canceller,
 )
 from tests.replay import HISTORIES, SENTINEL
+from tests.replay.record_cases import BRANCH_CASES
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from workflows.patches import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
@@ -144,7 +146,8 @@ def cases() -> list[Case]:
 
 def case_names() -> list[str]:
     """Every case the recorder records, as `--only` names them (`<workflow>-<case>`)."""
-    return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *SYSTEM_CASES]
+    branches = [b.name for b in BRANCH_CASES]
+    return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *branches, *SYSTEM_CASES]
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -245,6 +248,24 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
     return out
 
 
+async def run_branches(
+    db_uri: str, address: str, client: Client, wanted: Callable[[str], bool]
+) -> dict[str, WorkflowHistory]:
+    """The branch cases (record_cases.py), each on an engine of its own settings; one fake
+    OpenAI-compatible server for those that need it."""
+    out: dict[str, WorkflowHistory] = {}
+    todo = [b for b in BRANCH_CASES if wanted(b.name)]
+    with contextlib.ExitStack() as es:
+        fake = es.enter_context(FakeOpenAIServer()) if any(b.fake for b in todo) else None
+        for b in todo:
+            if fake is not None:
+                await fake.areset()
+            settings = make_settings(db_uri, address, **b.settings(fake if b.fake else None))
+            async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
+                out.update(await b.run(st, fake if b.fake else None))
+    return out
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -299,6 +320,7 @@ async def record(tag: str, out_dir: Path, only: frozenset[str] | None = None) ->
                 limited = make_settings(pg.uri, temporal.address, **LIMIT_SETTINGS)
                 async with engine_stack(limited, client, queues=JOB_QUEUES) as st:
                     histories.update(await run_limit_wait(st))
+            histories.update(await run_branches(pg.uri, temporal.address, client, wanted))
         finally:
             if temporal is not None:
                 temporal.stop()
