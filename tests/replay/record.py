@@ -72,7 +72,7 @@ from tests.integration.engine_helpers import (
     workflow_canceller,
 )
 from tests.replay import HISTORIES, SENTINEL
-from tests.replay.record_cases import BRANCH_CASES
+from tests.replay.record_cases import BRANCH_CASES, Fakes
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from workflows.patches import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
@@ -251,18 +251,24 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
 async def run_branches(
     db_uri: str, address: str, client: Client, wanted: Callable[[str], bool]
 ) -> dict[str, WorkflowHistory]:
-    """The branch cases (record_cases.py), each on an engine of its own settings; one fake
-    OpenAI-compatible server for those that need it."""
+    """The branch cases (record_cases.py), each on an engine of its own settings; the fake
+    OpenAI-compatible servers for those that need them."""
     out: dict[str, WorkflowHistory] = {}
     todo = [b for b in BRANCH_CASES if wanted(b.name)]
     with contextlib.ExitStack() as es:
-        fake = es.enter_context(FakeOpenAIServer()) if any(b.fake for b in todo) else None
+        fakes = None
+        if any(b.fake for b in todo):
+            fakes = Fakes(
+                es.enter_context(FakeOpenAIServer()), es.enter_context(FakeOpenAIServer())
+            )
         for b in todo:
-            if fake is not None:
-                await fake.areset()
-            settings = make_settings(db_uri, address, **b.settings(fake if b.fake else None))
+            if fakes is not None:
+                await fakes.primary.areset()
+                await fakes.second.areset()
+            case_fakes = fakes if b.fake else None
+            settings = make_settings(db_uri, address, **b.settings(case_fakes))
             async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
-                out.update(await b.run(st, fake if b.fake else None))
+                out.update(await b.run(st, case_fakes))
     return out
 
 

@@ -15,10 +15,12 @@ some jobs take, each on an engine of its own (`record.py` starts it with the cas
   window opens a few seconds after the create (`offpeak-hold`; the fake OpenAI-compatible
   server is the provider the windows name);
 - `flashcard_generation-batch` and `ai_batch-batch`: a batch-tier job against the fake server's
-  Files and Batches endpoints, and its batch's own workflow (`batch-tier`).
+  Files and Batches endpoints, and its batch's own workflow (`batch-tier`);
+- `quiz_generation-fallback`: the primary (the fake server) answers 503, the call moves to the
+  AI_FALLBACKS entry (a second fake server) in the same attempt, and the run upserts the move
+  as its memo `fallback` (`provider-fallback-memo`; tests/integration/test_provider_fallback.py).
 
-The provider fallback's memo (`provider-fallback-memo`) has no case: its chain needs a second
-provider answering and a failing first one, see tests/integration/test_provider_fallback.py.
+The cases that need a provider get `Fakes`: the primary fake server and a second one.
 """
 
 from __future__ import annotations
@@ -39,16 +41,28 @@ from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import wait_jobs, wait_workflow_closed
 from tests.integration.provider_helpers import fake_env
-from tests.job_data import SCRIPTED
+from tests.job_data import INPUTS, SCRIPTED
+from tests.job_data import SOURCE as SCRIPTED_SOURCE
 from tests.replay import SENTINEL
 from tests.stack import Stack
-from workflows.patches import BATCH_TIER, DELAYED_START, LIMIT_WAKE, OFFPEAK_HOLD, RESULT_REUSE
+from workflows.patches import (
+    BATCH_TIER,
+    DELAYED_START,
+    FALLBACK_MEMO,
+    LIMIT_WAKE,
+    OFFPEAK_HOLD,
+    RESULT_REUSE,
+)
 
 CARDS = "flashcard_generation"
 CARDS_INPUT = {
     "sourceText": f"Photosynthesis converts light into chemical energy ({SENTINEL}).",
     "count": 2,
 }
+QUIZ = "quiz_generation"
+QUIZ_INPUT = {**INPUTS[QUIZ], "sourceText": f"{SCRIPTED_SOURCE} ({SENTINEL})"}
+FALLBACK_MODEL = "gpt-4o-mini"
+FALLBACK_KEY = "sk-fallback-replay-key-1111"
 # A priced model the fake server answers for (the windows and the batch tier need its provider).
 MODEL = "gpt-4o-mini"
 ANSWER = {"kind": "valid", "content": SCRIPTED[CARDS], "tokens_in": 120, "tokens_out": 80}
@@ -67,11 +81,20 @@ Histories = dict[str, WorkflowHistory]
 
 
 @dataclass(frozen=True)
+class Fakes:
+    """The fake OpenAI-compatible servers: the engine's primary provider, and a second one
+    (the fallback case's AI_FALLBACKS entry)."""
+
+    primary: FakeOpenAIServer
+    second: FakeOpenAIServer
+
+
+@dataclass(frozen=True)
 class BranchCase:
     name: str  # `<workflow>-<case>`, as `--only` names it
-    settings: Callable[[FakeOpenAIServer | None], dict[str, Any]]
-    run: Callable[[Stack, FakeOpenAIServer | None], Awaitable[Histories]]
-    fake: bool = False  # needs the fake OpenAI-compatible server
+    settings: Callable[[Fakes | None], dict[str, Any]]
+    run: Callable[[Stack, Fakes | None], Awaitable[Histories]]
+    fake: bool = False  # needs the fake OpenAI-compatible servers
 
 
 def patch_ids(history: WorkflowHistory) -> list[str]:
@@ -117,7 +140,7 @@ def expect_patch(history: WorkflowHistory, patch: str) -> None:
 # ---- the cases -----------------------------------------------------------------------------
 
 
-async def run_delayed(st: Stack, _: FakeOpenAIServer | None) -> Histories:
+async def run_delayed(st: Stack, _: Fakes | None) -> Histories:
     run_at = datetime.now(UTC) + timedelta(seconds=DELAY_S)
     job = await st.create(job_type="synthetic", input={"echo": {"note": SENTINEL}}, run_at=run_at)
     history = await closed_history(st, job)
@@ -127,7 +150,7 @@ async def run_delayed(st: Stack, _: FakeOpenAIServer | None) -> Histories:
     return {"synthetic-{tag}-delayed": history}
 
 
-async def run_limit_wake(st: Stack, _: FakeOpenAIServer | None) -> Histories:
+async def run_limit_wake(st: Stack, _: Fakes | None) -> Histories:
     """A slow job takes the one concurrency slot; the recorded job finds it taken and waits
     until the waker signals it (the slow call ended), then succeeds."""
     echo = {"note": SENTINEL}
@@ -141,7 +164,7 @@ async def run_limit_wake(st: Stack, _: FakeOpenAIServer | None) -> Histories:
     return {"synthetic-{tag}-limit_wake": history}
 
 
-async def run_reuse(st: Stack, _: FakeOpenAIServer | None) -> Histories:
+async def run_reuse(st: Stack, _: Fakes | None) -> Histories:
     source = await st.create(job_type=CARDS, input=CARDS_INPUT)
     await closed_history(st, source)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, reuse=True)
@@ -151,8 +174,9 @@ async def run_reuse(st: Stack, _: FakeOpenAIServer | None) -> Histories:
     return {f"{CARDS}-{{tag}}-reuse": history}
 
 
-async def run_reuse_wait(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
-    assert fake is not None
+async def run_reuse_wait(st: Stack, fakes: Fakes | None) -> Histories:
+    assert fakes is not None
+    fake = fakes.primary
     await fake.ascript([], default={**ANSWER, "kind": "slow", "delay_s": 2.0})
     source = await st.create(job_type=CARDS, input=CARDS_INPUT, reuse=True)
     await st.wait_status(source, "running")
@@ -165,13 +189,15 @@ async def run_reuse_wait(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
     return {f"{CARDS}-{{tag}}-reuse_wait": history}
 
 
-def plain(fake: FakeOpenAIServer | None) -> dict[str, Any]:
-    assert fake is not None
+def plain(fakes: Fakes | None) -> dict[str, Any]:
+    assert fakes is not None
+    fake = fakes.primary
     return fake_env(fake, AI_MODEL=MODEL)
 
 
-def offpeak_settings(fake: FakeOpenAIServer | None) -> dict[str, Any]:
-    assert fake is not None
+def offpeak_settings(fakes: Fakes | None) -> dict[str, Any]:
+    assert fakes is not None
+    fake = fakes.primary
     opens = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=WINDOW_AFTER_S)
     span = {
         "start": opens.strftime("%H:%M:%S"),
@@ -183,8 +209,9 @@ def offpeak_settings(fake: FakeOpenAIServer | None) -> dict[str, Any]:
     )
 
 
-async def run_offpeak(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
-    assert fake is not None
+async def run_offpeak(st: Stack, fakes: Fakes | None) -> Histories:
+    assert fakes is not None
+    fake = fakes.primary
     await fake.ascript([], default=ANSWER)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, service_tier="offpeak")
     history = await closed_history(st, job)
@@ -194,14 +221,16 @@ async def run_offpeak(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
     return {f"{CARDS}-{{tag}}-offpeak": history}
 
 
-def batch_settings(fake: FakeOpenAIServer | None) -> dict[str, Any]:
-    assert fake is not None
+def batch_settings(fakes: Fakes | None) -> dict[str, Any]:
+    assert fakes is not None
+    fake = fakes.primary
     return fake_env(fake, AI_MODEL=MODEL, AI_BATCH_WINDOW_S=1.0, AI_BATCH_POLL_S=0.3)
 
 
-async def run_batch(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
+async def run_batch(st: Stack, fakes: Fakes | None) -> Histories:
     """The job and its batch's workflow (`ai_batch`), both closed."""
-    assert fake is not None
+    assert fakes is not None
+    fake = fakes.primary
     await fake.ascript([], default=ANSWER)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, service_tier="batch")
     history = await closed_history(st, job)
@@ -214,6 +243,26 @@ async def run_batch(st: Stack, fake: FakeOpenAIServer | None) -> Histories:
     return {f"{CARDS}-{{tag}}-batch": history, "ai_batch-{tag}-batch": batch}
 
 
+def fallback_settings(fakes: Fakes | None) -> dict[str, Any]:
+    assert fakes is not None
+    chain = [{"model": FALLBACK_MODEL, "baseUrl": fakes.second.base_url, "apiKey": FALLBACK_KEY}]
+    return fake_env(fakes.primary, AI_FALLBACKS=json.dumps(chain))
+
+
+async def run_fallback(st: Stack, fakes: Fakes | None) -> Histories:
+    assert fakes is not None
+    await fakes.primary.ascript([], default={"kind": "status", "status": 503})
+    await fakes.second.ascript(
+        [], default={"kind": "valid", "content": SCRIPTED[QUIZ], "tokens_in": 120, "tokens_out": 80}
+    )
+    job = await st.create(job_type=QUIZ, input=QUIZ_INPUT)
+    history = await closed_history(st, job)
+    expect_patch(history, FALLBACK_MEMO)
+    assert (await fakes.second.acalls())["models"] == [FALLBACK_MODEL]
+    assert FALLBACK_KEY not in history.to_json()  # the memo names models and a reason only
+    return {f"{QUIZ}-{{tag}}-fallback": history}
+
+
 BRANCH_CASES = (
     BranchCase("synthetic-delayed", lambda _: {}, run_delayed),
     BranchCase("synthetic-limit_wake", lambda _: dict(LIMITED), run_limit_wake),
@@ -221,4 +270,5 @@ BRANCH_CASES = (
     BranchCase(f"{CARDS}-reuse_wait", plain, run_reuse_wait, fake=True),
     BranchCase(f"{CARDS}-offpeak", offpeak_settings, run_offpeak, fake=True),
     BranchCase(f"{CARDS}-batch", batch_settings, run_batch, fake=True),
+    BranchCase(f"{QUIZ}-fallback", fallback_settings, run_fallback, fake=True),
 )

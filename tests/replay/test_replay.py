@@ -52,6 +52,7 @@ from workflows.patches import (
     DELAYED_START,
     EXACT_LIMIT_WAITS,
     EXECUTE_OWNS_RUNNING,
+    FALLBACK_MEMO,
     FIVE_STAGES,
     LIMIT_WAKE,
     OFFPEAK_HOLD,
@@ -89,6 +90,7 @@ BRANCH_CASES = (
     "reuse_wait",
     "offpeak",
     "batch",
+    "fallback",
 )
 
 
@@ -540,6 +542,12 @@ BRANCH_SHAPES: dict[tuple[str, str], tuple[list[str], list[str], list[str], list
         [],
         ["batch-result"],
     ),
+    ("quiz_generation", "fallback"): (
+        [FIVE_STAGES, FALLBACK_MEMO],
+        ["prepare", "resolve", "project", COMPLETE],
+        ["execute"],
+        [],
+    ),
     (BATCH_WORKFLOW, "batch"): ([], ["batch_timing"], ["batch_submit", "batch_poll"], []),
 }
 
@@ -560,11 +568,11 @@ def event_index(r: Recorded, event_type: int, after: int = 0) -> int:
 
 def test_histories_of_each_branch_ask_its_patch_and_run_its_stages() -> None:
     """From tag 7 on, each branch that only some jobs take has a history that asked its patch
-    (`delayed-start`, `limit-wake`, `result-reuse`, `offpeak-hold`, `batch-tier`) and issued
-    that branch's commands, and the batch tier's own workflow has one: a run open in
-    production on any of them is replayed here. The timers sit where the branch puts them: the
-    delayed job's between PREPARE and RESOLVE, the off-peak hold's between RESOLVE and
-    EXECUTE."""
+    (`delayed-start`, `limit-wake`, `result-reuse`, `offpeak-hold`, `batch-tier`,
+    `provider-fallback-memo`) and issued that branch's commands, and the batch tier's own
+    workflow has one: a run open in production on any of them is replayed here. The timers sit
+    where the branch puts them: the delayed job's between PREPARE and RESOLVE, the off-peak
+    hold's between RESOLVE and EXECUTE; the fallback's memo is upserted after EXECUTE."""
     by_case = {(r.workflow, r.case): r for r in recorded() if r.tag >= BRANCHES_TAG}
     assert set(BRANCH_SHAPES) <= set(by_case), sorted(set(BRANCH_SHAPES) - set(by_case))
     for key, (patch_ids, local, regular, signalled) in BRANCH_SHAPES.items():
@@ -586,6 +594,10 @@ def test_histories_of_each_branch_ask_its_patch_and_run_its_stages() -> None:
         else:  # the hold ends before EXECUTE is scheduled
             scheduled = event_index(r, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
             assert timer < scheduled, r.path.name
+    moved = by_case[("quiz_generation", "fallback")]
+    executed = event_index(moved, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+    memo = event_index(moved, EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED)
+    assert executed < memo, moved.path.name
 
 
 class _NoDelay(JobStages):
