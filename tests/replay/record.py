@@ -17,6 +17,9 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
   recorded job's EXECUTE returns a `concurrency` wait, the `exact-limit-waits` patch makes the
   workflow sleep that wait (not the growing backoff), and the next EXECUTE succeeds;
 - one reconciler run (the retired relay workflow records nothing new).
+- from v7, the branch cases of `record_cases.py` (a delayed job, a limit's wake-up, result reuse,
+  an off-peak hold, a batch-tier job and its `ai_batch` workflow, a provider fallback), each on
+  an engine of its own.
 
 `--only <workflow>-<case>` (repeatable, e.g. `--only synthetic-limit_wait`) records just those
 cases and replaces just their files, leaving the tag's other histories alone.
