@@ -17,6 +17,9 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
   recorded job's EXECUTE returns a `concurrency` wait, the `exact-limit-waits` patch makes the
   workflow sleep that wait (not the growing backoff), and the next EXECUTE succeeds;
 - one reconciler run (the retired relay workflow records nothing new).
+- from v7, the branch cases of `record_cases.py` (a delayed job, a limit's wake-up, result reuse,
+  an off-peak hold, a batch-tier job and its `ai_batch` workflow, a provider fallback), each on
+  an engine of its own.
 
 `--only <workflow>-<case>` (repeatable, e.g. `--only synthetic-limit_wait`) records just those
 cases and replaces just their files, leaving the tag's other histories alone.
@@ -43,7 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,7 @@ from jobs.types import default_catalog
 from runtime.embedded import free_port, start_postgres, start_temporal
 from runtime.wiring import reconciler_config
 from runtime.worker import sandbox_runner
+from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import (
     wait_activity_started,
     wait_jobs,
@@ -71,6 +75,7 @@ from tests.integration.engine_helpers import (
     workflow_canceller,
 )
 from tests.replay import HISTORIES, SENTINEL
+from tests.replay.record_cases import BRANCH_CASES, Fakes
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from workflows.patches import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
@@ -144,7 +149,8 @@ def cases() -> list[Case]:
 
 def case_names() -> list[str]:
     """Every case the recorder records, as `--only` names them (`<workflow>-<case>`)."""
-    return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *SYSTEM_CASES]
+    branches = [b.name for b in BRANCH_CASES]
+    return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *branches, *SYSTEM_CASES]
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -245,6 +251,30 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
     return out
 
 
+async def run_branches(
+    db_uri: str, address: str, client: Client, wanted: Callable[[str], bool]
+) -> dict[str, WorkflowHistory]:
+    """The branch cases (record_cases.py), each on an engine of its own settings; the fake
+    OpenAI-compatible servers for those that need them."""
+    out: dict[str, WorkflowHistory] = {}
+    todo = [b for b in BRANCH_CASES if wanted(b.name)]
+    with contextlib.ExitStack() as es:
+        fakes = None
+        if any(b.fake for b in todo):
+            fakes = Fakes(
+                es.enter_context(FakeOpenAIServer()), es.enter_context(FakeOpenAIServer())
+            )
+        for b in todo:
+            if fakes is not None:
+                await fakes.primary.areset()
+                await fakes.second.areset()
+            case_fakes = fakes if b.fake else None
+            settings = make_settings(db_uri, address, **b.settings(case_fakes))
+            async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
+                out.update(await b.run(st, case_fakes))
+    return out
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -299,6 +329,7 @@ async def record(tag: str, out_dir: Path, only: frozenset[str] | None = None) ->
                 limited = make_settings(pg.uri, temporal.address, **LIMIT_SETTINGS)
                 async with engine_stack(limited, client, queues=JOB_QUEUES) as st:
                     histories.update(await run_limit_wait(st))
+            histories.update(await run_branches(pg.uri, temporal.address, client, wanted))
         finally:
             if temporal is not None:
                 temporal.stop()

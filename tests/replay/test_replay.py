@@ -44,12 +44,19 @@ from jobs.types import default_catalog
 from runtime.worker import sandbox_runner
 from tests.replay import HISTORIES, SENTINEL
 from workflows import stages
+from workflows.batch import BATCH_WORKFLOW, BatchWorkflow
 from workflows.job_workflow import GATE_WAIT_CAP_S, JobStages, JobWorkflow
 from workflows.patches import (
+    BATCH_TIER,
     CHUNKED_FAN_OUT,
+    DELAYED_START,
     EXACT_LIMIT_WAITS,
     EXECUTE_OWNS_RUNNING,
+    FALLBACK_MEMO,
     FIVE_STAGES,
+    LIMIT_WAKE,
+    OFFPEAK_HOLD,
+    RESULT_REUSE,
     SKIP_COMPLETE_STAGE,
 )
 from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
@@ -69,9 +76,22 @@ FIVE_STAGES_TAG = 4
 CHUNKED_TAG = 5
 # The first tag recorded with a job held back by a provider limit (the `exact-limit-waits` patch).
 LIMIT_WAIT_TAG = 6
+# The first tag recorded with the branch cases of tests/replay/record_cases.py (a delayed job, a
+# limit's wake-up, result reuse, an off-peak hold, the batch tier and its `ai_batch` workflow).
+BRANCHES_TAG = 7
 # The case names of the histories that pin a branch taken only by some jobs, not by every
 # success: their own tests below check their shape.
-BRANCH_CASES = ("chunked", "limit_wait")
+BRANCH_CASES = (
+    "chunked",
+    "limit_wait",
+    "delayed",
+    "limit_wake",
+    "reuse",
+    "reuse_wait",
+    "offpeak",
+    "batch",
+    "fallback",
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +120,9 @@ def recorded() -> tuple[Recorded, ...]:
 
 
 def current_workflows() -> list[type]:
-    """What the workers register: a workflow per job type, the relay and the reconciler."""
-    return [JobWorkflow, RelayShardWorkflow, RelayWorkflow, ReconcilerWorkflow]
+    """What the workers register: a workflow per job type, the batch tier's `ai_batch`, the
+    relay and the reconciler."""
+    return [JobWorkflow, BatchWorkflow, RelayShardWorkflow, RelayWorkflow, ReconcilerWorkflow]
 
 
 async def replay(workflows: list[type], records: Sequence[Recorded]) -> dict[str, Exception]:
@@ -478,3 +499,128 @@ def test_histories_of_a_limit_wait_sleep_the_exact_wait() -> None:
         assert events[first_wait].event_id < marker.event_id, r.path.name
         assert marker.event_id < events[first_timer].event_id, r.path.name
         assert events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+
+
+# ---- the branches only some jobs take (tag v7 on) ------------------------------------------
+
+# Per branch case: the patches its run asked, its local activities, its regular activities and
+# the signals it received (tests/replay/record_cases.py says how each was recorded).
+BRANCH_SHAPES: dict[tuple[str, str], tuple[list[str], list[str], list[str], list[str]]] = {
+    ("synthetic", "delayed"): (
+        [FIVE_STAGES, DELAYED_START],
+        ["prepare", "resolve", "project", COMPLETE],
+        ["execute"],
+        [],
+    ),
+    ("synthetic", "limit_wake"): (
+        [FIVE_STAGES, LIMIT_WAKE],
+        ["prepare", "resolve", "project", COMPLETE],
+        ["execute", "execute"],
+        ["limit-wake"],
+    ),
+    ("flashcard_generation", "reuse"): (
+        [FIVE_STAGES, RESULT_REUSE],
+        ["prepare", "resolve", "reuse", "project", COMPLETE],
+        [],
+        [],
+    ),
+    ("flashcard_generation", "reuse_wait"): (
+        [FIVE_STAGES, RESULT_REUSE],
+        ["prepare", "resolve", "reuse", "reuse", "project", COMPLETE],
+        [],
+        ["reuse-source-ended"],
+    ),
+    ("flashcard_generation", "offpeak"): (
+        [FIVE_STAGES, OFFPEAK_HOLD],
+        ["prepare", "resolve", "project", COMPLETE],
+        ["execute"],
+        [],
+    ),
+    ("flashcard_generation", "batch"): (
+        [FIVE_STAGES, BATCH_TIER],
+        ["prepare", "resolve", "batch_enroll", "batch_collect", "project", COMPLETE],
+        [],
+        ["batch-result"],
+    ),
+    ("quiz_generation", "fallback"): (
+        [FIVE_STAGES, FALLBACK_MEMO],
+        ["prepare", "resolve", "project", COMPLETE],
+        ["execute"],
+        [],
+    ),
+    (BATCH_WORKFLOW, "batch"): ([], ["batch_timing"], ["batch_submit", "batch_poll"], []),
+}
+
+
+def signals(r: Recorded) -> list[str]:
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in r.history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+
+
+def event_index(r: Recorded, event_type: int, after: int = 0) -> int:
+    return next(
+        i for i, e in enumerate(r.history.events) if i >= after and e.event_type == event_type
+    )
+
+
+def test_histories_of_each_branch_ask_its_patch_and_run_its_stages() -> None:
+    """From tag 7 on, each branch that only some jobs take has a history that asked its patch
+    (`delayed-start`, `limit-wake`, `result-reuse`, `offpeak-hold`, `batch-tier`,
+    `provider-fallback-memo`) and issued that branch's commands, and the batch tier's own
+    workflow has one: a run open in production on any of them is replayed here. The timers sit
+    where the branch puts them: the delayed job's between PREPARE and RESOLVE, the off-peak
+    hold's between RESOLVE and EXECUTE; the fallback's memo is upserted after EXECUTE."""
+    by_case = {(r.workflow, r.case): r for r in recorded() if r.tag >= BRANCHES_TAG}
+    assert set(BRANCH_SHAPES) <= set(by_case), sorted(set(BRANCH_SHAPES) - set(by_case))
+    for key, (patch_ids, local, regular, signalled) in BRANCH_SHAPES.items():
+        r = by_case[key]
+        assert patches(r) == patch_ids, r.path.name
+        assert local_activities(r) == local, r.path.name
+        assert regular_activities(r) == regular, r.path.name
+        assert signals(r) == signalled, r.path.name
+        assert r.history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    for case, before, after in (("delayed", "prepare", "resolve"), ("offpeak", "resolve", None)):
+        r = next(x for (_, c), x in by_case.items() if c == case)
+        lo = markers(r, "core_local_activity")
+        names = local_activities(r)
+        timer = event_index(r, EventType.EVENT_TYPE_TIMER_STARTED)
+        events = [e.event_id for e in r.history.events]
+        assert lo[names.index(before)].event_id < events[timer], r.path.name
+        if after is not None:
+            assert events[timer] < lo[names.index(after)].event_id, r.path.name
+        else:  # the hold ends before EXECUTE is scheduled
+            scheduled = event_index(r, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+            assert timer < scheduled, r.path.name
+    moved = by_case[("quiz_generation", "fallback")]
+    executed = event_index(moved, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+    memo = event_index(moved, EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED)
+    assert executed < memo, moved.path.name
+
+
+class _NoDelay(JobStages):
+    """The `delayed-start` timer dropped without `workflow.deprecate_patch`: the job's runAt
+    ignored."""
+
+    async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await JobStages.execute_job(self, dataclasses.replace(inp, runAt=""))
+
+
+@workflow.defn(name="synthetic")
+class SyntheticNoDelay(_NoDelay):
+    @workflow.run
+    async def run(self, inp: JobWorkflowInput) -> JobWorkflowResult:
+        return await self.execute_job(inp)
+
+
+async def test_dropping_the_delayed_start_without_the_patch_breaks_replay() -> None:
+    """The delayed history pins the `delayed-start` branch: code that no longer waits for
+    runAt fails it, and only it (the other synthetic histories carry no runAt; the limit_wake
+    one is left out: these copies define no signal handler, so its wake-up would be lost)."""
+    records = synthetic("success", "retry", "fail", "cancel", "limit_wait", "delayed")
+    failures = await replay_with([SyntheticNoDelay], records, changed_runner())
+    delayed = [r.path.name for r in records if r.case == "delayed"]
+    assert delayed and len(delayed) < len(records)
+    assert_non_determinism(failures, delayed)

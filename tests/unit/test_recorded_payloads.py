@@ -20,6 +20,9 @@ from temporalio.api.common.v1 import Payload
 from temporalio.converter import DataConverter
 
 from engine.contracts import (
+    BATCH_COLLECT,
+    BATCH_ENROLL,
+    BATCH_LEAVE,
     COMPLETE,
     EXECUTE,
     FINALIZE_CANCELLED,
@@ -28,9 +31,10 @@ from engine.contracts import (
     PREPARE,
     PROJECT,
     RESOLVE,
+    REUSE,
 )
 from tests.replay import HISTORIES
-from workflows import stages
+from workflows import batch_tier, stages
 
 STUBS: dict[str, Callable[..., Any]] = {
     PREPARE: stages.prepare,
@@ -41,6 +45,10 @@ STUBS: dict[str, Callable[..., Any]] = {
     MERGE: stages.merge,
     FINALIZE_FAILED: stages.finalize_failed,
     FINALIZE_CANCELLED: stages.finalize_cancelled,
+    REUSE: stages.reuse,
+    BATCH_ENROLL: batch_tier.batch_enroll,
+    BATCH_COLLECT: batch_tier.batch_collect,
+    BATCH_LEAVE: batch_tier.batch_leave,
 }
 # Activity name -> (input type, result type), read from the typed stubs the workflow calls.
 TYPES: dict[str, tuple[type, type]] = {
@@ -48,7 +56,9 @@ TYPES: dict[str, tuple[type, type]] = {
     for name, stub in STUBS.items()
 }
 JOB_HISTORIES = sorted(
-    p for p in HISTORIES.glob("*.json") if not p.name.startswith(("relay-", "reconciler-"))
+    p
+    for p in HISTORIES.glob("*.json")
+    if not p.name.startswith(("relay-", "reconciler-", "ai_batch-"))  # no job stage's payloads
 )
 
 
