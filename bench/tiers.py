@@ -191,47 +191,65 @@ async def phase(
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{api_port}", timeout=600, trust_env=False
         ) as http:
-            await _wait_ready(http)
-            step = {
-                "kind": "valid",
-                "content": DECK,
-                "tokens_in": args.tokens_in,
-                "tokens_out": args.tokens_out,
-            }
-            await http.post(f"{root}/_reset")
-            await http.post(f"{root}/_script", json={"steps": [], "default": step, "rules": []})
-            warm = await _create(http, token, 0, body)  # imports, pools; a reused phase's source
-            await _wait_done(http, token, [warm], args.timeout)
-            await admin.wait_quiet()
-            per_read = await _commits_per_read(http, token, admin)
-            seen0 = await _mock_seen(http, root)
-            commits = await admin.xact_commit()
-            cpu = process_cpu_s(stack.workers[0].pid)
-            t0 = time.perf_counter()
-            ids = await asyncio.gather(
-                *(_create(http, token, i + 1, body) for i in range(args.jobs))
-            )
-            polls = await _wait_done(http, token, list(ids), args.timeout)
-            wall = time.perf_counter() - t0
-            cpu = process_cpu_s(stack.workers[0].pid) - cpu
-            await admin.wait_quiet()
-            spent = await admin.xact_commit() - commits - polls * per_read
-            seen = await _mock_seen(http, root)
-            usage = await _usage(sv.database_url, list(ids))
+            m = await _measure(http, token, admin, stack, root, args, body, sv)
     finally:
         await admin.close()
         stack.stop()
         api.stop()
     n = args.jobs
+    usage = m["usage"]
     return {
         "phase": name,
         "jobs": n,
         "calls_per_job": round(usage["calls"] / n, 2),
         "usage_tiers": usage["tiers"],
         "cost_per_1000_jobs_usd": str((usage["cost_usd"] * 1000 / n).quantize(Decimal("0.0001"))),
-        "wall_s": round(wall, 2),
-        "worker_cpu_ms_per_job": round(cpu * 1000 / n, 1),
-        "commits_per_job": round(spent / n, 1),
+        "wall_s": round(m["wall"], 2),
+        "worker_cpu_ms_per_job": round(m["cpu"] * 1000 / n, 1),
+        "commits_per_job": round(m["commits"] / n, 1),
+        "chat_calls": m["chat_calls"],
+        "batches": m["batches"],
+    }
+
+
+async def _measure(
+    http: httpx.AsyncClient,
+    token: str,
+    admin: Admin,
+    stack: EngineStack,
+    root: str,
+    args: argparse.Namespace,
+    body: dict[str, Any],
+    sv: Servers,
+) -> dict[str, Any]:
+    """The warm-up, then `--jobs` creates at once, measured from the first create to the last
+    success: the worker's CPU, the commits (less the client's reads), the mock's calls and
+    batches, and the jobs' usage rows."""
+    await _wait_ready(http)
+    step = {"kind": "valid", "content": DECK, "tokens_in": args.tokens_in}
+    step["tokens_out"] = args.tokens_out
+    await http.post(f"{root}/_reset")
+    await http.post(f"{root}/_script", json={"steps": [], "default": step, "rules": []})
+    warm = await _create(http, token, 0, body)  # imports, pools; a reused phase's source
+    await _wait_done(http, token, [warm], args.timeout)
+    await admin.wait_quiet()
+    per_read = await _commits_per_read(http, token, admin)
+    seen0 = await _mock_seen(http, root)
+    commits = await admin.xact_commit()
+    cpu = process_cpu_s(stack.workers[0].pid)
+    t0 = time.perf_counter()
+    ids = await asyncio.gather(*(_create(http, token, i + 1, body) for i in range(args.jobs)))
+    polls = await _wait_done(http, token, list(ids), args.timeout)
+    wall = time.perf_counter() - t0
+    cpu = process_cpu_s(stack.workers[0].pid) - cpu
+    await admin.wait_quiet()
+    spent = await admin.xact_commit() - commits - polls * per_read
+    seen = await _mock_seen(http, root)
+    return {
+        "usage": await _usage(sv.database_url, list(ids)),
+        "wall": wall,
+        "cpu": cpu,
+        "commits": spent,
         "chat_calls": seen[0] - seen0[0],
         "batches": seen[1] - seen0[1],
     }
