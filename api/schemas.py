@@ -164,6 +164,26 @@ def _metadata_schema(schema: dict[str, Any]) -> None:
 MAX_RUN_AT_DAYS = 30
 
 
+def rfc3339_text(v: Any) -> Any:
+    """A time of a create body is RFC 3339 text: a number would parse as a Unix time."""
+    if v is not None and not isinstance(v, str):
+        raise ValueError("must be an RFC 3339 date-time with an offset")
+    return v
+
+
+def within_run_at_days(v: datetime | None) -> datetime | None:
+    """A time of a create body (`runAt`, an off-peak deadline) is not in the past and at most
+    MAX_RUN_AT_DAYS ahead (the job holds its reservation until then); returned in UTC."""
+    if v is None:
+        return None
+    now = datetime.now(UTC)
+    if v < now:
+        raise ValueError("must not be in the past")
+    if v > now + timedelta(days=MAX_RUN_AT_DAYS):
+        raise ValueError(f"must be at most {MAX_RUN_AT_DAYS} days ahead")
+    return v.astimezone(UTC)
+
+
 class OffpeakDeadline(Camel):
     """An off-peak job's deadline and what it does there (engine/tiers.py)."""
 
@@ -171,24 +191,8 @@ class OffpeakDeadline(Camel):
     at: AwareDatetime | None = None
     then: OffpeakOnDeadline = "fail"
 
-    @field_validator("at", mode="before")
-    @classmethod
-    def _rfc3339(cls, v: Any) -> Any:
-        if v is not None and not isinstance(v, str):
-            raise ValueError("must be an RFC 3339 date-time with an offset")
-        return v
-
-    @field_validator("at")
-    @classmethod
-    def _ahead(cls, v: datetime | None) -> datetime | None:
-        if v is None:
-            return None
-        now = datetime.now(UTC)
-        if v < now:
-            raise ValueError("must not be in the past")
-        if v > now + timedelta(days=MAX_RUN_AT_DAYS):
-            raise ValueError(f"must be at most {MAX_RUN_AT_DAYS} days ahead")
-        return v.astimezone(UTC)
+    _rfc3339 = field_validator("at", mode="before")(rfc3339_text)
+    _ahead = field_validator("at")(within_run_at_days)
 
 
 class CreateJobBody(Camel):
@@ -282,25 +286,8 @@ class CreateJobBody(Camel):
     def _storable_str(cls, v: str | None) -> str | None:
         return storable_str(v) if v is not None else None
 
-    @field_validator("run_at", mode="before")
-    @classmethod
-    def _rfc3339(cls, v: Any) -> Any:
-        # A number would parse as a Unix time: only the RFC 3339 text is a `runAt`.
-        if v is not None and not isinstance(v, str):
-            raise ValueError("must be an RFC 3339 date-time with an offset")
-        return v
-
-    @field_validator("run_at")
-    @classmethod
-    def _soon_enough(cls, v: datetime | None) -> datetime | None:
-        if v is None:
-            return None
-        now = datetime.now(UTC)
-        if v < now:
-            raise ValueError("must not be in the past")
-        if v > now + timedelta(days=MAX_RUN_AT_DAYS):
-            raise ValueError(f"must be at most {MAX_RUN_AT_DAYS} days ahead")
-        return v.astimezone(UTC)
+    _rfc3339 = field_validator("run_at", mode="before")(rfc3339_text)
+    _soon_enough = field_validator("run_at")(within_run_at_days)
 
     @field_validator("input")
     @classmethod
