@@ -18,14 +18,12 @@ and sends no NOTIFY.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
 
 import psycopg
 from temporalio.client import Client
-from temporalio.service import RPCError
 
 from db.errors import is_driver_error
 from db.limit_waiters import CHANNEL, parse_payload
@@ -35,6 +33,7 @@ from engine.definition import QUEUE_NAMES
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import limit_wake
 from runtime.reuse_waker import beside
+from runtime.signals import signal_all
 from runtime.supervisor import supervise
 from runtime.wiring import Parts
 
@@ -110,16 +109,7 @@ class LimitWaker:
         await self._signal(ids)
 
     async def _signal(self, workflow_ids: Iterable[str]) -> None:
-        ids = list(workflow_ids)
-        if ids:
-            await asyncio.gather(*(self._one(wf) for wf in ids))
-
-    async def _one(self, workflow_id: str) -> None:
-        # A run that ended meanwhile (not found) needs no wake-up; any other failure leaves
-        # the run to its backstop.
-        with contextlib.suppress(RPCError):
-            await self._client.get_workflow_handle(workflow_id).signal(LIMIT_WAKE_SIGNAL)
-            self.signalled += 1
+        self.signalled += await signal_all(self._client, workflow_ids, LIMIT_WAKE_SIGNAL)
 
 
 def limit_waker_task(

@@ -27,12 +27,12 @@ from collections.abc import Awaitable, Iterable
 
 import psycopg
 from temporalio.client import Client
-from temporalio.service import RPCError
 
 from db.errors import is_driver_error
 from db.session import SessionMaker, listen_connection, ping_connection
 from engine.tiers import REUSE_SOURCE_ENDED_SIGNAL
 from jobs import reuse
+from runtime.signals import signal_all
 from runtime.supervisor import supervise
 
 log = logging.getLogger(__name__)
@@ -94,16 +94,7 @@ class ReuseWaker:
         await self._signal(ids)
 
     async def _signal(self, workflow_ids: Iterable[str]) -> None:
-        ids = list(workflow_ids)
-        if ids:
-            await asyncio.gather(*(self._one(wf) for wf in ids))
-
-    async def _one(self, workflow_id: str) -> None:
-        # A run that ended meanwhile (not found) needs no signal; any other failure leaves the
-        # run to its backstop.
-        with contextlib.suppress(RPCError):
-            await self._client.get_workflow_handle(workflow_id).signal(REUSE_SOURCE_ENDED_SIGNAL)
-            self.signalled += 1
+        self.signalled += await signal_all(self._client, workflow_ids, REUSE_SOURCE_ENDED_SIGNAL)
 
 
 def _add(sources: set[uuid.UUID], payload: str) -> None:
