@@ -167,7 +167,8 @@ async def test_a_cost_cap_cuts_the_answer_budget_and_a_cap_too_low_is_refused(
 ) -> None:
     svc = service(db)
     full = (await svc.quote(quiz())).checked.estimate
-    cap = full.worst_case_cost_usd / 2
+    # A cap as a client sends it: at most 8 decimal places, what the column keeps.
+    cap = (full.worst_case_cost_usd / 2).quantize(Decimal("0.00000001"))
     job = (await svc.create(quiz(max_cost_usd=cap))).job
     assert job.max_cost_usd == cap
     assert job.max_output_tokens is not None and 256 <= job.max_output_tokens < 4096
