@@ -45,6 +45,8 @@ from engine.tiers import BATCH
 from jobs import calls
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Call, cover_at
+from jobs.attempt_start import Ended as Ended  # EXECUTE's own outcomes: ended before it ran,
+from jobs.attempt_start import Stop as Stop  # or never will
 from jobs.gateway import Gateway
 from jobs.output import validated_answer
 from jobs.spec import Catalog
@@ -75,24 +77,10 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Ended:
-    """The job ended before it could join a batch (cancelled while queued): its state."""
-
-    status: str
-
-
-@dataclass(frozen=True)
 class Stored:
     """The job's output is stored: by an earlier attempt of this job, or by this collect."""
 
     output_hash: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The attempt cannot go on and never will: the code the job fails with."""
-
-    code: str
 
 
 @dataclass(frozen=True)
