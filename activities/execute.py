@@ -53,9 +53,10 @@ from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
 from jobs import attempt_start, calls, limit_wake, stream_items
-from jobs.admission import Refused, Ticket, Wait
+from jobs.admission import Refused, Ticket
 from jobs.output import validated_answer
 from jobs.stream_items import Progress
+from jobs.waits import Wait
 from providers.base import Provider, ProviderRequest, ProviderResponse
 
 WORKER_SHUTDOWN = "INTERNAL_WORKER_SHUTDOWN"

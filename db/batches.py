@@ -1,4 +1,4 @@
-"""`ai_batch` and `ai_batch_item`: the batch tier's rows (db/models_batch.py), read and written
+"""`ai_batch` and `ai_batch_item`: the batch tier's rows (db/models/batch.py), read and written
 by the job side (enroll, the item's outcome, leave) and by the batch workflow's activities
 (close, submitted, each item's outcome, end).
 

@@ -16,7 +16,7 @@ from db.models import ENCRYPTED
 
 @dataclass(frozen=True)
 class EncryptedColumn:
-    """A column marked `info=encrypted(key_id=...)` in db/models.py."""
+    """A column marked `info=encrypted(key_id=...)` in db/models/jobs.py."""
 
     table: Table
     column: str

@@ -38,6 +38,7 @@ from jobs import offpeak
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
+from jobs.waits import Wait
 from providers.base import ProviderResponse
 from providers.pricing import Price
 
@@ -61,24 +62,6 @@ class AdmissionConfig(Protocol):
     def breaker_failures(self) -> int: ...
     @property
     def breaker_cooldown_s(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class Wait:
-    """The key is paused, its breaker open or one of its limits used up (`reason`, as
-    engine/contracts.py ExecuteResult.gate_reason names it): ask again after `wait_s`. A
-    limit's wait names its `key`, `limits`, the call's `tokens`, its user and chunk: the
-    caller puts it in the key's fair queue (jobs/limit_wake.py)."""
-
-    wait_s: float
-    reason: str
-    provider: str
-    model: str
-    key: LimitKey | None = None
-    limits: Limits | None = None
-    tokens: int = 0
-    user_id: str = ""
-    chunk_no: int | None = None
 
 
 @dataclass(frozen=True)

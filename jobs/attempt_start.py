@@ -32,9 +32,10 @@ from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
 from jobs import admission, fallback, offpeak
 from jobs import lifecycle as lifecycle
-from jobs.admission import AdmissionConfig, Refused, Ticket, Wait
+from jobs.admission import AdmissionConfig, Refused, Ticket
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType, Catalog
+from jobs.waits import Wait
 
 
 @dataclass(frozen=True)

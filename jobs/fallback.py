@@ -27,9 +27,10 @@ from db.provider_gate import GateKey
 from db.provider_limits import LimitKey
 from engine.definition import PLATFORM_KEY
 from jobs import admission
-from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket, Wait
+from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
+from jobs.waits import Wait
 from providers.fallback import FallbackEntry, position_of, select
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """`aijobs rotate-keys`: every encrypted column, re-encrypted under the keyring's current key.
 
-The columns are not listed here: they are the ones db/models.py marks `info=encrypted(...)`
+The columns are not listed here: they are the ones db/models/ marks `info=encrypted(...)`
 (`db.key_rotation.encrypted_columns`). This module says, per marked column, how its AAD is
 built, which rows still use their secret and whether an undecryptable value is fatal; a marked
 column it knows nothing about stops the command before anything is written

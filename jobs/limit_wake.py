@@ -30,7 +30,7 @@ from db import provider_limits as provider_limits_db
 from db.limit_waiters import WaiterId
 from db.provider_limits import LimitKey, Limits, LimitTable
 from db.session import SessionMaker
-from jobs.admission import Wait
+from jobs.waits import Wait
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from engine.offpeak import (
     reserve_factor,
 )
 from engine.tiers import OFFPEAK, STANDARD
-from jobs import admission
 from jobs.gateway import Gateway
+from jobs.waits import Wait
 
 if TYPE_CHECKING:
     from jobs.policy import CreatePolicy
@@ -135,9 +135,7 @@ def hold(refs: ResolveRefs, provider: str, windows: Windows, now: datetime) -> O
     )
 
 
-def gate(
-    gateway: Gateway, jt: AnyJobType, row: JobRow, now: datetime
-) -> admission.Wait | str | None:
+def gate(gateway: Gateway, jt: AnyJobType, row: JobRow, now: datetime) -> Wait | str | None:
     """At an attempt's start: None, the call may go (not off-peak, inside a window, or past the
     deadline with `then: "standard"`); a `Wait` until the next window or the deadline, whichever
     comes first; or the code to fail with (past the deadline with `then: "fail"`)."""
@@ -154,7 +152,7 @@ def gate(
     if nxt is not None and nxt.start < until:
         until = nxt.start
     wait_s = max((until - now).total_seconds(), _MIN_WAIT_S)
-    return admission.Wait(wait_s, GATE_REASON, provider, gateway.model_for(jt, row.credential_mode))
+    return Wait(wait_s, GATE_REASON, provider, gateway.model_for(jt, row.credential_mode))
 
 
 def call_tier(gateway: Gateway, jt: AnyJobType, row: JobRow, now: datetime) -> CallTier:

@@ -301,7 +301,7 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 async def _rotate_keys_main(s: Settings) -> int:
-    """Every encrypted column (db/models.py marks them) under the keyring's current key; one
+    """Every encrypted column (db/models/ marks them) under the keyring's current key; one
     summary line per column. Exit 1 when a required secret (a user's provider key, a webhook's
     signing secret) is not decryptable by the ring; a webhook's previous secret that is not is
     skipped and counted."""

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models_projected import Flashcard
+from db.models.projected import Flashcard
 from engine.definition import (
     CREDENTIAL_MODES,
     CredentialSpec,

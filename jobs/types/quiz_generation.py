@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models_projected import QuizQuestion
+from db.models.projected import QuizQuestion
 from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
 from jobs.spec import (
     ChunkSpec,

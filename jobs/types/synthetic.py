@@ -16,7 +16,7 @@ from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
-from db.models_projected import SyntheticResult
+from db.models.projected import SyntheticResult
 from engine.definition import Execution, JobDefinition, SecuritySpec
 from jobs.spec import (
     Artifact,

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db.models_projected import WeakPointCandidate
+from db.models.projected import WeakPointCandidate
 from engine.definition import (
     CREDENTIAL_MODES,
     CredentialSpec,

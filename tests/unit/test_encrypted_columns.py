@@ -12,7 +12,7 @@ from db.models import ENCRYPTED, Base
 from jobs.key_rotation import ROTATIONS
 
 # Binary columns that hold no secret (none today). Adding a bytea column means marking it
-# `info=encrypted(...)` in db/models.py, or listing it here with the reason it is not secret.
+# `info=encrypted(...)` in db/models/jobs.py, or listing it here with the reason it is not secret.
 NOT_SECRET: dict[str, str] = {}
 
 

@@ -24,11 +24,11 @@ from engine.offpeak import (
     reserve_factor,
 )
 from jobs import offpeak
-from jobs.admission import Wait
 from jobs.gateway import Gateway
 from jobs.policy import CreatePolicy, ProviderTraits
 from jobs.requests import CreateJobRequest, RequestChecker
 from jobs.types import default_catalog
+from jobs.waits import Wait
 from providers.openai_compat import OpenAICompatibleProvider
 
 HALF = Decimal("0.5")

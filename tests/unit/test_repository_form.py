@@ -19,13 +19,6 @@ DB = ROOT / "db"
 # Modules that are not repositories: the schema, sessions and listen connections, migrations,
 # and the error edge.
 NOT_REPOSITORIES = {
-    "models.py",
-    "models_admin.py",
-    "models_limits.py",
-    "models_projected.py",
-    "models_provider.py",
-    "models_stream.py",
-    "models_webhooks.py",
     "session.py",
     "migrate.py",
     "errors.py",

@@ -171,7 +171,7 @@ def test_batch_prices_from_settings() -> None:
 def test_a_usage_row_records_its_tier_standard_by_default() -> None:
     import uuid
 
-    from db.models_usage import AiUsageLog
+    from db.models.usage import AiUsageLog
     from db.usage import INSERT, JOB_CALLS_SQL, UsageRow
 
     row = UsageRow(uuid.uuid4(), "u", "t", 1, "platform_key", "p", "m", 1, 1, Decimal(0), 1, None)

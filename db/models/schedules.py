@@ -1,7 +1,7 @@
 """SQLAlchemy models of recurring jobs: the schedule (the source of truth for its owner, input
 and spec), its recorded runs, and its commands to Temporal (the schedule's outbox).
 
-Imported by db/models.py so that `Base.metadata` holds every table; the migration
+Imported by db/models/__init__.py so that `Base.metadata` holds every table; the migration
 `0015_schedules` is the schema, a test keeps the two equal.
 """
 
@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class AiSchedule(Base):

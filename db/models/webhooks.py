@@ -1,6 +1,6 @@
 """SQLAlchemy models of the signed webhooks: a user's endpoints and their deliveries.
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base, encrypted
+from db.models.base import TS, Base, encrypted
 
 
 class WebhookEndpoint(Base):

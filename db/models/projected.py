@@ -1,7 +1,7 @@
 """SQLAlchemy models of the business tables the job types' projectors write: one row per
 (job, ordinal).
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import ForeignKey, Integer, String, Text, UniqueConstraint, func
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class SyntheticResult(Base):

@@ -2,7 +2,7 @@
 workflow `ai-batch:{id}`) and its items (one job's attempt each). db/batches.py reads and writes
 them.
 
-Imported by db/models.py so that `Base.metadata` holds every table; the migration
+Imported by db/models/__init__.py so that `Base.metadata` holds every table; the migration
 `0027_batches` is the schema, a test keeps the two equal. An item's `body` (the request) and
 `response` (the chat completion) are job content: private like the snapshot, never logged and
 never in Temporal.
@@ -18,7 +18,7 @@ from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, func
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 BATCH_STATUS_SQL = "'open','submitting','submitted','completed','failed','expired','cancelled'"
 ITEM_STATUS_SQL = "'pending','submitted','succeeded','failed','cancelled'"

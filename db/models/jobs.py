@@ -1,7 +1,4 @@
-"""SQLAlchemy models of the tables (docs/contracts.md, "Tables").
-
-The Alembic migrations are the schema; a test keeps the two equal.
-"""
+"""The job tables: the job, its chunks, snapshot, artifacts and outbox rows, users' keys."""
 
 from __future__ import annotations
 
@@ -14,12 +11,10 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
-    DateTime,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     Numeric,
     String,
     Text,
@@ -28,35 +23,10 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
-
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
-
-
-TS = DateTime(timezone=True)
-
-# The column `info` key that marks a column holding ciphertext under CREDENTIAL_ENCRYPTION_KEY.
-# `aijobs rotate-keys` re-encrypts every column so marked (it refuses to run if one has no
-# rotation), and a test requires every binary column to be marked or declared not secret.
-ENCRYPTED = "encrypted"
-
-
-def encrypted(*, key_id: str) -> dict[str, Any]:
-    """`info` of an encrypted column; `key_id` names the column holding its key id."""
-    return {ENCRYPTED: {"key_id": key_id}}
-
+from db.models.base import TS, Base, encrypted
 
 _REUSE, _REUSED = text("reuse_key IS NOT NULL"), text("reused_from_job_id IS NOT NULL")
 
@@ -365,19 +335,3 @@ class UserModelCredential(Base):
     key_hint: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(TS)
-
-
-# The other tables' models live by concern beside this module. Imported here, at the end (each
-# needs `Base` above), so that importing db.models registers every table on `Base.metadata`:
-# migrations, the schema check and key rotation read the whole of it.
-from db import (  # noqa: E402,F401
-    models_admin,
-    models_batch,
-    models_limits,
-    models_projected,
-    models_provider,
-    models_schedules,
-    models_stream,
-    models_usage,
-    models_webhooks,
-)

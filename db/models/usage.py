@@ -1,7 +1,7 @@
 """SQLAlchemy models of the usage tables: one row per provider call (`ai_usage_log`) and its
 daily rollup (`ai_usage_daily`), written together by db/usage.py.
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class AiUsageLog(Base):

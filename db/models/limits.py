@@ -1,7 +1,7 @@
 """SQLAlchemy models of the API's cluster-wide limits: the per-user request buckets and the
 leases that count a user's event streams across processes.
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import Boolean, Float, Index, String, func, text
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class ApiRateBucket(Base):

@@ -1,7 +1,7 @@
 """SQLAlchemy models of the provider admission tables: the shared gate (pause, breaker), the
 token buckets and the leases of calls in flight, shared by every worker.
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, Float, Identity, Index, Integer, String, func
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class ProviderGateRow(Base):

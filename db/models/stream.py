@@ -1,7 +1,7 @@
 """SQLAlchemy model of a streamed answer's items (db/stream_items.py): each complete, valid item
 of a one-call job's answer, written while the provider is still writing.
 
-The Alembic migrations are the schema; a test keeps the two equal. Base is db/models.py's.
+The Alembic migrations are the schema; a test keeps the two equal. Base is db/models/base.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy import ForeignKey, Integer, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import TS, Base
+from db.models.base import TS, Base
 
 
 class AiJobStreamItem(Base):
