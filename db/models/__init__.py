@@ -10,6 +10,7 @@ from __future__ import annotations
 from db.models import (
     admin,
     batch,
+    budgets,
     jobs,
     limits,
     projected,
@@ -27,6 +28,7 @@ __all__ = [
     "Base",
     "admin",
     "batch",
+    "budgets",
     "encrypted",
     "jobs",
     "limits",
