@@ -26,6 +26,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.lifecycle import ACTIVE_SQL
 
+# A job's open reservation: what it reserved less what it has spent, never below 0.
+OPEN_USD_SQL = "greatest(j.reserved_cost_usd - j.spent_cost_usd, 0)"
+
+
+def open_reservations_sql(scope: str) -> str:
+    """The one SQL notion of open reservations: the sum of `OPEN_USD_SQL` over the jobs that
+    hold one (active jobs) among the jobs `scope` selects (a condition on `ai_job` aliased `j`,
+    with bind parameters of the caller's statement, e.g. `j.user_id = :u`). An expression, for
+    the select list of a budget read: a user's budgets and a scope's (db/scope_budgets.py) read
+    the same notion."""
+    return f"""(SELECT coalesce(sum({OPEN_USD_SQL}), 0) FROM ai_job j
+         WHERE ({scope}) AND j.{ACTIVE_SQL})"""
+
 
 @dataclass(frozen=True)
 class Committed:
@@ -92,9 +105,9 @@ async def standing(
             f"WHERE user_id = :u AND day >= :s{i})"
         )
     parts.append(
-        f"""(SELECT coalesce(sum(greatest(reserved_cost_usd - spent_cost_usd, 0)), 0)
-            FROM ai_job WHERE user_id = :u AND {ACTIVE_SQL}
-              AND (CAST(:x AS uuid) IS NULL OR id <> CAST(:x AS uuid)))"""
+        open_reservations_sql(
+            "j.user_id = :u AND (CAST(:x AS uuid) IS NULL OR j.id <> CAST(:x AS uuid))"
+        )
         if reserved
         else "0"
     )

@@ -102,6 +102,12 @@ class Settings(ProviderSettings):
     # Tokens whose lifetime (exp - iat) exceeds this are refused; `aijobs token --ttl` too.
     jwt_max_ttl_s: int = Field(default=30 * 86_400, ge=60, alias="JWT_MAX_TTL_S")
     jwt_leeway_s: int = Field(default=30, ge=0, le=300, alias="JWT_LEEWAY_S")
+    # The claims naming a user's organisation (a string) and teams (a list of strings): the
+    # scopes whose budgets a job counts in (docs/money.md, "Organisations, teams and tags").
+    jwt_org_claim: str = Field(default="org", min_length=1, max_length=64, alias="JWT_ORG_CLAIM")
+    jwt_teams_claim: str = Field(
+        default="teams", min_length=1, max_length=64, alias="JWT_TEAMS_CLAIM"
+    )
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )

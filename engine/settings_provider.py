@@ -27,6 +27,9 @@ class ProviderSettings(BaseSettings):
     # "concurrency"}), enforced per (provider, model, key) across workers (db/provider_limits.py,
     # docs/limits.md). Empty: only what providers announce in their rate-limit headers.
     ai_model_limits: str = Field(default="", alias="AI_MODEL_LIMITS")
+    # The share of every limited key's concurrency, rpm and tpm kept for a class of calls while
+    # one of its calls waits (JSON: {"interactive": 0.25}; `{}`: no reserve), docs/limits.md.
+    ai_capacity_reserve: str = Field(default="{}", alias="AI_CAPACITY_RESERVE")
     # Platform-key fallback chain (JSON list of {"model", "baseUrl" ending in /v1, "apiKey"}):
     # a call moves down it on a health failure of its provider (providers/fallback.py,
     # docs/fallback.md). A secret as a whole: it holds keys.

@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -34,7 +35,8 @@ from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
 from engine.errors import ExecutionFailure, Fault
-from jobs import offpeak
+from engine.scopes import JobScopes
+from jobs import offpeak, scope_budgets
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -279,6 +281,11 @@ async def cover_at(
         worst = call_worst_case_usd(
             row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
         )
+    scopes = JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags))
+
+    async def scopes_hold(grow_usd: Decimal) -> str | None:
+        return await scope_budgets.refusal_to_grow(s, scopes, row.id, grow_usd)
+
     return await cover_next_call(
         s,
         job_id=row.id,
@@ -290,6 +297,7 @@ async def cover_at(
         windows=budget_windows(
             cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
         ),
+        scopes_refusal=scopes_hold if scopes else None,
     )
 
 

@@ -125,7 +125,15 @@ def cmd_token(args: argparse.Namespace) -> int:
         raise _refuse(
             "token", f"--ttl must be between 1 and {s.jwt_max_ttl_s} seconds (JWT_MAX_TTL_S)"
         )
-    print(issue_token(JwtConfig.from_settings(s), args.user, admin=args.admin, ttl_s=args.ttl))
+    scopes = {"org": args.org, "teams": args.team or []}
+    try:  # an --org or --team of another form than the API accepts is refused here
+        print(
+            issue_token(
+                JwtConfig.from_settings(s), args.user, admin=args.admin, ttl_s=args.ttl, **scopes
+            )
+        )
+    except ValueError as exc:
+        raise _refuse("token", str(exc)) from None
     return 0
 
 
@@ -399,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--user", required=True, help="the token's user id (its subject)")
     t.add_argument("--admin", action="store_true", help="an admin token")
     t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most JWT_MAX_TTL_S")
+    t.add_argument("--org", help="the user's organisation (claim JWT_ORG_CLAIM)")
+    t.add_argument("--team", action="append", help="a team of the user's (repeatable)")
     t.set_defaults(func=cmd_token)
 
     sub.add_parser(

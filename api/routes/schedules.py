@@ -24,6 +24,7 @@ from api.deps import Admin, ScheduleId, State, User
 from api.schemas import (
     NO_NUL,
     Camel,
+    Tags,
     UsdAmount,
     decode_cursor,
     encode_cursor,
@@ -33,6 +34,7 @@ from api.schemas import (
 from api.state import AppState
 from engine.definition import CredentialMode
 from engine.schedules import Spec
+from engine.scopes import JobScopes
 from jobs.audit import AuditEntry, AuditLog
 from jobs.schedule_dispatch import ScheduleDispatcher
 from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
@@ -70,6 +72,7 @@ class CreateScheduleBody(Camel):
     max_cost_usd: Decimal | None = Field(
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
+    tags: Tags = Field(default_factory=list)
 
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
@@ -98,6 +101,7 @@ class ScheduleResponse(Camel):
     priority: int | None = None
     credential_mode: CredentialMode | None = None
     max_cost_usd: UsdAmount | None = None
+    tags: list[str] = Field(default_factory=list)
     interval_seconds: int | None = None
     cron: str | None = None
     timezone: str
@@ -152,6 +156,7 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         priority=r.priority,
         credential_mode=r.credential_mode,
         max_cost_usd=r.max_cost_usd,
+        tags=list(r.tags),
         interval_seconds=r.interval_s,
         cron=r.cron,
         timezone=r.timezone,
@@ -197,6 +202,7 @@ async def create_schedule(
             priority=body.priority,
             credential_mode=body.credential_mode,
             max_cost_usd=body.max_cost_usd,
+            scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
         )
     )
     await _dispatch(state, row.id)

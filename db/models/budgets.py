@@ -105,7 +105,9 @@ class AiUsageScopedDaily(Base):
     team_ids: Mapped[list[str]] = mapped_column(
         ARRAY(String(64)), server_default=text("'{}'::varchar[]")
     )
-    tags: Mapped[list[str]] = mapped_column(ARRAY(String(64)), server_default=text("'{}'::varchar[]"))
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
     calls: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     tokens_in: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     tokens_out: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))

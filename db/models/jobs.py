@@ -128,7 +128,9 @@ class AiJob(Base):
             postgresql_using="gin",
             postgresql_where=_TEAMS_ACTIVE,
         ),
-        Index("ix_ai_job_tags_active", "tags", postgresql_using="gin", postgresql_where=_TAGS_ACTIVE),
+        Index(
+            "ix_ai_job_tags_active", "tags", postgresql_using="gin", postgresql_where=_TAGS_ACTIVE
+        ),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -220,7 +222,9 @@ class AiJob(Base):
     team_ids: Mapped[list[str]] = mapped_column(
         ARRAY(String(64)), server_default=text("'{}'::varchar[]")
     )
-    tags: Mapped[list[str]] = mapped_column(ARRAY(String(64)), server_default=text("'{}'::varchar[]"))
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
 
 
 class AiJobChunk(Base):

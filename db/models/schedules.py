@@ -58,7 +58,9 @@ class AiSchedule(Base):
     team_ids: Mapped[list[str]] = mapped_column(
         ARRAY(String(64)), server_default=text("'{}'::varchar[]")
     )
-    tags: Mapped[list[str]] = mapped_column(ARRAY(String(64)), server_default=text("'{}'::varchar[]"))
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
 
 
 class AiScheduleRun(Base):
