@@ -183,3 +183,23 @@ async def list_budgets(s: AsyncSession, scope: str | None) -> list[BudgetRow]:
         {"scope": scope},
     )
     return [_row(x) for x in r]
+
+
+# ---- alerts ----------------------------------------------------------------------------------
+
+# The event type the alert trigger writes (migration 0037), one of db/webhooks.py ADMIN_EVENTS.
+THRESHOLD_CROSSED = "ai.budget.threshold_crossed"
+
+
+async def event_payload(s: AsyncSession, event_id: int) -> dict[str, Any] | None:
+    """A budget alert's `data` (its outbox row's payload, written by the trigger); None when
+    the row is gone or is not one."""
+    r = await s.execute(
+        text(
+            "SELECT payload FROM outbox_event "
+            "WHERE id = :id AND event_type = :t AND aggregate_type = 'budget'"
+        ),
+        {"id": event_id, "t": THRESHOLD_CROSSED},
+    )
+    value = r.scalar_one_or_none()
+    return dict(value) if isinstance(value, dict) else None

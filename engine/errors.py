@@ -398,6 +398,12 @@ class WebhookNotFound(EngineError):
     title = "Webhook not found"
 
 
+class BudgetNotFound(EngineError):
+    code = "BUDGET_NOT_FOUND"
+    http_status = 404
+    title = "Budget not found"
+
+
 class WebhookDeliveryNotFound(EngineError):
     code = "WEBHOOK_DELIVERY_NOT_FOUND"
     http_status = 404

@@ -22,12 +22,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import scope_budgets as scope_budgets_db
-from db.scope_budgets import BudgetRow, Held
+from db.scope_budgets import THRESHOLD_CROSSED, BudgetRow, Held
+from db.webhook_deliveries import DeliveryRow
 from engine.errors import QuotaExceeded
 from engine.scopes import JobScopes
 from jobs.costs import (
@@ -146,3 +147,16 @@ async def refusal_to_grow(
         if h.total_usd + call_worst_usd > h.budget.limit_usd:
             return h.budget.scope
     return None
+
+
+async def budget_event_body(s: AsyncSession, row: DeliveryRow) -> dict[str, Any] | None:
+    """A budget alert's webhook body, `{type, timestamp, data}` as a job event's, `data` the
+    event's payload (scope, scopeId, period, periodStart, threshold, limitUsd, spentUsd); None
+    for any other event."""
+    if row.event_type != THRESHOLD_CROSSED:
+        return None
+    data = await scope_budgets_db.event_payload(s, row.event_id)
+    if data is None:
+        return None
+    stamp = row.occurred_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return {"type": row.event_type, "timestamp": stamp, "data": data}
