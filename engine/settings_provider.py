@@ -8,8 +8,10 @@ through `Settings` like any other setting.
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings
+
+from engine.capacity import parse_capacity_reserve
 
 
 class ProviderSettings(BaseSettings):
@@ -42,3 +44,9 @@ class ProviderSettings(BaseSettings):
     # unset: DeepSeek's published window at half price) and an off-peak job's longest wait.
     ai_offpeak_windows: str = Field(default="", alias="AI_OFFPEAK_WINDOWS")
     ai_offpeak_max_wait_s: int = Field(default=86_400, ge=1, alias="AI_OFFPEAK_MAX_WAIT_S")
+
+    @field_validator("ai_capacity_reserve")
+    @classmethod
+    def _capacity_reserve(cls, v: str) -> str:
+        parse_capacity_reserve(v)  # a malformed reserve stops every process at start
+        return v

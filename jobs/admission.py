@@ -34,6 +34,7 @@ from db.jobs import JobRow
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
+from engine.capacity import job_class
 from engine.errors import ExecutionFailure, Fault
 from engine.scopes import JobScopes
 from jobs import offpeak, scope_budgets
@@ -333,8 +334,20 @@ async def _admit_limits(
         lease_ttl_s=call.timeout_ms / 1000 + 30,
         chunk_no=chunk_no,
         user_id=row.user_id,
+        job_class=job_class(row.queue_name),
     )
     if got.wait_s > 0:
         reason = got.reason or "announced"
-        return Wait(got.wait_s, reason, provider, model, key, limits, tokens, row.user_id, chunk_no)
+        return Wait(
+            got.wait_s,
+            reason,
+            provider,
+            model,
+            key,
+            limits,
+            tokens,
+            row.user_id,
+            chunk_no,
+            job_class(row.queue_name),
+        )
     return Lease(key, limits, tokens, got.lease_id, got.metered)

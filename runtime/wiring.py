@@ -21,6 +21,7 @@ from activities.retention import retention_config
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
+from engine.capacity import parse_capacity_reserve
 from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.offpeak import parse_windows
@@ -212,7 +213,9 @@ def engine_config(settings: Settings) -> EngineConfig:
         breaker_failures=settings.provider_breaker_failures,
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
         # Raises ValueError naming AI_MODEL_LIMITS and the entry: a worker does not start.
-        model_limits=parse_model_limits(settings.ai_model_limits),
+        model_limits=parse_model_limits(
+            settings.ai_model_limits, parse_capacity_reserve(settings.ai_capacity_reserve)
+        ),
         budget_per_day_usd=settings.quota_max_cost_usd_per_day,
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
         estimate_margin=settings.token_estimate_margin,

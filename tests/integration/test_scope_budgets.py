@@ -150,7 +150,8 @@ async def test_a_tag_budget_refuses_only_its_tag_and_a_quote_names_it(db: Sessio
     assert (await svc.create(quiz(scopes=tagged))).created
     q = await svc.quote(quiz(scopes=tagged))
     assert q.refusal is not None and q.refusal.limit == "scope_budget"
-    assert q.refusal.error.problem_extra == {"scope": "tag", "scopeId": "unit-1", "period": "month"}
+    named = getattr(q.refusal.error, "problem_extra", None)
+    assert named == {"scope": "tag", "scopeId": "unit-1", "period": "month"}
     [budget] = q.scope_budgets
     assert (budget.budget.scope_id, budget.held.reserved_usd) == ("unit-1", worst)
     with pytest.raises(QuotaExceeded):
