@@ -125,7 +125,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         raise _refuse(
             "token", f"--ttl must be between 1 and {s.jwt_max_ttl_s} seconds (JWT_MAX_TTL_S)"
         )
-    scopes = {"org": args.org, "teams": args.team or []}
+    scopes = {"org": getattr(args, "org", None), "teams": getattr(args, "team", None) or []}
     try:  # an --org or --team of another form than the API accepts is refused here
         print(
             issue_token(
