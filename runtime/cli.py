@@ -125,13 +125,10 @@ def cmd_token(args: argparse.Namespace) -> int:
         raise _refuse(
             "token", f"--ttl must be between 1 and {s.jwt_max_ttl_s} seconds (JWT_MAX_TTL_S)"
         )
-    scopes = {"org": getattr(args, "org", None), "teams": getattr(args, "team", None) or []}
+    org, teams = getattr(args, "org", None), getattr(args, "team", None) or []
     try:  # an --org or --team of another form than the API accepts is refused here
-        print(
-            issue_token(
-                JwtConfig.from_settings(s), args.user, admin=args.admin, ttl_s=args.ttl, **scopes
-            )
-        )
+        cfg = JwtConfig.from_settings(s)
+        print(issue_token(cfg, args.user, admin=args.admin, ttl_s=args.ttl, org=org, teams=teams))
     except ValueError as exc:
         raise _refuse("token", str(exc)) from None
     return 0
