@@ -24,9 +24,11 @@ from db.session import SessionMaker
 from db.usage import UsageRow
 from db.webhooks import ADMIN_OWNER
 from engine.errors import QuotaExceeded
+from engine.schedules import Spec
 from engine.scopes import JobScopes
 from jobs import lifecycle, scope_budgets
 from jobs.costs import RESERVATIONS_RETRY_AFTER_S, cover_next_call
+from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
 from jobs.types import default_catalog
 from tests.integration.engine_helpers import rows, scalar
@@ -294,3 +296,46 @@ async def counted(sm: SessionMaker, work: Any) -> list[str]:
         for name, fn in listeners:
             event.remove(engine, name, fn)
     return sent
+
+
+async def test_retries_and_a_schedules_runs_keep_their_scopes(db: SessionMaker) -> None:
+    svc = jobs(db)
+    scoped = JobScopes("school-1", ("class-a", "class-b"), ("unit-1",))
+    original = (await svc.create(quiz(scopes=scoped))).job
+    assert (original.org_id, original.team_ids, original.tags) == (
+        "school-1",
+        ["class-a", "class-b"],
+        ["unit-1"],
+    )
+    async with db.begin() as s:
+        await lifecycle.cancel(s, original.id, only_if_queued=True)
+    retry = (await svc.retry(original.id, owner="u1")).job
+    assert (retry.org_id, retry.team_ids, retry.tags) == (
+        original.org_id,
+        original.team_ids,
+        original.tags,
+    )
+    # A scope budget refuses the retry as it would a create, unless an admin overrides it.
+    async with db.begin() as s:
+        await lifecycle.cancel(s, retry.id, only_if_queued=True)
+    await put(db, "tag", "unit-1", Decimal("0.00000001"))
+    with pytest.raises(QuotaExceeded):
+        await svc.retry(retry.id)
+    assert (await svc.retry(retry.id, override_budget=True)).job.tags == ["unit-1"]
+    # A schedule keeps its creator's organisation and teams and its template's tags.
+    schedules = ScheduleService(db, svc, SchedulePolicy(min_interval_s=60, max_per_user=10))
+    row = await schedules.create(
+        NewSchedule(
+            user_id="u1",
+            job_type="quiz_generation",
+            input=QUIZ,
+            spec=Spec(3600, None),
+            scopes=JobScopes("school-1", ("class-c",), ("unit-2",)),
+        )
+    )
+    ran = await schedules.run(row.id, dt.datetime.now(dt.UTC), manual=True)
+    assert ran.job_id is not None, ran
+    job = await scalar(
+        db, "SELECT array[org_id] || team_ids || tags FROM ai_job WHERE id = :id", id=ran.job_id
+    )
+    assert job == ["school-1", "class-c", "unit-2"]
