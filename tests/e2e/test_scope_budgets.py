@@ -379,6 +379,19 @@ async def test_an_org_budget_sends_one_signed_alert_per_crossed_threshold(
             await api.wait_status(job, user="alice")
             [third] = (await rec.wait_for(3, timeout=15))[2:]
             assert json.loads(third.body)["data"]["threshold"] == 0.52
+            # The admin deliveries list shows them; a replay sends one again, same webhook-id.
+            r = await api.http.get("/admin-api/ai/webhook-deliveries", headers=api.as_admin())
+            listed = r.json()["items"]
+            assert [d["eventType"] for d in listed] == ["ai.budget.threshold_crossed"] * 3
+            assert all(d["jobId"].startswith("budget:") for d in listed)
+            first = listed[-1]
+            r = await api.http.post(
+                f"/admin-api/ai/webhook-deliveries/{first['id']}/replay", headers=api.as_admin()
+            )
+            assert r.status_code == 200, r.text
+            [replayed] = (await rec.wait_for(4, timeout=15))[3:]
+            assert replayed.headers["webhook-id"] == got[0].headers["webhook-id"]
+            assert json.loads(replayed.body)["data"] == events[0]["data"]
         r = await api.http.post(
             f"/admin-api/ai/webhooks/{hook['webhookId']}/rotate", headers=api.as_admin()
         )
