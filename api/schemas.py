@@ -226,8 +226,10 @@ class CreateJobBody(Camel):
     run_at: AwareDatetime | None = Field(
         default=None,
         description="Run the job later: RFC 3339 with an offset (`Z` or `+01:00`), not in the "
-        f"past and at most {MAX_RUN_AT_DAYS} days ahead. The job stays `queued` until then "
-        "(its cost is reserved from the create) and may be cancelled meanwhile.",
+        f"past, at most {MAX_RUN_AT_DAYS} days ahead and at least one hour before the job's "
+        "input expires (create + DATA_RETENTION_DAYS; a later one is 422 at "
+        '`["body", "runAt"]`). The job stays `queued` until then (its cost is reserved from '
+        "the create) and may be cancelled meanwhile.",
         examples=["2026-12-05T08:00:00Z"],
     )
     prompt_version: str | None = Field(
