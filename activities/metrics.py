@@ -74,6 +74,7 @@ RECONCILER_ACTIONS = (
     "relay_retired",
     "private_data_purged",
     "outbox_deleted",
+    "finalizer_ended",
 )
 # Distinct model names `aijobs_unpriced_calls_total` labels before it says `other`.
 UNPRICED_MODEL_LABELS = 10

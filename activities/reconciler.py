@@ -8,6 +8,8 @@ phases, in this order:
 - waiting: a queued job whose enqueue was published but whose workflow is missing or closed
   (terminated before PREPARE, failed on a workflow task...) → its enqueue goes out again and the
   relay starts a fresh run;
+- in both: a workflow that closed because its finalizer gave up is never started again: the job
+  ends as that finalizer was ending it (activities/reconciler_endings.py);
 - stuck: a sample of waiting jobs' running workflows is described; one whose workflow task keeps
   failing is reported;
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
@@ -53,6 +55,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.reconciler_endings import FinalizerEndings
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
@@ -135,6 +138,7 @@ class Reconciler:
         # Where each phase stopped in the previous pass of this process (None: the start).
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
+        self._endings = FinalizerEndings(sessionmaker, client, self._metrics, catalog)
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
@@ -250,6 +254,8 @@ class Reconciler:
                 if state.failing_task_attempts >= self.config.stuck_task_attempts:
                     p.report_stuck(job.id, job.workflow_id, state)
                 continue
+            if await self._endings.handled(p, job.id, job.workflow_id, state):
+                continue
             if await self._fail_abandoned(job.id, job.job_type):
                 p.add("expired_lock_failed")
                 p.details.append(f"failed {job.id}")
@@ -295,6 +301,8 @@ class Reconciler:
             if state.failing_task_attempts >= self.config.stuck_task_attempts:
                 p.report_stuck(job_id, wf_id, state)
             return
+        if await self._endings.handled(p, job_id, wf_id, state):
+            return  # never started again into the same fault
         async with self._sm.begin() as s:
             if await outbox_db.republish_enqueue(s, event_id):
                 p.add("outbox_requeued")
