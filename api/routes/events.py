@@ -41,6 +41,7 @@ from api.browser import StreamPrincipal, misused
 from api.deps import JobId, State, StreamUser
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
+from api.stream_schema import event_schema
 from db import jobs as jobs_db
 from db.jobs import JobRow
 from engine.errors import JobNotFound, ValidationFailed
@@ -65,7 +66,7 @@ _STREAM = {
     "JobStatusResponse as JSON); for a long-source job also `event: item`, `data` "
     "`{jobId, chunk, ordinal, content}`, one per item of each chunk as it succeeds; keep-alive "
     "comments in between.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": event_schema()}},
 }
 _TOO_MANY = {
     "description": "Too many event streams open (`TOO_MANY_STREAMS`): the user's "
