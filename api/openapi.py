@@ -127,6 +127,19 @@ def _problem_response(description: str) -> dict[str, Any]:
     }
 
 
+def _no_null_headers(op: dict[str, Any]) -> None:
+    """A header is text or absent, never JSON null: an optional header's `anyOf [..., null]`
+    (FastAPI's spelling of Optional) would have clients send the text `null`."""
+    for param in op.get("parameters", []):
+        schema = param.get("schema", {})
+        if param.get("in") != "header" or "anyOf" not in schema:
+            continue
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+            param["schema"] = {**options[0], **rest}
+
+
 def _formats(op: dict[str, Any]) -> None:
     for param in op.get("parameters", []):
         if param.get("name") == "cursor":
@@ -179,16 +192,23 @@ def body_rules(comps: dict[str, Any]) -> None:
     schema-invalid), a webhook's URL is http(s)."""
     schedule = comps.get("CreateScheduleBody")
     if isinstance(schedule, dict):
+        given = "Given (not null): exactly one of intervalSeconds and cron is"
         schedule["oneOf"] = [
             {
                 "title": "Every intervalSeconds",
                 "required": ["intervalSeconds"],
-                "properties": {"intervalSeconds": {"type": "integer"}},
+                "properties": {
+                    "intervalSeconds": {
+                        "type": "integer",
+                        "title": "Interval seconds",
+                        "description": given,
+                    }
+                },
             },
             {
                 "title": "On a cron expression",
                 "required": ["cron"],
-                "properties": {"cron": {"type": "string"}},
+                "properties": {"cron": {"type": "string", "title": "Cron", "description": given}},
             },
         ]
     webhook = comps.get("CreateWebhookBody")
@@ -227,6 +247,7 @@ def document_errors(schema: dict[str, Any]) -> None:
                     given.get("description") or DESCRIPTIONS[status]
                 )
             _formats(op)
+            _no_null_headers(op)
 
 
 def job_type_bodies(

@@ -63,15 +63,28 @@ def _event(name: str, component: str) -> dict[str, Any]:
             "id": {
                 "type": "string",
                 "pattern": EVENT_ID_PATTERN,
+                "title": "Id",
                 "description": "The event's id: pass it back as Last-Event-ID to resume",
             },
-            "event": {"type": "string", "const": name},
+            "event": {
+                "type": "string",
+                "const": name,
+                "title": "Event",
+                "description": "Which event it is",
+            },
             "data": {
                 "type": "string",
                 "contentMediaType": "application/json",
                 "contentSchema": {"$ref": f"#/components/schemas/{component}"},
+                "title": "Data",
+                "description": f"The event's data: a {component} as JSON",
             },
-            "retry": {"type": "integer", "minimum": 0},
+            "retry": {
+                "type": "integer",
+                "minimum": 0,
+                "title": "Retry",
+                "description": "How long to wait before reconnecting, in milliseconds",
+            },
         },
     }
 
