@@ -10,6 +10,7 @@ before that attempt's admission), the answered one under the next attempt, `repo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import tempfile
@@ -22,6 +23,10 @@ import pytest
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from jobs import attempt_start, lifecycle
+from jobs.admission import Refused
+from jobs.requests import CreateJobRequest
+from runtime.wiring import engine_config, gateway
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import (
     rows,
@@ -127,3 +132,59 @@ async def test_a_call_whose_worker_is_killed_is_charged_its_worst_case(
     }
     assert calls[killed.attempt_no] == [("estimated", worst)], body
     assert [b for b, _ in calls[answered.attempt_no]] == ["reported"], body
+
+
+async def test_a_dead_call_counts_before_the_next_call_is_covered(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    """A job capped at one call's worst case: its first attempt commits its take with the call's
+    mark, and its worker dies before settling. The next attempt's take charges the dead call
+    first, so the cost cover refuses a second call (the cap would be passed); the refusal rolls
+    that transaction back, and the job's failed ending charges the call instead. Spent is the
+    cap, never more: killing workers never spends past a limit."""
+    settings = make_settings(database_url, temporal_address, **fake_env(fake))
+    async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
+        req = CreateJobRequest(
+            user_id="u1", job_type=CARDS, target_type="lesson", target_id="L1", input=INPUTS[CARDS]
+        )
+        worst = (await st.service.quote(req)).checked.estimate.worst_case_cost_usd
+        job = (await st.service.create(dataclasses.replace(req, max_cost_usd=worst))).job.id
+        gw, cfg = gateway(settings), engine_config(settings)
+
+        def attempt(n: int) -> attempt_start.Start:
+            wid = f"ai-interactive:{CARDS}:{job}"
+            return attempt_start.Start(job, wid, "test-worker", 60, "run-1", None, n, 30_000)
+
+        async with db.begin() as s:  # attempt 1's first transaction: its call is marked sent
+            first = await attempt_start.start(s, gw, st.parts.catalog, cfg, attempt(1))
+        assert isinstance(first, attempt_start.Started)
+        marks = "SELECT count(*) FROM ai_call_mark WHERE job_id = :j"
+        assert await scalar(db, marks, j=job) == 1
+
+        class _RolledBack(Exception):
+            pass
+
+        with pytest.raises(_RolledBack):
+            async with db.begin() as s:  # attempt 2: its take charges the dead call first
+                second = await attempt_start.start(s, gw, st.parts.catalog, cfg, attempt(2))
+                assert isinstance(second, Refused) and second.limit == "cap", second
+                raise _RolledBack  # as EXECUTE rolls a refusal back
+        assert await scalar(db, marks, j=job) == 1
+
+        async with db.begin() as s:  # the finalizer's ending
+            await lifecycle.finalize_failed(
+                s, job, code="BUDGET_EXHAUSTED", owner=f"ai-interactive:{CARDS}:{job}", identity="t"
+            )
+        row = await st.job(job)
+    assert (row.lifecycle_status, row.error_code) == ("failed", "BUDGET_EXHAUSTED")
+    assert await scalar(db, marks, j=job) == 0
+    charged = await rows(
+        db, "SELECT attempt_no, cost_basis, cost_usd FROM ai_usage_log WHERE job_id = :j", j=job
+    )
+    assert [(c.attempt_no, c.cost_basis, c.cost_usd) for c in charged] == [(1, "estimated", worst)]
+    assert row.spent_cost_usd == worst == row.max_cost_usd
+    assert (await fake.acalls())["count"] == 0  # no call was sent in this test
