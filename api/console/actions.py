@@ -11,7 +11,7 @@ same filter (with an idempotency key, so a double click starts one) and leads to
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from starlette.datastructures import FormData
@@ -108,7 +108,7 @@ async def bulk(request: Request, session: Action) -> Response:
     service = bulk_service(state)
     limit = BulkPolicy.from_settings(state.settings).max_jobs
     actor, f, recorded = session.admin.user_id, filters.job_filter(), filters.body.filter_json()
-    context = {"action": action, "filters": filters, "limit": limit}
+    context: dict[str, Any] = {"action": action, "filters": filters, "limit": limit}
     if form.get("step") != "confirm":
         preview = await service.preview(actor, action, f, recorded)
         return page(

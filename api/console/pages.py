@@ -19,6 +19,7 @@ from api.console.render import ConsoleRoute, page, see_other
 from api.console.sessions import Console, state_of
 from api.routes import admin, admin_bulk, outbox, usage
 from api.routes import schedules as schedule_routes
+from api.schemas import OutboxStatus
 from db import outbox_admin as outbox_admin_db
 from db import schedules as schedules_db
 from engine.definition import QueueName
@@ -31,7 +32,7 @@ router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schem
 PathText = Annotated[str, Path()]
 RECENT_RUNS = 5
 ARTIFACTS = 100
-PARKED = ("dead", "failed")
+PARKED: tuple[OutboxStatus, ...] = ("dead", "failed")
 STATUSES = get_args(StatusName)
 QUEUES = get_args(QueueName)
 

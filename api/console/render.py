@@ -11,7 +11,7 @@ Swagger UI at /docs keeps its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -141,7 +141,7 @@ class ConsoleRoute(HtmlRoute):
     refusals are HTML pages: no session → 303 to the sign-in form, no CSRF token → 403, a
     domain refusal → its status with its code and public message, a malformed request → 400."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def run(request: Request) -> Response:

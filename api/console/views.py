@@ -134,7 +134,7 @@ class Chart:
     top: Decimal  # the largest day's spend (the chart's scale)
 
 
-CHART_W, CHART_H = 720, 200
+CHART_W, CHART_H = 1000, 160
 
 
 def spend_chart(first: date, last: date, by_day: dict[str, Decimal]) -> Chart:
