@@ -104,6 +104,15 @@ async def test_refused_tokens_and_bearer_headers_open_nothing(api: Api, db: Sess
     assert "admin token is needed" in (await login(api, api.token("alice"))).text
     assert await session_rows(db) == []
 
+    # The console is no part of the JSON API: not in its document, and its headers stay its own.
+    paths = (await api.http.get("/openapi.json")).json()["paths"]
+    assert not [p for p in paths if p.startswith("/console")]
+    docs = await api.http.get("/docs")
+    assert docs.status_code == 200 and "content-security-policy" not in docs.headers
+    login_page = await api.http.get("/console/login")
+    assert "'unsafe-inline'" not in login_page.headers["content-security-policy"]
+    assert login_page.headers["cache-control"] == "no-store"
+
     # A bearer header is no console session; the console's cookie opens no JSON route.
     r = await api.http.get("/console/jobs", headers=api.as_admin())
     assert r.status_code == 303 and r.headers["location"] == "/console/login"
