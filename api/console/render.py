@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.console.csrf import CsrfRefused
 from api.console.sessions import LOGIN_PATH, ConsoleSession, SignInNeeded
 from api.strict import HtmlRoute
+from db.errors import is_unavailable
 from engine.errors import EngineError, ValidationFailed
 from jobs.views import usd_text
 
@@ -139,7 +140,8 @@ def error_page(request: Request, status_code: int, code: str, message: str) -> H
 class ConsoleRoute(HtmlRoute):
     """A console route: outside the JSON API's strictness (api/strict.py skips it), and its
     refusals are HTML pages: no session → 303 to the sign-in form, no CSRF token → 403, a
-    domain refusal → its status with its code and public message, a malformed request → 400."""
+    domain refusal → its status with its code and public message, a malformed request → 400,
+    the database away → 503, anything else → 500 (logged, nothing internal shown)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -157,5 +159,13 @@ class ConsoleRoute(HtmlRoute):
                 return error_page(request, status, exc.code, exc.public_message)
             except RequestValidationError:
                 return error_page(request, 400, "BAD_REQUEST", "The request is malformed.")
+            except Exception as exc:
+                # As the JSON API answers them (api/errors.py), as a page: nothing internal shown.
+                if is_unavailable(exc):
+                    log.error("database unavailable on %s", request.url.path)
+                    message = "The service is temporarily unavailable."
+                    return error_page(request, 503, "SERVICE_UNAVAILABLE", message)
+                log.exception("unhandled error on %s", request.url.path)
+                return error_page(request, 500, "INTERNAL_ERROR", "An internal error occurred.")
 
         return run

@@ -95,12 +95,17 @@ def admin_of(settings: Settings, token: str) -> tuple[Principal, datetime]:
     return principal, datetime.fromtimestamp(exp, UTC)
 
 
-async def sign_in(state: AppState, token: str, session_id: str) -> tuple[str, datetime, datetime]:
+async def sign_in(
+    state: AppState, token: str, session_id: str, *, replaces: str | None = None
+) -> tuple[str, datetime, datetime]:
     """A new session for `session_id` (the caller's fresh random id): (admin, expires_at,
-    now). Refusals create nothing. Expired sessions are deleted on the way, a batch at most."""
+    now). Refusals create nothing. The browser's previous session (`replaces`, its cookie)
+    ends with it; expired sessions are deleted on the way, a batch at most."""
     principal, exp = admin_of(state.settings, token)
     async with state.sessionmaker.begin() as s:
         await console_sessions_db.purge_expired(s)
+        if replaces:
+            await console_sessions_db.delete(s, id_hash(replaces))
         expires_at, now = await console_sessions_db.insert(
             s,
             id_hash(session_id),

@@ -66,7 +66,10 @@ async def login(request: Request) -> Response:
     session_id = secrets.token_urlsafe(32)
     try:
         _, expires_at, now = await sessions.sign_in(
-            sessions.state_of(request), await _token_of(request), session_id
+            sessions.state_of(request),
+            await _token_of(request),
+            session_id,
+            replaces=request.cookies.get(sessions.COOKIE),
         )
     except (Unauthenticated, Forbidden) as exc:
         return _form_page(request, exc.http_status, exc.public_message)

@@ -60,7 +60,13 @@ async def test_the_form_signs_an_admin_in_with_a_strict_cookie(
         # A session lasts at most CONSOLE_SESSION_TTL_S (8 h by default).
         assert 0 < cookie["expires"] - datetime.now(UTC).timestamp() <= 8 * 3600 + 5
         # The table holds the hash of the id, never the id.
+        first = cookie["value"]
+        assert await session_rows(db) == [(hashlib.sha256(first.encode()).hexdigest(), ADMIN)]
+        # Signing in again replaces the browser's session: a fresh id, the old one ended.
+        await sign_in(page, api.token(ADMIN, admin=True))
+        (cookie,) = [c for c in await context.cookies() if c["name"] == COOKIE]
         sid = cookie["value"]
+        assert sid != first
         assert await session_rows(db) == [(hashlib.sha256(sid.encode()).hexdigest(), ADMIN)]
 
         # Signing out ends the session for every holder of the cookie.
