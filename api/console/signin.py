@@ -42,6 +42,7 @@ def _form_page(request: Request, status_code: int = 200, error: str | None = Non
 
 
 @router.get("")
+@router.get("/")
 async def front_door() -> Response:
     return see_other(JOBS)
 
