@@ -92,6 +92,10 @@ async def test_a_session_never_outlives_the_token(api: Api, db: SessionMaker) ->
     async with db.begin() as s:
         left = await s.scalar(text("SELECT expires_at - now() FROM console_session"))
     assert timedelta(seconds=90) < left <= timedelta(seconds=120)
+    # Behind a TLS proxy uvicorn trusts (its proxy headers, from 127.0.0.1 by default) the
+    # scheme is https, and the cookie is Secure.
+    r = await login(api, token, **{"X-Forwarded-Proto": "https"})
+    assert r.status_code == 303 and "; secure" in r.headers["set-cookie"].lower()
 
 
 async def test_refused_tokens_and_bearer_headers_open_nothing(api: Api, db: SessionMaker) -> None:
