@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint bench pgbouncer install install-dev clean
+.PHONY: run test lint bench pgbouncer chromium install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev
+install-dev: $(VENV)/.installed-dev chromium
 
 run: $(VENV)/.installed
 	$(BIN)/aijobs dev $(ARGS)
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
@@ -48,6 +48,16 @@ pgbouncer:
 		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq pgbouncer; \
 	}
+
+# The console's browser tests (tests/e2e/test_console.py) drive Debian's chromium through
+# Playwright's executable_path: no browser download. Installed here only when missing; where it
+# cannot be, those tests fail and name this command.
+CHROMIUM_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get update && apt-get install -y chromium
+chromium:
+	@command -v chromium >/dev/null || [ -x /usr/bin/chromium ] || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		$$sudo sh -c '$(CHROMIUM_INSTALL)' >/dev/null; \
+	} || echo "chromium: could not install it ($(CHROMIUM_INSTALL)); the browser tests will fail" >&2
 
 clean:
 	rm -rf $(VENV) .aijobs .pytest_cache .mypy_cache .ruff_cache

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from temporalio.client import Client
 
-from api import browser, errors, limits, metrics, openapi
+from api import browser, console, errors, limits, metrics, openapi
 from api.events import JobEventHub
 from api.metrics import ApiMetrics
 from api.routes import (
@@ -96,6 +96,7 @@ def create_app(
     errors.install(app)
     limits.install(app, max_bytes=settings.max_request_bytes)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
+    console.install(app)  # the operator console at /console (api/console/)
     browser.install(app, settings)  # CORS outermost: refusals carry its headers too
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)

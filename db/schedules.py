@@ -200,6 +200,33 @@ async def recent_runs(session: AsyncSession, schedule_id: uuid.UUID, limit: int)
     return [RunRow(**m) for m in r.mappings()]
 
 
+async def recent_runs_of(
+    session: AsyncSession, schedule_ids: Sequence[uuid.UUID], limit: int
+) -> dict[uuid.UUID, list[RunRow]]:
+    """`recent_runs` of several schedules in one statement (a page of schedules)."""
+    if not schedule_ids:
+        return {}
+    r = await session.execute(
+        text(
+            """
+            SELECT s.sid AS schedule_id, r.scheduled_at, r.job_id, r.error_code, r.manual
+            FROM unnest(CAST(:ids AS uuid[])) AS s(sid)
+            CROSS JOIN LATERAL (
+                SELECT scheduled_at, job_id, error_code, manual FROM ai_schedule_run
+                WHERE schedule_id = s.sid ORDER BY scheduled_at DESC LIMIT :limit
+            ) AS r
+            """
+        ),
+        {"ids": list(schedule_ids), "limit": limit},
+    )
+    runs: dict[uuid.UUID, list[RunRow]] = {sid: [] for sid in schedule_ids}
+    for m in r.mappings():
+        runs[m["schedule_id"]].append(
+            RunRow(m["scheduled_at"], m["job_id"], m["error_code"], m["manual"])
+        )
+    return runs
+
+
 async def claim_commands(
     session: AsyncSession, *, limit: int, lease_s: float, schedule_id: uuid.UUID | None = None
 ) -> list[CommandRow]:

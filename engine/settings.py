@@ -294,6 +294,11 @@ class Settings(ProviderSettings):
     admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
     # Admin audit entries are deleted this long after they were written.
     admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
+    # The operator console (/console): how long a sign-in lasts (never past the admin token's
+    # `exp`). The console's only setting.
+    console_session_ttl_s: int = Field(
+        default=28_800, ge=60, le=30 * 86_400, alias="CONSOLE_SESSION_TTL_S"
+    )
 
     @model_validator(mode="after")
     def _metrics_ports_by_environment(self) -> Settings:

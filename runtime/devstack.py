@@ -213,6 +213,7 @@ ai-job-engine is running (data in {data_dir}, logs in {data_dir / "logs"})
 
   API           {api_url}
   OpenAPI docs  {api_url}/docs
+  Console       {api_url}/console (sign in with ADMIN_TOKEN)
   Temporal UI   {servers.ui_url}
   Temporal      {servers.address}
   PostgreSQL    {servers.db_url}

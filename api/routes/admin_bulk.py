@@ -29,8 +29,18 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from api import cursors
 from api.deps import Admin, OperationId, State
-from api.routes.admin import iso_datetime
-from api.schemas import JOB_TYPE_PATTERN, NO_NUL, Camel, Queue, Status
+from api.routes.admin import ERROR_CODE_PATTERN, iso_datetime
+from api.schemas import (
+    JOB_TYPE_PATTERN,
+    MAX_METADATA_KEYS,
+    NO_NUL,
+    Camel,
+    Metadata,
+    Queue,
+    Status,
+    metadata_schema,
+)
+from api.state import AppState
 from db import audit as audit_db
 from db.audit import AuditRow
 from db.bulk import OperationRow
@@ -44,12 +54,11 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai", tags=["admin"])
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _AUDIT_CURSOR = "audit:"
-ERROR_CODE_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
 IsoDateTime = Annotated[datetime, BeforeValidator(iso_datetime)]
 
 
 class BulkBody(Camel):
-    """The admin list's filters plus `errorCode`; every filter given must hold (AND)."""
+    """The admin list's filters; every filter given must hold (AND)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
     job_type: str | None = Field(default=None, max_length=64, pattern=JOB_TYPE_PATTERN)
@@ -59,6 +68,15 @@ class BulkBody(Camel):
     error_code: str | None = Field(default=None, max_length=64, pattern=ERROR_CODE_PATTERN)
     created_from: IsoDateTime | None = None
     created_to: IsoDateTime | None = None
+    target_type: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    target_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
+    metadata: Metadata | None = Field(
+        default=None,
+        max_length=MAX_METADATA_KEYS,
+        description="Pairs the job's `metadata` must all hold (the list's `metadata.<key>`)",
+        examples=[{"courseId": "C42"}],
+        json_schema_extra=metadata_schema,
+    )
     dry_run: bool = Field(default=False, strict=True)  # `0` is not a boolean
 
     def job_filter(self) -> JobFilter:
@@ -70,6 +88,9 @@ class BulkBody(Camel):
             error_code=self.error_code,
             created_from=self.created_from,
             created_to=self.created_to,
+            target_type=self.target_type,
+            target_id=self.target_id,
+            metadata=tuple((self.metadata or {}).items()),
         )
 
     def filter_json(self) -> dict[str, Any]:
@@ -138,7 +159,8 @@ class AuditPage(Camel):
     next_cursor: str | None = None
 
 
-def _bulk(state: State) -> BulkService:
+def bulk_service(state: AppState) -> BulkService:
+    """The bulk use case of these routes and of the console's bulk forms."""
     return BulkService(state.sessionmaker, state.jobs, BulkPolicy.from_settings(state.settings))
 
 
@@ -197,7 +219,7 @@ async def _submit(
 ) -> JSONResponse:
     if key is not None and not _KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
-    bulk = _bulk(state)
+    bulk = bulk_service(state)
     f = body.job_filter()
     if body.dry_run:
         preview = await bulk.preview(admin.user_id, action, f, body.filter_json())
@@ -225,8 +247,10 @@ async def _submit(
 
 
 _SUBMIT_DOC = (
-    "Selects jobs with the admin list's filters plus `errorCode` (all optional, combined with "
-    "AND). `dryRun: true` answers 200 `{matched, sample}` (up to 20 job ids) and changes "
+    "Selects jobs with the admin list's filters (`jobType`, `status`, `queueName`, `userId`, "
+    "`errorCode`, `createdFrom`, `createdTo`, `targetType`, `targetId` and `metadata`, an "
+    "object of pairs the job's metadata must all hold; all optional, combined with AND). "
+    "`dryRun: true` answers 200 `{matched, sample}` (up to 20 job ids) and changes "
     "nothing. Otherwise the matching job ids are frozen as the operation's items and a Temporal "
     "workflow (`bulk:{operationId}` on `ai-system`) acts on them in pages, at most "
     "ADMIN_BULK_JOBS_PER_SECOND: 202 `{operationId, matched}`, follow it with "
@@ -298,7 +322,7 @@ async def bulk_retry(
     ),
 )
 async def get_operation(operation_id: OperationId, state: State, _admin: Admin) -> dict[str, Any]:
-    bulk = _bulk(state)
+    bulk = bulk_service(state)
     st = await bulk.status(operation_id)
     op = st.operation
     waited = (datetime.now(UTC) - op.created_at).total_seconds()

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from playwright.async_api import Browser
 from temporalio.client import Client
 
 from api.auth import JwtConfig, issue_token
@@ -32,6 +33,7 @@ from engine.settings import Settings
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from runtime.wiring import api_app
+from tests.e2e.console_helpers import chromium
 from tests.stack import TERMINAL, Stack, engine_stack, make_settings
 from tests.support import eventually
 
@@ -297,3 +299,10 @@ async def workers(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncI
     created through any server of this test really run."""
     async with engine_stack(env(), temporal_client) as stack:
         yield stack
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """One headless chromium for the session's browser tests (tests/e2e/console_helpers.py)."""
+    async with chromium() as b:
+        yield b
