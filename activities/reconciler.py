@@ -104,10 +104,8 @@ class ReconcilerConfig:
     outbox_retention_days: int = 7
     audit_retention_days: int = 365
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
-    # The relay shard workflows it starts when missing, and the retired relay workflow whose
-    # open run it terminates (None: not its job).
+    # The relay shard workflows it starts when missing (None: not its job).
     relay_shards: RelayShards | None = None
-    relay_workflow_id: str | None = None
     # Per-pass limits (tests shrink them; production keeps the module constants).
     page: int = PAGE
     rows_per_phase: int = ROWS_PER_PHASE
@@ -399,10 +397,9 @@ class Reconciler:
     # ---- phases: the relay, retention ------------------------------------------------
 
     async def _relay(self, p: Pass, phase: Phase) -> None:
-        c = await check_relay(self._client, self.config.relay_shards, self.config.relay_workflow_id)
+        c = await check_relay(self._client, self.config.relay_shards)
         p.temporal_calls += c.calls
         p.details.extend(c.notes)
-        p.add("relay_retired", int(c.retired))
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
         """One bounded page of each kind per pass (activities/retention.py)."""

@@ -1,12 +1,7 @@
-"""Workflows of the `ai-system` queue: the relay shards, the reconciler, and the retired outbox
-relay workflow.
+"""Workflows of the `ai-system` queue: the relay shards and the reconciler.
 
 `RelayShardWorkflow` (ids `outbox-relay-<k>`) runs the relay's long heartbeating activity and
-continues as new after it (activities/relay_activity.py, docs/architecture.md "Pollers").
-`RelayWorkflow` is kept, unchanged and registered, only so that its recorded histories
-(tests/replay/histories/relay-*.json) replay and a run an older version left open can still
-take its workflow tasks until it is terminated (`retire_relay_workflow`). Nothing starts it; do
-not change its commands."""
+continues as new after it (activities/relay_activity.py, docs/architecture.md "Pollers")."""
 
 from __future__ import annotations
 
@@ -20,11 +15,8 @@ with workflow.unsafe.imports_passed_through():
         OUTBOX_RELAY,
         RECONCILE_ONCE,
         RECONCILER_WORKFLOW,
-        RELAY_LOOP,
         RELAY_SHARD_WORKFLOW,
-        RELAY_WORKFLOW,
         ReconcileResult,
-        RelayInput,
         RelayShardInput,
         RelayShardResult,
     )
@@ -56,28 +48,6 @@ class RelayShardWorkflow:
         )
         if result.retired:
             return result
-        workflow.continue_as_new(inp)
-
-
-@workflow.defn(name=RELAY_WORKFLOW)
-class RelayWorkflow:
-    """Retired (see the module docstring). It ran the long-lived relay activity, which Temporal
-    restarted elsewhere when its worker died (heartbeat timeout), and continued-as-new to keep
-    its history short."""
-
-    @workflow.run
-    async def run(self, inp: RelayInput) -> None:
-        await workflow.execute_activity(
-            RELAY_LOOP,
-            inp,
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=15),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_interval=timedelta(seconds=10),
-                maximum_attempts=0,
-            ),
-        )
         workflow.continue_as_new(inp)
 
 
