@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
+
+from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
     from engine.contracts import (
-        OUTBOX_RELAY,
-        RECONCILE_ONCE,
         RECONCILER_WORKFLOW,
         RELAY_SHARD_WORKFLOW,
         ReconcileResult,
@@ -26,6 +26,18 @@ with workflow.unsafe.imports_passed_through():
 RELAY_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
 
+# Typed stubs of their activities (as workflows/stages.py's; activities/relay_activity.py and
+# activities/reconciler.py register them).
+@activity.defn
+async def outbox_relay(inp: RelayShardInput) -> RelayShardResult:
+    stub()
+
+
+@activity.defn
+async def reconcile_once() -> ReconcileResult:
+    stub()
+
+
 @workflow.defn(name=RELAY_SHARD_WORKFLOW)
 class RelayShardWorkflow:
     """One relay shard: one long `outbox_relay` activity, then continue-as-new (a dozen events
@@ -34,10 +46,9 @@ class RelayShardWorkflow:
 
     @workflow.run
     async def run(self, inp: RelayShardInput) -> RelayShardResult:
-        result: RelayShardResult = await workflow.execute_activity(
-            OUTBOX_RELAY,
+        result = await workflow.execute_activity(
+            outbox_relay,
             inp,
-            result_type=RelayShardResult,
             start_to_close_timeout=timedelta(seconds=2 * inp.run_for_s + 600),
             heartbeat_timeout=RELAY_HEARTBEAT_TIMEOUT,
             retry_policy=RetryPolicy(
@@ -59,11 +70,9 @@ class ReconcilerWorkflow:
         # pages and phases, so a pass whose worker died is retried after 30 s, not after the
         # whole start-to-close timeout. (Activity options are not replayed: changing them is
         # safe for recorded histories.)
-        result: ReconcileResult = await workflow.execute_activity(
-            RECONCILE_ONCE,
-            result_type=ReconcileResult,
+        return await workflow.execute_activity(
+            reconcile_once,
             start_to_close_timeout=timedelta(minutes=3),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
-        return result
