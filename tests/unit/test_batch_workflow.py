@@ -1,6 +1,7 @@
 """The batch workflow's names agree with its activities' (a workflow imports no activity
-module: its type is spelled on each side, its activities are stubs named as they run), and an answered line is charged at the batch price: half
-the standard price of the built-in OpenAI models, nothing when the provider billed nothing."""
+module: its type is spelled on each side, its activities are stubs named as they run), and an
+answered line is charged at the batch price: half the standard price of the built-in OpenAI
+models, nothing when the provider billed nothing."""
 
 from __future__ import annotations
 
