@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from activities import batch as acts
 from activities.batch import BatchCharge, batch_charge, usage_row
@@ -28,12 +29,13 @@ def deps() -> StageDeps:
 
 def test_the_workflow_and_its_activities_use_the_same_names() -> None:
     assert wf.BATCH_WORKFLOW == acts.BATCH_WORKFLOW
-    for stub, name in (
-        (wf.batch_timing, acts.BATCH_TIMING),
-        (wf.batch_submit, acts.BATCH_SUBMIT),
-        (wf.batch_poll, acts.BATCH_POLL),
-    ):
-        assert stub.__temporal_activity_definition.name == name  # type: ignore[attr-defined]
+    stubs: dict[str, Any] = {
+        acts.BATCH_TIMING: wf.batch_timing,
+        acts.BATCH_SUBMIT: wf.batch_submit,
+        acts.BATCH_POLL: wf.batch_poll,
+    }
+    for name, stub in stubs.items():
+        assert stub.__temporal_activity_definition.name == name
     assert wf.BatchWorkflow.__temporal_workflow_definition.name == "ai_batch"  # type: ignore[attr-defined]
 
 
