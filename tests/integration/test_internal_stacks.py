@@ -125,8 +125,11 @@ async def test_the_admin_sees_the_stack_of_an_internal_failure_without_job_data(
             assert 1 <= len(frames) <= STACK_MAX_FRAMES, message
             assert any(f.startswith("  activities/") for f in frames), message
             # Innermost last: where it broke (the test's own frame is not the engine's).
-            innermost = " in prompt" if jt is prompt_bug else " in project_artifacts"
-            assert frames[-1].endswith(innermost), message
+            # (A planned projection's statement fails where PROJECT's transaction sends it.)
+            innermost = " in prompt" if jt is prompt_bug else "db/pipeline.py"
+            assert innermost in frames[-1], message
+            if jt is projection_bug:
+                assert frames[-2].endswith(" in succeed_planned"), message
             assert len(message) <= INTERNAL_MESSAGE_MAX_CHARS
             assert secret not in message and secret not in r.text
 
