@@ -13,9 +13,7 @@ phases, in this order:
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
-- relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started; a run of the
-  retired `outbox_relay` singleton that an older version left open is terminated (no worker
-  serves its activity any more);
+- relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started;
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
   parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).

@@ -268,8 +268,8 @@ class ProjectResult:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_micros: int = 0
-    # True when the four figures above are that sum (results recorded before this field, and
-    # a retry that found the job already ended, carry none: COMPLETE then reads it itself).
+    # True when the four figures above are that sum (a retry that found the job already ended
+    # carries none: COMPLETE then reads it itself).
     summarized: bool = False
 
 
@@ -277,7 +277,7 @@ class ProjectResult:
 class CompleteInput:
     job_id: str
     # The usage summary PROJECT read in the transaction that ended the job, which COMPLETE
-    # reports; None (runs recorded before, a PROJECT that found the job ended): it reads it.
+    # reports; None (a PROJECT that found the job ended): it reads it.
     usage: CompleteResult | None = None
 
 

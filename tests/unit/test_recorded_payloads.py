@@ -113,10 +113,10 @@ def test_every_recorded_stage_payload_decodes_into_todays_contract(path: Any) ->
 
 def test_a_payload_with_fields_the_contract_no_longer_declares_decodes() -> None:
     """What the test above relies on for runs recorded before a field was removed: every
-    recorded EXECUTE input, with the fields `ExecuteInput` has shed since added back, decodes
-    into the same value as without them."""
+    recorded EXECUTE input, with fields `ExecuteInput` no longer declares added (its workflow and
+    run ids, removed since, and a flag), decodes into the same value as without them."""
     converter = DataConverter.default.payload_converter
-    removed = {"workflow_id": "w", "run_id": "r", "yield_on_gate": True, "project_in_slot": False}
+    removed = {"workflow_id": "w", "run_id": "r", "a_flag_removed_since": True}
     inputs = [
         (payload, cls)
         for path in JOB_HISTORIES
