@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint bench pgbouncer chromium install install-dev clean
+.PHONY: run test lint bench pgbouncer chromium install install-dev clean replay-baseline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The replay baseline (docs/versioning.md): record tag $(TAG) again from real runs (embedded
+# PostgreSQL and a Temporal dev server), then replay every kept history and check its coverage.
+TAG ?= v8
+replay-baseline: $(VENV)/.installed-dev
+	$(BIN)/python -m tests.replay.record --tag $(TAG)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/replay tests/unit/test_recorded_payloads.py
 
 # The API figure's load generator is wrk (a native client, so the client is never the
 # bottleneck); without it the bench falls back to its Python client and says so in the table.

@@ -71,7 +71,6 @@ RECONCILER_ACTIONS = (
     "stuck_workflow",
     "enqueue_revived",
     "enqueue_closed",
-    "relay_retired",
     "private_data_purged",
     "outbox_deleted",
 )

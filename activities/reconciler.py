@@ -13,9 +13,7 @@ phases, in this order:
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
-- relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started; a run of the
-  retired `outbox_relay` singleton that an older version left open is terminated (no worker
-  serves its activity any more);
+- relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started;
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
   parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
@@ -104,10 +102,8 @@ class ReconcilerConfig:
     outbox_retention_days: int = 7
     audit_retention_days: int = 365
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
-    # The relay shard workflows it starts when missing, and the retired relay workflow whose
-    # open run it terminates (None: not its job).
+    # The relay shard workflows it starts when missing (None: not its job).
     relay_shards: RelayShards | None = None
-    relay_workflow_id: str | None = None
     # Per-pass limits (tests shrink them; production keeps the module constants).
     page: int = PAGE
     rows_per_phase: int = ROWS_PER_PHASE
@@ -399,10 +395,9 @@ class Reconciler:
     # ---- phases: the relay, retention ------------------------------------------------
 
     async def _relay(self, p: Pass, phase: Phase) -> None:
-        c = await check_relay(self._client, self.config.relay_shards, self.config.relay_workflow_id)
+        c = await check_relay(self._client, self.config.relay_shards)
         p.temporal_calls += c.calls
         p.details.extend(c.notes)
-        p.add("relay_retired", int(c.retired))
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
         """One bounded page of each kind per pass (activities/retention.py)."""

@@ -21,7 +21,6 @@ from activities.retention import retention_config
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
-from engine.contracts import RELAY_WORKFLOW_ID
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.offpeak import parse_windows
 from engine.payloads import DATA_CONVERTER
@@ -240,7 +239,6 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         outbox_retention_days=settings.outbox_retention_days,
         audit_retention_days=settings.admin_audit_retention_days,
         retention=retention_config(settings),
-        relay_workflow_id=RELAY_WORKFLOW_ID + settings.task_queue_suffix,
     )
 
 

@@ -46,12 +46,11 @@ from activities.relay_activity import (
     RelayActivities,
     RelayShards,
     ensure_relay_workflows,
-    retire_relay_workflow,
 )
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
-from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW, RELAY_WORKFLOW_ID
+from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
 from engine.settings import Settings
@@ -74,7 +73,7 @@ from workflows.batch import BatchWorkflow
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
 from workflows.schedule_run import ScheduledRun
-from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
+from workflows.system import ReconcilerWorkflow, RelayShardWorkflow
 
 log = logging.getLogger(__name__)
 ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
@@ -212,11 +211,8 @@ def system_worker(client: Client, parts: Parts) -> Worker:
     return Worker(
         client,
         task_queue=s.task_queue(SYSTEM_QUEUE),
-        # RelayWorkflow only so that a run an older version left open can take its
-        # workflow tasks until it is retired (workflows/system.py).
         workflows=[
             RelayShardWorkflow,
-            RelayWorkflow,
             ReconcilerWorkflow,
             BulkWorkflow,
             ScheduledRun,
@@ -248,9 +244,7 @@ def relay_shards(settings: Settings) -> RelayShards:
 
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:
     """Start the relay shard workflows that are not running and the reconciler schedule (both
-    idempotent), and terminate an open run of the retired relay workflow an older version
-    started."""
-    await retire_relay_workflow(client, RELAY_WORKFLOW_ID + settings.task_queue_suffix)
+    idempotent)."""
     await ensure_relay_workflows(client, relay_shards(settings))
     with contextlib.suppress(ScheduleAlreadyRunningError):
         await client.create_schedule(

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
+
+from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
     from engine.schedules import (
-        SCHEDULE_JOB_ENDED,
-        SCHEDULE_RUN_ACTIVITY,
         SCHEDULE_RUN_WORKFLOW,
         ScheduledRunInput,
         ScheduledRunResult,
@@ -33,6 +33,18 @@ SCHEDULED_START = SearchAttributeKey.for_datetime("TemporalScheduledStartTime")
 _LONGEST_WAIT = timedelta(minutes=1)
 
 
+# Typed stubs of its activities (as workflows/stages.py's; activities/schedules.py registers
+# them).
+@activity.defn
+async def schedule_run(req: ScheduleRunRequest) -> ScheduledRunResult:
+    stub()
+
+
+@activity.defn
+async def schedule_job_ended(job_id: str) -> bool:
+    stub()
+
+
 @workflow.defn(name=SCHEDULE_RUN_WORKFLOW)
 class ScheduledRun:
     @workflow.run
@@ -41,10 +53,9 @@ class ScheduledRun:
         if at is None:
             fired = workflow.info().typed_search_attributes.get(SCHEDULED_START)
             at = iso(fired if fired is not None else workflow.now())
-        result: ScheduledRunResult = await workflow.execute_activity(
-            SCHEDULE_RUN_ACTIVITY,
+        result = await workflow.execute_activity(
+            schedule_run,
             ScheduleRunRequest(inp.schedule_id, at, manual=inp.manual_at is not None),
-            result_type=ScheduledRunResult,
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=20),
         )
@@ -52,10 +63,9 @@ class ScheduledRun:
             return result
         wait = timedelta(seconds=1)
         while True:
-            ended: bool = await workflow.execute_local_activity(
-                SCHEDULE_JOB_ENDED,
+            ended = await workflow.execute_local_activity(
+                schedule_job_ended,
                 result.job_id,
-                result_type=bool,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
             )

@@ -6,7 +6,6 @@ retention setting, in bounded batches, by the reconciler's retention phase.
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -151,7 +150,7 @@ async def test_old_entries_are_purged_in_bounded_batches_by_the_reconciler(
     rec = Reconciler(
         db,
         temporal_client,
-        dataclasses.replace(reconciler_config(settings), relay_workflow_id=None),
+        reconciler_config(settings),
     )
     await rec.run_once()
     async with db() as s:

@@ -6,7 +6,6 @@ raised by PostgreSQL for one job only (a function or a trigger the test creates 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -183,7 +182,7 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
             "WHERE aggregate_id = :j",
             j=str(job),
         )
-        cfg = dataclasses.replace(reconciler_config(settings), relay_workflow_id=None)
+        cfg = reconciler_config(settings)
         await Reconciler(db, temporal_client, cfg, catalog=st.parts.catalog).run_once()
         async with relay_running(st.relay):
             row = await st.wait_status(job, timeout=BOUND_S)

@@ -159,7 +159,6 @@ async def test_execute_waits_out_postgres_down_after_the_call_without_spending_a
                         job_id=str(job),
                         timeout_ms=30_000,
                         abort_strategy="retry",
-                        project_in_slot=False,  # the five stages: PROJECT comes next
                     ),
                 )
             )

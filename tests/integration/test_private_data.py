@@ -128,9 +128,7 @@ async def test_retention_removes_every_copy_of_private_data(
                 ),
                 {"j": old_done},
             )
-        cfg = dataclasses.replace(
-            reconciler_config(st.settings), retention_days=30, relay_workflow_id=None
-        )
+        cfg = dataclasses.replace(reconciler_config(st.settings), retention_days=30)
         result = await Reconciler(db, temporal_client, cfg).run_once()
         assert result.private_data_purged == 1  # the running job keeps what it needs
         assert result.snapshots_deleted == 1
