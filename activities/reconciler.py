@@ -16,6 +16,8 @@ phases, in this order:
 - relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started; a run of the
   retired `outbox_relay` singleton that an older version left open is terminated (no worker
   serves its activity any more);
+- schedules: each schedule's Temporal schedule made to match its row when it is missing, paused
+  otherwise, or starts runs on another queue (activities/reconciler_schedules.py);
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
   parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
@@ -54,6 +56,7 @@ from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
+from activities.reconciler_schedules import ScheduleRepair
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
 from activities.retention import RetentionConfig, run_retention
@@ -66,6 +69,7 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
 from jobs import lifecycle
+from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
@@ -85,7 +89,7 @@ STUCK_SAMPLE = 25
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
 
-PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
+PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,10 @@ class Reconciler:
         metrics: WorkerMetrics | None = None,
         *,
         catalog: Catalog | None = None,
+        schedules: ScheduleSync | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._schedules = ScheduleRepair(sessionmaker, schedules)  # none: the phase does nothing
         # The job types: an abandoned long-source job keeps what its chunks produced.
         self._catalog = catalog
         self._metrics = metrics or worker_metrics()
@@ -151,6 +157,7 @@ class Reconciler:
             "revival": self._revival,
             "cancels": self._cancels,
             "relay": self._relay,
+            "schedules": self._schedules.run,
             "retention": self._retention,
         }
         for name in PHASES:
