@@ -41,7 +41,9 @@ async def test_each_run_takes_one_request_and_a_retry_takes_none(
             None,
         )
         assert await svc.run(row.id, second, manual=True) == refused
-        runs = await rows(db, "SELECT job_id, error_code FROM ai_schedule_run ORDER BY scheduled_at")
+        runs = await rows(
+            db, "SELECT job_id, error_code FROM ai_schedule_run ORDER BY scheduled_at"
+        )
         assert [(str(r.job_id), r.error_code) for r in runs] == [
             (made.job_id, None),
             ("None", "RATE_LIMITED"),
