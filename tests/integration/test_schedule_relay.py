@@ -17,6 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from db import outbox as outbox_db
 from db import schedules as schedules_db
 from db.session import SessionMaker
+from engine.definition import SYSTEM_QUEUE
 from engine.schedules import (
     SCHEDULES_QUEUE,
     SYNC_EVENT,
@@ -25,8 +26,11 @@ from engine.schedules import (
     temporal_schedule_id,
 )
 from engine.settings import Settings
+from runtime.schedules import RUN_SLOTS
+from runtime.wiring import build_parts
+from runtime.worker import build_workers
 from tests.integration.engine_helpers import describe_or_none, execute, rows
-from tests.stack import Stack, engine_stack
+from tests.stack import INTERACTIVE, Stack, engine_stack
 
 
 async def add_schedule(db: SessionMaker, *, cron: str | None = None, paused: bool = False) -> Any:
@@ -148,3 +152,27 @@ async def test_failed_schedule_events_follow_the_outbox_rules(
             ).scalar_one()
         assert error.startswith("RPCError")
         assert await temporal(temporal_client, st, refused) is None
+
+
+async def test_runs_have_a_task_queue_and_slots_of_their_own(
+    settings: Settings, temporal_client: Client
+) -> None:
+    """The `ai-system` process polls `ai-schedules` with a worker of its own: a backlog of runs
+    waits there, never in the slots of the relay, the reconciler or the bulk operations."""
+    parts = build_parts(settings)
+    try:
+        workers = build_workers(temporal_client, parts, [SYSTEM_QUEUE])
+        by_queue = {w.task_queue: w.config() for w in workers}
+        system, runs = (
+            settings.task_queue(SYSTEM_QUEUE),
+            SCHEDULES_QUEUE + settings.task_queue_suffix,
+        )
+        assert set(by_queue) == {system, runs}
+        assert [w.__name__ for w in by_queue[runs]["workflows"]] == ["ScheduledRun"]
+        assert by_queue[runs]["max_concurrent_activities"] == RUN_SLOTS
+        # Serving no job queue builds no `ai-schedules` worker either.
+        assert [w.task_queue for w in build_workers(temporal_client, parts, INTERACTIVE)] == [
+            settings.task_queue(INTERACTIVE[0])
+        ]
+    finally:
+        await parts.close()
