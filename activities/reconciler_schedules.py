@@ -8,7 +8,9 @@ call) and syncs those that differ (jobs/schedule_dispatch.py `ScheduleSync.repai
 
 A sweep starts at most every REPAIR_EVERY_S in a process (the first pass after a worker starts
 sweeps at once), and goes page by page within the phase's describes and time, keeping its
-cursor: a sweep cut short goes on at the next pass until it wraps round.
+cursor: a sweep cut short goes on at the next pass until it wraps round. At its end, one list of
+Temporal's schedules (a call per 1,000) finds those whose row is gone (a delete whose
+`ai.schedule.sync` was parked `dead`) and deletes them.
 """
 
 from __future__ import annotations
@@ -69,9 +71,44 @@ class ScheduleRepair:
                 self._after = sid
             p.beat()
             if len(ids) < PAGE:
+                await self._orphans(p, phase)
                 self._sweeping = False
                 self._next_sweep = time.monotonic() + self._every_s
                 return
+
+    async def _orphans(self, p: Pass, phase: Phase) -> None:
+        """Deletes the Temporal schedules whose row is gone, a page of ids at a time (a row
+        never comes back: its id is random, and its Temporal schedule is only ever created
+        after its row committed)."""
+        assert self._sync is not None
+        page: list[uuid.UUID] = []
+        p.temporal_calls += 1
+        async for sid in self._sync.listed():
+            page.append(sid)
+            if len(page) >= PAGE:
+                await self._delete_orphans(p, page)
+                page = []
+                if phase.out_of_time():  # the rest at the next sweep
+                    p.cut(phase)
+                    return
+        await self._delete_orphans(p, page)
+
+    async def _delete_orphans(self, p: Pass, page: list[uuid.UUID]) -> None:
+        if not page:
+            return
+        assert self._sync is not None
+        async with self._sm() as s:
+            alive = await schedules_db.existing(s, page)
+        for sid in page:
+            if sid not in alive:
+                p.temporal_calls += 1
+                await self._sync.sync(sid)  # no row: deleted
+                p.add("schedule_orphan_deleted")
+                p.details.append(f"schedule {sid} deleted")
+                log.warning(
+                    "Temporal schedule without its row deleted",
+                    extra={"schedule_id": str(sid), "alert": "AIJOBS_SCHEDULE_REPAIRED"},
+                )
 
     async def _repair(self, p: Pass, sid: uuid.UUID) -> None:
         """One schedule; a refusal of Temporal's about this one (not an outage) is logged and

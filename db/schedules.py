@@ -315,6 +315,14 @@ async def event_payload(
     return dict(value) if isinstance(value, dict) else None
 
 
+async def existing(session: AsyncSession, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of `ids` that still have their row."""
+    r = await session.execute(
+        text("SELECT id FROM ai_schedule WHERE id = ANY(:ids)"), {"ids": list(ids)}
+    )
+    return {row.id for row in r}
+
+
 async def ids_after(session: AsyncSession, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:
     """Schedule ids in id order after `after`: the repair's pages."""
     r = await session.execute(

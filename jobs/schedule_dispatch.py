@@ -15,13 +15,15 @@ twice (a relay died after Temporal answered) changes nothing:
 
 `repair` is the reconciler's look at one schedule: missing in Temporal, paused otherwise than
 the row, or starting its runs on another task queue (an older version's `ai-system`): synced.
+`listed` names the schedules Temporal holds for this deployment, so that the reconciler deletes
+those whose row is gone (a delete whose sync was parked).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 
 from temporalio.client import (
@@ -189,3 +191,17 @@ class ScheduleSync:
                 return False
         await self.sync(schedule_id)
         return True
+
+    async def listed(self) -> AsyncIterator[uuid.UUID]:
+        """The schedule ids of this deployment's Temporal schedules (`aijobs-schedule:{id}` plus
+        its suffix; another deployment's, with another suffix, never parse as one). Temporal's
+        list is eventually consistent: a schedule created a moment ago may be missing."""
+        prefix = temporal_schedule_id("")
+        async for entry in await self._client.list_schedules():
+            sid = entry.id
+            if not sid.startswith(prefix) or not sid.endswith(self._suffix):
+                continue
+            try:
+                yield uuid.UUID(sid[len(prefix) : len(sid) - len(self._suffix)])
+            except ValueError:
+                continue

@@ -87,19 +87,30 @@ async def runs_at_least(api: Api, sid: str, n: int, timeout: float = 20.0) -> li
     return await eventually(enough, timeout=timeout, interval=0.2, what=f"{n} runs of {sid}")
 
 
+async def temporal_schedule_or_none(client: Client, st: Stack, sid: str) -> Any:
+    handle = client.get_schedule_handle(temporal_schedule_id(sid, st.settings.task_queue_suffix))
+    try:
+        return await handle.describe()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return None
+
+
 async def temporal_schedule(client: Client, st: Stack, sid: str) -> Any:
     """Its Temporal schedule, once the relay has dispatched the create's sync event."""
-    handle = client.get_schedule_handle(temporal_schedule_id(sid, st.settings.task_queue_suffix))
 
     async def described() -> Any:
-        try:
-            return await handle.describe()
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND:
-                raise
-            return None
+        return await temporal_schedule_or_none(client, st, sid)
 
     return await eventually(described, timeout=10, interval=0.1, what=f"schedule {sid}")
+
+
+async def temporal_schedule_gone(client: Client, st: Stack, sid: str) -> None:
+    async def gone() -> bool:
+        return await temporal_schedule_or_none(client, st, sid) is None
+
+    await eventually(gone, timeout=30, interval=0.2, what=f"schedule {sid} to go")
 
 
 async def test_a_two_second_schedule_runs_jobs_that_succeed(
@@ -245,18 +256,7 @@ async def test_delete_removes_the_temporal_schedule(
             await api.http.get(f"{BASE}/{sid}", headers=api.as_user()), 404, "SCHEDULE_NOT_FOUND"
         )
 
-        handle = temporal_client.get_schedule_handle(
-            temporal_schedule_id(sid, st.settings.task_queue_suffix)
-        )
-
-        async def gone() -> bool:
-            try:
-                await handle.describe()
-            except RPCError as exc:
-                return exc.status == RPCStatusCode.NOT_FOUND
-            return False
-
-        await eventually(gone, timeout=10, interval=0.2, what="the Temporal schedule to go")
+        await temporal_schedule_gone(temporal_client, st, sid)
 
 
 async def test_runs_of_an_owner_over_quota_are_recorded_as_refused(
@@ -316,15 +316,26 @@ async def test_the_reconcilers_repair_makes_temporal_match_the_rows(
     db: SessionMaker, env: Any, temporal_client: Client
 ) -> None:
     """A Temporal schedule lost (deleted by hand) is created again, paused as its row says; one
-    an older version made, starting its runs on `ai-system`, is moved to `ai-schedules`; a
-    schedule that matches is left alone."""
+    an older version made, starting its runs on `ai-system`, is moved to `ai-schedules`; one
+    whose row is gone (its delete's sync parked) is deleted; a schedule that matches is left
+    alone."""
     async with scheduling(env, temporal_client) as (api, st):
         lost = (await create(api, intervalSeconds=3600, paused=True))["scheduleId"]
         moved = (await create(api, intervalSeconds=3600, paused=True))["scheduleId"]
         fine = (await create(api, intervalSeconds=3600, paused=True))["scheduleId"]
+        orphan = (await create(api, intervalSeconds=3600, paused=True))["scheduleId"]
         suffix = st.settings.task_queue_suffix
-        for sid in (lost, moved, fine):
+        for sid in (lost, moved, fine, orphan):
             await temporal_schedule(temporal_client, st, sid)
+        sync = schedule_sync(temporal_client, st.parts)
+
+        async def listed() -> bool:
+            return orphan in {str(x) async for x in sync.listed()}
+
+        # Temporal's list is eventually consistent: the repair sees what it lists.
+        await eventually(listed, timeout=10, interval=0.2, what="the schedule listed")
+        async with db.begin() as s:
+            await s.execute(text("DELETE FROM ai_schedule WHERE id = :s"), {"s": orphan})
         await temporal_client.get_schedule_handle(temporal_schedule_id(lost, suffix)).delete()
 
         async def to_system_queue(u: ScheduleUpdateInput) -> ScheduleUpdate:
@@ -336,16 +347,14 @@ async def test_the_reconcilers_repair_makes_temporal_match_the_rows(
             to_system_queue
         )
         reconciler = Reconciler(
-            st.parts.sessionmaker,
-            temporal_client,
-            ReconcilerConfig(),
-            schedules=schedule_sync(temporal_client, st.parts),
+            st.parts.sessionmaker, temporal_client, ReconcilerConfig(), schedules=sync
         )
         result = await reconciler.run_once()
         assert "schedules" not in result.failed_phases
         assert sorted(d for d in result.details if d.startswith("schedule ")) == sorted(
-            f"schedule {sid} synced" for sid in (lost, moved)
+            [f"schedule {lost} synced", f"schedule {moved} synced", f"schedule {orphan} deleted"]
         )
+        assert await temporal_schedule_or_none(temporal_client, st, orphan) is None
         for sid in (lost, moved):
             desc = await temporal_schedule(temporal_client, st, sid)
             assert desc.schedule.state.paused
@@ -410,18 +419,7 @@ async def test_a_schedules_changes_are_outbox_events_the_relay_publishes(
         # A delete is an event too, and takes the Temporal schedule with it.
         assert (await api.http.delete(f"{BASE}/{sid}", headers=api.as_user())).status_code == 204
 
-        async def deleted() -> bool:
-            try:
-                await client_schedule(temporal_client, st, sid).describe()
-            except RPCError as exc:
-                return exc.status == RPCStatusCode.NOT_FOUND
-            return False
-
-        await eventually(deleted, timeout=30, interval=0.2, what="the Temporal schedule to go")
-
-
-def client_schedule(client: Client, st: Stack, sid: str) -> Any:
-    return client.get_schedule_handle(temporal_schedule_id(sid, st.settings.task_queue_suffix))
+        await temporal_schedule_gone(temporal_client, st, sid)
 
 
 async def test_the_create_the_trigger_and_each_run_take_from_the_owners_rate(
