@@ -14,6 +14,8 @@ phases, in this order:
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
 - relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started;
+- schedules: each schedule's Temporal schedule made to match its row when it is missing, paused
+  otherwise, or starts runs on another queue (activities/reconciler_schedules.py);
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
   parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
@@ -52,6 +54,7 @@ from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
+from activities.reconciler_schedules import ScheduleRepair
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
 from activities.retention import RetentionConfig, run_retention
@@ -64,6 +67,7 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
 from jobs import lifecycle
+from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
@@ -83,7 +87,7 @@ STUCK_SAMPLE = 25
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
 
-PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
+PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,10 @@ class Reconciler:
         metrics: WorkerMetrics | None = None,
         *,
         catalog: Catalog | None = None,
+        schedules: ScheduleSync | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._schedules = ScheduleRepair(sessionmaker, schedules)  # none: the phase does nothing
         # The job types: an abandoned long-source job keeps what its chunks produced.
         self._catalog = catalog
         self._metrics = metrics or worker_metrics()
@@ -147,6 +153,7 @@ class Reconciler:
             "revival": self._revival,
             "cancels": self._cancels,
             "relay": self._relay,
+            "schedules": self._schedules.run,
             "retention": self._retention,
         }
         for name in PHASES:

@@ -21,7 +21,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
 
 import psycopg
 from temporalio.client import Client
@@ -33,10 +32,13 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
+from activities.relay_failures import UNREACHABLE as _UNREACHABLE
+from activities.relay_failures import DispatchFailure, FailureKind
+from activities.relay_schedules import dispatch_schedule_event
 from db import outbox as outbox_db
 from db import relay as relay_db
 from db import webhook_deliveries as deliveries_db
@@ -61,6 +63,8 @@ from engine.contracts import (
     workflow_id,
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
+from engine.schedules import SCHEDULE_EVENTS
+from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,8 @@ class RelayConfig:
     # A job's change (its end makes room in a window) wakes the relay at most this often; the
     # outbox's own NOTIFY and the poll are not held back by it.
     job_wake_s: float = 0.2
+    # SCHEDULE_CATCHUP_WINDOW_S, for the Temporal schedules an `ai.schedule.sync` writes.
+    schedule_catchup_s: float = 60.0
     owner: str = field(
         # Unique per relay instance: a memory address (id()) can come back in another process
         # or later in this one, and two relays with one owner would release each other's claims.
@@ -111,6 +117,12 @@ class Relay:
         self._client = client
         self._catalog = catalog
         self.config = config
+        self._schedules = ScheduleSync(
+            sessionmaker,
+            client,
+            suffix=config.task_queue_suffix,
+            catchup_s=config.schedule_catchup_s,
+        )
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)
         self.unavailable_streak = 0
@@ -311,6 +323,9 @@ class Relay:
             return None
         if row.event_type == BULK_START:
             return await self._start_bulk(row)
+        if row.event_type in SCHEDULE_EVENTS:
+            async with self._sem:
+                return await dispatch_schedule_event(self._schedules, row)
         if row.event_type != ENQUEUE:
             log.warning(
                 "unknown outbox event type; marked published, not dispatched",
@@ -420,24 +435,3 @@ class Relay:
 
 def _event_label(event_type: str) -> str:
     return event_type if event_type == ENQUEUE or event_type in KNOWN_DOMAIN_EVENTS else "other"
-
-
-FailureKind = Literal["unavailable", "retry", "malformed"]
-# Transient conditions of the server, not the row's fault: it did not answer (UNAVAILABLE,
-# DEADLINE_EXCEEDED, CANCELLED) or it is shedding load (RESOURCE_EXHAUSTED: a rate limit or a
-# busy history shard). The row backs off and the claim does not count as an attempt, so a
-# loaded or absent Temporal never parks a job's enqueue; the relay as a whole slows down too.
-_UNREACHABLE = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-    }
-)
-
-
-@dataclass(frozen=True)
-class DispatchFailure:
-    kind: FailureKind
-    error: str

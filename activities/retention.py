@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import audit as audit_db
 from db import outbox as outbox_db
 from db import retention as retention_db
+from db import schedules as schedules_db
 from db import snapshots as snapshots_db
 from db.session import SessionMaker
 from engine.settings import Settings
@@ -77,6 +78,8 @@ def purges(c: RetentionConfig) -> dict[str, Purge]:
         "revoked_keys_purged": lambda s: retention_db.purge_revoked_keys(
             s, days=c.revoked_key_days
         ),
+        # A schedule's recorded runs, on a job's private data's clock.
+        "schedule_runs_deleted": lambda s: schedules_db.purge_runs(s, days=c.data_days),
     }
 
 

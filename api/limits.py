@@ -255,8 +255,9 @@ _RATE_LIMITED_SCHEMA = problem_schema(
 )
 RATE_LIMITED_RESPONSE: dict[int | str, dict[str, Any]] = {
     429: {
-        "description": "Past your rate of creates and quotes (`RATE_LIMITED`, API_RATE_LIMIT_PER_"
-        "MINUTE with bursts of API_RATE_LIMIT_BURST, across all API processes), or this server's "
+        "description": "Past your request rate (`RATE_LIMITED`: creates, quotes, retries, a "
+        "schedule's create, resume and trigger share it; API_RATE_LIMIT_PER_MINUTE with bursts of "
+        "API_RATE_LIMIT_BURST, across all API processes), or this server's "
         "token counting busy for too long; `Retry-After` in whole seconds, at least 1",
         "content": {PROBLEM: {"schema": _RATE_LIMITED_SCHEMA}},
     }

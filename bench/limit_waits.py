@@ -20,9 +20,9 @@ another database, less PostgreSQL's own autovacuum and autoanalyze runs in the w
 Each wait is reported as transactions per waiting job per minute, raw ((window's count) / jobs /
 minutes) and net of the idle baseline over the same duration. Then the idle stack's cost is
 split by loop: the same stack again with one loop slowed to one poll an hour (the relay's
-`RELAY_POLL_INTERVAL_S`, the webhook deliverer's `WEBHOOK_POLL_INTERVAL_S`, the schedules'
-dispatcher's `SCHEDULE_DISPATCH_POLL_S`); what that loop cost is the difference. The worker
-alone (the relay process stopped) gives the rest, the limit waker included.
+`RELAY_POLL_INTERVAL_S`, the webhook deliverer's `WEBHOOK_POLL_INTERVAL_S`); what that loop cost
+is the difference. The worker alone (the relay process stopped) gives the rest, the limit waker
+included.
 
 The polling this replaced (EXECUTE asked again every second while a concurrency slot was
 taken: one rolled-back transaction per look) is not run here: it was about 55 looks, so 55
@@ -47,7 +47,6 @@ LIMITS = {"synthetic": {"concurrency": 1}}
 SLOW_LOOPS = {
     "relay": "RELAY_POLL_INTERVAL_S",
     "webhook deliverer": "WEBHOOK_POLL_INTERVAL_S",
-    "schedule dispatcher": "SCHEDULE_DISPATCH_POLL_S",
 }
 POLL_S = 0.1
 

@@ -275,11 +275,10 @@ class Settings(ProviderSettings):
         default=10, ge=1, alias="WEBHOOK_MAX_ENDPOINTS_PER_USER"
     )
     # Recurring jobs (docs/schedules.md): the shortest interval, schedules per user, how late a
-    # missed fire may still run (Temporal's catch-up window), how often the dispatcher looks.
-    schedule_min_interval_s: int = Field(default=1, ge=1, alias="SCHEDULE_MIN_INTERVAL_S")
+    # missed fire may still run (Temporal's catch-up window).
+    schedule_min_interval_s: int = Field(default=60, ge=1, alias="SCHEDULE_MIN_INTERVAL_S")
     schedule_max_per_user: int = Field(default=20, ge=1, alias="SCHEDULE_MAX_PER_USER")
     schedule_catchup_window_s: int = Field(default=60, ge=10, alias="SCHEDULE_CATCHUP_WINDOW_S")
-    schedule_dispatch_poll_s: float = Field(default=10.0, gt=0, alias="SCHEDULE_DISPATCH_POLL_S")
     # Delivered and dead deliveries are deleted this long after they finished.
     webhook_retention_days: float = Field(default=7.0, gt=0, alias="WEBHOOK_RETENTION_DAYS")
     # Bulk admin operations: a filter matching more jobs is refused (422 with the count); items

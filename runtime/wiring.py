@@ -229,6 +229,7 @@ def relay_config(settings: Settings) -> RelayConfig:
         light_jobs=settings.fairness_light_jobs,
         light_boost=settings.fairness_light_boost,
         user_window=settings.user_dispatch_window,
+        schedule_catchup_s=settings.schedule_catchup_window_s,
     )
 
 

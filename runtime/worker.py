@@ -57,7 +57,7 @@ from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
 from runtime.limit_waker import limit_waker_task
-from runtime.schedules import schedule_activities, schedule_dispatcher
+from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -175,21 +175,33 @@ def build_workers(
         PublicFailureInterceptor(),
         BoundedStagesInterceptor(parts.sessionmaker, s.stage_internal_attempts),
     ]
-    return [
+    workers = [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
         else system_worker(client, parts)
         for q in queues
     ]
+    if SYSTEM_QUEUE in queues:
+        # The schedules' runs: on `ai-schedules`, in the `ai-system` process, slots of their own.
+        workers.append(schedules_worker(client, parts, sandbox_runner(), drain_s=SYSTEM_DRAIN_S))
+    return workers
 
 
 def system_worker(client: Client, parts: Parts) -> Worker:
-    """The `ai-system` worker: the relay shards, the reconciler, the admin bulk operations and
-    the schedules' runs."""
+    """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations
+    (the schedules' runs have a worker of their own, `ai-schedules`; `ScheduledRun` stays here
+    for the runs an older version started on `ai-system`)."""
     s = parts.settings
-    # Its `relay` phase starts a missing relay shard workflow.
+    # Its `relay` phase starts a missing relay shard workflow; its `schedules` phase makes the
+    # Temporal schedules match their rows.
     rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
-    reconciler = Reconciler(parts.sessionmaker, client, rc, catalog=parts.catalog)
+    reconciler = Reconciler(
+        parts.sessionmaker,
+        client,
+        rc,
+        catalog=parts.catalog,
+        schedules=schedule_sync(client, parts),
+    )
     # Admin bulk operations act through the same use cases as the API (same catalog,
     # same create policy: a bulk retry is an internal create, outside user quotas).
     bulk = BulkActivities(
@@ -280,16 +292,12 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
 async def run_pollers(
     client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
 ) -> None:
-    """The webhook deliverer, the schedules' dispatcher, and `relay` when given (`aijobs relay`:
-    the relay loop outside Temporal), each a plain loop under `supervise` (restarted with
-    backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set. Every
-    `ai-system` worker process runs the deliverer (it must deliver while Temporal is down) and
-    the dispatcher; their claims are disjoint, so any number of processes may
-    (docs/architecture.md "Pollers")."""
-    loops = [
-        supervise("webhooks", webhook_deliverer(parts).run, stop),
-        supervise("schedules", schedule_dispatcher(client, parts).run, stop),
-    ]
+    """The webhook deliverer, and `relay` when given (`aijobs relay`: the relay loop outside
+    Temporal), each a plain loop under `supervise` (restarted with backoff if it fails, counted
+    in `aijobs_poller_restarts_total`), until `stop` is set. Every `ai-system` worker process
+    runs the deliverer (it must deliver while Temporal is down); its claims are disjoint, so any
+    number of processes may (docs/architecture.md "Pollers")."""
+    loops = [supervise("webhooks", webhook_deliverer(parts).run, stop)]
     if relay is not None:
         loops.append(supervise("relay", relay.run, stop))
     await asyncio.gather(*loops)
