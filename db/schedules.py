@@ -10,6 +10,7 @@ to Temporal outside any transaction (jobs/schedule_dispatch.py). A run is record
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
