@@ -33,7 +33,8 @@ Control (`POST /_batch_script`, replaced whole each time):
 
 `GET /_batches` reports every batch (`id`, `status`, `lines`: how many requests its file had,
 `requests`: the parsed lines, fake data only, `metadata`, `input_file_id`, `output_file_id`,
-`error_file_id`, `foreign`: another client's), `uploads` (how many), `upload_log` (per upload:
+`error_file_id`, `foreign`: another client's, `polls`: how often it was asked about),
+`uploads` (how many), `upload_log` (per upload:
 `file_id`, `filename`, `bytes`, `lines`, the request's `content_length` header and whether it
 came `chunked`), `files` (every file: `id`, `filename`, `purpose`, `bytes`, `deleted`),
 `deletes` (the ids `DELETE` was asked for, in order), the cancels seen, and the
@@ -42,185 +43,25 @@ came `chunked`), `files` (every file: `id`, `filename`, `purpose`, `bytes`, `del
 
 from __future__ import annotations
 
-import email
-import email.policy
-import itertools
 import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from tests.fakes.openai_batch_objects import (
+    BatchState,
+    FakeBatch,
+    FakeFile,
+    error,
+    jsonl,
+    multipart,
+    page,
+    parse_lines,
+)
+
 AnswerLine = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
-
-
-@dataclass
-class _File:
-    id: str
-    filename: str
-    purpose: str
-    content: bytes = field(repr=False)
-    created_at: int
-    seq: int  # creation order: newest first in lists (created_at is whole seconds)
-    deleted: bool = False
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "file",
-            "bytes": len(self.content),
-            "created_at": self.created_at,
-            "filename": self.filename,
-            "purpose": self.purpose,
-        }
-
-
-@dataclass
-class _Batch:
-    id: str
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    requests: list[Any]
-    metadata: dict[str, Any] = field(default_factory=dict)
-    seq: int = 0
-    foreign: bool = False
-    status: str = "in_progress"
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    authorization: str | None = field(default=None, repr=False)
-    completed: int = 0
-    failed: int = 0
-    created_at: int = field(default_factory=lambda: int(time.time()))
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "batch",
-            "endpoint": self.endpoint,
-            "input_file_id": self.input_file_id,
-            "completion_window": self.completion_window,
-            "status": self.status,
-            "output_file_id": self.output_file_id,
-            "error_file_id": self.error_file_id,
-            "created_at": self.created_at,
-            "metadata": self.metadata,
-            "request_counts": {
-                "total": len(self.requests),
-                "completed": self.completed,
-                "failed": self.failed,
-            },
-        }
-
-
-class BatchState:
-    """Files, batches and the batch script of one fake app (its event loop only)."""
-
-    def __init__(self) -> None:
-        self.ids = itertools.count(1)
-        self.seq = itertools.count(1)
-        self.files: dict[str, _File] = {}
-        self.batches: dict[str, _Batch] = {}
-        self.script: dict[str, Any] = {}
-        self.uploads = 0
-        self.upload_log: list[dict[str, Any]] = []
-        self.deletes: list[str] = []
-        self.lost = {"lose_upload": 0, "lose_create": 0}
-        self.cancels: list[str] = []
-        self.authorizations: list[str | None] = []
-        self.failures = 0
-        # Lets every held batch run (`POST /_release`); set by `install_batch_routes`.
-        self.release: Callable[[], None] = lambda: None
-
-    def reset(self) -> None:
-        release = self.release
-        self.__init__()  # type: ignore[misc]
-        self.release = release
-
-    def new_id(self, prefix: str) -> str:
-        return f"{prefix}-fake-{next(self.ids)}"
-
-    def new_file(self, filename: str, content: bytes, purpose: str) -> _File:
-        f = _File(self.new_id("file"), filename, purpose, content, int(time.time()), next(self.seq))
-        self.files[f.id] = f
-        return f
-
-    def live_file(self, file_id: str) -> _File | None:
-        f = self.files.get(file_id)
-        return None if f is None or f.deleted else f
-
-    def lose(self, key: str) -> bool:
-        """Whether this answer is to be lost (the `lose_*` script counts)."""
-        if self.lost[key] >= int(self.script.get(key, 0)):
-            return False
-        self.lost[key] += 1
-        return True
-
-
-def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": code}}, status_code=status)
-
-
-def _multipart(content_type: str, body: bytes) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The fields of a multipart/form-data body, by name, and the file names given (the
-    stdlib's MIME parser)."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = email.message_from_bytes(head + body, policy=email.policy.HTTP)
-    fields: dict[str, bytes] = {}
-    names: dict[str, str] = {}
-    for part in message.iter_parts() if message.is_multipart() else ():
-        name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True)
-        if isinstance(name, str) and isinstance(payload, bytes):
-            fields[name] = payload
-            filename = part.get_filename()
-            if filename:
-                names[name] = filename
-    return fields, names
-
-
-def _parse_lines(content: bytes) -> list[Any] | None:
-    lines = []
-    for text in content.decode().splitlines():
-        if text.strip():
-            try:
-                lines.append(json.loads(text))
-            except ValueError:
-                return None
-    return lines
-
-
-def _jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-
-
-def _page(rows: list[Any], request: Request, *, most: int, default: int) -> Response:
-    """An OpenAI list page of `rows` (newest first): `after` a row's id, `limit` rows."""
-    try:
-        limit = int(request.query_params.get("limit", default))
-    except ValueError:
-        limit = -1
-    if not 1 <= limit <= most:
-        return _error(400, f"limit must be between 1 and {most}", "invalid_request")
-    after = request.query_params.get("after")
-    if after is not None:
-        ids = [r.id for r in rows]
-        if after not in ids:
-            return _error(400, "no such object to list after", "invalid_request")
-        rows = rows[ids.index(after) + 1 :]
-    page = rows[:limit]
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [r.as_json() for r in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": len(rows) > limit,
-        }
-    )
 
 
 def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
@@ -233,9 +74,9 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         if status is None or (times is not None and state.failures >= int(times)):
             return None
         state.failures += 1
-        return _error(int(status), "scripted batch failure", "server_error")
+        return error(int(status), "scripted batch failure", "server_error")
 
-    def run(batch: _Batch, authorization: str | None, *, answer: int | None) -> None:
+    def run(batch: FakeBatch, authorization: str | None, *, answer: int | None) -> None:
         """Answer the batch's first `answer` lines (all when None); the rest did not run."""
         outputs: list[dict[str, Any]] = []
         errors: list[dict[str, Any]] = []
@@ -272,13 +113,13 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
                 errors.append(out)
                 batch.failed += 1
         if outputs:
-            out_file = state.new_file(f"{batch.id}_output.jsonl", _jsonl(outputs), "batch_output")
+            out_file = state.new_file(f"{batch.id}_output.jsonl", jsonl(outputs), "batch_output")
             batch.output_file_id = out_file.id
         if errors:
-            error_file = state.new_file(f"{batch.id}_error.jsonl", _jsonl(errors), "batch_output")
+            error_file = state.new_file(f"{batch.id}_error.jsonl", jsonl(errors), "batch_output")
             batch.error_file_id = error_file.id
 
-    def finish(batch: _Batch, authorization: str | None) -> None:
+    def finish(batch: FakeBatch, authorization: str | None) -> None:
         end = str(state.script.get("end_status", "completed"))
         if end == "failed":
             batch.status = "failed"
@@ -296,9 +137,9 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         if failed is not None:
             return failed
         raw = await request.body()
-        fields, names = _multipart(request.headers.get("content-type", ""), raw)
+        fields, names = multipart(request.headers.get("content-type", ""), raw)
         if fields.get("purpose") != b"batch" or "file" not in fields:
-            return _error(400, "purpose batch and a file are required", "invalid_request")
+            return error(400, "purpose batch and a file are required", "invalid_request")
         f = state.new_file(names.get("file", "upload.jsonl"), fields["file"], "batch")
         state.uploads += 1
         state.upload_log.append(
@@ -313,7 +154,7 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
             }
         )
         if state.lose("lose_upload"):
-            return _error(502, "bad gateway", "server_error")
+            return error(502, "bad gateway", "server_error")
         return JSONResponse(f.as_json())
 
     async def list_files(request: Request) -> Response:
@@ -325,32 +166,32 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
             if not f.deleted and (purpose is None or f.purpose == purpose)
         ]
         rows.sort(key=lambda f: f.seq, reverse=True)
-        return _page(rows, request, most=10_000, default=10_000)
+        return page(rows, request, most=10_000, default=10_000)
 
     async def get_file(file_id: str, request: Request) -> Response:
         state.authorizations.append(request.headers.get("authorization"))
         f = state.live_file(file_id)
-        return _error(404, "no such file", "not_found") if f is None else JSONResponse(f.as_json())
+        return error(404, "no such file", "not_found") if f is None else JSONResponse(f.as_json())
 
     async def delete_file(file_id: str, request: Request) -> Response:
         state.authorizations.append(request.headers.get("authorization"))
         state.deletes.append(file_id)
         if state.script.get("delete_status"):
-            return _error(int(state.script["delete_status"]), "scripted failure", "server_error")
+            return error(int(state.script["delete_status"]), "scripted failure", "server_error")
         f = state.live_file(file_id)
         if f is None:
-            return _error(404, "no such file", "not_found")
+            return error(404, "no such file", "not_found")
         f.deleted = True
         return JSONResponse({"id": f.id, "object": "file", "deleted": True})
 
     def new_batch(
-        input_file: _File, body: dict[str, Any], authorization: str | None, *, foreign: bool
-    ) -> _Batch | None:
-        lines = _parse_lines(input_file.content)
+        input_file: FakeFile, body: dict[str, Any], authorization: str | None, *, foreign: bool
+    ) -> FakeBatch | None:
+        lines = parse_lines(input_file.content)
         if lines is None:
             return None
         meta = body.get("metadata")
-        batch = _Batch(
+        batch = FakeBatch(
             id=state.new_id("batch"),
             input_file_id=input_file.id,
             endpoint=str(body.get("endpoint")),
@@ -368,7 +209,7 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         """Batches of another client, created now (so newer than the one before them)."""
         for k in range(n):
             line = {"custom_id": f"other-{k}", "method": "POST", "url": "/v1/chat/completions"}
-            f = state.new_file(f"other-{k}.jsonl", _jsonl([{**line, "body": {}}]), "batch")
+            f = state.new_file(f"other-{k}.jsonl", jsonl([{**line, "body": {}}]), "batch")
             body = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
             new_batch(f, {**body, "metadata": {"client": "other"}}, None, foreign=True)
 
@@ -384,24 +225,25 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         if input_file is not None:
             batch = new_batch(input_file, body, authorization, foreign=False)
         if batch is None:
-            return _error(400, "input file missing or not JSONL", "invalid_request")
+            return error(400, "input file missing or not JSONL", "invalid_request")
         if not state.script.get("hold"):
             finish(batch, authorization)
         foreign_batches(int(state.script.get("foreign_after_create", 0)))
         if state.lose("lose_create"):
-            return _error(502, "bad gateway", "server_error")
+            return error(502, "bad gateway", "server_error")
         return JSONResponse(batch.as_json())
 
     async def list_batches(request: Request) -> Response:
         state.authorizations.append(request.headers.get("authorization"))
         rows = sorted(state.batches.values(), key=lambda b: b.seq, reverse=True)
-        return _page(rows, request, most=100, default=20)
+        return page(rows, request, most=100, default=20)
 
     async def get(batch_id: str, request: Request) -> Response:
         state.authorizations.append(request.headers.get("authorization"))
         batch = state.batches.get(batch_id)
         if batch is None:
-            return _error(404, "no such batch", "not_found")
+            return error(404, "no such batch", "not_found")
+        batch.polls += 1
         return JSONResponse(batch.as_json())
 
     async def cancel(batch_id: str, request: Request) -> Response:
@@ -409,7 +251,7 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         state.authorizations.append(authorization)
         batch = state.batches.get(batch_id)
         if batch is None:
-            return _error(404, "no such batch", "not_found")
+            return error(404, "no such batch", "not_found")
         state.cancels.append(batch_id)
         if batch.status == "in_progress":
             batch.status = "cancelling"
@@ -421,7 +263,7 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
         state.authorizations.append(request.headers.get("authorization"))
         f = state.live_file(file_id)
         if f is None:
-            return _error(404, "no such file", "not_found")
+            return error(404, "no such file", "not_found")
         return Response(f.content, media_type="application/octet-stream")
 
     for base in ("/v1", ""):
@@ -458,6 +300,7 @@ def install_batch_routes(app: FastAPI, answer_line: AnswerLine) -> BatchState:
                     "output_file_id": b.output_file_id,
                     "error_file_id": b.error_file_id,
                     "foreign": b.foreign,
+                    "polls": b.polls,
                 }
                 for b in state.batches.values()
             ],
