@@ -300,14 +300,16 @@ class BatchClient:
     async def cancel(self, batch_id: str) -> ProviderBatch:
         return parse_batch(await self._json("POST", f"/batches/{batch_id}/cancel"))
 
-    async def find_batch(self, key: str, value: str, *, since: float) -> ProviderBatch | None:
+    async def find_batch(
+        self, key: str, value: str, *, since: float, limit: int = LIST_LIMIT
+    ) -> ProviderBatch | None:
         """The batch whose `metadata[key]` is `value`, listed by `GET /batches` (`limit`,
         `after`, `has_more`), or None. The list's order is not relied on to skip anything: it
         is read page by page until the batch is found, the pages end, or a whole page was
         created before `since` (newest first, nothing later is newer)."""
         after: str | None = None
         for _ in range(MAX_PAGES):
-            params: dict[str, Any] = {"limit": LIST_LIMIT}
+            params: dict[str, Any] = {"limit": limit}
             if after is not None:
                 params["after"] = after
             page = _page(await self._json("GET", "/batches", params=params), after)

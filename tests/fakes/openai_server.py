@@ -595,10 +595,13 @@ class FakeOpenAIServer:
         *,
         rules: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> None:
-        """Replace the script; `rules` are (text, step) pairs answered before the queue."""
+        """Replace the script; `rules` are (text, step) pairs answered before the queue. Sent
+        as ASCII JSON, so a step may hold a lone surrogate (escaped on the way)."""
         async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.post(
-                f"{self.root_url}/_script", json=self._script_body(steps, default, rules)
+                f"{self.root_url}/_script",
+                content=json.dumps(self._script_body(steps, default, rules)),
+                headers={"Content-Type": "application/json"},
             )
             response.raise_for_status()
 
