@@ -6,7 +6,9 @@
 - a leave waits for a close in progress (both take the batch's row lock) and then sees the
   batch closed: its item stays to get its outcome, and its job's reservation stays open until
   the outcome is recorded, counted once;
-- the first upload start ends the items whose jobs left before it, and fixes the file's lines.
+- the first upload start ends the items whose jobs left before it, and fixes the file's lines;
+- a batch's files are due for deletion at the provider once no job waits for them and either
+  its results are stored or every job of it was purged; an orphan upload at once.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 from sqlalchemy import text
 
+from db import batch_files as files_db
 from db import batch_results as results_db
 from db import batch_uploads as uploads_db
 from db import batches as batches_db
 from db import budgets as budgets_db
 from db import lifecycle as lifecycle_db
+from db import retention as retention_db
 from db.batches import BatchCaps, Enrolled, custom_id_of
 from db.lifecycle import NewJob
 from db.provider_gate import PLATFORM_KEY_REF
@@ -212,3 +216,41 @@ async def _items(db: SessionMaker, bid: uuid.UUID) -> dict[str, tuple[str, bool]
             {"b": bid},
         )
         return {r.custom_id: (r.status, r.ended_at is not None) for r in found}
+
+
+async def test_files_are_due_once_no_job_waits_and_results_are_stored_or_purged(
+    db: SessionMaker,
+) -> None:
+    jobs = [await new_job(db, "u-files") for _ in range(2)]
+    got = [await enroll(db, j, BatchCaps()) for j in jobs]
+    bid = got[0].batch_id
+    async with db.begin() as s:
+        await batches_db.close(s, bid)
+        await uploads_db.start_upload(s, bid)
+        await batches_db.mark_submitted(s, bid, provider_batch_id="b", input_file_id="f-in")
+        await files_db.record(s, bid, [("f-in", files_db.INPUT), ("f-dup", files_db.ORPHAN)])
+
+    async def due() -> list[str]:
+        async with db() as s:
+            return sorted(f.file_id for f in await files_db.due(s))
+
+    assert await due() == ["f-dup"]  # an orphan at once; the input holds live lines
+    for job_id in jobs:
+        await _leave(db, job_id)
+        await end_job(db, job_id)
+    assert await due() == ["f-dup"]  # nobody waits, but the results are not stored
+    async with db.begin() as s:  # one job purged: the other's results are still wanted
+        await retention_db.purge_jobs(s, [jobs[0]])
+    assert await due() == ["f-dup"]
+    async with db.begin() as s:
+        await retention_db.purge_jobs(s, [jobs[1]])
+    assert await due() == ["f-dup", "f-in"]
+    async with db.begin() as s:
+        await files_db.delete_failed(s, bid, "f-in")
+        await files_db.deleted(s, bid, "f-dup")
+    assert await due() == []  # deleted, or waiting for its next try
+    async with db() as s:
+        tried = await s.scalar(
+            text("SELECT next_try_at - now() FROM ai_batch_file WHERE file_id = 'f-in'")
+        )
+    assert tried is not None and 25 < tried.total_seconds() <= 30
