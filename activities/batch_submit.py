@@ -94,11 +94,14 @@ class Submission:
                 await self._orphaned([f.id for f in found if f.id != keep.id])
                 return keep.id
         async with self._sm.begin() as s:
-            lines, size = await uploads_db.file_size(s, self.batch_id)
-            if lines == 0:
+            size = await uploads_db.file_size(s, self.batch_id)
+            if size.lines == 0:
                 return None
+            total = size.bytes
+            if size.unsized:  # lines enrolled before sizes were counted: measured first
+                total = await _measured(uploads_db.file_lines(s, self.batch_id))
             pieces = _pieces(uploads_db.file_lines(s, self.batch_id))
-            return await self._client.upload_stream(file_name(self.batch_id), size, pieces)
+            return await self._client.upload_stream(file_name(self.batch_id), total, pieces)
 
     async def uploads(self) -> list[ProviderFile]:
         """The uploads of this batch's file at the provider (found by its name)."""
@@ -112,13 +115,17 @@ class Submission:
             self.orphans += file_ids
 
 
+async def _measured(lines: AsyncIterator[uploads_db.FileLine]) -> int:
+    return sum([len(encode_line(line.custom_id, line.body)) async for line in lines])
+
+
 async def _pieces(lines: AsyncIterator[uploads_db.FileLine]) -> AsyncIterator[bytes]:
     """The file's bytes, a piece of about PIECE_BYTES at a time. Each line is checked against
     the size counted at its enroll: the `Content-Length` sent first must be the truth."""
     buffer = bytearray()
     async for line in lines:
         data = encode_line(line.custom_id, line.body)
-        if len(data) != line.line_bytes:
+        if line.line_bytes and len(data) != line.line_bytes:
             raise RuntimeError("a batch line's size differs from the size counted at its enroll")
         buffer += data
         if len(buffer) >= PIECE_BYTES:

@@ -68,18 +68,31 @@ async def start_upload(session: AsyncSession, batch_id: uuid.UUID) -> Upload | N
 
 _IN_FILE = "batch_id = :id AND ended_at IS NULL AND body <> '{}'::jsonb"
 _SNAPSHOT = text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-_SIZE = text(f"SELECT count(*), coalesce(sum(line_bytes), 0) FROM ai_batch_item WHERE {_IN_FILE}")
+_SIZE = text(
+    "SELECT count(*), coalesce(sum(line_bytes), 0), count(*) FILTER (WHERE line_bytes = 0) "
+    f"FROM ai_batch_item WHERE {_IN_FILE}"
+)
 _LINES = text(
     f"SELECT custom_id, body, line_bytes FROM ai_batch_item WHERE {_IN_FILE} ORDER BY custom_id"
 )
 
 
-async def file_size(session: AsyncSession, batch_id: uuid.UUID) -> tuple[int, int]:
+@dataclass(frozen=True)
+class FileSize:
+    """The lines of a batch's file and their bytes as counted at enroll; `unsized` lines were
+    enrolled before sizes were counted (0: their bytes must be measured)."""
+
+    lines: int
+    bytes: int
+    unsized: int
+
+
+async def file_size(session: AsyncSession, batch_id: uuid.UUID) -> FileSize:
     """The lines and bytes of the batch's file. The first statement of its transaction: it
     makes the transaction one snapshot, so `file_lines` in it reads exactly what was counted."""
     await session.execute(_SNAPSHOT)
-    count, size = (await session.execute(_SIZE, {"id": batch_id})).one()
-    return int(count), int(size)
+    count, size, unsized = (await session.execute(_SIZE, {"id": batch_id})).one()
+    return FileSize(int(count), int(size), int(unsized))
 
 
 async def file_lines(session: AsyncSession, batch_id: uuid.UUID) -> AsyncIterator[FileLine]:

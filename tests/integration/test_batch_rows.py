@@ -155,7 +155,8 @@ async def test_a_leave_waits_for_the_close_and_its_job_stays_counted_until_the_o
         up = await uploads_db.start_upload(s, bid)
     assert up is not None and up.first
     async with db.begin() as s:
-        assert await uploads_db.file_size(s, bid) == (1, up.batch.byte_count // 3)
+        size = await uploads_db.file_size(s, bid)
+        assert (size.lines, size.bytes, size.unsized) == (1, up.batch.byte_count // 3, 0)
         assert [f.custom_id async for f in uploads_db.file_lines(s, bid)] == [got[2].custom_id]
     # Neither left job's line is in the file: both holds ended at the upload's start, uncharged.
     assert await reserved(db) == WORST
