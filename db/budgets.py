@@ -4,12 +4,12 @@ A user's committed cost in a budget window (a UTC day or month) is what their ca
 (`ai_usage_daily`) plus their open reservations (`open_reservations_sql`): each queued or
 running job holds `reserved_cost_usd` (its worst case, fixed at create) less what its calls
 have cost so far (`spent_cost_usd`, which the same usage write raises), and so does a batch job
-that ended while its line was in a closed batch, until that line's outcome is recorded (the
-provider may still answer it, and bill it). Any other job that ended holds nothing: its actual
-cost stays in the spend. Creates of one user run under a transaction-scoped advisory
-lock (`lock_user`), so "committed + this job's worst case ≤ budget" checked under it cannot be
-overrun by a concurrent create; EXECUTE takes the same lock before topping a job's reservation
-up for another call.
+that ended while its line could still be sent (it left a closed batch), until that line's
+outcome is recorded (the provider may still answer it, and bill it). Any other job that
+ended holds nothing: its actual cost stays in the spend. Creates of one user run under a
+transaction-scoped advisory lock (`lock_user`), so "committed + this job's worst case ≤
+budget" checked under it cannot be overrun by a concurrent create; EXECUTE takes the same lock
+before topping a job's reservation up for another call.
 
 Every function runs in the caller's transaction and never commits.
 """
@@ -30,9 +30,10 @@ from db.lifecycle import ACTIVE_SQL
 
 # A job's open reservation: what it reserved less what it has spent, never below 0.
 OPEN_USD_SQL = "greatest(j.reserved_cost_usd - j.spent_cost_usd, 0)"
-# Jobs that ended while their line was in a closed batch, its outcome not recorded yet
-# (db/models/batch.py HELD_ITEM_SQL; its partial index `ix_ai_batch_item_held`).
-_HELD_JOBS = "SELECT job_id FROM ai_batch_item WHERE status = 'cancelled' AND ended_at IS NULL"
+# Jobs with a batch line whose outcome is not recorded yet (db/models/batch.py HELD_ITEM_SQL;
+# its partial index `ix_ai_batch_item_held`): one that ended meanwhile (it left a closed batch,
+# or was ended by the reconciler) still holds its reservation until then.
+_HELD_JOBS = "SELECT job_id FROM ai_batch_item WHERE ended_at IS NULL"
 
 
 def open_reservations_sql(scope: str) -> str:

@@ -32,9 +32,9 @@ from db.models.base import TS, Base
 BATCH_STATUS_SQL = "'open','submitting','submitted','completed','failed','expired','cancelled'"
 ITEM_STATUS_SQL = "'pending','submitted','succeeded','failed','cancelled'"
 FILE_ROLE_SQL = "'input','output','error','orphan'"
-# An item whose job left a closed batch and whose outcome is not recorded yet: it holds its
-# job's reservation open (db/budgets.py).
-HELD_ITEM_SQL = "status = 'cancelled' AND ended_at IS NULL"
+# An item whose outcome is not recorded yet: should its job end meanwhile (it left a closed
+# batch), it holds the job's reservation open until then (db/budgets.py).
+HELD_ITEM_SQL = "ended_at IS NULL"
 
 
 class AiBatch(Base):

@@ -7,8 +7,9 @@
   made at the provider (a file by its name, a batch by its `ai_batch_id` metadata) before it
   makes anything again.
 - `ai_batch_item.line_bytes`: the item's JSONL line size, as it is uploaded.
-- `ix_ai_batch_item_held`: the items of jobs that left a closed batch whose outcome is not
-  recorded yet: each holds its job's reservation open (db/budgets.py, open reservations).
+- `ix_ai_batch_item_held`: the items whose outcome is not recorded yet: one whose job ended
+  meanwhile (it left a closed batch) holds the job's reservation open (db/budgets.py, open
+  reservations).
 - `ai_batch_file`: each file the engine made or found at the provider for a batch (its input,
   output and error files, and an upload no batch uses), until it is deleted there.
 
@@ -48,7 +49,7 @@ def upgrade() -> None:
         "ai_batch_item",
         ["job_id"],
         unique=False,
-        postgresql_where=sa.text("status = 'cancelled' AND ended_at IS NULL"),
+        postgresql_where=sa.text("ended_at IS NULL"),
     )
     op.create_table(
         "ai_batch_file",
