@@ -11,7 +11,9 @@
   meanwhile (it left a closed batch) holds the job's reservation open (db/budgets.py, open
   reservations).
 - `ai_batch_file`: each file the engine made or found at the provider for a batch (its input,
-  output and error files, and an upload no batch uses), until it is deleted there.
+  output and error files, and an upload no batch uses), until it is deleted there; the files
+  of the batches recorded so far are entered too (those of ended batches are then deleted by
+  the reconciler's retention phase).
 
 Revision ID: 0032
 Revises: 0028
@@ -75,6 +77,17 @@ def upgrade() -> None:
         ["next_try_at"],
         unique=False,
         postgresql_where=sa.text("deleted_at IS NULL"),
+    )
+    op.execute(
+        """
+        INSERT INTO ai_batch_file (batch_id, file_id, role)
+        SELECT id, input_file_id, 'input' FROM ai_batch WHERE input_file_id IS NOT NULL
+        UNION ALL
+        SELECT id, output_file_id, 'output' FROM ai_batch WHERE output_file_id IS NOT NULL
+        UNION ALL
+        SELECT id, error_file_id, 'error' FROM ai_batch WHERE error_file_id IS NOT NULL
+        ON CONFLICT (batch_id, file_id) DO NOTHING
+        """
     )
 
 
