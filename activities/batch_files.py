@@ -12,6 +12,7 @@ later pass (no loop of its own). A 404 counts as done.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ log = logging.getLogger("activities.batch")
 # process's to reach (its files wait for a process that can).
 ClientFor = Callable[[str, str], BatchClient | None]
 PASS_LIMIT = 100  # files a retention pass deletes at most
+PASS_BUDGET_S = 8.0  # and the wall time it spends on them (the phase's budget is 15 s)
 
 
 def gateway_clients(gateway: Gateway) -> ClientFor:
@@ -55,13 +57,18 @@ async def delete_due(
     *,
     batch_id: uuid.UUID | None = None,
     limit: int = PASS_LIMIT,
+    budget_s: float | None = None,
 ) -> int:
     """Delete the files due (of `batch_id` only, when given); returns how many are gone. Each
-    delete is recorded on its own; one that fails waits for a later pass."""
+    delete is recorded on its own; one that fails waits for a later pass, and so do the files
+    left when `budget_s` (wall time) has run out."""
     async with sm() as s:
         files = await files_db.due(s, batch_id=batch_id, limit=limit)
     gone = 0
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     for f in files:
+        if deadline is not None and time.monotonic() > deadline:
+            break
         client = client_for(f.provider, f.key_ref)
         if client is None:
             continue
@@ -88,4 +95,4 @@ class BatchFiles:
         self._client_for = client_for
 
     async def delete_due(self) -> int:
-        return await delete_due(self._sm, self._client_for)
+        return await delete_due(self._sm, self._client_for, budget_s=PASS_BUDGET_S)

@@ -66,6 +66,7 @@ ENDED_STATES = frozenset({"completed", "failed", "expired", "cancelled"})
 # (a provider whose `has_more` never ends cannot hold a submit forever).
 LIST_LIMIT = 100
 MAX_PAGES = 500
+DELETE_TIMEOUT_S = 10.0
 
 
 def has_batch_api(provider: Provider | str) -> bool:
@@ -216,9 +217,10 @@ class BatchClient:
         failure: ExecutionFailure
         url = f"{self.base_url}{path}"
         headers = {**self._headers(), **kw.pop("headers", {})}
+        timeout = kw.pop("timeout", self._timeout)
         try:
             response = await self._client.request(
-                method, url, headers=headers, timeout=self._timeout, **kw
+                method, url, headers=headers, timeout=timeout, **kw
             )
         except httpx.TimeoutException:
             failure = ExecutionFailure("PROVIDER_TIMEOUT", internal_message="batch API: timeout")
@@ -339,8 +341,9 @@ class BatchClient:
         return found
 
     async def delete_file(self, file_id: str) -> None:
-        """Delete a file (`DELETE /files/{id}`); one that is gone already (404) is done."""
-        await self._send("DELETE", f"/files/{file_id}", ok_404=True)
+        """Delete a file (`DELETE /files/{id}`); one that is gone already (404) is done. A
+        short wait: a delete that does not answer is simply tried again later."""
+        await self._send("DELETE", f"/files/{file_id}", ok_404=True, timeout=DELETE_TIMEOUT_S)
 
     async def content(self, file_id: str) -> bytes:
         """A file's whole content (tests and small files)."""
