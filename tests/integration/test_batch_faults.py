@@ -138,31 +138,45 @@ async def test_the_caps_split_batches_and_a_full_batch_goes_at_once(
     batch_settings: Any, temporal_client: Client, db: SessionMaker, fake: FakeOpenAIServer
 ) -> None:
     await fake.ascript([], default=VALID)
-    # A window longer than the wait below: only a cap can send a batch in time.
+    # A window far longer than the test: only a cap sends a batch, at once.
     settings = batch_settings(
-        AI_BATCH_WINDOW_S=15.0, AI_BATCH_MAX_LINES=2, AI_BATCH_MAX_BYTES=40_000
+        AI_BATCH_WINDOW_S=120.0, AI_BATCH_MAX_LINES=2, AI_BATCH_MAX_BYTES=40_000
     )
     long_source = (SOURCE + " ") * (25_000 // len(SOURCE))
     async with engine_stack(settings, temporal_client, queues=INTERACTIVE) as stack:
         with pytest.raises(ValidationFailed) as refused:
             await create(stack, "u-c", long_source * 2)
         assert refused.value.errors[0]["loc"] == ["body", "serviceTier"]
-        small = [await create(stack, "u-c") for _ in range(4)]
-        for job_id in small:
-            row = await stack.wait_status(job_id, timeout=12)  # before the window's end
-            assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+        # Four small lines: two batches of two, each closed by the line cap. Three lines of
+        # about 26 kB: each closes the batch before it (two would pass 40000 bytes); a last
+        # small line fills the third one's batch to the line cap.
+        jobs = [await create(stack, "u-c") for _ in range(4)]
+        for job_id in jobs:
+            await stack.wait_status(job_id, timeout=60)
         big = [await create(stack, "u-c", f"{n} {long_source}") for n in range(3)]
-        for job_id in big:
+
+        async def enrolled() -> bool:
+            found = await rows(db, "SELECT 1 FROM ai_batch_item WHERE job_id = ANY(:j)", j=big)
+            return len(found) == 3
+
+        await eventually(enrolled, timeout=30, what="the three long lines to be enrolled")
+        jobs += [*big, await create(stack, "u-c")]
+        for job_id in jobs:
             row = await stack.wait_status(job_id, timeout=60)
             assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
     uploads = (await fake.abatches())["upload_log"]
-    assert [u["lines"] for u in uploads] == [2, 2, 1, 1, 1]
+    assert [u["lines"] for u in uploads] == [2, 2, 1, 1, 2]
     assert all(u["bytes"] <= 40_000 and not u["chunked"] for u in uploads)
     assert all(20_000 < u["bytes"] for u in uploads[2:])
     assert all(int(u["content_length"]) == u["body_bytes"] for u in uploads)
-    sizes = await rows(db, "SELECT item_count, byte_count FROM ai_batch ORDER BY created_at")
-    assert [s.item_count for s in sizes] == [2, 2, 1, 1, 1]
+    sizes = await rows(
+        db,
+        "SELECT item_count, byte_count, extract(epoch FROM submitted_at - created_at) AS waited "
+        "FROM ai_batch ORDER BY created_at",
+    )
+    assert [s.item_count for s in sizes] == [2, 2, 1, 1, 2]
     assert [s.byte_count for s in sizes] == [u["bytes"] for u in uploads]
+    assert all(s.waited < 60 for s in sizes)  # none waited out its window
 
 
 async def test_lost_answers_make_one_provider_batch_and_every_file_is_deleted(
