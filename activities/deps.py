@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from temporalio import activity
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from db.batches import BatchCaps
 from db.provider_limits import LimitTable
 from db.session import SessionMaker
 from engine.definition import JobDefinition
@@ -54,6 +55,8 @@ class EngineConfig:
     # AI_CHUNK_CONCURRENCY: a long source's chunk calls one job keeps in flight at once. RESOLVE
     # reports it, so the window is part of the run's history and replays the same.
     chunk_concurrency: int = 4
+    # AI_BATCH_MAX_LINES, AI_BATCH_MAX_BYTES: what one batch's file may hold (db/batches.py).
+    batch_caps: BatchCaps = field(default_factory=BatchCaps)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property

@@ -18,7 +18,8 @@ phases, in this order:
   otherwise, or starts runs on another queue (activities/reconciler_schedules.py);
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
-  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
+  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py);
+  batch files due for deletion deleted at the provider (activities/batch_files.py).
 
 Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
 reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
@@ -52,6 +53,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.batch_files import BatchFiles
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_schedules import ScheduleRepair
@@ -126,9 +128,12 @@ class Reconciler:
         *,
         catalog: Catalog | None = None,
         schedules: ScheduleSync | None = None,
+        batch_files: BatchFiles | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._schedules = ScheduleRepair(sessionmaker, schedules)  # none: the phase does nothing
+        # The retention phase's provider side: batch files due for deletion (None: none here).
+        self._batch_files = batch_files
         # The job types: an abandoned long-source job keeps what its chunks produced.
         self._catalog = catalog
         self._metrics = metrics or worker_metrics()
@@ -417,6 +422,8 @@ class Reconciler:
         )
         for name, n in (await run_retention(self._sm, days)).items():
             p.add(name, n)
+        if self._batch_files is not None:  # after the purges, which may have made some due
+            p.add("batch_files_deleted", await self._batch_files.delete_due())
 
     # ---- repairs -------------------------------------------------------------------------
 

@@ -72,6 +72,8 @@ class CreatePolicy:
     offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
     # An off-peak job's deadline is at most this long after its create (AI_OFFPEAK_MAX_WAIT_S).
     offpeak_max_wait_s: int = 86_400
+    # A batch job's line is refused when larger than a batch file may be (AI_BATCH_MAX_BYTES).
+    batch_max_bytes: int = 100_000_000
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""

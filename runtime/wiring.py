@@ -19,6 +19,7 @@ from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.retention import retention_config
 from activities.webhooks import WebhookConfig, WebhookDeliverer
+from db.batches import BatchCaps
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
@@ -200,6 +201,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         providers=provider_traits(settings),
         offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
         offpeak_max_wait_s=settings.ai_offpeak_max_wait_s,
+        batch_max_bytes=settings.ai_batch_max_bytes,
     )
 
 
@@ -216,6 +218,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
         estimate_margin=settings.token_estimate_margin,
         chunk_concurrency=settings.ai_chunk_concurrency,
+        batch_caps=BatchCaps(settings.ai_batch_max_lines, settings.ai_batch_max_bytes),
     )
 
 

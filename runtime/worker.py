@@ -36,6 +36,7 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.batch import BatchActivities, BatchTiming
+from activities.batch_files import BatchFiles, gateway_clients
 from activities.bounded import BoundedStagesInterceptor
 from activities.bulk import BulkActivities
 from activities.failures import PublicFailureInterceptor
@@ -55,6 +56,7 @@ from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
+from jobs.gateway import Gateway
 from jobs.service import JobService
 from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
@@ -178,7 +180,7 @@ def build_workers(
     workers = [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else system_worker(client, parts)
+        else system_worker(client, parts, gw)
         for q in queues
     ]
     if SYSTEM_QUEUE in queues:
@@ -187,20 +189,23 @@ def build_workers(
     return workers
 
 
-def system_worker(client: Client, parts: Parts) -> Worker:
+def system_worker(client: Client, parts: Parts, gw: Gateway | None = None) -> Worker:
     """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations
     (the schedules' runs have a worker of their own, `ai-schedules`; `ScheduledRun` stays here
-    for the runs an older version started on `ai-system`)."""
+    for the runs an older version started on `ai-system`). `gw`: the process's gateway, whose
+    provider the reconciler deletes batch files at."""
     s = parts.settings
     # Its `relay` phase starts a missing relay shard workflow; its `schedules` phase makes the
     # Temporal schedules match their rows.
     rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
+    files = BatchFiles(parts.sessionmaker, gateway_clients(gw)) if gw is not None else None
     reconciler = Reconciler(
         parts.sessionmaker,
         client,
         rc,
         catalog=parts.catalog,
         schedules=schedule_sync(client, parts),
+        batch_files=files,
     )
     # Admin bulk operations act through the same use cases as the API (same catalog,
     # same create policy: a bulk retry is an internal create, outside user quotas).
