@@ -66,6 +66,10 @@ from jobs.spec import Catalog
 log = logging.getLogger(__name__)
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
 KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+# A claimed row whose relay went silent this long goes back to pending for another relay: a
+# batch is dispatched in well under a second, so a minute means its relay died, and no live
+# relay's slow batch (a Temporal hiccup) is taken from it.
+CLAIM_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,17 @@ class RelayConfig:
     database_url: str
     task_queue_suffix: str = ""
     poll_interval_s: float = 1.0
-    lock_ttl_s: float = 60.0
+    lock_ttl_s: float = CLAIM_TTL_S
     batch_size: int = 100
     max_in_flight: int = 64
     release_every_s: float = 15.0
-    # Attach the jobs' fairness keys when starting their workflows.
+    # Attach the jobs' fairness keys when starting their workflows (off: the bench's baseline).
     fairness: bool = True
     # A job created while its user had at most `light_jobs` active jobs (itself included) is
     # dispatched with `light_boost` times its user's weight: a user with a few jobs goes ahead
-    # of another user's backlog instead of taking turns with it. 0 turns it off.
+    # of another user's backlog instead of taking turns with it. 0 turns it off. Four jobs and
+    # eight times the weight: docs/benchmarks.md's fairness figure (a light user's time within
+    # 2x of alone beside a heavy user's forty).
     light_jobs: int = 4
     light_boost: float = 8.0
     # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's

@@ -14,7 +14,7 @@ the batch in hand and returns, so the next attempt starts on another worker with
 a timeout), then returns; the workflow continues as new, so its history stays a dozen events.
 A missing shard workflow (terminated, or never started) is started by every `ai-system` worker
 at start and by the reconciler's `relay` phase (`ensure_relay_workflows`); a running one is left
-alone (`USE_EXISTING`). A shard beyond RELAY_SHARDS (the setting went down) ends its workflow.
+alone (`USE_EXISTING`). A shard beyond RELAY_SHARDS (a version that runs fewer) ends its workflow.
 
 The relay used to be a singleton `outbox_relay` workflow (`ai-system:outbox-relay`, activity
 `relay_loop`); it stays registered for its recorded histories, and a run an older version left
@@ -55,6 +55,10 @@ from engine.contracts import (
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
+# Relay shard workflows a deployment runs. One relay dispatches far more jobs a second than the
+# workers run (docs/benchmarks.md), and each relay process (`aijobs relay`) adds a loop of its
+# own; shards only add parallelism inside Temporal, for a dispatch rate one loop cannot reach.
+RELAY_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ class RelayActivities:
         catalog: Catalog,
         config: RelayConfig,
         *,
-        shards: int = 1,
+        shards: int = RELAY_SHARDS,
         heartbeat_every_s: float = 2.0,
         metrics: WorkerMetrics | None = None,
     ) -> None:
@@ -108,7 +112,7 @@ class RelayActivities:
             await self.run(relay, inp, activity.heartbeat)
         except asyncio.CancelledError:
             # Cancelled (the workflow closed, a heartbeat was refused, the worker's grace ran
-            # out): rows claimed by the batch in hand go back after OUTBOX_LOCK_TTL_S.
+            # out): rows claimed by the batch in hand go back after CLAIM_TTL_S.
             raise
         except Exception as exc:
             # A failure the loop did not handle: this attempt fails and Temporal retries it

@@ -2,7 +2,7 @@
 streaming, limits and fallbacks, and the service tiers' batch and off-peak settings.
 
 A base of `engine.settings.Settings` (which holds the model configuration: environment
-variables by alias, `.env`), kept in a module of its own so each stays small; read them
+variables by alias), kept in a module of its own so each stays small; read them
 through `Settings` like any other setting.
 """
 
@@ -36,6 +36,5 @@ class ProviderSettings(BaseSettings):
     ai_batch_window_s: float = Field(60.0, gt=0, alias="AI_BATCH_WINDOW_S")
     ai_batch_poll_s: float = Field(60.0, gt=0, alias="AI_BATCH_POLL_S")
     # The off-peak tier (docs/money.md, "Off-peak"): the discount windows per provider (JSON;
-    # unset: DeepSeek's published window at half price) and an off-peak job's longest wait.
+    # unset: DeepSeek's published window at half price).
     ai_offpeak_windows: str = Field(default="", alias="AI_OFFPEAK_WINDOWS")
-    ai_offpeak_max_wait_s: int = Field(default=86_400, ge=1, alias="AI_OFFPEAK_MAX_WAIT_S")

@@ -64,16 +64,24 @@ BATCH = 20
 KEEP_DONE_S = 86_400.0
 # How often a dispatcher checks that every schedule's Temporal schedule exists.
 REPAIR_EVERY_S = 600.0
+# How often the dispatcher looks for commands: an API's change of a schedule reaches Temporal
+# within this, which no run waits on (the next fire is at least SCHEDULE_MIN_INTERVAL_S away).
+POLL_S = 10.0
+# How late a fire missed while Temporal was away may still run (Temporal's catch-up window):
+# a minute covers a restart; a run hours late would come as a surprise, and the next fire is due.
+CATCHUP_WINDOW_S = 60
 
 
 class ScheduleDispatcher:
-    def __init__(self, sessionmaker: SessionMaker, client: Client, settings: Settings) -> None:
+    def __init__(
+        self, sessionmaker: SessionMaker, client: Client, settings: Settings, poll_s: float = POLL_S
+    ) -> None:
         self._sm = sessionmaker
         self._client = client
         self._suffix = settings.task_queue_suffix
         self._queue = settings.task_queue(SYSTEM_QUEUE)
-        self._catchup = timedelta(seconds=settings.schedule_catchup_window_s)
-        self._poll_s = settings.schedule_dispatch_poll_s
+        self._catchup = timedelta(seconds=CATCHUP_WINDOW_S)
+        self._poll_s = poll_s
 
     def temporal_id(self, schedule_id: object) -> str:
         return temporal_schedule_id(schedule_id, self._suffix)
@@ -201,7 +209,7 @@ class ScheduleDispatcher:
             after = ids[-1]
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until `stop`: dispatch what is due, then wait SCHEDULE_DISPATCH_POLL_S (less when a
+        """Until `stop`: dispatch what is due, then wait POLL_S (less when a
         full batch suggests more); repair now and then. A database blip backs off here; the
         supervisor has the rest."""
         purge_every, polls = max(int(REPAIR_EVERY_S / self._poll_s), 1), -1

@@ -34,7 +34,7 @@ from runtime.embedded import (
 from runtime.procs import die_with_parent
 from runtime.worker import ALL_QUEUES
 
-TOKEN_TTL_S = 30 * 86_400  # capped by JWT_MAX_TTL_S
+TOKEN_TTL_S = 30 * 86_400  # capped by the API's longest token lifetime
 # Each worker serves its metrics on base + i and the Temporal SDK's on base + 10 + i.
 DEFAULT_METRICS_PORT = 9464
 DEV_ENVIRONMENTS = ("development", "test")
@@ -205,7 +205,7 @@ def _banner(
     metrics_ports: dict[str, tuple[int, int]],
 ) -> str:
     jwt_config = JwtConfig.from_settings(settings)
-    ttl_s = min(TOKEN_TTL_S, settings.jwt_max_ttl_s)
+    ttl_s = min(TOKEN_TTL_S, jwt_config.max_ttl_s)
     user_token = issue_token(jwt_config, "demo-user", ttl_s=ttl_s)
     admin_token = issue_token(jwt_config, "demo-admin", admin=True, ttl_s=ttl_s)
     return f"""

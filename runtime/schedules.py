@@ -8,7 +8,7 @@ from temporalio.client import Client
 
 from activities.schedules import ScheduleActivities
 from db.credentials import active_user_key_id
-from jobs.schedule_dispatch import ScheduleDispatcher
+from jobs.schedule_dispatch import POLL_S, ScheduleDispatcher
 from jobs.schedules import SchedulePolicy, ScheduleService
 from jobs.service import JobService
 from runtime.wiring import Parts, create_policy
@@ -24,5 +24,5 @@ def schedule_activities(parts: Parts) -> ScheduleActivities:
     )
 
 
-def schedule_dispatcher(client: Client, parts: Parts) -> ScheduleDispatcher:
-    return ScheduleDispatcher(parts.sessionmaker, client, parts.settings)
+def schedule_dispatcher(client: Client, parts: Parts, poll_s: float = POLL_S) -> ScheduleDispatcher:
+    return ScheduleDispatcher(parts.sessionmaker, client, parts.settings, poll_s)

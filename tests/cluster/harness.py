@@ -52,7 +52,8 @@ class Process:
         argv = [*self.argv, "--port", str(self.port)] if self.port else self.argv
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.cli", *argv],
+                # `aijobs` with short lock TTLs (tests/cluster/engine.py): processes get killed.
+                [sys.executable, "-m", "tests.cluster.engine", *argv],
                 cwd=ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -119,11 +120,8 @@ class Cluster:
             "QUOTA_MAX_JOBS_PER_DAY": "0",
             # A killed worker's attempt is retried elsewhere within seconds, not half a minute.
             "AI_HEARTBEAT_TIMEOUT_MS": "3000",
-            "AI_LOCK_TTL_S": "3",
-            "OUTBOX_LOCK_TTL_S": "5",
             "RECONCILE_INTERVAL_S": "5",
             "WORKER_DRAIN_S": "5",
-            "STARTUP_WAIT_S": "30",
         }
 
     def migrate(self) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy import text
 from temporalio.client import Client, ScheduleOverlapPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+import jobs.schedules
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
@@ -41,10 +42,10 @@ WEBHOOK_CONFIG = WebhookConfig(allow_private=True, poll_interval_s=0.05, request
 async def scheduling(
     env: Any, client: Client, **overrides: Any
 ) -> AsyncIterator[tuple[Api, Stack]]:
-    settings = env(SCHEDULE_DISPATCH_POLL_S=0.2, SCHEDULE_MIN_INTERVAL_S=2, **overrides)
+    settings = env(SCHEDULE_MIN_INTERVAL_S=2, **overrides)
     async with engine_stack(settings, client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as st:
         stop = asyncio.Event()
-        loop = asyncio.create_task(schedule_dispatcher(client, st.parts).run(stop))
+        loop = asyncio.create_task(schedule_dispatcher(client, st.parts, poll_s=0.2).run(stop))
         try:
             async with start_api(settings, temporal=client) as api:
                 yield api, st
@@ -202,8 +203,11 @@ async def test_invalid_schedules_are_422(
         assert r.status_code == 422, r.text
 
 
-async def test_per_user_cap(db: SessionMaker, env: Any, temporal_client: Client) -> None:
-    async with scheduling(env, temporal_client, SCHEDULE_MAX_PER_USER=1) as (api, _):
+async def test_per_user_cap(
+    db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs.schedules, "MAX_PER_USER", 1)
+    async with scheduling(env, temporal_client) as (api, _):
         await create(api, intervalSeconds=3600)
         r = await api.http.post(
             BASE, json={"jobType": "synthetic", "intervalSeconds": 3600}, headers=api.as_user()
