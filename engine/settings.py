@@ -235,7 +235,7 @@ class Settings(ProviderSettings):
         # Not a ValueError: it is not one value's fault, and an entry point reports it as is.
         problem = removed_setting_problem(k for k, v in os.environ.items() if v)
         if problem:
-            raise ConfigurationError(f"refusing to start: {problem}")
+            raise ConfigurationError(problem)
         return data
 
     @field_validator("retention_days", mode="before")

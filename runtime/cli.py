@@ -17,6 +17,8 @@ from pydantic import ValidationError
 
 from db import outbox_admin as outbox_admin_db
 from engine.settings import ConfigurationError, Role, Settings
+from runtime import settings_cli
+from runtime.settings_cli import validation_line
 
 if TYPE_CHECKING:
     from runtime.telemetry import Telemetry
@@ -35,9 +37,9 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
     try:
         s = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise _refuse(role, f"invalid configuration: {where}: {first['msg']}") from None
+        raise _refuse(role, f"invalid configuration: {validation_line(exc)}") from None
+    except ConfigurationError as exc:  # a removed setting is set
+        raise _refuse(role, f"refusing to start: {exc}") from None
     problems: list[str] = []
     if role in ("api", "worker"):
         # Prices are read by the API (budgets) and the workers (usage rows): malformed ones
@@ -414,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.set_defaults(func=cmd_outbox)
 
     jobs_cli.add_parser(sub, fmt)
+    settings_cli.add_parser(sub, fmt)
     return p
 
 

@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from api.auth import JwtConfig, issue_token
-from engine.settings import Settings
+from engine.settings import ConfigurationError, Settings
 from runtime.embedded import (
     EmbeddedPostgres,
     PortInUse,
@@ -32,6 +34,7 @@ from runtime.embedded import (
     start_temporal,
 )
 from runtime.procs import die_with_parent
+from runtime.settings_cli import validation_line
 from runtime.worker import ALL_QUEUES
 
 TOKEN_TTL_S = 30 * 86_400  # capped by the API's longest token lifetime
@@ -260,13 +263,20 @@ def run_dev(args: argparse.Namespace) -> int:
     note = use_development_environment(os.environ)
     if note:
         print(note, file=sys.stderr, flush=True)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"aijobs dev: invalid configuration: {validation_line(exc)}", file=sys.stderr)
+        return 2
+    except ConfigurationError as exc:  # a removed setting is set
+        print(f"aijobs dev: refusing to start: {exc}", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir).resolve()
     metrics_ports = _metrics_ports(args)
     try:
         _require_ports(args, metrics_ports, external_temporal=bool(settings.temporal_address))
     except PortInUse as exc:
-        print(f"aijobs dev: {exc}", file=sys.stderr)
+        print(f"aijobs dev: refusing to start: {exc}", file=sys.stderr)
         return 2
     if args.fresh and data_dir.exists():
         shutil.rmtree(data_dir)

@@ -399,10 +399,11 @@ DIRECT = "postgresql://u@postgres:5432/db"
         ({"DATABASE_URL": DIRECT}, False, DIRECT),
         ({"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT}, True, DIRECT),
         ({"DATABASE_URL": DIRECT, "DATABASE_DIRECT_URL": DIRECT}, False, DIRECT),
-        ({"DATABASE_URL": POOLER, "DATABASE_POOLER": "true"}, True, POOLER),
+        # DATABASE_POOLER is no longer read: behind a pooler, DATABASE_DIRECT_URL says so.
+        ({"DATABASE_URL": POOLER, "DATABASE_POOLER": "true"}, False, POOLER),
         (
             {"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT, "DATABASE_POOLER": "0"},
-            False,
+            True,
             DIRECT,
         ),
     ],
