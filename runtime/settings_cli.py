@@ -12,6 +12,7 @@ startup check, so it works in any AIJOBS_ENV, production without its secrets inc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings
 
 from engine.settings import ConfigurationError, Settings
 
@@ -84,26 +85,25 @@ def _shown(value: Any, secret: bool) -> Any:
     return value
 
 
-class _Unset(Settings):
-    """The settings with nothing set but what they are given: no environment read."""
+def _only_given(
+    cls: type[BaseSettings], settings_cls: type[BaseSettings], init_settings: Any, **others: Any
+) -> tuple[Any, ...]:
+    return (init_settings,)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
+
+@functools.cache
+def _unset(cls: type[Settings]) -> type[Settings]:
+    """`cls` reading nothing but what it is given: no environment."""
+    sources = classmethod(_only_given)
+    return type(f"{cls.__name__}Unset", (cls,), {"settings_customise_sources": sources})
 
 
 def items(settings: Settings) -> list[SettingItem]:
     """One item per setting, in the model's order. The default is what the setting is when
     unset in this process's AIJOBS_ENV (a metrics port is 9464 in production, 0 elsewhere)."""
-    in_this_env = _Unset.model_validate({"AIJOBS_ENV": settings.environment})
-    unset = _Unset()  # AIJOBS_ENV's own default
+    unset_cls = _unset(type(settings))
+    in_this_env = unset_cls.model_validate({"AIJOBS_ENV": settings.environment})
+    unset = unset_cls()  # AIJOBS_ENV's own default
     out = []
     for name, field in type(settings).model_fields.items():
         secret = is_secret(field)
