@@ -86,7 +86,7 @@ def _shown(value: Any, secret: bool) -> Any:
 
 
 def _only_given(
-    cls: type[BaseSettings], settings_cls: type[BaseSettings], init_settings: Any, **others: Any
+    cls: type[BaseSettings], /, settings_cls: type[BaseSettings], init_settings: Any, **others: Any
 ) -> tuple[Any, ...]:
     return (init_settings,)
 
