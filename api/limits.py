@@ -67,7 +67,7 @@ _PROBLEM_SCHEMA = problem_schema(
 # `responses=` entry for every route that takes a body (the limit itself applies to all routes).
 TOO_LARGE_RESPONSE: dict[int | str, dict[str, Any]] = {
     413: {
-        "description": "The body exceeds MAX_REQUEST_BYTES (`PAYLOAD_TOO_LARGE`); checked "
+        "description": "The body exceeds 3 MiB (`PAYLOAD_TOO_LARGE`); checked "
         "before authentication",
         "content": {PROBLEM: {"schema": _PROBLEM_SCHEMA}},
     }

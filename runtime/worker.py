@@ -4,8 +4,8 @@
 `max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
 AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
 activity there, so the limit caps concurrent provider calls; the bookkeeping stages (local
-activities) are not throttled by it. The worker takes at most WORKER_WORKFLOW_TASKS workflow tasks
-and runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
+activities) are not throttled by it. The worker takes at most WORKFLOW_TASKS workflow tasks and
+runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
 on the server, where tasks are dispatched fairly across users. `ai-system` runs the relay shard
 workflows (`outbox-relay-<k>`, each one heartbeating relay activity), the reconciler schedule
 and the admin bulk workflows; its process also runs the webhook deliverer as a supervised loop

@@ -323,7 +323,8 @@ def _audit_json(row: AuditRow) -> dict[str, Any]:
         "requeue, webhook replay) and view of internals (the admin job view and list), with "
         "its actor, target, outcome (`cancelled`, `retried`, `accepted`, ... or the refusal's "
         "error code) and details (ids, filters, counts). Filters: `actor`, `action`, `from` "
-        "(inclusive), `to` (exclusive). Entries are kept ADMIN_AUDIT_RETENTION_DAYS."
+        "(inclusive), `to` (exclusive). Entries are kept 365 days unless the operator set "
+        "otherwise (RETENTION_DAYS `admin_audit`)."
     ),
 )
 async def list_audit(

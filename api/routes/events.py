@@ -75,7 +75,7 @@ _STREAM = {
 }
 _TOO_MANY = {
     "description": "Too many event streams open (`TOO_MANY_STREAMS`): the user's "
-    "(SSE_MAX_STREAMS_PER_USER) or this server's (SSE_MAX_STREAMS); see Retry-After",
+    f"({MAX_STREAMS_PER_USER}) or this server's ({MAX_STREAMS}); see Retry-After",
     "headers": {
         "Retry-After": {
             "description": f"Seconds to wait before reconnecting ({STREAM_RETRY_AFTER_S})",
