@@ -41,7 +41,9 @@ def argv(pairs: dict[str, Any], command: Sequence[str]) -> list[str]:
     return [*(f"{k}={json.dumps(v)}" for k, v in pairs.items()), "--", *command]
 
 
-def main(args: Sequence[str]) -> None:
+def apply(args: Sequence[str]) -> list[str]:
+    """Makes the changes before `--` (in a fresh process: before the engine is imported);
+    returns the `aijobs` arguments after it."""
     split = list(args).index("--") if "--" in args else len(args)
     constants, relay = parse(args[:split])
     for dotted, value in constants.items():
@@ -55,9 +57,14 @@ def main(args: Sequence[str]) -> None:
     if relay:
         built: Callable[..., Any] = wiring.relay_config
         wiring.relay_config = lambda s: dataclasses.replace(built(s), **relay)  # type: ignore[assignment]
+    return list(args[split + 1 :])
+
+
+def main(args: Sequence[str]) -> None:
+    command = apply(args)
     from runtime.cli import main as aijobs
 
-    aijobs(list(args[split + 1 :]))
+    aijobs(command)
 
 
 if __name__ == "__main__":

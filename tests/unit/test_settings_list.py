@@ -278,3 +278,22 @@ def test_the_engine_reads_no_variable_by_name_outside_the_settings() -> None:
         if name not in allowed and not name.startswith("OTEL_")
     }
     assert not found
+
+
+def test_the_benches_change_constants_before_the_engine_reads_them() -> None:
+    """bench/engine_cli.py, in a fresh process as the benches and the cluster test run it."""
+    script = (
+        "from bench.engine_cli import apply\n"
+        "rest = apply(['activities.webhooks.POLL_INTERVAL_S=3600', 'engine.queues.LOCK_TTL_S=3',"
+        " 'relay.fairness=false', 'relay.lock_ttl_s=5.0', '--', 'relay'])\n"
+        "from engine.settings import Settings\n"
+        "from engine.queues import LOCK_TTL_S\n"
+        "from runtime.wiring import relay_config, webhook_config\n"
+        "s = Settings.model_validate({'DATABASE_URL': 'postgresql://u@h/d'})\n"
+        "r = relay_config(s)\n"
+        "print(rest, webhook_config(s).poll_interval_s, LOCK_TTL_S, r.fairness, r.lock_ttl_s)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.split() == ["['relay']", "3600", "3", "False", "5.0"], proc.stderr
