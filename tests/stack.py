@@ -55,6 +55,10 @@ def make_settings(database_url: str, temporal_address: str, **overrides: Any) ->
         "WORKER_DRAIN_S": 0,
     }
     values.update(overrides)
+    # A name that is no setting would be ignored silently (a removed setting, a typo).
+    known = {field.alias for field in Settings.model_fields.values()}
+    unknown = sorted(set(values) - known)
+    assert not unknown, f"not settings: {unknown}"
     return Settings.model_validate(values)
 
 
