@@ -90,11 +90,14 @@ PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
 
 PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
+# A running job whose SQL lock expired this long ago is abandoned: with the 60 s lock, the
+# specification's 90 s, long enough that a worker's late extension is never taken for death.
+LOCK_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
-    lock_grace_s: float = 30.0
+    lock_grace_s: float = LOCK_GRACE_S
     # A published enqueue gets this long to show up as a workflow (and in visibility) before its
     # job is a candidate of the waiting phase.
     missing_workflow_after_s: float = 60.0
@@ -104,9 +107,9 @@ class ReconcilerConfig:
     # Revival of a parked enqueue: backoff base and cap.
     revive_base_s: float = 30.0
     revive_cap_s: float = 300.0
-    retention_days: int = 30
-    outbox_retention_days: int = 7
-    audit_retention_days: int = 365
+    retention_days: int = 30  # DATA_RETENTION_DAYS
+    outbox_retention_days: int = 7  # RETENTION_DAYS "outbox"
+    audit_retention_days: int = 365  # RETENTION_DAYS "admin_audit"
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
     # The relay shard workflows it starts when missing (None: not its job).
     relay_shards: RelayShards | None = None
