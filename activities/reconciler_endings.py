@@ -1,4 +1,7 @@
-"""The reconciler's ending of a job whose finalizer gave up.
+"""The reconciler's endings: a job abandoned by its worker, and a job whose finalizer gave up.
+
+A running job whose lock expired and whose workflow is closed or missing was abandoned: it
+fails `INTERNAL_LOCK_EXPIRED` (`abandoned`), keeping what its chunks produced.
 
 A finalizer (`finalize_failed`, `finalize_cancelled`) is a bookkeeping stage: an unexpected error
 it meets on every one of its STAGE_INTERNAL_ATTEMPTS attempts (activities/bounded.py) fails its
@@ -44,8 +47,9 @@ INTERNAL_ERROR = "INTERNAL_ERROR"
 RECONCILER_IDENTITY = "reconciler"
 
 
-class FinalizerEndings:
-    """Ends, for the reconciler, the jobs whose workflow closed because a finalizer gave up."""
+class ReconcilerEndings:
+    """Ends, for the reconciler, the jobs nothing else will end: abandoned ones, and those whose
+    workflow closed because a finalizer gave up."""
 
     def __init__(
         self,
@@ -117,3 +121,24 @@ class FinalizerEndings:
             extra={"job_id": str(job_id), "finalizer": finalizer, "status": status},
         )
         return status
+
+    async def abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:
+        """A running job whose lock expired and whose workflow is gone: failed
+        `INTERNAL_LOCK_EXPIRED`; False when it ended meanwhile."""
+        try:
+            async with self._sm.begin() as s:
+                await lifecycle.fail(
+                    s,
+                    job_id,
+                    job_type=job_type,
+                    code="INTERNAL_LOCK_EXPIRED",
+                    internal_message=(
+                        "reconciler: lock expired and the workflow is closed or missing"
+                    ),
+                    catalog=self._catalog,
+                )
+        except IllegalTransition:
+            return False  # it ended meanwhile
+        self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
+        log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
+        return True

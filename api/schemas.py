@@ -148,7 +148,7 @@ MetadataValue = Annotated[
 Metadata = dict[MetadataKey, MetadataValue]
 
 
-def _metadata_schema(schema: dict[str, Any]) -> None:
+def metadata_schema(schema: dict[str, Any]) -> None:
     """The JSON Schema of `metadata` as the server checks it: pydantic puts the key pattern
     under `patternProperties`, which would let any other key through as schema-valid."""
     values = schema.pop("patternProperties", {}).get(METADATA_KEY_PATTERN, {"type": "string"})
@@ -221,7 +221,7 @@ class CreateJobBody(Camel):
         f"`[A-Za-z0-9_.-]`, string values of at most {MAX_METADATA_VALUE_LENGTH} characters. "
         "Never sent to the AI provider. List your jobs by it with `metadata.<key>=<value>`.",
         examples=[{"courseId": "C42", "requestedBy": "teacher-7"}],
-        json_schema_extra=_metadata_schema,
+        json_schema_extra=metadata_schema,
     )
     run_at: AwareDatetime | None = Field(
         default=None,
@@ -267,7 +267,7 @@ class CreateJobBody(Camel):
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '
         '| "fail"}`. A job still waiting for a discount window at `at` (left out: '
-        "AI_OFFPEAK_MAX_WAIT_S after the create) runs at once at the standard price when "
+        "24 hours after the create, the longest it may be) runs at once at the standard price when "
         '`then` is "standard", or fails with OFFPEAK_DEADLINE_PASSED when it is "fail" (the '
         'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
     )

@@ -282,11 +282,3 @@ async def settle(sm: SessionMaker, st: Settlement) -> Settled:
     statements, at = _statements(st)
     rows = (await pipeline.run(sm, statements, commit=True))[at]
     return Settled(*lifecycle_db.settled(rows[0] if rows else None))
-
-
-async def settle_in_session(s: AsyncSession, st: Settlement) -> Settled:
-    """`settle`'s statements pipelined in the caller's open transaction (which then goes on:
-    runs recorded before the five stages project the output in it)."""
-    statements, at = _statements(st)
-    rows = (await pipeline.in_session(s, statements))[at]
-    return Settled(*lifecycle_db.settled(rows[0] if rows else None))

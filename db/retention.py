@@ -10,7 +10,9 @@ removes all of them in one statement and marks the row `private_data_purged_at`;
 row (status, codes, hashes, times, costs), its usage rows and its artifact references stay, for
 billing and audit (the artifacts API lists those references with `content: null`).
 Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call it,
-so "purged" means the same wherever it happens.
+so "purged" means the same wherever it happens. A batch's copies at the provider (its input,
+output and error files) become due for deletion once every job of the batch is purged and none
+waits for it (db/batch_files.py); the reconciler's retention phase deletes them there.
 
 The other purges delete rows that only the engine's bookkeeping needs, each after its own
 retention (docs/operations.md "Retention"), a bounded page per call so a pass never holds long
@@ -63,11 +65,9 @@ _PROJECTED_COUNT = (
 # The purge of the terminal, not yet purged jobs among `:ids`: the job row's copies, its
 # business rows, its chunks' outputs, its streamed items, its batch lines and its snapshot, in
 # one statement (data-modifying WITHs see the same snapshot, and commit or roll back together).
-# HOOK (the batch tier's file cleanup, not built here): the input, output and error files of
-# the batches that hold a purged job's line (`ai_batch_item` → `ai_batch.*_file_id`) live at the
-# provider; their deletion there (`DELETE /v1/files/{id}`) is to be requested by one more WITH of
-# this statement, so that both purge paths (DELETE /api/ai/jobs/{jobId} and retention) ask for it
-# in the purge's own transaction.
+# The batches a purged job's line went in are not touched here: once every job of a batch is
+# purged, the batch's files at the provider are due (db/batch_files.py), whichever path purged
+# the last of them.
 _PURGE_JOBS = text(
     f"""
     WITH target AS (

@@ -126,6 +126,9 @@ class RequestChecker:
         tokens = self._tokens(jt, model, chunks)
         discount = self._reserved_discount(req, jt, mode, tier)
         estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
+        tiers.check_batch_line(
+            tier, jt, model, estimate.model, estimate.output_budget, self._policy.batch_max_bytes
+        )
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(

@@ -41,6 +41,8 @@ from jobs.view_models import ArtifactOut as ArtifactOut
 from jobs.view_models import Camel as Camel
 from jobs.view_models import JobStatusResponse as JobStatusResponse
 from jobs.view_models import ResultOut as ResultOut
+from jobs.view_models import UsdAmount as UsdAmount
+from jobs.view_models import usd_text as usd_text
 
 # The models live in jobs/view_models.py; they are imported from here by every reader.
 
@@ -162,6 +164,7 @@ def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) ->
         cancel_requested_at=row.cancel_requested_at,
         retried_from_job_id=row.retried_from_job_id,
         output_hash=row.output_hash,
+        cost_usd=row.spent_cost_usd,
     )
 
 

@@ -7,7 +7,6 @@ trigger the test creates and drops)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -234,7 +233,7 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
             "WHERE aggregate_id = :j",
             j=str(job),
         )
-        cfg = dataclasses.replace(reconciler_config(settings), relay_workflow_id=None)
+        cfg = reconciler_config(settings)
         reconciler = Reconciler(db, temporal_client, cfg, catalog=st.parts.catalog)
         for _ in range(3):  # the fault holds: nothing is started again, nothing changes
             result = await reconciler.run_once()
@@ -272,12 +271,12 @@ async def test_the_reconciler_writes_the_ending_the_finalizer_was_writing(
     """By CAS, through jobs/lifecycle.py: a cancel the user asked for still wins; a queued job
     is taken and failed in one transaction; a second ending is a no-op."""
     from activities.metrics import worker_metrics
-    from activities.reconciler_endings import FinalizerEndings
+    from activities.reconciler_endings import ReconcilerEndings
 
     job = await insert_job(db)
     if cancel_requested:
         await execute(db, "UPDATE ai_job SET cancel_requested_at = now() WHERE id = :j", j=job)
-    endings = FinalizerEndings(db, temporal_client, worker_metrics())
+    endings = ReconcilerEndings(db, temporal_client, worker_metrics())
     wf = f"ai-interactive:synthetic:{job}"
     assert await endings.end(job, wf, finalizer) == ending[0]
     row = (await rows(db, "SELECT lifecycle_status, error_code FROM ai_job WHERE id = :j", j=job))[

@@ -216,4 +216,4 @@ async def test_reconciler_requeues_lost_enqueue_and_deletes_expired_snapshots(
 
 def no_relay(cfg: ReconcilerConfig) -> ReconcilerConfig:
     """These tests run their relay in-process: the reconciler must not start the workflow one."""
-    return dataclasses.replace(cfg, relay_workflow_id=None)
+    return dataclasses.replace(cfg, relay_shards=None)

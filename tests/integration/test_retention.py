@@ -268,3 +268,27 @@ def test_the_purge_knows_every_business_table() -> None:
         if {"job_id", "user_id", "ordinal"} <= set(t.c.keys()) and not t.name.startswith("ai_")
     }
     assert shaped and set(PROJECTED_TABLES) == shaped
+
+
+async def test_a_schedules_recorded_runs_go_after_data_retention_days(db: SessionMaker) -> None:
+    schedule = uuid.uuid4()
+    await execute(
+        db,
+        "INSERT INTO ai_schedule (id, user_id, job_type, target_type, target_id, input, "
+        "interval_s) VALUES (:s, 'u1', 'synthetic', 'schedule', 't', '{}'::jsonb, 60)",
+        s=schedule,
+    )
+    for age, at in ((OLD, "now() - interval '3 days'"), ("now()", "now()")):
+        await execute(
+            db,
+            "INSERT INTO ai_schedule_run (schedule_id, scheduled_at, error_code, created_at) "
+            f"VALUES (:s, {at}, 'RATE_LIMITED', {age})",
+            s=schedule,
+        )
+    # Kept while younger than DATA_RETENTION_DAYS.
+    assert (await run_retention(db, RetentionConfig(data_days=30)))["schedule_runs_deleted"] == 0
+    assert (await run_retention(db, SHORTEST))["schedule_runs_deleted"] == 1
+    left = await rows(
+        db, "SELECT created_at > now() - interval '1 day' AS fresh FROM ai_schedule_run"
+    )
+    assert [r.fresh for r in left] == [True]
