@@ -7,7 +7,7 @@ attempt's take, or the job's failed or cancelled ending, turns it into an `estim
 (db/call_marks.py). Keyed by the job and the call's number (`ai_job.call_seq`).
 
 Revision ID: 0034
-Revises: 0028
+Revises: 0033
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0034'
-down_revision: str | None = '0028'
+down_revision: str | None = '0033'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
