@@ -73,6 +73,7 @@ RECONCILER_ACTIONS = (
     "enqueue_closed",
     "private_data_purged",
     "outbox_deleted",
+    "finalizer_ended",
 )
 # Distinct model names `aijobs_unpriced_calls_total` labels before it says `other`.
 UNPRICED_MODEL_LABELS = 10

@@ -8,6 +8,8 @@ phases, in this order:
 - waiting: a queued job whose enqueue was published but whose workflow is missing or closed
   (terminated before PREPARE, failed on a workflow task...) → its enqueue goes out again and the
   relay starts a fresh run;
+- in both: a workflow that closed because its finalizer gave up is never started again: the job
+  ends as that finalizer was ending it (activities/reconciler_endings.py);
 - stuck: a sample of waiting jobs' running workflows is described; one whose workflow task keeps
   failing is reported;
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
@@ -55,6 +57,7 @@ from temporalio.service import RPCError
 
 from activities.batch_files import BatchFiles
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.reconciler_endings import ReconcilerEndings
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_schedules import ScheduleRepair
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
@@ -67,8 +70,6 @@ from db.outbox import ParkedPage
 from db.reconciler import CancelRequest, WaitingJob
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
-from engine.errors import IllegalTransition
-from jobs import lifecycle
 from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
@@ -145,6 +146,7 @@ class Reconciler:
         # Where each phase stopped in the previous pass of this process (None: the start).
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
+        self._endings = ReconcilerEndings(sessionmaker, client, self._metrics, catalog)
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
@@ -261,7 +263,9 @@ class Reconciler:
                 if state.failing_task_attempts >= self.config.stuck_task_attempts:
                     p.report_stuck(job.id, job.workflow_id, state)
                 continue
-            if await self._fail_abandoned(job.id, job.job_type):
+            if await self._endings.handled(p, job.id, job.workflow_id, state):
+                continue
+            if await self._endings.abandoned(job.id, job.job_type):
                 p.add("expired_lock_failed")
                 p.details.append(f"failed {job.id}")
         return after, False
@@ -306,6 +310,8 @@ class Reconciler:
             if state.failing_task_attempts >= self.config.stuck_task_attempts:
                 p.report_stuck(job_id, wf_id, state)
             return
+        if await self._endings.handled(p, job_id, wf_id, state):
+            return  # never started again into the same fault
         async with self._sm.begin() as s:
             if await outbox_db.republish_enqueue(s, event_id):
                 p.add("outbox_requeued")
@@ -427,24 +433,3 @@ class Reconciler:
             p.add(name, n)
         if self._batch_files is not None:  # after the purges, which may have made some due
             p.add("batch_files_deleted", await self._batch_files.delete_due())
-
-    # ---- repairs -------------------------------------------------------------------------
-
-    async def _fail_abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:
-        try:
-            async with self._sm.begin() as s:
-                await lifecycle.fail(
-                    s,
-                    job_id,
-                    job_type=job_type,
-                    code="INTERNAL_LOCK_EXPIRED",
-                    internal_message=(
-                        "reconciler: lock expired and the workflow is closed or missing"
-                    ),
-                    catalog=self._catalog,
-                )
-        except IllegalTransition:
-            return False  # it ended meanwhile
-        self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
-        log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
-        return True

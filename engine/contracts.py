@@ -364,6 +364,8 @@ class ReconcileResult:
     # stopped at a per-pass cap or their budget and left the rest for the next pass.
     failed_phases: list[str] = field(default_factory=list)
     phases_cut_short: list[str] = field(default_factory=list)
+    # Jobs whose workflow closed because a finalizer gave up, ended as it was ending them.
+    finalizers_ended: int = 0
 
 
 @dataclass(frozen=True)

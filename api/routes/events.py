@@ -41,9 +41,10 @@ from api.browser import StreamPrincipal, misused
 from api.deps import JobId, State, StreamUser
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
+from api.stream_schema import event_schema
 from db import jobs as jobs_db
 from db.jobs import JobRow
-from engine.errors import JobNotFound, ValidationFailed
+from engine.errors import JobNotFound
 from engine.lifecycle import TERMINAL
 from jobs import views
 from jobs.chunk_items import (
@@ -71,7 +72,7 @@ _STREAM = {
     "JobStatusResponse as JSON); for a long-source job also `event: item`, `data` "
     "`{jobId, chunk, ordinal, content}`, one per item of each chunk as it succeeds; keep-alive "
     "comments in between.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": event_schema()}},
 }
 _TOO_MANY = {
     "description": "Too many event streams open (`TOO_MANY_STREAMS`): the user's "
@@ -104,10 +105,9 @@ def version(row: JobRow) -> int:
 def _last_id(value: str | None) -> int:
     if value is None:
         return -1
-    n = int(value)
-    if n > _MAX_VERSION:
-        raise ValidationFailed("Last-Event-ID is invalid.")
-    return n
+    # Any id the header's pattern allows: one past every version (more than 63 bits) is read
+    # as the highest, "seen everything", rather than refused.
+    return min(int(value), _MAX_VERSION)
 
 
 async def _read(state: State, job_id: uuid.UUID, viewer: Viewer) -> JobRead | None:
