@@ -16,6 +16,7 @@ from api.metrics import ApiMetrics
 from api.routes import (
     admin,
     admin_bulk,
+    admin_webhooks,
     credentials,
     events,
     health,
@@ -24,6 +25,7 @@ from api.routes import (
     stream_tokens,
     usage,
 )
+from api.routes import budgets as budgets_routes
 from api.routes import schedules as schedules_routes
 from api.routes.job_types import router as job_types_router
 from api.routes.webhooks import router as webhooks_router
@@ -99,6 +101,8 @@ def create_app(
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(admin_bulk.router)
+    app.include_router(budgets_routes.router)
+    app.include_router(admin_webhooks.router)
     app.include_router(outbox.router)
     app.include_router(credentials.router)
     app.include_router(webhooks_router)

@@ -31,6 +31,7 @@ from api.usage_schemas import UsdAmount as UsdAmount
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
 from engine.lifecycle import StatusName
+from engine.scopes import MAX_TAGS, SCOPE_ID_PATTERN
 from engine.tiers import OffpeakOnDeadline, ServiceTier
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
 from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
@@ -160,6 +161,29 @@ def metadata_schema(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = {**values, "pattern": NO_NUL}
 
 
+# A create's (or a schedule's job template's) `tags`: ids of cost attribution, each a scope id.
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SCOPE_ID_PATTERN)]
+TAGS_DESCRIPTION = (
+    f"Cost attribution: at most {MAX_TAGS} tags of 1-64 characters `[A-Za-z0-9_.:-]`, no "
+    "repeats, kept in the order given. A tag's budget (PUT /admin-api/ai/budgets/tag/{tag}) "
+    "applies to the job, and usage is grouped by them. Never sent to the AI provider."
+)
+
+
+def distinct_tags(v: list[str]) -> list[str]:
+    """Tags without repeats: a repeated tag is a mistake (it would count the job twice)."""
+    if len(set(v)) != len(v):
+        raise ValueError("must not repeat a tag")
+    return v
+
+
+Tags = Annotated[
+    list[Tag],
+    Field(max_length=MAX_TAGS, description=TAGS_DESCRIPTION, examples=[["course:bio-101"]]),
+    AfterValidator(distinct_tags),
+]
+
+
 # How far ahead a create's `runAt` may be: a delayed job holds its reservation until it runs.
 MAX_RUN_AT_DAYS = 30
 
@@ -263,6 +287,7 @@ class CreateJobBody(Camel):
         "job copies its answer: no provider call, cost 0, `reusedFromJobId` set. Never across "
         "users. Only for job types that permit reuse (422 otherwise).",
     )
+    tags: Tags = Field(default_factory=list)
     offpeak_deadline: OffpeakDeadline | None = Field(
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '

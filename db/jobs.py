@@ -74,6 +74,10 @@ class JobRow:
     offpeak_on_deadline: str | None = None
     reuse_allowed: bool = False
     reused_from_job_id: uuid.UUID | None = None
+    # Its organisation, teams and tags (engine/scopes.py), fixed at create.
+    org_id: str | None = None
+    team_ids: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
@@ -118,6 +122,7 @@ class JobStatusRow:
     private_data_purged_at: datetime | None = None
     service_tier: str = "standard"
     reused_from_job_id: uuid.UUID | None = None
+    tags: list[str] = field(default_factory=list)
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))

@@ -79,6 +79,10 @@ class NewJob:
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
     reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
+    # Whose money it is beyond its user's (engine/scopes.py): fixed here, never changed.
+    org_id: str | None = None
+    team_ids: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

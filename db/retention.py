@@ -147,9 +147,10 @@ async def _deleted(session: AsyncSession, sql: str, params: dict[str, object]) -
 
 
 async def purge_usage(session: AsyncSession, *, days: float, limit: int = 5000) -> int:
-    """Usage rows older than `days`: the per-call rows by `created_at`, then the daily rollup by
-    its day, except the current month's (the longest budget window reads it). Returns the
-    per-call and rollup rows deleted together."""
+    """Usage rows older than `days`: the per-call rows by `created_at`, then the daily rollups by
+    their day (the user's, the scoped jobs', each scope's) and the budget alerts sent by their
+    period's start, except the current month's (the longest budget window reads it). Returns
+    the rows deleted together."""
     calls = await _deleted(
         session,
         """
@@ -171,7 +172,33 @@ async def purge_usage(session: AsyncSession, *, days: float, limit: int = 5000) 
         """,
         {"s": days * 86_400, "lim": limit},
     )
-    return calls + daily
+    scoped = 0
+    # The rollups by scope and the alerts sent go by the same rule (db/models/budgets.py).
+    for table, key, day in _SCOPED_ROLLUPS:
+        scoped += await _deleted(
+            session,
+            f"""
+            DELETE FROM {table} WHERE ({key}) IN (
+                SELECT {key} FROM {table}
+                WHERE {day} < (now() AT TIME ZONE 'UTC' - make_interval(secs => :s))::date
+                  AND {day} < date_trunc('month', now() AT TIME ZONE 'UTC')::date
+                ORDER BY {day} LIMIT :lim)
+            """,
+            {"s": days * 86_400, "lim": limit},
+        )
+    return calls + daily + scoped
+
+
+# Table, key columns, day column: constants spliced into `purge_usage`'s statement.
+_SCOPED_ROLLUPS = (
+    (
+        "ai_usage_scoped_daily",
+        "day, user_id, job_type, model, credential_mode, scope_key",
+        "day",
+    ),
+    ("ai_scope_usage_daily", "scope, scope_id, day", "day"),
+    ("ai_budget_alert", "scope, scope_id, period, period_start, threshold", "period_start"),
+)
 
 
 async def purge_provider_limits(session: AsyncSession, *, days: float, limit: int = 5000) -> int:

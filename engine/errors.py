@@ -232,6 +232,17 @@ class QuotaExceeded(EngineError):
     http_status = 429
     title = "Job quota exceeded"
 
+    def __init__(self, public_message: str | None = None, *, retry_after_s: int | None = None):
+        super().__init__(public_message, retry_after_s=retry_after_s)
+        # A cost budget's refusal names it beside `code` (`named`); a job quota's does not.
+        self.problem_extra: dict[str, object] = {}
+
+    def named(self, scope: str, scope_id: str, period: str) -> QuotaExceeded:
+        """This refusal as the budget's: `scope` (user, org, team, tag), its id and its period
+        (day, month) become members of the problem body."""
+        self.problem_extra = {"scope": scope, "scopeId": scope_id, "period": period}
+        return self
+
 
 class RateLimited(EngineError):
     """A user's creates and quotes past their rate, or a process's check pool full for longer
@@ -385,6 +396,12 @@ class WebhookNotFound(EngineError):
     code = "WEBHOOK_NOT_FOUND"
     http_status = 404
     title = "Webhook not found"
+
+
+class BudgetNotFound(EngineError):
+    code = "BUDGET_NOT_FOUND"
+    http_status = 404
+    title = "Budget not found"
 
 
 class WebhookDeliveryNotFound(EngineError):

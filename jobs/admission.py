@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -33,8 +34,10 @@ from db.jobs import JobRow
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
+from engine.capacity import job_class
 from engine.errors import ExecutionFailure, Fault
-from jobs import offpeak
+from engine.scopes import JobScopes
+from jobs import offpeak, scope_budgets
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -279,6 +282,11 @@ async def cover_at(
         worst = call_worst_case_usd(
             row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
         )
+    scopes = JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags))
+
+    async def scopes_hold(grow_usd: Decimal) -> str | None:
+        return await scope_budgets.refusal_to_grow(s, scopes, row.id, grow_usd)
+
     return await cover_next_call(
         s,
         job_id=row.id,
@@ -290,6 +298,7 @@ async def cover_at(
         windows=budget_windows(
             cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
         ),
+        scopes_refusal=scopes_hold if scopes else None,
     )
 
 
@@ -325,8 +334,20 @@ async def _admit_limits(
         lease_ttl_s=call.timeout_ms / 1000 + 30,
         chunk_no=chunk_no,
         user_id=row.user_id,
+        job_class=job_class(row.queue_name),
     )
     if got.wait_s > 0:
         reason = got.reason or "announced"
-        return Wait(got.wait_s, reason, provider, model, key, limits, tokens, row.user_id, chunk_no)
+        return Wait(
+            got.wait_s,
+            reason,
+            provider,
+            model,
+            key,
+            limits,
+            tokens,
+            row.user_id,
+            chunk_no,
+            job_class(row.queue_name),
+        )
     return Lease(key, limits, tokens, got.lease_id, got.metered)

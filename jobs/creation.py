@@ -43,12 +43,13 @@ from engine.errors import (
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tiers import OFFPEAK
-from jobs import offpeak
+from jobs import offpeak, scope_budgets
 from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
 from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
 from jobs.reuse import attach, key_for
+from jobs.scope_budgets import SCOPE_BUDGET, ScopeHolding
 from jobs.spec import Catalog
 from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
@@ -78,6 +79,8 @@ class Quote:
     checked: CheckedRequest
     refusal: Refusal | None  # None: a create now would be admitted
     budgets: list[tuple[BudgetWindow, Committed]]
+    # The budgets of the job's organisation, teams and tags, and what each holds.
+    scope_budgets: list[ScopeHolding] = dataclasses.field(default_factory=list)
 
 
 class EnqueueNotWritten(RuntimeError):
@@ -108,9 +111,15 @@ class JobCreation:
         # Token counting of a long source: on the process's bounded check pool, not the loop.
         checked = await off_loop(self.requests.check, req)
         self._check_platform(checked)
+        now = datetime.now(UTC)
         async with self._sm.begin() as s:
             admission = await self.quotas.admission(s, req.user_id, checked.estimate)
-        return Quote(checked, admission.refusal, admission.budgets)
+            scoped = await scope_budgets.standing(s, req.scopes, lock=False, now=now)
+        refusal = admission.refusal
+        if refusal is None:
+            error = scope_budgets.first_refusal(scoped, checked.estimate.worst_case_cost_usd, now)
+            refusal = Refusal(SCOPE_BUDGET, error) if error is not None else None
+        return Quote(checked, refusal, admission.budgets, scoped)
 
     async def create(
         self, req: CreateJobRequest, *, within: CreateHook | None = None, budgeted: bool = False
@@ -192,20 +201,32 @@ class JobCreation:
         """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
         creates, so count-then-insert cannot overshoot, and the job's worst-case cost, reserved
         by the insert that follows in this transaction, cannot take spend plus reservations
-        past a budget. Under the lock, a create with a key that a concurrent create just
-        committed is answered with that job (returned) instead of a quota error."""
-        if not self.quotas.limited:
-            return None
-        await self.quotas.lock(s, req.user_id)
-        if req.idempotency_key is not None:
+        past a budget; the row locks of its scopes' budgets (jobs/scope_budgets.py) do the same
+        for every user of an organisation, team or tag. Under the locks, a create with a key
+        that a concurrent create just committed is answered with that job (returned) instead
+        of a quota error."""
+        limited = self.quotas.limited
+        if not limited and not req.scopes:
+            return None  # a plain job on a deployment without quotas: no statement here
+        if limited:
+            await self.quotas.lock(s, req.user_id)
+        # The budgets of the job's organisation, teams and tags: their rows locked (after the
+        # user's lock, in one order) and read; none for a job without scopes.
+        now = datetime.now(UTC)
+        scoped = await scope_budgets.standing(s, req.scopes, lock=True, now=now)
+        if req.idempotency_key is not None and (limited or scoped):
             existing = await jobs_db.find_by_idempotency_key(
                 s, req.user_id, req.job_type, req.idempotency_key
             )
             if existing is not None:
                 return existing
-        refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
-        if refusal is not None:
-            raise refusal.error
+        if limited:
+            refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
+            if refusal is not None:
+                raise refusal.error
+        error = scope_budgets.first_refusal(scoped, checked.estimate.worst_case_cost_usd, now)
+        if error is not None:
+            raise error
         return None
 
     async def _pin_credential(self, s: AsyncSession, req: CreateJobRequest, new: NewJob) -> NewJob:
@@ -266,6 +287,9 @@ class JobCreation:
             ),
             reuse_allowed=req.reuse,
             reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            org_id=req.scopes.org_id,
+            team_ids=list(req.scopes.team_ids),
+            tags=list(req.scopes.tags),
         )
 
     async def _enqueue(

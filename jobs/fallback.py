@@ -25,6 +25,7 @@ from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db.provider_gate import GateKey
 from db.provider_limits import LimitKey
+from engine.capacity import job_class
 from engine.definition import PLATFORM_KEY
 from jobs import admission
 from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket
@@ -135,6 +136,7 @@ async def admit_entry(
         tokens=tokens,
         job_id=row.id,
         lease_ttl_s=call.timeout_ms / 1000 + 30,
+        job_class=job_class(row.queue_name),
     )
     if got.wait_s > 0:
         return Wait(got.wait_s, got.reason or "announced", entry.provider, entry.model)

@@ -22,6 +22,7 @@ from db.chunks import PlannedChunk
 from engine.definition import USER_DEEPSEEK_KEY
 from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.hashing import request_fingerprint
+from engine.scopes import JobScopes
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, fallback, offpeak, tiers
@@ -66,6 +67,9 @@ class CreateJobRequest:
     reuse: bool = False
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # Whose money it is beyond the user's (engine/scopes.py): the creating token's organisation
+    # and teams, and the create's tags (never sent to the provider).
+    scopes: JobScopes = field(default_factory=JobScopes)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class RequestChecker:
             output_schema_version=req.output_schema_version,
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
+            tags=list(req.scopes.tags),
         )
         tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd)
         return CheckedRequest(

@@ -25,6 +25,7 @@ from db.jobs import JobRow
 from db.session import SessionMaker
 from engine.errors import CredentialNotFound, JobNotFound, JobNotRetryable
 from engine.lifecycle import LifecycleStatus
+from engine.scopes import JobScopes
 from jobs.creation import CreateHook, CreateJobResult, JobCreation
 from jobs.requests import CreateJobRequest
 
@@ -111,5 +112,7 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         service_tier=row.service_tier,
         reuse=row.reuse_allowed,
         offpeak_on_deadline=row.offpeak_on_deadline if row.service_tier == "offpeak" else None,
+        # Whose money it is: the original's organisation, teams and tags (its budgets).
+        scopes=JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
         internal=True,
     )

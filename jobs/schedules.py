@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -39,6 +39,7 @@ from engine.schedules import (
     iso,
     next_fire,
 )
+from engine.scopes import JobScopes
 from engine.settings import Settings
 from jobs.rate_limit import take_request
 from jobs.service import CreateJobRequest, JobService
@@ -92,6 +93,8 @@ class NewSchedule:
     priority: int | None = None
     credential_mode: str | None = None
     max_cost_usd: Decimal | None = None
+    # The creating token's organisation and teams, and the template's tags.
+    scopes: JobScopes = field(default_factory=JobScopes)
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,9 @@ class ScheduleService:
             paused=new.paused,
             created_at=now,
             updated_at=now,
+            org_id=new.scopes.org_id,
+            team_ids=list(new.scopes.team_ids),
+            tags=list(new.scopes.tags),
         )
         async with self._sm.begin() as s:
             await schedules_db.lock_user(s, new.user_id)
@@ -197,6 +203,9 @@ class ScheduleService:
             idempotency_key=key,
             credential_mode=row.credential_mode,
             max_cost_usd=row.max_cost_usd,
+            scopes=row.scopes
+            if isinstance(row, NewSchedule)
+            else JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
         )
 
     async def get(self, schedule_id: uuid.UUID, viewer: Viewer) -> ScheduleView:

@@ -125,11 +125,19 @@ class JobStatusResponse(Camel):
         description="Your earlier identical job whose answer this one reused (a create with "
         '`reuse: "allow"`): no provider call, cost 0, its own copies of the artifacts',
     )
+    tags: list[str] = Field(
+        default_factory=list,
+        description="The create's tags, for cost attribution, in the order given (`[]`: none)",
+        examples=[["course:bio-101", "term.autumn"]],
+    )
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
 class AdminJobResponse(JobStatusResponse):
     user_id: str
+    # The organisation and teams of the token that created it (docs/money.md).
+    org_id: str | None = None
+    team_ids: list[str] = Field(default_factory=list)
     internal_error_message: str | None = None
     workflow_id: str
     temporal_ui_url: str

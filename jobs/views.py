@@ -146,6 +146,7 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "private_data_purged": row.private_data_purged_at is not None,
         "service_tier": row.service_tier,
         "reused_from_job_id": row.reused_from_job_id,
+        "tags": list(row.tags),
     }
 
 
@@ -157,6 +158,8 @@ def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) ->
     return AdminJobResponse(
         **_public_fields(row, artifacts),
         user_id=row.user_id,
+        org_id=row.org_id,
+        team_ids=list(row.team_ids),
         internal_error_message=row.internal_error_message,
         workflow_id=row.workflow_id,
         temporal_ui_url=link.workflow_url(row.workflow_id),

@@ -27,3 +27,4 @@ class Wait:
     tokens: int = 0
     user_id: str = ""
     chunk_no: int | None = None
+    job_class: str | None = None  # interactive, background: its place in a reserved key

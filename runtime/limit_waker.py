@@ -29,6 +29,7 @@ from db.errors import is_driver_error
 from db.limit_waiters import CHANNEL, parse_payload
 from db.provider_limits import LimitKey, LimitTable, parse_model_limits
 from db.session import SessionMaker, listen_connection, ping_connection
+from engine.capacity import parse_capacity_reserve
 from engine.definition import QUEUE_NAMES
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import limit_wake
@@ -120,9 +121,8 @@ def limit_waker_task(
     if not set(queues) & set(QUEUE_NAMES):
         return None
     s = parts.settings
-    waker = LimitWaker(
-        client, parts.sessionmaker, s.session_database_url, parse_model_limits(s.ai_model_limits)
-    )
+    table = parse_model_limits(s.ai_model_limits, parse_capacity_reserve(s.ai_capacity_reserve))
+    waker = LimitWaker(client, parts.sessionmaker, s.session_database_url, table)
     loop = supervise("limit-waker", waker.run, stop)  # with the reuse waker beside it
     both = beside(loop, client, parts.sessionmaker, s.session_database_url, stop)
     return asyncio.create_task(both, name="limit-waker")

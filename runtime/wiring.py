@@ -23,6 +23,7 @@ from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.batches import BatchCaps
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
+from engine.capacity import parse_capacity_reserve
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.offpeak import parse_windows
 from engine.payloads import DATA_CONVERTER
@@ -216,7 +217,9 @@ def engine_config(settings: Settings) -> EngineConfig:
         breaker_failures=settings.provider_breaker_failures,
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
         # Raises ValueError naming AI_MODEL_LIMITS and the entry: a worker does not start.
-        model_limits=parse_model_limits(settings.ai_model_limits),
+        model_limits=parse_model_limits(
+            settings.ai_model_limits, parse_capacity_reserve(settings.ai_capacity_reserve)
+        ),
         budget_per_day_usd=settings.quota_max_cost_usd_per_day,
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
         chunk_concurrency=settings.ai_chunk_concurrency,

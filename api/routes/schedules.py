@@ -25,6 +25,7 @@ from api.limits import RATE_LIMITED_RESPONSE, RateLimitedUser
 from api.schemas import (
     NO_NUL,
     Camel,
+    Tags,
     UsdAmount,
     decode_cursor,
     encode_cursor,
@@ -35,6 +36,7 @@ from api.schemas import (
 from api.state import AppState
 from engine.definition import CredentialMode
 from engine.schedules import Spec
+from engine.scopes import JobScopes
 from jobs.audit import AuditEntry, AuditLog
 from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
 from jobs.views import Owner
@@ -69,6 +71,7 @@ class CreateScheduleBody(Camel):
     max_cost_usd: Decimal | None = Field(
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
+    tags: Tags = Field(default_factory=list)
 
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
@@ -100,6 +103,7 @@ class ScheduleResponse(Camel):
     priority: int | None = None
     credential_mode: CredentialMode | None = None
     max_cost_usd: UsdAmount | None = None
+    tags: list[str] = Field(default_factory=list)
     interval_seconds: int | None = None
     cron: str | None = None
     timezone: str
@@ -141,6 +145,7 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         priority=r.priority,
         credential_mode=r.credential_mode,
         max_cost_usd=r.max_cost_usd,
+        tags=list(r.tags),
         interval_seconds=r.interval_s,
         cron=r.cron,
         timezone=r.timezone,
@@ -188,6 +193,7 @@ async def create_schedule(
             priority=body.priority,
             credential_mode=body.credential_mode,
             max_cost_usd=body.max_cost_usd,
+            scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
         )
     )
     response.headers["Location"] = f"/api/ai/schedules/{row.id}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from db.models import (
     admin,
     batch,
+    budgets,
     console,
     jobs,
     limits,
@@ -28,6 +29,7 @@ __all__ = [
     "Base",
     "admin",
     "batch",
+    "budgets",
     "console",
     "encrypted",
     "jobs",

@@ -22,13 +22,16 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
 from db.models.base import TS, Base, encrypted
 
 _REUSE, _REUSED = text("reuse_key IS NOT NULL"), text("reused_from_job_id IS NOT NULL")
+_ORG_ACTIVE = text(f"org_id IS NOT NULL AND {ACTIVE_SQL}")
+_TEAMS_ACTIVE = text(f"team_ids <> '{{}}' AND {ACTIVE_SQL}")
+_TAGS_ACTIVE = text(f"tags <> '{{}}' AND {ACTIVE_SQL}")
 
 
 class AiJob(Base):
@@ -116,6 +119,18 @@ class AiJob(Base):
             "ix_ai_job_user_reuse_key", "user_id", "job_type", "reuse_key", postgresql_where=_REUSE
         ),
         Index("ix_ai_job_reused_from", "reused_from_job_id", postgresql_where=_REUSED),
+        # A scope budget's open reservations: the active jobs of an organisation, a team or a
+        # tag (db/scope_budgets.py names the same predicates).
+        Index("ix_ai_job_org_active", "org_id", postgresql_where=_ORG_ACTIVE),
+        Index(
+            "ix_ai_job_teams_active",
+            "team_ids",
+            postgresql_using="gin",
+            postgresql_where=_TEAMS_ACTIVE,
+        ),
+        Index(
+            "ix_ai_job_tags_active", "tags", postgresql_using="gin", postgresql_where=_TAGS_ACTIVE
+        ),
         Index(
             "ux_ai_job_retried_from",
             "retried_from_job_id",
@@ -201,6 +216,15 @@ class AiJob(Base):
     )
     # What a create asks, for result reuse (jobs/reuse.py); NULL: the type permits no reuse.
     reuse_key: Mapped[str | None] = mapped_column(String(64))
+    # Whose money it is beyond its user's (db/models/budgets.py): the organisation and teams of
+    # the token that created it, and the create's tags (in the client's order), fixed at create.
+    org_id: Mapped[str | None] = mapped_column(String(64))
+    team_ids: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
 
 
 class AiJobChunk(Base):

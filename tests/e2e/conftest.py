@@ -62,6 +62,7 @@ JOB_STATUS_KEYS = {
     "privateDataPurged",
     "serviceTier",
     "reusedFromJobId",
+    "tags",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (

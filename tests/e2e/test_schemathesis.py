@@ -21,8 +21,8 @@ can state, and only there is 422 accepted (`ACCEPTS_422`):
   quote's `runAt` and cost cap (`COST_CAP_TOO_LOW`, the cap's decimal places), an
   `Idempotency-Key` used with another body, a credential mode without a stored key
   (`CREDENTIAL_MISSING`; a retry of a job whose owner has no key left too), a schedule's cron,
-  time zone and dates, a webhook receiver's URL rules, an admin bulk filter matching too many
-  jobs.
+  time zone and dates, a webhook receiver's URL rules (a user's or an admin's), an admin bulk
+  filter matching too many jobs, a budget's `limitUsd` (its decimal places, as a cost cap's).
 
 One check is off where the API means otherwise: `use_after_free` on the reads of one job, since
 its DELETE purges the job's private data and leaves the job readable (docs/api.md).
@@ -61,8 +61,9 @@ LISTS = (
 )
 # POST bodies whose rules depend on the clock, stored state or parsing (module docstring).
 BODIES = (
-    r"^POST /(api/ai/(jobs|jobs/quote|schedules|webhooks|jobs/\{jobId\}/retry)"
-    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry))$"
+    r"^(POST /(api/ai/(jobs|jobs/quote|schedules|webhooks|jobs/\{jobId\}/retry)"
+    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry|webhooks))"
+    r"|PUT /admin-api/ai/budgets/\{scope\}/\{scopeId\})$"
 )
 EVENT_STREAMS = r"/events$"
 JOB_READS = r"^/api/ai/jobs/\{jobId\}"
