@@ -321,7 +321,8 @@ async def store_output(
 # EXECUTE's bookkeeping after a valid answer, pipelined with the call's usage row in its last
 # transaction (db/attempts.py `settle`), in one UPDATE of the row: the attempt is recorded (its
 # correction hint cleared) whoever holds the job; while `owner` holds it running, its lock is
-# extended and, unless a cancel was asked for, the output stored (listeners notified). Its row
+# extended and, unless a cancel was asked for, the output stored with the items moderation
+# dropped, a held answer let go (listeners notified). Its row
 # reads as (owned, cancel_requested) through `settled`.
 SETTLE_ATTEMPT = text(
     """
@@ -342,6 +343,10 @@ SETTLE_ATTEMPT = text(
             THEN :h ELSE output_hash END,
         progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
             THEN greatest(progress, :p) ELSE progress END,
+        flagged_items = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN CAST(:flagged AS integer) ELSE flagged_items END,
+        held_answer = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN NULL ELSE held_answer END,
         updated_at = now()
     FROM cur
     WHERE ai_job.id = cur.id
@@ -362,6 +367,7 @@ def settle_attempt_params(
     output: dict[str, Any],
     output_hash: str,
     progress: int,
+    flagged: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": job_id,
@@ -371,6 +377,7 @@ def settle_attempt_params(
         "out": output,
         "h": output_hash,
         "p": progress,
+        "flagged": flagged,
     }
 
 

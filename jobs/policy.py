@@ -72,6 +72,9 @@ class CreatePolicy:
     offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
     # An off-peak job's deadline is at most this long after its create (AI_OFFPEAK_MAX_WAIT_S).
     offpeak_max_wait_s: int = 86_400
+    # Where a masked input's phone numbers are read (AI_PII_PHONE_REGION): the estimate and
+    # the chunk plan are of the masked prompt (jobs/guardrails.py).
+    pii_region: str = "US"
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""

@@ -26,6 +26,7 @@ from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, fallback, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
+from jobs.guardrails import masked_input
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
@@ -110,15 +111,18 @@ class RequestChecker:
             ]
             raise ValidationFailed(refusal, errors=errors)
         offpeak.check_create(req, jt, self._policy, mode, tier)  # 422: no window, too late
-        chunks = self.plan_chunks(jt, model)
+        # What the prompts are built from: the input with its PII masked when the type masks
+        # it (jobs/guardrails.py), so the plan and the estimate are of what is sent.
+        prompt_model = masked_input(jt, model, self._policy.pii_region)[0]
+        chunks = self._plan(jt, prompt_model)
         tiers.check_batch_source(tier, chunks)  # a long source is several calls: not a line
-        self._check_fits_the_model(jt, model, chunks)
+        self._check_fits_the_model(jt, prompt_model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
                 f"targetType must be one of: {', '.join(jt.target_types)}",
                 errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
             )
-        tokens = self._tokens(jt, model, chunks)
+        tokens = self._tokens(jt, prompt_model, chunks)
         discount = self._reserved_discount(req, jt, mode, tier)
         estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
         # The effective priority and credential mode: omitting them and sending the defaults
@@ -168,7 +172,11 @@ class RequestChecker:
 
     def plan_chunks(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
         """A long source's chunks (jobs/chunked.py), or None: one call. Each chunk's prompt fits
-        the per-call budget, and never more than the model's window leaves beside the answer."""
+        the per-call budget, and never more than the model's window leaves beside the answer.
+        Planned over the masked input when the type masks PII, as EXECUTE cuts it."""
+        return self._plan(jt, masked_input(jt, model, self._policy.pii_region)[0])
+
+    def _plan(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
         if jt.chunking is None:
             return None
         window = None if jt.always_synthetic else self._policy.context_window

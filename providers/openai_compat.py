@@ -39,6 +39,7 @@ from providers.openai_stream import (
     parse_usage,
     read_stream,
 )
+from providers.structured import FormRefused, refuses_form, response_format
 
 # The header parsers moved to providers/openai_headers.py; importers of this module keep them.
 __all__ = [
@@ -128,17 +129,20 @@ def _is_too_long_error(body: str) -> bool:
 
 
 def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any]:
-    """The chat-completions body of `request` (model, prompts, `response_format` json_object,
-    answer budget): one builder, so a Batch API line is exactly what a call sends. `stream`
-    None leaves `stream` out, as a batch line must; True also asks for the usage."""
+    """The chat-completions body of `request` (model, prompts, the `response_format` of its
+    structured-output form, answer budget): one builder, so a Batch API line is exactly what a
+    call sends. `stream` None leaves `stream` out, as a batch line must; True also asks for
+    the usage."""
     payload: dict[str, Any] = {
         "model": request.model,
         "messages": [
             {"role": "system", "content": request.system_prompt},
             {"role": "user", "content": request.user_prompt},
         ],
-        "response_format": {"type": "json_object"},
     }
+    fmt = response_format(request.structured_output, request.schema_name, request.strict_schema)
+    if fmt is not None:
+        payload["response_format"] = fmt
     if stream is not None:
         payload["stream"] = stream
     if stream:
@@ -191,9 +195,9 @@ def parse_model_set(text: str) -> frozenset[str]:
 class OpenAICompatibleProvider:
     """`Provider` for any server speaking the OpenAI chat-completions protocol.
 
-    The request always asks for `response_format: json_object`, and streams when the request
-    asks to and its model streams (module docstring); the returned content is *not* validated
-    here (the caller knows the job's output model).
+    The request asks for its structured-output form (`ProviderRequest.structured_output`),
+    and streams when the request asks to and its model streams (module docstring); the
+    returned content is *not* validated here (the caller knows the job's output model).
     """
 
     def __init__(
@@ -386,6 +390,11 @@ class OpenAICompatibleProvider:
                 "CONTENT_SAFETY_BLOCKED",
                 internal_message=f"HTTP {status}: provider content filter",
                 answered=True,
+            )
+        if refuses_form(status, body):
+            # The form this server takes is lower: EXECUTE asks again at once in the next one.
+            return FormRefused(
+                request.structured_output, f"HTTP {status} response_format refused: {snippet}"
             )
         if status == 413 or (400 <= status < 500 and _is_too_long_error(body)):
             return ExecutionFailure(

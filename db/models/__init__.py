@@ -17,6 +17,7 @@ from db.models import (
     provider,
     schedules,
     stream,
+    trust,
     usage,
     webhooks,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "provider",
     "schedules",
     "stream",
+    "trust",
     "usage",
     "webhooks",
 ]
