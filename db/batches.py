@@ -34,8 +34,10 @@ def workflow_id_of(batch_id: uuid.UUID) -> str:
     return f"{BATCH_WORKFLOW_PREFIX}{batch_id}"
 
 
-def custom_id_of(job_id: uuid.UUID, attempt: int) -> str:
-    return f"job-{job_id}-a{attempt}"
+def custom_id_of(job_id: uuid.UUID, attempt: int, form: str | None = None) -> str:
+    """A job attempt's line; `form`: its line again in a lower structured-output form (the
+    first was refused for its form)."""
+    return f"job-{job_id}-a{attempt}" + (f"-{form}" if form else "")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class ItemRow:
     response: dict[str, Any] | None
     error_code: str | None
     batch_status: str
+    form: str = "json_object"  # the structured-output form its line asked for
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Settled:
     user_id: str
     job_type: str
     credential_mode: str
+    structured_output: str | None = None  # the form its line asked for
 
 
 _FIND_ITEM = text(
@@ -143,10 +147,12 @@ async def enroll(
     key_ref: str,
     task_queue: str,
     body: Mapping[str, Any],
+    again_as: str | None = None,
 ) -> Enrolled:
     """The job attempt's item, `pending` in its group's open batch (a new batch when none is
-    open). Idempotent: the attempt's item, if it exists, is returned as it is."""
-    custom_id = custom_id_of(job_id, attempt)
+    open). Idempotent: the attempt's item, if it exists, is returned as it is. `again_as`: the
+    attempt's line once more, in that lower structured-output form (its own item)."""
+    custom_id = custom_id_of(job_id, attempt, again_as)
     found = (await session.execute(_FIND_ITEM, {"custom_id": custom_id})).first()
     if found is not None:
         return Enrolled(found.batch_id, found.workflow_id, custom_id, found.id)
@@ -176,10 +182,18 @@ async def enroll(
     return Enrolled(batch.id, batch.workflow_id, custom_id, item_id)
 
 
+# The form a line asked for, as its body says (providers/structured.py `form_of_body`).
+_FORM_OF_BODY = (
+    "CASE WHEN i.body->'response_format' IS NULL THEN 'none' "
+    "WHEN i.body->'response_format'->>'type' = 'json_schema' THEN 'json_schema' "
+    "ELSE 'json_object' END"
+)
+# The attempt's latest item (a line refused for its form is followed by one in a lower form).
 _ITEM_FOR = text(
     "SELECT i.id, i.batch_id, i.custom_id, i.status, i.response, i.error_code, "
-    "b.status AS batch_status FROM ai_batch_item i JOIN ai_batch b ON b.id = i.batch_id "
-    "WHERE i.job_id = :job_id AND i.attempt = :attempt"
+    f"b.status AS batch_status, {_FORM_OF_BODY} AS form "
+    "FROM ai_batch_item i JOIN ai_batch b ON b.id = i.batch_id "
+    "WHERE i.job_id = :job_id AND i.attempt = :attempt ORDER BY i.created_at DESC LIMIT 1"
 )
 
 
@@ -188,7 +202,7 @@ async def item_for(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> It
     if r is None:
         return None
     return ItemRow(
-        r.id, r.batch_id, r.custom_id, r.status, r.response, r.error_code, r.batch_status
+        r.id, r.batch_id, r.custom_id, r.status, r.response, r.error_code, r.batch_status, r.form
     )
 
 
@@ -337,9 +351,12 @@ _SETTLE = text(
             response = CASE WHEN status IN ('pending', 'submitted') THEN :response END,
             error_code = :error_code, ended_at = now()
         WHERE id = :id AND ended_at IS NULL
-        RETURNING job_id, attempt, status
+        RETURNING job_id, attempt, status, body
     )
-    SELECT moved.job_id, moved.attempt, moved.status, j.user_id, j.job_type, j.credential_mode
+    SELECT moved.job_id, moved.attempt, moved.status, j.user_id, j.job_type, j.credential_mode,
+           CASE WHEN moved.body->'response_format' IS NULL THEN 'none'
+                WHEN moved.body->'response_format'->>'type' = 'json_schema' THEN 'json_schema'
+                ELSE 'json_object' END AS form
     FROM moved JOIN ai_job j ON j.id = moved.job_id
     """
 ).bindparams(bindparam("response", type_=JSONB))
@@ -370,7 +387,9 @@ async def settle(
     ).first()
     if r is None:
         return None
-    return Settled(item_id, r.job_id, r.attempt, r.status, r.user_id, r.job_type, r.credential_mode)
+    return Settled(
+        item_id, r.job_id, r.attempt, r.status, r.user_id, r.job_type, r.credential_mode, r.form
+    )
 
 
 _TO_SIGNAL = text(

@@ -31,6 +31,7 @@ from engine.errors import ExecutionFailure
 from providers.base import Provider, Usage
 from providers.openai_compat import OpenAICompatibleProvider
 from providers.openai_stream import parse_usage
+from providers.structured import refuses_form
 
 # The providers (providers/factory.py names) whose endpoint has a batch API: the generic
 # OpenAI-compatible one. DeepSeek's endpoint has none, nor has the synthetic provider.
@@ -41,6 +42,9 @@ COMPLETION_WINDOW = "24h"
 RUNNING_STATES = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 ENDED_STATES = frozenset({"completed", "failed", "expired", "cancelled"})
 _CODE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# A line refused for its `response_format` (providers/structured.py `refuses_form`): its job's
+# next line asks in the next form down (jobs/batch_job.py); REQUEST_REJECTED when there is none.
+FORM_REFUSED = "REQUEST_FORMAT_REFUSED"
 
 
 def has_batch_api(provider: Provider | str) -> bool:
@@ -144,6 +148,9 @@ def _line_result(raw: Any) -> LineResult | None:
         usage = parse_usage(body.get("usage")) if body is not None else None
         if status is not None and 200 <= status < 300 and body is not None:
             return LineResult(custom_id, status, body, usage)
+        if status is not None and refuses_form(status, json.dumps(body)):
+            # Refused for its structured-output form: its job asks again in a lower one.
+            return LineResult(custom_id, status, None, usage, FORM_REFUSED)
         code = code_for_status(status or 500, _error_code(body))
         return LineResult(custom_id, status, None, usage, code)
     # No response: the request never ran (the batch expired, was cancelled or failed first).
