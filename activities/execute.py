@@ -53,6 +53,7 @@ from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
 from jobs import attempt_start, calls, guardrails, limit_wake, stream_items, structured_output
+from jobs import fallback as fallback_chain
 from jobs.admission import Refused, Ticket
 from jobs.stream_items import Progress
 from jobs.waits import Wait
@@ -248,8 +249,9 @@ class _Attempt:
         request: ProviderRequest | None = None
         items: stream_items.ItemPublisher | stream_items.NoItems = stream_items.NoItems()
         guarded = guardrails.Guarded((None, None, None))
+        on_entry = fallback_chain.entry_of(d.gateway, self.ticket) is not None
         form = structured_output.form_for(
-            d.gateway.forms, a.downgrades, provider, model_name, entry=bool(self.route.to_model)
+            d.gateway.forms, a.downgrades, provider, model_name, entry=on_entry
         )
         try:
             # mask -> call -> moderate -> restore -> validate (jobs/guardrails.py)

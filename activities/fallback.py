@@ -89,7 +89,8 @@ class Route:
         entry = chain_of.entry_of(d.gateway, ticket)
         if entry is None:
             return provider, model
-        self.note(d, model, entry, "breaker")
+        if entry.model != row.arm_model:  # not its arm's own model: the breaker sent it
+            self.note(d, model, entry, "breaker")
         return d.gateway.fallbacks.providers[entry.position], entry.model
 
     def note(self, d: StageDeps, from_model: str, entry: FallbackEntry, reason: str) -> None:

@@ -79,6 +79,10 @@ class NewJob:
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
     reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
+    # Its rollout's id and arm, and the arm's model (jobs/rollouts.py); None: no rollout.
+    rollout_id: uuid.UUID | None = None
+    rollout_arm: str | None = None
+    arm_model: str | None = None
 
 
 @dataclass(frozen=True)

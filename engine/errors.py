@@ -227,6 +227,18 @@ class JobNotTerminal(EngineError):
     title = "Only a job that has ended (succeeded, failed or cancelled) can be purged"
 
 
+class JobNotSucceeded(EngineError):
+    code = "JOB_NOT_SUCCEEDED"
+    http_status = 409
+    title = "Only a succeeded job can be given feedback"
+
+
+class RolloutNotFound(EngineError):
+    code = "ROLLOUT_NOT_FOUND"
+    http_status = 404
+    title = "The job type has no rollout"
+
+
 class TooManyJobs(EngineError):
     code = "TOO_MANY_JOBS"
     http_status = 429

@@ -47,8 +47,9 @@ from jobs import offpeak
 from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
-from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
+from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker, arm_model_of
 from jobs.reuse import attach, key_for
+from jobs.rollouts import RolloutBook, choice
 from jobs.spec import Catalog
 from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
@@ -100,13 +101,15 @@ class JobCreation:
         self._credential_lookup = credential_lookup
         self.requests = RequestChecker(catalog, policy)
         self.quotas = Quotas(policy)
+        # The job types' rollouts, as creates read them (jobs/rollouts.py).
+        self.rollouts = RolloutBook(sessionmaker)
 
     async def quote(self, req: CreateJobRequest) -> Quote:
         """What creating `req` now would cost and whether it would be admitted: the checks and
         the estimate of create, and its quotas and budgets read without the user's lock. It
         writes nothing and counts against nothing."""
         # Token counting of a long source: on the process's bounded check pool, not the loop.
-        checked = await off_loop(self.requests.check, req)
+        checked = await off_loop(self.requests.check, await self.with_arm(req))
         self._check_platform(checked)
         async with self._sm.begin() as s:
             admission = await self.quotas.admission(s, req.user_id, checked.estimate)
@@ -119,6 +122,7 @@ class JobCreation:
         transaction (`within` runs last in it). Returns the existing job for a repeated
         `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
         create (an admin retry) that still reserves against the owner's quotas and budgets."""
+        req = await self.with_arm(req)
         checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -140,6 +144,21 @@ class JobCreation:
         if result.created:
             _announce(result.job)
         return result
+
+    @property
+    def policy(self) -> CreatePolicy:
+        """The create policy (its models: what a rollout's arm may name)."""
+        return self._policy
+
+    async def with_arm(self, req: CreateJobRequest) -> CreateJobRequest:
+        """`req` with its arm of the job type's rollout (jobs/rollouts.py): none when it pins a
+        version or already has one (a retry keeps its original's), or no rollout stands."""
+        if req.arm is not None or req.prompt_version is not None:
+            return req
+        rollout = await self.rollouts.current(req.job_type)
+        if rollout is None:
+            return req
+        return dataclasses.replace(req, arm=choice(rollout, req.job_type, req.user_id))
 
     def _check_platform(self, checked: CheckedRequest) -> None:
         """The platform's key is needed and not configured: 503, before any write."""
@@ -244,7 +263,7 @@ class JobCreation:
             input=checked.normalized,
             credential_mode=checked.mode,
             credential_id=None,
-            prompt_version=d.prompt_version,
+            prompt_version=checked.prompt_version or d.prompt_version,
             input_schema_version=d.input.schema_version,
             output_schema_version=d.output.schema_version,
             max_retry_count=resolve_execution(d).max_retries,
@@ -265,8 +284,17 @@ class JobCreation:
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),
             reuse_allowed=req.reuse,
-            reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            reuse_key=key_for(checked, self._model_of(checked)),
+            rollout_id=checked.arm.rollout_id if checked.arm else None,
+            rollout_arm=checked.arm.name if checked.arm else None,
+            arm_model=arm_model_of(checked.arm, checked.mode),
         )
+
+    def _model_of(self, checked: CheckedRequest) -> str:
+        """The model a checked create's job asks first: its arm's, else the configured one."""
+        model = self._policy.model_for(checked.job_type, checked.mode)
+        arm_model = arm_model_of(checked.arm, checked.mode)
+        return arm_model if arm_model is not None and model != "synthetic" else model
 
     async def _enqueue(
         self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, row: JobRow

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from db.chunks import PlannedChunk
-from engine.definition import USER_DEEPSEEK_KEY
+from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.hashing import request_fingerprint
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
@@ -28,6 +28,7 @@ from jobs import chunked, fallback, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
 from jobs.guardrails import masked_input
 from jobs.policy import CreatePolicy
+from jobs.rollouts import ArmChoice
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
 from providers.pricing import Price
@@ -63,6 +64,9 @@ class CreateJobRequest:
     reuse: bool = False
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # The arm of the job type's rollout the job runs on (jobs/rollouts.py): chosen by the
+    # create for its user, or an original's kept by its retry; None: no rollout.
+    arm: ArmChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class CheckedRequest:
     service_tier: str = STANDARD  # the effective tier (the request's, or the type's default)
     # What the job would cost on each tier, and whether it may ask for it (the quote's).
     tier_prices: tuple[TierPrice, ...] = ()
+    # The prompt version it runs on (its arm's, else the type's) and its arm.
+    prompt_version: str = ""
+    arm: ArmChoice | None = None
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -124,7 +131,8 @@ class RequestChecker:
             )
         tokens = self._tokens(jt, prompt_model, chunks)
         discount = self._reserved_discount(req, jt, mode, tier)
-        estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
+        arm_model = arm_model_of(req.arm, mode)
+        estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount, arm_model)
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
@@ -142,9 +150,20 @@ class RequestChecker:
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
         )
-        tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd)
+        tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd, arm_model)
+        version = (req.arm.prompt_version if req.arm else None) or req.prompt_version
         return CheckedRequest(
-            jt, normalized, priority, mode, estimate, fingerprint, chunks, tier, tier_prices
+            jt,
+            normalized,
+            priority,
+            mode,
+            estimate,
+            fingerprint,
+            chunks,
+            tier,
+            tier_prices,
+            version or jt.definition.prompt_version,
+            req.arm,
         )
 
     def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
@@ -206,14 +225,22 @@ class RequestChecker:
             )
 
     def _chain_price(
-        self, jt: AnyJobType, mode: str, model_name: str, tier: str, discount: Decimal | None
+        self,
+        jt: AnyJobType,
+        mode: str,
+        model_name: str,
+        tier: str,
+        discount: Decimal | None,
+        arm_model: str | None = None,
     ) -> Price:
-        """The price a job is reserved at: the dearest of its primary (at its tier) and its
-        fallback chain (at standard). A batch job has no chain: its calls go to its provider's
-        Batch API or nowhere, so its price is the primary's batch price."""
+        """The price a job is reserved at: the dearest of its primary (at its tier), its arm's
+        model and its fallback chain (at standard). A batch job has no chain: its calls go to
+        its provider's Batch API or nowhere, so its price is the primary's batch price."""
         p = self._policy
         synthetic = model_name == "synthetic"
         models = fallback.chain_models(model_name, p.fallback_models, jt, mode, synthetic=synthetic)
+        if arm_model is not None and not synthetic and arm_model not in models:
+            models = (*models, arm_model)
         return chain_price(
             p.prices, models[:1] if tier == BATCH else models, tier=tier, discount=discount
         )
@@ -262,12 +289,13 @@ class RequestChecker:
         max_cost_usd: Decimal | None,
         tier: str,
         discount: Decimal | None,
+        arm_model: str | None = None,
     ) -> JobEstimate:
         model_name = self._policy.model_for(jt, mode)
         return estimate_job(
             tokens[0],
-            model=model_name,
-            price=self._chain_price(jt, mode, model_name, tier, discount),
+            model=arm_model if arm_model is not None and model_name != "synthetic" else model_name,
+            price=self._chain_price(jt, mode, model_name, tier, discount, arm_model),
             output_budget=jt.definition.execution.max_output_tokens,
             expected_output_tokens=tokens[1],
             margin=self._policy.estimate_margin,
@@ -291,6 +319,7 @@ class RequestChecker:
         mode: str,
         tokens: tuple[list[int], int],
         max_cost_usd: Decimal | None,
+        arm_model: str | None = None,
     ) -> tuple[TierPrice, ...]:
         """The job at each tier's price (off-peak at its window's, the standard price when its
         provider has none), and whether a create may ask for that tier: the type accepts it,
@@ -303,11 +332,18 @@ class RequestChecker:
                 p.tier_refusal(jt, mode, tier) is None and (tier != OFFPEAK or discount is not None)
             )
             try:
-                e = self._priced(jt, mode, tokens, max_cost_usd, tier, discount)
+                e = self._priced(jt, mode, tokens, max_cost_usd, tier, discount, arm_model)
             except CostCapTooLow:
-                e, available = self._priced(jt, mode, tokens, None, tier, discount), False
+                e = self._priced(jt, mode, tokens, None, tier, discount, arm_model)
+                available = False
             out.append(TierPrice(tier, e.estimated_cost_usd, e.worst_case_cost_usd, available))
         return tuple(out)
+
+
+def arm_model_of(arm: ArmChoice | None, mode: str) -> str | None:
+    """The model an arm tries first, for a job on the platform's key (a user's own key runs on
+    its own model)."""
+    return arm.model if arm is not None and mode == PLATFORM_KEY else None
 
 
 def _checked_options(req: CreateJobRequest, jt: AnyJobType) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from engine.errors import CredentialNotFound, JobNotFound, JobNotRetryable
 from engine.lifecycle import LifecycleStatus
 from jobs.creation import CreateHook, CreateJobResult, JobCreation
 from jobs.requests import CreateJobRequest
+from jobs.rollouts import ArmChoice
 
 
 class JobRetry:
@@ -111,5 +112,9 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         service_tier=row.service_tier,
         reuse=row.reuse_allowed,
         offpeak_on_deadline=row.offpeak_on_deadline if row.service_tier == "offpeak" else None,
+        # Its prompt version and its rollout's arm: a retry runs on what its original ran on
+        # (an original outside a rollout stays outside).
+        prompt_version=row.prompt_version,
+        arm=ArmChoice.of_job(row),
         internal=True,
     )

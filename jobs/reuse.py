@@ -73,7 +73,11 @@ def key_for(checked: CheckedRequest, model: str) -> str | None:
     if not d.service.reuse:
         return None
     return reuse_key(
-        d.job_type, checked.normalized, d.prompt_version, model, d.output.schema_version
+        d.job_type,
+        checked.normalized,
+        checked.prompt_version or d.prompt_version,
+        model,
+        d.output.schema_version,
     )
 
 
