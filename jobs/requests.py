@@ -31,6 +31,7 @@ from jobs.policy import CreatePolicy
 from jobs.rollouts import ArmChoice
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
+from jobs.version_lookup import at_version
 from providers.pricing import Price
 
 
@@ -107,6 +108,10 @@ class RequestChecker:
         stops here; create goes on. The checks run in this order, so a request that breaks
         several is refused for the first."""
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
+        # The versions the job runs with on every attempt: its rollout arm's prompt version,
+        # else the pinned one, else the defaults; its prompt is counted with them.
+        version = (req.arm.prompt_version if req.arm else None) or req.prompt_version
+        jt = at_version(jt, version, req.output_schema_version)
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)
@@ -151,7 +156,6 @@ class RequestChecker:
             service=tier_fingerprint(req, jt),
         )
         tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd, arm_model)
-        version = (req.arm.prompt_version if req.arm else None) or req.prompt_version
         return CheckedRequest(
             jt,
             normalized,

@@ -18,3 +18,16 @@ def prompt_versions(jt: AnyJobType) -> tuple[str, ...]:
     if isinstance(versions, tuple | list) and versions:
         return tuple(str(v) for v in versions)
     return (jt.definition.prompt_version,)
+
+
+def at_version(
+    jt: AnyJobType, prompt_version: str | None, output_schema_version: str | None = None
+) -> AnyJobType:
+    """The job type as a job recorded with these versions runs it (its prompt builder and
+    output model): the registry's `JobType.at` once it has one; the type itself before, when
+    only its defaults exist."""
+    at = getattr(jt, "at", None)
+    if at is None or (prompt_version is None and output_schema_version is None):
+        return jt
+    got: AnyJobType = at(prompt_version, output_schema_version)
+    return got
