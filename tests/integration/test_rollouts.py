@@ -34,7 +34,7 @@ from tests.support import eventually
 FLASH = "flashcard_generation"
 CANARY_MODEL = "gpt-4o-mini"
 ROLLOUT = f"/admin-api/ai/job-types/{FLASH}/rollout"
-BODY = {
+BODY: dict[str, Any] = {
     "arms": [
         {"name": "stable", "promptVersion": f"{FLASH}.v2", "weight": 90},
         {"name": "canary", "model": CANARY_MODEL, "weight": 10},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from engine.pii import mask, valid_region
 from jobs.guardrails import masked_input
+from jobs.spec import AnyJobType
 from jobs.types import flashcard_generation, weak_point_analysis
 
 EMAIL, PHONE = "alice.smith@example.com", "+44 20 7946 0958"
@@ -44,7 +45,7 @@ def test_the_same_input_always_masks_the_same_way() -> None:
 
 
 def test_a_type_that_masks_builds_its_prompt_from_the_masked_input() -> None:
-    jt = flashcard_generation.JOB
+    jt: AnyJobType = flashcard_generation.JOB
     model = jt.input_model.model_validate({"sourceText": f"Contact {EMAIL}.", "count": 1})
     masked, m = masked_input(jt, model, "US")
     prompt = jt.prompt(masked)
