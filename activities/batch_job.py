@@ -68,7 +68,7 @@ class BatchJob:
         (a running one is left alone). A retry finds its item again and starts nothing twice."""
         d, a = self._d, self._attempt(inp)
         async with d.sessionmaker.begin() as s:
-            got = await batch_job.enroll(s, d.gateway, d.catalog, d.config, a)
+            got = await batch_job.enroll(s, d.gateway, d.catalog, d.config, a, d.config.batch_caps)
             if isinstance(got, Refused):  # rolls the take back
                 fail_over_budget(inp.job_id, got.limit, inp.attempt)
             if isinstance(got, Stop):
@@ -92,7 +92,7 @@ class BatchJob:
         d, a = self._d, self._attempt(inp)
         try:
             async with d.sessionmaker.begin() as s:
-                got = await batch_job.collect(s, d.gateway, d.catalog, a)
+                got = await batch_job.collect(s, d.gateway, d.catalog, a, d.config.batch_caps)
                 if isinstance(got, Stop):
                     fail_final(got.code)  # rolls back: nothing stored
         except ExecutionFailure as unavailable:  # moderation away: looked at again, no call

@@ -241,7 +241,7 @@ class WorkerMetrics:
         self.estimate_ratio = Histogram(
             "aijobs_token_estimate_ratio",
             "A call's provider-reported input tokens divided by the job's estimate at create "
-            "(1 = exact; above 1 + TOKEN_ESTIMATE_MARGIN, a worst case undercounted).",
+            "(1 = exact; above 1.25, the estimate margin, a worst case undercounted).",
             ["job_type", "model"],
             buckets=_ESTIMATE_BUCKETS,
             registry=reg,

@@ -14,9 +14,12 @@ phases, in this order:
   a capped backoff; the parked row of a job that ended meanwhile → closed;
 - cancels: a running job with a cancel request whose workflow still runs → cancel re-sent;
 - relay: a relay shard workflow (`outbox-relay-<k>`) that is not running is started;
+- schedules: each schedule's Temporal schedule made to match its row when it is missing, paused
+  otherwise, or starts runs on another queue (activities/reconciler_schedules.py);
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
-  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
+  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py);
+  batch files due for deletion deleted at the provider (activities/batch_files.py).
 
 Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
 reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
@@ -50,8 +53,10 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.batch_files import BatchFiles
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
+from activities.reconciler_schedules import ScheduleRepair
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
 from activities.retention import RetentionConfig, run_retention
@@ -64,6 +69,7 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
 from engine.errors import IllegalTransition
 from jobs import lifecycle
+from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
@@ -83,12 +89,15 @@ STUCK_SAMPLE = 25
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
 
-PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
+PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
+# A running job whose SQL lock expired this long ago is abandoned: with the 60 s lock, the
+# specification's 90 s, long enough that a worker's late extension is never taken for death.
+LOCK_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
-    lock_grace_s: float = 30.0
+    lock_grace_s: float = LOCK_GRACE_S
     # A published enqueue gets this long to show up as a workflow (and in visibility) before its
     # job is a candidate of the waiting phase.
     missing_workflow_after_s: float = 60.0
@@ -98,9 +107,9 @@ class ReconcilerConfig:
     # Revival of a parked enqueue: backoff base and cap.
     revive_base_s: float = 30.0
     revive_cap_s: float = 300.0
-    retention_days: int = 30
-    outbox_retention_days: int = 7
-    audit_retention_days: int = 365
+    retention_days: int = 30  # DATA_RETENTION_DAYS
+    outbox_retention_days: int = 7  # RETENTION_DAYS "outbox"
+    audit_retention_days: int = 365  # RETENTION_DAYS "admin_audit"
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
     # The relay shard workflows it starts when missing (None: not its job).
     relay_shards: RelayShards | None = None
@@ -121,8 +130,13 @@ class Reconciler:
         metrics: WorkerMetrics | None = None,
         *,
         catalog: Catalog | None = None,
+        schedules: ScheduleSync | None = None,
+        batch_files: BatchFiles | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._schedules = ScheduleRepair(sessionmaker, schedules)  # none: the phase does nothing
+        # The retention phase's provider side: batch files due for deletion (None: none here).
+        self._batch_files = batch_files
         # The job types: an abandoned long-source job keeps what its chunks produced.
         self._catalog = catalog
         self._metrics = metrics or worker_metrics()
@@ -147,6 +161,7 @@ class Reconciler:
             "revival": self._revival,
             "cancels": self._cancels,
             "relay": self._relay,
+            "schedules": self._schedules.run,
             "retention": self._retention,
         }
         for name in PHASES:
@@ -410,6 +425,8 @@ class Reconciler:
         )
         for name, n in (await run_retention(self._sm, days)).items():
             p.add(name, n)
+        if self._batch_files is not None:  # after the purges, which may have made some due
+            p.add("batch_files_deleted", await self._batch_files.delete_due())
 
     # ---- repairs -------------------------------------------------------------------------
 

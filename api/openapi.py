@@ -41,7 +41,7 @@ DESCRIPTIONS: dict[int, str] = {
     403: "The route requires the SUPER_ADMIN role (`FORBIDDEN`)",
     404: "Not found, or not yours (`*_NOT_FOUND`, `NOT_FOUND`)",
     409: "The resource's state does not allow this (`JOB_NOT_CANCELLABLE`, ...)",
-    413: "The body exceeds MAX_REQUEST_BYTES (`PAYLOAD_TOO_LARGE`); checked before authentication",
+    413: "The body exceeds 3 MiB (`PAYLOAD_TOO_LARGE`); checked before authentication",
     415: "The body is not JSON (`UNSUPPORTED_MEDIA_TYPE`): send `Content-Type: application/json`",
     422: "Invalid or unknown parameters or body (`VALIDATION_FAILED`, with `errors` located "
     '`["query", name]`, `["body", field, ...]`), or a refusal that '

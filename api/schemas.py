@@ -268,7 +268,7 @@ class CreateJobBody(Camel):
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '
         '| "fail"}`. A job still waiting for a discount window at `at` (left out: '
-        "AI_OFFPEAK_MAX_WAIT_S after the create) runs at once at the standard price when "
+        "24 hours after the create, the longest it may be) runs at once at the standard price when "
         '`then` is "standard", or fails with OFFPEAK_DEADLINE_PASSED when it is "fail" (the '
         'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
         examples=[{"at": "2026-12-06T08:00:00Z", "then": "standard"}],

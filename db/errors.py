@@ -61,3 +61,21 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, ALL_UNAVAILABLE_ERRORS) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     )
+
+
+def is_refused_value(exc: BaseException) -> bool:
+    """The database refused a value of the statement (SQLSTATE class 22, a data exception: a
+    NUL in a text or json value, a malformed escape), or the driver could not encode it for
+    the wire (an unpaired surrogate): the statement cannot succeed with that value, whatever
+    the retries."""
+    state = sqlstate(exc)
+    if state is not None and str(state).startswith("22"):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        if isinstance(seen, UnicodeError):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False

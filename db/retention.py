@@ -8,7 +8,9 @@ hint sent back to the provider, and the comment of the job's feedback. `purge_jo
 of them in one statement and marks the row `private_data_purged_at`; the lifecycle row (status,
 codes, hashes, times, costs), its usage rows and its artifact references stay, for billing and
 audit. Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call
-it, so "purged" means the same wherever it happens.
+it, so "purged" means the same wherever it happens. A batch's copies at the provider (its
+input, output and error files) become due for deletion once every job of the batch is purged
+and none waits for it (db/batch_files.py); the reconciler's retention phase deletes them there.
 
 The other purges delete rows that only the engine's bookkeeping needs, each after its own
 retention (docs/operations.md "Retention"), a bounded page per call so a pass never holds long

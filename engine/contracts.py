@@ -321,8 +321,8 @@ class RelayShardInput:
 
 @dataclass(frozen=True)
 class RelayShardResult:
-    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (the setting
-    went down), so its workflow ends instead of continuing as new."""
+    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (a version that
+    runs fewer), so its workflow ends instead of continuing as new."""
 
     dispatched: int = 0
     retired: bool = False

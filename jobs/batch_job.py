@@ -36,7 +36,7 @@ from db import batches as batches_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import structured_downgrades as downgrades_db
-from db.batches import Enrolled, Left
+from db.batches import BatchCaps, Enrolled, Left
 from db.jobs import JobRow
 from db.lifecycle import lock_holder
 from db.provider_gate import PLATFORM_KEY_REF
@@ -51,8 +51,10 @@ from jobs.attempt_start import Ended as Ended  # EXECUTE's own outcomes: ended b
 from jobs.attempt_start import Stop as Stop  # or never will
 from jobs.gateway import Gateway
 from jobs.guardrails import Guard, Guarded, holds, stored_input_off_loop
+from jobs.output import unstorable_failure
 from jobs.spec import AnyJobType, Catalog
-from providers.batch import FORM_REFUSED, has_batch_api
+from providers.batch import has_batch_api
+from providers.batch_lines import FORM_REFUSED, encode_line
 from providers.openai_compat import chat_answer, chat_body
 from providers.structured import lower as lower_of
 from providers.structured import next_form
@@ -107,11 +109,19 @@ class Failed:
 
 
 async def enroll(
-    s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, a: Attempt
+    s: AsyncSession,
+    gateway: Gateway,
+    catalog: Catalog,
+    cfg: AdmissionConfig,
+    a: Attempt,
+    caps: BatchCaps | None = None,
 ) -> Enrolled | Ended | Stored | Stop | Refused:
     """The attempt's first transaction, in the caller's session: take, cover, body, item. The
     caller commits an `Enrolled`, `Ended` or `Stored` and rolls back a `Stop` or `Refused`
-    (nothing taken: a job that never ran is ended by `finalize_failed`)."""
+    (nothing taken: a job that never ran is ended by `finalize_failed`). A line larger than a
+    whole batch may be (`caps.max_bytes`; a create refuses such a job, a retry's correction
+    may still grow it) is `REQUEST_TOO_LARGE`."""
+    caps = caps or BatchCaps()
     try:
         taken = await lifecycle.take(
             s,
@@ -153,7 +163,8 @@ async def enroll(
         if refused is not None:
             return Refused(refused)
     form = structured_output.form_for(gateway.forms, taken.downgrades, provider, model)
-    return await _line(s, gateway, a, calls.Attempt(row, snapshot, jt, a.number, None, 0), form)
+    call_of = calls.Attempt(row, snapshot, jt, a.number, None, 0)
+    return await _line(s, gateway, a, call_of, form, caps)
 
 
 async def _line(
@@ -162,6 +173,7 @@ async def _line(
     a: Attempt,
     call: calls.Attempt,
     form: str,
+    caps: BatchCaps,
     again: bool = False,
 ) -> Enrolled | Stop:
     """The attempt's item in its group's open batch, its body asking in `form` (`again`: the
@@ -173,6 +185,10 @@ async def _line(
         body = request_body(gateway, call, model, form)
     except ExecutionFailure as f:  # the prompt refused by the content-safety check
         return Stop(f.code)
+    custom_id = batches_db.custom_id_of(a.job_id, a.number, form if again else None)
+    line_bytes = len(encode_line(custom_id, body))
+    if line_bytes > caps.max_bytes:
+        return Stop("REQUEST_TOO_LARGE")
     gate = gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
     return await batches_db.enroll(
         s,
@@ -183,6 +199,8 @@ async def _line(
         key_ref=gate.key_ref if gate is not None else PLATFORM_KEY_REF,
         task_queue=a.task_queue,
         body=body,
+        line_bytes=line_bytes,
+        caps=caps,
         again_as=form if again else None,
     )
 
@@ -199,7 +217,11 @@ def request_body(
 
 
 async def collect(
-    s: AsyncSession, gateway: Gateway, catalog: Catalog, a: Attempt
+    s: AsyncSession,
+    gateway: Gateway,
+    catalog: Catalog,
+    a: Attempt,
+    caps: BatchCaps | None = None,
 ) -> Stored | Pending | Failed | Stop | Enrolled:
     """The attempt's item after its batch signalled (or the backstop timer fired), in the
     caller's transaction, which the caller commits in every outcome but `Stop`. A line refused
@@ -227,11 +249,14 @@ async def collect(
     if item.status != "succeeded" or item.response is None:
         code = item.error_code or "PROVIDER_UNAVAILABLE"
         if code == FORM_REFUSED:
-            again = await _lower(s, gateway, jt, row, a, item.form)
+            again = await _lower(s, gateway, jt, row, a, item.form, caps or BatchCaps())
             if again is not None:
                 return again
             code = "REQUEST_REJECTED"
-        await _failed(s, a, ExecutionFailure(code, internal_message=f"batch item: {code}"))
+        lost = ExecutionFailure(code, internal_message=f"batch item: {code}")
+        if code == "VALIDATION_OUTPUT_INVALID":  # its answer could not even be stored
+            lost = unstorable_failure()
+        await _failed(s, a, lost)
         return Failed(code)
     flagged: int | None = None
     try:
@@ -270,7 +295,13 @@ async def _guarded(gateway: Gateway, jt: AnyJobType, row: JobRow, content: str) 
 
 
 async def _lower(
-    s: AsyncSession, gateway: Gateway, jt: AnyJobType, row: JobRow, a: Attempt, refused: str
+    s: AsyncSession,
+    gateway: Gateway,
+    jt: AnyJobType,
+    row: JobRow,
+    a: Attempt,
+    refused: str,
+    caps: BatchCaps,
 ) -> Enrolled | None:
     """The attempt's line enrolled again in the form below `refused` (the downgrade recorded
     for every process first); None: no lower form."""
@@ -285,7 +316,7 @@ async def _lower(
     form = lower_of(lower, taken)
     structured_output.warn(row.id, model, refused, form)
     call = calls.Attempt(row, {"input": row.input}, jt, a.number, None, 0)
-    again = await _line(s, gateway, a, call, form, again=True)
+    again = await _line(s, gateway, a, call, form, caps, again=True)
     return again if isinstance(again, Enrolled) else None
 
 

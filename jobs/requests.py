@@ -138,6 +138,14 @@ class RequestChecker:
         discount = self._reserved_discount(req, jt, mode, tier)
         arm_model = arm_model_of(req.arm, mode)
         estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount, arm_model)
+        tiers.check_batch_line(
+            tier,
+            jt,
+            prompt_model,
+            estimate.model,
+            estimate.output_budget,
+            self._policy.batch_max_bytes,
+        )
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(

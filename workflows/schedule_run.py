@@ -1,12 +1,14 @@
-"""`ScheduledRun`: one run of a user's schedule, on the `ai-system` queue.
+"""`ScheduledRun`: one run of a user's schedule, on the `ai-schedules` queue (its activities
+inherit it: slots of their own in the `ai-system` process).
 
 Started by the Temporal schedule at each fire (workflow id: the schedule's action id, which
 contains the scheduleId, plus the scheduled time, added by Temporal) or by `/trigger` (id from
-the schedule id and the trigger's time). One activity creates the job through the API's create
-path with the key (schedule, scheduled time), so a retried or duplicated run makes one job, and
-records the run. If a job was created, the workflow then waits for it to end (a local activity
-reads its state, on a timer backing off to a minute), so the schedule's overlap policy applies
-to the jobs: `skip` fires nothing while the previous run's job is still running.
+the schedule id and the trigger's time). One activity takes a request from the owner's API rate
+and creates the job through the API's create path with the key (schedule, scheduled time), so a
+retried or duplicated run makes one job, and records the run. If a job was created, the
+workflow then waits for it to end (a local activity reads its state, on a timer backing off to a
+minute), so the schedule's overlap policy applies to the jobs: `skip` fires nothing while the
+previous run's job is still running.
 
 Payloads are ids, times, codes: never the schedule's input or owner.
 """

@@ -231,3 +231,27 @@ async def test_every_bookkeeping_kind_goes_after_its_retention(db: SessionMaker)
     assert counts["revoked_keys_purged"] == 2  # one deleted, one erased
     keys = await rows(db, "SELECT id, length(ciphertext) AS n FROM user_model_credential")
     assert sorted(r.n for r in keys) == [0, 6] and {r.id: r.n for r in keys}[named] == 0
+
+
+async def test_a_schedules_recorded_runs_go_after_data_retention_days(db: SessionMaker) -> None:
+    schedule = uuid.uuid4()
+    await execute(
+        db,
+        "INSERT INTO ai_schedule (id, user_id, job_type, target_type, target_id, input, "
+        "interval_s) VALUES (:s, 'u1', 'synthetic', 'schedule', 't', '{}'::jsonb, 60)",
+        s=schedule,
+    )
+    for age, at in ((OLD, "now() - interval '3 days'"), ("now()", "now()")):
+        await execute(
+            db,
+            "INSERT INTO ai_schedule_run (schedule_id, scheduled_at, error_code, created_at) "
+            f"VALUES (:s, {at}, 'RATE_LIMITED', {age})",
+            s=schedule,
+        )
+    # Kept while younger than DATA_RETENTION_DAYS.
+    assert (await run_retention(db, RetentionConfig(data_days=30)))["schedule_runs_deleted"] == 0
+    assert (await run_retention(db, SHORTEST))["schedule_runs_deleted"] == 1
+    left = await rows(
+        db, "SELECT created_at > now() - interval '1 day' AS fresh FROM ai_schedule_run"
+    )
+    assert [r.fresh for r in left] == [True]
