@@ -138,7 +138,10 @@ _NEW_JOB_FIELDS = [f.name for f in fields(NewJob)]
 _INSERT = text(
     f"INSERT INTO ai_job ({', '.join([*_NEW_JOB_FIELDS, *_NEW_JOB_DEFAULTS])}) "
     f"VALUES ({', '.join([*(f':{n}' for n in _NEW_JOB_FIELDS), *_NEW_JOB_DEFAULTS.values()])}) "
-    f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified"
+    f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified, "
+    # The job type's rollout as this statement sees it (jobs/creation.py: a create that chose
+    # its arm from another view of it is made again): no other statement for it.
+    "(SELECT r.id FROM ai_rollout r WHERE r.job_type = :job_type) AS rollout_now"
 ).bindparams(bindparam("input", type_=JSONB), bindparam("metadata", type_=JSONB))
 
 
@@ -148,8 +151,18 @@ _INSERT = text(
 async def create(session: AsyncSession, job: NewJob) -> JobRow:
     """Insert a queued job, inside the caller's create transaction; the new row comes back from
     the same statement (its columns as db/jobs.py reads a job), saving a read."""
+    return (await create_seeing_rollout(session, job))[0]
+
+
+async def create_seeing_rollout(
+    session: AsyncSession, job: NewJob
+) -> tuple[JobRow, uuid.UUID | None]:
+    """`create`, and the id of the job type's rollout as the insert saw it (None: none)."""
     row = (await session.execute(_INSERT, job.__dict__)).one()
-    return JobRow(**{k: v for k, v in row._mapping.items() if k != "notified"})
+    fields = dict(row._mapping)
+    rollout_now = fields.pop("rollout_now")
+    fields.pop("notified")
+    return JobRow(**fields), rollout_now
 
 
 # ---- queued -> running --------------------------------------------------------------

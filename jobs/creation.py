@@ -81,6 +81,10 @@ class Quote:
     budgets: list[tuple[BudgetWindow, Committed]]
 
 
+class RolloutMoved(Exception):
+    """The job's type has another rollout (or none, or one) than its arm was chosen from."""
+
+
 class EnqueueNotWritten(RuntimeError):
     """The create transaction could not write its job's enqueue row (an invariant broke)."""
 
@@ -121,8 +125,28 @@ class JobCreation:
         """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
         transaction (`within` runs last in it). Returns the existing job for a repeated
         `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
-        create (an admin retry) that still reserves against the owner's quotas and budgets."""
-        req = await self.with_arm(req)
+        create (an admin retry) that still reserves against the owner's quotas and budgets.
+
+        Its arm of the job type's rollout: from the rollout cache when the process listens for
+        rollout changes (none read otherwise); the job's INSERT says which rollout stands now,
+        and a create whose arm came from another one (or none) is rolled back and made again
+        with the rollout read afresh. A create of a type without a rollout pays nothing."""
+        open_to_arm = req.arm is None and req.prompt_version is None
+        armed = await self.with_arm(req)
+        for last in (False, False, True):
+            try:
+                return await self._create(armed, within, budgeted, open_to_arm and not last)
+            except RolloutMoved:
+                armed = await self.with_arm(req, fresh=True)
+        raise AssertionError("unreachable: the last create checks no rollout")
+
+    async def _create(
+        self,
+        req: CreateJobRequest,
+        within: CreateHook | None,
+        budgeted: bool,
+        open_to_arm: bool,
+    ) -> CreateJobResult:
         checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -132,7 +156,7 @@ class JobCreation:
         new = self._new_job(req, checked, uuid.uuid4())
         try:
             async with self._sm.begin() as s:
-                result = await self._write(s, req, checked, new, within, budgeted)
+                result = await self._write(s, req, checked, new, within, budgeted, open_to_arm)
         except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is None or not is_unique_violation(exc):
@@ -150,12 +174,15 @@ class JobCreation:
         """The create policy (its models: what a rollout's arm may name)."""
         return self._policy
 
-    async def with_arm(self, req: CreateJobRequest) -> CreateJobRequest:
+    async def with_arm(self, req: CreateJobRequest, *, fresh: bool = False) -> CreateJobRequest:
         """`req` with its arm of the job type's rollout (jobs/rollouts.py): none when it pins a
-        version or already has one (a retry keeps its original's), or no rollout stands."""
+        version or already has one (a retry keeps its original's), or no rollout stands. Read
+        from the rollout cache (nothing, without a listener), or the database (`fresh`)."""
         if req.arm is not None or req.prompt_version is not None:
             return req
-        rollout = await self.rollouts.current(req.job_type)
+        if not fresh and not self.rollouts.listening:
+            return req  # the job's INSERT tells whether one stands
+        rollout = await self.rollouts.current(req.job_type, fresh=fresh)
         if rollout is None:
             return req
         return dataclasses.replace(req, arm=choice(rollout, req.job_type, req.user_id))
@@ -184,9 +211,12 @@ class JobCreation:
         new: NewJob,
         within: CreateHook | None,
         budgeted: bool = False,
+        open_to_arm: bool = False,
     ) -> CreateJobResult:
         """The create transaction's work, in order: quotas (a user's create), the target check,
-        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
+        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row.
+        `open_to_arm`: the job joins its type's rollout, so a rollout the INSERT sees other than
+        the one its arm came from rolls the create back (`RolloutMoved`)."""
         jt = checked.job_type
         # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
         new, checked = await attach(s, new, checked, self.quotas.lock)
@@ -197,7 +227,9 @@ class JobCreation:
         if not req.internal and jt.check_target is not None:
             await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
-        row = await lifecycle_db.create(s, new)
+        row, rollout_now = await lifecycle_db.create_seeing_rollout(s, new)
+        if open_to_arm and rollout_now != new.rollout_id:
+            raise RolloutMoved()  # rolls back: made again with its arm of the rollout now
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
         await self._enqueue(s, req, checked, row)

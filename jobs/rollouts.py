@@ -12,8 +12,12 @@ user and the halted arm), so the other arms' users never move.
 The arm is decided before the create's checks (the prompt version and the model change the
 estimate and the reuse key) and recorded on the job (`rollout_id`, `rollout_arm`, `arm_model`);
 a retry keeps its original's, a create pinning a version gets none. The current rollouts are
-read through `RolloutBook`: from memory while the process's one listener delivers
-`ai_rollout_changed` (a PUT, a DELETE, a halt), else from the database at each create.
+kept by `RolloutBook`, in memory while the process's one listener delivers
+`ai_rollout_changed` (a PUT, a DELETE, a halt). Whether the book is right is checked by the
+job's own INSERT, which returns the type's rollout id as it sees it (jobs/creation.py): a create
+that chose from another view (or from none: a process without a listener reads nothing first)
+is rolled back and made again with the rollout read afresh. A type without a rollout thus costs
+its creates no statement.
 
 The guard (halting an arm on its feedback or success rate) runs in PostgreSQL, in the
 transaction that ends a job of the rollout or stores its feedback (migration 0038): no other job
@@ -114,8 +118,9 @@ class RolloutBook:
         else:
             self._kept.pop(payload, None)
 
-    async def current(self, job_type: str) -> RolloutRow | None:
-        if self.listening and job_type in self._kept:
+    async def current(self, job_type: str, *, fresh: bool = False) -> RolloutRow | None:
+        """The job type's rollout: kept, or (`fresh`, or not kept) read."""
+        if self.listening and not fresh and job_type in self._kept:
             return self._kept[job_type]
         generation = self._generation
         async with self._sm() as s:

@@ -262,3 +262,33 @@ async def test_an_arm_whose_jobs_fail_is_halted_for_its_success_rate_never_the_l
     assert sorted(s for s, _, _ in states.values()) == ["active", "halted"]
     assert {r for _, r, _ in states.values()} == {"success_rate", None}
     assert all(rate == 0.0 for _, _, rate in states.values())
+
+
+async def test_a_stale_rollout_cache_is_caught_by_the_job_s_insert(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    """A process that listens for rollout changes keeps what it read; a rollout put by another
+    process before its NOTIFY arrived is still seen by the create's INSERT, which makes the
+    create again with its arm: no create of a rollout's type escapes it."""
+    settings = make_settings(database_url, temporal_address, **fake_env(fake))
+    admin = auth(settings, "root", admin=True)
+    async with (
+        engine_stack(settings, temporal_client, queues=(), relay=False) as stack,
+        api_client(settings) as (_, c),
+    ):
+        book = stack.service.creation.rollouts
+        book.listening = True
+        assert await book.current(FLASH) is None  # kept: no rollout
+        arms = [{"name": "only", "promptVersion": f"{FLASH}.v2", "weight": 100}]
+        assert (await c.put(ROLLOUT, json={"arms": arms}, headers=admin)).status_code == 200
+        job_id = await stack.create("u-stale", job_type=FLASH, input=INPUTS[FLASH])
+        row = await stack.job(job_id)
+        assert (row.rollout_arm, row.prompt_version) == ("only", f"{FLASH}.v2")
+        # Without a rollout again, the kept one is dropped the same way.
+        assert (await c.delete(ROLLOUT, headers=admin)).status_code == 204
+        again = await stack.job(await stack.create("u-stale", job_type=FLASH, input=INPUTS[FLASH]))
+        assert again.rollout_arm is None and again.rollout_id is None
