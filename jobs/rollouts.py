@@ -141,7 +141,8 @@ class Guard:
 
 
 def _refused(msg: str, *loc: str | int) -> ValidationFailed:
-    return ValidationFailed(msg, errors=[{"loc": ["body", *loc], "msg": msg, "type": "value"}])
+    where = ["body", *(str(part) for part in loc)]  # every part a string, as the API's are
+    return ValidationFailed(msg, errors=[{"loc": where, "msg": msg, "type": "value"}])
 
 
 def checked_arms(

@@ -11,7 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from api.deps import JobId, State, User
 from api.errors import PROBLEM
-from api.schemas import storable_text
+from api.schemas import WholeNumber, storable_text
 from jobs import feedback
 from jobs.view_models import Camel
 
@@ -22,8 +22,8 @@ MAX_COMMENT = 2000
 class FeedbackIn(Camel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
     score: float = Field(ge=-1, le=1, allow_inf_nan=False, description="-1 (bad) .. 1 (good)")
-    item_ordinal: int | None = Field(
-        default=None, strict=True, ge=0, description="The artifact the feedback is about"
+    item_ordinal: WholeNumber | None = Field(
+        default=None, ge=0, le=2_147_483_647, description="The artifact the feedback is about"
     )
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
 

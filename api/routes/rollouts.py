@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from api.deps import Admin, State
-from api.schemas import JOB_TYPE_PATTERN
+from api.schemas import JOB_TYPE_PATTERN, WholeNumber
 from api.state import AppState
 from db.rollouts import ArmRow
 from engine.errors import UnknownJobType, ValidationFailed
@@ -44,7 +44,7 @@ class ArmIn(_Body):
         max_length=128,
         description="AI_MODEL or an AI_FALLBACKS model, tried first",
     )
-    weight: int = Field(strict=True, ge=0, le=100, description="The weights sum to 100")
+    weight: WholeNumber = Field(ge=0, le=100, description="The weights sum to 100")
 
     @model_validator(mode="after")
     def _names_something(self) -> ArmIn:
@@ -54,7 +54,7 @@ class ArmIn(_Body):
 
 
 class GuardIn(_Body):
-    min_samples: int = Field(default=100, strict=True, ge=1, le=1_000_000)
+    min_samples: WholeNumber = Field(default=100, ge=1, le=1_000_000)
     min_mean_feedback: float = Field(default=0.0, ge=-1, le=1, allow_inf_nan=False)
     min_success_rate: float = Field(default=0.9, ge=0, le=1, allow_inf_nan=False)
 

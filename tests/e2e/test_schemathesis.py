@@ -39,10 +39,14 @@ BUDGET_S = 120.0  # a hang guard: about 30 s and 15 s for the two runs on a quie
 # whose owner has no key left), a webhook URL that is not http(s), a usage range whose `from` is
 # after its `to` or more than 366 days before it, a `maxCostUsd` with more than 8 decimal places
 # (a quote checks a body as a create does; the schema does not state the places), a schedule's
-# cron, time zone or interval (exactly one of the two) that the server cannot read.
+# cron, time zone or interval (exactly one of the two) that the server cannot read, a
+# feedback's `itemOrdinal` that is no artifact's of the job, a rollout whose arms name a prompt
+# version or a model the job type or the deployment does not list, or whose weights do not sum
+# to 100.
 PAGED_OR_STATEFUL = (
     r"^/(admin-)?api/ai/(jobs|outbox|webhooks|webhook-deliveries|audit|usage|schedules)"
-    r"(/\{jobId\}/(artifacts|retry)|/quote)?$"
+    r"(/\{jobId\}/(artifacts|retry|feedback)|/quote)?$"
+    r"|^/admin-api/ai/job-types/\{jobType\}/rollout$"
 )
 MAX_EXAMPLES = 5
 STATEFUL_EXAMPLES = 20
@@ -131,3 +135,9 @@ async def test_schemathesis_with_and_without_a_token(api: Api, tmp_path: Path) -
     )
     assert rc == 0, out[-20000:]
     assert time.monotonic() - t0 < 2 * BUDGET_S
+    # A rollout the fuzzing put would give later tests' jobs an arm: none is left behind.
+    for job_type in ("synthetic", "quiz_generation", "flashcard_generation", "weak_point_analysis"):
+        gone = await api.http.delete(
+            f"/admin-api/ai/job-types/{job_type}/rollout", headers=api.as_admin()
+        )
+        assert gone.status_code in (204, 404), gone.text

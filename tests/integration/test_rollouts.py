@@ -103,7 +103,8 @@ async def test_put_refuses_what_is_not_right_and_get_delete_need_a_rollout(
         {"arms": [{**arms[0], "promptVersion": f"{FLASH}.v9"}, arms[1]]},  # not listed
         {"arms": [arms[0], {**arms[1], "model": "gpt-5-unknown"}]},  # not configured
         {"arms": [{"name": "bare", "weight": 100}]},  # neither version nor model
-        {"arms": [{**arms[0], "weight": 90.0}, arms[1]]},  # not an integer
+        {"arms": [{**arms[0], "weight": 89.5}, {**arms[1], "weight": 10.5}]},  # not integers
+        {"arms": [{**arms[0], "weight": "90"}, arms[1]]},  # a string
         {"arms": [{**arms[0], "name": "no spaces"}, arms[1]]},
         {**BODY, "extra": 1},
         {**BODY, "guard": {"minSamples": True}},

@@ -59,7 +59,7 @@ def test_the_bucket_is_sha256_of_type_and_user() -> None:
     ("arms", "where"),
     [
         ([("a", 60), ("b", 30)], ["body", "arms"]),
-        ([("a", 50), ("a", 50)], ["body", "arms", 1, "name"]),
+        ([("a", 50), ("a", 50)], ["body", "arms", "1", "name"]),
     ],
 )
 def test_the_arms_are_checked(arms: list[tuple[str, int]], where: list[object]) -> None:
