@@ -229,6 +229,7 @@ async def _copy(
         output=src.output,
         output_hash=src.output_hash,
         progress=COPIED_PROGRESS,
+        flagged=src.flagged_items,
     )
     if not stored:  # taken just now under the row's lock: cannot happen
         raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")

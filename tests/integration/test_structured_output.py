@@ -211,3 +211,25 @@ async def test_an_unset_model_and_a_configured_none(
         job = await stack.create(job_type=FLASH, input=INPUTS[FLASH])
         await _succeeded(stack, job)
     assert [f["type"] for f in await fake.aforms()] == ["none"]
+
+
+async def test_a_reused_job_shows_its_source_s_form(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+) -> None:
+    settings = _settings(database_url, temporal_address, fake, AI_MODEL="deepseek-chat")
+    await fake.ascript([], default={"kind": "valid", "content": SCRIPTED[FLASH]})
+    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as stack:
+        source = await stack.create(job_type=FLASH, input=INPUTS[FLASH], reuse=True)
+        await _succeeded(stack, source)
+        reuser = await stack.create(job_type=FLASH, input=INPUTS[FLASH], reuse=True)
+        row = await _succeeded(stack, reuser)
+        assert row.reused_from_job_id == source
+        assert (await fake.acalls())["count"] == 1
+        view = await _view(settings, reuser)
+        assert view["reusedFromJobId"] == str(source)
+        assert view["result"]["structuredOutput"] == "json_object"
+        assert view["result"]["model"] == "deepseek-chat"
