@@ -319,6 +319,10 @@ async def record_failure(
     held = response.content if response is not None and holds(failure) else None
     if held is not None:
         usage = dataclasses.replace(usage, error_code=None)
+        # The provider answered (its gate hears it reachable); only moderation could not run.
+        failure = ExecutionFailure(
+            failure.code, internal_message=failure.internal_message, answered=True
+        )
     await usage_db.insert(s, usage)
     if held is not None:
         await held_answers_db.hold(s, usage.job_id, usage.chunk_no, held)
