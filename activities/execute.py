@@ -34,7 +34,8 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities import call, fallback, held
+from activities import call as call_step
+from activities import fallback, held
 from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
@@ -52,8 +53,7 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls, guardrails, limit_wake, stream_items, structured_output
-from jobs import fallback as fallback_chain
+from jobs import attempt_start, calls, guardrails, limit_wake, stream_items
 from jobs.admission import Refused, Ticket
 from jobs.stream_items import Progress
 from jobs.waits import Wait
@@ -238,7 +238,7 @@ class _Attempt:
         """The prompt, its content-safety check, the provider call and the output's validation.
         Every way it can end becomes a failure code, except a cancellation (a workflow cancel,
         or a drained worker's grace running out), which is recorded and then goes on."""
-        d, row = self._d, a.row
+        d = self._d
         provider, model_name = self.route.start(d, a, self.ticket)
         started = time.monotonic()
         response: ProviderResponse | None = None
@@ -249,22 +249,9 @@ class _Attempt:
         request: ProviderRequest | None = None
         items: stream_items.ItemPublisher | stream_items.NoItems = stream_items.NoItems()
         guarded = guardrails.Guarded((None, None, None))
-        on_entry = fallback_chain.entry_of(d.gateway, self.ticket) is not None
-        form = structured_output.form_for(
-            d.gateway.forms, a.downgrades, provider, model_name, entry=on_entry
-        )
         try:
             # mask -> call -> moderate -> restore -> validate (jobs/guardrails.py)
-            inp, masking = await guardrails.stored_input_off_loop(
-                a.jt, a.snapshot["input"], d.gateway.guardrails.pii_region
-            )
-            guard = guardrails.Guard.of(d.gateway.guardrails, a.jt, masking)
-            items = stream_items.publisher(
-                d.sessionmaker, a.jt, row.id, self.number, a.chunk, guard
-            )
-            request = calls.request(
-                d.gateway, a, model_name, self.ticket.api_key, items.on_delta, form=form, inp=inp
-            )
+            guard, items, request = await call_step.prepared(self, a, provider, model_name)
             self.ticket.api_key = None  # the decrypted key moved into the request
             called = True
             response = await items.during(fallback.call(self, a, provider, request, items.progress))
@@ -310,10 +297,7 @@ class _Attempt:
                 response=response,
                 cost_usd=cost,
             )
-        # A retry with a correction sends more than was estimated: only first prompts count.
-        estimated = a.chunk.input_tokens if a.chunk is not None else row.estimated_input_tokens
-        if response is not None and estimated and not row.correction_hint:
-            d.metrics.estimate_checked(row.job_type, model_name, estimated, response.tokens_in)
+        call_step.estimate_checked(d, a, model_name, response)
         return calls.Called(
             provider.name,
             model_name,
@@ -353,7 +337,7 @@ class _Attempt:
         self, provider: Provider, request: ProviderRequest, progress: Progress | None = None
     ) -> ProviderResponse:
         """The call with this attempt's heartbeat and lock checks (activities/call.py)."""
-        return await call.provider_call(self, provider, request, progress)
+        return await call_step.provider_call(self, provider, request, progress)
 
     # ---- a failed call -----------------------------------------------------------------
 

@@ -22,7 +22,6 @@ before. The request's `CallProgress` (if any) is kept up to date all along.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -32,6 +31,9 @@ import httpx
 
 from engine.errors import ExecutionFailure
 from providers.base import CallProgress, ProviderRequest, ProviderResponse
+from providers.openai_errors import is_content_filter_error as _is_content_filter_error
+from providers.openai_errors import is_quota_exhausted as _is_quota_exhausted
+from providers.openai_errors import is_too_long_error as _is_too_long_error
 from providers.openai_headers import parse_duration_s, parse_rate_limit_headers, parse_retry_after
 from providers.openai_stream import (
     content_filtered,
@@ -93,39 +95,6 @@ def _safe_snippet(body: str, request: ProviderRequest) -> str:
         if _shares_window(text, normalised, _ECHO_WINDOW):
             return _WITHHELD
     return text
-
-
-def _is_content_filter_error(body: str) -> bool:
-    """Whether a 4xx error body says the provider's content filter rejected the request."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict):
-            code = error.get("code")
-            if isinstance(code, str) and code.lower() == "content_filter":
-                return True
-    lowered = body.lower()
-    return "content_filter" in lowered or "content filter" in lowered
-
-
-# What OpenAI-compatible servers say when the prompt plus max_tokens exceed the model's window
-# (OpenAI: "maximum context length", code context_length_exceeded; DeepSeek the same text).
-_TOO_LONG = re.compile(
-    r"(?i)context[_ ]length|maximum context|too many tokens|too long|token limit"
-)
-
-
-def _is_quota_exhausted(body: str) -> bool:
-    """Whether a 429's body says the account has no credit left (OpenAI `insufficient_quota`)."""
-    return "insufficient_quota" in body.lower()
-
-
-def _is_too_long_error(body: str) -> bool:
-    """Whether a 4xx error body says the request is too large for the model."""
-    return bool(_TOO_LONG.search(body))
 
 
 def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any]:
