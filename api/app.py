@@ -19,9 +19,11 @@ from api.routes import (
     admin_webhooks,
     credentials,
     events,
+    feedback,
     health,
     jobs,
     outbox,
+    rollouts,
     stream_tokens,
     usage,
 )
@@ -97,6 +99,8 @@ def create_app(
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
+    app.include_router(feedback.router)
+    app.include_router(rollouts.router)
     app.include_router(job_types_router)
     app.include_router(usage.router)
     app.include_router(admin.router)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     AwareDatetime,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -48,6 +49,21 @@ MAX_INPUT_BYTES = 1536 * 1024
 NO_NUL = r"^[^\x00]*$"
 # A jobType filter that no job type could match is a 422.
 JOB_TYPE_PATTERN = _JOB_TYPE_RE.pattern
+
+
+def whole(value: object) -> object:
+    """A JSON integer: an int, or a number with nothing after the point (`2.0`, as JSON Schema
+    counts it); never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(whole)]
 
 
 def storable_text(value: str) -> bool:

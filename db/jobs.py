@@ -78,6 +78,13 @@ class JobRow:
     org_id: str | None = None
     team_ids: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    # Its rollout and arm (NULL outside one) and the arm's model; the output items moderation
+    # dropped (NULL: none ran); an answer held while moderation was away (private).
+    rollout_id: uuid.UUID | None = None
+    rollout_arm: str | None = None
+    arm_model: str | None = None
+    flagged_items: int | None = None
+    held_answer: str | None = None
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
@@ -90,6 +97,8 @@ LIST_COLUMNS = ", ".join(
     if f.name == "input"
     else "NULL::jsonb AS output"
     if f.name == "output"
+    else "NULL::text AS held_answer"
+    if f.name == "held_answer"
     else f.name
     for f in dataclasses.fields(JobRow)
 )
@@ -123,38 +132,55 @@ class JobStatusRow:
     service_tier: str = "standard"
     reused_from_job_id: uuid.UUID | None = None
     tags: list[str] = field(default_factory=list)
+    rollout_arm: str | None = None
+    flagged_items: int | None = None
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
 # One round trip for a job and its artifacts, in `artifacts`' order (ordinal, id).
 # The model of a succeeded job's latest successful call: what produced its output.
-_ANSWERED_MODEL = (
-    "CASE WHEN j.lifecycle_status = 'succeeded' THEN (SELECT u.model FROM ai_usage_log u "
-    "WHERE u.job_id = j.id AND u.error_code IS NULL "
-    "ORDER BY u.created_at DESC, u.id DESC LIMIT 1) END"
+# The model of a succeeded job's latest successful call (a reused job's: its source's): what
+# produced its output, and the structured-output form that call asked for.
+ANSWERING_CALL = (
+    "SELECT u.model, u.structured_output FROM ai_usage_log u "
+    "WHERE u.job_id = coalesce(j.reused_from_job_id, j.id) AND u.error_code IS NULL "
+    "ORDER BY u.created_at DESC, u.id DESC LIMIT 1"
 )
 _STATUS_WITH_ARTIFACTS = text(
-    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs, {_ANSWERED_MODEL} AS answered_model "
+    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs, "
+    "CASE WHEN j.lifecycle_status = 'succeeded' THEN c.model END AS answered_model, "
+    "CASE WHEN j.lifecycle_status = 'succeeded' THEN c.structured_output END "
+    "AS answered_form "
     "FROM ai_job j LEFT JOIN LATERAL "
     "(SELECT json_agg(json_build_array(artifact_type, artifact_id, ordinal) "
     "ORDER BY ordinal, id) AS refs FROM ai_job_artifact WHERE job_id = j.id) a ON TRUE "
+    f"LEFT JOIN LATERAL ({ANSWERING_CALL}) c ON j.lifecycle_status = 'succeeded' "
     "WHERE j.id = :id"
 )
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What answered a succeeded job: the model (as the provider named it) and the
+    structured-output form it was asked in (None: not known)."""
+
+    model: str | None = None
+    structured_output: str | None = None
+
+
 async def status_with_artifacts(
     session: AsyncSession, job_id: uuid.UUID
-) -> tuple[JobStatusRow, list[ArtifactRef], str | None] | None:
+) -> tuple[JobStatusRow, list[ArtifactRef], Answered] | None:
     """A job's public columns and owner, its artifacts (what `db.artifacts.artifacts` reads for
-    it) and, once it succeeded, the model that answered, in one statement; None when the job
-    does not exist."""
+    it) and, once it succeeded, the model that answered and its form, in one statement; None
+    when the job does not exist."""
     row = (await session.execute(_STATUS_WITH_ARTIFACTS, {"id": job_id})).first()
     if row is None:
         return None
     fields = dict(row._mapping)
     refs = fields.pop("artifact_refs") or []
-    model = fields.pop("answered_model")
-    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs], model
+    answered = Answered(fields.pop("answered_model"), fields.pop("answered_form"))
+    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs], answered
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@
 A job's private data is every copy of what its user wrote or its provider answered: the input,
 the validated output, the business rows its projector wrote from it (quiz questions,
 flashcards, weak-point candidates: every table of db/models/projected.py built on
-`ProjectedRow`), each chunk's output (the partial items of a long source), the items it
-streamed, its batch line's body and answer, the snapshot, and the internal error message (it
-may quote a provider's answer) with the correction hint sent back to the provider. `purge_jobs`
-removes all of them in one statement and marks the row `private_data_purged_at`; the lifecycle
-row (status, codes, hashes, times, costs), its usage rows and its artifact references stay, for
-billing and audit (the artifacts API lists those references with `content: null`).
+`ProjectedRow`), each chunk's output (the partial items of a long source), an answer held for
+moderation (the job's or a chunk's), the items it streamed, its batch line's body and answer,
+the snapshot, the internal error message (it may quote a provider's answer) with the correction
+hint sent back to the provider, and the comment of the job's feedback. `purge_jobs` removes all
+of them in one statement and marks the row `private_data_purged_at`; the lifecycle row (status,
+codes, hashes, times, costs), its usage rows and its artifact references stay, for billing and
+audit (the artifacts API lists those references with `content: null`).
 Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call it,
 so "purged" means the same wherever it happens. A batch's copies at the provider (its input,
 output and error files) become due for deletion once every job of the batch is purged and none
@@ -76,15 +77,21 @@ _PURGE_JOBS = text(
     ),
     jobs AS (
         UPDATE ai_job j SET input = '{{}}'::jsonb, output = NULL,
-               internal_error_message = NULL, correction_hint = NULL,
+               internal_error_message = NULL, correction_hint = NULL, held_answer = NULL,
                private_data_purged_at = now(), updated_at = now()
         FROM target t WHERE j.id = t.id
         RETURNING j.id
     ),{_PURGE_PROJECTED}
     chunks AS (
-        UPDATE ai_job_chunk c SET output = NULL
-        FROM target t WHERE c.job_id = t.id AND c.output IS NOT NULL
+        UPDATE ai_job_chunk c SET output = NULL, held_answer = NULL
+        FROM target t WHERE c.job_id = t.id
+          AND (c.output IS NOT NULL OR c.held_answer IS NOT NULL)
         RETURNING c.job_id
+    ),
+    feedback AS (
+        UPDATE ai_job_feedback f SET comment = NULL
+        FROM target t WHERE f.job_id = t.id AND f.comment IS NOT NULL
+        RETURNING f.job_id
     ),
     snapshots AS (
         DELETE FROM ai_job_snapshot n USING target t WHERE n.job_id = t.id
@@ -104,6 +111,7 @@ _PURGE_JOBS = text(
            (SELECT count(*) FROM batch_items) AS batch_items,
            (SELECT count(*) FROM streamed) AS streamed_items,
            (SELECT count(*) FROM chunks) AS chunks,
+           (SELECT count(*) FROM feedback) AS feedback_comments,
            (SELECT count(*) FROM snapshots) AS snapshots
     """
 )

@@ -90,6 +90,7 @@ class SourceAnswer:
     held: bool
     output: dict[str, Any] | None
     output_hash: str | None
+    flagged_items: int | None = None  # what moderation dropped from it (its copies say so too)
 
 
 async def job(s: AsyncSession, job_id: uuid.UUID) -> JobReuse | None:
@@ -119,7 +120,8 @@ async def source(
                        (lifecycle_status = 'queued' AND dispatched_at IS NULL) AS held,
                        CASE WHEN private_data_purged_at IS NULL THEN output END AS output,
                        CASE WHEN private_data_purged_at IS NULL THEN output_hash END
-                           AS output_hash
+                           AS output_hash,
+                       flagged_items
                 FROM ai_job WHERE id = :id AND user_id = :u
                 """
                 + (" FOR SHARE" if share else "")

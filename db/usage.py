@@ -47,6 +47,8 @@ class UsageRow:
     # The tier the call was priced at: "standard", "batch" (the provider's Batch API) or
     # "offpeak" (inside the provider's discount window).
     service_tier: str = "standard"
+    # The structured-output form the call asked for (None: no call of a chat model).
+    structured_output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,11 @@ _INSERT = text(
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
             model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
             created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens,
-            service_tier)
+            service_tier, structured_output)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
             :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, :call_no,
             now(), :cost_basis, :priced_as, :cached_input_tokens, :reasoning_tokens,
-            :service_tier)
+            :service_tier, :structured_output)
         ON CONFLICT DO NOTHING
         RETURNING created_at
     ), rolled AS (

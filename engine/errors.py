@@ -30,6 +30,9 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("PROVIDER_", Retry.YES),
     CodeRule("VALIDATION_", Retry.YES),
     CodeRule("CONTENT_SAFETY_", Retry.NO),
+    # The moderation endpoint did not answer: the provider's answer is kept and moderated
+    # again by the next attempt (no new call).
+    CodeRule("MODERATION_", Retry.YES),
     CodeRule("TIMEOUT", Retry.PER_DEFINITION),
     CodeRule("CREDENTIAL_", Retry.NO),
     # The provider refused this request as it was written (too long, malformed, unknown model):
@@ -75,6 +78,9 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "PROVIDER_TIMEOUT": "The AI provider did not answer in time.",
     "VALIDATION_OUTPUT_INVALID": "The AI provider returned an invalid result.",
     "CONTENT_SAFETY_BLOCKED": "The request was blocked by the content safety policy.",
+    "MODERATION_UNAVAILABLE": (
+        "The content moderation service did not answer; the result will be checked again."
+    ),
     "TIMEOUT": "The job took too long and was stopped.",
     "CREDENTIAL_INVALID": "The AI provider rejected the credential.",
     "CREDENTIAL_MISSING": (
@@ -219,6 +225,18 @@ class JobNotTerminal(EngineError):
     code = "JOB_NOT_TERMINAL"
     http_status = 409
     title = "Only a job that has ended (succeeded, failed or cancelled) can be purged"
+
+
+class JobNotSucceeded(EngineError):
+    code = "JOB_NOT_SUCCEEDED"
+    http_status = 409
+    title = "Only a succeeded job can be given feedback"
+
+
+class RolloutNotFound(EngineError):
+    code = "ROLLOUT_NOT_FOUND"
+    http_status = 404
+    title = "The job type has no rollout"
 
 
 class TooManyJobs(EngineError):

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -95,6 +96,19 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Held:
+    """An answer this job (or chunk) was given and paid for, kept because its moderation could
+    not run (jobs/guardrails.py): moderated again, never bought again. No admission: no call."""
+
+    row: JobRow
+    snapshot: dict[str, Any]
+    jt: AnyJobType
+    chunk: ChunkRow | None
+    answer: str
+    fence: Fence | None = None
+
+
+@dataclass(frozen=True)
 class Started:
     """The call may go: the job as read, its snapshot, its type, its chunk and what admission
     granted (to be settled by the call's end); the attempt's fence (its lock checks and its
@@ -107,6 +121,8 @@ class Started:
     ticket: Ticket
     fence: Fence | None = None
     call_no: int | None = None
+    # The structured-output forms lowered now (db/structured_downgrades.py), read with the take.
+    downgrades: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 async def holds(sm: SessionMaker, fence: Fence, *, ttl_s: int) -> bool:
@@ -129,10 +145,11 @@ def may_be_taken_over(heartbeat_timeout: dt.timedelta | None, elapsed_s: float) 
 
 async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
-) -> Started | Ended | Reused | Stop | Wait | Refused:
+) -> Started | Held | Ended | Reused | Stop | Wait | Refused:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt
-    (after every check that rolls back: only an attempt that runs is counted)."""
+    reuse, an answer held for moderation, an off-peak job's window (jobs/offpeak.py `gate`),
+    admission, the chunk's attempt (after every check that rolls back: only an attempt that
+    runs is counted)."""
     try:
         taken = await lifecycle.take(
             s,
@@ -169,6 +186,11 @@ async def start(
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
     jt = catalog.get(row.job_type)
+    answer = chunk.held_answer if chunk is not None else row.held_answer
+    if answer is not None:  # paid for, waiting for its moderation: no call, no admission
+        if chunk is not None:
+            await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
+        return Held(row, snapshot, jt, chunk, answer, st.fence)
     held = offpeak.gate(gateway, jt, row, dt.datetime.now(dt.UTC))
     if held is not None:  # an off-peak job outside its window: wait for it, or its deadline
         return Stop(held) if isinstance(held, str) else held
@@ -182,7 +204,7 @@ async def start(
         await call_marks_db.mark_sent(
             s, _mark(gateway, cfg, row, jt, chunk, snapshot, got, taken.call_no, st.attempt)
         )
-    return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no)
+    return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no, taken.downgrades)
 
 
 def _mark(

@@ -47,8 +47,9 @@ from jobs import offpeak, scope_budgets
 from jobs.costs import BudgetWindow
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
-from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
+from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker, arm_model_of
 from jobs.reuse import attach, key_for
+from jobs.rollouts import RolloutBook, choice
 from jobs.scope_budgets import SCOPE_BUDGET, ScopeHolding
 from jobs.spec import Catalog
 from jobs.token_count import off_loop
@@ -83,6 +84,10 @@ class Quote:
     scope_budgets: list[ScopeHolding] = dataclasses.field(default_factory=list)
 
 
+class RolloutMoved(Exception):
+    """The job's type has another rollout (or none, or one) than its arm was chosen from."""
+
+
 class EnqueueNotWritten(RuntimeError):
     """The create transaction could not write its job's enqueue row (an invariant broke)."""
 
@@ -103,13 +108,15 @@ class JobCreation:
         self._credential_lookup = credential_lookup
         self.requests = RequestChecker(catalog, policy)
         self.quotas = Quotas(policy)
+        # The job types' rollouts, as creates read them (jobs/rollouts.py).
+        self.rollouts = RolloutBook(sessionmaker)
 
     async def quote(self, req: CreateJobRequest) -> Quote:
         """What creating `req` now would cost and whether it would be admitted: the checks and
         the estimate of create, and its quotas and budgets read without the user's lock. It
         writes nothing and counts against nothing."""
         # Token counting of a long source: on the process's bounded check pool, not the loop.
-        checked = await off_loop(self.requests.check, req)
+        checked = await off_loop(self.requests.check, await self.with_arm(req))
         self._check_platform(checked)
         now = datetime.now(UTC)
         async with self._sm.begin() as s:
@@ -127,7 +134,28 @@ class JobCreation:
         """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
         transaction (`within` runs last in it). Returns the existing job for a repeated
         `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
-        create (an admin retry) that still reserves against the owner's quotas and budgets."""
+        create (an admin retry) that still reserves against the owner's quotas and budgets.
+
+        Its arm of the job type's rollout: from the rollout cache when the process listens for
+        rollout changes (none read otherwise); the job's INSERT says which rollout stands now,
+        and a create whose arm came from another one (or none) is rolled back and made again
+        with the rollout read afresh. A create of a type without a rollout pays nothing."""
+        open_to_arm = req.arm is None and req.prompt_version is None
+        armed = await self.with_arm(req)
+        for last in (False, False, True):
+            try:
+                return await self._create(armed, within, budgeted, open_to_arm and not last)
+            except RolloutMoved:
+                armed = await self.with_arm(req, fresh=True)
+        raise AssertionError("unreachable: the last create checks no rollout")
+
+    async def _create(
+        self,
+        req: CreateJobRequest,
+        within: CreateHook | None,
+        budgeted: bool,
+        open_to_arm: bool,
+    ) -> CreateJobResult:
         checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -137,7 +165,7 @@ class JobCreation:
         new = self._new_job(req, checked, uuid.uuid4())
         try:
             async with self._sm.begin() as s:
-                result = await self._write(s, req, checked, new, within, budgeted)
+                result = await self._write(s, req, checked, new, within, budgeted, open_to_arm)
         except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is None or not is_unique_violation(exc):
@@ -149,6 +177,24 @@ class JobCreation:
         if result.created:
             _announce(result.job)
         return result
+
+    @property
+    def policy(self) -> CreatePolicy:
+        """The create policy (its models: what a rollout's arm may name)."""
+        return self._policy
+
+    async def with_arm(self, req: CreateJobRequest, *, fresh: bool = False) -> CreateJobRequest:
+        """`req` with its arm of the job type's rollout (jobs/rollouts.py): none when it pins a
+        version or already has one (a retry keeps its original's), or no rollout stands. Read
+        from the rollout cache (nothing, without a listener), or the database (`fresh`)."""
+        if req.arm is not None or req.prompt_version is not None:
+            return req
+        if not fresh and not self.rollouts.listening:
+            return req  # the job's INSERT tells whether one stands
+        rollout = await self.rollouts.current(req.job_type, fresh=fresh)
+        if rollout is None:
+            return req
+        return dataclasses.replace(req, arm=choice(rollout, req.job_type, req.user_id))
 
     def _check_platform(self, checked: CheckedRequest) -> None:
         """The platform's key is needed and not configured: 503, before any write."""
@@ -174,9 +220,12 @@ class JobCreation:
         new: NewJob,
         within: CreateHook | None,
         budgeted: bool = False,
+        open_to_arm: bool = False,
     ) -> CreateJobResult:
         """The create transaction's work, in order: quotas (a user's create), the target check,
-        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
+        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row.
+        `open_to_arm`: the job joins its type's rollout, so a rollout the INSERT sees other than
+        the one its arm came from rolls the create back (`RolloutMoved`)."""
         jt = checked.job_type
         # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
         new, checked = await attach(s, new, checked, self.quotas.lock)
@@ -187,7 +236,9 @@ class JobCreation:
         if not req.internal and jt.check_target is not None:
             await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
-        row = await lifecycle_db.create(s, new)
+        row, rollout_now = await lifecycle_db.create_seeing_rollout(s, new)
+        if open_to_arm and rollout_now != new.rollout_id:
+            raise RolloutMoved()  # rolls back: made again with its arm of the rollout now
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
         await self._enqueue(s, req, checked, row)
@@ -265,7 +316,7 @@ class JobCreation:
             input=checked.normalized,
             credential_mode=checked.mode,
             credential_id=None,
-            prompt_version=d.prompt_version,
+            prompt_version=checked.prompt_version or d.prompt_version,
             input_schema_version=d.input.schema_version,
             output_schema_version=d.output.schema_version,
             max_retry_count=resolve_execution(d).max_retries,
@@ -286,11 +337,20 @@ class JobCreation:
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),
             reuse_allowed=req.reuse,
-            reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            reuse_key=key_for(checked, self._model_of(checked)),
+            rollout_id=checked.arm.rollout_id if checked.arm else None,
+            rollout_arm=checked.arm.name if checked.arm else None,
+            arm_model=arm_model_of(checked.arm, checked.mode),
             org_id=req.scopes.org_id,
             team_ids=list(req.scopes.team_ids),
             tags=list(req.scopes.tags),
         )
+
+    def _model_of(self, checked: CheckedRequest) -> str:
+        """The model a checked create's job asks first: its arm's, else the configured one."""
+        model = self._policy.model_for(checked.job_type, checked.mode)
+        arm_model = arm_model_of(checked.arm, checked.mode)
+        return arm_model if arm_model is not None and model != "synthetic" else model
 
     async def _enqueue(
         self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, row: JobRow

@@ -28,6 +28,7 @@ from engine.lifecycle import LifecycleStatus
 from engine.scopes import JobScopes
 from jobs.creation import CreateHook, CreateJobResult, JobCreation
 from jobs.requests import CreateJobRequest
+from jobs.rollouts import ArmChoice
 
 
 class JobRetry:
@@ -114,5 +115,9 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         offpeak_on_deadline=row.offpeak_on_deadline if row.service_tier == "offpeak" else None,
         # Whose money it is: the original's organisation, teams and tags (its budgets).
         scopes=JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
+        # Its prompt version and its rollout's arm: a retry runs on what its original ran on
+        # (an original outside a rollout stays outside).
+        prompt_version=row.prompt_version,
+        arm=ArmChoice.of_job(row),
         internal=True,
     )

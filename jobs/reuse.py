@@ -73,7 +73,11 @@ def key_for(checked: CheckedRequest, model: str) -> str | None:
     if not d.service.reuse:
         return None
     return reuse_key(
-        d.job_type, checked.normalized, d.prompt_version, model, d.output.schema_version
+        d.job_type,
+        checked.normalized,
+        checked.prompt_version or d.prompt_version,
+        model,
+        d.output.schema_version,
     )
 
 
@@ -225,6 +229,7 @@ async def _copy(
         output=src.output,
         output_hash=src.output_hash,
         progress=COPIED_PROGRESS,
+        flagged=src.flagged_items,
     )
     if not stored:  # taken just now under the row's lock: cannot happen
         raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")

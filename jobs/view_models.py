@@ -70,6 +70,22 @@ class ResultOut(Camel):
         "configured one, or a fallback's when the provider failed (docs/fallback.md). Given "
         "by `GET /api/ai/jobs/{jobId}` for a succeeded job; absent elsewhere.",
     )
+    structured_output: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The structured-output form the answer that made the output was asked "
+        "in: `json_schema` (the output schema, enforced by the provider), `json_object` or "
+        "`none` (docs/fallback.md). A long source: its last answering call's; a batch job: "
+        "its line's; a reused job: its source's. Given by `GET /api/ai/jobs/{jobId}` for a "
+        "succeeded job; absent elsewhere.",
+        examples=["json_schema"],
+    )
+    flagged_items: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="How many output items moderation flagged and dropped (0 when none); "
+        "absent when the job's output was not moderated (docs/api.md, guardrails).",
+    )
 
 
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
@@ -129,6 +145,12 @@ class JobStatusResponse(Camel):
         default_factory=list,
         description="The create's tags, for cost attribution, in the order given (`[]`: none)",
         examples=[["course:bio-101", "term.autumn"]],
+    )
+    rollout_arm: str | None = Field(
+        default=None,
+        description="The arm of its job type's rollout the job was created on (null outside "
+        "a rollout: none stood, or the create pinned a version); `promptVersion` is the arm's",
+        examples=["canary"],
     )
 
 

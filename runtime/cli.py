@@ -46,11 +46,13 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
         # stop either in every environment, like a malformed keyring.
         from engine.offpeak import parse_windows
         from providers.pricing import PriceTable
-        from runtime.wiring import price_problems
+        from runtime.wiring import form_policy, pii_region, price_problems
 
         try:
             PriceTable.from_settings(s)
             parse_windows(s.ai_offpeak_windows)  # AI_OFFPEAK_WINDOWS, likewise
+            form_policy(s)  # AI_STRUCTURED_OUTPUT
+            pii_region(s)  # AI_PII_PHONE_REGION
         except ValueError as exc:  # the message names the setting and the entry
             raise _refuse(role, f"invalid configuration: {exc}") from None
         problems = price_problems(s, role, queues)

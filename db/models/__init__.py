@@ -18,6 +18,7 @@ from db.models import (
     provider,
     schedules,
     stream,
+    trust,
     usage,
     webhooks,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "provider",
     "schedules",
     "stream",
+    "trust",
     "usage",
     "webhooks",
 ]

@@ -137,6 +137,14 @@ class AiJob(Base):
             unique=True,
             postgresql_where=text("retried_from_job_id IS NOT NULL"),
         ),
+        # A rollout's figures per arm (jobs/rollouts.py) and its guard's counts.
+        Index(
+            "ix_ai_job_rollout",
+            "rollout_id",
+            "rollout_arm",
+            "lifecycle_status",
+            postgresql_where=text("rollout_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -225,6 +233,15 @@ class AiJob(Base):
     tags: Mapped[list[str]] = mapped_column(
         ARRAY(String(64)), server_default=text("'{}'::varchar[]")
     )
+    # The rollout (its id at the create) and arm a create was given, and the arm's model
+    # (tried first); NULL outside a rollout (jobs/rollouts.py).
+    rollout_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    rollout_arm: Mapped[str | None] = mapped_column(String(64))
+    arm_model: Mapped[str | None] = mapped_column(String(128))
+    # Output items moderation dropped (NULL: no moderation ran); an answer kept while its
+    # moderation could not run (private: the provider's text, placeholders included).
+    flagged_items: Mapped[int | None] = mapped_column(Integer)
+    held_answer: Mapped[str | None] = mapped_column(Text)
 
 
 class AiJobChunk(Base):
@@ -249,6 +266,9 @@ class AiJobChunk(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # As the job's: items moderation dropped, an answer held while moderation was away.
+    flagged_items: Mapped[int | None] = mapped_column(Integer)
+    held_answer: Mapped[str | None] = mapped_column(Text)
 
 
 class AiJobSnapshot(Base):

@@ -20,6 +20,7 @@ from engine.definition import (
     CREDENTIAL_MODES,
     CredentialSpec,
     Execution,
+    Guardrails,
     JobDefinition,
     QueueSpec,
     ServiceSpec,
@@ -84,6 +85,7 @@ DEFINITION = JobDefinition(
     execution=Execution(timeout_ms=90_000),
     credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
+    guardrails=Guardrails(pii="mask", moderation="drop_item"),
     # A course's decks rarely need an answer within seconds: batch and off-peak accepted, and
     # the same text asked again may be answered from the user's earlier deck.
     service=ServiceSpec(batch=True, offpeak=True, reuse=True),

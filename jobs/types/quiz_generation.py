@@ -17,7 +17,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.models.projected import QuizQuestion
-from engine.definition import CREDENTIAL_MODES, CredentialSpec, Execution, JobDefinition, QueueSpec
+from engine.definition import (
+    CREDENTIAL_MODES,
+    CredentialSpec,
+    Execution,
+    Guardrails,
+    JobDefinition,
+    QueueSpec,
+)
 from jobs.spec import (
     ChunkSpec,
     JobInput,
@@ -85,6 +92,7 @@ DEFINITION = JobDefinition(
     execution=Execution(timeout_ms=120_000),
     credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
+    guardrails=Guardrails(pii="mask", moderation="drop_item"),
 )
 
 

@@ -22,6 +22,7 @@ from engine.definition import (
     CREDENTIAL_MODES,
     CredentialSpec,
     Execution,
+    Guardrails,
     JobDefinition,
     QueueSpec,
     RetryBackoff,
@@ -83,6 +84,7 @@ DEFINITION = JobDefinition(
     execution=Execution(timeout_ms=120_000, max_retries=2, retry_backoff=RetryBackoff(delay=5000)),
     credential=CredentialSpec(allowed_modes=CREDENTIAL_MODES),  # users may bring a key
     prompt_version=PROMPT_VERSION,
+    guardrails=Guardrails(pii="off", moderation="fail"),
     service=ServiceSpec(batch=True, offpeak=True),  # background work: may wait for a price
 )
 

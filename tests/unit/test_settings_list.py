@@ -32,6 +32,13 @@ OTHER_ISSUES: set[str] = {
     "JWT_ORG_CLAIM",
     "JWT_TEAMS_CLAIM",
     "AI_CAPACITY_RESERVE",
+    # Structured output and guardrails (docs/fallback.md, docs/operations.md "Guardrails").
+    "AI_STRUCTURED_OUTPUT",
+    "AI_STRUCTURED_DOWNGRADE_TTL_S",
+    "AI_PII_PHONE_REGION",
+    "AI_MODERATION_MODEL",
+    "AI_MODERATION_BASE_URL",
+    "AI_MODERATION_API_KEY",
 }
 KEPT = {
     *"AI_BATCH_WINDOW_S AI_BATCH_POLL_S PROVIDER_BREAKER_FAILURES PROVIDER_BREAKER_COOLDOWN_S "
