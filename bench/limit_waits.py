@@ -104,13 +104,13 @@ async def drained(edb: EngineDb, settle_s: float, timeout_s: float = 120.0) -> N
     await asyncio.sleep(settle_s)
 
 
-async def create(svc: Any, n: int, tag: str, delay_ms: int = 0) -> None:
+async def create(svc: Any, n: int, tag: str, users: int, delay_ms: int = 0) -> None:
     from jobs.service import CreateJobRequest
 
     for i in range(n):
         await svc.create(
             CreateJobRequest(
-                user_id=f"bench-u{i % 4}",
+                user_id=f"bench-u{i % users}",
                 job_type="synthetic",
                 target_type="bench",
                 target_id=f"{tag}-{i}",
@@ -139,8 +139,8 @@ async def concurrency_phase(ctx: Any, args: argparse.Namespace) -> float:
         "expires_at) VALUES (gen_random_uuid(), 'synthetic', 'synthetic', 'platform', "
         f"gen_random_uuid(), 0, clock_timestamp() + interval '{2 * args.window + 60} seconds')"
     )
-    await create(ctx.svc, n, "behind")
-    await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
+    await create(ctx.svc, n, "behind", args.users)
+    await until(edb, "SELECT count(*) FROM limit_waiter", waiters(args), f"{n} jobs waiting")
     await asyncio.sleep(args.settle)  # see `per_minute`: counts reach the statistics late
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     # The call "ends": its lease goes and its key is notified, as a call's last transaction does.
@@ -165,19 +165,29 @@ async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> floa
         f"interval '{block_s} seconds') ON CONFLICT (provider, model, key_ref) DO UPDATE SET "
         "blocked_until = EXCLUDED.blocked_until"
     )
-    await create(ctx.svc, n, "announced")
-    await until(edb, "SELECT count(*) FROM limit_waiter", n, f"{n} jobs waiting")
+    await create(ctx.svc, n, "announced", args.users)
+    await until(edb, "SELECT count(*) FROM limit_waiter", waiters(args), f"{n} jobs waiting")
     await asyncio.sleep(args.settle)  # see `per_minute`: counts reach the statistics late
     rate = await per_minute(ctx.admin, args.window, ctx.edb)
     await all_done(edb, done + n)
     return rate
 
 
+def waiters(args: argparse.Namespace) -> int:
+    """How many of the waiting jobs reach the key's queue: every user's dispatch window's worth
+    (the others wait in the outbox, held by it, at no cost)."""
+    return int(min(args.jobs, args.users * args.dispatch_window))
+
+
 def stack(sv: Servers, args: argparse.Namespace, name: str, **env: str) -> EngineStack:
     knobs = EngineKnobs(
         interactive_concurrency=args.interactive_concurrency,
         log_level=args.log_level,
-        extra_env={"AI_MODEL_LIMITS": json.dumps(LIMITS), **env},
+        extra_env={
+            "AI_MODEL_LIMITS": json.dumps(LIMITS),
+            "USER_DISPATCH_WINDOW": str(args.dispatch_window),
+            **env,
+        },
     )
     return EngineStack(name, sv, knobs, workers=1)
 
@@ -280,6 +290,10 @@ def render(s: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.limit_waits", description=__doc__)
     p.add_argument("--jobs", type=int, default=20, help="waiting jobs per wait (20)")
+    p.add_argument("--users", type=int, default=1, help="users the jobs belong to (1)")
+    p.add_argument(
+        "--dispatch-window", type=int, default=4, help="USER_DISPATCH_WINDOW (4, the default)"
+    )
     p.add_argument("--window", type=float, default=60.0, help="seconds per measurement (60)")
     p.add_argument(
         "--settle", type=float, default=15.0, help="seconds of calm before each window (15)"

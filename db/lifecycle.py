@@ -79,6 +79,9 @@ class NewJob:
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
     reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
+    # A by-design wait before dispatch (a delayed job's runAt): the relay leaves the job alone
+    # until then, and it takes no room in its user's dispatch window (db/relay.py).
+    due_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,9 @@ class JobCreation:
             ),
             reuse_allowed=req.reuse,
             reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            # A delayed job is not dispatched before its time: it waits in the outbox, taking
+            # no room in its user's dispatch window (db/relay.py).
+            due_at=req.run_at,
         )
 
     async def _enqueue(
@@ -305,6 +308,7 @@ class JobCreation:
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),
+            due_at=req.run_at,
         )
         if enqueued is None:
             raise EnqueueNotWritten(str(row.id))

@@ -48,6 +48,7 @@ from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import outbox as outbox_db
+from db import relay as relay_db
 from db.chunks import store_merged_output, succeeded_chunks
 from db.endings import Statement
 from db.jobs import JobRow
@@ -155,6 +156,8 @@ async def cancel(
     else:
         came_from = await endings_db.mark_cancelled(s, job_id)
     await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+    if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
+        await relay_db.close_unsent(s, job_id)
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
     return came_from

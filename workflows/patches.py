@@ -18,7 +18,9 @@ EXACT_LIMIT_WAITS = "exact-limit-waits"
 CHUNKED_FAN_OUT = "chunked-fan-out"
 # A call that moved down its provider fallback chain is upserted as the run's memo `fallback`.
 FALLBACK_MEMO = "provider-fallback-memo"
-# A delayed job (`runAt`) waits on a durable timer after PREPARE (only such a job asks).
+# A delayed job (`runAt`) waits on a durable timer after PREPARE (only such a job asks). The
+# relay now dispatches a delayed job at its runAt and starts it without one: only runs started
+# before (and a row dispatched early) still take this branch.
 DELAYED_START = "delayed-start"
 # A provider limit's wait ends at its exact time or at a wake-up signal (workflows/limit_wait.py).
 LIMIT_WAKE = "limit-wake"

@@ -1,8 +1,9 @@
 """The recorder's branch cases (from tag v7): runs that take a branch of the job workflow only
 some jobs take, each on an engine of its own (`record.py` starts it with the case's settings):
 
-- `synthetic-delayed`: a job with `runAt` two seconds ahead waits on its timer after PREPARE
-  (`delayed-start`);
+- (`synthetic-delayed`, v7 only: a job with `runAt` waited on a timer after PREPARE,
+  `delayed-start`. A delayed job is now dispatched at its `runAt` and runs as any job, so the
+  branch is taken only by runs dispatched before; v7's history pins it, nothing new records it.)
 - `synthetic-limit_wake`: a job held back by a provider limit (concurrency 1, a slow job holds
   the slot) waits for the limit waker's `limit-wake` signal, sent when the slow call ends
   (`limit-wake`);
@@ -47,7 +48,6 @@ from tests.replay import SENTINEL
 from tests.stack import Stack
 from workflows.patches import (
     BATCH_TIER,
-    DELAYED_START,
     FALLBACK_MEMO,
     LIMIT_WAKE,
     OFFPEAK_HOLD,
@@ -72,9 +72,8 @@ LIMITED: dict[str, Any] = {
     "AI_INTERACTIVE_CONCURRENCY": 4,
     "AI_BACKGROUND_CONCURRENCY": 4,
 }
-# How far ahead the delayed job's runAt is, and the off-peak window's opening after the engine's
-# settings are made (the engine starts, then the job is created and held).
-DELAY_S = 2.0
+# The off-peak window's opening after the engine's settings are made (the engine starts, then
+# the job is created and held).
 WINDOW_AFTER_S = 5.0
 
 Histories = dict[str, WorkflowHistory]
@@ -138,16 +137,6 @@ def expect_patch(history: WorkflowHistory, patch: str) -> None:
 
 
 # ---- the cases -----------------------------------------------------------------------------
-
-
-async def run_delayed(st: Stack, _: Fakes | None) -> Histories:
-    run_at = datetime.now(UTC) + timedelta(seconds=DELAY_S)
-    job = await st.create(job_type="synthetic", input={"echo": {"note": SENTINEL}}, run_at=run_at)
-    history = await closed_history(st, job)
-    expect_patch(history, DELAYED_START)
-    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    assert timers, "the delayed job did not wait on its timer"
-    return {"synthetic-{tag}-delayed": history}
 
 
 async def run_limit_wake(st: Stack, _: Fakes | None) -> Histories:
@@ -264,7 +253,6 @@ async def run_fallback(st: Stack, fakes: Fakes | None) -> Histories:
 
 
 BRANCH_CASES = (
-    BranchCase("synthetic-delayed", lambda _: {}, run_delayed),
     BranchCase("synthetic-limit_wake", lambda _: dict(LIMITED), run_limit_wake),
     BranchCase(f"{CARDS}-reuse", lambda _: {}, run_reuse),
     BranchCase(f"{CARDS}-reuse_wait", plain, run_reuse_wait, fake=True),
