@@ -115,7 +115,7 @@ async def project_output(
 ) -> ProjectResult:
     """The success ending in the caller's transaction (`jobs/lifecycle.py`
     `succeed_in_session`), for a validated output `out` of the running job `row`."""
-    jt = d.catalog.get(row.job_type)
+    jt = d.catalog.for_job(row)
     return result_of(await lifecycle.succeed_in_session(s, jt, row, out, digest, owner))
 
 

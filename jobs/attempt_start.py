@@ -29,7 +29,7 @@ from db.attempts import Fence
 from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
-from engine.errors import IllegalTransition, JobNotFound, LockConflict
+from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
 from jobs import admission, fallback, offpeak
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
@@ -161,7 +161,10 @@ async def start(
         return Reused(row.output_hash)
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # the versions it was created with, on every attempt
+    except ExecutionFailure as f:
+        return Stop(f.code)
     held = offpeak.gate(gateway, jt, row, dt.datetime.now(dt.UTC))
     if held is not None:  # an off-peak job outside its window: wait for it, or its deadline
         return Stop(held) if isinstance(held, str) else held

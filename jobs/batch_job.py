@@ -136,7 +136,10 @@ async def enroll(
         # A long source is one call per chunk, which a batch line is not: refused, never run
         # at the standard tier instead.
         return Stop("REQUEST_TOO_LARGE")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # its line is built with the versions it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     provider = gateway.provider_for(jt, row.credential_mode)
     if not has_batch_api(provider):
         # A create refuses the tier for such a provider; a job never runs standard instead.
@@ -199,7 +202,10 @@ async def collect(
         code = item.error_code or "PROVIDER_UNAVAILABLE"
         await _failed(s, a, ExecutionFailure(code, internal_message=f"batch item: {code}"))
         return Failed(code)
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # validated with the output schema it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     try:
         out, _, failure = validated_answer(jt, chat_answer(item.response))
     except ExecutionFailure as f:

@@ -190,7 +190,10 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
     row = await jobs_db.get(s, job_id)
     if row is None or row.chunk_count is None or row.job_type not in catalog:
         return 0
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)
+    except ExecutionFailure:  # its output schema is gone: nothing can be validated and kept
+        return 0
     spec = jt.chunking
     if spec is None:
         return 0
@@ -352,7 +355,7 @@ async def succeed(
     that is not the stored one, raises `ExecutionFailure` with its final code."""
 
     def plan(row: JobRow) -> tuple[list[Statement], int] | None:
-        jt = catalog.get(row.job_type)
+        jt = catalog.for_job(row)
         if jt.project is not None or row.lifecycle_status != LifecycleStatus.RUNNING:
             return None  # a session projector, or the job is no longer running
         out = stored_output(jt, row, output_hash)
@@ -386,7 +389,7 @@ async def succeed(
                     extra={"job_id": str(job_id), "job_type": row.job_type},
                 )
             return await _as_found(s, row)
-        jt = catalog.get(row.job_type)
+        jt = catalog.for_job(row)
         out = stored_output(jt, row, output_hash)
         return await succeed_in_session(s, jt, row, out, output_hash, owner)
 

@@ -50,8 +50,8 @@ class CreateJobRequest:
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
     # The client's own references, stored with the job and never sent to Temporal or the
-    # provider; the versions a client pinned (checked by the API against the job type's); a
-    # delayed job's start (None: at once).
+    # provider; the versions a client pinned (any the job type publishes; None: its defaults);
+    # a delayed job's start (None: at once).
     metadata: dict[str, str] = field(default_factory=dict)
     prompt_version: str | None = None
     output_schema_version: str | None = None
@@ -99,6 +99,9 @@ class RequestChecker:
         stops here; create goes on. The checks run in this order, so a request that breaks
         several is refused for the first."""
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
+        # The versions the job will run with, on every attempt: the pinned ones or the defaults
+        # (422 for a version the type does not publish). Its prompt is counted with them.
+        jt = jt.at(req.prompt_version, req.output_schema_version)
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)

@@ -139,6 +139,19 @@ async def test_pinned_versions_are_checked_and_shown(api: Api) -> None:
         headers=api.as_user(),
     )
     assert locs(assert_problem(r, 422, "VALIDATION_FAILED")) == [["body", "promptVersion"]]
+    # Any published version may be pinned, not only the default: a `.v1` of a type now at `.v2`.
+    cards = next(t for t in types if t["name"] == "flashcard_generation")
+    oldest = cards["promptVersions"][0]
+    assert oldest != cards["promptVersion"]
+    old = (
+        await api.create(
+            jobType="flashcard_generation",
+            input={"sourceText": "Cells divide.", "count": 1},
+            promptVersion=oldest,
+        )
+    ).json()
+    assert old["promptVersion"] == oldest
+    assert (await api.get(old["jobId"]))["promptVersion"] == oldest
     # A pin is part of the request: the same key with another pin is another request.
     await api.create(key="k-pin", **pins)
     r = await api.create(key="k-pin", expect=None)
