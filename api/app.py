@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 from api import browser, errors, limits, metrics, openapi
 from api.events import JobEventHub
+from api.heavy_requests import HeavyRequestGate
 from api.metrics import ApiMetrics
 from api.routes import (
     admin,
@@ -94,6 +95,12 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
+    # Large bodies take turns (inside the size limit, so an oversized one is refused at once).
+    app.add_middleware(
+        HeavyRequestGate,
+        slots=settings.api_token_count_concurrency + 1,
+        wait_s=settings.api_token_count_wait_s,
+    )
     limits.install(app, max_bytes=settings.max_request_bytes)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
     browser.install(app, settings)  # CORS outermost: refusals carry its headers too
