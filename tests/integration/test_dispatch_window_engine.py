@@ -98,3 +98,41 @@ async def test_delayed_jobs_hold_no_room_and_start_at_their_time(
                 )
             ).scalar()
         assert waiting == 5
+
+
+async def test_only_a_users_window_of_jobs_waits_in_a_limits_queue(
+    db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
+) -> None:
+    """One user's 12 jobs behind a held concurrency slot at the default window (4): the 4
+    dispatched wait in the key's queue (their EXECUTE looked once and sleeps until a wake-up or
+    its backstop), the 8 others wait in the outbox, held, with no workflow: a wait for a limit
+    costs nothing per job beyond the window."""
+    settings = make_settings(
+        database_url,
+        temporal_address,
+        USER_DISPATCH_WINDOW=4,
+        AI_INTERACTIVE_CONCURRENCY=4,
+        AI_MODEL_LIMITS='{"synthetic": {"concurrency": 1}}',
+    )
+    async with engine_stack(settings, temporal_client) as st:
+        holder = await st.create(user_id="holder", input={"delayMs": 15_000})
+        await st.wait_status(holder, "running")
+        jobs = [await st.create(user_id="u") for _ in range(12)]
+
+        async def four_waiting() -> bool:
+            async with db() as s:
+                n = (await s.execute(text("SELECT count(*) FROM limit_waiter"))).scalar()
+            return n == 4
+
+        await eventually(four_waiting, timeout=30, what="the window's jobs in the key's queue")
+        async with db() as s:
+            held = (
+                await s.execute(
+                    text(
+                        "SELECT count(*) FROM ai_job WHERE id = ANY(:ids) "
+                        "AND dispatched_at IS NULL AND lifecycle_status = 'queued'"
+                    ),
+                    {"ids": jobs},
+                )
+            ).scalar()
+        assert held == 8
