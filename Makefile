@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint bench pgbouncer install install-dev clean
+.PHONY: run test lint bench pgbouncer chromium install install-dev clean replay-baseline
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,18 +19,25 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev
+install-dev: $(VENV)/.installed-dev chromium
 
 run: $(VENV)/.installed
 	$(BIN)/aijobs dev $(ARGS)
 
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The replay baseline (docs/versioning.md): record tag $(TAG) again from real runs (embedded
+# PostgreSQL and a Temporal dev server), then replay every kept history and check its coverage.
+TAG ?= v8
+replay-baseline: $(VENV)/.installed-dev
+	$(BIN)/python -m tests.replay.record --tag $(TAG)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/replay tests/unit/test_recorded_payloads.py
 
 # The API figure's load generator is wrk (a native client, so the client is never the
 # bottleneck); without it the bench falls back to its Python client and says so in the table.
@@ -48,6 +55,16 @@ pgbouncer:
 		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq pgbouncer; \
 	}
+
+# The console's browser tests (tests/e2e/test_console.py) drive Debian's chromium through
+# Playwright's executable_path: no browser download. Installed here only when missing; where it
+# cannot be, those tests fail and name this command.
+CHROMIUM_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get update && apt-get install -y chromium
+chromium:
+	@command -v chromium >/dev/null || [ -x /usr/bin/chromium ] || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		$$sudo sh -c '$(CHROMIUM_INSTALL)' >/dev/null; \
+	} || echo "chromium: could not install it ($(CHROMIUM_INSTALL)); the browser tests will fail" >&2
 
 clean:
 	rm -rf $(VENV) .aijobs .pytest_cache .mypy_cache .ruff_cache

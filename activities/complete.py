@@ -24,8 +24,8 @@ class Complete:
         publishes it to the owner's webhooks), so nothing here can be done twice.
 
         The summary is the one PROJECT summed in that transaction (the job's usage as of the
-        commit that ended it), passed in by the workflow; without it (runs recorded before, a
-        PROJECT retry that found the job already ended) COMPLETE reads it."""
+        commit that ended it), passed in by the workflow; without it (a PROJECT retry that found
+        the job already ended) COMPLETE reads it."""
         if inp.usage is not None:
             return inp.usage  # PROJECT logged these figures ("job completed") after its commit
         # One round trip (db/stage_reads.py).

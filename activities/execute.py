@@ -17,8 +17,9 @@ A thin stage over its use cases; `Execute.execute` runs one `_Attempt`, in steps
 
 A long source's chunk (`ExecuteInput.chunk_no`) is the same attempt over one chunk (its row
 locked, its tokens admitted, its prompt, its output stored); MERGE makes the job's output. The
-admission's probe and lease (`Ticket`) are settled on every exit path. Runs recorded before the
-five stages take the branches fenced in activities/execute_recorded.py.
+admission's probe and lease (`Ticket`) are settled on every exit path. A closed gate or a
+limit's wait rolls the first transaction back and goes back to the workflow as `gate_wait_s`:
+the workflow waits on its own timer, holding no slot and spending no attempt.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities import execute_recorded, fallback
+from activities import fallback
 from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
@@ -43,7 +44,6 @@ from activities.failures import (
     unexpected_failure,
 )
 from activities.heartbeat import beat_interval_s, db_retry, heartbeating
-from activities.project import log_completed
 from activities.telemetry import observe_call, retry_follows, seconds_since
 from db import attempts as attempts_db
 from db.attempts import Settlement
@@ -99,10 +99,6 @@ class Execute:
             owner=lock_owner(),
             run_id=info.workflow_run_id,
         )
-        if not inp.yield_on_gate:  # a run recorded before the workflow waited on the gate
-            return await attempt.run(
-                await execute_recorded.begin_when_admitted(attempt.begin, inp.job_id)
-            )
         begun = await attempt.begin()
         if begun.gate_wait_s > 0:
             return ExecuteResult(
@@ -352,12 +348,8 @@ class _Attempt:
         retry_after = failure.retry_after_float
         if retry_after is not None:
             retry_after = min(retry_after, self._cfg.retry_after_max_s)
-        if (
-            failure.code == "PROVIDER_RATE_LIMITED"
-            and self.inp.yield_on_gate
-            and await calls.rate_limit_is_free(
-                self._d.sessionmaker, self.job_id, self.number, self.chunk_no
-            )
+        if failure.code == "PROVIDER_RATE_LIMITED" and await calls.rate_limit_is_free(
+            self._d.sessionmaker, self.job_id, self.number, self.chunk_no
         ):
             # The key is paused now (recorded above); the job waits on its workflow's
             # timer, and the attempt is not spent.
@@ -424,27 +416,13 @@ class _Attempt:
             token=self.started.fence.token if self.started and self.started.fence else None,
         )
         async with heartbeating():
-            if self.inp.project_in_slot and self.chunk_no is None:  # a run recorded before
-                outcome, projected = await db_retry(  # the five stages: it projects here
-                    lambda: execute_recorded.settle_and_project(self._d, st, row, model_out),
-                    budget_s=self._cfg.db_retry_budget_s,
-                )
-            else:
-                settled = await db_retry(
-                    lambda: attempts_db.settle(self._d.sessionmaker, st),
-                    budget_s=self._cfg.db_retry_budget_s,
-                )
-                outcome = "cancelled" if settled.cancel_requested else "stored"
-                outcome, projected = (outcome if settled.owned else "not_owner"), None
-        self.ticket.settled()  # settled in that commit: the key answered
-        if outcome == "cancelled":
-            fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
-        if outcome == "not_owner":
-            fail_final("INTERNAL_NOT_LOCK_OWNER")
-        if projected is not None:
-            self._d.metrics.job_finished(row.job_type, "succeeded")
-            log_completed(self.inp.job_id, projected)
-            return ExecuteResult(
-                output_hash=st.output_hash, attempt=self.number, lifecycle_status="succeeded"
+            settled = await db_retry(
+                lambda: attempts_db.settle(self._d.sessionmaker, st),
+                budget_s=self._cfg.db_retry_budget_s,
             )
+        self.ticket.settled()  # settled in that commit: the key answered
+        if not settled.owned:
+            fail_final("INTERNAL_NOT_LOCK_OWNER")
+        if settled.cancel_requested:
+            fail_final("CANCELLED")  # seen in SQL after the call: nothing is projected
         return ExecuteResult(output_hash=st.output_hash, attempt=self.number)  # PROJECT is next

@@ -2,18 +2,12 @@
 stored output checked, projected into the job type's business rows and artifacts, `succeeded`
 with `ai.job.completed`, the usage summed, in one transaction) is `jobs/lifecycle.py`
 `succeed`; this adapter decodes the input, maps the outcome to the workflow's result and its
-failures to Temporal's, counts and logs.
-
-`project_output` is the same ending in a caller's transaction, for the runs recorded before the
-five-stage shape that still project inside EXECUTE's last transaction
-(`ExecuteInput.project_in_slot`)."""
+failures to Temporal's, counts and logs."""
 
 from __future__ import annotations
 
 import uuid
 
-from pydantic import BaseModel
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -29,7 +23,6 @@ from activities.failures import (
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db.errors import is_unavailable
-from db.jobs import JobRow
 from engine.contracts import PROJECT, ProjectInput, ProjectResult
 from engine.errors import EngineError, IllegalTransition, LockConflict
 from jobs import lifecycle
@@ -108,15 +101,6 @@ def result_of(success: lifecycle.Success) -> ProjectResult:
         cost_micros=int(usage.cost_usd * 1_000_000),
         summarized=True,
     )
-
-
-async def project_output(
-    d: StageDeps, s: AsyncSession, row: JobRow, out: BaseModel, digest: str, owner: str
-) -> ProjectResult:
-    """The success ending in the caller's transaction (`jobs/lifecycle.py`
-    `succeed_in_session`), for a validated output `out` of the running job `row`."""
-    jt = d.catalog.for_job(row)
-    return result_of(await lifecycle.succeed_in_session(s, jt, row, out, digest, owner))
 
 
 def log_completed(job_id: str, result: ProjectResult) -> None:

@@ -21,7 +21,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
 
 import psycopg
 from temporalio.client import Client
@@ -33,11 +32,14 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
 from activities.relay_due import lag_s, sleep_s, still_ahead
+from activities.relay_failures import UNREACHABLE as _UNREACHABLE
+from activities.relay_failures import DispatchFailure, FailureKind
+from activities.relay_schedules import dispatch_schedule_event
 from db import outbox as outbox_db
 from db import relay as relay_db
 from db import webhook_deliveries as deliveries_db
@@ -62,11 +64,17 @@ from engine.contracts import (
     workflow_id,
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
+from engine.schedules import SCHEDULE_EVENTS
+from jobs.schedule_dispatch import CATCHUP_WINDOW_S, ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
 KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+# A claimed row whose relay went silent this long goes back to pending for another relay: a
+# batch is dispatched in well under a second, so a minute means its relay died, and no live
+# relay's slow batch (a Temporal hiccup) is taken from it.
+CLAIM_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,15 +82,17 @@ class RelayConfig:
     database_url: str
     task_queue_suffix: str = ""
     poll_interval_s: float = 1.0
-    lock_ttl_s: float = 60.0
+    lock_ttl_s: float = CLAIM_TTL_S
     batch_size: int = 100
     max_in_flight: int = 64
     release_every_s: float = 15.0
-    # Attach the jobs' fairness keys when starting their workflows.
+    # Attach the jobs' fairness keys when starting their workflows (off: the bench's baseline).
     fairness: bool = True
     # A job created while its user had at most `light_jobs` active jobs (itself included) is
     # dispatched with `light_boost` times its user's weight: a user with a few jobs goes ahead
-    # of another user's backlog instead of taking turns with it. 0 turns it off.
+    # of another user's backlog instead of taking turns with it. 0 turns it off. Four jobs and
+    # eight times the weight: docs/benchmarks.md's fairness figure (a light user's time within
+    # 2x of alone beside a heavy user's forty).
     light_jobs: int = 4
     light_boost: float = 8.0
     # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's
@@ -112,6 +122,12 @@ class Relay:
         self._client = client
         self._catalog = catalog
         self.config = config
+        self._schedules = ScheduleSync(
+            sessionmaker,
+            client,
+            suffix=config.task_queue_suffix,
+            catchup_s=CATCHUP_WINDOW_S,
+        )
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)
         self.unavailable_streak = 0
@@ -318,6 +334,9 @@ class Relay:
             return None
         if row.event_type == BULK_START:
             return await self._start_bulk(row)
+        if row.event_type in SCHEDULE_EVENTS:
+            async with self._sem:
+                return await dispatch_schedule_event(self._schedules, row)
         if row.event_type != ENQUEUE:
             log.warning(
                 "unknown outbox event type; marked published, not dispatched",
@@ -425,24 +444,3 @@ class Relay:
 
 def _event_label(event_type: str) -> str:
     return event_type if event_type == ENQUEUE or event_type in KNOWN_DOMAIN_EVENTS else "other"
-
-
-FailureKind = Literal["unavailable", "retry", "malformed"]
-# Transient conditions of the server, not the row's fault: it did not answer (UNAVAILABLE,
-# DEADLINE_EXCEEDED, CANCELLED) or it is shedding load (RESOURCE_EXHAUSTED: a rate limit or a
-# busy history shard). The row backs off and the claim does not count as an attempt, so a
-# loaded or absent Temporal never parks a job's enqueue; the relay as a whole slows down too.
-_UNREACHABLE = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-    }
-)
-
-
-@dataclass(frozen=True)
-class DispatchFailure:
-    kind: FailureKind
-    error: str

@@ -15,10 +15,6 @@ a timeout), then returns; the workflow continues as new, so its history stays a 
 A missing shard workflow (terminated, or never started) is started by every `ai-system` worker
 at start and by the reconciler's `relay` phase (`ensure_relay_workflows`); a running one is left
 alone (`USE_EXISTING`). A shard beyond RELAY_SHARDS (the setting went down) ends its workflow.
-
-The relay used to be a singleton `outbox_relay` workflow (`ai-system:outbox-relay`, activity
-`relay_loop`); it stays registered for its recorded histories, and a run an older version left
-open is terminated (`retire_relay_workflow`): no worker serves its activity.
 """
 
 from __future__ import annotations
@@ -55,6 +51,10 @@ from engine.contracts import (
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
+# Relay shard workflows a deployment runs. One relay dispatches far more jobs a second than the
+# workers run (docs/benchmarks.md), and each relay process (`aijobs relay`) adds a loop of its
+# own; shards only add parallelism inside Temporal, for a dispatch rate one loop cannot reach.
+RELAY_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class RelayActivities:
         catalog: Catalog,
         config: RelayConfig,
         *,
-        shards: int = 1,
+        shards: int = RELAY_SHARDS,
         heartbeat_every_s: float = 2.0,
         metrics: WorkerMetrics | None = None,
     ) -> None:
@@ -108,7 +108,7 @@ class RelayActivities:
             await self.run(relay, inp, activity.heartbeat)
         except asyncio.CancelledError:
             # Cancelled (the workflow closed, a heartbeat was refused, the worker's grace ran
-            # out): rows claimed by the batch in hand go back after OUTBOX_LOCK_TTL_S.
+            # out): rows claimed by the batch in hand go back after CLAIM_TTL_S.
             raise
         except Exception as exc:
             # A failure the loop did not handle: this attempt fails and Temporal retries it
@@ -199,48 +199,14 @@ async def _status(client: Client, workflow_id: str) -> WorkflowExecutionStatus |
         raise
 
 
-async def retire_relay_workflow(client: Client, workflow_id: str) -> bool:
-    """Terminate the open run of the retired singleton `outbox_relay` workflow, if there is one
-    (an older version started it; no worker serves its `relay_loop` activity any more, so it
-    would retry that activity forever). Returns True when a run was terminated. Nothing is lost
-    with it: the shard workflows relay."""
-    if await _status(client, workflow_id) != WorkflowExecutionStatus.RUNNING:
-        return False
-    try:
-        await client.get_workflow_handle(workflow_id).terminate(
-            reason="the relay runs as the outbox-relay-<k> shard workflows"
-        )
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False  # it closed meanwhile
-        raise
-    log.warning(
-        "retired the legacy relay workflow",
-        extra={"workflow_id": workflow_id, "alert": "AIJOBS_RELAY_WORKFLOW_RETIRED"},
-    )
-    return True
-
-
 @dataclass(frozen=True)
 class RelayCheck:
     calls: int  # Temporal calls made
     notes: list[str]  # what was done, for the pass's details
-    retired: bool  # the retired singleton's open run was terminated
 
 
-async def check_relay(
-    client: Client, shards: RelayShards | None, legacy_id: str | None
-) -> RelayCheck:
+async def check_relay(client: Client, shards: RelayShards | None) -> RelayCheck:
     """The reconciler's `relay` phase: start the shard workflows that are missing (terminated,
-    or never started because no `ai-system` worker restarted since) and retire the legacy
-    singleton's open run. None skips either."""
+    or never started because no `ai-system` worker restarted since). None skips it."""
     calls, started = await ensure_relay_workflows(client, shards) if shards else (0, [])
-    notes = [f"relay workflow {wid} started" for wid in started]
-    retired = False
-    if legacy_id is not None:
-        calls += 1
-        retired = await retire_relay_workflow(client, legacy_id)
-        if retired:
-            calls += 1
-            notes.append("legacy relay workflow retired")
-    return RelayCheck(calls, notes, retired)
+    return RelayCheck(calls, [f"relay workflow {wid} started" for wid in started])

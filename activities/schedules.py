@@ -1,4 +1,4 @@
-"""The activities of `ScheduledRun` (workflows/schedule_run.py), on the `ai-system` queue:
+"""The activities of `ScheduledRun` (workflows/schedule_run.py), on the `ai-schedules` queue:
 thin adapters over `ScheduleService` (jobs/schedules.py), which owns what a run does."""
 
 from __future__ import annotations

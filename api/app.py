@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from temporalio.client import Client
 
-from api import browser, errors, limits, metrics, openapi
+from api import browser, console, errors, limits, metrics, openapi
 from api.events import JobEventHub
 from api.heavy_requests import HeavyRequestGate
 from api.metrics import ApiMetrics
@@ -58,9 +58,6 @@ def create_app(
             pooled=settings.database_pooled,
         )
         sm = make_sessionmaker(engine)
-        token_count.configure(
-            concurrency=settings.api_token_count_concurrency, wait_s=settings.api_token_count_wait_s
-        )
         keyring = credential_cipher(settings)
         app.state.aijobs = AppState(
             settings=settings,
@@ -74,8 +71,6 @@ def create_app(
                 sm,
                 keyring,
                 allow_private=settings.webhooks_allow_private,
-                rotation_grace_s=settings.webhook_rotation_grace_s,
-                max_endpoints=settings.webhook_max_endpoints_per_user,
             ),
         )
         try:
@@ -95,14 +90,16 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
-    # Large bodies take turns (inside the size limit, so an oversized one is refused at once).
+    # Large bodies take turns (inside the size limit, so an oversized one is refused at once),
+    # as many at once as the check pool has threads plus one, waiting as long as it lets them.
     app.add_middleware(
         HeavyRequestGate,
-        slots=settings.api_token_count_concurrency + 1,
-        wait_s=settings.api_token_count_wait_s,
+        slots=token_count.pool().concurrency + 1,
+        wait_s=token_count.pool().wait_s,
     )
-    limits.install(app, max_bytes=settings.max_request_bytes)
+    limits.install(app, max_bytes=limits.MAX_REQUEST_BYTES)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
+    console.install(app)  # the operator console at /console (api/console/)
     browser.install(app, settings)  # CORS outermost: refusals carry its headers too
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)

@@ -11,7 +11,7 @@ in front of other callers' reads. This pure ASGI middleware admits a request who
 and (2) fewer than `slots` large requests are: the check pool's threads plus one, so one request
 can do its loop work while the others count. Waiters are admitted in arrival order within a
 caller, and callers do not wait behind each other's queues (each caller's first waiter holds its
-place). A request that waits longer than `wait_s` (API_TOKEN_COUNT_WAIT_S) is answered 429
+place). A request that waits longer than `wait_s` (the check pool's wait) is answered 429
 `RATE_LIMITED` with `Retry-After: 1`, as the check pool answers, never a 5xx, and its body is
 read and discarded (bounded) so that the client gets the answer rather than a reset.
 

@@ -148,7 +148,7 @@ MetadataValue = Annotated[
 Metadata = dict[MetadataKey, MetadataValue]
 
 
-def _metadata_schema(schema: dict[str, Any]) -> None:
+def metadata_schema(schema: dict[str, Any]) -> None:
     """The JSON Schema of `metadata` as the server checks it: pydantic puts the key pattern
     under `patternProperties`, which would let any other key through as schema-valid."""
     values = schema.pop("patternProperties", {}).get(METADATA_KEY_PATTERN, {"type": "string"})
@@ -221,14 +221,15 @@ class CreateJobBody(Camel):
         f"`[A-Za-z0-9_.-]`, string values of at most {MAX_METADATA_VALUE_LENGTH} characters. "
         "Never sent to the AI provider. List your jobs by it with `metadata.<key>=<value>`.",
         examples=[{"courseId": "C42", "requestedBy": "teacher-7"}],
-        json_schema_extra=_metadata_schema,
+        json_schema_extra=metadata_schema,
     )
     run_at: AwareDatetime | None = Field(
         default=None,
         description="Run the job later: RFC 3339 with an offset (`Z` or `+01:00`), not in the "
-        f"past and at most {MAX_RUN_AT_DAYS} days ahead. The job stays `queued` until then "
-        "(its cost is reserved from the create) and may be cancelled meanwhile.",
-        examples=["2026-12-05T08:00:00Z"],
+        f"past, at most {MAX_RUN_AT_DAYS} days ahead and at least one hour before the job's "
+        "input expires (create + DATA_RETENTION_DAYS; a later one is 422 at "
+        '`["body", "runAt"]`). The job stays `queued` until then (its cost is reserved from '
+        "the create) and may be cancelled meanwhile.",
     )
     prompt_version: str | None = Field(
         default=None,
@@ -237,7 +238,6 @@ class CreateJobBody(Camel):
         description="Pin one of the job type's published prompt versions (`promptVersions` of "
         "GET /api/ai/job-types; left out: its default `promptVersion`). The job builds its "
         "prompt with exactly it on every attempt; any other value is refused (422).",
-        examples=["quiz_generation.v1"],
     )
     output_schema_version: str | None = Field(
         default=None,
@@ -246,7 +246,6 @@ class CreateJobBody(Camel):
         description="Pin one of the job type's published output schema versions "
         "(`outputSchemaVersions` of GET /api/ai/job-types; left out: its default "
         "`outputSchemaVersion`); any other value is refused (422).",
-        examples=["quiz_generation.output.v1"],
     )
 
     service_tier: ServiceTier | None = Field(
@@ -257,7 +256,7 @@ class CreateJobBody(Camel):
         "until the provider's next discount window, run there at its price). Left out: the "
         "job type's default (`defaultServiceTier` of GET /api/ai/job-types). A tier the job type "
         "or the provider does not offer is refused (422), never silently run on another.",
-        examples=["batch"],
+        examples=["standard"],
     )
     reuse: Literal["allow", "deny"] = Field(
         default="deny",
@@ -270,10 +269,9 @@ class CreateJobBody(Camel):
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '
         '| "fail"}`. A job still waiting for a discount window at `at` (left out: '
-        "AI_OFFPEAK_MAX_WAIT_S after the create) runs at once at the standard price when "
+        "24 hours after the create, the longest it may be) runs at once at the standard price when "
         '`then` is "standard", or fails with OFFPEAK_DEADLINE_PASSED when it is "fail" (the '
         'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
-        examples=[{"at": "2026-12-06T08:00:00Z", "then": "standard"}],
     )
 
     @field_validator("offpeak_deadline", mode="before")

@@ -79,9 +79,15 @@ def _has_body(request: Request) -> bool:
     return "transfer-encoding" in request.headers
 
 
+class HtmlRoute(APIRoute):
+    """A route of HTML pages for people (the operator console, api/console/): not part of the
+    JSON API, so neither of its refusals applies (a form posts form data; a shared link may
+    carry parameters a page ignores)."""
+
+
 async def check_request(request: Request) -> None:
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
+    if not isinstance(route, APIRoute) or isinstance(route, HtmlRoute):
         return
     declared, prefixes = _declared_query(route)
     if STREAM_TOKEN_PARAM in request.query_params and STREAM_TOKEN_PARAM not in declared:

@@ -6,36 +6,17 @@ from __future__ import annotations
 import uuid
 from datetime import date
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from jobs.views import Camel
+from jobs.views import UsdAmount as UsdAmount
+from jobs.views import usd_text as usd_text
 
 # ---- usage and cost ---------------------------------------------------------------------
 
-_USD_QUANTUM = Decimal("0.00000001")
-
-
-def usd_text(value: Decimal) -> str:
-    """USD as a decimal string with exactly 8 places (the precision usage rows are priced to):
-    a JSON number would lose digits in clients that parse it as a float."""
-    return f"{value.quantize(_USD_QUANTUM):f}"
-
-
-UsdAmount = Annotated[
-    Decimal,
-    PlainSerializer(usd_text, return_type=str),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": r"^-?\d+\.\d{8}$",
-            "description": "USD, a decimal string with 8 places",
-            "examples": ["0.00066000"],
-        }
-    ),
-]
 UsageGroupBy = Literal["day", "jobType", "model"]
 AdminUsageGroupBy = Literal["user", "jobType", "model", "day", "credentialMode"]
 

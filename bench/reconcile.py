@@ -25,7 +25,7 @@ import time
 import types
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -251,7 +251,7 @@ async def time_pass(
     mod = load_reconciler(ref)
     # No relay to manage; the missing-workflow guard as in production (the enqueues are 5 min
     # old, so every job is a candidate).
-    cfg = replace(mod.ReconcilerConfig(), relay_workflow_id=None)
+    cfg = mod.ReconcilerConfig()
     counting = CountingClient(client)
     rec = mod.Reconciler(sm, counting, cfg)
     t1 = time.monotonic()

@@ -119,7 +119,7 @@ async def _run_stages(acts: JobActivities, jid: str, spent: dict[str, float]) ->
         await env.run(fn, StageInput(jid, wid))
         spent[name] += time.process_time() - t
     t = time.process_time()
-    ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry", 0, True, False))
+    ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry"))
     spent["execute"] += time.process_time() - t
     t = time.process_time()
     pr = await env.run(acts.project, ProjectInput(jid, ex.output_hash))

@@ -232,17 +232,3 @@ async def succeed_planned(
             return PlannedEnding(row, sent=True, artifact_count=count, usage=None)
         await tx.commit()
         return PlannedEnding(row, sent=True, artifact_count=count, usage=summary_of(summary[0]))
-
-
-async def succeed_in_session(
-    s: AsyncSession, job_id: uuid.UUID, statements: Sequence[Statement]
-) -> UsageSummary | None:
-    """`statements` (a projection's artifacts, then the CAS running → succeeded and its event,
-    the last two) and the job's usage summary, pipelined in the caller's transaction after a
-    session projector's own writes (one round trip, db/pipeline.py `in_session`): the usage,
-    or None when the CAS matched no row (the caller then raises through
-    `mark_succeeded_missed`)."""
-    *_, cas, _event, summary = await pipeline.in_session(
-        s, [*statements, (SUMMARY, {"id": job_id})]
-    )
-    return summary_of(summary[0]) if cas else None

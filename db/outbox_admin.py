@@ -142,3 +142,17 @@ async def enqueue_row_for_job(session: AsyncSession, job_id: str) -> OutboxRow |
         )
     ).first()
     return OutboxRow(**row._mapping) if row else None
+
+
+async def for_aggregate(
+    session: AsyncSession, aggregate_id: str, *, limit: int = 50
+) -> list[OutboxSummary]:
+    """One job's (or bulk operation's) events, oldest first: its enqueue and its ending, as the
+    console's job page lists them (the `aggregate_id` index)."""
+    rows = await session.execute(
+        text(
+            f"SELECT {_SUMMARY} FROM outbox_event WHERE aggregate_id = :aid ORDER BY id LIMIT :lim"
+        ),
+        {"aid": aggregate_id, "lim": limit},
+    )
+    return [OutboxSummary(**r._mapping) for r in rows]

@@ -1,9 +1,10 @@
-"""Recurring jobs: `ai_schedule` rows, their runs and their commands to Temporal.
+"""Recurring jobs: `ai_schedule` rows, their runs, and their events in the job outbox.
 
 The schedule row is the source of truth (owner, job type, input, spec, paused); every change
-to it writes an `ai_schedule_command` row in the same transaction (the caller's), which a
-dispatcher claims (`FOR UPDATE SKIP LOCKED`, a lease in `locked_until`) and applies to Temporal
-outside any transaction. A run is recorded once per (schedule, scheduled time).
+to it writes an `ai.schedule.sync` or `ai.schedule.trigger` row in `outbox_event` in the same
+transaction (the caller's), NOTIFYing the relay as a job's enqueue does. The relay dispatches it
+to Temporal outside any transaction (jobs/schedule_dispatch.py). A run is recorded once per
+(schedule, scheduled time).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
-SYNC = "sync"
-TRIGGER = "trigger"
+from db import outbox as outbox_db
+from engine.schedules import SYNC_EVENT, TRIGGER_EVENT, iso
+
+# The events' `aggregate_type` (a refused run's event carries it too).
+AGGREGATE = "schedule"
 
 
 @dataclass(frozen=True)
@@ -53,15 +57,6 @@ class RunRow:
     manual: bool
 
 
-@dataclass(frozen=True)
-class CommandRow:
-    id: int
-    schedule_id: uuid.UUID
-    command: str
-    run_at: datetime | None
-    attempts: int
-
-
 # Statements interpolate only this module's constants; every value is a bind parameter.
 _COLUMNS = (
     "id, user_id, job_type, target_type, target_id, input, priority, credential_mode, "
@@ -76,9 +71,6 @@ _INSERT = text(
             :timezone, :overlap, :start_at, :end_at, :paused, now(), now())
     """
 ).bindparams(bindparam("input", type_=JSONB))
-_COMMAND = text(
-    "INSERT INTO ai_schedule_command (schedule_id, command, run_at) VALUES (:sid, :cmd, :run_at)"
-)
 
 
 async def lock_user(session: AsyncSession, user_id: str) -> None:
@@ -102,10 +94,40 @@ async def insert(session: AsyncSession, row: ScheduleRow) -> None:
     await session.execute(_INSERT, values)
 
 
-async def add_command(
-    session: AsyncSession, schedule_id: uuid.UUID, command: str, *, run_at: datetime | None = None
+async def add_sync(
+    session: AsyncSession, schedule_id: uuid.UUID, *, trace_context: dict[str, str] | None = None
 ) -> None:
-    await session.execute(_COMMAND, {"sid": schedule_id, "cmd": command, "run_at": run_at})
+    """`ai.schedule.sync`: Temporal's schedule is to match the row as it is when the relay
+    dispatches the event (or go, if the row is gone). Each change writes its own event (a
+    fresh dedupe key): a sync reads the row at dispatch, so any later one converges."""
+    await outbox_db.insert(
+        session,
+        event_type=SYNC_EVENT,
+        aggregate_type=AGGREGATE,
+        aggregate_id=str(schedule_id),
+        dedupe_key=f"{SYNC_EVENT}:{schedule_id}:{uuid.uuid4().hex}",
+        payload={"scheduleId": str(schedule_id)},
+        trace_context=trace_context,
+    )
+
+
+async def add_trigger(
+    session: AsyncSession,
+    schedule_id: uuid.UUID,
+    at: datetime,
+    *,
+    trace_context: dict[str, str] | None = None,
+) -> None:
+    """`ai.schedule.trigger`: one run of the schedule at `at` (its scheduled time and key)."""
+    await outbox_db.insert(
+        session,
+        event_type=TRIGGER_EVENT,
+        aggregate_type=AGGREGATE,
+        aggregate_id=str(schedule_id),
+        dedupe_key=f"{TRIGGER_EVENT}:{schedule_id}:{iso(at)}",
+        payload={"scheduleId": str(schedule_id), "scheduledAt": iso(at)},
+        trace_context=trace_context,
+    )
 
 
 async def get(
@@ -200,61 +222,61 @@ async def recent_runs(session: AsyncSession, schedule_id: uuid.UUID, limit: int)
     return [RunRow(**m) for m in r.mappings()]
 
 
-async def claim_commands(
-    session: AsyncSession, *, limit: int, lease_s: float, schedule_id: uuid.UUID | None = None
-) -> list[CommandRow]:
-    """Due commands, oldest first, leased for `lease_s` (a dispatcher that dies releases them
-    when the lease ends); `schedule_id` claims only that schedule's."""
+async def recent_runs_of(
+    session: AsyncSession, schedule_ids: Sequence[uuid.UUID], limit: int
+) -> dict[uuid.UUID, list[RunRow]]:
+    """`recent_runs` of several schedules in one statement (a page of schedules)."""
+    if not schedule_ids:
+        return {}
     r = await session.execute(
         text(
             """
-            UPDATE ai_schedule_command c
-            SET locked_until = now() + make_interval(secs => :lease), attempts = c.attempts + 1
-            WHERE c.id IN (
-                SELECT id FROM ai_schedule_command
-                WHERE done_at IS NULL AND available_at <= now()
-                  AND (locked_until IS NULL OR locked_until < now())
-                  AND (CAST(:sid AS uuid) IS NULL OR schedule_id = :sid)
-                ORDER BY id
-                LIMIT :limit
-                FOR UPDATE SKIP LOCKED
-            )
-            RETURNING c.id, c.schedule_id, c.command, c.run_at, c.attempts
+            SELECT s.sid AS schedule_id, r.scheduled_at, r.job_id, r.error_code, r.manual
+            FROM unnest(CAST(:ids AS uuid[])) AS s(sid)
+            CROSS JOIN LATERAL (
+                SELECT scheduled_at, job_id, error_code, manual FROM ai_schedule_run
+                WHERE schedule_id = s.sid ORDER BY scheduled_at DESC LIMIT :limit
+            ) AS r
             """
         ),
-        {"lease": lease_s, "limit": limit, "sid": schedule_id},
+        {"ids": list(schedule_ids), "limit": limit},
     )
-    return sorted((CommandRow(**m) for m in r.mappings()), key=lambda c: c.id)
-
-
-async def mark_applied(session: AsyncSession, ids: Sequence[int]) -> None:
-    if ids:
-        await session.execute(
-            text("UPDATE ai_schedule_command SET done_at = now() WHERE id = ANY(:ids)"),
-            {"ids": list(ids)},
+    runs: dict[uuid.UUID, list[RunRow]] = {sid: [] for sid in schedule_ids}
+    for m in r.mappings():
+        runs[m["schedule_id"]].append(
+            RunRow(m["scheduled_at"], m["job_id"], m["error_code"], m["manual"])
         )
+    return runs
 
 
-async def put_back(
-    session: AsyncSession, command_id: int, *, error: str, retry_in_s: float
-) -> None:
-    await session.execute(
+async def get_run(
+    session: AsyncSession, schedule_id: uuid.UUID, scheduled_at: datetime
+) -> RunRow | None:
+    """The run recorded for (schedule, scheduled time), if any."""
+    r = await session.execute(
+        text(
+            "SELECT scheduled_at, job_id, error_code, manual FROM ai_schedule_run "
+            "WHERE schedule_id = :sid AND scheduled_at = :at"
+        ),
+        {"sid": schedule_id, "at": scheduled_at},
+    )
+    m = r.mappings().first()
+    return RunRow(**m) if m is not None else None
+
+
+async def purge_runs(session: AsyncSession, *, days: float, limit: int = 5000) -> int:
+    """Run rows recorded more than `days` ago (DATA_RETENTION_DAYS), oldest first, at most
+    `limit` (`ix_ai_schedule_run_created` serves the page)."""
+    r = await session.execute(
         text(
             """
-            UPDATE ai_schedule_command
-            SET locked_until = NULL, last_error = :err,
-                available_at = now() + make_interval(secs => :delay)
-            WHERE id = :id
+            DELETE FROM ai_schedule_run WHERE (schedule_id, scheduled_at) IN (
+                SELECT schedule_id, scheduled_at FROM ai_schedule_run
+                WHERE created_at < now() - make_interval(secs => :s)
+                ORDER BY created_at LIMIT :lim)
             """
         ),
-        {"id": command_id, "err": error[:300], "delay": retry_in_s},
-    )
-
-
-async def purge_done(session: AsyncSession, *, older_than_s: float) -> int:
-    r = await session.execute(
-        text("DELETE FROM ai_schedule_command WHERE done_at < now() - make_interval(secs => :s)"),
-        {"s": older_than_s},
+        {"s": days * 86_400, "lim": limit},
     )
     return int(r.rowcount)  # type: ignore[attr-defined]
 
@@ -267,7 +289,7 @@ _REFUSED_EVENT = text(
     WITH ev AS (
         INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,
                                   status, attempt_count, available_at, created_at, published_at)
-        VALUES (:type, 'schedule', :sid, :dedupe, :payload, 'published', 0, now(), now(), now())
+        VALUES (:type, :agg, :sid, :dedupe, :payload, 'published', 0, now(), now(), now())
         ON CONFLICT (dedupe_key) DO NOTHING
         RETURNING id, created_at
     )
@@ -297,6 +319,7 @@ async def insert_refused_event(
         _REFUSED_EVENT,
         {
             "type": event_type,
+            "agg": AGGREGATE,
             "sid": schedule_id,
             "u": user_id,
             "dedupe": dedupe_key,
@@ -312,12 +335,20 @@ async def event_payload(
     r = await session.execute(
         text(
             "SELECT payload FROM outbox_event "
-            "WHERE id = :id AND event_type = :t AND aggregate_type = 'schedule'"
+            "WHERE id = :id AND event_type = :t AND aggregate_type = :agg"
         ),
-        {"id": event_id, "t": event_type},
+        {"id": event_id, "t": event_type, "agg": AGGREGATE},
     )
     value = r.scalar_one_or_none()
     return dict(value) if isinstance(value, dict) else None
+
+
+async def existing(session: AsyncSession, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of `ids` that still have their row."""
+    r = await session.execute(
+        text("SELECT id FROM ai_schedule WHERE id = ANY(:ids)"), {"ids": list(ids)}
+    )
+    return {row.id for row in r}
 
 
 async def ids_after(session: AsyncSession, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:

@@ -14,11 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# How long a job may wait on its provider gate in one run, in history events, before the run
-# continues as new (with the attempts it spent): a job's history stays small whatever the
-# outage's length. Read by the job workflow as `contracts.GATE_WAIT_HISTORY_LIMIT`.
-GATE_WAIT_HISTORY_LIMIT = 2_000
-
 # Names of activities, shared by workflows (which call them) and activities (which define them).
 PREPARE = "prepare"
 RESOLVE = "resolve"
@@ -33,7 +28,6 @@ FINALIZE_CANCELLED = "finalize_cancelled"
 BATCH_ENROLL = "batch_enroll"
 BATCH_COLLECT = "batch_collect"
 BATCH_LEAVE = "batch_leave"
-RELAY_LOOP = "relay_loop"  # the retired relay workflow's activity (never served now)
 # The relay: one long heartbeating activity per shard workflow (activities/relay_activity.py).
 OUTBOX_RELAY = "outbox_relay"
 RECONCILE_ONCE = "reconcile_once"
@@ -41,9 +35,6 @@ RECONCILE_ONCE = "reconcile_once"
 BULK_PROCESS_PAGE = "bulk_process_page"
 BULK_FINISH = "bulk_finish"
 
-# The retired singleton relay workflow: registered for its recorded histories, never started.
-RELAY_WORKFLOW = "outbox_relay"
-RELAY_WORKFLOW_ID = "ai-system:outbox-relay"
 # The relay's shard workflows (`RELAY_SHARDS` of them, ids `outbox-relay-<k>`).
 RELAY_SHARD_WORKFLOW = "outbox_relay_shard"
 RECONCILER_WORKFLOW = "reconciler"
@@ -136,23 +127,23 @@ class ResolveResult:
     timeout_ms: int = 0
     max_output_tokens: int = 0
     max_attempts: int = 0
-    # A long source's chunks (0: one call), read by the workflow (runs with the
-    # `chunked-fan-out` patch): how many, how many in flight at once (the worker's
-    # AI_CHUNK_CONCURRENCY, a result so that replay sees the same window), the chunks already
-    # succeeded (copied by an admin retry, or done before a continue-as-new: not run again) and
-    # each chunk's attempts spent so far (by chunk number), so its retries stay its own.
+    # A long source's chunks (0: one call), read by the workflow: how many, how many in flight
+    # at once (the worker's AI_CHUNK_CONCURRENCY, a result so that replay sees the same
+    # window), the chunks already succeeded (copied by an admin retry, or done before a
+    # continue-as-new: not run again) and each chunk's attempts spent so far (by chunk
+    # number), so its retries stay its own.
     chunk_count: int = 0
     chunk_concurrency: int = 0
     chunks_done: list[int] = field(default_factory=list)
     chunk_attempts: list[int] = field(default_factory=list)
     # The job reuses another job's answer (`reused_from_job_id`): the workflow runs the `reuse`
-    # stage instead of EXECUTE (runs with the `result-reuse` patch).
+    # stage instead of EXECUTE.
     reuses: bool = False
-    # An off-peak job's hold (None: not off-peak), read by the workflow (runs with the
-    # `offpeak-hold` patch): it waits on a timer before EXECUTE (workflows/offpeak_hold.py).
+    # An off-peak job's hold (None: not off-peak), read by the workflow: it waits on a timer
+    # before EXECUTE (workflows/offpeak_hold.py).
     offpeak: OffpeakHold | None = None
     # The job's service tier (engine/tiers.py), read by the workflow: a `batch` job goes
-    # through its provider's Batch API instead of EXECUTE. Results recorded before: standard.
+    # through its provider's Batch API instead of EXECUTE.
     service_tier: str = "standard"
 
 
@@ -165,14 +156,6 @@ class ExecuteInput:
     # Provider attempts spent by earlier EXECUTE activities of this job (the job's attempt
     # number is this plus Temporal's attempt number).
     attempt_offset: int = 0
-    # When the job's provider key is paused or its breaker open: return at once with
-    # `gate_wait_s` (the workflow waits on a timer, holding no slot and spending no attempt)
-    # instead of waiting inside the activity (runs recorded before the gate-wait patch).
-    yield_on_gate: bool = False
-    # Project the output inside EXECUTE's last transaction, before the slot is let go (runs
-    # recorded before the five-stage shape). False: EXECUTE stores the output and its usage in
-    # one commit and the PROJECT stage projects it.
-    project_in_slot: bool = True
     # A long source's chunk this activity calls for (None: the job's one call). Its attempt
     # number is the chunk's own (`attempt_offset` counts that chunk's earlier attempts).
     chunk_no: int | None = None
@@ -182,8 +165,8 @@ class ExecuteInput:
 class ExecuteResult:
     output_hash: str
     attempt: int
-    # Set when EXECUTE ended the job itself: "succeeded" (it projected the output before it let
-    # its slot go), or the state a job had already reached (cancelled while it waited).
+    # Set when the job ended before it ran: the state it had reached (cancelled while it
+    # waited). None: the output is stored, PROJECT is next.
     lifecycle_status: str | None = None
     # > 0: the provider gate held the job; nothing happened, ask again after this long.
     gate_wait_s: float = 0.0
@@ -285,8 +268,8 @@ class ProjectResult:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_micros: int = 0
-    # True when the four figures above are that sum (results recorded before this field, and
-    # a retry that found the job already ended, carry none: COMPLETE then reads it itself).
+    # True when the four figures above are that sum (a retry that found the job already ended
+    # carries none: COMPLETE then reads it itself).
     summarized: bool = False
 
 
@@ -294,7 +277,7 @@ class ProjectResult:
 class CompleteInput:
     job_id: str
     # The usage summary PROJECT read in the transaction that ended the job, which COMPLETE
-    # reports; None (runs recorded before, a PROJECT that found the job ended): it reads it.
+    # reports; None (a PROJECT that found the job ended): it reads it.
     usage: CompleteResult | None = None
 
 
@@ -328,11 +311,6 @@ class JobWorkflowResult:
 
 
 @dataclass(frozen=True)
-class RelayInput:
-    iterations_before_continue: int = 0  # 0: run until the activity's own time budget ends
-
-
-@dataclass(frozen=True)
 class RelayShardInput:
     """A relay shard's workflow input. `run_for_s` bounds one activity run: the workflow then
     continues as new, so its history stays a dozen events whatever the relay's uptime."""
@@ -343,8 +321,8 @@ class RelayShardInput:
 
 @dataclass(frozen=True)
 class RelayShardResult:
-    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (the setting
-    went down), so its workflow ends instead of continuing as new."""
+    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (a version that
+    runs fewer), so its workflow ends instead of continuing as new."""
 
     dispatched: int = 0
     retired: bool = False
@@ -386,6 +364,8 @@ class ReconcileResult:
     # stopped at a per-pass cap or their budget and left the rest for the next pass.
     failed_phases: list[str] = field(default_factory=list)
     phases_cut_short: list[str] = field(default_factory=list)
+    # Jobs whose workflow closed because a finalizer gave up, ended as it was ending them.
+    finalizers_ended: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,29 @@ OVERLAPS: tuple[str, ...] = ("skip", "buffer_one", "allow_all")
 SCHEDULE_RUN_WORKFLOW = "ScheduledRun"
 SCHEDULE_RUN_ACTIVITY = "schedule_run"
 SCHEDULE_JOB_ENDED = "schedule_job_ended"
+# The task queue of `ScheduledRun` (plus the deployment's suffix): served by the `ai-system`
+# process with slots of its own, so a backlog of runs never waits in front of the relay or the
+# reconciler.
+SCHEDULES_QUEUE = "ai-schedules"
 # The webhook/outbox event of a run that the create path refused.
 RUN_REFUSED = "ai.schedule.run_refused"
+# A schedule's changes, as outbox events the relay dispatches (`aggregateId`: the scheduleId):
+# make Temporal's schedule match the row (or delete it), and start one run now.
+SYNC_EVENT = "ai.schedule.sync"
+TRIGGER_EVENT = "ai.schedule.trigger"
+SCHEDULE_EVENTS = frozenset({SYNC_EVENT, TRIGGER_EVENT})
 # Each field: a list of items, each `*` or a number/name or a range, with an optional step.
 _ITEM = r"(\*|[0-9]{1,2}|[A-Za-z]{3})(-([0-9]{1,2}|[A-Za-z]{3}))?(/[0-9]{1,2})?"
 _FIELD = re.compile(rf"^{_ITEM}(,{_ITEM})*$")
 
 
 class InvalidSpec(ValueError):
-    """The spec cannot be scheduled; the message is safe to show to the schedule's owner."""
+    """The spec cannot be scheduled; the message is safe to show to the schedule's owner, and
+    `field` names the request's field at fault (None: the fields together)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -96,11 +110,11 @@ def iso(value: datetime) -> str:
 
 def check_timezone(name: str) -> ZoneInfo:
     if name not in _zones():
-        raise InvalidSpec("timezone must be an IANA time zone name, e.g. Europe/Paris.")
+        raise InvalidSpec("timezone must be an IANA time zone name, e.g. Europe/Paris.", "timezone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidSpec("timezone must be an IANA time zone name.") from exc
+        raise InvalidSpec("timezone must be an IANA time zone name.", "timezone") from exc
 
 
 _ZONES: set[str] = set()
@@ -120,16 +134,17 @@ def check_cron(expr: str) -> str:
     if len(fields) != 5 or not all(_FIELD.match(f) for f in fields):
         raise InvalidSpec(
             "cron must have five fields (minute hour day-of-month month day-of-week) of numbers,"
-            " names, *, ranges, lists and steps."
+            " names, *, ranges, lists and steps.",
+            "cron",
         )
     if any(int(n) > 6 for n in re.findall(r"[0-9]+", fields[4].split("/")[0])):
         # Sunday is 0: 7 is read as Sunday by some cron dialects and refused by others.
-        raise InvalidSpec("cron day-of-week is 0-6 (0 is Sunday) or SUN-SAT.")
+        raise InvalidSpec("cron day-of-week is 0-6 (0 is Sunday) or SUN-SAT.", "cron")
     text = " ".join(fields)
     try:
         CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
     except (CronSimError, ValueError, KeyError) as exc:
-        raise InvalidSpec("cron is not a valid expression.") from exc
+        raise InvalidSpec("cron is not a valid expression.", "cron") from exc
     return text
 
 
@@ -138,10 +153,10 @@ def check_spec(spec: Spec, *, min_interval_s: int) -> Spec:
     if (spec.interval_s is None) == (spec.cron is None):
         raise InvalidSpec("Give exactly one of intervalSeconds and cron.")
     if spec.interval_s is not None and spec.interval_s < min_interval_s:
-        raise InvalidSpec(f"intervalSeconds must be at least {min_interval_s}.")
+        raise InvalidSpec(f"intervalSeconds must be at least {min_interval_s}.", "intervalSeconds")
     check_timezone(spec.timezone)
     if spec.start_at and spec.end_at and spec.end_at <= spec.start_at:
-        raise InvalidSpec("endAt must be after startAt.")
+        raise InvalidSpec("endAt must be after startAt.", "endAt")
     cron = check_cron(spec.cron) if spec.cron is not None else None
     return Spec(spec.interval_s, cron, spec.timezone, spec.start_at, spec.end_at)
 

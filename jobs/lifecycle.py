@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import artifacts as artifacts_db
 from db import attempts as attempts_db
+from db import call_marks as call_marks_db
 from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
@@ -130,7 +131,9 @@ async def fail(
 ) -> None:
     """running → failed with `code` and its public message, and `ai.job.failed`.
     `internal_message=None` keeps what an attempt already recorded (operators read it). With
-    `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`)."""
+    `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`).
+    A call its dead attempts sent and never settled is charged first (db/call_marks.py)."""
+    await call_marks_db.charge_dead(s, job_id)
     await endings_db.mark_failed(s, job_id, code, public_message_for(code), internal_message)
     await outbox_db.insert_job_event(
         s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
@@ -149,11 +152,13 @@ async def cancel(
     """queued|running → cancelled (`only_if_queued`: queued only, the cancel API's rule, since a
     running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
     came from. With `catalog`, a long-source job cancelled while running keeps what its
-    succeeded chunks produced (`keep_partial`; a queued job has none)."""
+    succeeded chunks produced (`keep_partial`; a queued job has none). Calls still marked
+    sent are charged first, as `fail` does (a live attempt's own later record writes nothing)."""
     if only_if_queued:
         await endings_db.mark_cancelled_if_queued(s, job_id)
         came_from = LifecycleStatus.QUEUED
     else:
+        await call_marks_db.charge_dead(s, job_id, code="CANCELLED")
         came_from = await endings_db.mark_cancelled(s, job_id)
     await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
     if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
@@ -171,13 +176,15 @@ async def take(
     identity: str,
     ttl_s: int,
     run_id: str | None,
+    dead: tuple[int | None] | None = None,
 ) -> attempts_db.TakenJob | None:
     """queued → running under `owner`'s lock (a retry by the same workflow finds its own), and
     the job and its snapshot read in the same round trip (db/attempts.py `take`): EXECUTE's
     start. No event: a job's events are its endings. Raises `IllegalTransition` (it ended while
-    it waited), `LockConflict` (another owner's) or `JobNotFound`; None: the row was not read."""
+    it waited), `LockConflict` (another owner's) or `JobNotFound`; None: the row was not read.
+    `dead`: EXECUTE's `(chunk_no,)` (None: the job's one call), whose dead calls are charged."""
     return await attempts_db.take(
-        s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
+        s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id, dead_calls_of=dead
     )
 
 
@@ -213,7 +220,7 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
         return 0
     stored = out.model_dump(mode="json")
     digest = output_hash(stored)
-    count, _ = await project_artifacts(s, jt, row, out, digest)
+    count = await project_artifacts(s, jt, row, out, digest)
     await store_merged_output(s, row.id, output=stored, output_hash=digest)
     return count
 
@@ -247,34 +254,15 @@ def _artifact_rows(job_id: uuid.UUID, artifacts: Sequence[Artifact]) -> list[Sta
 
 
 async def project_artifacts(
-    s: AsyncSession,
-    jt: AnyJobType,
-    row: JobRow,
-    out: BaseModel,
-    digest: str,
-    *,
-    tail: Callable[[int], Sequence[Statement]] | None = None,
-) -> tuple[int, UsageSummary | None]:
+    s: AsyncSession, jt: AnyJobType, row: JobRow, out: BaseModel, digest: str
+) -> int:
     """The job type's projector run on a validated output, and one artifact row per thing it
-    wrote, in the caller's transaction; returns how many, and the job's usage when `tail`
-    ended it. Idempotent through the projections' unique keys: projecting the same output
-    again writes nothing new.
-
-    With `tail` (given the artifact count, the statements that follow: the terminal CAS
-    running → succeeded and its event, `succeed_statements`), the inserts, the tail and the
-    job's usage summary go in the same order as one by one, pipelined in this transaction
-    (one round trip, db/endings.py `succeed_in_session`; a session projector's own writes go
-    before, on the session); the usage comes back None when the CAS missed. Without it, the
-    inserts run one by one (the partial-result path) and no usage comes back."""
-    if jt.project is None:
-        statements, count = planned_statements(jt, row, out, digest)
-    else:
-        artifacts = await jt.project(s, projection_context(row, digest), out)
-        statements, count = _artifact_rows(row.id, artifacts), len(artifacts)
-    if tail is None:
-        await endings_db.write_each(s, statements)
-        return count, None
-    return count, await endings_db.succeed_in_session(s, row.id, [*statements, *tail(count)])
+    wrote, in the caller's transaction, one by one (a kept partial result); returns how many.
+    Idempotent through the projections' unique keys: projecting the same output again writes
+    nothing new."""
+    statements, count = planned_statements(jt, row, out, digest)
+    await endings_db.write_each(s, statements)
+    return count
 
 
 async def finalize_failed(
@@ -348,16 +336,15 @@ async def succeed(
     ended and reports it as found (no usage); unique keys make a repeated projection write
     nothing new.
 
-    A planned projector (the usual case) takes three round trips on a pooled connection
-    (db/endings.py `succeed_planned`); a session projector, or a job found no longer running,
-    takes a session (`succeed_in_session`). A CAS that misses raises what the job's state says
-    (`IllegalTransition`, `LockConflict`, `JobNotFound`); a job that is gone, or an output
+    It takes three round trips on a pooled connection (db/endings.py `succeed_planned`); a job
+    found no longer running is reported as found. A CAS that misses raises what the job's state
+    says (`IllegalTransition`, `LockConflict`, `JobNotFound`); a job that is gone, or an output
     that is not the stored one, raises `ExecutionFailure` with its final code."""
 
     def plan(row: JobRow) -> tuple[list[Statement], int] | None:
         jt = catalog.for_job(row)
-        if jt.project is not None or row.lifecycle_status != LifecycleStatus.RUNNING:
-            return None  # a session projector, or the job is no longer running
+        if row.lifecycle_status != LifecycleStatus.RUNNING:
+            return None  # ended before (a repeated projection, a cancel)
         out = stored_output(jt, row, output_hash)
         statements, count = planned_statements(jt, row, out, output_hash)
         ending = succeed_statements(
@@ -378,42 +365,11 @@ async def succeed(
                 await succeed_missed(s, job_id, owner=owner)
         succeeded = LifecycleStatus.SUCCEEDED.value
         return Success(succeeded, ended.artifact_count, ended.row.job_type, ended.usage)
+    row = ended.row
+    if row.lifecycle_status == LifecycleStatus.SUCCEEDED:  # a repeated projection
+        log.info(DUPLICATE_PROJECTION_LOG, extra={"job_id": str(job_id), "job_type": row.job_type})
     async with sm.begin() as s:
-        row = await jobs_db.get(s, job_id)
-        if row is None:
-            raise ExecutionFailure("INTERNAL_JOB_MISSING")
-        if row.lifecycle_status != LifecycleStatus.RUNNING:
-            if row.lifecycle_status == LifecycleStatus.SUCCEEDED:  # a repeated projection
-                log.info(
-                    DUPLICATE_PROJECTION_LOG,
-                    extra={"job_id": str(job_id), "job_type": row.job_type},
-                )
-            return await _as_found(s, row)
-        jt = catalog.for_job(row)
-        out = stored_output(jt, row, output_hash)
-        return await succeed_in_session(s, jt, row, out, output_hash, owner)
-
-
-async def succeed_in_session(
-    s: AsyncSession, jt: AnyJobType, row: JobRow, out: BaseModel, digest: str, owner: str
-) -> Success:
-    """`succeed`'s writes in the caller's transaction, for a validated output `out`: the
-    projector's rows, the artifacts, `succeed_statements` and the usage summary (one round trip
-    after a session projector's own writes, `project_artifacts`). Raises what the projector
-    raises, or what a missed CAS means (`succeed_missed`)."""
-    count, usage = await project_artifacts(
-        s,
-        jt,
-        row,
-        out,
-        digest,
-        tail=lambda n: succeed_statements(
-            row.id, job_type=row.job_type, owner=owner, output_hash=digest, artifact_count=n
-        ),
-    )
-    if usage is None:  # the CAS running -> succeeded matched no row
-        await succeed_missed(s, row.id, owner=owner)
-    return Success(LifecycleStatus.SUCCEEDED.value, count, row.job_type, usage)
+        return await _as_found(s, row)
 
 
 async def outcome(sm: SessionMaker, job_id: uuid.UUID) -> Success | None:

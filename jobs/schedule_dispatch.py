@@ -1,29 +1,30 @@
-"""The schedules' outbox dispatcher: makes Temporal match the `ai_schedule` rows.
+"""A schedule's side of Temporal: what the relay does with the schedule's outbox events, and the
+reconciler's repair.
 
-A command (`db/schedules.py`) is claimed under a lease, applied outside any transaction, then
-marked done (or put back with a backoff). Every application is idempotent, so a command applied
-twice (a dispatcher died after Temporal answered) changes nothing:
+The schedule row is the truth; its changes are outbox events (db/schedules.py) that the relay
+dispatches here, outside any transaction. Every application is idempotent, so an event applied
+twice (a relay died after Temporal answered) changes nothing:
 
 - `sync` reads the row as it is now. No row: the Temporal schedule is deleted (already gone
-  counts as done). A row: the schedule is created with the row's spec, policy and pause; if it
-  exists, its pause is set to the row's. The row is read again afterwards and the pause applied
-  again if it changed meanwhile, so two dispatchers applying two syncs of one schedule in either
-  order leave Temporal as the row says.
+  counts as done). A row: the schedule is created from it, or, if it exists, updated to it
+  (spec, overlap, catch-up window, pause, and the action: `ScheduledRun` on `ai-schedules`).
+  The update reads the row again inside Temporal's conflict loop, so two syncs of one schedule
+  applied in either order leave Temporal as the row says.
 - `trigger` starts one `ScheduledRun` with the trigger's time (workflow id from the schedule id
   and that time: "already started" counts as done), even while the schedule is paused.
 
-Every `ai-system` worker process runs `run` under the supervisor; the API also dispatches a
-schedule's commands right after its transaction commits (`dispatch(schedule_id)`), so Temporal
-usually follows within the request; the loop is what makes it reliable.
+`repair` is the reconciler's look at one schedule: missing in Temporal, paused otherwise than
+the row, or starting its runs on another task queue (an older version's `ai-system`): synced.
+`listed` names the schedules Temporal holds for this deployment, so that the reconciler deletes
+those whose row is gone (a delete whose sync was parked).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import uuid
-from datetime import timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
 
 from temporalio.client import (
     Client,
@@ -35,52 +36,56 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
     ScheduleState,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from db import schedules as schedules_db
-from db.schedules import CommandRow, ScheduleRow
+from db.schedules import ScheduleRow
 from db.session import SessionMaker
-from engine.definition import SYSTEM_QUEUE
 from engine.schedules import (
     SCHEDULE_RUN_WORKFLOW,
+    SCHEDULES_QUEUE,
     ScheduledRunInput,
     iso,
     run_workflow_id,
     temporal_schedule_id,
 )
-from engine.settings import Settings
 
-log = logging.getLogger(__name__)
 OVERLAP_POLICIES = {
     "skip": ScheduleOverlapPolicy.SKIP,
     "buffer_one": ScheduleOverlapPolicy.BUFFER_ONE,
     "allow_all": ScheduleOverlapPolicy.ALLOW_ALL,
 }
-LEASE_S = 30.0
-BATCH = 20
-# Finished commands are kept this long (for an operator's look), then deleted.
-KEEP_DONE_S = 86_400.0
-# How often a dispatcher checks that every schedule's Temporal schedule exists.
-REPAIR_EVERY_S = 600.0
+
+# How late a fire missed while Temporal was away may still run (Temporal's catch-up window):
+# a minute covers a restart; a run hours late would come as a surprise, and the next fire is due.
+CATCHUP_WINDOW_S = 60
 
 
-class ScheduleDispatcher:
-    def __init__(self, sessionmaker: SessionMaker, client: Client, settings: Settings) -> None:
+class MalformedEvent(ValueError):
+    """A schedule event whose payload names no schedule (or no time): it can never be applied."""
+
+
+class ScheduleSync:
+    def __init__(
+        self, sessionmaker: SessionMaker, client: Client, *, suffix: str, catchup_s: float
+    ) -> None:
         self._sm = sessionmaker
         self._client = client
-        self._suffix = settings.task_queue_suffix
-        self._queue = settings.task_queue(SYSTEM_QUEUE)
-        self._catchup = timedelta(seconds=settings.schedule_catchup_window_s)
-        self._poll_s = settings.schedule_dispatch_poll_s
+        self._suffix = suffix
+        self.queue = f"{SCHEDULES_QUEUE}{suffix}"
+        self._catchup = timedelta(seconds=catchup_s)
 
     def temporal_id(self, schedule_id: object) -> str:
         return temporal_schedule_id(schedule_id, self._suffix)
 
     def schedule(self, row: ScheduleRow) -> Schedule:
         """The Temporal schedule of a row: its spec, overlap policy, catch-up window and pause;
-        the action starts `ScheduledRun` with the schedule id only (no input, no owner)."""
+        the action starts `ScheduledRun` on `ai-schedules` with the schedule id only (no input,
+        no owner)."""
         spec = ScheduleSpec(
             intervals=(
                 [ScheduleIntervalSpec(every=timedelta(seconds=row.interval_s))]
@@ -97,127 +102,110 @@ class ScheduleDispatcher:
                 SCHEDULE_RUN_WORKFLOW,
                 ScheduledRunInput(str(row.id)),
                 id=self.temporal_id(row.id),
-                task_queue=self._queue,
+                task_queue=self.queue,
             ),
             spec=spec,
             policy=SchedulePolicy(
                 overlap=OVERLAP_POLICIES[row.overlap], catchup_window=self._catchup
             ),
-            state=ScheduleState(paused=row.paused),
+            state=ScheduleState(paused=row.paused, note="paused" if row.paused else None),
         )
 
-    async def dispatch(self, schedule_id: uuid.UUID | None = None) -> int:
-        """Claims due commands (only this schedule's, if given) and applies them; how many."""
-        async with self._sm.begin() as s:
-            rows = await schedules_db.claim_commands(
-                s, limit=BATCH, lease_s=LEASE_S, schedule_id=schedule_id
-            )
-        synced: set[uuid.UUID] = set()
-        for cmd in rows:
-            try:
-                if cmd.command == schedules_db.TRIGGER:
-                    await self._trigger(cmd)
-                elif cmd.schedule_id not in synced:
-                    await self._sync(cmd.schedule_id)
-                    synced.add(cmd.schedule_id)
-            except Exception as exc:  # Temporal away or refusing: back off, try again
-                delay = min(2.0 ** min(cmd.attempts, 6), 60.0)
-                log.warning(
-                    "schedule command failed",
-                    extra={"command_id": cmd.id, "error": type(exc).__name__},
-                )
-                async with self._sm.begin() as s:
-                    await schedules_db.put_back(
-                        s, cmd.id, error=type(exc).__name__, retry_in_s=delay
-                    )
-                continue
-            async with self._sm.begin() as s:
-                await schedules_db.mark_applied(s, [cmd.id])
-        return len(rows)
+    async def dispatch(self, sync: bool, payload: object) -> None:
+        """Applies one outbox event (`sync` or else `trigger`); raises what Temporal raised,
+        or MalformedEvent."""
+        p = payload if isinstance(payload, dict) else {}
+        try:
+            schedule_id = uuid.UUID(str(p["scheduleId"]))
+            at = None if sync else datetime.fromisoformat(str(p["scheduledAt"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedEvent("malformed schedule event payload") from exc
+        if at is None:
+            await self.sync(schedule_id)
+        else:
+            await self.trigger(schedule_id, at)
 
     async def _row(self, schedule_id: uuid.UUID) -> ScheduleRow | None:
         async with self._sm() as s:
             return await schedules_db.get(s, schedule_id)
 
-    async def _sync(self, schedule_id: uuid.UUID) -> None:
+    async def sync(self, schedule_id: uuid.UUID) -> None:
         row = await self._row(schedule_id)
         handle = self._client.get_schedule_handle(self.temporal_id(schedule_id))
         if row is None:
-            try:
-                await handle.delete()
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
+            await self._delete(schedule_id)
             return
         try:
             await self._client.create_schedule(self.temporal_id(row.id), self.schedule(row))
-            applied = row.paused
         except ScheduleAlreadyRunningError:
-            applied = not row.paused  # unknown: apply the row's pause below
-        for _ in range(3):
-            if applied != row.paused:
-                if row.paused:
-                    await handle.pause(note="paused")
-                else:
-                    await handle.unpause(note="resumed")
-                applied = row.paused
-            again = await self._row(schedule_id)
-            if again is None:
-                await self._sync(schedule_id)
-                return
-            if again.paused == applied:
-                return
-            row = again
+            await handle.update(self._update(schedule_id))
+        # A change committed while the schedule was created (its own sync may have found
+        # nothing to update yet): the row as it is now wins.
+        again = await self._row(schedule_id)
+        if again is None:
+            await self._delete(schedule_id)
+        elif again != row:
+            await handle.update(self._update(schedule_id))
 
-    async def _trigger(self, cmd: CommandRow) -> None:
-        if cmd.run_at is None or await self._row(cmd.schedule_id) is None:
+    def _update(
+        self, schedule_id: uuid.UUID
+    ) -> Callable[[ScheduleUpdateInput], Awaitable[ScheduleUpdate | None]]:
+        async def updater(_: ScheduleUpdateInput) -> ScheduleUpdate | None:
+            # Called in Temporal's conflict loop: each call reads the row again.
+            row = await self._row(schedule_id)
+            return ScheduleUpdate(schedule=self.schedule(row)) if row is not None else None
+
+        return updater
+
+    async def _delete(self, schedule_id: uuid.UUID) -> None:
+        try:
+            await self._client.get_schedule_handle(self.temporal_id(schedule_id)).delete()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+
+    async def trigger(self, schedule_id: uuid.UUID, at: datetime) -> None:
+        """One `ScheduledRun` at `at`, paused or not; nothing for a schedule deleted since."""
+        if await self._row(schedule_id) is None:
             return
         with contextlib.suppress(WorkflowAlreadyStartedError):
             await self._client.start_workflow(
                 SCHEDULE_RUN_WORKFLOW,
-                ScheduledRunInput(str(cmd.schedule_id), manual_at=iso(cmd.run_at)),
-                id=run_workflow_id(cmd.schedule_id, cmd.run_at, self._suffix),
-                task_queue=self._queue,
+                ScheduledRunInput(str(schedule_id), manual_at=iso(at)),
+                id=run_workflow_id(schedule_id, at, self._suffix),
+                task_queue=self.queue,
             )
 
-    async def repair(self, page: int = 100) -> int:
-        """Creates again every Temporal schedule that is missing although its row exists (a
-        Temporal server whose state was lost, a schedule deleted by hand); how many. Runs when
-        the loop starts and then every REPAIR_EVERY_S."""
-        repaired, after = 0, None
-        while True:
-            async with self._sm() as s:
-                ids = await schedules_db.ids_after(s, after, page)
-            for sid in ids:
-                try:
-                    await self._client.get_schedule_handle(self.temporal_id(sid)).describe()
-                except RPCError as exc:
-                    if exc.status != RPCStatusCode.NOT_FOUND:
-                        raise
-                    await self._sync(sid)
-                    repaired += 1
-            if len(ids) < page:
-                return repaired
-            after = ids[-1]
+    async def repair(self, schedule_id: uuid.UUID) -> bool:
+        """Describes the schedule's Temporal schedule and syncs it when it is missing, paused
+        otherwise than its row, or starts runs on another task queue; whether it synced."""
+        try:
+            desc = await self._client.get_schedule_handle(self.temporal_id(schedule_id)).describe()
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            desc = None
+        row = await self._row(schedule_id)
+        if row is None:
+            return False  # deleted meanwhile: its own sync removes the Temporal schedule
+        if desc is not None:
+            action = desc.schedule.action
+            queue = action.task_queue if isinstance(action, ScheduleActionStartWorkflow) else None
+            if queue == self.queue and desc.schedule.state.paused == row.paused:
+                return False
+        await self.sync(schedule_id)
+        return True
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until `stop`: dispatch what is due, then wait SCHEDULE_DISPATCH_POLL_S (less when a
-        full batch suggests more); repair now and then. A database blip backs off here; the
-        supervisor has the rest."""
-        purge_every, polls = max(int(REPAIR_EVERY_S / self._poll_s), 1), -1
-        while not stop.is_set():
-            n = 0
-            try:
-                polls += 1
-                if polls % purge_every == 0:
-                    async with self._sm.begin() as s:
-                        await schedules_db.purge_done(s, older_than_s=KEEP_DONE_S)
-                    if await self.repair():
-                        log.warning("missing Temporal schedules created again")
-                n = await self.dispatch()
-            except Exception as exc:
-                log.warning("schedule dispatch failed", extra={"error": type(exc).__name__})
-            if n >= BATCH:
+    async def listed(self) -> AsyncIterator[uuid.UUID]:
+        """The schedule ids of this deployment's Temporal schedules (`aijobs-schedule:{id}` plus
+        its suffix; another deployment's, with another suffix, never parse as one). Temporal's
+        list is eventually consistent: a schedule created a moment ago may be missing."""
+        prefix = temporal_schedule_id("")
+        async for entry in await self._client.list_schedules():
+            sid = entry.id
+            if not sid.startswith(prefix) or not sid.endswith(self._suffix):
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._poll_s)
+            try:
+                yield uuid.UUID(sid[len(prefix) : len(sid) - len(self._suffix)])
+            except ValueError:
+                continue

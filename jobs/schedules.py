@@ -1,11 +1,12 @@
 """Recurring jobs: the use cases behind /api/ai/schedules, and one run of a schedule.
 
 The schedule row in PostgreSQL is the source of truth for its owner, input and spec; every
-change to it writes a command (`db/schedules.py`) in the same transaction, and the dispatcher
-(`jobs/schedule_dispatch.py`) makes Temporal match, so a schedule and its Temporal schedule are
-created and removed together. A run creates its job through `JobService.create`, the API's own
-create path (quotas, budgets, the rate limit), with the key (schedule, scheduled time): a
-duplicated fire makes one job. A refused run is recorded with the create's code and an
+change to it writes an outbox event (`ai.schedule.sync` or `ai.schedule.trigger`,
+`db/schedules.py`) in the same transaction, and the relay makes Temporal match
+(`jobs/schedule_dispatch.py`), so a schedule and its Temporal schedule are created and removed
+together. A run takes one request from its owner's API rate, then creates its job through
+`JobService.create`, the API's own create path (quotas, budgets), with the key (schedule,
+scheduled time): a duplicated fire makes one job. A refused run is recorded with its code and an
 `ai.schedule.run_refused` event, never dropped.
 """
 
@@ -39,12 +40,17 @@ from engine.schedules import (
     next_fire,
 )
 from engine.settings import Settings
+from jobs.rate_limit import take_request
 from jobs.service import CreateJobRequest, JobService
 from jobs.token_count import off_loop
+from jobs.tracecontext import current_trace_context
 from jobs.views import Viewer, can_see
 
 log = logging.getLogger(__name__)
 RECENT_RUNS = 20
+# Schedules per user: each fires jobs on its own, so the cap bounds what one user's schedules
+# ask of the engine (the jobs themselves also count against the user's quotas).
+MAX_PER_USER = 20
 
 
 async def schedule_event_body(session: AsyncSession, row: DeliveryRow) -> dict[str, Any] | None:
@@ -65,8 +71,8 @@ class ScheduleNotFound(EngineError):
 
 
 class ScheduleLimitReached(EngineError):
-    """A user holds SCHEDULE_MAX_PER_USER schedules: each fires jobs on its own, so the cap
-    bounds what one user's schedules ask of the engine."""
+    """A user holds MAX_PER_USER schedules: each fires jobs on its own, so the cap bounds what
+    one user's schedules ask of the engine."""
 
     code = "SCHEDULE_LIMIT_REACHED"
     http_status = 409
@@ -98,11 +104,20 @@ class ScheduleView:
 @dataclass(frozen=True)
 class SchedulePolicy:
     min_interval_s: int
-    max_per_user: int
+    max_per_user: int = MAX_PER_USER
+    # The owner's API rate (API_RATE_LIMIT_PER_MINUTE, _BURST): each run takes one request.
+    rate_per_minute: int = 0
+    rate_burst: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SchedulePolicy:
-        return cls(settings.schedule_min_interval_s, settings.schedule_max_per_user)
+        # MAX_PER_USER read when called: a test may patch it.
+        return cls(
+            settings.schedule_min_interval_s,
+            MAX_PER_USER,
+            settings.api_rate_limit_per_minute,
+            settings.api_rate_limit_burst,
+        )
 
 
 def spec_of(row: ScheduleRow) -> Spec:
@@ -130,7 +145,9 @@ class ScheduleService:
         try:
             spec = check_spec(new.spec, min_interval_s=self._policy.min_interval_s)
         except InvalidSpec as exc:
-            raise ValidationFailed(str(exc)) from exc
+            loc = ["body", exc.field] if exc.field else ["body"]
+            errors: list[dict[str, object]] = [{"loc": loc, "msg": str(exc), "type": "value"}]
+            raise ValidationFailed(str(exc), errors=errors) from exc
         schedule_id = uuid.uuid4()
         target_id = new.target_id or str(schedule_id)
         req = self._request(new, target_id, new.input, None)
@@ -163,7 +180,7 @@ class ScheduleService:
                     f"At most {self._policy.max_per_user} schedules per user; delete one first."
                 )
             await schedules_db.insert(s, row)
-            await schedules_db.add_command(s, schedule_id, schedules_db.SYNC)
+            await schedules_db.add_sync(s, schedule_id, trace_context=current_trace_context())
         return row
 
     @staticmethod
@@ -208,21 +225,23 @@ class ScheduleService:
         async with self._sm.begin() as s:
             await self._owned(s, schedule_id, viewer)
             await schedules_db.set_paused(s, schedule_id, paused)
-            await schedules_db.add_command(s, schedule_id, schedules_db.SYNC)
+            await schedules_db.add_sync(s, schedule_id, trace_context=current_trace_context())
 
     async def trigger(self, schedule_id: uuid.UUID, viewer: Viewer) -> datetime:
         """One run now, paused or not: its time is the run's scheduled time (and key)."""
         at = datetime.now(UTC)
         async with self._sm.begin() as s:
             await self._owned(s, schedule_id, viewer)
-            await schedules_db.add_command(s, schedule_id, schedules_db.TRIGGER, run_at=at)
+            await schedules_db.add_trigger(
+                s, schedule_id, at, trace_context=current_trace_context()
+            )
         return at
 
     async def delete(self, schedule_id: uuid.UUID, viewer: Viewer) -> None:
         async with self._sm.begin() as s:
             await self._owned(s, schedule_id, viewer)
             await schedules_db.delete(s, schedule_id)
-            await schedules_db.add_command(s, schedule_id, schedules_db.SYNC)
+            await schedules_db.add_sync(s, schedule_id, trace_context=current_trace_context())
 
     # ---- one run --------------------------------------------------------------------------
 
@@ -230,22 +249,57 @@ class ScheduleService:
         self, schedule_id: uuid.UUID, scheduled_at: datetime, *, manual: bool
     ) -> ScheduledRunResult:
         """Creates the run's job (or records why not). A fire of a paused or deleted schedule
-        creates nothing; a manual run goes ahead while paused."""
+        creates nothing; a manual run goes ahead while paused. The run takes one request from
+        its owner's API rate first, as a create does (`RATE_LIMITED`: no job); a retried run
+        whose job or outcome exists already takes nothing."""
         sid, at = str(schedule_id), iso(scheduled_at)
+        key = idempotency_key(sid, scheduled_at)
         async with self._sm() as s:
             row = await schedules_db.get(s, schedule_id)
+            done = await schedules_db.get_run(s, schedule_id, scheduled_at)
+            made = row is not None and await jobs_db.find_by_idempotency_key(
+                s, row.user_id, row.job_type, key
+            )
         if row is None or (row.paused and not manual):
             return ScheduledRunResult(sid, at, "skipped")
-        req = self._request(row, row.target_id, row.input, idempotency_key(sid, scheduled_at))
+        if done is not None:  # a retry after the run was recorded: its outcome, again
+            if done.job_id is None:
+                return ScheduledRunResult(sid, at, "refused", error_code=done.error_code)
+            return ScheduledRunResult(sid, at, "created", job_id=str(done.job_id))
         job_id: uuid.UUID | None = None
         code: str | None = None
         try:
-            job_id = (await self._jobs.create(req)).job.id
+            if not made:
+                await self._take_request(row.user_id)
+            job_id = (
+                await self._jobs.create(self._request(row, row.target_id, row.input, key))
+            ).job.id
         except EngineError as exc:
             code = exc.code
+        await self._record(row, scheduled_at, job_id, code, manual=manual)
+        if code is not None:
+            log.info("schedule run refused", extra={"schedule_id": sid, "error_code": code})
+            return ScheduledRunResult(sid, at, "refused", error_code=code)
+        return ScheduledRunResult(sid, at, "created", job_id=str(job_id))
+
+    async def _take_request(self, user_id: str) -> None:
+        p = self._policy
+        await take_request(self._sm, user_id, per_minute=p.rate_per_minute, burst=p.rate_burst)
+
+    async def _record(
+        self,
+        row: ScheduleRow,
+        scheduled_at: datetime,
+        job_id: uuid.UUID | None,
+        code: str | None,
+        *,
+        manual: bool,
+    ) -> None:
+        """The run's row and, for a refused run recorded now, its event and deliveries."""
+        sid, at = str(row.id), iso(scheduled_at)
         async with self._sm.begin() as s:
             fresh = await schedules_db.record_run(
-                s, schedule_id, scheduled_at, job_id=job_id, error_code=code, manual=manual
+                s, row.id, scheduled_at, job_id=job_id, error_code=code, manual=manual
             )
             if fresh and code is not None:
                 await schedules_db.insert_refused_event(
@@ -256,10 +310,6 @@ class ScheduleService:
                     dedupe_key=f"{RUN_REFUSED}:{sid}:{at}",
                     payload={"scheduleId": sid, "scheduledAt": at, "errorCode": code},
                 )
-        if code is not None:
-            log.info("schedule run refused", extra={"schedule_id": sid, "error_code": code})
-            return ScheduledRunResult(sid, at, "refused", error_code=code)
-        return ScheduledRunResult(sid, at, "created", job_id=str(job_id))
 
     async def job_ended(self, job_id: uuid.UUID) -> bool:
         """Whether a run's job has ended (a job gone counts as ended)."""

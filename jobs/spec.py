@@ -18,7 +18,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
-from db import pipeline
 from db.pipeline import Statement
 from engine.definition import JobDefinition, SchemaVersion, validate_definition
 from engine.errors import (
@@ -110,11 +109,6 @@ class Projection:
 # output write nothing new (`rows_projection` does both).
 Planner = Callable[[ProjectionContext, OutT], Projection]
 
-# A session projector writes its business rows itself, inside the job's final transaction, and
-# returns the artifacts it wrote: for a projector that must read before it writes. Same rule
-# of idempotence. PROJECT runs it on a session, one round trip per statement.
-Projector = Callable[[AsyncSession, ProjectionContext, OutT], Awaitable[list[Artifact]]]
-
 # An artifact view reads the business rows a job projected, for the artifacts API: given the
 # job id and artifact ids, it returns {artifact_id: content} with the fields a client may see,
 # in camelCase (never owner or internal columns). Ids it does not know are left out.
@@ -128,18 +122,6 @@ def output_projection(ctx: ProjectionContext, out: BaseModel) -> Projection:
     """The default projector: no business table, the job's stored output is its one artifact
     (`job_output`, id = the job id). Writes nothing, so it is idempotent."""
     return Projection([], [Artifact(OUTPUT_ARTIFACT, str(ctx.job_id), 0)])
-
-
-def in_session(planner: Planner[OutT]) -> Projector[OutT]:
-    """`planner` as a session projector: its writes pipelined in the session's transaction."""
-
-    async def project(session: AsyncSession, ctx: ProjectionContext, out: OutT) -> list[Artifact]:
-        planned = planner(ctx, out)
-        if planned.writes:
-            await pipeline.in_session(session, planned.writes)
-        return planned.artifacts
-
-    return project
 
 
 async def view_output(
@@ -163,10 +145,8 @@ class JobType(Generic[InT, OutT]):
     output_model: type[OutT]
     build_prompt: Callable[[InT], Prompt]
     synthetic_output: Callable[[InT], Mapping[str, Any]]
-    # The projector (see `Projection`); a type that must read before it writes passes a
-    # session projector as `project` instead, which then takes precedence.
+    # The projector (see `Projection`).
     projection: Planner[OutT] = output_projection
-    project: Projector[OutT] | None = None
     # How the artifacts API shows this type's artifacts (None: content is null).
     artifact_view: ArtifactView | None = view_output
     # The answer tokens this type expects for an input (a quote's estimated cost); None: a
@@ -255,14 +235,6 @@ class JobType(Generic[InT, OutT]):
             definition=d.model_copy(update=versions),
         )
 
-    async def project_in(
-        self, session: AsyncSession, ctx: ProjectionContext, out: OutT
-    ) -> list[Artifact]:
-        """This type's projection of `out`, written in `session`'s transaction."""
-        if self.project is not None:
-            return await self.project(session, ctx, out)
-        return await in_session(self.projection)(session, ctx, out)
-
     def prompt(self, inp: InT, correction: str | None = None) -> Prompt:
         """The type's prompt; after an invalid answer, `correction` (what was wrong with it)
         is appended to the user message so the next attempt can fix it."""
@@ -334,22 +306,6 @@ def _insert_statement(table: Table, columns: tuple[str, ...], count: int) -> Tex
         for n in range(count)
     ]
     return stmt.bindparams(*jsonb) if jsonb else stmt
-
-
-async def project_rows(
-    session: AsyncSession,
-    table: type[Any],
-    artifact_type: str,
-    ctx: ProjectionContext,
-    items: list[dict[str, Any]],
-    *,
-    with_target: bool = True,
-) -> list[Artifact]:
-    """`rows_projection` written through `session` (for a session projector)."""
-    planned = rows_projection(table, artifact_type, ctx, items, with_target=with_target)
-    if planned.writes:
-        await pipeline.in_session(session, planned.writes)
-    return planned.artifacts
 
 
 def artifact_uuids(artifact_ids: list[str]) -> list[uuid.UUID]:

@@ -9,13 +9,36 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from engine.lifecycle import StatusName
 from engine.tiers import ServiceTier
+
+_USD_QUANTUM = Decimal("0.00000001")
+
+
+def usd_text(value: Decimal) -> str:
+    """USD as a decimal string with exactly 8 places (the precision usage rows are priced to):
+    a JSON number would lose digits in clients that parse it as a float."""
+    return f"{value.quantize(_USD_QUANTUM):f}"
+
+
+UsdAmount = Annotated[
+    Decimal,
+    PlainSerializer(usd_text, return_type=str),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^-?\d+\.\d{8}$",
+            "description": "USD, a decimal string with 8 places",
+            "examples": ["0.00066000"],
+        }
+    ),
+]
 
 
 class Camel(BaseModel):
@@ -114,6 +137,11 @@ class AdminJobResponse(JobStatusResponse):
     cancel_requested_at: datetime | None = None
     retried_from_job_id: uuid.UUID | None = None
     output_hash: str | None = None
+    cost_usd: UsdAmount = Field(
+        default=Decimal(0),
+        description="What the job's provider calls have cost so far, failed ones included "
+        "(the sum of `GET /api/ai/jobs/{jobId}/usage`'s `costUsd`)",
+    )
 
 
 class ArtifactItem(Camel):

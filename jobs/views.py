@@ -41,6 +41,8 @@ from jobs.view_models import ArtifactOut as ArtifactOut
 from jobs.view_models import Camel as Camel
 from jobs.view_models import JobStatusResponse as JobStatusResponse
 from jobs.view_models import ResultOut as ResultOut
+from jobs.view_models import UsdAmount as UsdAmount
+from jobs.view_models import usd_text as usd_text
 
 # The models live in jobs/view_models.py; they are imported from here by every reader.
 
@@ -162,6 +164,7 @@ def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) ->
         cancel_requested_at=row.cancel_requested_at,
         retried_from_job_id=row.retried_from_job_id,
         output_hash=row.output_hash,
+        cost_usd=row.spent_cost_usd,
     )
 
 
@@ -301,6 +304,9 @@ async def admin_job_page(
     return Page([admin_view(r, arts[r.id], link) for r in rows], nxt)
 
 
+_ACTIVE = ("queued", "running")
+
+
 async def artifact_page(
     session: AsyncSession,
     catalog: Catalog,
@@ -311,20 +317,23 @@ async def artifact_page(
     limit: int,
 ) -> Page[ArtifactItem, ArtifactKey]:
     """A page of a job's artifacts in ordinal order, each with what its job type exposes of the
-    projected row (`content`, or None); JobNotFound when the viewer may not see the job.
+    projected row (`content`, or None: always None once the job's private data is purged);
+    JobNotFound when the viewer may not see the job.
 
     A long-source job that has not ended has no artifacts yet: its page lists the items of its
     succeeded chunks instead (`final` false), in (chunk, index) order, paged by their position
     in that order (the page key's first part; its second is 0)."""
     job_type = await check_visible(session, job_id, viewer)
     state = await job_chunking(session, job_id)
-    if state is not None and state[1] is not None and state[0] in ("queued", "running"):
+    if state is not None and state.chunk_count is not None and state.status in _ACTIVE:
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit)
-    if state is not None and state[0] == "running" and streams_items(catalog, job_type):
+    if state is not None and state.status == "running" and streams_items(catalog, job_type):
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit, False)
     rows = await artifacts_db.artifact_page(session, job_id, after=after, limit=limit + 1)
     page = rows[:limit]
-    view = catalog.get(job_type).artifact_view if job_type in catalog else None
+    # A purged job's artifacts are references only: no view runs, every content is null.
+    purged = state is not None and state.purged
+    view = catalog.get(job_type).artifact_view if job_type in catalog and not purged else None
     contents = await view(session, job_id, [a.artifact_id for _, a in page]) if view else {}
     items = [
         ArtifactItem(

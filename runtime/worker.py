@@ -4,8 +4,8 @@
 `max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
 AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
 activity there, so the limit caps concurrent provider calls; the bookkeeping stages (local
-activities) are not throttled by it. The worker takes at most WORKER_WORKFLOW_TASKS workflow tasks
-and runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
+activities) are not throttled by it. The worker takes at most WORKFLOW_TASKS workflow tasks and
+runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
 on the server, where tasks are dispatched fairly across users. `ai-system` runs the relay shard
 workflows (`outbox-relay-<k>`, each one heartbeating relay activity), the reconciler schedule
 and the admin bulk workflows; its process also runs the webhook deliverer as a supervised loop
@@ -36,29 +36,33 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.batch import BatchActivities, BatchTiming
+from activities.batch_files import BatchFiles, gateway_clients
 from activities.bounded import BoundedStagesInterceptor
 from activities.bulk import BulkActivities
+from activities.deps import EngineConfig
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
-from activities.relay import Relay
+from activities.relay import Relay, RelayConfig
 from activities.relay_activity import (
+    RELAY_SHARDS,
     RelayActivities,
     RelayShards,
     ensure_relay_workflows,
-    retire_relay_workflow,
 )
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
-from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW, RELAY_WORKFLOW_ID
+from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
+from jobs.gateway import Gateway
 from jobs.service import JobService
+from providers.safety import BLOCKLIST
 from runtime.limit_waker import limit_waker_task
-from runtime.schedules import schedule_activities, schedule_dispatcher
+from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -74,7 +78,7 @@ from workflows.batch import BatchWorkflow
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
 from workflows.schedule_run import ScheduledRun
-from workflows.system import ReconcilerWorkflow, RelayShardWorkflow, RelayWorkflow
+from workflows.system import ReconcilerWorkflow, RelayShardWorkflow
 
 log = logging.getLogger(__name__)
 ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
@@ -83,6 +87,12 @@ ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
 SYSTEM_DRAIN_S = 10.0
 # The job queues, interactive first (unpacking fails loudly if a queue is ever added).
 INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
+# How many workflow tasks (each running its bookkeeping stages as local activities) one
+# job-queue worker takes at once. Tasks beyond it wait on the server, where they are
+# dispatched fairly across users; taken by the worker, they would be served in arrival order
+# and one user's burst would hold the database pool while another user's job waits. Six keeps
+# a worker's calls fed (2 provider slots) with room for the stages around them.
+WORKFLOW_TASKS = 6
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
@@ -130,10 +140,10 @@ def _job_worker(
         activities=[*stages.all(), *batch.all()],
         max_concurrent_activities=queue_concurrency(s, queue),
         # The worker's intake is bounded so that a burst waits on the server's fair queue, not
-        # in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages never hold more connections
-        # than the pool keeps, so EXECUTE, which holds a provider slot, is never queued behind
-        # them for one.
-        max_concurrent_workflow_tasks=s.worker_workflow_tasks,
+        # in here (WORKFLOW_TASKS); its bookkeeping stages never hold more connections than
+        # the pool keeps, so EXECUTE, which holds a provider slot, is never queued behind them
+        # for one.
+        max_concurrent_workflow_tasks=WORKFLOW_TASKS,
         max_concurrent_local_activities=s.db_pool_size,
         # Heartbeats reach the server at least every second whatever the heartbeat timeout, so
         # a workflow cancel reaches EXECUTE within about a second while the timeout itself can
@@ -143,9 +153,6 @@ def _job_worker(
         interceptors=interceptors,
         # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
         graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
-        # Provider calls per second across all workers of this queue (the server enforces it;
-        # EXECUTE is the queue's only regular activity).
-        max_task_queue_activities_per_second=s.provider_calls_per_second or None,
     )
 
 
@@ -156,18 +163,23 @@ def build_workers(
     *,
     telemetry: Telemetry | None = None,
     on_close: list[Callable[[], Awaitable[None]]] | None = None,
+    config: EngineConfig | None = None,
+    blocklist: Sequence[str] = BLOCKLIST,
+    relay: RelayConfig | None = None,
 ) -> list[Worker]:
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
     `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
-    the workers have stopped (the providers' HTTP clients) is appended to `on_close`."""
+    the workers have stopped (the providers' HTTP clients) is appended to `on_close`. `config`,
+    `blocklist` and the `ai-system` worker's `relay` are the settings' and the engine's unless
+    a test gives its own."""
     for q in queues:
         if q not in ALL_QUEUES:
             raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
     s = parts.settings
-    gw = gateway(s, telemetry)
+    gw = gateway(s, telemetry, blocklist=blocklist)
     if on_close is not None:
         on_close.append(gw.aclose)
-    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, engine_config(s))
+    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, config or engine_config(s))
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
@@ -176,21 +188,38 @@ def build_workers(
         PublicFailureInterceptor(),
         BoundedStagesInterceptor(parts.sessionmaker, s.stage_internal_attempts),
     ]
-    return [
+    workers = [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else system_worker(client, parts)
+        else system_worker(client, parts, relay, gw)
         for q in queues
     ]
+    if SYSTEM_QUEUE in queues:
+        # The schedules' runs: on `ai-schedules`, in the `ai-system` process, slots of their own.
+        workers.append(schedules_worker(client, parts, sandbox_runner(), drain_s=SYSTEM_DRAIN_S))
+    return workers
 
 
-def system_worker(client: Client, parts: Parts) -> Worker:
-    """The `ai-system` worker: the relay shards, the reconciler, the admin bulk operations and
-    the schedules' runs."""
+def system_worker(
+    client: Client, parts: Parts, relay_cfg: RelayConfig | None = None, gw: Gateway | None = None
+) -> Worker:
+    """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations
+    (the schedules' runs have a worker of their own, `ai-schedules`; `ScheduledRun` stays here
+    for the runs an older version started on `ai-system`). `gw`: the process's gateway, whose
+    provider the reconciler deletes batch files at."""
     s = parts.settings
-    # Its `relay` phase starts a missing relay shard workflow.
+    # Its `relay` phase starts a missing relay shard workflow; its `schedules` phase makes the
+    # Temporal schedules match their rows.
     rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
-    reconciler = Reconciler(parts.sessionmaker, client, rc, catalog=parts.catalog)
+    files = BatchFiles(parts.sessionmaker, gateway_clients(gw)) if gw is not None else None
+    reconciler = Reconciler(
+        parts.sessionmaker,
+        client,
+        rc,
+        catalog=parts.catalog,
+        schedules=schedule_sync(client, parts),
+        batch_files=files,
+    )
     # Admin bulk operations act through the same use cases as the API (same catalog,
     # same create policy: a bulk retry is an internal create, outside user quotas).
     bulk = BulkActivities(
@@ -206,17 +235,12 @@ def system_worker(client: Client, parts: Parts) -> Worker:
         ),
         client,
     )
-    relay = RelayActivities(
-        parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
-    )
+    relay = RelayActivities(parts.sessionmaker, client, parts.catalog, relay_cfg or relay_config(s))
     return Worker(
         client,
         task_queue=s.task_queue(SYSTEM_QUEUE),
-        # RelayWorkflow only so that a run an older version left open can take its
-        # workflow tasks until it is retired (workflows/system.py).
         workflows=[
             RelayShardWorkflow,
-            RelayWorkflow,
             ReconcilerWorkflow,
             BulkWorkflow,
             ScheduledRun,
@@ -228,7 +252,7 @@ def system_worker(client: Client, parts: Parts) -> Worker:
             *schedule_activities(parts).all(),
         ],
         # A slot per relay shard it may hold, beside the reconciler and bulk pages.
-        max_concurrent_activities=8 + s.relay_shards,
+        max_concurrent_activities=8 + RELAY_SHARDS,
         # The relay's progress reaches the Temporal UI every 2 s.
         max_heartbeat_throttle_interval=timedelta(seconds=2),
         # On SIGTERM the relay activity finishes its batch and returns (its next
@@ -241,16 +265,12 @@ def system_worker(client: Client, parts: Parts) -> Worker:
 
 
 def relay_shards(settings: Settings) -> RelayShards:
-    return RelayShards(
-        settings.relay_shards, settings.task_queue(SYSTEM_QUEUE), settings.task_queue_suffix
-    )
+    return RelayShards(RELAY_SHARDS, settings.task_queue(SYSTEM_QUEUE), settings.task_queue_suffix)
 
 
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:
     """Start the relay shard workflows that are not running and the reconciler schedule (both
-    idempotent), and terminate an open run of the retired relay workflow an older version
-    started."""
-    await retire_relay_workflow(client, RELAY_WORKFLOW_ID + settings.task_queue_suffix)
+    idempotent)."""
     await ensure_relay_workflows(client, relay_shards(settings))
     with contextlib.suppress(ScheduleAlreadyRunningError):
         await client.create_schedule(
@@ -286,16 +306,12 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
 async def run_pollers(
     client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
 ) -> None:
-    """The webhook deliverer, the schedules' dispatcher, and `relay` when given (`aijobs relay`:
-    the relay loop outside Temporal), each a plain loop under `supervise` (restarted with
-    backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set. Every
-    `ai-system` worker process runs the deliverer (it must deliver while Temporal is down) and
-    the dispatcher; their claims are disjoint, so any number of processes may
-    (docs/architecture.md "Pollers")."""
-    loops = [
-        supervise("webhooks", webhook_deliverer(parts).run, stop),
-        supervise("schedules", schedule_dispatcher(client, parts).run, stop),
-    ]
+    """The webhook deliverer, and `relay` when given (`aijobs relay`: the relay loop outside
+    Temporal), each a plain loop under `supervise` (restarted with backoff if it fails, counted
+    in `aijobs_poller_restarts_total`), until `stop` is set. Every `ai-system` worker process
+    runs the deliverer (it must deliver while Temporal is down); its claims are disjoint, so any
+    number of processes may (docs/architecture.md "Pollers")."""
+    loops = [supervise("webhooks", webhook_deliverer(parts).run, stop)]
     if relay is not None:
         loops.append(supervise("relay", relay.run, stop))
     await asyncio.gather(*loops)

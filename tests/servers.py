@@ -1,5 +1,6 @@
 """Servers of a test's own, for tests that stop and restart them: a PostgreSQL data dir and a
-Temporal dev server with a database file, so both keep their state across a restart. The
+Temporal dev server with a database file, so both keep their state across a restart; and a
+Temporal dev server with a dynamic config the session's must not carry (`temporal_with`). The
 session's servers (tests/conftest.py) stay undisturbed."""
 
 from __future__ import annotations
@@ -77,3 +78,18 @@ def own_servers(prefix: str) -> Iterator[OwnServers]:
         with contextlib.suppress(Exception):
             servers.stop_postgres()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def temporal_with(**dynamic_config: object) -> Iterator[str]:
+    """A Temporal dev server of its own (in memory) with `dynamic_config` (for keys with dots,
+    pass a dict: `temporal_with(**{"limit.historyCount.suggestContinueAsNew": 8})`); its
+    address. Stopped at the end."""
+    args: list[str] = []
+    for key, value in dynamic_config.items():
+        args += ["--dynamic-config-value", f"{key}={value}"]
+    server = start_temporal(port=free_port(), ui_port=None, db_file=None, extra_args=args)
+    try:
+        yield server.address
+    finally:
+        server.stop()

@@ -9,26 +9,26 @@ no slot is held while it waits; a worker restart only replays it. Its history ho
 statuses and counts only. A run continues as new after POLLS_PER_RUN polls, so a batch that
 takes its whole 24 h keeps a short history.
 
-The activity names and this workflow's type are activities/batch.py's constants, repeated here
-because a workflow imports no activity module (tests/unit/test_batch_workflow.py checks they
-agree).
+Its activities are called through typed stubs (the activity runs under the stub's name, the
+worker registers activities/batch.py's); this workflow's type is activities/batch.py's
+constant, repeated here because a workflow imports no activity module
+(tests/unit/test_batch_workflow.py checks they agree).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
+
+from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
     from engine.tiers import BATCH_POKE_SIGNAL
 
 BATCH_WORKFLOW = "ai_batch"
-BATCH_TIMING = "batch_timing"
-BATCH_SUBMIT = "batch_submit"
-BATCH_POLL = "batch_poll"
 POLLS_PER_RUN = 200
 # The upload and create: a few attempts, then the activity fails the batch's items with the
 # provider's code (its last attempt does, so each job retries in a later batch).
@@ -43,6 +43,22 @@ POLL_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=3,
 )
+
+
+@activity.defn
+async def batch_timing() -> list[float]:
+    """The batch's window and poll interval, in seconds (AI_BATCH_WINDOW_S, AI_BATCH_POLL_S)."""
+    stub()
+
+
+@activity.defn
+async def batch_submit(batch_id: str) -> str:
+    stub()
+
+
+@activity.defn
+async def batch_poll(batch_id: str) -> str:
+    stub()
 
 
 @workflow.defn(name=BATCH_WORKFLOW)
@@ -65,8 +81,8 @@ class BatchWorkflow:
 
     @workflow.run
     async def run(self, batch_id: str, submitted: bool = False) -> str:
-        timing: list[float] = await workflow.execute_local_activity(
-            BATCH_TIMING, start_to_close_timeout=timedelta(seconds=10), result_type=list[float]
+        timing = await workflow.execute_local_activity(
+            batch_timing, start_to_close_timeout=timedelta(seconds=10)
         )
         window_s, poll_s = timing
         if not submitted:
@@ -77,12 +93,11 @@ class BatchWorkflow:
         for _ in range(POLLS_PER_RUN):
             await self._wait(poll_s)
             try:
-                polled: str = await workflow.execute_activity(
-                    BATCH_POLL,
+                polled = await workflow.execute_activity(
+                    batch_poll,
                     batch_id,
                     start_to_close_timeout=timedelta(minutes=5),
                     retry_policy=POLL_RETRY,
-                    result_type=str,
                 )
             except ActivityError:
                 continue  # the provider or the database is away: ask again at the next timer
@@ -95,13 +110,11 @@ class BatchWorkflow:
         them that could not even fail the items, the database away, is tried again later)."""
         while True:
             try:
-                status: str = await workflow.execute_activity(
-                    BATCH_SUBMIT,
+                return await workflow.execute_activity(
+                    batch_submit,
                     batch_id,
                     start_to_close_timeout=timedelta(minutes=5),
                     retry_policy=SUBMIT_RETRY,
-                    result_type=str,
                 )
-                return status
             except ActivityError:
                 await self._wait(poll_s)

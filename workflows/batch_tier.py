@@ -1,6 +1,6 @@
 """A batch-tier job's EXECUTE: its attempts go through its provider's Batch API instead of a call
-(the job workflow takes this branch for `service_tier == "batch"`, runs with the `batch-tier`
-patch; docs/batch.md "A batch job's run").
+(the job workflow takes this branch for `service_tier == "batch"`; docs/batch.md "A batch
+job's run").
 
 Per attempt: `batch_enroll` (the job `running`, its cost covered, its item in its group's open
 batch, the batch workflow started), then the wait for the `batch-result` signal (no polling and
@@ -22,17 +22,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
+from workflows.stages import stub
+
 with workflow.unsafe.imports_passed_through():
     from engine.contracts import (
-        BATCH_COLLECT,
-        BATCH_ENROLL,
-        BATCH_LEAVE,
         BatchAttemptInput,
         BatchCollectResult,
         BatchEnrollResult,
@@ -52,23 +51,21 @@ T = TypeVar("T")
 BATCH_BACKSTOP_S = 3600.0
 
 
-def _stub(name: str) -> NoReturn:
-    raise RuntimeError(f"{name} is a stub: the worker registers the real stage")
-
-
-@activity.defn(name=BATCH_ENROLL)
+# Typed stubs of the batch stages (as workflows/stages.py's): the activity runs under the stub's
+# name, the worker registers the real one (activities/batch_job.py).
+@activity.defn
 async def batch_enroll(inp: BatchAttemptInput) -> BatchEnrollResult:
-    _stub(BATCH_ENROLL)
+    stub()
 
 
-@activity.defn(name=BATCH_COLLECT)
+@activity.defn
 async def batch_collect(inp: BatchAttemptInput) -> BatchCollectResult:
-    _stub(BATCH_COLLECT)
+    stub()
 
 
-@activity.defn(name=BATCH_LEAVE)
+@activity.defn
 async def batch_leave(inp: BatchAttemptInput) -> BatchLeaveResult:
-    _stub(BATCH_LEAVE)
+    stub()
 
 
 class BatchResults:

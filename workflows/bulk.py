@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
+
+from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
     from engine.contracts import (
-        BULK_FINISH,
-        BULK_PROCESS_PAGE,
         BULK_WORKFLOW,
         BulkInput,
         BulkPageInput,
@@ -35,6 +35,17 @@ _RETRY = RetryPolicy(
 )
 
 
+# Typed stubs of its activities (as workflows/stages.py's; activities/bulk.py registers them).
+@activity.defn
+async def bulk_process_page(inp: BulkPageInput) -> BulkPageResult:
+    stub()
+
+
+@activity.defn
+async def bulk_finish(operation_id: str) -> BulkResult:
+    stub()
+
+
 @workflow.defn(name=BULK_WORKFLOW)
 class BulkWorkflow:
     @workflow.run
@@ -43,8 +54,8 @@ class BulkWorkflow:
         # A page takes page_size / rate seconds of pacing plus its own database work.
         page_s = inp.page_size / inp.jobs_per_second
         for _ in range(PAGES_PER_RUN):
-            page: BulkPageResult = await workflow.execute_activity(
-                BULK_PROCESS_PAGE,
+            page = await workflow.execute_activity(
+                bulk_process_page,
                 BulkPageInput(
                     operation_id=inp.operation_id,
                     action=inp.action,
@@ -52,19 +63,16 @@ class BulkWorkflow:
                     page_size=inp.page_size,
                     jobs_per_second=inp.jobs_per_second,
                 ),
-                result_type=BulkPageResult,
                 start_to_close_timeout=timedelta(seconds=120 + 2 * page_s),
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=_RETRY,
             )
             after = page.last_ordinal
             if not page.more:
-                result: BulkResult = await workflow.execute_activity(
-                    BULK_FINISH,
+                return await workflow.execute_activity(
+                    bulk_finish,
                     inp.operation_id,
-                    result_type=BulkResult,
                     start_to_close_timeout=timedelta(seconds=60),
                     retry_policy=_RETRY,
                 )
-                return result
         workflow.continue_as_new(dataclasses.replace(inp, after_ordinal=after))

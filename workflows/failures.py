@@ -27,9 +27,9 @@ def error_code(err: BaseException) -> str:
 
 
 class HistoryFull(Exception):
-    """A chunk waited on its gate until the run's history passed GATE_WAIT_HISTORY_LIMIT: the
-    fan-out lets the chunks in flight end, then continues as new (a new run resumes from what
-    SQL says is done, each chunk with the attempts it spent)."""
+    """A chunk waited on its gate until the server suggested a continue-as-new (the run's
+    history grew long): the fan-out lets the chunks in flight end, then continues as new (a
+    new run resumes from what SQL says is done, each chunk with the attempts it spent)."""
 
 
 def is_cancellation(err: BaseException) -> bool:

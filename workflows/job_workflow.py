@@ -1,8 +1,8 @@
 """The job workflow: one class for every job type (the workflow type is the job type's name).
 A new job runs the five stages, prepare, resolve, execute, project, complete, each an activity
 under its own name, then finalize_failed or finalize_cancelled when it does not succeed; only
-ids, hashes, names and codes pass through. The stages are docs/architecture.md; runs recorded
-by earlier versions take the branches their patch markers name (docs/versioning.md)."""
+ids, hashes, names and codes pass through. The stages are docs/architecture.md; a change to
+the commands it issues is docs/versioning.md's business."""
 
 from __future__ import annotations
 
@@ -24,18 +24,6 @@ from workflows.batch_tier import BatchResults, BatchTier
 from workflows.chunk_fan_out import execute_chunks
 from workflows.failures import HistoryFull, error_code, is_cancellation
 from workflows.limit_wait import Wakes, wait_for_room
-from workflows.patches import (
-    BATCH_TIER,
-    CHUNKED_FAN_OUT,
-    DELAYED_START,
-    EXACT_LIMIT_WAITS,
-    EXECUTE_OWNS_RUNNING,
-    FALLBACK_MEMO,
-    FIVE_STAGES,
-    LIMIT_WAKE,
-    OFFPEAK_HOLD,
-    SKIP_COMPLETE_STAGE,
-)
 from workflows.reuse_wait import reused
 
 with workflow.unsafe.imports_passed_through():
@@ -58,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from engine.lifecycle import LifecycleStatus
     from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.offpeak import GATE_REASON as OFFPEAK_GATE
-    from engine.search_attributes import JOB_ID, JOB_TYPE
     from engine.search_attributes import LIFECYCLE_STATUS as LIFECYCLE
     from engine.tiers import BATCH, BATCH_RESULT_SIGNAL, REUSE_SOURCE_ENDED_SIGNAL
 
@@ -101,80 +88,31 @@ class JobStages:
         self._batch = batch or BatchResults()
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
-        info = workflow.info()
-        stage = StageInput(job_id=inp.jobId, workflow_id=info.workflow_id)
-        # Runs of tag v4 on: the relay's start set JobId, JobType and LifecycleStatus already,
-        # so the run upserts only the status it ends with (one visibility write, not two). The
-        # check comes first so that older runs replay through their own commands, which begin
-        # with the upsert of JobId and JobType.
-        if workflow.patched(FIVE_STAGES):
-            return await self._five_stages(inp, stage)
-        self._set_status(None, inp)
-
-        try:
-            prep = await self._local(stages.prepare, stage)
-            if not prep.run or prep.plan is None:
-                # Cancelled while queued (or already ended): nothing runs.
-                self._set_status(prep.lifecycle_status)
-                return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
-            plan = prep.plan
-            if workflow.patched(EXECUTE_OWNS_RUNNING):
-                # Runs of tag v3: EXECUTE took the job when a slot started it and projected it
-                # before letting the slot go; PROJECT ran only when that projection failed.
-                executed = await self._execute(inp, plan)
-                if executed.lifecycle_status is not None:
-                    self._set_status(executed.lifecycle_status)
-                    return JobWorkflowResult(
-                        inp.jobId,
-                        executed.lifecycle_status,
-                        output_hash=executed.output_hash or None,
-                    )
-            else:
-                # Runs of tags v1/v2: PREPARE locked the job, RESOLVE read it.
-                self._set_status(LifecycleStatus.RUNNING.value)
-                await self._local(stages.resolve, stage)
-                executed = await self._execute(inp, plan)
-            projected = await self._local(
-                stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
-            )
-            if projected.lifecycle_status != SUCCEEDED:
-                self._set_status(projected.lifecycle_status)
-                return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
-            self._set_status(SUCCEEDED)
-            if not workflow.patched(SKIP_COMPLETE_STAGE):
-                # Runs of tag v1: COMPLETE reported the usage summary PROJECT had committed.
-                await self._local(stages.complete, CompleteInput(job_id=inp.jobId))
-            return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
-        # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
-        # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
-        # the workflow fails without finalizing and the job stays `running`.
-        except (FailureError, asyncio.CancelledError) as err:
-            return await self._finalize(inp, stage, err)
-
-    async def _five_stages(self, inp: JobWorkflowInput, stage: StageInput) -> JobWorkflowResult:
         """PREPARE, RESOLVE, EXECUTE (through the provider gate), PROJECT, COMPLETE. The
         LifecycleStatus search attribute is upserted once, with the status the run ends with
-        (the one status a Temporal UI query by status needs; `running` is PostgreSQL's)."""
+        (the one status a Temporal UI query by status needs; `running` is PostgreSQL's; the
+        relay's start set JobId, JobType and `queued`)."""
+        stage = StageInput(job_id=inp.jobId, workflow_id=workflow.info().workflow_id)
         try:
             prep = await self._local(stages.prepare, stage)
             if not prep.run or prep.plan is None:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
-            if inp.runAt and workflow.patched(DELAYED_START):
+            if inp.runAt:
                 # A run started before its runAt (the relay dispatches a delayed job at its
-                # time and passes no runAt): queued on a timer, no slot held; a cancel ends it
-                # at once (finalized below).
+                # time and passes no runAt; only a row dispatched early carries one): queued on
+                # a timer, no slot held; a cancel ends it at once (finalized below).
                 wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
                 if wait_s > 0:
                     await workflow.sleep(wait_s)
             resolved = await self._local(stages.resolve, stage)
             executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
-            if executed is None and resolved.offpeak is not None and workflow.patched(OFFPEAK_HOLD):
+            if executed is None and resolved.offpeak is not None:
                 await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
             if executed is None:
                 executed = await self._run(inp, prep.plan, resolved)
-            if executed.fallback and workflow.patched(FALLBACK_MEMO):  # models and a reason
+            if executed.fallback:  # models and a reason
                 workflow.upsert_memo({"fallback": executed.fallback})
             if executed.lifecycle_status is not None:
                 # The job ended before it ran (cancelled while it waited for a slot).
@@ -201,18 +139,20 @@ class JobStages:
             await self._local(stages.complete, CompleteInput(job_id=inp.jobId, usage=usage))
             self._set_status(SUCCEEDED)
             return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
+        # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
+        # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
+        # the workflow fails without finalizing and the job stays `running`.
         except (FailureError, asyncio.CancelledError) as err:
             return await self._finalize(inp, stage, err)
 
     async def _run(
         self, inp: JobWorkflowInput, plan: ExecutionPlan, resolved: ResolveResult
     ) -> ExecuteResult:
-        """The job's calls: its batches, its chunks' EXECUTEs, or EXECUTE through the gate. Only
-        a batch (a chunked) job asks for its patch: other jobs' commands are unchanged."""
-        if resolved.service_tier == BATCH and workflow.patched(BATCH_TIER):
+        """The job's calls: its batches, its chunks' EXECUTEs, or EXECUTE through the gate."""
+        if resolved.service_tier == BATCH:
             tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
             return await tier.execute(inp, plan)  # its batches instead of EXECUTE
-        if resolved.chunk_count > 0 and workflow.patched(CHUNKED_FAN_OUT):
+        if resolved.chunk_count > 0:
             return await execute_chunks(
                 self._execute_through_gate, self._local, inp, plan, resolved
             )
@@ -269,8 +209,6 @@ class JobStages:
                 inp,
                 plan,
                 attempt_offset=spent,
-                yield_on_gate=True,
-                project_in_slot=False,
                 chunk_no=chunk_no,
                 activity_id=(
                     None
@@ -281,19 +219,18 @@ class JobStages:
             if executed.gate_wait_s <= 0:
                 return executed
             spent = max(spent, executed.attempt - 1)
-            limit_wait = executed.gate_reason in contracts.LIMIT_WAITS
-            if executed.gate_reason == OFFPEAK_GATE and workflow.patched(OFFPEAK_HOLD):
+            if executed.gate_reason == OFFPEAK_GATE:
                 wait_s = await offpeak_hold.wait_exactly(executed.gate_wait_s)  # its window
-            elif limit_wait and workflow.patched(LIMIT_WAKE):  # its time, or a wake-up signal
+            elif executed.gate_reason in contracts.LIMIT_WAITS:  # its time, or a wake-up signal
                 wait_s = await wait_for_room(self._wakes, seen, executed, executed.gate_wait_s)
-            elif limit_wait and workflow.patched(EXACT_LIMIT_WAITS):
-                wait_s = max(executed.gate_wait_s, 1.0)  # exact: no backoff (1 s timer floor)
             else:
                 looks += 1
                 wait_s = max(executed.gate_wait_s, min(2.0**looks, GATE_WAIT_CAP_S))
             if wait_s > 0:  # up to 10 % more: the jobs a pause held come back spread out
                 await workflow.sleep(wait_s * (1 + 0.1 * workflow.random().random()))
-            if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
+            # The server suggests it once the history is long (its
+            # `limit.historyCount.suggestContinueAsNew`): a long outage keeps it bounded.
+            if workflow.info().is_continue_as_new_suggested():
                 if chunk_no is not None:
                     raise HistoryFull()  # the fan-out continues as new once its chunks end
                 workflow.continue_as_new(
@@ -312,8 +249,6 @@ class JobStages:
         plan: ExecutionPlan,
         *,
         attempt_offset: int = 0,
-        yield_on_gate: bool = False,
-        project_in_slot: bool = True,
         chunk_no: int | None = None,
         activity_id: str | None = None,
     ) -> ExecuteResult:
@@ -324,8 +259,6 @@ class JobStages:
                 timeout_ms=plan.timeout_ms,
                 abort_strategy=plan.abort_strategy,
                 attempt_offset=attempt_offset,
-                yield_on_gate=yield_on_gate,
-                project_in_slot=project_in_slot,
                 chunk_no=chunk_no,
             ),
             activity_id=activity_id,
@@ -362,14 +295,8 @@ class JobStages:
                 continue
 
     @staticmethod
-    def _set_status(status: str | None, inp: JobWorkflowInput | None = None) -> None:
-        updates = []
-        if inp is not None:
-            updates += [JOB_ID.value_set(inp.jobId), JOB_TYPE.value_set(inp.jobType)]
-        if status is not None:
-            updates.append(LIFECYCLE.value_set(status))
-        if updates:
-            workflow.upsert_search_attributes(updates)
+    def _set_status(status: str) -> None:
+        workflow.upsert_search_attributes([LIFECYCLE.value_set(status)])
 
 
 @workflow.defn(dynamic=True)

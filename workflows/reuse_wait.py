@@ -17,10 +17,8 @@ from temporalio import workflow
 
 from workflows import stages
 from workflows.limit_wait import Wakes
-from workflows.patches import RESULT_REUSE
 
 with workflow.unsafe.imports_passed_through():
-    from engine import contracts
     from engine.contracts import (
         ExecuteResult,
         JobWorkflowInput,
@@ -49,10 +47,11 @@ async def reused(
     local: Callable[[Stage, ReuseInput], Awaitable[ReuseResult]],
 ) -> ExecuteResult | None:
     """The job's answer from its source (`ExecuteResult` with its hash, or with the state the
-    job ended in before), or None: it makes its own call. Only a job that reuses (RESOLVE said
-    so) asks for the `result-reuse` patch: every other run's commands are unchanged. `local`
-    runs a stage as the workflow's other local activities run (its timeout and retries)."""
-    if not (resolved.reuses and workflow.patched(RESULT_REUSE)):
+    job ended in before), or None: it makes its own call (RESOLVE said it reuses nothing, or
+    its source ended without an answer). `local` runs a stage as the workflow's other local
+    activities run (its timeout and retries). A long wait continues as new when the server
+    suggests it, as a gate wait does."""
+    if not resolved.reuses:
         return None
     while True:
         seen = ends.count
@@ -64,7 +63,7 @@ async def reused(
         if found.action != "wait":
             return None
         await _source_end(ends, seen, found.look_again_s or REUSE_WAIT_BACKSTOP_S)
-        if workflow.info().get_current_history_length() > contracts.GATE_WAIT_HISTORY_LIMIT:
+        if workflow.info().is_continue_as_new_suggested():
             workflow.continue_as_new(
                 JobWorkflowInput(
                     jobId=inp.jobId,

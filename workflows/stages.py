@@ -1,7 +1,8 @@
 """Typed stubs of the job stages, for the workflow to call by reference: the name an activity
-runs under and its input and result types are declared once, here, and checked by mypy at every
-call. The worker registers the real implementations (activities/) under the same names; these
-bodies never run."""
+runs under (the stub's own name) and its input and result types are declared once, here, and
+checked by mypy at every call. The worker registers the real implementations (activities/)
+under the same names (tests/unit/test_activity_stubs.py checks names and types); these bodies
+never run."""
 
 from __future__ import annotations
 
@@ -10,15 +11,6 @@ from typing import NoReturn
 from temporalio import activity
 
 from engine.contracts import (
-    COMPLETE,
-    EXECUTE,
-    FINALIZE_CANCELLED,
-    FINALIZE_FAILED,
-    MERGE,
-    PREPARE,
-    PROJECT,
-    RESOLVE,
-    REUSE,
     CompleteInput,
     CompleteResult,
     ExecuteInput,
@@ -37,50 +29,50 @@ from engine.contracts import (
 )
 
 
-def _stub(name: str) -> NoReturn:
-    raise RuntimeError(f"{name} is a stub: the worker registers the real stage")
+def stub() -> NoReturn:
+    raise RuntimeError("a stub: the worker registers the real activity under its name")
 
 
-@activity.defn(name=PREPARE)
+@activity.defn
 async def prepare(inp: StageInput) -> PrepareResult:
-    _stub(PREPARE)
+    stub()
 
 
-@activity.defn(name=RESOLVE)
+@activity.defn
 async def resolve(inp: StageInput) -> ResolveResult:
-    _stub(RESOLVE)
+    stub()
 
 
-@activity.defn(name=EXECUTE)
+@activity.defn
 async def execute(inp: ExecuteInput) -> ExecuteResult:
-    _stub(EXECUTE)
+    stub()
 
 
-@activity.defn(name=PROJECT)
+@activity.defn
 async def project(inp: ProjectInput) -> ProjectResult:
-    _stub(PROJECT)
+    stub()
 
 
-@activity.defn(name=MERGE)
+@activity.defn
 async def merge(inp: MergeInput) -> MergeResult:
-    _stub(MERGE)
+    stub()
 
 
-@activity.defn(name=REUSE)
+@activity.defn
 async def reuse(inp: ReuseInput) -> ReuseResult:
-    _stub(REUSE)
+    stub()
 
 
-@activity.defn(name=COMPLETE)
+@activity.defn
 async def complete(inp: CompleteInput) -> CompleteResult:
-    _stub(COMPLETE)
+    stub()
 
 
-@activity.defn(name=FINALIZE_FAILED)
+@activity.defn
 async def finalize_failed(inp: FinalizeFailedInput) -> FinalizeResult:
-    _stub(FINALIZE_FAILED)
+    stub()
 
 
-@activity.defn(name=FINALIZE_CANCELLED)
+@activity.defn
 async def finalize_cancelled(inp: StageInput) -> FinalizeResult:
-    _stub(FINALIZE_CANCELLED)
+    stub()

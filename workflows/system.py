@@ -1,30 +1,22 @@
-"""Workflows of the `ai-system` queue: the relay shards, the reconciler, and the retired outbox
-relay workflow.
+"""Workflows of the `ai-system` queue: the relay shards and the reconciler.
 
 `RelayShardWorkflow` (ids `outbox-relay-<k>`) runs the relay's long heartbeating activity and
-continues as new after it (activities/relay_activity.py, docs/architecture.md "Pollers").
-`RelayWorkflow` is kept, unchanged and registered, only so that its recorded histories
-(tests/replay/histories/relay-*.json) replay and a run an older version left open can still
-take its workflow tasks until it is terminated (`retire_relay_workflow`). Nothing starts it; do
-not change its commands."""
+continues as new after it (activities/relay_activity.py, docs/architecture.md "Pollers")."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
+
+from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
     from engine.contracts import (
-        OUTBOX_RELAY,
-        RECONCILE_ONCE,
         RECONCILER_WORKFLOW,
-        RELAY_LOOP,
         RELAY_SHARD_WORKFLOW,
-        RELAY_WORKFLOW,
         ReconcileResult,
-        RelayInput,
         RelayShardInput,
         RelayShardResult,
     )
@@ -34,18 +26,29 @@ with workflow.unsafe.imports_passed_through():
 RELAY_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 
 
+# Typed stubs of their activities (as workflows/stages.py's; activities/relay_activity.py and
+# activities/reconciler.py register them).
+@activity.defn
+async def outbox_relay(inp: RelayShardInput) -> RelayShardResult:
+    stub()
+
+
+@activity.defn
+async def reconcile_once() -> ReconcileResult:
+    stub()
+
+
 @workflow.defn(name=RELAY_SHARD_WORKFLOW)
 class RelayShardWorkflow:
     """One relay shard: one long `outbox_relay` activity, then continue-as-new (a dozen events
     per run). The activity is retried without limit, within seconds: the relay must run
-    whenever Temporal does. A shard the workers no longer count (RELAY_SHARDS went down) ends."""
+    whenever Temporal does. A shard the workers no longer count (RELAY_SHARDS is lower) ends."""
 
     @workflow.run
     async def run(self, inp: RelayShardInput) -> RelayShardResult:
-        result: RelayShardResult = await workflow.execute_activity(
-            OUTBOX_RELAY,
+        result = await workflow.execute_activity(
+            outbox_relay,
             inp,
-            result_type=RelayShardResult,
             start_to_close_timeout=timedelta(seconds=2 * inp.run_for_s + 600),
             heartbeat_timeout=RELAY_HEARTBEAT_TIMEOUT,
             retry_policy=RetryPolicy(
@@ -59,28 +62,6 @@ class RelayShardWorkflow:
         workflow.continue_as_new(inp)
 
 
-@workflow.defn(name=RELAY_WORKFLOW)
-class RelayWorkflow:
-    """Retired (see the module docstring). It ran the long-lived relay activity, which Temporal
-    restarted elsewhere when its worker died (heartbeat timeout), and continued-as-new to keep
-    its history short."""
-
-    @workflow.run
-    async def run(self, inp: RelayInput) -> None:
-        await workflow.execute_activity(
-            RELAY_LOOP,
-            inp,
-            start_to_close_timeout=timedelta(hours=1),
-            heartbeat_timeout=timedelta(seconds=15),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_interval=timedelta(seconds=10),
-                maximum_attempts=0,
-            ),
-        )
-        workflow.continue_as_new(inp)
-
-
 @workflow.defn(name=RECONCILER_WORKFLOW)
 class ReconcilerWorkflow:
     @workflow.run
@@ -89,11 +70,9 @@ class ReconcilerWorkflow:
         # pages and phases, so a pass whose worker died is retried after 30 s, not after the
         # whole start-to-close timeout. (Activity options are not replayed: changing them is
         # safe for recorded histories.)
-        result: ReconcileResult = await workflow.execute_activity(
-            RECONCILE_ONCE,
-            result_type=ReconcileResult,
+        return await workflow.execute_activity(
+            reconcile_once,
             start_to_close_timeout=timedelta(minutes=3),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
-        return result

@@ -8,11 +8,13 @@ import re
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BeforeValidator
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.auth import Principal
 from api.deps import Admin, JobId, State
+from api.routes.jobs import metadata_filter
 from api.schemas import (
     JOB_TYPE_PATTERN,
     NO_NUL,
@@ -27,6 +29,7 @@ from api.schemas import (
     decode_cursor,
     encode_cursor,
 )
+from api.state import AppState
 from api.stuck import stuck_for
 from db.jobs import JobFilter, JobRow
 from jobs import views
@@ -35,6 +38,7 @@ from jobs.views import JobStatusResponse, TemporalLink
 
 router = APIRouter(prefix="/admin-api/ai/jobs", tags=["admin"])
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+ERROR_CODE_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
 
 
 def iso_datetime(value: Any) -> Any:
@@ -45,7 +49,34 @@ def iso_datetime(value: Any) -> Any:
     return value
 
 
-@router.get("", response_model=AdminJobPage, summary="List and filter all jobs")
+_TARGET_TYPE = Query(
+    alias="targetType",
+    min_length=1,
+    max_length=64,
+    pattern=NO_NUL,
+    description="Only jobs about this kind of thing (the create's `targetType`)",
+)
+_TARGET_ID = Query(
+    alias="targetId",
+    min_length=1,
+    max_length=128,
+    pattern=NO_NUL,
+    description="Only jobs about this thing (the create's `targetId`)",
+)
+
+
+@router.get(
+    "",
+    response_model=AdminJobPage,
+    summary="List and filter all jobs",
+    description=(
+        "Every user's jobs, newest first, filtered by `status`, `jobType`, `userId`, "
+        "`queueName`, `targetType`, `targetId`, `metadata.<key>=<value>` (repeatable; a job "
+        "must hold every pair), `createdFrom` (inclusive), `createdTo` (exclusive) and "
+        "`errorCode`, combined with AND: the filters of the bulk routes. Paged: pass "
+        "`nextCursor` back as `cursor`."
+    ),
+)
 async def list_jobs(
     state: State,
     admin: Admin,
@@ -61,6 +92,12 @@ async def list_jobs(
     created_to: Annotated[
         datetime | None, BeforeValidator(iso_datetime), Query(alias="createdTo")
     ] = None,
+    target_type: Annotated[str | None, _TARGET_TYPE] = None,
+    target_id: Annotated[str | None, _TARGET_ID] = None,
+    error_code: Annotated[
+        str | None, Query(alias="errorCode", max_length=64, pattern=ERROR_CODE_PATTERN)
+    ] = None,
+    metadata: Annotated[tuple[tuple[str, str], ...], Depends(metadata_filter)] = (),
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> AdminJobPage:
@@ -71,7 +108,19 @@ async def list_jobs(
         queue_name=queue_name,
         created_from=created_from,
         created_to=created_to,
+        error_code=error_code,
+        target_type=target_type,
+        target_id=target_id,
+        metadata=metadata,
     )
+    return await job_list(state, admin, f, cursor=cursor, limit=limit)
+
+
+async def job_list(
+    state: AppState, admin: Principal, f: JobFilter, *, cursor: str | None, limit: int
+) -> AdminJobPage:
+    """The admin list's use case (this route's and the console's jobs page): a page of any
+    user's jobs with their internals, and its `job.list` audit entry."""
     after = decode_cursor(cursor)
     link = TemporalLink.from_settings(state.settings)
     async with state.sessionmaker() as s:
@@ -80,10 +129,18 @@ async def list_jobs(
     await AuditLog(state.sessionmaker).record(
         AuditEntry(admin.user_id, JOB_LIST, "job", None),
         "ok",
-        filter={k: str(v) for k, v in f.__dict__.items() if v is not None},
+        filter=_filter_detail(f),
         count=len(page.items),
     )
     return AdminJobPage(items=page.items, next_cursor=encode_cursor(page.next_after))
+
+
+def _filter_detail(f: JobFilter) -> dict[str, str]:
+    """The filter as the audit entry records it: each given filter as text (metadata pairs
+    as `metadata.<key>`)."""
+    detail = {k: str(v) for k, v in f.__dict__.items() if v is not None and k != "metadata"}
+    detail.update({f"metadata.{k}": v for k, v in f.metadata})
+    return detail
 
 
 @router.get(

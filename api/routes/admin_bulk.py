@@ -5,7 +5,7 @@ A bulk submission freezes the matching jobs in PostgreSQL and writes the operati
 `ai.bulk.start` outbox row in the same transaction (with its audit entry); the relay starts the
 operation's Temporal workflow (`bulk:{operationId}`, queue `ai-system`) from it, as it starts
 jobs: an accepted operation cannot lose its workflow between commit and Temporal. As a second
-line, reading an operation that no worker has picked up ADMIN_BULK_START_AFTER_S after its
+line, reading an operation that no worker has picked up START_AFTER_S after its
 submission starts the workflow from the API (idempotent by workflow id; a closed one is never
 run again): a relay that is down or a row that went dead never leaves an operation waiting once
 someone looks at it.
@@ -29,8 +29,18 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from api import cursors
 from api.deps import Admin, OperationId, State
-from api.routes.admin import iso_datetime
-from api.schemas import JOB_TYPE_PATTERN, NO_NUL, Camel, Queue, Status
+from api.routes.admin import ERROR_CODE_PATTERN, iso_datetime
+from api.schemas import (
+    JOB_TYPE_PATTERN,
+    MAX_METADATA_KEYS,
+    NO_NUL,
+    Camel,
+    Metadata,
+    Queue,
+    Status,
+    metadata_schema,
+)
+from api.state import AppState
 from db import audit as audit_db
 from db.audit import AuditRow
 from db.bulk import OperationRow
@@ -38,18 +48,20 @@ from db.jobs import JobFilter
 from engine.contracts import BULK_WORKFLOW
 from engine.definition import SYSTEM_QUEUE
 from engine.errors import ValidationFailed
-from jobs.bulk import Action, BulkPolicy, BulkService, OperationStatus
+from jobs.bulk import JOBS_PER_SECOND, Action, BulkPolicy, BulkService, OperationStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai", tags=["admin"])
+# The relay starts an operation's workflow from the outbox within a poll; one still not started
+# this long after its submission (no relay running, a dead row) is started by its next read.
+START_AFTER_S = 10.0
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _AUDIT_CURSOR = "audit:"
-ERROR_CODE_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
 IsoDateTime = Annotated[datetime, BeforeValidator(iso_datetime)]
 
 
 class BulkBody(Camel):
-    """The admin list's filters plus `errorCode`; every filter given must hold (AND)."""
+    """The admin list's filters; every filter given must hold (AND)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
     job_type: str | None = Field(default=None, max_length=64, pattern=JOB_TYPE_PATTERN)
@@ -59,6 +71,15 @@ class BulkBody(Camel):
     error_code: str | None = Field(default=None, max_length=64, pattern=ERROR_CODE_PATTERN)
     created_from: IsoDateTime | None = None
     created_to: IsoDateTime | None = None
+    target_type: str | None = Field(default=None, min_length=1, max_length=64, pattern=NO_NUL)
+    target_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
+    metadata: Metadata | None = Field(
+        default=None,
+        max_length=MAX_METADATA_KEYS,
+        description="Pairs the job's `metadata` must all hold (the list's `metadata.<key>`)",
+        examples=[{"courseId": "C42"}],
+        json_schema_extra=metadata_schema,
+    )
     dry_run: bool = Field(default=False, strict=True)  # `0` is not a boolean
 
     def job_filter(self) -> JobFilter:
@@ -70,6 +91,9 @@ class BulkBody(Camel):
             error_code=self.error_code,
             created_from=self.created_from,
             created_to=self.created_to,
+            target_type=self.target_type,
+            target_id=self.target_id,
+            metadata=tuple((self.metadata or {}).items()),
         )
 
     def filter_json(self) -> dict[str, Any]:
@@ -138,7 +162,8 @@ class AuditPage(Camel):
     next_cursor: str | None = None
 
 
-def _bulk(state: State) -> BulkService:
+def bulk_service(state: AppState) -> BulkService:
+    """The bulk use case of these routes and of the console's bulk forms."""
     return BulkService(state.sessionmaker, state.jobs, BulkPolicy.from_settings(state.settings))
 
 
@@ -197,7 +222,7 @@ async def _submit(
 ) -> JSONResponse:
     if key is not None and not _KEY.match(key):
         raise ValidationFailed("Idempotency-Key must be 1-255 visible ASCII characters.")
-    bulk = _bulk(state)
+    bulk = bulk_service(state)
     f = body.job_filter()
     if body.dry_run:
         preview = await bulk.preview(admin.user_id, action, f, body.filter_json())
@@ -225,11 +250,13 @@ async def _submit(
 
 
 _SUBMIT_DOC = (
-    "Selects jobs with the admin list's filters plus `errorCode` (all optional, combined with "
-    "AND). `dryRun: true` answers 200 `{matched, sample}` (up to 20 job ids) and changes "
+    "Selects jobs with the admin list's filters (`jobType`, `status`, `queueName`, `userId`, "
+    "`errorCode`, `createdFrom`, `createdTo`, `targetType`, `targetId` and `metadata`, an "
+    "object of pairs the job's metadata must all hold; all optional, combined with AND). "
+    "`dryRun: true` answers 200 `{matched, sample}` (up to 20 job ids) and changes "
     "nothing. Otherwise the matching job ids are frozen as the operation's items and a Temporal "
     "workflow (`bulk:{operationId}` on `ai-system`) acts on them in pages, at most "
-    "ADMIN_BULK_JOBS_PER_SECOND: 202 `{operationId, matched}`, follow it with "
+    f"{JOBS_PER_SECOND:g} a second: 202 `{{operationId, matched}}`, follow it with "
     "`GET /admin-api/ai/bulk/{operationId}`. More than ADMIN_BULK_MAX_JOBS matches → 422 "
     "`BULK_TOO_LARGE` with `matched` and `limit`. The same filters sent again start a new "
     "operation whose items are mostly skipped; with the same `Idempotency-Key` the existing "
@@ -298,15 +325,11 @@ async def bulk_retry(
     ),
 )
 async def get_operation(operation_id: OperationId, state: State, _admin: Admin) -> dict[str, Any]:
-    bulk = _bulk(state)
+    bulk = bulk_service(state)
     st = await bulk.status(operation_id)
     op = st.operation
     waited = (datetime.now(UTC) - op.created_at).total_seconds()
-    if (
-        op.status == "running"
-        and op.workflow_started_at is None
-        and waited >= state.settings.admin_bulk_start_after_s
-    ):
+    if op.status == "running" and op.workflow_started_at is None and waited >= START_AFTER_S:
         await _start(state, bulk, op)
     return _status_json(state, st)
 
@@ -324,7 +347,8 @@ def _audit_json(row: AuditRow) -> dict[str, Any]:
         "requeue, webhook replay) and view of internals (the admin job view and list), with "
         "its actor, target, outcome (`cancelled`, `retried`, `accepted`, ... or the refusal's "
         "error code) and details (ids, filters, counts). Filters: `actor`, `action`, `from` "
-        "(inclusive), `to` (exclusive). Entries are kept ADMIN_AUDIT_RETENTION_DAYS."
+        "(inclusive), `to` (exclusive). Entries are kept 365 days unless the operator set "
+        "otherwise (RETENTION_DAYS `admin_audit`)."
     ),
 )
 async def list_audit(

@@ -1,15 +1,15 @@
 """Recurring jobs: a user's own schedules (/api/ai/schedules) and the admins' view of everyone's
 (/admin-api/ai/schedules). See docs/schedules.md.
 
-Every change commits the row and its command to Temporal together (jobs/schedules.py); the
-route then dispatches that schedule's commands at once (jobs/schedule_dispatch.py), best effort:
-if Temporal is away, the `ai-system` dispatcher applies them when it is back.
+Every change commits the row and its outbox event (`ai.schedule.sync` / `ai.schedule.trigger`)
+together (jobs/schedules.py); the relay, woken by the commit's NOTIFY, makes Temporal follow.
+A create, a resume and a trigger take one request from the owner's API rate, as a job's create
+does (429 `RATE_LIMITED`); a pause and a delete are never refused, and an admin's pause or resume
+takes from no one's rate.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import uuid
 from datetime import datetime
 from decimal import Decimal
@@ -21,12 +21,14 @@ from pydantic.alias_generators import to_camel
 
 from api.cursors import CURSOR_PATTERN
 from api.deps import Admin, ScheduleId, State, User
+from api.limits import RATE_LIMITED_RESPONSE, RateLimitedUser
 from api.schemas import (
     NO_NUL,
     Camel,
     UsdAmount,
     decode_cursor,
     encode_cursor,
+    rfc3339_text,
     storable_input,
     storable_str,
 )
@@ -34,19 +36,15 @@ from api.state import AppState
 from engine.definition import CredentialMode
 from engine.schedules import Spec
 from jobs.audit import AuditEntry, AuditLog
-from jobs.schedule_dispatch import ScheduleDispatcher
 from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
 from jobs.views import Owner
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/ai/schedules", tags=["schedules"])
 admin_router = APIRouter(prefix="/admin-api/ai/schedules", tags=["admin"])
 Overlap = Literal["skip", "buffer_one", "allow_all"]
 SCHEDULE_PAUSE = "schedule.pause"
 SCHEDULE_RESUME = "schedule.resume"
 SCHEDULE_LIST = "schedule.list"
-# How long a route waits for Temporal to follow its change before answering anyway.
-DISPATCH_WAIT_S = 3.0
 
 
 class CreateScheduleBody(Camel):
@@ -54,6 +52,7 @@ class CreateScheduleBody(Camel):
 
     job_type: str = Field(min_length=1, max_length=64)
     input: dict[str, Any] = Field(default_factory=dict)
+    # At least SCHEDULE_MIN_INTERVAL_S (checked by the service, 422 at `intervalSeconds`).
     interval_seconds: int | None = Field(default=None, ge=1, le=31_622_400, strict=True)
     cron: str | None = Field(default=None, min_length=1, max_length=128)
     timezone: str = Field(default="UTC", min_length=1, max_length=64)
@@ -75,6 +74,9 @@ class CreateScheduleBody(Camel):
     @classmethod
     def _storable_str(cls, v: str | None) -> str | None:
         return storable_str(v) if v is not None else None
+
+    # RFC 3339 text, as a create's times are: a number would parse as a Unix time.
+    _rfc3339 = field_validator("start_at", "end_at", mode="before")(rfc3339_text)
 
     @field_validator("input")
     @classmethod
@@ -127,19 +129,6 @@ def _service(state: AppState) -> ScheduleService:
     )
 
 
-async def _dispatch(state: AppState, schedule_id: uuid.UUID) -> None:
-    """Best effort, at most DISPATCH_WAIT_S: the committed command is applied by the dispatcher
-    loop if this fails or is cut short (a command cut mid-way comes back after its lease, and
-    applying it again changes nothing)."""
-    try:
-        async with asyncio.timeout(DISPATCH_WAIT_S):
-            client = await state.temporal_client()
-            dispatcher = ScheduleDispatcher(state.sessionmaker, client, state.settings)
-            await dispatcher.dispatch(schedule_id)
-    except Exception as exc:
-        log.warning("schedule dispatch deferred", extra={"error": type(exc).__name__})
-
-
 def _out(view: ScheduleView) -> ScheduleResponse:
     r = view.row
     return ScheduleResponse(
@@ -173,16 +162,18 @@ def _out(view: ScheduleView) -> ScheduleResponse:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ScheduleResponse,
+    responses=RATE_LIMITED_RESPONSE,
     summary="Create a recurring job",
     description=(
         "Runs a job of `jobType` with `input` every `intervalSeconds` or on a five-field `cron` "
         "in `timezone` (IANA, default UTC). `overlap` (default `skip`) says what a fire does "
         "while the previous run's job is still running. Quotas and budgets are checked at each "
-        "run, not here; a refused run is listed in `recentRuns` with its code."
+        "run, not here; a refused run is listed in `recentRuns` with its code. The create, and "
+        "each run, takes one request from your API rate (`RATE_LIMITED`)."
     ),
 )
 async def create_schedule(
-    body: CreateScheduleBody, state: State, principal: User, response: Response
+    body: CreateScheduleBody, state: State, principal: RateLimitedUser, response: Response
 ) -> ScheduleResponse:
     row = await _service(state).create(
         NewSchedule(
@@ -199,7 +190,6 @@ async def create_schedule(
             max_cost_usd=body.max_cost_usd,
         )
     )
-    await _dispatch(state, row.id)
     response.headers["Location"] = f"/api/ai/schedules/{row.id}"
     return _out(ScheduleView(row, next_run_at(row), []))
 
@@ -236,7 +226,6 @@ async def _set_paused(
 ) -> ScheduleResponse:
     svc = _service(state)
     await svc.set_paused(schedule_id, viewer, paused)
-    await _dispatch(state, schedule_id)
     return _out(await svc.get(schedule_id, viewer))
 
 
@@ -247,9 +236,14 @@ async def pause_schedule(
     return await _set_paused(state, schedule_id, Owner(principal.user_id), True)
 
 
-@router.post("/{scheduleId}/resume", response_model=ScheduleResponse, summary="Resume")
+@router.post(
+    "/{scheduleId}/resume",
+    response_model=ScheduleResponse,
+    responses=RATE_LIMITED_RESPONSE,
+    summary="Resume (takes one request from your API rate)",
+)
 async def resume_schedule(
-    schedule_id: ScheduleId, state: State, principal: User
+    schedule_id: ScheduleId, state: State, principal: RateLimitedUser
 ) -> ScheduleResponse:
     return await _set_paused(state, schedule_id, Owner(principal.user_id), False)
 
@@ -258,20 +252,24 @@ async def resume_schedule(
     "/{scheduleId}/trigger",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=TriggerResponse,
+    responses=RATE_LIMITED_RESPONSE,
     summary="Run once now (even while paused)",
+    description=(
+        "Starts one run now, even while paused. The trigger takes one request from your API "
+        "rate, and its run another, as every run's create does (a refused run is recorded "
+        "`RATE_LIMITED` in `recentRuns`)."
+    ),
 )
 async def trigger_schedule(
-    schedule_id: ScheduleId, state: State, principal: User
+    schedule_id: ScheduleId, state: State, principal: RateLimitedUser
 ) -> TriggerResponse:
     at = await _service(state).trigger(schedule_id, Owner(principal.user_id))
-    await _dispatch(state, schedule_id)
     return TriggerResponse(schedule_id=schedule_id, scheduled_at=at)
 
 
 @router.delete("/{scheduleId}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a schedule")
 async def delete_schedule(schedule_id: ScheduleId, state: State, principal: User) -> Response:
     await _service(state).delete(schedule_id, Owner(principal.user_id))
-    await _dispatch(state, schedule_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from db.models import (
     admin,
     batch,
+    console,
     jobs,
     limits,
     projected,
@@ -27,6 +28,7 @@ __all__ = [
     "Base",
     "admin",
     "batch",
+    "console",
     "encrypted",
     "jobs",
     "limits",

@@ -1,8 +1,10 @@
 """SQLAlchemy models of recurring jobs: the schedule (the source of truth for its owner, input
-and spec), its recorded runs, and its commands to Temporal (the schedule's outbox).
+and spec) and its recorded runs. What Temporal must be told about a schedule goes through the
+job outbox (`outbox_event`, events `ai.schedule.sync` and `ai.schedule.trigger`).
 
-Imported by db/models/__init__.py so that `Base.metadata` holds every table; the migration
-`0015_schedules` is the schema, a test keeps the two equal.
+Imported by db/models/__init__.py so that `Base.metadata` holds every table; the migrations
+`0015_schedules` and `0031_schedule_events_in_the_outbox` are the schema, a test keeps the two
+equal.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Boolean,
     ForeignKey,
     Index,
@@ -55,9 +56,11 @@ class AiSchedule(Base):
 
 
 class AiScheduleRun(Base):
-    """One row per run (a fire or a trigger): the job it created, or the create's error code."""
+    """One row per run (a fire or a trigger): the job it created, or the create's error code.
+    Deleted by the retention pass DATA_RETENTION_DAYS after `created_at`."""
 
     __tablename__ = "ai_schedule_run"
+    __table_args__ = (Index("ix_ai_schedule_run_created", "created_at"),)
 
     schedule_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("ai_schedule.id", ondelete="CASCADE"), primary_key=True
@@ -66,28 +69,4 @@ class AiScheduleRun(Base):
     job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     error_code: Mapped[str | None] = mapped_column(String(64))
     manual: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
-    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
-
-
-class AiScheduleCommand(Base):
-    """What Temporal must be told about a schedule: `sync` (make the Temporal schedule match the
-    row, or delete it when the row is gone) or `trigger` (start one run at `run_at`). Written in
-    the transaction that changes the row; no foreign key, so a delete's command outlives it."""
-
-    __tablename__ = "ai_schedule_command"
-    __table_args__ = (
-        Index(
-            "ix_ai_schedule_command_due", "available_at", postgresql_where=text("done_at IS NULL")
-        ),
-    )
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
-    schedule_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
-    command: Mapped[str] = mapped_column(String(16))
-    run_at: Mapped[datetime | None] = mapped_column(TS)
-    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    available_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
-    locked_until: Mapped[datetime | None] = mapped_column(TS)
-    done_at: Mapped[datetime | None] = mapped_column(TS)
-    last_error: Mapped[str | None] = mapped_column(String(300))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())

@@ -28,7 +28,6 @@ from jobs.spec import (
     Prompt,
     artifact_uuid,
     artifact_uuids,
-    in_session,
     insert_rows,
 )
 from providers.base import SyntheticBehaviour
@@ -105,10 +104,6 @@ def projection(ctx: ProjectionContext, out: SyntheticOutput) -> Projection:
         [insert_rows(cast(Table, SyntheticResult.__table__), [row])],
         [Artifact("synthetic_result", str(rid), 0)],
     )
-
-
-# The same projection written through a session (what a test's session projector wraps).
-project = in_session(projection)
 
 
 async def view(

@@ -24,14 +24,18 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from playwright.async_api import Browser
 from temporalio.client import Client
 
+import jobs.bulk
 from api.auth import JwtConfig, issue_token
+from api.routes import admin_bulk
 from db.session import SessionMaker
 from engine.settings import Settings
 from jobs.service import CreatePolicy
 from jobs.spec import Catalog
 from runtime.wiring import api_app
+from tests.e2e.console_helpers import chromium
 from tests.stack import TERMINAL, Stack, engine_stack, make_settings
 from tests.support import eventually
 
@@ -265,6 +269,13 @@ async def start_api(
         yield Api(settings, base_url, http, app)
 
 
+def fast_bulk(monkeypatch: pytest.MonkeyPatch, start_after_s: float = 3600) -> None:
+    """Bulk operations at a test's pace (jobs/bulk.py); by default the API never starts a
+    workflow the relay was meant to start (api/routes/admin_bulk.py)."""
+    monkeypatch.setattr(jobs.bulk, "JOBS_PER_SECOND", 2000)
+    monkeypatch.setattr(admin_bulk, "START_AFTER_S", start_after_s)
+
+
 # ---- fixtures ----------------------------------------------------------------------------
 
 
@@ -297,3 +308,10 @@ async def workers(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncI
     created through any server of this test really run."""
     async with engine_stack(env(), temporal_client) as stack:
         yield stack
+
+
+@pytest.fixture(scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """One headless chromium for the session's browser tests (tests/e2e/console_helpers.py)."""
+    async with chromium() as b:
+        yield b

@@ -38,7 +38,7 @@ from engine import search_attributes
 from engine.contracts import workflow_id
 from engine.errors import public_message_for
 from jobs.service import CreateJobRequest, JobService
-from jobs.spec import AnyJobType, Projector
+from jobs.spec import AnyJobType, Artifact, Planner, ProjectionContext
 from jobs.types import synthetic
 from tests.stack import INTERACTIVE, TERMINAL, variant
 from tests.support import eventually
@@ -196,7 +196,7 @@ def scripted_job_type(
     max_retries: int = 1,
     backoff_ms: int = 1000,
     abort_strategy: Literal["fail", "retry"] = "retry",
-    project: Projector[Any] | None = None,
+    projection: Planner[Any] | None = None,
 ) -> AnyJobType:
     """The synthetic job type under another name, with its own execution policy and projector.
 
@@ -209,7 +209,18 @@ def scripted_job_type(
         backoff_ms=backoff_ms,
         abort_strategy=abort_strategy,
     )
-    return dataclasses.replace(jt, project=project) if project else jt
+    return dataclasses.replace(jt, projection=projection) if projection else jt
+
+
+async def project_in(
+    s: AsyncSession, planner: Planner[Any], ctx: ProjectionContext, out: Any
+) -> list[Artifact]:
+    """`planner`'s projection of `out` written in `s`'s transaction (its writes, not the
+    artifact rows); the artifacts it names."""
+    planned = planner(ctx, out)
+    if planned.writes:
+        await pipeline.in_session(s, planned.writes)
+    return planned.artifacts
 
 
 # ---- waits ---------------------------------------------------------------------------------

@@ -335,7 +335,6 @@ async def test_an_abandoned_long_job_failed_by_the_reconciler_keeps_its_chunks(
         reconciler_config(settings),
         missing_workflow_after_s=0,
         revive_base_s=0,
-        relay_workflow_id=None,
     )
     result = await Reconciler(db, temporal_client, cfg, catalog=CATALOG).run_once()
     assert result.expired_locks_failed == 1

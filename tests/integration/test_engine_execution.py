@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -26,12 +25,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.stages import JobActivities
 from db.outbox import COMPLETED, FAILED
+from db.pipeline import Statement
 from db.session import SessionMaker
 from engine.contracts import JobWorkflowResult, ProjectInput, ProjectResult
 from engine.errors import public_message_for
 from engine.hashing import output_hash
 from engine.settings import Settings
-from jobs.spec import Artifact, ProjectionContext, Projector
+from jobs.spec import Artifact, Planner, Projection, ProjectionContext
 from jobs.types import synthetic
 from runtime.wiring import engine_config, gateway
 from tests.integration.engine_helpers import (
@@ -40,6 +40,7 @@ from tests.integration.engine_helpers import (
     LIFECYCLE_SA,
     insert_artifacts,
     job_facts,
+    project_in,
     rows,
     scalar,
     scripted_job_type,
@@ -261,21 +262,29 @@ async def test_timeout_follows_abort_strategy(
 # ---- projection ----------------------------------------------------------------------------
 
 
+# A statement that fails when PostgreSQL runs it (after the writes planned before it).
+FAILING_WRITE: Statement = (text("SELECT CAST('not a number' AS integer)"), {})
+# The advisory lock the gated projection waits for, and the locks that wait.
+GATE_LOCK = 0x5EA7ED
+WAITING_LOCKS = "SELECT count(*) FROM pg_locks WHERE NOT granted"
+
+
 def counting_projector(
-    fail_first: int,
-) -> tuple[collections.Counter[uuid.UUID], Projector[synthetic.SyntheticOutput]]:
-    """The synthetic projector, which raises after writing its business row on its first
-    `fail_first` calls per job (so a failed attempt must be rolled back)."""
+    fail_first: int, *, in_sql: bool = False
+) -> tuple[collections.Counter[uuid.UUID], Planner[synthetic.SyntheticOutput]]:
+    """The synthetic projector, which fails on its first `fail_first` calls per job: it raises
+    (`in_sql` False), or it plans its business row and then a write that fails in PostgreSQL
+    (`in_sql`: so a failed attempt must be rolled back)."""
     calls: collections.Counter[uuid.UUID] = collections.Counter()
 
-    async def project(
-        session: AsyncSession, ctx: ProjectionContext, out: synthetic.SyntheticOutput
-    ) -> list[Artifact]:
+    def project(ctx: ProjectionContext, out: synthetic.SyntheticOutput) -> Projection:
         calls[ctx.job_id] += 1
-        arts = await synthetic.project(session, ctx, out)
-        if calls[ctx.job_id] <= fail_first:
+        planned = synthetic.projection(ctx, out)
+        if calls[ctx.job_id] > fail_first:
+            return planned
+        if not in_sql:
             raise RuntimeError(f"projector failure #{calls[ctx.job_id]}")
-        return arts
+        return Projection([*planned.writes, FAILING_WRITE], planned.artifacts)
 
     return calls, project
 
@@ -284,7 +293,7 @@ async def test_projector_failing_once_is_retried_and_writes_once(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
     calls, project = counting_projector(fail_first=1)
-    jt = scripted_job_type("t_project_flaky", project=project)
+    jt = scripted_job_type("t_project_flaky", projection=project)
     async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
         job_id = await st.create(job_type=jt.job_type, input={"echo": {"k": 1}})
         row, _desc = await finished(st, job_id, jt.job_type)
@@ -316,8 +325,8 @@ async def test_projector_failing_once_is_retried_and_writes_once(
             output_hash=row.output_hash,
         )
         async with db.begin() as s:
-            arts: list[Artifact] = await synthetic.project(
-                s, ctx, synthetic.SyntheticOutput.model_validate(row.output)
+            arts: list[Artifact] = await project_in(
+                s, synthetic.projection, ctx, synthetic.SyntheticOutput.model_validate(row.output)
             )
             inserted = await insert_artifacts(
                 s, job_id, [(a.artifact_type, a.artifact_id, a.ordinal) for a in arts]
@@ -342,26 +351,31 @@ async def test_concurrent_duplicate_projection_writes_once(
     """A second PROJECT of the same output running while the first is still inside its
     transaction (e.g. a local-activity retry after a timeout): the unique keys make it wait,
     then write nothing, and the job still ends succeeded once."""
-    entered, release = asyncio.Event(), asyncio.Event()
     calls: collections.Counter[uuid.UUID] = collections.Counter()
 
-    async def gated(
-        session: AsyncSession, ctx: ProjectionContext, out: synthetic.SyntheticOutput
-    ) -> list[Artifact]:
+    def gated(ctx: ProjectionContext, out: synthetic.SyntheticOutput) -> Projection:
         calls[ctx.job_id] += 1
         if calls[ctx.job_id] == 1:
-            # The projection inside EXECUTE fails: the PROJECT stage takes over.
-            raise RuntimeError("projector failure inside EXECUTE")
-        arts = await synthetic.project(session, ctx, out)  # holds the business row's key
-        if calls[ctx.job_id] == 2:
-            entered.set()
-            await release.wait()
-        return arts
+            # PROJECT's first try fails: its retry takes over.
+            raise RuntimeError("projector failure on the first try")
+        planned = synthetic.projection(ctx, out)
+        if calls[ctx.job_id] != 2:
+            return planned
+        # The business row's insert (which holds its key), then a wait for the test's lock.
+        gate = (text("SELECT pg_advisory_xact_lock(:k)"), {"k": GATE_LOCK})
+        return Projection([*planned.writes, gate], planned.artifacts)
 
-    jt = scripted_job_type("t_project_gated", project=gated)
-    async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
+    jt = scripted_job_type("t_project_gated", projection=gated)
+    async with engine_stack(settings, temporal_client, extra_types=[jt]) as st, db() as holder:
+        # Held until this session's transaction ends (its rollback below, or the test's end).
+        await holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": GATE_LOCK})
         job_id = await st.create(job_type=jt.job_type)
-        await asyncio.wait_for(entered.wait(), 30)  # the workflow's PROJECT is mid-transaction
+        # The workflow's PROJECT is mid-transaction, waiting for the lock.
+        await eventually(
+            lambda: scalar(db, f"{WAITING_LOCKS} AND locktype = 'advisory'"),
+            timeout=30,
+            what="the first projection to wait for the test's lock",
+        )
         row = await st.job(job_id)
         assert row.lifecycle_status == "running" and row.output_hash is not None
         acts = JobActivities(db, st.parts.catalog, gateway(settings), engine_config(settings))
@@ -375,12 +389,12 @@ async def test_concurrent_duplicate_projection_writes_once(
         )
         # The duplicate waits on the first transaction's row lock before it can go on.
         await eventually(
-            lambda: scalar(db, "SELECT count(*) FROM pg_locks WHERE NOT granted"),
+            lambda: scalar(db, f"{WAITING_LOCKS} AND locktype = 'transactionid'"),
             timeout=15,
             what="the duplicate projection to wait for the first",
         )
         assert calls[job_id] == 3 and not duplicate.done()
-        release.set()
+        await holder.rollback()  # the first projection goes on
 
         row, desc = await finished(st, job_id, jt.job_type)
         assert row.lifecycle_status == "succeeded"
@@ -399,8 +413,8 @@ async def test_concurrent_duplicate_projection_writes_once(
 async def test_projector_always_failing_fails_job_after_two_tries(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    calls, project = counting_projector(fail_first=1_000)
-    jt = scripted_job_type("t_project_broken", project=project)
+    calls, project = counting_projector(fail_first=1_000, in_sql=True)
+    jt = scripted_job_type("t_project_broken", projection=project)
     async with engine_stack(settings, temporal_client, extra_types=[jt]) as st:
         job_id = await st.create(job_type=jt.job_type)
         row, desc = await finished(st, job_id, jt.job_type)

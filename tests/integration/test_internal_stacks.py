@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client
 
 from activities.failures import (
@@ -25,7 +24,7 @@ from activities.failures import (
 )
 from db.session import SessionMaker
 from engine.settings import Settings
-from jobs.spec import ProjectionContext
+from jobs.spec import Projection, ProjectionContext
 from tests.integration.engine_helpers import scripted_job_type
 from tests.integration.provider_helpers import api_client, auth
 from tests.stack import engine_stack
@@ -89,15 +88,14 @@ async def test_the_admin_sees_the_stack_of_an_internal_failure_without_job_data(
     def leaky_prompt(inp: Any) -> Any:
         raise RuntimeError(f"cannot build a prompt from {inp.echo}")
 
-    async def driver_error(s: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+    def driver_error(ctx: ProjectionContext, out: BaseModel) -> Projection:
         # The driver's message repeats the value: "invalid input syntax for type uuid: ...".
-        await s.execute(text("SELECT CAST(:v AS uuid)"), {"v": secret})
-        return []
+        return Projection([(text("SELECT CAST(:v AS uuid)"), {"v": secret})], [])
 
     prompt_bug = dataclasses.replace(
         scripted_job_type("t_prompt_bug", max_retries=0), build_prompt=leaky_prompt
     )
-    projection_bug = scripted_job_type("t_projection_bug", max_retries=0, project=driver_error)
+    projection_bug = scripted_job_type("t_projection_bug", max_retries=0, projection=driver_error)
     types = [prompt_bug, projection_bug]
     caplog.set_level(logging.WARNING, logger="activities")
     async with (
@@ -127,8 +125,11 @@ async def test_the_admin_sees_the_stack_of_an_internal_failure_without_job_data(
             assert 1 <= len(frames) <= STACK_MAX_FRAMES, message
             assert any(f.startswith("  activities/") for f in frames), message
             # Innermost last: where it broke (the test's own frame is not the engine's).
-            innermost = " in prompt" if jt is prompt_bug else " in project_artifacts"
-            assert frames[-1].endswith(innermost), message
+            # (A planned projection's statement fails where PROJECT's transaction sends it.)
+            innermost = " in prompt" if jt is prompt_bug else "db/pipeline.py"
+            assert innermost in frames[-1], message
+            if jt is projection_bug:
+                assert frames[-2].endswith(" in succeed_planned"), message
             assert len(message) <= INTERNAL_MESSAGE_MAX_CHARS
             assert secret not in message and secret not in r.text
 

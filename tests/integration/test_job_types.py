@@ -22,6 +22,7 @@ from jobs.spec import AnyJobType, ProjectionContext, artifact_uuid
 from jobs.types import default_catalog
 from providers.pricing import cost_usd
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.engine_helpers import project_in
 from tests.integration.provider_helpers import (
     FAKE_MODEL,
     PLATFORM_KEY,
@@ -114,7 +115,7 @@ async def _check_projection(
     row = await stack.job(job_id)
     ctx = ProjectionContext(job_id, "u1", "lesson", "L-42", row.output_hash, row.input)
     async with sm.begin() as s:
-        again = await jt.project_in(s, ctx, jt.output_model.model_validate(output))
+        again = await project_in(s, jt.projection, ctx, jt.output_model.model_validate(output))
     assert [(a.artifact_type, a.artifact_id, a.ordinal) for a in again] == await _artifacts(
         sm, job_id
     )

@@ -6,11 +6,9 @@ verbatim) and as JSON."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.session import SessionMaker
@@ -20,7 +18,7 @@ from engine.contracts import (
 )
 from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
-from jobs.spec import ProjectionContext
+from jobs.spec import Projection, ProjectionContext
 from tests.integration.engine_helpers import (
     execute,
     history_blobs,
@@ -147,18 +145,17 @@ async def test_an_unexpected_error_reaches_temporal_as_a_code_only(
     exception's own text stays out of the history, also as a failure's cause."""
     secret = sentinel()
 
-    async def leaky(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+    def leaky(ctx: ProjectionContext, out: BaseModel) -> Projection:
         # The driver's message repeats the offending value: "invalid input syntax for type
         # uuid: "SENTINEL-..."".
-        await session.execute(text("SELECT CAST(:v AS uuid)"), {"v": secret})
-        return []
+        return Projection([(text("SELECT CAST(:v AS uuid)"), {"v": secret})], [])
 
-    async def plain(session: AsyncSession, ctx: ProjectionContext, out: BaseModel) -> list[Any]:
+    def plain(ctx: ProjectionContext, out: BaseModel) -> Projection:
         raise RuntimeError(f"projector bug near {secret}")
 
     types = [
-        scripted_job_type("leaky_projection", max_retries=0, project=leaky),
-        scripted_job_type("buggy_projection", max_retries=0, project=plain),
+        scripted_job_type("leaky_projection", max_retries=0, projection=leaky),
+        scripted_job_type("buggy_projection", max_retries=0, projection=plain),
     ]
     async with engine_stack(settings, temporal_client, extra_types=types) as st:
         for jt in types:

@@ -68,7 +68,7 @@ async def _executed(
     jid = str(job.id)
     await env.run(acts.prepare, StageInput(jid, job.workflow_id))
     await env.run(acts.resolve, StageInput(jid, job.workflow_id))
-    ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry", 0, True, False))
+    ex = await env.run(acts.execute, ExecuteInput(jid, 30_000, "retry"))
     assert ex.output_hash
     return acts, env, job.id, ex.output_hash
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 
 def reconciler(settings: Settings, sm: SessionMaker, client: Client, **kw: Any) -> Reconciler:
-    values: dict[str, Any] = {"revive_base_s": 0, "relay_workflow_id": None, **kw}
+    values: dict[str, Any] = {"revive_base_s": 0, **kw}
     return Reconciler(sm, client, dataclasses.replace(reconciler_config(settings), **values))
 
 

@@ -1,6 +1,5 @@
 """No job is stranded: each way a job used to stay `queued` or `running` forever, reproduced and
-repaired (outbox dedupe, parked enqueues, closed workflows, the retired relay workflow, Temporal
-Reset)."""
+repaired (outbox dedupe, parked enqueues, closed workflows, Temporal Reset)."""
 
 from __future__ import annotations
 
@@ -22,14 +21,12 @@ from activities.reconciler import Reconciler
 from db import outbox as outbox_db
 from db.outbox import enqueue_dedupe_key
 from db.session import SessionMaker
-from engine.contracts import RELAY_WORKFLOW, RELAY_WORKFLOW_ID, RelayInput
-from engine.definition import SYSTEM_QUEUE
 from engine.settings import Settings
 from jobs.service import CreateJobRequest, EnqueueNotWritten
 from runtime.embedded import temporal_binary
 from runtime.wiring import reconciler_config
 from tests.integration.engine_helpers import execute
-from tests.stack import INTERACTIVE, engine_stack, new_relay, relay_running
+from tests.stack import engine_stack, new_relay, relay_running
 from tests.support import eventually
 
 pytestmark = pytest.mark.slow
@@ -38,11 +35,9 @@ pytestmark = pytest.mark.slow
 def reconciler(
     stack_settings: Settings, sm: SessionMaker, client: Client, **kw: object
 ) -> Reconciler:
-    # Only the retired-relay test lets the reconciler look for the old relay workflow.
     values: dict[str, Any] = {
         "missing_workflow_after_s": 0,
         "revive_base_s": 0,
-        "relay_workflow_id": None,
         **kw,
     }
     cfg = dataclasses.replace(reconciler_config(stack_settings), **values)
@@ -241,35 +236,6 @@ async def test_the_reconciler_pages_through_every_expired_lock(
                 )
             ).scalar_one()
         assert left == 0
-
-
-# ---- the retired relay workflow ------------------------------------------------------------------
-
-
-async def test_an_open_run_of_the_retired_relay_workflow_is_terminated(
-    db: SessionMaker, settings: Settings, temporal_client: Client
-) -> None:
-    """An older version's relay workflow, left open through a deploy, would retry an activity no
-    worker serves: the reconciler terminates it; the relay loop is unaffected."""
-    relay_id = RELAY_WORKFLOW_ID + settings.task_queue_suffix
-    async with engine_stack(settings, temporal_client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as st:
-        old = await temporal_client.start_workflow(
-            RELAY_WORKFLOW,
-            RelayInput(),
-            id=relay_id,
-            task_queue=st.settings.task_queue(SYSTEM_QUEUE),
-        )
-        managing = reconciler(st.settings, db, temporal_client, relay_workflow_id=relay_id)
-        result = await managing.run_once()
-        assert "legacy relay workflow retired" in result.details
-        desc = await old.describe()
-        assert desc.status is not None and desc.status.name == "TERMINATED"
-        job = await st.create()
-        await st.wait_status(job, "succeeded", timeout=60)
-        # Nothing is open any more: the next pass leaves it alone.
-        again = await managing.run_once()
-        assert "legacy relay workflow retired" not in again.details
-        assert (await old.describe()).status == desc.status
 
 
 # ---- Temporal Reset ------------------------------------------------------------------------------

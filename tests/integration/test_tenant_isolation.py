@@ -23,11 +23,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from db import provider_gate as provider_gate_db
 from db.provider_gate import Admission, GateKey
 from db.session import SessionMaker
+from engine.payloads import DATA_CONVERTER
 from providers.crypto import generate_key_setting
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.engine_helpers import scalar
 from tests.integration.provider_helpers import PLATFORM_KEY, api_client, auth, fake_env
 from tests.job_data import INPUTS, SCRIPTED
+from tests.servers import temporal_with
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from tests.support import eventually
 
@@ -46,6 +48,9 @@ TOO_LONG = {
 USER_A_KEY = "sk-user-a-own-key-77c1d0e5"
 # The platform provider's name when AI_BASE_URL is not DeepSeek's (providers/factory.py).
 PLATFORM_PROVIDER = "openai_compatible"
+# The history length past which the continue-as-new test's server suggests a continue-as-new
+# (a job's run passes it at its first wait on the gate; production keeps the server default).
+SUGGEST_AFTER = 8
 
 
 def poisoned() -> dict[str, Any]:
@@ -280,11 +285,12 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
         database_url,
         temporal_address,
         AI_INTERACTIVE_CONCURRENCY=1,
-        CONTENT_SAFETY_BLOCKLIST="forbiddenword",
         **fake_env(fake),
     )
     await set_platform_gate(db, consecutive_failures=5, open_until="now()")
-    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
+    async with engine_stack(
+        settings, temporal_client, queues=JOB_QUEUES, blocklist=["forbiddenword"]
+    ) as st:
         probe_input = (
             {**INPUTS[FLASH], "sourceText": "forbiddenword " + INPUTS[FLASH]["sourceText"]}
             if probe_outcome == "content_safety"
@@ -355,30 +361,28 @@ async def test_a_database_stall_after_the_answer_never_buys_it_twice(
 
 
 async def test_a_long_wait_on_the_gate_continues_as_new_and_keeps_its_attempts(
-    db: SessionMaker,
-    database_url: str,
-    temporal_address: str,
-    temporal_client: Client,
-    fake: FakeOpenAIServer,
-    monkeypatch: pytest.MonkeyPatch,
+    db: SessionMaker, database_url: str, fake: FakeOpenAIServer
 ) -> None:
-    """Past the history limit a waiting run continues as new (the history stays bounded
-    whatever the outage's length); the new run still waits, then runs with no attempt spent."""
-    from engine import contracts
-
-    monkeypatch.setattr(contracts, "GATE_WAIT_HISTORY_LIMIT", 5)
+    """Once the server suggests it (its history is long: here past a few events, on a server
+    of its own) a waiting run continues as new, so the history stays bounded whatever the
+    outage's length; the new run still waits, then runs with no attempt spent."""
     await fake.ascript([], default=VALID)
-    settings = make_settings(database_url, temporal_address, **fake_env(fake))
     await set_platform_gate(db, paused_until="now() + interval '5 seconds'")
-    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
-        job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
-        row = await st.wait_status(job, timeout=60)
-        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
-        assert row.attempt_count == 1
-        assert (await fake.acalls())["count"] == 1
-        desc = await temporal_client.get_workflow_handle(row.workflow_id).describe()
-        info = desc.raw_description.workflow_execution_info
-        assert info.first_run_id and info.first_run_id != desc.run_id  # continued as new
+    with temporal_with(**{"limit.historyCount.suggestContinueAsNew": SUGGEST_AFTER}) as address:
+        client = await Client.connect(address, data_converter=DATA_CONVERTER)
+        settings = make_settings(database_url, address, **fake_env(fake))
+        async with engine_stack(settings, client, queues=JOB_QUEUES) as st:
+            job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
+            row = await st.wait_status(job, timeout=60)
+            assert row.lifecycle_status == "succeeded", (
+                row.error_code,
+                row.internal_error_message,
+            )
+            assert row.attempt_count == 1
+            assert (await fake.acalls())["count"] == 1
+            desc = await client.get_workflow_handle(row.workflow_id).describe()
+            info = desc.raw_description.workflow_execution_info
+            assert info.first_run_id and info.first_run_id != desc.run_id  # continued as new
 
 
 async def test_two_callers_racing_for_a_half_open_probe_get_exactly_one(

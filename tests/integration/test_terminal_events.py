@@ -125,7 +125,7 @@ async def test_every_ending_writes_its_one_event_in_its_own_transaction(
             "UPDATE ai_job SET lock_until = now() - interval '10 minutes' WHERE id = :j",
             j=abandoned,
         )
-        config = dataclasses.replace(reconciler_config(settings), relay_workflow_id=None)
+        config = reconciler_config(settings)
         rec = await Reconciler(db, temporal_client, config).run_once()
         assert rec.expired_locks_failed == 1
 

@@ -37,7 +37,11 @@ from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 
 JOB_TYPE = "flashcard_generation"
 USD = re.compile(r"^\d+\.\d{8}$")
-TODAY = datetime.now(UTC).date()
+
+
+def _today() -> date:
+    """The UTC day now: read when a test asserts, not at import (a run crossing midnight)."""
+    return datetime.now(UTC).date()
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -177,7 +181,7 @@ async def test_usage_endpoints_sum_to_the_jobs_figures_and_stay_with_their_owner
         assert [i["key"] for i in own["items"]] == [JOB_TYPE]
         bob = await _get(c, settings, "/api/ai/usage", "bob")
         assert _sums(bob["total"]) == per_job[bobs]
-        assert bob["items"][0]["key"] == TODAY.isoformat()
+        assert bob["items"][0]["key"] == _today().isoformat()
 
         # Someone else's job is the 404 of a missing one, body and all.
         theirs = await c.get(f"/api/ai/jobs/{retried}/usage", headers=auth(settings, "bob"))
@@ -209,7 +213,7 @@ async def test_admin_groups_by_each_value_and_filters(
     await _insert(db, a, "alice", job_type="other_type", mode="user_deepseek_key", cost="0.3")
     await _insert(db, b, "bob", model="m-b", tokens=(7, 0), cost="0", error="PROVIDER_TIMEOUT")
     # A past day, written as the rollup holds it (the log's rows are all of today).
-    past = TODAY - timedelta(days=10)
+    past = _today() - timedelta(days=10)
     async with db.begin() as s:
         await s.execute(
             text(
@@ -235,7 +239,7 @@ async def test_admin_groups_by_each_value_and_filters(
         },
         "day": {
             past.isoformat(): (4, 40, 20, Decimal("1.5")),
-            TODAY.isoformat(): (4, 37, 15, Decimal("0.300003")),
+            _today().isoformat(): (4, 37, 15, Decimal("0.300003")),
         },
         "credentialMode": {
             "platform_key": (7, 67, 30, Decimal("1.500003")),
@@ -309,8 +313,8 @@ async def test_admin_groups_by_each_value_and_filters(
 async def test_date_range_defaults_and_validation(idle_stack: Stack, settings: Settings) -> None:
     async with api_client(settings) as (_, c):
         body = await _get(c, settings, "/api/ai/usage", "alice")
-        assert body["to"] == TODAY.isoformat()
-        assert body["from"] == (TODAY - timedelta(days=29)).isoformat()
+        assert body["to"] == _today().isoformat()
+        assert body["from"] == (_today() - timedelta(days=29)).isoformat()
         assert body["groupBy"] == "day" and body["items"] == []
         assert body["total"] == {
             "calls": 0,

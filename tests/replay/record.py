@@ -1,6 +1,7 @@
 """Record the workflow histories that `test_replay.py` replays.
 
-    .venv/bin/python -m tests.replay.record --tag v2
+    make replay-baseline                       # record v8 again, then replay everything
+    .venv/bin/python -m tests.replay.record --tag v8
 
 Starts what the test session starts (embedded PostgreSQL and a Temporal dev server from the pip
 wheels, `engine_stack` workers and relay on `make_settings` test settings), runs real jobs and
@@ -12,21 +13,22 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
   and a cancel while EXECUTE runs (a long `delayMs`, cancelled through `JobService.cancel`);
 - quiz_generation over a long source (`chunked`, from v5): its chunks' EXECUTEs, MERGE, PROJECT
   (the per-call budget is cut to AI_CHUNK_INPUT_TOKENS=1000 so a short text makes 3 chunks);
-- synthetic held back by a provider limit (`limit_wait`, from v6), on an engine of its own
-  with `AI_MODEL_LIMITS={"synthetic": {"concurrency": 1}}`: a slow job holds the one slot, the
-  recorded job's EXECUTE returns a `concurrency` wait, the `exact-limit-waits` patch makes the
-  workflow sleep that wait (not the growing backoff), and the next EXECUTE succeeds;
-- one reconciler run (the retired relay workflow records nothing new).
-- from v7, the branch cases of `record_cases.py` (a delayed job, a limit's wake-up, result reuse,
-  an off-peak hold, a batch-tier job and its `ai_batch` workflow, a provider fallback), each on
-  an engine of its own.
+- synthetic held back by a provider limit (`limit_wait`), on an engine of its own with
+  `AI_MODEL_LIMITS={"synthetic": {"concurrency": 1}}`: a slow job holds the one slot, the
+  recorded job's EXECUTE returns a `concurrency` wait, the workflow waits for room (a timer of
+  that wait, not the growing backoff of a pause), and the next EXECUTE succeeds;
+- one reconciler run;
+- the branch cases of `record_cases.py` (a delayed job, a limit's wake-up, result reuse, an
+  off-peak hold, a batch-tier job and its `ai_batch` workflow, a provider fallback), each on an
+  engine of its own.
 
 `--only <workflow>-<case>` (repeatable, e.g. `--only synthetic-limit_wait`) records just those
 cases and replaces just their files, leaving the tag's other histories alone.
 
-Record under a new tag whenever workflow code changes and commit the files next to the older
-tags: a tag's histories stay for as long as runs started by that code can still be open
-(docs/versioning.md). Recording a tag again replaces that tag's files.
+The baseline is v8 (docs/versioning.md): until a deployed run can be open, a change to the
+workflows records v8 again (it replaces that tag's files). Once one can, a change to the commands
+records a new tag next to the older ones, which stay for as long as runs started by their code
+can still be open.
 
 Every job input carries `SENTINEL`; the script checks that PostgreSQL got it and the replay test
 checks that no history contains it (only ids, hashes and codes may pass through Temporal).
@@ -77,7 +79,6 @@ from tests.integration.engine_helpers import (
 from tests.replay import HISTORIES, SENTINEL
 from tests.replay.record_cases import BRANCH_CASES, Fakes
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
-from workflows.patches import EXACT_LIMIT_WAITS
 from workflows.system import ReconcilerWorkflow
 
 TAG = re.compile(r"^v[0-9]+$")
@@ -93,9 +94,8 @@ LONG_SOURCE = "\n\n".join(
     ]
 )
 CHUNK_SETTINGS = {"AI_CHUNK_INPUT_TOKENS": 1000}
-# The limit_wait case's engine: the synthetic provider's model under a concurrency limit of 1
-# (its wait is a 1 s poll, shorter than the first backoff of 2 s, so the history tells the
-# patched branch from the old one), and worker slots enough that only the limit holds a job.
+# The limit_wait case's engine: the synthetic provider's model under a concurrency limit of 1,
+# and worker slots enough that only the limit holds a job.
 LIMIT_SETTINGS: dict[str, Any] = {
     "AI_MODEL_LIMITS": json.dumps({"synthetic": {"concurrency": 1}}),
     "AI_INTERACTIVE_CONCURRENCY": 4,
@@ -203,15 +203,13 @@ async def run_limit_wait(st: Stack) -> dict[str, WorkflowHistory]:
     await wait_workflow_closed(st.client, row.workflow_id)
     history = await st.client.get_workflow_handle(row.workflow_id).fetch_history()
     timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    patch_ids = [
-        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+    executes = [
+        e
         for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "execute"
     ]
-    assert timers and EXACT_LIMIT_WAITS in patch_ids, (
-        f"the job did not wait on the limit: {summary(history)}, patches {patch_ids}"
-    )
+    assert timers and len(executes) >= 2, f"the job did not wait on the limit: {summary(history)}"
     return {"synthetic-{tag}-limit_wait": history}
 
 
@@ -245,9 +243,6 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
         )
         await rec.result()
         out["reconciler-{tag}-run"] = await rec.fetch_history()
-
-        # The relay workflow is retired (a loop of the ai-system process now): the histories
-        # recorded of it before are kept and replay; no new ones are recorded.
     return out
 
 
@@ -350,7 +345,7 @@ async def record(tag: str, out_dir: Path, only: frozenset[str] | None = None) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tag", required=True, help="version tag of the workflow code, e.g. v2")
+    parser.add_argument("--tag", required=True, help="version tag of the workflow code, e.g. v8")
     parser.add_argument("--out", type=Path, default=HISTORIES)
     parser.add_argument(
         "--only",

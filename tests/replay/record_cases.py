@@ -1,25 +1,22 @@
-"""The recorder's branch cases (from tag v7): runs that take a branch of the job workflow only
-some jobs take, each on an engine of its own (`record.py` starts it with the case's settings):
+"""The recorder's branch cases: runs that take a branch of the job workflow only some jobs take,
+each on an engine of its own (`record.py` starts it with the case's settings):
 
-- (`synthetic-delayed`, v7 only: a job with `runAt` waited on a timer after PREPARE,
-  `delayed-start`. A delayed job is now dispatched at its `runAt` and runs as any job, so the
-  branch is taken only by runs dispatched before; v7's history pins it, nothing new records it.)
+- `synthetic-delayed`: a job with `runAt` two seconds ahead, its row dispatched at once (as a
+  relay of an earlier version did), waits on its timer after PREPARE;
 - `synthetic-limit_wake`: a job held back by a provider limit (concurrency 1, a slow job holds
-  the slot) waits for the limit waker's `limit-wake` signal, sent when the slow call ends
-  (`limit-wake`);
+  the slot) waits for the limit waker's `limit-wake` signal, sent when the slow call ends;
 - `flashcard_generation-reuse`: a job created with reuse allowed, whose source (the same
-  input, the same user) succeeded before, copies its answer in the `reuse` stage, no EXECUTE
-  (`result-reuse`);
+  input, the same user) succeeded before, copies its answer in the `reuse` stage, no EXECUTE;
 - `flashcard_generation-reuse_wait`: the same while the source's call (the fake server's, slow)
   still runs: the job waits for the reuse waker's `reuse-source-ended` signal, then copies;
 - `flashcard_generation-offpeak`: an off-peak job held on its timer until its provider's
-  window opens a few seconds after the create (`offpeak-hold`; the fake OpenAI-compatible
-  server is the provider the windows name);
+  window opens a few seconds after the create (the fake OpenAI-compatible server is the
+  provider the windows name);
 - `flashcard_generation-batch` and `ai_batch-batch`: a batch-tier job against the fake server's
-  Files and Batches endpoints, and its batch's own workflow (`batch-tier`);
+  Files and Batches endpoints, and its batch's own workflow;
 - `quiz_generation-fallback`: the primary (the fake server) answers 503, the call moves to the
   AI_FALLBACKS entry (a second fake server) in the same attempt, and the run upserts the move
-  as its memo `fallback` (`provider-fallback-memo`; tests/integration/test_provider_fallback.py).
+  as its memo `fallback` (tests/integration/test_provider_fallback.py).
 
 The cases that need a provider get `Fakes`: the primary fake server and a second one.
 """
@@ -46,13 +43,6 @@ from tests.job_data import INPUTS, SCRIPTED
 from tests.job_data import SOURCE as SCRIPTED_SOURCE
 from tests.replay import SENTINEL
 from tests.stack import Stack
-from workflows.patches import (
-    BATCH_TIER,
-    FALLBACK_MEMO,
-    LIMIT_WAKE,
-    OFFPEAK_HOLD,
-    RESULT_REUSE,
-)
 
 CARDS = "flashcard_generation"
 CARDS_INPUT = {
@@ -72,8 +62,9 @@ LIMITED: dict[str, Any] = {
     "AI_INTERACTIVE_CONCURRENCY": 4,
     "AI_BACKGROUND_CONCURRENCY": 4,
 }
-# The off-peak window's opening after the engine's settings are made (the engine starts, then
-# the job is created and held).
+# How far ahead the delayed job's runAt is, and the off-peak window's opening after the engine's
+# settings are made (the engine starts, then the job is created and held).
+DELAY_S = 2.0
 WINDOW_AFTER_S = 5.0
 
 Histories = dict[str, WorkflowHistory]
@@ -94,15 +85,6 @@ class BranchCase:
     settings: Callable[[Fakes | None], dict[str, Any]]
     run: Callable[[Stack, Fakes | None], Awaitable[Histories]]
     fake: bool = False  # needs the fake OpenAI-compatible servers
-
-
-def patch_ids(history: WorkflowHistory) -> list[str]:
-    return [
-        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    ]
 
 
 def signals(history: WorkflowHistory) -> list[str]:
@@ -132,11 +114,29 @@ async def closed_history(st: Stack, job_id: uuid.UUID, expect: str = "succeeded"
     return await st.client.get_workflow_handle(row.workflow_id).fetch_history()
 
 
-def expect_patch(history: WorkflowHistory, patch: str) -> None:
-    assert patch in patch_ids(history), (patch, patch_ids(history), activities(history))
+def has(history: WorkflowHistory, event_type: int) -> bool:
+    return any(e.event_type == event_type for e in history.events)
 
 
 # ---- the cases -----------------------------------------------------------------------------
+
+
+async def run_delayed(st: Stack, _: Fakes | None) -> Histories:
+    """A delayed job waits in the outbox until its runAt and its workflow starts then, with no
+    timer; the workflow's own wait serves a row dispatched before its time (by a relay of an
+    earlier version, or across clock skew). This job's row is made due at once, as such a
+    relay would have dispatched it, so its run waits on the timer."""
+    run_at = datetime.now(UTC) + timedelta(seconds=DELAY_S)
+    job = await st.create(job_type="synthetic", input={"echo": {"note": SENTINEL}}, run_at=run_at)
+    async with st.parts.sessionmaker.begin() as s:
+        await s.execute(text("UPDATE ai_job SET due_at = NULL WHERE id = :id"), {"id": job})
+        await s.execute(
+            text("UPDATE outbox_event SET available_at = now() WHERE aggregate_id = :a"),
+            {"a": str(job)},
+        )
+    history = await closed_history(st, job)
+    assert has(history, EventType.EVENT_TYPE_TIMER_STARTED), "the delayed job did not wait"
+    return {"synthetic-{tag}-delayed": history}
 
 
 async def run_limit_wake(st: Stack, _: Fakes | None) -> Histories:
@@ -148,7 +148,6 @@ async def run_limit_wake(st: Stack, _: Fakes | None) -> Histories:
     waiter = await st.create(job_type="synthetic", input={"echo": echo})
     history = await closed_history(st, waiter)
     assert (await st.job(holder)).lifecycle_status == "succeeded"
-    expect_patch(history, LIMIT_WAKE)
     assert LIMIT_WAKE_SIGNAL in signals(history), signals(history)
     return {"synthetic-{tag}-limit_wake": history}
 
@@ -158,7 +157,6 @@ async def run_reuse(st: Stack, _: Fakes | None) -> Histories:
     await closed_history(st, source)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, reuse=True)
     history = await closed_history(st, job)
-    expect_patch(history, RESULT_REUSE)
     assert "execute" not in activities(history), activities(history)
     return {f"{CARDS}-{{tag}}-reuse": history}
 
@@ -172,7 +170,6 @@ async def run_reuse_wait(st: Stack, fakes: Fakes | None) -> Histories:
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, reuse=True)
     history = await closed_history(st, job)
     assert (await st.job(source)).lifecycle_status == "succeeded"
-    expect_patch(history, RESULT_REUSE)
     assert "execute" not in activities(history), activities(history)
     assert REUSE_SOURCE_ENDED_SIGNAL in signals(history), signals(history)
     return {f"{CARDS}-{{tag}}-reuse_wait": history}
@@ -204,9 +201,7 @@ async def run_offpeak(st: Stack, fakes: Fakes | None) -> Histories:
     await fake.ascript([], default=ANSWER)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, service_tier="offpeak")
     history = await closed_history(st, job)
-    expect_patch(history, OFFPEAK_HOLD)
-    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
-    assert timers, "the off-peak job did not wait for its window"
+    assert has(history, EventType.EVENT_TYPE_TIMER_STARTED), "the job did not wait for its window"
     return {f"{CARDS}-{{tag}}-offpeak": history}
 
 
@@ -223,7 +218,7 @@ async def run_batch(st: Stack, fakes: Fakes | None) -> Histories:
     await fake.ascript([], default=ANSWER)
     job = await st.create(job_type=CARDS, input=CARDS_INPUT, service_tier="batch")
     history = await closed_history(st, job)
-    expect_patch(history, BATCH_TIER)
+    assert "execute" not in activities(history), activities(history)
     async with st.parts.sessionmaker() as s:
         [batch_wid] = (await s.execute(text("SELECT workflow_id FROM ai_batch"))).scalars().all()
     await wait_workflow_closed(st.client, batch_wid)
@@ -246,13 +241,14 @@ async def run_fallback(st: Stack, fakes: Fakes | None) -> Histories:
     )
     job = await st.create(job_type=QUIZ, input=QUIZ_INPUT)
     history = await closed_history(st, job)
-    expect_patch(history, FALLBACK_MEMO)
+    assert has(history, EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED), "no fallback memo"
     assert (await fakes.second.acalls())["models"] == [FALLBACK_MODEL]
     assert FALLBACK_KEY not in history.to_json()  # the memo names models and a reason only
     return {f"{QUIZ}-{{tag}}-fallback": history}
 
 
 BRANCH_CASES = (
+    BranchCase("synthetic-delayed", lambda _: {}, run_delayed),
     BranchCase("synthetic-limit_wake", lambda _: dict(LIMITED), run_limit_wake),
     BranchCase(f"{CARDS}-reuse", lambda _: {}, run_reuse),
     BranchCase(f"{CARDS}-reuse_wait", plain, run_reuse_wait, fake=True),

@@ -10,7 +10,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = (
     "activities/execute.py",
-    "activities/execute_recorded.py",
     "activities/merge.py",
     "jobs/admission.py",
     "jobs/attempt_start.py",

@@ -25,7 +25,7 @@ VALUES: list[Any] = [
     contracts.PrepareResult(True, "running", PLAN),
     contracts.PrepareResult(False, "cancelled"),
     contracts.ResolveResult("v1", "user", "openai", "m", "c", 1, 2, 3, 4, 2, [0, 3], [1, 0, 2]),
-    contracts.ExecuteInput("j", 30_000, "retry", 1, True, False, 3),
+    contracts.ExecuteInput("j", 30_000, "retry", 1, 3),
     contracts.ExecuteResult("h", 2, None, 1.5, "rpm"),
     contracts.ProjectResult("succeeded", 3, 1, 10, 20, 30),
     contracts.CompleteResult(1, 2, 3, 4),

@@ -11,7 +11,7 @@
   Rows written before this have no call number and are left out of the index.
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 - `ai_usage_daily.estimated_cost_usd`: the estimated rows' share of `cost_usd`.
 
 Revision ID: 0017
-Revises: 0014
+Revises: 0016
 """
 from __future__ import annotations
 

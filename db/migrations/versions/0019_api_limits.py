@@ -8,7 +8,7 @@
   in-flight share is counted across deliverers.
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 """
 from __future__ import annotations
 

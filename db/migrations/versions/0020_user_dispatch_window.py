@@ -16,7 +16,7 @@ flight at the upgrade keeps its place; pending enqueue rows of queued jobs go th
 window.
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0019
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
   for it on a durable timer; the column is what the views show.
 
 Revision ID: 0021
-Revises: 0017
+Revises: 0020
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ one statement (a swap); the CHECK constraint `ck_outbox_event_status` already al
 and the partial indexes cover both, so neither changes.
 
 Revision ID: 0022
-Revises: 0017
+Revises: 0021
 """
 from __future__ import annotations
 

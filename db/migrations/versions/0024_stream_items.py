@@ -8,7 +8,7 @@ by (job, attempt, ordinal) so that a retry's items never mix with a failed attem
 is the time the row was written (or retracted), the id of its event on the job's stream.
 
 Revision ID: 0024
-Revises: 0017
+Revises: 0022
 """
 from __future__ import annotations
 

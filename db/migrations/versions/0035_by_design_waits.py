@@ -10,7 +10,7 @@ Existing delayed jobs not dispatched yet get their due time, and their enqueue r
 available at it (the relay dispatched them at once before, and their workflows slept).
 
 Revision ID: 0035
-Revises: 0028
+Revises: 0034
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0035"
-down_revision: str | None = "0028"
+down_revision: str | None = "0034"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
