@@ -36,6 +36,7 @@ from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
+from activities.relay_due import lag_s, sleep_s, still_ahead
 from activities.relay_failures import UNREACHABLE as _UNREACHABLE
 from activities.relay_failures import DispatchFailure, FailureKind
 from activities.relay_schedules import dispatch_schedule_event
@@ -137,6 +138,8 @@ class Relay:
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
         self._last_claim = 0.0  # monotonic time of the last claim
+        # Monotonic time of the next due time the last claim saw (a delayed job's), or None.
+        self._next_due: float | None = None
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -191,9 +194,9 @@ class Relay:
     async def _wait(
         self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
     ) -> None:
-        """NOTIFY is only a hint: wake on it, on the stop or after the poll interval, whichever
-        is first."""
-        timeout = self.config.poll_interval_s
+        """NOTIFY is only a hint: wake on it, on the stop, at the next due time or after the
+        poll interval, whichever is first."""
+        timeout = sleep_s(self.config.poll_interval_s, self._next_due, self.config.job_wake_s)
         if listener is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout)
@@ -227,13 +230,17 @@ class Relay:
         return n
 
     async def claim(self) -> list[OutboxRow]:
-        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        return await relay_db.claim(
+        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined); the
+        next due time it read is kept for the loop's sleep."""
+        claimed = await relay_db.claim(
             self._sm,
             owner=self.config.owner,
             limit=self.config.batch_size,
             window=self.config.user_window,
         )
+        due = claimed.due_in_s
+        self._next_due = None if due is None else time.monotonic() + due
+        return claimed
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
@@ -369,7 +376,7 @@ class Relay:
                         # Derived from the job id: no user id or client key reaches Temporal.
                         idempotencyKey=enqueue_dedupe_key(job_id),
                         createdAt=row.created_at.isoformat(),
-                        runAt=str(p.get("runAt") or ""),
+                        runAt=still_ahead(p.get("runAt")),
                     ),
                     id=workflow_id(queue, job_type, job_id),
                     task_queue=f"{queue}{self.config.task_queue_suffix}",
@@ -394,9 +401,7 @@ class Relay:
                     ),
                 )
                 self.started += 1
-                self._metrics.relay_lagged(
-                    queue, (datetime.now(UTC) - row.created_at).total_seconds()
-                )
+                self._metrics.relay_lagged(queue, lag_s(row))
             except WorkflowAlreadyStartedError:
                 pass  # it ran already: at-least-once delivery, exactly-once start
             except RPCError as exc:

@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 from api import browser, console, errors, limits, metrics, openapi
 from api.events import JobEventHub
+from api.heavy_requests import HeavyRequestGate
 from api.metrics import ApiMetrics
 from api.routes import (
     admin,
@@ -36,6 +37,7 @@ from api.strict import check_request
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
+from jobs import token_count
 from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
@@ -92,6 +94,13 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
+    # Large bodies take turns (inside the size limit, so an oversized one is refused at once),
+    # as many at once as the check pool has threads plus one, waiting as long as it lets them.
+    app.add_middleware(
+        HeavyRequestGate,
+        slots=token_count.pool().concurrency + 1,
+        wait_s=token_count.pool().wait_s,
+    )
     limits.install(app, max_bytes=limits.MAX_REQUEST_BYTES)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
     console.install(app)  # the operator console at /console (api/console/)

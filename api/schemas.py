@@ -275,15 +275,17 @@ class CreateJobBody(Camel):
         default=None,
         min_length=1,
         max_length=VERSION_MAX_LENGTH,
-        description="Pin the job type's prompt version (`promptVersion` of GET "
-        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        description="Pin one of the job type's published prompt versions (`promptVersions` of "
+        "GET /api/ai/job-types; left out: its default `promptVersion`). The job builds its "
+        "prompt with exactly it on every attempt; any other value is refused (422).",
     )
     output_schema_version: str | None = Field(
         default=None,
         min_length=1,
         max_length=VERSION_MAX_LENGTH,
-        description="Pin the job type's output schema version (`outputSchemaVersion` of GET "
-        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        description="Pin one of the job type's published output schema versions "
+        "(`outputSchemaVersions` of GET /api/ai/job-types; left out: its default "
+        "`outputSchemaVersion`); any other value is refused (422).",
     )
 
     service_tier: ServiceTier | None = Field(

@@ -200,6 +200,8 @@ class ResolveRefs:
     service_tier: str = "standard"
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # The output schema version it was created with (RESOLVE checks both are still published).
+    output_schema_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ async def changed_since(
 # RESOLVE's hot read, also run pipelined on the driver connection (db/pipeline.py).
 RESOLVE_REFS = text(
     """
-    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
+    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version, j.output_schema_version,
            j.credential_id, j.lifecycle_status, j.locked_by,
            j.max_output_tokens, j.reused_from_job_id, j.service_tier, j.offpeak_deadline_at,
            j.offpeak_on_deadline,

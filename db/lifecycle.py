@@ -87,6 +87,9 @@ class NewJob:
     rollout_id: uuid.UUID | None = None
     rollout_arm: str | None = None
     arm_model: str | None = None
+    # A by-design wait before dispatch (a delayed job's runAt): the relay leaves the job alone
+    # until then, and it takes no room in its user's dispatch window (db/relay.py).
+    due_at: datetime | None = None
 
 
 @dataclass(frozen=True)

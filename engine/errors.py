@@ -42,6 +42,9 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("SNAPSHOT_EXPIRED", Retry.NO),
     # An off-peak job's deadline came before its provider's discount window (`then: "fail"`).
     CodeRule("OFFPEAK_DEADLINE_PASSED", Retry.NO),
+    # The prompt or output schema version the job was created with is no longer published: it
+    # never runs on another one.
+    CodeRule("PROMPT_VERSION_UNAVAILABLE", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
     # Another call would take the job past its cost cap or its user past a budget: a retry
     # would only be refused again (a budget resets with its window; create the job again).
@@ -109,6 +112,10 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "OFFPEAK_DEADLINE_PASSED": (
         "The job's off-peak deadline passed before the AI provider's discount window opened, "
         "so it did not run. Create it again, or allow it to run at the standard price."
+    ),
+    "PROMPT_VERSION_UNAVAILABLE": (
+        "The prompt or output schema version this job was created with is no longer "
+        "available, so it did not run. Create it again with a listed version."
     ),
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
@@ -189,6 +196,12 @@ class UnknownJobType(ValidationFailed):
     def __init__(self, job_type: str) -> None:
         super().__init__("Unknown or non-public job type.")
         self.job_type = job_type
+
+
+class VersionUnavailable(ValidationFailed):
+    """A prompt or output schema version the job type does not publish (GET /api/ai/job-types
+    lists those it does). At create a 422; for a job recorded with it, `PROMPT_VERSION_UNAVAILABLE`
+    (the job never runs on another version)."""
 
 
 class IdempotencyKeyReused(EngineError):

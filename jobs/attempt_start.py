@@ -35,7 +35,7 @@ from db.attempts import Fence
 from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
-from engine.errors import IllegalTransition, JobNotFound, LockConflict
+from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
 from jobs import admission, call_marks, fallback, offpeak
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
@@ -185,7 +185,10 @@ async def start(
         return Reused(row.output_hash)
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # the versions it was created with, on every attempt
+    except ExecutionFailure as f:
+        return Stop(f.code)
     answer = chunk.held_answer if chunk is not None else row.held_answer
     if answer is not None:  # paid for, waiting for its moderation: no call, no admission
         if chunk is not None:

@@ -150,7 +150,10 @@ async def enroll(
         # A long source is one call per chunk, which a batch line is not: refused, never run
         # at the standard tier instead.
         return Stop("REQUEST_TOO_LARGE")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # its line is built with the versions it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     provider = gateway.provider_for(jt, row.credential_mode)
     if not has_batch_api(provider):
         # A create refuses the tier for such a provider; a job never runs standard instead.
@@ -245,7 +248,10 @@ async def collect(
         return Pending()
     if item.status == "cancelled":
         return Stop("CANCELLED")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # validated with the output schema it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     if item.status != "succeeded" or item.response is None:
         code = item.error_code or "PROVIDER_UNAVAILABLE"
         if code == FORM_REFUSED:

@@ -344,6 +344,9 @@ class JobCreation:
             org_id=req.scopes.org_id,
             team_ids=list(req.scopes.team_ids),
             tags=list(req.scopes.tags),
+            # A delayed job is not dispatched before its time: it waits in the outbox, taking
+            # no room in its user's dispatch window (db/relay.py).
+            due_at=req.run_at,
         )
 
     def _model_of(self, checked: CheckedRequest) -> str:
@@ -389,6 +392,7 @@ class JobCreation:
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),
+            due_at=req.run_at,
         )
         if enqueued is None:
             raise EnqueueNotWritten(str(row.id))

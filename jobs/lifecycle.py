@@ -49,6 +49,7 @@ from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import outbox as outbox_db
+from db import relay as relay_db
 from db.chunks import store_merged_output, succeeded_chunks
 from db.endings import Statement
 from db.jobs import JobRow
@@ -160,6 +161,8 @@ async def cancel(
         await call_marks_db.charge_dead(s, job_id, code="CANCELLED")
         came_from = await endings_db.mark_cancelled(s, job_id)
     await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+    if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
+        await relay_db.close_unsent(s, job_id)
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
     return came_from
@@ -194,7 +197,10 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
     row = await jobs_db.get(s, job_id)
     if row is None or row.chunk_count is None or row.job_type not in catalog:
         return 0
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)
+    except ExecutionFailure:  # its output schema is gone: nothing can be validated and kept
+        return 0
     spec = jt.chunking
     if spec is None:
         return 0
@@ -336,7 +342,7 @@ async def succeed(
     that is not the stored one, raises `ExecutionFailure` with its final code."""
 
     def plan(row: JobRow) -> tuple[list[Statement], int] | None:
-        jt = catalog.get(row.job_type)
+        jt = catalog.for_job(row)
         if row.lifecycle_status != LifecycleStatus.RUNNING:
             return None  # ended before (a repeated projection, a cancel)
         out = stored_output(jt, row, output_hash)

@@ -32,7 +32,6 @@ from jobs.policy import CreatePolicy
 from jobs.rollouts import ArmChoice
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
-from jobs.version_lookup import at_version
 from providers.pricing import Price
 
 # A delayed job's start must leave its snapshot this long to live: RESOLVE reads the snapshot
@@ -58,8 +57,8 @@ class CreateJobRequest:
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
     # The client's own references, stored with the job and never sent to Temporal or the
-    # provider; the versions a client pinned (checked by the API against the job type's); a
-    # delayed job's start (None: at once).
+    # provider; the versions a client pinned (any the job type publishes; None: its defaults);
+    # a delayed job's start (None: at once).
     metadata: dict[str, str] = field(default_factory=dict)
     prompt_version: str | None = None
     output_schema_version: str | None = None
@@ -119,7 +118,7 @@ class RequestChecker:
         # The versions the job runs with on every attempt: its rollout arm's prompt version,
         # else the pinned one, else the defaults; its prompt is counted with them.
         version = (req.arm.prompt_version if req.arm else None) or req.prompt_version
-        jt = at_version(jt, version, req.output_schema_version)
+        jt = jt.at(version, req.output_schema_version)
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)

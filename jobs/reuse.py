@@ -84,6 +84,14 @@ def key_for(checked: CheckedRequest, model: str) -> str | None:
 Lock = Callable[[AsyncSession, str], Awaitable[None]]
 
 
+def patient(service_tier: str) -> bool:
+    """May a reuser of this tier wait on a source that is still active whatever its tier? A
+    standard job may not: it never waits on a batch, off-peak or delayed source (hours away,
+    maybe); it waits only on a standard one that is due, and otherwise makes its own call.
+    A batch or off-peak job waits on any (it is slow itself)."""
+    return service_tier != "standard"
+
+
 async def attach(
     s: AsyncSession, new: NewJob, checked: CheckedRequest, lock: Lock
 ) -> tuple[NewJob, CheckedRequest]:
@@ -95,7 +103,11 @@ async def attach(
         return new, checked
     await lock(s, new.user_id)
     found = await reuse_db.candidate(
-        s, user_id=new.user_id, job_type=new.job_type, reuse_key=new.reuse_key
+        s,
+        user_id=new.user_id,
+        job_type=new.job_type,
+        reuse_key=new.reuse_key,
+        patient=patient(new.service_tier),
     )
     if found is None:
         return new, checked
@@ -201,7 +213,12 @@ async def _another_source(
         return None
     await budgets_db.lock_user(s, me.user_id)
     found = await reuse_db.candidate(
-        s, user_id=me.user_id, job_type=me.job_type, reuse_key=me.reuse_key, excluding=tried
+        s,
+        user_id=me.user_id,
+        job_type=me.job_type,
+        reuse_key=me.reuse_key,
+        excluding=tried,
+        patient=patient(me.service_tier),
     )
     if found is None:
         return None

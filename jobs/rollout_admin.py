@@ -18,7 +18,6 @@ from engine.errors import RolloutNotFound
 from jobs.audit import AuditEntry, AuditLog
 from jobs.rollouts import Guard, checked_arms
 from jobs.spec import AnyJobType
-from jobs.version_lookup import prompt_versions
 
 ROLLOUT_PUT = "rollout.put"
 ROLLOUT_DELETE = "rollout.delete"
@@ -48,7 +47,7 @@ async def put(
 ) -> RolloutView:
     """The job type's rollout replaced by `arms` and `guard` (VALIDATION_FAILED, nothing
     changed, when an arm is not right: jobs/rollouts.py `checked_arms`)."""
-    arms = checked_arms(arms, prompt_versions=prompt_versions(jt), models=models)
+    arms = checked_arms(arms, prompt_versions=jt.prompt_versions, models=models)
     async with sm.begin() as s:
         rollout = await rollouts_db.replace(
             s,

@@ -100,7 +100,9 @@ class JobStages:
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
             if inp.runAt:
-                # Queued on a timer, no slot held; a cancel ends it at once (finalized below).
+                # A run started before its runAt (the relay dispatches a delayed job at its
+                # time and passes no runAt; only a row dispatched early carries one): queued on
+                # a timer, no slot held; a cancel ends it at once (finalized below).
                 wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
                 if wait_s > 0:
                     await workflow.sleep(wait_s)

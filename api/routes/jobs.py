@@ -98,7 +98,7 @@ def _checked(body: CreateJobBody, state: State) -> None:
         )  # what JSON cannot say: NaN, Infinity
     except ValidationFailed as exc:
         raise _located(exc, "body", "input") from None
-    check_pins(body, jt.definition)
+    check_pins(body, jt)
 
 
 def public_job_types(state: State) -> list[str]:

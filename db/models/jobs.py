@@ -97,16 +97,19 @@ class AiJob(Base):
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         ),
-        # The user dispatch window (db/relay.py): a user's held jobs in dispatch order, and
-        # the user's dispatched jobs that have not ended.
+        # The user dispatch window (db/relay.py): a user's held jobs that are due, in dispatch
+        # order; the user's dispatched jobs that have not ended; the jobs not due yet.
         Index(
             "ix_ai_job_undispatched",
             "user_id",
             "priority",
             "created_at",
             "id",
-            postgresql_where=text("dispatched_at IS NULL AND lifecycle_status = 'queued'"),
+            postgresql_where=text(
+                "dispatched_at IS NULL AND lifecycle_status = 'queued' AND due_at IS NULL"
+            ),
         ),
+        Index("ix_ai_job_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
         Index(
             "ix_ai_job_user_dispatched",
             "user_id",
@@ -203,6 +206,9 @@ class AiJob(Base):
     # When the relay claimed its enqueue row within its user's dispatch window (db/relay.py);
     # NULL while the job is held in the outbox.
     dispatched_at: Mapped[datetime | None] = mapped_column(TS)
+    # A by-design wait before dispatch (a delayed job's runAt): not dispatched before then,
+    # and taking no room in its user's window meanwhile; the relay's claim clears it once due.
+    due_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     # The client's own references (string keys and values, checked by the API; `{}`: none).
@@ -210,7 +216,7 @@ class AiJob(Base):
     job_metadata: Mapped[dict[str, str]] = mapped_column(
         "metadata", JSONB, server_default=text("'{}'::jsonb")
     )
-    # When a delayed job may start (NULL: at once); its workflow waits for it on a timer.
+    # When a delayed job may start (NULL: at once); the relay dispatches it then (`due_at`).
     run_at: Mapped[datetime | None] = mapped_column(TS)
     # How soon and at which price its calls are made (engine/tiers.py), fixed at create.
     service_tier: Mapped[str] = mapped_column(String(16), server_default=text("'standard'"))

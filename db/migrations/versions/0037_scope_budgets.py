@@ -19,7 +19,7 @@ trigger never runs for it.
 background) of a call waiting for or holding a key's limits (AI_CAPACITY_RESERVE).
 
 Revision ID: 0037
-Revises: 0034
+Revises: 0035
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0037'
-down_revision: str | None = '0034'
+down_revision: str | None = '0035'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
