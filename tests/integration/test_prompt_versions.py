@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio.client import Client
 
+from db.session import SessionMaker
 from jobs.service import CreateJobRequest, JobService
 from jobs.spec import Catalog, Prompt, PromptVersion
 from jobs.types import ALL_TYPES
@@ -72,7 +73,11 @@ def model_input() -> cards.FlashcardGenerationInput:
 
 
 async def test_jobs_run_the_versions_they_were_created_with(
-    database_url: str, temporal_address: str, temporal_client: Client, fake: FakeOpenAIServer
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    fake: FakeOpenAIServer,
+    db: SessionMaker,  # a clean database: no rollout another test left stands
 ) -> None:
     answer = {"kind": "valid", "content": SCRIPTED[CARDS], "tokens_in": 50, "tokens_out": 40}
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
