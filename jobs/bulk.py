@@ -30,10 +30,9 @@ from db import jobs as jobs_db
 from db import outbox as outbox_db
 from db.jobs import JobFilter, JobRow
 from db.session import SessionMaker
+from engine.admin_errors import BulkOperationNotFound, BulkTooLarge
 from engine.contracts import BulkInput, BulkResult, bulk_workflow_id
 from engine.errors import (
-    BulkOperationNotFound,
-    BulkTooLarge,
     EngineError,
     JobAlreadyCancelled,
     JobNotCancellable,

@@ -14,7 +14,7 @@ from decimal import Decimal
 from db import rollouts as rollouts_db
 from db.rollouts import ArmFigures, ArmRow, RolloutRow
 from db.session import SessionMaker
-from engine.errors import RolloutNotFound
+from engine.admin_errors import RolloutNotFound
 from jobs.audit import AuditEntry, AuditLog
 from jobs.rollouts import Guard, checked_arms
 from jobs.spec import AnyJobType

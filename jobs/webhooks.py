@@ -31,12 +31,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from db.webhooks import JOB_EVENTS, EndpointRow
+from engine.admin_errors import WebhookNotFound
 from engine.errors import (
     CredentialStorageUnavailable,
     EngineError,
     ExecutionFailure,
     ValidationFailed,
-    WebhookNotFound,
 )
 from jobs.views import JobStatusResponse
 from providers.crypto import CredentialCipher

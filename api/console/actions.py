@@ -26,7 +26,8 @@ from api.console.sessions import ConsoleSession, state_of
 from api.routes import admin, outbox
 from api.routes import schedules as schedule_routes
 from api.routes.admin_bulk import bulk_service
-from engine.errors import BulkTooLarge, JobNotFound, OutboxEventNotFound, ValidationFailed
+from engine.admin_errors import BulkTooLarge, OutboxEventNotFound
+from engine.errors import JobNotFound, ValidationFailed
 from jobs.bulk import BulkPolicy
 from jobs.schedules import ScheduleNotFound
 

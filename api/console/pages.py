@@ -22,8 +22,9 @@ from api.routes import schedules as schedule_routes
 from api.schemas import OutboxStatus
 from db import outbox_admin as outbox_admin_db
 from db import schedules as schedules_db
+from engine.admin_errors import BulkOperationNotFound
 from engine.definition import QueueName
-from engine.errors import BulkOperationNotFound, EngineError, JobNotFound
+from engine.errors import EngineError, JobNotFound
 from engine.lifecycle import StatusName
 from jobs import views as job_views
 from jobs.bulk import BulkPolicy

@@ -17,7 +17,7 @@ from api.deps import Admin, State
 from api.errors import PROBLEM
 from api.schemas import Camel, UsdAmount
 from db import scope_budgets as scope_budgets_db
-from engine.errors import BudgetNotFound
+from engine.admin_errors import BudgetNotFound
 from engine.scopes import MAX_TAGS, SCOPE_ID_PATTERN, Period, Scope
 from jobs import scope_budgets
 from jobs.audit import BUDGET_DELETE, BUDGET_PUT, AuditEntry, AuditLog

@@ -16,7 +16,7 @@ from api.deps import Admin, State
 from api.schemas import EVENT_TYPE_PATTERN, OutboxEventOut, OutboxPage, OutboxStatus
 from db import outbox_admin as outbox_admin_db
 from db.outbox_admin import OutboxSummary
-from engine.errors import OutboxEventNotFound, OutboxNotRequeueable
+from engine.admin_errors import OutboxEventNotFound, OutboxNotRequeueable
 from jobs.audit import OUTBOX_REQUEUE, AuditEntry, AuditLog
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,7 @@ from api.schemas import Camel
 from db import webhook_deliveries as webhooks_db
 from db.webhook_deliveries import DeliveryRow, DeliveryStatus
 from db.webhooks import EndpointRow, WebhookEvent
-from engine.errors import (
-    WebhookDeliveryNotFound,
-    WebhookDeliveryNotReplayable,
-)
+from engine.admin_errors import WebhookDeliveryNotFound, WebhookDeliveryNotReplayable
 from jobs.audit import DELIVERY_REPLAY, AuditEntry, AuditLog
 from jobs.webhooks import MAX_ENDPOINTS_PER_USER, ROTATION_GRACE_S, WebhookService
 
