@@ -24,8 +24,12 @@ install-dev: $(VENV)/.installed-dev chromium
 run: $(VENV)/.installed
 	$(BIN)/aijobs dev $(ARGS)
 
+# The suite on PYTEST_WORKERS pytest-xdist workers, each with its own PostgreSQL and Temporal
+# dev server (tests/conftest.py): most tests wait on Temporal timers and I/O, not on a core.
+# PYTEST_WORKERS=0 runs it in this one process.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev chromium
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
