@@ -141,18 +141,6 @@ async def stack(
         yield s
 
 
-# ---- order on parallel workers --------------------------------------------------------------
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On pytest-xdist workers (`make test`), the tests marked slow run first: a long test
-    handed out last would leave one worker running it alone after the other has finished.
-    Every worker sorts the same collection the same way, as xdist requires; a run in one
-    process keeps the file order."""
-    if config.getoption("numprocesses", default=None):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
-
-
 # ---- exit code ---------------------------------------------------------------------------
 # The Temporal SDK's native runtime can abort the interpreter at exit after all work is done
 # (a known problem of the Python SDK), turning a green run into a crash code. Once pytest has
