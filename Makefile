@@ -24,8 +24,19 @@ install-dev: $(VENV)/.installed-dev chromium
 run: $(VENV)/.installed
 	$(BIN)/aijobs dev $(ARGS)
 
+# The suite on PYTEST_WORKERS pytest-xdist workers, each with its own PostgreSQL and Temporal
+# dev server (tests/conftest.py): most tests wait on Temporal timers and I/O, not on a core.
+# PYTEST_WORKERS=0 runs it in this one process. `worksteal`: a worker that runs out of tests takes
+# half of another's, so neither runs alone at the end.
+# Bytecode is written (to the checkout's ignored __pycache__ dirs) even where the shell sets
+# PYTHONDONTWRITEBYTECODE, as many images do: otherwise every worker, every subprocess the tests
+# start and every workflow run's sandbox compiles our modules again, and pytest rewrites the
+# asserts of every test module at each run. compileall first: the workers start from bytecode.
+PYTEST_WORKERS ?= 2
+PACKAGES := engine db providers jobs workflows activities api runtime
 test: $(VENV)/.installed-dev chromium
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m compileall -q -j 0 $(PACKAGES) bench tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.infra import servers
+from bench.infra import STATS_SETTLE_S, servers
 from bench.phases import run_all
 from bench.procs import progress, stop_all
 from bench.report import Results, write
@@ -48,17 +48,22 @@ DEFAULTS: dict[str, Any] = {
     "scale_jobs": 1_000_000,
     "scale_users": 5_000,
     "scale_runs": 50,
+    "settle_seconds": STATS_SETTLE_S,
 }
+# A smoke run: every figure once, at sizes that prove each phase works, not that measure well
+# (its idle backends' last commits may be read before PostgreSQL publishes them).
 QUICK: dict[str, Any] = {
     "jobs": 60,
     "reps": 1,
     "warmup_jobs": 20,
-    "duration": 5.0,
-    "relay_samples": 20,
-    "api_seconds": 2.0,
-    "api_warmup_seconds": 1.0,
-    "pgbench_seconds": 3,
-    "scale_jobs": 50_000,
+    "duration": 3.0,
+    "relay_samples": 10,
+    "api_seconds": 1.0,
+    "api_warmup_seconds": 0.5,
+    "pgbench_seconds": 2,
+    "scale_jobs": 20_000,
+    "scale_runs": 10,
+    "settle_seconds": 2.0,
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -94,6 +99,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-seconds", type=float, help="seconds per API route per repetition (8)")
     p.add_argument("--api-warmup-seconds", type=float, help="API warm-up per route (2)")
     p.add_argument("--api-connections", type=int, help="concurrent HTTP connections (32)")
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        help=f"quiet before each commit-count reading ({STATS_SETTLE_S:g}: PostgreSQL publishes "
+        "an idle backend's counts up to 10 s late; --quick 2)",
+    )
 
 
 def _add_api_args(p: argparse.ArgumentParser) -> None:
@@ -176,6 +187,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     ):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be at least 1")
+    if args.settle_seconds < 0:
+        p.error("--settle-seconds must be at least 0")
     want = set(FIGURES) if not args.only else {f.strip() for f in args.only.split(",")}
     unknown = want - set(FIGURES)
     if unknown:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.infra import STATS_SETTLE_S, EngineStack, Servers
+from bench.infra import EngineStack, Servers
 from bench.procs import Proc, process_cpu_s, progress, tree_cpu_s
 from bench.report import Results
 from bench.stats import median, ratio
@@ -76,6 +76,7 @@ class _Runs:
     n: int
     idle_rate: float
     idle_cpu: dict[str, float]
+    settle_s: float
     c_prev: int
     t_prev: float
     own_prev: int
@@ -100,7 +101,7 @@ class _Runs:
         cpu0, te0 = read_cpu(self.meter), time.perf_counter()
         e = await engine_throughput(ctx, n, f"r{r}")
         # Trailing work (completion events, workflow completions) lands in the settle time.
-        await asyncio.sleep(STATS_SETTLE_S)
+        await asyncio.sleep(self.settle_s)
         c, t = await ctx.admin.xact_commit(), time.perf_counter()
         cpu_idle_s = (t - te0) - e["elapsed_s"]
         e["cpu_s"] = {
@@ -141,11 +142,12 @@ async def _warm_and_probe(
     await engine_throughput(ctx, warm, "warm")
     # The idle engine still commits (the relay polls each RELAY_POLL_INTERVAL_S); its rate is
     # measured once, after the warm-up's counts have settled, and subtracted below.
-    progress(f"throughput: {STATS_SETTLE_S:.0f}s for PostgreSQL statistics to settle")
-    await asyncio.sleep(STATS_SETTLE_S)
+    settle_s = args.settle_seconds
+    progress(f"throughput: {settle_s:g}s for PostgreSQL statistics to settle")
+    await asyncio.sleep(settle_s)
     c_prev, t_prev, own_prev = await ctx.admin.xact_commit(), time.perf_counter(), ctx.edb.commits
     cpu_prev = read_cpu(meter)
-    await asyncio.sleep(IDLE_PROBE_S)
+    await asyncio.sleep(min(IDLE_PROBE_S, settle_s))
     c_idle, t_idle = await ctx.admin.xact_commit(), time.perf_counter()
     idle_rate = (c_idle - c_prev) / (t_idle - t_prev)
     # Idle CPU (polls, timers) is subtracted the same way from the engine's settle time.
@@ -157,6 +159,7 @@ async def _warm_and_probe(
         n=args.jobs,
         idle_rate=idle_rate,
         idle_cpu=idle_cpu,
+        settle_s=settle_s,
         c_prev=c_idle,
         t_prev=t_idle,
         own_prev=own_prev,

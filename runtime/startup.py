@@ -62,9 +62,12 @@ def temporal_problem(address: str, wait_s: float) -> str | None:
     return _retry(wait_s, connect, f"TEMPORAL_ADDRESS ({address[:80]}) is not reachable")
 
 
-def reachability_problems(s: Settings, role: Role, *, wait_s: float = STARTUP_WAIT_S) -> list[str]:
+def reachability_problems(s: Settings, role: Role, *, wait_s: float | None = None) -> list[str]:
     """What of its role's database and Temporal does not answer (waiting up to `wait_s` for
-    each; 0: one attempt), one phrase per problem naming its setting; empty when all answer."""
+    each, STARTUP_WAIT_S when None; 0: one attempt), one phrase per problem naming its setting;
+    empty when all answer."""
+    if wait_s is None:
+        wait_s = STARTUP_WAIT_S  # read at each call: a test may shorten it
     problems: list[str] = []
     if role in NEEDS_DATABASE:
         if not s.database_url:

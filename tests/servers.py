@@ -1,6 +1,7 @@
 """Servers of a test's own, for tests that stop and restart them: a PostgreSQL data dir and a
 Temporal dev server with a database file, so both keep their state across a restart; and a
-Temporal dev server with a dynamic config the session's must not carry (`temporal_with`). The
+Temporal dev server with a dynamic config the session's must not carry (`temporal_with`); or
+only a Temporal server of its own beside the session's PostgreSQL (`own_temporal`). The
 session's servers (tests/conftest.py) stay undisturbed."""
 
 from __future__ import annotations
@@ -77,6 +78,21 @@ def own_servers(prefix: str) -> Iterator[OwnServers]:
             servers.stop_temporal()
         with contextlib.suppress(Exception):
             servers.stop_postgres()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_temporal(prefix: str) -> Iterator[OwnServers]:
+    """Only a Temporal dev server of the test's own (with a database file: stopped and started
+    again, it keeps its state and port), for a test that runs on the session's PostgreSQL."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    servers = OwnServers(base)
+    try:
+        servers.start_temporal()
+        yield servers
+    finally:
+        with contextlib.suppress(Exception):
+            servers.stop_temporal()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+import jobs.bulk
 from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
 from tests.e2e.conftest import Api, assert_problem, fast_bulk, start_api
@@ -53,8 +54,10 @@ async def admin_tables(db: SessionMaker) -> SessionMaker:
 async def bulk_api(
     db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Stack]:
-    """An `ai-system` worker and a relay; tests start an API on the same settings."""
+    """An `ai-system` worker and a relay; tests start an API on the same settings. Operations
+    go in pages of 40 jobs (the engine's are 100): several pages from fewer jobs."""
     fast_bulk(monkeypatch)
+    monkeypatch.setattr(jobs.bulk, "PAGE_SIZE", 40)
     settings = env(ADMIN_BULK_MAX_JOBS=400)
     async with engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,)) as st:
         yield st
@@ -106,7 +109,8 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
     bulk_api: Stack, db: SessionMaker, temporal_client: Client
 ) -> None:
     st = bulk_api
-    failed = await make_failed_jobs(st.service, db, 300)
+    n = 3 * jobs.bulk.PAGE_SIZE  # three pages of the operation
+    failed = await make_failed_jobs(st.service, db, n)
     # Noise the filter must leave alone: another error code, and a queued job.
     other = await make_failed_jobs(st.service, db, 3, code="CONTENT_SAFETY_BLOCKED")
     queued = await st.create("alice", target_type="lesson")
@@ -116,7 +120,7 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
             "/admin-api/ai/bulk/retry", json={**body, "dryRun": True}, headers=api.as_admin()
         )
         assert dry.status_code == 200, dry.text
-        assert dry.json()["matched"] == 300
+        assert dry.json()["matched"] == n
         sample = dry.json()["sample"]
         assert len(sample) == 20 and set(sample) <= {str(j) for j in failed}
         assert await retries_of(db, failed) == {}, "a dry run changed something"
@@ -124,7 +128,7 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
         r = await api.http.post("/admin-api/ai/bulk/retry", json=body, headers=api.as_admin())
         assert r.status_code == 202, r.text
         op = r.json()
-        assert op["matched"] == 300 and r.headers["location"].endswith(op["operationId"])
+        assert op["matched"] == n and r.headers["location"].endswith(op["operationId"])
         final = await wait_completed(api, op["operationId"])
         async with db() as s:
             started_by = (
@@ -135,7 +139,7 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
             ).scalar_one()
         assert started_by == "published", "the relay did not start the workflow"
         assert (final["done"], final["skipped"], final["failed"], final["pending"]) == (
-            300,
+            n,
             0,
             0,
             0,
@@ -149,13 +153,13 @@ async def test_bulk_retry_after_an_outage_dry_run_then_once_then_all_skipped(
         assert r2.status_code == 202, r2.text
         assert r2.json()["operationId"] != op["operationId"]
         again = await wait_completed(api, r2.json()["operationId"])
-        assert again["matched"] == 300 and again["done"] == 0, again
-        assert again["skippedReasons"] == {"already_retried": 300}, again
+        assert again["matched"] == n and again["done"] == 0, again
+        assert again["skippedReasons"] == {"already_retried": n}, again
         assert await retries_of(db, failed) == dict.fromkeys(failed, 1)
 
     # The workflow ran in Temporal, where an operator can find it.
     handle = temporal_client.get_workflow_handle(final["workflowId"])
-    assert (await handle.result())["done"] == 300
+    assert (await handle.result())["done"] == n
 
 
 async def test_bulk_retry_skips_jobs_that_are_not_failed_with_reasons(

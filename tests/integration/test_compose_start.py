@@ -20,6 +20,7 @@ import pytest
 
 from db.session import SessionMaker
 from providers.crypto import generate_key_setting
+from runtime import startup
 from runtime.cli import build_parser
 from runtime.embedded import free_port
 from tests.compose_helpers import ENGINE_SERVICES, resolve
@@ -224,6 +225,8 @@ def test_a_service_that_cannot_reach_its_servers_refuses_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # The refusal, not the wait before it, is under test: 1 s of retries instead of 15.
+    monkeypatch.setattr(startup, "STARTUP_WAIT_S", 1.0)
     closed = free_port()
     unreachable = {
         "DATABASE_URL": f"postgresql://aijobs:hunter2-secret@127.0.0.1:{closed}/aijobs",

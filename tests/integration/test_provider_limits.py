@@ -84,8 +84,15 @@ async def test_a_failing_provider_trips_the_breaker_and_a_probe_closes_it(
         [{"kind": "status", "status": 503}] * 5,
         default={"kind": "valid", "content": SCRIPTED["flashcard_generation"]},
     )
+    # A cooldown shorter than the default 30 s, which the waiting jobs would sleep out whatever
+    # the test does (each looks again when its gate's cooldown ends); still well longer than
+    # the 2 s in which nobody may call.
     settings = make_settings(
-        database_url, temporal_address, AI_INTERACTIVE_CONCURRENCY=1, **fake_env(fake)
+        database_url,
+        temporal_address,
+        AI_INTERACTIVE_CONCURRENCY=1,
+        PROVIDER_BREAKER_COOLDOWN_S=8,
+        **fake_env(fake),
     )
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
         # Five jobs, each failing once... the fifth failure in a row opens the breaker.

@@ -214,8 +214,9 @@ async def _published(db: SessionMaker, job: uuid.UUID) -> bool:
 async def test_the_reconciler_pages_through_every_expired_lock(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    """More orphans than one page: every one is failed in a single pass."""
-    n = 250
+    """More orphans than one page: every one is failed in a single pass (a page of 20 here,
+    so 50 orphans span three of them; the production page is 200)."""
+    n, page = 50, 20
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
         ids = [await st.create() for _ in range(n)]
         async with db.begin() as s:
@@ -227,7 +228,7 @@ async def test_the_reconciler_pages_through_every_expired_lock(
                 ),
                 {"ids": ids},
             )
-        result = await reconciler(st.settings, db, temporal_client).run_once()
+        result = await reconciler(st.settings, db, temporal_client, page=page).run_once()
         assert result.expired_locks_failed == n
         async with db() as s:
             left = (

@@ -4,7 +4,7 @@ it is back, with no manual step (no requeue, no restart of workers or relay).
 The outage lasts AIJOBS_TEST_TEMPORAL_OUTAGE_S seconds (20 by default to keep the suite short;
 run with 240 to see minutes pass). Workers, the relay and the reconciler schedule run
 as in production, on their own Temporal dev server with a database file (state survives the
-restart) and their own PostgreSQL.
+restart) and the session's PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
 from runtime.worker import ensure_system_workflows
-from tests.servers import own_servers
+from tests.servers import own_temporal
 from tests.stack import INTERACTIVE, engine_stack, make_settings
 from tests.support import eventually
 
@@ -29,11 +30,13 @@ pytestmark = pytest.mark.slow
 OUTAGE_S = float(os.environ.get("AIJOBS_TEST_TEMPORAL_OUTAGE_S", "20"))
 
 
-async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() -> None:
-    with own_servers("aijobs-outage-") as sv:
+async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed(
+    db: SessionMaker, database_url: str
+) -> None:
+    with own_temporal("aijobs-outage-") as sv:
         client = await Client.connect(sv.temporal_address)
         settings = make_settings(
-            sv.database_url,
+            database_url,
             sv.temporal_address,
             RELAY_POLL_INTERVAL_S=0.2,
             RECONCILE_INTERVAL_S=2,
