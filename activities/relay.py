@@ -6,8 +6,22 @@ so Temporal keeps it alive: a worker that dies stops heartbeating and the activi
 on another one. `aijobs relay` may run the same loop outside Temporal, beside the webhook
 deliverer. Several relays may run at once: claims are disjoint (SKIP LOCKED) and a workflow id
 is per job, so a row dispatched twice after a crash starts its workflow once ("already started"
-counts as success). Nothing is sent to Temporal while a transaction is open. The loop counts its
-progress (`dispatched`, `batches`, `last_*`) for the activity's heartbeat details.
+counts as success). Nothing is sent to Temporal while a transaction is open. What each event
+type's dispatch does is activities/relay_dispatch.py. The loop counts its progress
+(`dispatched`, `batches`, `last_*`) for the activity's heartbeat details.
+
+Wake-ups come from the process's listener (db/listener.py), never from a connection of the
+relay's own:
+- `ai_outbox` (a create's enqueue, a bulk start, a requeue, a job event someone waits for):
+  claim at once. Nothing holds this wake-up back.
+- `ai_job_changed` (every job state change): only while the last claim left enqueue rows held by
+  their users' dispatch windows (a job's end may make room), and then at most once per
+  `job_wake_s`; otherwise it costs nothing.
+- A row this relay failed to dispatch: when its backoff ends.
+- The poll (`RELAY_POLL_INTERVAL_S`): the backstop for rows nothing woke the relay for (a job
+  event no one waits for, a claim another relay let expire). The expired claims are put back
+  and the held rows of ended jobs closed inside a claim's own transaction, every
+  `release_every_s`.
 """
 
 from __future__ import annotations
@@ -19,60 +33,38 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
 
-import psycopg
 from temporalio.client import Client
-from temporalio.common import (
-    Priority,
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
+from activities.relay_dispatch import (
+    KNOWN_DOMAIN_EVENTS,
+    Dispatch,
+    DispatchFailure,
+    event_label,
+)
 from db import outbox as outbox_db
 from db import relay as relay_db
 from db import webhook_deliveries as deliveries_db
-from db.bulk import BULK_START
 from db.lifecycle import JOB_CHANGED_CHANNEL
-from db.outbox import (
-    CANCELLED,
-    COMPLETED,
-    ENQUEUE,
-    FAILED,
-    OutboxRow,
-    enqueue_dedupe_key,
-    listen_connection,
-)
+from db.listener import Listener
+from db.outbox import ENQUEUE, NOTIFY_CHANNEL, OutboxRow
 from db.session import SessionMaker
-from engine import search_attributes
-from engine.contracts import (
-    BULK_WORKFLOW,
-    BulkInput,
-    JobWorkflowInput,
-    bulk_workflow_id,
-    workflow_id,
-)
-from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
-# Domain events with no subscriber in this process: published (acknowledged), not dispatched.
-KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+__all__ = ["KNOWN_DOMAIN_EVENTS", "DispatchFailure", "Relay", "RelayConfig"]
 
 
 @dataclass(frozen=True)
 class RelayConfig:
     database_url: str
     task_queue_suffix: str = ""
-    poll_interval_s: float = 1.0
+    poll_interval_s: float = 30.0
     lock_ttl_s: float = 60.0
     batch_size: int = 100
     max_in_flight: int = 64
@@ -87,9 +79,11 @@ class RelayConfig:
     # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's
     # further jobs wait in the outbox and go out in the user's priority order (db/relay.py).
     user_window: int = relay_db.DEFAULT_WINDOW
-    # A job's change (its end makes room in a window) wakes the relay at most this often; the
-    # outbox's own NOTIFY and the poll are not held back by it.
+    # While rows are held, a job's change (its end makes room in a window) wakes the relay at
+    # most this often; the outbox's own NOTIFY and the poll are never held back by it.
     job_wake_s: float = 0.2
+    # The name of the relay's own listener when it is given none (a relay run alone).
+    application_name: str = "aijobs-relay"
     owner: str = field(
         # Unique per relay instance: a memory address (id()) can come back in another process
         # or later in this one, and two relays with one owner would release each other's claims.
@@ -105,14 +99,14 @@ class Relay:
         catalog: Catalog,
         config: RelayConfig,
         metrics: WorkerMetrics | None = None,
+        *,
+        listener: Listener | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._metrics = metrics or worker_metrics()
-        self._client = client
-        self._catalog = catalog
         self.config = config
-        self._sem = asyncio.Semaphore(config.max_in_flight)
-        self.started = 0  # workflows this relay started (tests and metrics)
+        self.dispatch = Dispatch(client, catalog, config, self._metrics)
+        self._listener = listener
         self.unavailable_streak = 0
         # Progress, for the relay activity's heartbeat: rows settled, batches, the last batch's
         # size and wall time, the last failure's type or kind and its time.
@@ -120,26 +114,66 @@ class Relay:
         self.last_batch_at: datetime | None = None
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
+        # Wake-ups, recorded by the listener's handlers (they run on the listener's task).
+        self._kick = asyncio.Event()
+        self._claim_now = True  # an outbox NOTIFY (or a possible miss) since the last claim
+        self._job_changed = False  # a job changed since the last claim
+        self.holding = False  # the last claim left enqueue rows held by their windows
         self._last_claim = 0.0  # monotonic time of the last claim
+        self._last_release = 0.0
+        self._retry_at: float | None = None  # when a row this relay failed comes due again
+
+    @property
+    def started(self) -> int:
+        """Workflows this relay started (tests and metrics)."""
+        return self.dispatch.started
+
+    # ---- wake-ups ------------------------------------------------------------------------
+
+    def on_outbox(self, payload: str | None) -> None:
+        """`ai_outbox`, or MISSED on any channel: claim at once."""
+        self._claim_now = True
+        self._kick.set()
+
+    def on_job_changed(self, payload: str | None) -> None:
+        if payload is None:
+            self.on_outbox(payload)
+        elif self.holding:  # else nothing waits for room: the change costs nothing
+            self._job_changed = True
+            self._kick.set()
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Follow `listener`'s channels; returns what stops it."""
+        offs = [
+            listener.on(NOTIFY_CHANNEL, self.on_outbox),
+            listener.on(JOB_CHANGED_CHANNEL, self.on_job_changed),
+        ]
+
+        def stop() -> None:
+            for off in offs:
+                off()
+
+        return stop
 
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Drain, then sleep until NOTIFY or the poll interval; release expired claims now and
-        then. Returns when `stop` is set. A failed iteration (PostgreSQL restarting, a network
-        blip) backs off here; anything else escapes to the supervisor, which starts the loop
-        again."""
-        last_release = 0.0
+        """Drain, then sleep until a wake-up, the next retry or the poll interval; expired
+        claims go back now and then. Returns when `stop` is set. A failed iteration (PostgreSQL
+        restarting, a network blip) backs off here; anything else escapes to the supervisor,
+        which starts the loop again."""
+        listener, own = self._listener, self._listener is None
+        if listener is None:  # a relay run on its own: a listener of its own
+            listener = Listener(
+                self.config.database_url, application_name=self.config.application_name
+            )
+        stop_listening = self.listen(listener)
+        if own:
+            listener.start()
         failures = 0
-        listener: psycopg.AsyncConnection[object] | None = None
         try:
             while not stop.is_set():
-                if listener is None or listener.closed:
-                    listener = await self._listen()
                 try:
-                    if time.monotonic() - last_release > self.config.release_every_s:
-                        last_release = time.monotonic()
-                        await self.release_expired()
                     while await self.run_once() >= self.config.batch_size:
                         if stop.is_set():
                             return
@@ -149,80 +183,82 @@ class Relay:
                     # `processing` until their TTL, then go out again; starting a workflow
                     # twice is a no-op.
                     failures += 1
+                    self._claim_now = True
                     self._note_error(type(exc).__name__)
                     log.warning("relay iteration failed (%d in a row); backing off", failures)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), min(5.0, 0.2 * 2**failures))
                     continue
-                await self._wait(listener, stop)
+                await self._wait(stop)
         finally:
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
-
-    async def _listen(self) -> psycopg.AsyncConnection[object] | None:
-        try:
-            conn = await listen_connection(self.config.database_url)
-        except Exception:
-            log.warning("relay could not LISTEN; polling only")
-            return None
-        try:
-            await relay_db.listen_job_changes(conn)
-        except Exception:
-            log.warning("relay could not LISTEN for job changes; polling for room only")
-        return conn
-
-    async def _wait(
-        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
-    ) -> None:
-        """NOTIFY is only a hint: wake on it, on the stop or after the poll interval, whichever
-        is first."""
-        timeout = self.config.poll_interval_s
-        if listener is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout)
-            return
-        try:
-            async for note in listener.notifies(timeout=timeout, stop_after=1):
-                if note.channel == JOB_CHANGED_CHANNEL:
-                    # Jobs change several times each: one claim per `job_wake_s` at most (the
-                    # notifications meanwhile wait in the connection and wake the next wait).
-                    rest = self._last_claim + self.config.job_wake_s - time.monotonic()
-                    if rest > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), rest)
-                break
-        except Exception:
-            with contextlib.suppress(Exception):
+            stop_listening()
+            if own:
                 await listener.close()
 
+    async def _wait(self, stop: asyncio.Event) -> None:
+        """Until an outbox wake-up, a job change while rows are held (not before `job_wake_s`
+        after the last claim), the next retry, the poll interval or the stop."""
+        end = time.monotonic() + self.config.poll_interval_s
+        if self._retry_at is not None:
+            end = min(end, self._retry_at)
+        while not (stop.is_set() or self._claim_now):
+            now = time.monotonic()
+            wake_at = end
+            if self._job_changed:
+                if self.holding:
+                    wake_at = min(end, self._last_claim + self.config.job_wake_s)
+                else:
+                    self._job_changed = False
+            if now >= wake_at:
+                return
+            self._kick.clear()
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._kick.wait())]
+            try:
+                await asyncio.wait(
+                    waits, timeout=wake_at - now, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for w in waits:
+                    w.cancel()
+
     # ---- one batch -------------------------------------------------------------------
+
+    async def claim(self) -> list[OutboxRow]:
+        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined), with
+        the expired claims put back first every `release_every_s`."""
+        now = time.monotonic()
+        release = now - self._last_release >= self.config.release_every_s
+        self._claim_now = self._job_changed = False
+        self._last_claim = now
+        if self._retry_at is not None and now >= self._retry_at:
+            self._retry_at = None
+        got = await relay_db.claim_batch(
+            self._sm,
+            owner=self.config.owner,
+            limit=self.config.batch_size,
+            window=self.config.user_window,
+            release_ttl_s=self.config.lock_ttl_s if release else None,
+        )
+        if release:
+            self._last_release = now
+        self.holding = got.holding
+        if got.released:
+            log.warning("released %d expired outbox claims", got.released)
+        if got.closed:
+            log.info("closed %d held enqueue rows of jobs that ended while held", got.closed)
+        return got.rows
 
     async def release_expired(self) -> int:
         """Expired claims go back to pending; held enqueue rows whose job ended while held (a
         cancel ends a queued job in SQL at once) are closed, as nothing is left to start."""
         async with self._sm.begin() as s:
             n = await outbox_db.release_expired(s, ttl_s=self.config.lock_ttl_s)
-            closed = await relay_db.close_ended_held(s)
-        if n:
-            log.warning("released %d expired outbox claims", n)
-        if closed:
-            log.info("closed %d held enqueue rows of jobs that ended while held", closed)
+            await relay_db.close_ended_held(s)
         return n
-
-    async def claim(self) -> list[OutboxRow]:
-        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        return await relay_db.claim(
-            self._sm,
-            owner=self.config.owner,
-            limit=self.config.batch_size,
-            window=self.config.user_window,
-        )
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
         alone: every row gets its own outcome, whatever happens to the others."""
-        self._last_claim = time.monotonic()
         rows = await self.claim()
         if not rows:
             return 0
@@ -235,7 +271,7 @@ class Relay:
                 outcome = res.kind
             else:
                 outcome = "started" if r.event_type == ENQUEUE else "acknowledged"
-            self._metrics.relayed(_event_label(r.event_type), outcome)
+            self._metrics.relayed(event_label(r.event_type), outcome)
         # A job's end becomes its owner's webhook deliveries in the transaction that marks it.
         ended = [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
         if not failed:
@@ -266,7 +302,7 @@ class Relay:
         failed: list[tuple[OutboxRow, DispatchFailure]],
     ) -> None:
         """A batch with failures: the published rows, their deliveries and each failure's
-        outcome, in one transaction."""
+        outcome, in one transaction; the relay looks again when the first retry is due."""
         async with self._sm.begin() as s:
             await outbox_db.mark_published(s, ok, owner=self.config.owner)
             await deliveries_db.fan_out(s, ended)
@@ -284,6 +320,8 @@ class Relay:
                         error=res.error,
                         count_attempt=res.kind == "retry",
                     )
+                    if status == "pending":
+                        self._retry_after(outbox_db.retry_in_s(row.attempt_count))
                 with row_context(row):
                     log.warning(
                         "outbox dispatch failed",
@@ -295,149 +333,18 @@ class Relay:
                         },
                     )
 
+    def _retry_after(self, seconds: float) -> None:
+        at = time.monotonic() + seconds
+        self._retry_at = at if self._retry_at is None else min(self._retry_at, at)
+
     async def _dispatch(self, row: OutboxRow) -> DispatchFailure | None:
-        """Start the row's workflow; None on success. Never raises: the outcome is per row."""
+        """Dispatch the row by its event type; None on success. Never raises: the outcome is
+        per row."""
         try:
             # The row's trace context is the current one while it is dispatched, so the tracing
             # interceptor's StartWorkflow span (and through its headers the workflow) joins the
             # trace of the request that created the job; a row without one starts its own.
             with row_context(row):
-                return await self._dispatch_row(row)
+                return await self.dispatch.row(row)
         except Exception as exc:  # a bug must not take the batch down with it
             return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
-
-    async def _dispatch_row(self, row: OutboxRow) -> DispatchFailure | None:
-        if row.event_type in KNOWN_DOMAIN_EVENTS:
-            return None
-        if row.event_type == BULK_START:
-            return await self._start_bulk(row)
-        if row.event_type != ENQUEUE:
-            log.warning(
-                "unknown outbox event type; marked published, not dispatched",
-                extra={"event_id": row.id, "event_type": row.event_type[:64]},
-            )
-            return None
-        p = row.payload if isinstance(row.payload, dict) else {}
-        try:
-            job_id = str(uuid.UUID(str(p["jobId"])))
-            job_type = str(p["jobType"])
-            queue = str(p["queueName"])
-            fairness_key = str(p.get("fairnessKey") or "")[:64] if self.config.fairness else ""
-            fairness_weight = float(p.get("fairnessWeight") or 1.0)
-            user_active = int(p.get("userActive") or 0)
-        except (KeyError, TypeError, ValueError):
-            return DispatchFailure("malformed", "malformed enqueue payload")
-        if queue not in QUEUE_NAMES:
-            return DispatchFailure("malformed", f"unknown queueName {queue[:64]!r}")
-        if 0 < user_active <= self.config.light_jobs:
-            fairness_weight *= self.config.light_boost
-        if job_type not in self._catalog:
-            # Possibly a newer job type than this relay knows (a rolling deploy): retried, and
-            # revived by the reconciler while the job waits.
-            return DispatchFailure("retry", f"unknown jobType {job_type[:64]!r}")
-        # The job type's own priority, set by the operator, never the client's: Temporal
-        # orders priority keys before fairness keys across every user, so a client's urgency
-        # would jump other users' jobs. A user's own jobs are ordered by the client's priority
-        # before they get here (the dispatch window, db/relay.py).
-        type_priority = self._catalog.get(job_type).definition.queue.default_priority
-        async with self._sem:
-            try:
-                await self._client.start_workflow(
-                    job_type,
-                    JobWorkflowInput(
-                        jobId=job_id,
-                        jobType=job_type,
-                        # Derived from the job id: no user id or client key reaches Temporal.
-                        idempotencyKey=enqueue_dedupe_key(job_id),
-                        createdAt=row.created_at.isoformat(),
-                        runAt=str(p.get("runAt") or ""),
-                    ),
-                    id=workflow_id(queue, job_type, job_id),
-                    task_queue=f"{queue}{self.config.task_queue_suffix}",
-                    # A closed run that failed, was terminated or timed out may be replaced by a
-                    # fresh one (the reconciler re-enqueues a queued job whose run died); a
-                    # completed run is never started twice, a running one is reused.
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    search_attributes=TypedSearchAttributes(
-                        [
-                            SearchAttributePair(search_attributes.JOB_ID, job_id),
-                            SearchAttributePair(search_attributes.JOB_TYPE, job_type),
-                            SearchAttributePair(search_attributes.LIFECYCLE_STATUS, "queued"),
-                        ]
-                    ),
-                    # Activities inherit it: EXECUTE waits for a slot in the job types'
-                    # priority order, and within one fairly across users (by their weights).
-                    priority=Priority(
-                        priority_key=priority_key(type_priority),
-                        fairness_key=fairness_key or None,
-                        fairness_weight=fairness_weight if fairness_key else None,
-                    ),
-                )
-                self.started += 1
-                self._metrics.relay_lagged(
-                    queue, (datetime.now(UTC) - row.created_at).total_seconds()
-                )
-            except WorkflowAlreadyStartedError:
-                pass  # it ran already: at-least-once delivery, exactly-once start
-            except RPCError as exc:
-                kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
-                return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
-            except Exception as exc:
-                return DispatchFailure("retry", f"{type(exc).__name__}: {str(exc)[:300]}")
-        return None
-
-    async def _start_bulk(self, row: OutboxRow) -> DispatchFailure | None:
-        """Start an admin bulk operation's workflow on `ai-system` (docs/admin.md). Its id is
-        the operation's: a second start reuses a running one and never reruns a closed one."""
-        p = row.payload if isinstance(row.payload, dict) else {}
-        try:
-            inp = BulkInput(
-                operation_id=str(uuid.UUID(str(p["operationId"]))),
-                action=str(p["action"]),
-                page_size=int(p["pageSize"]),
-                jobs_per_second=float(p["jobsPerSecond"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            return DispatchFailure("malformed", "malformed bulk start payload")
-        async with self._sem:
-            try:
-                await self._client.start_workflow(
-                    BULK_WORKFLOW,
-                    inp,
-                    id=bulk_workflow_id(inp.operation_id),
-                    task_queue=f"{SYSTEM_QUEUE}{self.config.task_queue_suffix}",
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                )
-            except WorkflowAlreadyStartedError:
-                pass
-            except RPCError as exc:
-                kind: FailureKind = "unavailable" if exc.status in _UNREACHABLE else "retry"
-                return DispatchFailure(kind, f"RPCError {exc.status.name if exc.status else ''}")
-        return None
-
-
-def _event_label(event_type: str) -> str:
-    return event_type if event_type == ENQUEUE or event_type in KNOWN_DOMAIN_EVENTS else "other"
-
-
-FailureKind = Literal["unavailable", "retry", "malformed"]
-# Transient conditions of the server, not the row's fault: it did not answer (UNAVAILABLE,
-# DEADLINE_EXCEEDED, CANCELLED) or it is shedding load (RESOURCE_EXHAUSTED: a rate limit or a
-# busy history shard). The row backs off and the claim does not count as an attempt, so a
-# loaded or absent Temporal never parks a job's enqueue; the relay as a whole slows down too.
-_UNREACHABLE = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.RESOURCE_EXHAUSTED,
-    }
-)
-
-
-@dataclass(frozen=True)
-class DispatchFailure:
-    kind: FailureKind
-    error: str

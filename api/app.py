@@ -45,9 +45,11 @@ def create_app(
     policy: CreatePolicy,
     catalog: Catalog,
     temporal: Client | None = None,
+    application_name: str = "aijobs-api",
 ) -> FastAPI:
     """The API app, given its collaborators: `runtime.wiring.api_app` is the one place that
-    chooses them. The keyring is `credential_cipher(settings)`, the one the workers use."""
+    chooses them. The keyring is `credential_cipher(settings)`, the one the workers use. Its
+    connections name it `application_name` (its listener's, that with `-listener`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,6 +57,7 @@ def create_app(
             settings.require_database_url(),
             pool_size=settings.db_pool_size,
             pooled=settings.database_pooled,
+            application_name=application_name,
         )
         sm = make_sessionmaker(engine)
         token_count.configure(
@@ -68,7 +71,9 @@ def create_app(
             jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
             credentials=CredentialService(sm, keyring),
-            events=JobEventHub(settings.session_database_url, sm),
+            events=JobEventHub(
+                settings.session_database_url, sm, application_name=application_name
+            ),
             webhooks=WebhookService(
                 sm,
                 keyring,

@@ -12,15 +12,14 @@ through the session functions of db/outbox.py instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
-from db.lifecycle import JOB_CHANGED_CHANNEL
-from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, OutboxRow
+from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, RELEASE_EXPIRED, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
 
@@ -129,6 +128,7 @@ CLOSE_ENDED_HELD = text(
     WHERE o.status = 'pending' AND o.held_at IS NOT NULL
       AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
       AND j.lifecycle_status <> 'queued'
+    RETURNING o.id
     """
 )
 
@@ -136,6 +136,45 @@ CLOSE_ENDED_HELD = text(
 def _claimed(rows: Sequence[Any]) -> list[OutboxRow]:
     """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
     return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
+
+
+# Whether enqueue rows are held by their users' windows after a claim (read in its transaction,
+# so it sees what the claim held and admitted): the relay then wakes on job changes, which may
+# make room (`ix_outbox_event_held`).
+HOLDING = text(
+    "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'pending' "
+    "AND held_at IS NOT NULL) AS holding"
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    rows: list[OutboxRow]  # claimed, in id order
+    holding: bool  # enqueue rows wait for room in their users' windows
+    released: int = 0  # expired claims put back first
+    closed: int = 0  # held rows of jobs that ended while held, closed
+
+
+async def claim_batch(
+    sm: SessionMaker,
+    *,
+    owner: str,
+    limit: int,
+    window: int = DEFAULT_WINDOW,
+    release_ttl_s: float | None = None,
+) -> Claimed:
+    """`claim`, and in the same transaction and round trip whether rows stay held; with
+    `release_ttl_s`, first the expired claims put back (`RELEASE_EXPIRED`) and the held rows
+    of ended jobs closed (`CLOSE_ENDED_HELD`): the relay's housekeeping costs no transaction
+    of its own."""
+    params = {"lim": limit, "owner": owner, "window": max(1, window)}
+    statements: list[pipeline.Statement] = [(CLAIM_LOCK, {})]
+    if release_ttl_s is not None:
+        statements += [(RELEASE_EXPIRED, {"ttl": release_ttl_s}), (CLOSE_ENDED_HELD, {})]
+    statements += [(CLAIM, params), (HOLDING, {})]
+    results = await pipeline.run(sm, statements, commit=True)
+    released, closed = (len(results[1]), len(results[2])) if release_ttl_s is not None else (0, 0)
+    return Claimed(_claimed(results[-2]), bool(results[-1][0]["holding"]), released, closed)
 
 
 async def claim(
@@ -171,10 +210,3 @@ async def publish(
     if ended:
         statements.append((FAN_OUT, fan_out_params(ended)))
     await pipeline.run(sm, statements, commit=True)
-
-
-async def listen_job_changes(conn: psycopg.AsyncConnection[object]) -> None:
-    """Also LISTEN for job changes (`ai_job_changed`, sent by every job state change, its end
-    included) on the relay's autocommit listener: a job's end makes room in its user's dispatch
-    window, and the relay wakes for it instead of waiting for its next poll."""
-    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")

@@ -51,6 +51,7 @@ from activities.relay_activity import (
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
+from db.listener import Listener
 from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW, RELAY_WORKFLOW_ID
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
@@ -59,6 +60,7 @@ from jobs.bulk import BulkPolicy, BulkService
 from jobs.service import JobService
 from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_dispatcher
+from runtime.signals import signal_all
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -66,6 +68,7 @@ from runtime.wiring import (
     create_policy,
     engine_config,
     gateway,
+    process_listener,
     reconciler_config,
     relay_config,
     webhook_deliverer,
@@ -156,10 +159,12 @@ def build_workers(
     *,
     telemetry: Telemetry | None = None,
     on_close: list[Callable[[], Awaitable[None]]] | None = None,
+    listener: Listener | None = None,
 ) -> list[Worker]:
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
     `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
-    the workers have stopped (the providers' HTTP clients) is appended to `on_close`."""
+    the workers have stopped (the providers' HTTP clients) is appended to `on_close`. The relay
+    activity of `ai-system` wakes through `listener`, the process's one LISTEN connection."""
     for q in queues:
         if q not in ALL_QUEUES:
             raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
@@ -167,7 +172,9 @@ def build_workers(
     gw = gateway(s, telemetry)
     if on_close is not None:
         on_close.append(gw.aclose)
-    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, engine_config(s))
+    stages = JobActivities(
+        parts.sessionmaker, parts.catalog, gw, engine_config(s), signal_all=signal_all
+    )
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
@@ -179,12 +186,12 @@ def build_workers(
     return [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else system_worker(client, parts)
+        else system_worker(client, parts, listener)
         for q in queues
     ]
 
 
-def system_worker(client: Client, parts: Parts) -> Worker:
+def system_worker(client: Client, parts: Parts, listener: Listener | None = None) -> Worker:
     """The `ai-system` worker: the relay shards, the reconciler, the admin bulk operations and
     the schedules' runs."""
     s = parts.settings
@@ -207,7 +214,12 @@ def system_worker(client: Client, parts: Parts) -> Worker:
         client,
     )
     relay = RelayActivities(
-        parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
+        parts.sessionmaker,
+        client,
+        parts.catalog,
+        relay_config(s),
+        shards=s.relay_shards,
+        listener=listener,
     )
     return Worker(
         client,
@@ -284,19 +296,24 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
 
 
 async def run_pollers(
-    client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
+    client: Client,
+    parts: Parts,
+    stop: asyncio.Event,
+    listener: Listener,
+    *,
+    relay: Relay | None = None,
 ) -> None:
     """The webhook deliverer, the schedules' dispatcher, and `relay` when given (`aijobs relay`:
-    the relay loop outside Temporal), each a plain loop under `supervise` (restarted with
-    backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set. Every
-    `ai-system` worker process runs the deliverer (it must deliver while Temporal is down) and
-    the dispatcher; their claims are disjoint, so any number of processes may
-    (docs/architecture.md "Pollers")."""
+    the relay loop outside Temporal, woken through `listener`), each a plain loop under
+    `supervise` (restarted with backoff if it fails, counted in `aijobs_poller_restarts_total`),
+    until `stop` is set. Every `ai-system` worker process runs the deliverer (it must deliver
+    while Temporal is down) and the dispatcher; their claims are disjoint, so any number of
+    processes may (docs/architecture.md "Pollers")."""
     loops = [
-        supervise("webhooks", webhook_deliverer(parts).run, stop),
+        supervise("webhooks", webhook_deliverer(parts, listener).run, stop),
         supervise("schedules", schedule_dispatcher(client, parts).run, stop),
     ]
-    if relay is not None:
+    if relay is not None:  # built on the same listener
         loops.append(supervise("relay", relay.run, stop))
     await asyncio.gather(*loops)
 
@@ -309,8 +326,13 @@ async def run_workers(
     *,
     telemetry: Telemetry | None = None,
 ) -> None:
-    closers: list[Callable[[], Awaitable[None]]] = []
-    workers = build_workers(client, parts, queues, telemetry=telemetry, on_close=closers)
+    """The process's workers, pollers and wakers, all woken through one listener (its one
+    LISTEN connection, `<process>-listener`), until `stop`."""
+    listener = process_listener(parts)
+    closers: list[Callable[[], Awaitable[None]]] = [listener.close]
+    workers = build_workers(
+        client, parts, queues, telemetry=telemetry, on_close=closers, listener=listener
+    )
     # What start-up built (modules, classes, the catalog, the SDK's and SQLAlchemy's tables)
     # lives as long as the process: out of the collector's generations, each full collection
     # no longer walks it (the worker's time in garbage collection halved, about 0.6 ms/job).
@@ -318,8 +340,9 @@ async def run_workers(
     pollers: asyncio.Task[None] | None = None
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
-        pollers = asyncio.create_task(run_pollers(client, parts, stop), name="pollers")
-    waker = limit_waker_task(client, parts, queues, stop)
+        pollers = asyncio.create_task(run_pollers(client, parts, stop, listener), name="pollers")
+    waker = limit_waker_task(client, parts, queues, stop, listener)
+    listener.start()
     log.info("workers running", extra={"queues": list(queues)})
     try:
         async with contextlib.AsyncExitStack() as stack:
