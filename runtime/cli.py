@@ -215,9 +215,7 @@ async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
     listener = process_listener(parts)  # the process's one LISTEN connection
     gc.freeze()  # start-up's objects out of the collector's walks, as in the worker
     try:
-        relay = Relay(
-            parts.sessionmaker, client, parts.catalog, relay_config(s), listener=listener
-        )
+        relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(s), listener=listener)
         listener.start()
         await run_pollers(client, parts, stop, listener, relay=relay)
     finally:
