@@ -84,6 +84,8 @@ STUCK_SAMPLE = 25
 # Wall time of one phase; a phase still busy this much later is cancelled (and counted failed).
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
+# How often an idle engine's passes run the retention phase (ReconcilerConfig).
+RETENTION_EVERY_S = 300.0
 
 PHASES = ("expired_locks", "waiting", "stuck", "revival", "cancels", "relay", "retention")
 
@@ -114,6 +116,9 @@ class ReconcilerConfig:
     describes_per_phase: int = DESCRIBES_PER_PHASE
     stuck_sample: int = STUCK_SAMPLE
     phase_budget_s: float = PHASE_BUDGET_S
+    # Retention runs at the first pass, then again this long later, or at once while the last
+    # run found rows: an idle pass costs its reads, not ten purges.
+    retention_every_s: float = RETENTION_EVERY_S
 
 
 class Reconciler:
@@ -135,6 +140,7 @@ class Reconciler:
         # Where each phase stopped in the previous pass of this process (None: the start).
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
+        self._retention_due = 0.0  # monotonic time retention runs again (0: at the next pass)
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
@@ -405,16 +411,22 @@ class Reconciler:
         p.add("relay_retired", int(c.retired))
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
-        """One bounded page of each kind per pass (activities/retention.py)."""
+        """A bounded page of each kind (activities/retention.py), when due (`retention_every_s`)."""
         c = self.config
+        if time.monotonic() < self._retention_due:
+            return
         days = replace(
             c.retention,
             data_days=c.retention_days,
             outbox_days=c.outbox_retention_days,
             audit_days=c.audit_retention_days,
         )
-        for name, n in (await run_retention(self._sm, days)).items():
+        removed = await run_retention(self._sm, days)
+        for name, n in removed.items():
             p.add(name, n)
+        # Rows found: more may wait behind the pages (the next pass runs it again).
+        found = any(removed.values())
+        self._retention_due = 0.0 if found else time.monotonic() + c.retention_every_s
 
     # ---- repairs -------------------------------------------------------------------------
 

@@ -214,25 +214,3 @@ class Listener:
         except Exception as exc:  # one handler's bug must not stop the others' wake-ups
             log.error("LISTEN handler failed", extra={"error": type(exc).__name__})
 
-
-class Fanout:
-    """A handler that passes each call on to the handlers added to it: for a channel several
-    objects of one process follow and that come and go (the relay shards' loops)."""
-
-    def __init__(self) -> None:
-        self._targets: list[Handler] = []
-
-    def __call__(self, payload: str | None) -> None:
-        for target in list(self._targets):
-            target(payload)
-
-    def add(self, handler: Handler) -> Callable[[], None]:
-        """Follow from now on; the new handler is told MISSED at once (it was not listening)."""
-        self._targets.append(handler)
-        handler(MISSED)
-
-        def remove() -> None:
-            if handler in self._targets:
-                self._targets.remove(handler)
-
-        return remove

@@ -214,7 +214,8 @@ class Settings(ProviderSettings):
     outbox_retention_days: int = Field(default=7, ge=1, alias="OUTBOX_RETENTION_DAYS")
     lock_grace_s: int = Field(default=30, ge=0, alias="AI_LOCK_GRACE_S")
     outbox_lock_ttl_s: int = Field(default=60, ge=1, alias="OUTBOX_LOCK_TTL_S")
-    relay_poll_interval_s: float = Field(default=5.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
+    # The backstop poll: wake-ups are NOTIFYs (docs/architecture.md "Pollers").
+    relay_poll_interval_s: float = Field(default=30.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
     # Relay shard workflows (`outbox-relay-<k>`), each one heartbeating relay activity.
     relay_shards: int = Field(default=1, ge=1, le=32, alias="RELAY_SHARDS")
     reconcile_interval_s: int = Field(default=30, ge=1, alias="RECONCILE_INTERVAL_S")
