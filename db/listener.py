@@ -213,4 +213,3 @@ class Listener:
             handler(payload)
         except Exception as exc:  # one handler's bug must not stop the others' wake-ups
             log.error("LISTEN handler failed", extra={"error": type(exc).__name__})
-

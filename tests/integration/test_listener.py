@@ -28,8 +28,7 @@ async def test_one_named_connection_for_every_channel_and_missed_after_each_conn
 
         backends = await rows(
             db,
-            "SELECT application_name, query FROM pg_stat_activity WHERE application_name "
-            "LIKE :n",
+            "SELECT application_name, query FROM pg_stat_activity WHERE application_name LIKE :n",
             n=f"{name}%",
         )
         assert [r.application_name for r in backends] == [f"{name}-listener"]
