@@ -122,6 +122,12 @@ class Relay:
         self._last_claim = 0.0  # monotonic time of the last claim
         self._last_release = 0.0
         self._retry_at: float | None = None  # when a row this relay failed comes due again
+        # Batches being dispatched (each in its task), the rows in them, and until when the
+        # relay claims nothing (Temporal unreachable).
+        self._batches: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        self._room_before_claim = config.batch_size
+        self._paused_until = 0.0
 
     @property
     def started(self) -> int:
@@ -158,10 +164,12 @@ class Relay:
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Drain, then sleep until a wake-up, the next retry or the poll interval; expired
-        claims go back now and then. Returns when `stop` is set. A failed iteration (PostgreSQL
-        restarting, a network blip) backs off here; anything else escapes to the supervisor,
-        which starts the loop again."""
+        """Claim whenever woken and there is room, and dispatch each claimed batch in a task of
+        its own: a batch whose starts are slow (a loaded Temporal) never holds the next claim
+        back, up to `max_in_flight` rows at once. Sleep until a wake-up, the next retry or the
+        poll interval. Returns when `stop` is set, once the batches in hand are settled. A
+        failed claim (PostgreSQL restarting, a network blip) backs off here; anything else
+        escapes to the supervisor, which starts the loop again."""
         listener, own = self._listener, self._listener is None
         if listener is None:  # a relay run on its own: a listener of its own
             listener = Listener(
@@ -174,9 +182,8 @@ class Relay:
         try:
             while not stop.is_set():
                 try:
-                    while await self.run_once() >= self.config.batch_size:
-                        if stop.is_set():
-                            return
+                    if await self._claim_and_spawn() >= self._room_before_claim:
+                        continue  # a full claim: more may be due
                     failures = 0
                 except Exception as exc:
                     # Keep the relay alive and back off. Rows claimed but not marked stay
@@ -192,19 +199,54 @@ class Relay:
                 await self._wait(stop)
         finally:
             stop_listening()
+            if self._batches:  # the batches in hand are finished and settled
+                await asyncio.gather(*self._batches, return_exceptions=True)
             if own:
                 await listener.close()
 
+    async def _claim_and_spawn(self) -> int:
+        """A claim of what the free dispatch slots allow (none while Temporal is known to be
+        unreachable), its batch dispatched in a task; how many rows it claimed."""
+        room = self.config.max_in_flight - self._in_flight
+        self._room_before_claim = max(1, min(self.config.batch_size, room))
+        if room <= 0 or time.monotonic() < self._paused_until:
+            self._claim_now = True  # rows may be due: claim once that ends
+            return 0
+        rows = await self.claim(limit=self._room_before_claim)
+        if rows:
+            self._in_flight += len(rows)
+            task = asyncio.create_task(self._batch(rows), name="relay-batch")
+            self._batches.add(task)
+            task.add_done_callback(self._batch_done)
+        return len(rows)
+
+    async def _batch(self, rows: list[OutboxRow]) -> None:
+        try:
+            await self._handle(rows)
+        except Exception as exc:  # a failed mark: its rows go out again after their TTL
+            self._note_error(type(exc).__name__)
+            log.warning("relay batch not settled: %s", type(exc).__name__)
+        finally:
+            self._in_flight -= len(rows)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        self._kick.set()  # room for the next claim
+
     async def _wait(self, stop: asyncio.Event) -> None:
         """Until an outbox wake-up, a job change while rows are held (not before `job_wake_s`
-        after the last claim), the next retry, the poll interval or the stop."""
+        after the last claim), the next retry, the poll interval or the stop; while Temporal
+        is unreachable or the dispatch slots are full, until that ends."""
         end = time.monotonic() + self.config.poll_interval_s
         if self._retry_at is not None:
             end = min(end, self._retry_at)
-        while not (stop.is_set() or self._claim_now):
+        while not stop.is_set():
             now = time.monotonic()
-            wake_at = end
-            if self._job_changed:
+            blocked = now < self._paused_until or self._in_flight >= self.config.max_in_flight
+            if self._claim_now and not blocked:
+                return
+            wake_at = max(end, self._paused_until) if blocked else end
+            if self._job_changed and not blocked:
                 if self.holding:
                     wake_at = min(end, self._last_claim + self.config.job_wake_s)
                 else:
@@ -223,9 +265,10 @@ class Relay:
 
     # ---- one batch -------------------------------------------------------------------
 
-    async def claim(self) -> list[OutboxRow]:
-        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined), with
-        the expired claims put back first every `release_every_s`."""
+    async def claim(self, limit: int | None = None) -> list[OutboxRow]:
+        """One batch (at most `limit`, else `batch_size` rows), claimed in one round trip
+        (BEGIN, the claim and COMMIT pipelined), with the expired claims put back first every
+        `release_every_s`."""
         now = time.monotonic()
         release = now - self._last_release >= self.config.release_every_s
         self._claim_now = self._job_changed = False
@@ -235,7 +278,7 @@ class Relay:
         got = await relay_db.claim_batch(
             self._sm,
             owner=self.config.owner,
-            limit=self.config.batch_size,
+            limit=limit or self.config.batch_size,
             window=self.config.user_window,
             release_ttl_s=self.config.lock_ttl_s if release else None,
         )
@@ -257,11 +300,20 @@ class Relay:
         return n
 
     async def run_once(self) -> int:
-        """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails
-        alone: every row gets its own outcome, whatever happens to the others."""
+        """Claim one batch and dispatch and settle it before returning (tests, tools); returns
+        how many rows were claimed. While Temporal is unreachable it also waits out the
+        relay's backoff, as the loop does."""
         rows = await self.claim()
-        if not rows:
-            return 0
+        if rows:
+            await self._handle(rows)
+        pause = self._paused_until - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        return len(rows)
+
+    async def _handle(self, rows: list[OutboxRow]) -> None:
+        """Dispatch a claimed batch and settle it. A bad row fails alone: every row gets its
+        own outcome, whatever happens to the others."""
         results = await asyncio.gather(*(self._dispatch(r) for r in rows))
         ok = [r.id for r, res in zip(rows, results, strict=True) if res is None]
         failed = [(r, res) for r, res in zip(rows, results, strict=True) if res is not None]
@@ -287,10 +339,10 @@ class Relay:
         if failed and all(res.kind == "unavailable" for _, res in failed):
             # Temporal is unreachable: slow the whole relay down, not only these rows.
             self.unavailable_streak += 1
-            await asyncio.sleep(min(5.0, 0.25 * 2**self.unavailable_streak))
+            pause = min(5.0, 0.25 * 2**self.unavailable_streak)
+            self._paused_until = max(self._paused_until, time.monotonic() + pause)
         else:
             self.unavailable_streak = 0
-        return len(rows)
 
     def _note_error(self, what: str) -> None:
         self.last_error, self.last_error_at = what, datetime.now(UTC)

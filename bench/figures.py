@@ -239,6 +239,19 @@ async def background_jobs(ctx: Ctx, n: int, tag: str) -> None:
             await ctx.svc.create(req)
 
     await asyncio.gather(*(one(i) for i in range(n)))
+    # Running: every one of them dispatched (its workflow started) before the samples begin.
+    deadline = time.monotonic() + 120.0
+    while True:
+        rows = await ctx.edb.fetchall(
+            "SELECT count(*) FROM outbox_event WHERE event_type = 'ai.job.enqueue' "
+            "AND status <> 'published'"
+        )
+        if not rows[0][0]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{rows[0][0]} background job(s) not dispatched after 120 s")
+        check_alive(ctx.watch)
+        await asyncio.sleep(POLL_S)
 
 
 async def relay_latency(
