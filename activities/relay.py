@@ -82,6 +82,9 @@ class RelayConfig:
     # While rows are held, a job's change (its end makes room in a window) wakes the relay at
     # most this often; the outbox's own NOTIFY and the poll are never held back by it.
     job_wake_s: float = 0.2
+    # While a batch is being dispatched, a wake-up claims at most this long after the last
+    # claim (none in flight: at once).
+    busy_claim_s: float = 0.025
     # The name of the relay's own listener when it is given none (a relay run alone).
     application_name: str = "aijobs-relay"
     owner: str = field(
@@ -243,9 +246,15 @@ class Relay:
         while not stop.is_set():
             now = time.monotonic()
             blocked = now < self._paused_until or self._in_flight >= self.config.max_in_flight
-            if self._claim_now and not blocked:
+            # While batches are being dispatched, claims come at most every `busy_claim_s`:
+            # what arrives meanwhile goes out together (a burst costs a claim per interval,
+            # not one per create), and never waits for a slow batch to end.
+            coalesce_until = self._last_claim + self.config.busy_claim_s if self._batches else 0
+            if self._claim_now and not blocked and now >= coalesce_until:
                 return
             wake_at = max(end, self._paused_until) if blocked else end
+            if self._claim_now and not blocked:
+                wake_at = min(wake_at, coalesce_until)
             if self._job_changed and not blocked:
                 if self.holding:
                     wake_at = min(end, self._last_claim + self.config.job_wake_s)
