@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psycopg
@@ -52,7 +53,7 @@ def own_database(database_url: str) -> Iterator[str]:
     server = make_conninfo(libpq_url(database_url), dbname="postgres")
     with psycopg.connect(server, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {name}")
-    url = make_conninfo(libpq_url(database_url), dbname=name)
+    url = urlunsplit(urlsplit(libpq_url(database_url))._replace(path=f"/{name}"))
     try:
         yield url
     finally:
