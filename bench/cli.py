@@ -57,7 +57,7 @@ QUICK: dict[str, Any] = {
     "warmup_jobs": 20,
     "duration": 5.0,
     "relay_samples": 20,
-    "relay_background": 40,
+    "relay_background": 20,
     "api_seconds": 2.0,
     "api_warmup_seconds": 1.0,
     "pgbench_seconds": 3,

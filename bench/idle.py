@@ -27,8 +27,8 @@ from bench.report import Results
 
 IDLE_SETTLE_S = 30.0
 IDLE_WINDOW_S = 120.0
-QUICK_SETTLE_S = 10.0
-QUICK_WINDOW_S = 30.0
+QUICK_SETTLE_S = 5.0
+QUICK_WINDOW_S = 20.0
 TARGET_PER_MINUTE = 30.0
 QUEUES = ("ai-interactive", "ai-background", "ai-system")
 
