@@ -11,17 +11,11 @@ type's dispatch does is activities/relay_dispatch.py. The loop counts its progre
 (`dispatched`, `batches`, `last_*`) for the activity's heartbeat details.
 
 Wake-ups come from the process's listener (db/listener.py), never from a connection of the
-relay's own:
-- `ai_outbox` (a create's enqueue, a bulk start, a requeue, a job event someone waits for):
-  claim at once. Nothing holds this wake-up back.
-- `ai_job_changed` (every job state change): only while the last claim left enqueue rows held by
-  their users' dispatch windows (a job's end may make room), and then at most once per
-  `job_wake_s`; otherwise it costs nothing.
-- A row this relay failed to dispatch: when its backoff ends.
-- The poll (`RELAY_POLL_INTERVAL_S`): the backstop for rows nothing woke the relay for (a job
-  event no one waits for, a claim another relay let expire). The expired claims are put back
-  and the held rows of ended jobs closed inside a claim's own transaction, every
-  `release_every_s`.
+relay's own; when it claims, publishes or sleeps is activities/relay_wake.py. Each claimed batch
+is dispatched in a task of its own (at most `max_in_flight` rows at once), so a batch of slow
+starts never holds the next claim back; the batch is then marked published by the next claim's
+transaction, or on its own shortly after. Every `release_every_s` a claim first puts back the
+claims another relay let expire and closes the held rows of jobs that ended while held.
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ from activities.relay_dispatch import (
     DispatchFailure,
     event_label,
 )
+from activities.relay_wake import Wake, WakeTimes
 from db import outbox as outbox_db
 from db import relay as relay_db
 from db import webhook_deliveries as deliveries_db
@@ -82,9 +77,10 @@ class RelayConfig:
     # While rows are held, a job's change (its end makes room in a window) wakes the relay at
     # most this often; the outbox's own NOTIFY and the poll are never held back by it.
     job_wake_s: float = 0.2
-    # While a batch is being dispatched, a wake-up claims at most this long after the last
-    # claim (none in flight: at once).
-    busy_claim_s: float = 0.025
+    # Claims at most this often (a quiet relay claims at once); a dispatched batch is marked
+    # by the next claim, or alone this long after (activities/relay_wake.py).
+    claim_every_s: float = 0.025
+    publish_within_s: float = 0.1
     # The name of the relay's own listener when it is given none (a relay run alone).
     application_name: str = "aijobs-relay"
     owner: str = field(
@@ -117,39 +113,40 @@ class Relay:
         self.last_batch_at: datetime | None = None
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
-        # Wake-ups, recorded by the listener's handlers (they run on the listener's task).
-        self._kick = asyncio.Event()
-        self._claim_now = True  # an outbox NOTIFY (or a possible miss) since the last claim
-        self._job_changed = False  # a job changed since the last claim
-        self.holding = False  # the last claim left enqueue rows held by their windows
-        self._last_claim = 0.0  # monotonic time of the last claim
+        # When to claim, publish or sleep; the listener's handlers record into it.
+        self.wake = Wake(
+            WakeTimes(
+                config.poll_interval_s,
+                config.job_wake_s,
+                config.claim_every_s,
+                config.publish_within_s,
+            )
+        )
         self._last_release = 0.0
-        self._retry_at: float | None = None  # when a row this relay failed comes due again
-        # Batches being dispatched (each in its task), the rows in them, and until when the
-        # relay claims nothing (Temporal unreachable).
+        # Batches being dispatched (each in its task) and the rows in them; the dispatched
+        # rows no transaction has marked published yet, and the job events among them.
         self._batches: set[asyncio.Task[None]] = set()
         self._in_flight = 0
-        self._room_before_claim = config.batch_size
-        self._paused_until = 0.0
+        self._unmarked: list[int] = []
+        self._unmarked_ended: list[int] = []
 
     @property
     def started(self) -> int:
         """Workflows this relay started (tests and metrics)."""
         return self.dispatch.started
 
+    @property
+    def holding(self) -> bool:
+        """The last claim left enqueue rows held by their users' dispatch windows."""
+        return self.wake.holding
+
     # ---- wake-ups ------------------------------------------------------------------------
 
     def on_outbox(self, payload: str | None) -> None:
-        """`ai_outbox`, or MISSED on any channel: claim at once."""
-        self._claim_now = True
-        self._kick.set()
+        self.wake.on_outbox(payload)
 
     def on_job_changed(self, payload: str | None) -> None:
-        if payload is None:
-            self.on_outbox(payload)
-        elif self.holding:  # else nothing waits for room: the change costs nothing
-            self._job_changed = True
-            self._kick.set()
+        self.wake.on_job_changed(payload)
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Follow `listener`'s channels; returns what stops it."""
@@ -184,38 +181,45 @@ class Relay:
         failures = 0
         try:
             while not stop.is_set():
+                await self._wait(stop)
                 try:
-                    if await self._claim_and_spawn() >= self._room_before_claim:
-                        continue  # a full claim: more may be due
+                    action = self.wake.due(time.monotonic(), self._blocked())
+                    if action == "claim":
+                        if await self._claim_and_spawn() >= self.config.batch_size:
+                            self.wake.claim_now = True  # a full claim: more may be due
+                    elif action == "publish":
+                        await self._mark()
                     failures = 0
                 except Exception as exc:
                     # Keep the relay alive and back off. Rows claimed but not marked stay
                     # `processing` until their TTL, then go out again; starting a workflow
                     # twice is a no-op.
                     failures += 1
-                    self._claim_now = True
+                    self.wake.claim_now = True
                     self._note_error(type(exc).__name__)
                     log.warning("relay iteration failed (%d in a row); backing off", failures)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), min(5.0, 0.2 * 2**failures))
-                    continue
-                await self._wait(stop)
         finally:
             stop_listening()
             if self._batches:  # the batches in hand are finished and settled
                 await asyncio.gather(*self._batches, return_exceptions=True)
+            with contextlib.suppress(Exception):  # else they go out again after their TTL
+                await self._mark()
             if own:
                 await listener.close()
 
+    def _blocked(self) -> bool:
+        return self._in_flight >= self.config.max_in_flight
+
+    async def _wait(self, stop: asyncio.Event) -> None:
+        """Until a claim or a publish is due (activities/relay_wake.py), or the stop."""
+        await self.wake.wait(stop, self._blocked)
+
     async def _claim_and_spawn(self) -> int:
-        """A claim of what the free dispatch slots allow (none while Temporal is known to be
-        unreachable), its batch dispatched in a task; how many rows it claimed."""
-        room = self.config.max_in_flight - self._in_flight
-        self._room_before_claim = max(1, min(self.config.batch_size, room))
-        if room <= 0 or time.monotonic() < self._paused_until:
-            self._claim_now = True  # rows may be due: claim once that ends
-            return 0
-        rows = await self.claim(limit=self._room_before_claim)
+        """A claim of what the free dispatch slots allow, its batch dispatched in a task; how
+        many rows it claimed."""
+        rows = await self.claim(limit=max(1, self.config.max_in_flight - self._in_flight))
         if rows:
             self._in_flight += len(rows)
             task = asyncio.create_task(self._batch(rows), name="relay-batch")
@@ -234,71 +238,49 @@ class Relay:
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batches.discard(task)
-        self._kick.set()  # room for the next claim
-
-    async def _wait(self, stop: asyncio.Event) -> None:
-        """Until an outbox wake-up, a job change while rows are held (not before `job_wake_s`
-        after the last claim), the next retry, the poll interval or the stop; while Temporal
-        is unreachable or the dispatch slots are full, until that ends."""
-        end = time.monotonic() + self.config.poll_interval_s
-        if self._retry_at is not None:
-            end = min(end, self._retry_at)
-        while not stop.is_set():
-            now = time.monotonic()
-            blocked = now < self._paused_until or self._in_flight >= self.config.max_in_flight
-            # While batches are being dispatched, claims come at most every `busy_claim_s`:
-            # what arrives meanwhile goes out together (a burst costs a claim per interval,
-            # not one per create), and never waits for a slow batch to end.
-            coalesce_until = self._last_claim + self.config.busy_claim_s if self._batches else 0
-            if self._claim_now and not blocked and now >= coalesce_until:
-                return
-            wake_at = max(end, self._paused_until) if blocked else end
-            if self._claim_now and not blocked:
-                wake_at = min(wake_at, coalesce_until)
-            if self._job_changed and not blocked:
-                if self.holding:
-                    wake_at = min(end, self._last_claim + self.config.job_wake_s)
-                else:
-                    self._job_changed = False
-            if now >= wake_at:
-                return
-            self._kick.clear()
-            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._kick.wait())]
-            try:
-                await asyncio.wait(
-                    waits, timeout=wake_at - now, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                for w in waits:
-                    w.cancel()
+        self.wake.kick.set()  # room for the next claim
 
     # ---- one batch -------------------------------------------------------------------
 
     async def claim(self, limit: int | None = None) -> list[OutboxRow]:
         """One batch (at most `limit`, else `batch_size` rows), claimed in one round trip
-        (BEGIN, the claim and COMMIT pipelined), with the expired claims put back first every
-        `release_every_s`."""
+        (BEGIN, the claim and COMMIT pipelined), with the dispatched rows not yet marked
+        published marked first, and every `release_every_s` the expired claims put back."""
         now = time.monotonic()
         release = now - self._last_release >= self.config.release_every_s
-        self._claim_now = self._job_changed = False
-        self._last_claim = now
-        if self._retry_at is not None and now >= self._retry_at:
-            self._retry_at = None
+        marks, ended = self._unmarked, self._unmarked_ended
         got = await relay_db.claim_batch(
             self._sm,
             owner=self.config.owner,
-            limit=limit or self.config.batch_size,
+            limit=min(limit or self.config.batch_size, self.config.batch_size),
             window=self.config.user_window,
             release_ttl_s=self.config.lock_ttl_s if release else None,
+            publish=marks,
+            ended=ended,
         )
+        self._marked(marks, ended)
+        self.wake.claimed(now, got.holding)
         if release:
             self._last_release = now
-        self.holding = got.holding
         if got.released:
             log.warning("released %d expired outbox claims", got.released)
         if got.closed:
             log.info("closed %d held enqueue rows of jobs that ended while held", got.closed)
         return got.rows
+
+    async def _mark(self) -> None:
+        """Mark the dispatched rows no claim carried published, with their deliveries."""
+        marks, ended = self._unmarked, self._unmarked_ended
+        if marks:
+            await relay_db.publish(self._sm, marks, ended, owner=self.config.owner)
+        self._marked(marks, ended)
+
+    def _marked(self, marks: list[int], ended: list[int]) -> None:
+        done = set(marks)
+        self._unmarked = [i for i in self._unmarked if i not in done]
+        self._unmarked_ended = [i for i in self._unmarked_ended if i not in done]
+        if not self._unmarked:
+            self.wake.publish_due = None
 
     async def release_expired(self) -> int:
         """Expired claims go back to pending; held enqueue rows whose job ended while held (a
@@ -315,7 +297,8 @@ class Relay:
         rows = await self.claim()
         if rows:
             await self._handle(rows)
-        pause = self._paused_until - time.monotonic()
+            await self._mark()
+        pause = self.wake.paused_until - time.monotonic()
         if pause > 0:
             await asyncio.sleep(pause)
         return len(rows)
@@ -336,8 +319,11 @@ class Relay:
         # A job's end becomes its owner's webhook deliveries in the transaction that marks it.
         ended = [r.id for r in rows if r.id in ok and r.event_type in KNOWN_DOMAIN_EVENTS]
         if not failed:
-            # The usual batch: marks and deliveries in one round trip.
-            await relay_db.publish(self._sm, ok, ended, owner=self.config.owner)
+            # The usual batch: marked (and its deliveries written) by the next claim, or alone
+            # shortly (`publish_within_s`).
+            self._unmarked += ok
+            self._unmarked_ended += ended
+            self.wake.publish_by(time.monotonic() + self.config.publish_within_s)
         else:
             await self._settle(ok, ended, failed)
         self.dispatched += len(rows)
@@ -349,7 +335,7 @@ class Relay:
             # Temporal is unreachable: slow the whole relay down, not only these rows.
             self.unavailable_streak += 1
             pause = min(5.0, 0.25 * 2**self.unavailable_streak)
-            self._paused_until = max(self._paused_until, time.monotonic() + pause)
+            self.wake.paused_until = max(self.wake.paused_until, time.monotonic() + pause)
         else:
             self.unavailable_streak = 0
 
@@ -382,7 +368,7 @@ class Relay:
                         count_attempt=res.kind == "retry",
                     )
                     if status == "pending":
-                        self._retry_after(outbox_db.retry_in_s(row.attempt_count))
+                        self.wake.retry_after(outbox_db.retry_in_s(row.attempt_count))
                 with row_context(row):
                     log.warning(
                         "outbox dispatch failed",
@@ -393,10 +379,6 @@ class Relay:
                             "failure": res.kind,
                         },
                     )
-
-    def _retry_after(self, seconds: float) -> None:
-        at = time.monotonic() + seconds
-        self._retry_at = at if self._retry_at is None else min(self._retry_at, at)
 
     async def _dispatch(self, row: OutboxRow) -> DispatchFailure | None:
         """Dispatch the row by its event type; None on success. Never raises: the outcome is

@@ -162,19 +162,40 @@ async def claim_batch(
     limit: int,
     window: int = DEFAULT_WINDOW,
     release_ttl_s: float | None = None,
+    publish: Sequence[int] = (),
+    ended: Sequence[int] = (),
 ) -> Claimed:
-    """`claim`, and in the same transaction and round trip whether rows stay held; with
-    `release_ttl_s`, first the expired claims put back (`RELEASE_EXPIRED`) and the held rows
-    of ended jobs closed (`CLOSE_ENDED_HELD`): the relay's housekeeping costs no transaction
-    of its own."""
+    """`claim`, and in the same transaction and round trip whether rows stay held. Before it:
+    `publish`'s rows (dispatched by `owner`) marked published, with the webhook deliveries of
+    `ended` (the job events among them), as `publish` does; with `release_ttl_s`, the expired
+    claims put back (`RELEASE_EXPIRED`) and the held rows of ended jobs closed
+    (`CLOSE_ENDED_HELD`). The relay's marks and housekeeping cost no transaction of their
+    own."""
     params = {"lim": limit, "owner": owner, "window": max(1, window)}
     statements: list[pipeline.Statement] = [(CLAIM_LOCK, {})]
+    statements += _publish_statements(publish, ended, owner=owner)
+    housekeeping = len(statements)
     if release_ttl_s is not None:
         statements += [(RELEASE_EXPIRED, {"ttl": release_ttl_s}), (CLOSE_ENDED_HELD, {})]
     statements += [(CLAIM, params), (HOLDING, {})]
     results = await pipeline.run(sm, statements, commit=True)
-    released, closed = (len(results[1]), len(results[2])) if release_ttl_s is not None else (0, 0)
+    released = closed = 0
+    if release_ttl_s is not None:
+        released, closed = len(results[housekeeping]), len(results[housekeeping + 1])
     return Claimed(_claimed(results[-2]), bool(results[-1][0]["holding"]), released, closed)
+
+
+def _publish_statements(
+    published: Sequence[int], ended: Sequence[int], *, owner: str
+) -> list[pipeline.Statement]:
+    if not published:
+        return []
+    statements: list[pipeline.Statement] = [
+        (MARK_PUBLISHED, {"ids": list(published), "owner": owner})
+    ]
+    if ended:
+        statements.append((FAN_OUT, fan_out_params(ended)))
+    return statements
 
 
 async def claim(
@@ -204,9 +225,4 @@ async def publish(
     """A batch every row of which went out: `published` (still `owner`'s) are marked published
     and `ended` (the job endings among them) become their owners' webhook deliveries, in one
     transaction and one round trip, so an ending is never published without its deliveries."""
-    statements: list[pipeline.Statement] = [
-        (MARK_PUBLISHED, {"ids": list(published), "owner": owner})
-    ]
-    if ended:
-        statements.append((FAN_OUT, fan_out_params(ended)))
-    await pipeline.run(sm, statements, commit=True)
+    await pipeline.run(sm, _publish_statements(published, ended, owner=owner), commit=True)
