@@ -248,7 +248,8 @@ class Relay:
         published marked first, and every `release_every_s` the expired claims put back."""
         now = time.monotonic()
         release = now - self._last_release >= self.config.release_every_s
-        marks, ended = self._unmarked, self._unmarked_ended
+        # Copies: a batch that ends during the round trip adds to the lists.
+        marks, ended = list(self._unmarked), list(self._unmarked_ended)
         got = await relay_db.claim_batch(
             self._sm,
             owner=self.config.owner,
@@ -270,7 +271,8 @@ class Relay:
 
     async def _mark(self) -> None:
         """Mark the dispatched rows no claim carried published, with their deliveries."""
-        marks, ended = self._unmarked, self._unmarked_ended
+        # Copies: a batch that ends during the round trip adds to the lists.
+        marks, ended = list(self._unmarked), list(self._unmarked_ended)
         if marks:
             await relay_db.publish(self._sm, marks, ended, owner=self.config.owner)
         self._marked(marks, ended)
