@@ -79,7 +79,7 @@ class RelayConfig:
     job_wake_s: float = 0.2
     # Claims at most this often (a quiet relay claims at once); a dispatched batch is marked
     # by the next claim, or alone this long after (activities/relay_wake.py).
-    claim_every_s: float = 0.025
+    claim_every_s: float = 0.05
     publish_within_s: float = 0.1
     # The name of the relay's own listener when it is given none (a relay run alone).
     application_name: str = "aijobs-relay"

@@ -32,7 +32,7 @@ Action = Literal["claim", "publish"]
 class WakeTimes:
     poll_interval_s: float = 30.0
     job_wake_s: float = 0.2
-    claim_every_s: float = 0.025
+    claim_every_s: float = 0.05
     publish_within_s: float = 0.1
 
 

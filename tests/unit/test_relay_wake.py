@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from activities.relay_wake import Wake, WakeTimes
 
-T = WakeTimes(poll_interval_s=30.0, job_wake_s=0.2, claim_every_s=0.025, publish_within_s=0.1)
+T = WakeTimes(poll_interval_s=30.0, job_wake_s=0.2, claim_every_s=0.05, publish_within_s=0.1)
 
 
 def quiet(now: float = 100.0, *, holding: bool = False) -> Wake:
@@ -27,8 +27,8 @@ def test_an_outbox_notify_after_a_quiet_spell_is_claimed_at_once() -> None:
 def test_claims_of_a_burst_are_spaced_and_none_is_lost() -> None:
     w = quiet(100.0)
     w.on_outbox("")
-    assert w.due(100.01, blocked=False) is None  # within claim_every_s of the last claim
-    assert w.due(100.025, blocked=False) == "claim"
+    assert w.due(100.03, blocked=False) is None  # within claim_every_s of the last claim
+    assert w.due(100.05, blocked=False) == "claim"
 
 
 def test_a_job_change_costs_nothing_unless_rows_are_held() -> None:
@@ -47,7 +47,7 @@ def test_a_job_change_never_holds_an_outbox_notify_back() -> None:
     w = quiet(100.0, holding=True)
     w.on_job_changed("5f0c7a6e-0000-4000-8000-000000000000")
     w.on_outbox("")
-    assert w.due(100.03, blocked=False) == "claim"  # not job_wake_s after the last claim
+    assert w.due(100.05, blocked=False) == "claim"  # not job_wake_s after the last claim
 
 
 def test_missed_notifications_are_a_claim() -> None:
