@@ -24,7 +24,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.batch_files import ClientFor, delete_due, gateway_clients
 from activities.batch_results import (
@@ -271,13 +270,15 @@ class BatchActivities:
         exists is fine (its job ended some other way)."""
         async with self.deps.sessionmaker() as s:
             workflow_ids = await results_db.workflows_to_signal(s, bid)
-        for workflow_id in workflow_ids:
-            try:
-                await self.client.get_workflow_handle(workflow_id).signal(BATCH_RESULT_SIGNAL)
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                log.info("batch.job_gone", extra={"batch_id": str(bid)})
+        if self.deps.signal_all is None:
+            raise RuntimeError("the batch activities need the worker's signal sender")
+        # Strict: a signal Temporal refused fails the activity, which retries; a job workflow
+        # that no longer exists needs none (its job ended some other way).
+        sent = await self.deps.signal_all(
+            self.client, workflow_ids, BATCH_RESULT_SIGNAL, strict=True
+        )
+        if sent < len(workflow_ids):
+            log.info("batch.job_gone", extra={"batch_id": str(bid)})
 
     async def _end(self, bid: uuid.UUID, remote: ProviderBatch, input_file_id: str | None) -> None:
         """The batch ended, its results stored: its files are recorded (each is now due for

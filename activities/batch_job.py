@@ -23,7 +23,6 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
 
 from activities.batch import start_batch_workflow
 from activities.deps import StageDeps, lock_owner, log
@@ -124,13 +123,15 @@ class BatchJob:
             return BatchLeaveResult(left=False)
         if not left.all_cancelled or left.batch_status in ENDED:
             return BatchLeaveResult(left=True)
-        try:
-            handle = activity.client().get_workflow_handle(left.workflow_id)
-            await handle.signal(BATCH_POKE_SIGNAL)
-        except RPCError:  # the batch workflow ended meanwhile, or Temporal is away
+        send = d.signal_all
+        # A lost poke (the batch workflow ended meanwhile, Temporal is away, a worker without a
+        # sender) costs only time: the batch's own timer comes.
+        poked = send is not None and bool(
+            await send(activity.client(), [left.workflow_id], BATCH_POKE_SIGNAL)
+        )
+        if not poked:
             log.warning("batch poke not delivered", extra={"batch_id": str(left.batch_id)})
-            return BatchLeaveResult(left=True)
-        return BatchLeaveResult(left=True, poked=True)
+        return BatchLeaveResult(left=True, poked=poked)
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.batch_enroll, self.batch_collect, self.batch_leave]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from temporalio import activity
@@ -26,6 +27,10 @@ from jobs.spec import Catalog
 # Every stage logs under this one name (the log lines of a job's stages read together, and
 # docs/observability.md's examples name it).
 log = logging.getLogger("activities.stages")
+# The engine's one sender of workflow signals (runtime/signals.py `signal_all`: client, workflow
+# ids, signal name, `strict=`; how many were delivered), handed to the activities that signal by
+# the worker that builds them (activities may not import runtime/).
+SignalAll = Callable[..., Awaitable[int]]
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class StageDeps:
     gateway: Gateway
     config: EngineConfig = field(default_factory=EngineConfig)
     metrics: WorkerMetrics = field(default_factory=worker_metrics)
+    # The worker's signal sender; None: this stage object sends no signal (a test's).
+    signal_all: SignalAll | None = None
 
     def execution_policy(self, d: JobDefinition) -> ResolvedExecution:
         """The job type's attempts, backoff and lock: its own, the operator's override of the

@@ -89,6 +89,8 @@ STUCK_SAMPLE = 25
 # Wall time of one phase; a phase still busy this much later is cancelled (and counted failed).
 PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
+# How often an idle engine's passes run the retention phase (ReconcilerConfig).
+RETENTION_EVERY_S = 300.0
 
 PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
 # A running job whose SQL lock expired this long ago is abandoned: with the 60 s lock, the
@@ -120,6 +122,9 @@ class ReconcilerConfig:
     describes_per_phase: int = DESCRIBES_PER_PHASE
     stuck_sample: int = STUCK_SAMPLE
     phase_budget_s: float = PHASE_BUDGET_S
+    # Retention runs at the first pass, then again this long later, or at once while the last
+    # run found rows: an idle pass costs its reads, not ten purges.
+    retention_every_s: float = RETENTION_EVERY_S
 
 
 class Reconciler:
@@ -147,6 +152,7 @@ class Reconciler:
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
         self._endings = ReconcilerEndings(sessionmaker, client, self._metrics, catalog)
+        self._retention_due = 0.0  # monotonic time retention runs again (0: at the next pass)
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
@@ -421,15 +427,23 @@ class Reconciler:
         p.details.extend(c.notes)
 
     async def _retention(self, p: Pass, phase: Phase) -> None:
-        """One bounded page of each kind per pass (activities/retention.py)."""
+        """A bounded page of each kind (activities/retention.py), when due (`retention_every_s`)."""
         c = self.config
+        if time.monotonic() < self._retention_due:
+            return
         days = replace(
             c.retention,
             data_days=c.retention_days,
             outbox_days=c.outbox_retention_days,
             audit_days=c.audit_retention_days,
         )
-        for name, n in (await run_retention(self._sm, days)).items():
+        removed = await run_retention(self._sm, days)
+        for name, n in removed.items():
             p.add(name, n)
+        found = any(removed.values())
         if self._batch_files is not None:  # after the purges, which may have made some due
-            p.add("batch_files_deleted", await self._batch_files.delete_due())
+            deleted = await self._batch_files.delete_due()
+            p.add("batch_files_deleted", deleted)
+            found = found or deleted > 0
+        # Rows found: more may wait behind the pages (the next pass runs it again).
+        self._retention_due = 0.0 if found else time.monotonic() + c.retention_every_s

@@ -39,6 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.failures import loggable
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay import Relay, RelayConfig
+from db.listener import Listener
 from db.session import SessionMaker
 from engine.contracts import (
     OUTBOX_RELAY,
@@ -72,7 +73,8 @@ class RelayShards:
 class RelayActivities:
     """The `outbox_relay` activity of the `ai-system` workers. Built once per worker with the
     worker's Temporal client (the relay starts workflows through it); each attempt runs its own
-    `Relay` under a fresh owner id, so claims of a dead attempt never pass for a live one's."""
+    `Relay` under a fresh owner id, so claims of a dead attempt never pass for a live one's.
+    Its wake-ups come from the worker process's listener (`listener`)."""
 
     def __init__(
         self,
@@ -84,8 +86,10 @@ class RelayActivities:
         shards: int = RELAY_SHARDS,
         heartbeat_every_s: float = 2.0,
         metrics: WorkerMetrics | None = None,
+        listener: Listener | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._listener = listener
         self._client = client
         self._catalog = catalog
         self.config = config
@@ -94,7 +98,9 @@ class RelayActivities:
         self._metrics = metrics or worker_metrics()
 
     def new_relay(self, config: RelayConfig) -> Relay:
-        return Relay(self._sm, self._client, self._catalog, config, self._metrics)
+        return Relay(
+            self._sm, self._client, self._catalog, config, self._metrics, listener=self._listener
+        )
 
     @activity.defn(name=OUTBOX_RELAY)
     async def outbox_relay(self, inp: RelayShardInput) -> RelayShardResult:

@@ -1,10 +1,9 @@
 """The relay and due times (db/relay.py "by-design waits"): a row that is not due yet, a delayed
-job's enqueue say, is claimed at its time, so the relay sleeps no longer than until the next due
-time its last claim read, and a delayed job's workflow starts then without a timer of its own."""
+job's enqueue say, is claimed at its time (the relay wakes then: activities/relay_wake.py), so a
+delayed job's workflow starts without a timer of its own."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 from db.outbox import OutboxRow
@@ -13,15 +12,6 @@ from db.outbox import OutboxRow
 # Only a row dispatched early (written by an earlier version; an operator's requeue) still
 # carries a runAt ahead, which its workflow then waits for on a timer.
 RUN_AT_SLACK_S = 1.0
-
-
-def sleep_s(poll_interval_s: float, next_due: float | None, floor_s: float) -> float:
-    """How long the relay may sleep: the poll interval, or less, until `next_due` (monotonic
-    time; None: nothing due later), at least `floor_s` (a due job whose row another claim
-    holds is not claimed in a tight loop)."""
-    if next_due is None:
-        return poll_interval_s
-    return min(poll_interval_s, max(next_due - time.monotonic(), floor_s))
 
 
 def still_ahead(run_at: object) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from activities.batch_job import BatchJob
 from activities.complete import Complete
-from activities.deps import EngineConfig, StageDeps
+from activities.deps import EngineConfig, SignalAll, StageDeps
 from activities.execute import Execute
 from activities.finalize import Finalize
 from activities.merge import Merge
@@ -49,6 +49,8 @@ class JobActivities:
         gateway: Gateway,
         config: EngineConfig | None = None,
         metrics: WorkerMetrics | None = None,
+        *,
+        signal_all: SignalAll | None = None,
     ) -> None:
         self.deps = StageDeps(
             sessionmaker,
@@ -56,6 +58,7 @@ class JobActivities:
             gateway,
             config=config or EngineConfig(),
             metrics=metrics or worker_metrics(),
+            signal_all=signal_all,
         )
         finalize = Finalize(self.deps)
         self.prepare = Prepare(self.deps).prepare

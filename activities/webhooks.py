@@ -35,7 +35,8 @@ import httpx
 from activities.metrics import WorkerMetrics, worker_metrics
 from db import webhook_deliveries as deliveries_db
 from db import webhooks as webhooks_db
-from db.session import SessionMaker, listen_connection
+from db.listener import Listener
+from db.session import SessionMaker
 from db.webhook_deliveries import DeliveryRow
 from db.webhooks import JOB_EVENTS
 from engine.errors import EngineError
@@ -70,10 +71,14 @@ class WebhookConfig:
     retry_base_s: float = 30.0
     retry_max_s: float = 3600.0
     retry_for_s: float = 86_400.0
-    poll_interval_s: float = 1.0  # tests' value; a deployment's is POLL_INTERVAL_S
-    # A session URL to LISTEN on for new deliveries (None: poll only). With it, the poll is
-    # only a backstop (retries coming due, a lost notification).
+    # Without wake-ups (no listener, no `listen_url`): how often an idle deliverer claims.
+    poll_interval_s: float = 1.0
+    # A session URL for a listener of the deliverer's own when it is given none (a deliverer
+    # run alone); None and no listener: poll only. With wake-ups, an idle deliverer sleeps
+    # until the next retry comes due (or `backstop_s`): a new delivery NOTIFYs `ai_webhook`,
+    # and a (re)connect of the listener tells it to look (notifications may have been lost).
     listen_url: str | None = None
+    backstop_s: float = 300.0
     # Deliveries at once per deliverer: each waits at most the request timeout on a receiver.
     max_in_flight: int = 16
     # One user's share of those slots (its receivers may all hang).
@@ -164,6 +169,7 @@ class WebhookDeliverer:
         resolve: Resolver = system_resolver,
         clock: Callable[[], float] = time.time,
         metrics: WorkerMetrics | None = None,
+        listener: Listener | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._cipher = cipher
@@ -177,18 +183,27 @@ class WebhookDeliverer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()  # a new delivery was committed, or a slot came free
         self._client: httpx.AsyncClient | None = None
+        self._listener = listener
+        self._due_in_s: float | None = None  # from the last claim: the next row's due time
         self.attempts = 0  # requests made (tests)
+
+    def on_delivery(self, payload: str | None) -> None:
+        """`ai_webhook` (a new delivery was committed) or MISSED: claim now."""
+        self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and deliver until `stop` is set; requests in flight then get their time limit
         to finish (their rows are retried after the lease otherwise)."""
         failures = 0
         self._client = http_client(self.config, self._resolve)
-        listener = (
-            asyncio.create_task(self._listen(stop), name="webhooks:listen")
-            if self.config.listen_url
-            else None
+        listener, own = self._listener, False
+        if listener is None and self.config.listen_url:  # run alone: a listener of its own
+            listener, own = Listener(self.config.listen_url), True
+        stop_listening = (
+            listener.on(deliveries_db.NOTIFY_CHANNEL, self.on_delivery) if listener else None
         )
+        if own and listener is not None:
+            listener.start()
         try:
             while not stop.is_set():
                 await self._maybe_purge()
@@ -206,12 +221,12 @@ class WebhookDeliverer:
                     await _sleep_or_stop(stop, min(5.0, 0.2 * 2**failures))
                     continue
                 if not claimed:
-                    await self._idle(stop)
+                    await self._idle(stop, listening=listener is not None)
         finally:
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener
+            if stop_listening is not None:
+                stop_listening()
+            if own and listener is not None:
+                await listener.close()
             if self._tasks:
                 _, pending = await asyncio.wait(
                     list(self._tasks), timeout=self.config.request_timeout_s + 2
@@ -234,6 +249,8 @@ class WebhookDeliverer:
                 per_user=self.config.max_in_flight_per_user,
                 lease_s=self.config.lease_s,
             )
+            if len(rows) < free:  # about to idle: until when
+                self._due_in_s = await deliveries_db.next_due_in_s(s)
         for row in rows:
             self._busy[row.endpoint_id] = self._busy.get(row.endpoint_id, 0) + 1
             self._busy_users[row.user_id] = self._busy_users.get(row.user_id, 0) + 1
@@ -246,35 +263,32 @@ class WebhookDeliverer:
         self._tasks.discard(task)
         self._wake.set()  # a slot came free: claim again without waiting for the poll
 
-    async def _idle(self, stop: asyncio.Event) -> None:
-        """Wait for a NOTIFY of a new delivery, a freed slot, the stop, or the poll interval
-        (the backstop: retries coming due, a lost notification), whichever comes first."""
+    def idle_for_s(self, *, listening: bool) -> float:
+        """How long an idle deliverer waits for a wake-up: without one, the poll interval;
+        with one, until the next row comes due (a retry, a lease another deliverer let lapse),
+        at most `backstop_s`, or the poll interval while rows are due that it could not take.
+        The retention purge keeps its own time."""
+        due_in = self._due_in_s
+        if not listening or (due_in is not None and due_in <= 0):
+            # No wake-ups, or rows due now that this claim could not take (their users' shares
+            # or endpoints are busy elsewhere: a slot freed there wakes no one here).
+            return self.config.poll_interval_s
+        wait = self.config.backstop_s if due_in is None else min(self.config.backstop_s, due_in)
+        return max(0.0, min(wait, self._next_purge - time.monotonic() + 0.05))
+
+    async def _idle(self, stop: asyncio.Event, *, listening: bool) -> None:
+        """Wait for a NOTIFY of a new delivery, a freed slot, the stop, or `idle_for_s`,
+        whichever comes first."""
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
         try:
             await asyncio.wait(
-                waits, timeout=self.config.poll_interval_s, return_when=asyncio.FIRST_COMPLETED
+                waits,
+                timeout=self.idle_for_s(listening=listening),
+                return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
             for w in waits:
                 w.cancel()
-
-    async def _listen(self, stop: asyncio.Event) -> None:
-        """Sets the wake-up on every `NOTIFY ai_webhook` (a committed new delivery). A lost
-        connection is opened again after a pause; the poll covers the gap."""
-        assert self.config.listen_url is not None
-        while not stop.is_set():
-            conn = None
-            try:
-                conn = await listen_connection(self.config.listen_url, deliveries_db.NOTIFY_CHANNEL)
-                async for _ in conn.notifies():
-                    self._wake.set()
-            except Exception as exc:
-                log.info("webhook LISTEN lost; polling", extra={"error": type(exc).__name__})
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            await _sleep_or_stop(stop, 5.0)
 
     async def _deliver(self, row: DeliveryRow) -> None:
         try:

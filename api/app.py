@@ -39,6 +39,7 @@ from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
 from jobs import token_count
 from jobs.credentials import CredentialService, credential_cipher
+from jobs.rollouts import CHANNEL as ROLLOUTS_CHANNEL
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
 from jobs.webhooks import WebhookService
@@ -50,9 +51,11 @@ def create_app(
     policy: CreatePolicy,
     catalog: Catalog,
     temporal: Client | None = None,
+    application_name: str = "aijobs-api",
 ) -> FastAPI:
     """The API app, given its collaborators: `runtime.wiring.api_app` is the one place that
-    chooses them. The keyring is `credential_cipher(settings)`, the one the workers use."""
+    chooses them. The keyring is `credential_cipher(settings)`, the one the workers use. Its
+    connections name it `application_name` (its listener's, that with `-listener`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +63,7 @@ def create_app(
             settings.require_database_url(),
             pool_size=settings.db_pool_size,
             pooled=settings.database_pooled,
+            application_name=application_name,
         )
         sm = make_sessionmaker(engine)
         keyring = credential_cipher(settings)
@@ -70,13 +74,19 @@ def create_app(
             jobs=JobService(sm, catalog, policy, credential_lookup=active_user_key_id),
             temporal=temporal,
             credentials=CredentialService(sm, keyring),
-            events=JobEventHub(settings.session_database_url, sm),
+            events=JobEventHub(
+                settings.session_database_url, sm, application_name=application_name
+            ),
             webhooks=WebhookService(
                 sm,
                 keyring,
                 allow_private=settings.webhooks_allow_private,
             ),
         )
+        # Creates read a job type's rollout from memory while the listener hears its changes.
+        book = app.state.aijobs.jobs.creation.rollouts
+        app.state.aijobs.events.follow(ROLLOUTS_CHANNEL, book.on_notify)
+        book.listening = True
         try:
             yield
         finally:
@@ -105,6 +115,12 @@ def create_app(
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
     console.install(app)  # the operator console at /console (api/console/)
     browser.install(app, settings)  # CORS outermost: refusals carry its headers too
+    _include_routes(app)
+    openapi.install(app, catalog, synthetic_public=policy.synthetic_public)
+    return app
+
+
+def _include_routes(app: FastAPI) -> None:
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
@@ -123,6 +139,3 @@ def create_app(
     app.include_router(schedules_routes.admin_router)
     app.include_router(health.router)
     app.include_router(stream_tokens.router)
-
-    openapi.install(app, catalog, synthetic_public=policy.synthetic_public)
-    return app

@@ -1,19 +1,21 @@
-"""Job change streams: one LISTEN connection per API process, fanned out in memory.
+"""Job change streams: the API process's one LISTEN connection, fanned out in memory.
 
 Every lifecycle transition and progress change runs `pg_notify('ai_job_changed', <job id>)` in
 its own transaction (`db/lifecycle.py`, `db/jobs.py`), so a notification arrives only after the
-change is committed and readable. The hub holds ONE autocommit psycopg connection that LISTENs
-on that channel, started lazily on the first subscription, and hands each notification to:
+change is committed and readable. The hub follows that channel through the process's listener
+(db/listener.py: one autocommit connection, `aijobs-api-listener`), started lazily on the first
+subscription, and hands each notification to:
 
 - the subscribers of that job (a bounded asyncio queue each, keyed by job id);
 - the subscribers of the job's owner (keyed by user id), when there are any: the owner is read
   once per notification (and remembered: a job never changes owner).
 
 A queue receives job ids; a subscriber re-reads the job and sends what changed. Nothing polls.
-When the connection drops, the hub reconnects with a backoff and then wakes every subscriber
-with `RESYNC`, one re-read that covers notifications lost while it was away. A queue that
-overflows (a reader stalled) is cleared and gets `RESYNC` instead. A subscription ends with its
-`async with` block (the client disconnected, or the stream ended) and its queue is dropped.
+When the connection drops, the listener reconnects with a backoff and then tells the hub it may
+have missed notifications: every subscriber is woken with `RESYNC`, one re-read that covers
+them. A queue that overflows (a reader stalled) is cleared and gets `RESYNC` instead. A
+subscription ends with its `async with` block (the client disconnected, or the stream ended) and
+its queue is dropped.
 
 Streams are bounded (`StreamSlots`): a stream holds a slot from before its response starts until
 it ends, whatever ends it (the client leaves, the job ends, the server shuts down, an error).
@@ -35,16 +37,15 @@ import os
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import psycopg
 
 from db import caps as caps_db
 from db import jobs as jobs_db
 from db.lifecycle import JOB_CHANGED_CHANNEL
-from db.session import SessionMaker, listen_connection, ping_connection
+from db.listener import Listener
+from db.session import DEFAULT_APPLICATION_NAME, SessionMaker
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -244,21 +245,29 @@ class JobEventHub:
         database_url: str,
         sessionmaker: SessionMaker,
         *,
-        idle_check_s: float = 15.0,
-        max_backoff_s: float = 5.0,
+        application_name: str = DEFAULT_APPLICATION_NAME,
+        listener: Listener | None = None,
     ) -> None:
-        self._database_url = database_url
         self._sm = sessionmaker
-        self._idle_check_s = idle_check_s
-        self._max_backoff_s = max_backoff_s
+        # The process's listener (one LISTEN connection per process), given or built here.
+        self._listener = listener or Listener(database_url, application_name=application_name)
+        self._listener.on(JOB_CHANGED_CHANNEL, self._notified)
         self._by_job: dict[uuid.UUID, set[Subscription]] = {}
         self._by_user: dict[str, set[Subscription]] = {}
         self._owners: OrderedDict[uuid.UUID, str] = OrderedDict()
-        self._task: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
-        self._conn: psycopg.AsyncConnection[object] | None = None
-        self.connects = 0  # how many times the LISTEN connection was (re)established
+        self._owner_reads: set[asyncio.Task[None]] = set()
         self._slots: StreamSlots | None = None
+
+    def follow(self, channel: str, handler: Callable[[str | None], None]) -> None:
+        """Another of the process's wake-ups on the hub's listener, which starts now (the
+        process's one LISTEN connection: db/listener.py)."""
+        self._listener.on(channel, handler)
+        self._listener.start()
+
+    @property
+    def connects(self) -> int:
+        """How many times the LISTEN connection was (re)established."""
+        return self._listener.connects
 
     @property
     def slots(self) -> StreamSlots | None:
@@ -298,11 +307,9 @@ class JobEventHub:
         sub = Subscription(key)
         table.setdefault(key, set()).add(sub)
         try:
-            self._ensure_started()
             # Registered before the caller reads the current state, and listening before it
             # reads: a change committed after that read always wakes the queue.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._listening.wait(), 5.0)
+            await self._listener.listening(5.0)
             yield sub
         finally:
             subs = table.get(key)
@@ -311,59 +318,20 @@ class JobEventHub:
                 if not subs:
                     del table[key]
 
-    # ---- the listener -----------------------------------------------------------------
-
-    def _ensure_started(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="job-event-hub")
+    # ---- the listener's handler ---------------------------------------------------------------
 
     async def close(self) -> None:
         if self._slots is not None:
             await self._slots.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
-        self._listening.clear()
+        await self._listener.close()
+        for task in list(self._owner_reads):
+            task.cancel()
 
-    async def _run(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                async with await listen_connection(self._database_url, JOB_CHANGED_CHANNEL) as conn:
-                    self._conn = conn
-                    self.connects += 1
-                    self._listening.set()
-                    backoff = 0.2
-                    if self.connects > 1:
-                        self._wake_all()  # notifications may have been lost while away
-                    await self._listen(conn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("job event listener lost its connection: %s", type(exc).__name__)
-            finally:
-                self._conn = None
-                self._listening.clear()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._max_backoff_s)
-
-    async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
-        while True:
-            got = False
-            async for note in conn.notifies(timeout=self._idle_check_s):
-                got = True
-                await self._dispatch(note.payload)
-            if not got:
-                await ping_connection(conn)
-
-    def _wake_all(self) -> None:
-        for subs in (*self._by_job.values(), *self._by_user.values()):
-            for sub in subs:
-                sub.push(RESYNC)
-
-    async def _dispatch(self, payload: str) -> None:
+    def _notified(self, payload: str | None) -> None:
+        """`ai_job_changed` (a job id), or MISSED: every subscriber re-reads."""
+        if payload is None:
+            self._wake_all()
+            return
         try:
             job_id = uuid.UUID(payload)
         except ValueError:
@@ -373,23 +341,36 @@ class JobEventHub:
         if not self._by_user:
             return
         owner = self._owners.get(job_id)
-        if owner is None:
-            try:
-                async with self._sm() as s:
-                    found = await jobs_db.get_owner(s, job_id)
-            except Exception:
-                log.warning("job event listener could not read a job's owner")
-                return
-            if found is None:
-                return
-            owner = found[1]
-            self._owners[job_id] = owner
-            if len(self._owners) > _OWNER_CACHE:
-                self._owners.popitem(last=False)
+        if owner is not None:
+            for sub in self._by_user.get(owner, ()):
+                sub.push(job_id)
+            return
+        # The owner is read off the listener's task, which only records what it hears.
+        task = asyncio.get_running_loop().create_task(self._to_owner(job_id))
+        self._owner_reads.add(task)
+        task.add_done_callback(self._owner_reads.discard)
+
+    def _wake_all(self) -> None:
+        for subs in (*self._by_job.values(), *self._by_user.values()):
+            for sub in subs:
+                sub.push(RESYNC)
+
+    async def _to_owner(self, job_id: uuid.UUID) -> None:
+        try:
+            async with self._sm() as s:
+                found = await jobs_db.get_owner(s, job_id)
+        except Exception:
+            log.warning("job event listener could not read a job's owner")
+            return
+        if found is None:
+            return
+        owner = found[1]
+        self._owners[job_id] = owner
+        if len(self._owners) > _OWNER_CACHE:
+            self._owners.popitem(last=False)
         for sub in self._by_user.get(owner, ()):
             sub.push(job_id)
 
     async def drop_connection_for_tests(self) -> None:
-        """Closes the LISTEN connection as a network failure would (the hub reconnects)."""
-        if self._conn is not None:
-            await self._conn.close()
+        """Closes the LISTEN connection as a network failure would (the listener reconnects)."""
+        await self._listener.drop_connection_for_tests()

@@ -1,9 +1,11 @@
 """From the readings of one `python -m bench.capacity` run to its figures (per job, each from the
 same run) and the capacity model's table; no I/O.
 
-A reading is a dict: `t` (monotonic s), `cpu` (CPU s per role), `pg` (`transactions`,
-`wal_bytes`), `actions` (the Temporal server's `action` counter per type) and `own` (the bench's
-own commits on the engine's database so far). Idle rates come from two readings of the idle stack;
+A reading is a dict: `t` (monotonic s), `cpu` (CPU s per role), `pg` (`transactions` and
+`rollbacks`: the engine's sessions' own, from pg_stat_statements; `all_transactions`: what
+`pg_stat_database` counts, which the bench's own statements are taken from; `wal_bytes`), `actions`
+(the Temporal server's `action` counter per type) and `own` (the bench's own commits on the
+engine's database so far). Idle rates come from two readings of the idle stack;
 a run's deltas lose the idle rate over the run's settle time (CPU, transactions, WAL: the
 convention of `bench/throughput.py`) or over its whole window (the server's actions: the relay's
 heartbeats and the reconciler's runs go on while jobs run, and are reported as the fixed cost).
@@ -33,8 +35,8 @@ def rates(a: Reading, b: Reading) -> dict[str, Any]:
     return {
         "seconds": dt,
         "cpu": {k: (b["cpu"][k] - a["cpu"][k]) / dt for k in a["cpu"]},
-        "transactions": (b["pg"]["transactions"] - a["pg"]["transactions"] - (b["own"] - a["own"]))
-        / dt,
+        "transactions": (b["pg"]["transactions"] - a["pg"]["transactions"] - _own(a, b)) / dt,
+        "all_transactions": _all(a, b) / dt,
         "rollbacks": (b["pg"].get("rollbacks", 0) - a["pg"].get("rollbacks", 0)) / dt,
         "wal_bytes": (b["pg"]["wal_bytes"] - a["pg"]["wal_bytes"]) / dt,
         "actions": {
@@ -42,6 +44,17 @@ def rates(a: Reading, b: Reading) -> dict[str, Any]:
             for k in set(a["actions"]) | set(b["actions"])
         },
     }
+
+
+def _own(a: Reading, b: Reading) -> int:
+    """The bench's own statements, when `transactions` is pg_stat_database's count (older
+    readings); the engine's statement count holds none of them."""
+    return 0 if "all_transactions" in b["pg"] else int(b["own"] - a["own"])
+
+
+def _all(a: Reading, b: Reading) -> float:
+    key = "all_transactions" if "all_transactions" in b["pg"] else "transactions"
+    return float(b["pg"][key] - a["pg"][key] - (b["own"] - a["own"]))
 
 
 def per_job(
@@ -55,9 +68,10 @@ def per_job(
     xacts = (
         b["pg"]["transactions"]
         - a["pg"]["transactions"]
-        - (b["own"] - a["own"])
+        - _own(a, b)
         - idle["transactions"] * settle
     )
+    all_xacts = _all(a, b) - idle.get("all_transactions", 0.0) * settle
     rollbacks = (
         b["pg"].get("rollbacks", 0) - a["pg"].get("rollbacks", 0) - idle["rollbacks"] * settle
     )
@@ -74,6 +88,8 @@ def per_job(
         "cpu_ms": {k: 1000.0 * v for k, v in cpu.items()},
         "transactions": xacts / n,
         "rollbacks": rollbacks / n,  # of the transactions: read-only ones end in ROLLBACK
+        # pg_stat_database's count: + the listening backends' NOTIFY reads and autovacuum.
+        "all_transactions": all_xacts / n,
         "wal_bytes": wal / n,
         "server_actions": {k: v for k, v in actions.items() if abs(v) >= 0.005},
     }
@@ -102,6 +118,7 @@ def derive(
         "cpu_ms": {r: run["per_job"]["cpu_ms"].get(r, 0.0) for r in ROLES},
         "transactions": run["per_job"]["transactions"],
         "rollbacks": run["per_job"].get("rollbacks", 0.0),
+        "all_transactions": run["per_job"].get("all_transactions"),
         "wal_bytes": run["per_job"]["wal_bytes"],
         "history_events": jobs.events / sampled,
         "actions": jobs.total_actions / sampled,
@@ -159,6 +176,14 @@ def render(res: Mapping[str, Any]) -> str:
         f"{d['total_cpu_ms_per_job']:.1f} |",
         f"| PostgreSQL transactions (of them rollbacks) | {f['transactions']:.2f} "
         f"({f['rollbacks']:.2f}) |",
+        *(
+            [
+                "| PostgreSQL transactions, all (pg_stat_database: + the listening backends' "
+                f"NOTIFY reads, autovacuum) | {f['all_transactions']:.2f} |"
+            ]
+            if f.get("all_transactions") is not None
+            else []
+        ),
         f"| PostgreSQL WAL bytes | {f['wal_bytes']:,.0f} |",
         f"| Temporal history events (job workflow) | {f['history_events']:.1f} |",
         f"| Temporal Cloud actions (job workflow, from its history) | {f['actions']:.2f} |",

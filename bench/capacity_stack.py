@@ -206,16 +206,21 @@ async def wait_ended(edb: EngineDb, stack: Stack, n: int, timeout_s: float) -> t
 
 
 async def pg_counters(admin: Admin) -> dict[str, int]:
-    """Transactions (commits + rollbacks, and the rollbacks alone) of the engine's database,
-    and the WAL position in bytes."""
-    xacts = await admin.one(
+    """The transactions the engine's sessions end (COMMIT and ROLLBACK statements, from
+    pg_stat_statements: what figure 5 counts the commits of), every transaction of the engine's
+    database as `pg_stat_database` counts it (with the listening backends' reads of the NOTIFY
+    queue and autovacuum's, flushed late), and the WAL position in bytes."""
+    all_xacts = await admin.one(
         "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
     )
-    rollbacks = await admin.one(
-        "SELECT xact_rollback FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
-    )
+    commits, rollbacks = await admin.engine_xacts()
     wal = await admin.one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
-    return {"transactions": int(xacts), "rollbacks": int(rollbacks), "wal_bytes": int(wal)}
+    return {
+        "transactions": commits + rollbacks,
+        "rollbacks": rollbacks,
+        "all_transactions": int(all_xacts),
+        "wal_bytes": int(wal),
+    }
 
 
 async def temporal_actions(sv: Servers) -> dict[str, float]:

@@ -29,6 +29,7 @@ FIGURES = (
     "scale",
     "fairness",
     "tracing",
+    "idle",
 )
 DEFAULTS: dict[str, Any] = {
     "jobs": 500,
@@ -39,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "duration": 30.0,
     "relay_samples": 100,
     "relay_gap_ms": 50.0,
+    "relay_background": 200,
     "api_seconds": 8.0,
     "api_warmup_seconds": 2.0,
     "api_connections": 32,
@@ -58,6 +60,7 @@ QUICK: dict[str, Any] = {
     "warmup_jobs": 20,
     "duration": 3.0,
     "relay_samples": 10,
+    "relay_background": 20,
     "api_seconds": 1.0,
     "api_warmup_seconds": 0.5,
     "pgbench_seconds": 2,
@@ -96,6 +99,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, help="seconds of offered load per repetition (30)")
     p.add_argument("--relay-samples", type=int, help="jobs per relay-latency repetition (100)")
     p.add_argument("--relay-gap-ms", type=float, help="pause between relay samples (50)")
+    p.add_argument(
+        "--relay-background",
+        type=int,
+        help="jobs running during the relay figure's loaded repetitions (200; 0: none)",
+    )
     p.add_argument("--api-seconds", type=float, help="seconds per API route per repetition (8)")
     p.add_argument("--api-warmup-seconds", type=float, help="API warm-up per route (2)")
     p.add_argument("--api-connections", type=int, help="concurrent HTTP connections (32)")

@@ -13,6 +13,7 @@ How each figure is measured:
 3. Relay: jobs created one at a time, `gap` apart; commit = wall clock right after `create`
    returns, start = the WorkflowExecutionStarted event_time of the job's workflow history.
    Baseline: the client-side duration of a direct `start_workflow` RPC with the relay's options.
+   Both again while 200 other jobs (`--relay-background`) run on the worker.
 4. API: wrk (`bench/wrk.py`) against the real routes and the bare ones, same server process;
    the Python client (`bench/loadgen.py`) only when wrk is not installed.
 5. PostgreSQL: `xact_commit` of the engine's database over each throughput repetition, minus the
@@ -27,6 +28,7 @@ How each figure is measured:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 import uuid
@@ -217,23 +219,76 @@ async def _started_at(client: Client, wid: str) -> float:
     return float(ev.event_time.ToNanoseconds()) / 1e9
 
 
-async def relay_latency(ctx: Ctx, count: int, gap_s: float, tag: str) -> dict[str, Any]:
+# Each background job of the loaded relay figure holds a worker slot this long: 200 of them keep
+# the worker busy (and their state changes coming) through a repetition's samples.
+BACKGROUND_DELAY_MS = 100
+
+
+async def background_jobs(ctx: Ctx, n: int, tag: str) -> None:
+    """`n` jobs of 64 other users (none past its dispatch window), each holding a slot for
+    `BACKGROUND_DELAY_MS`: while they run, jobs start, change and end all the time."""
+    sem = asyncio.Semaphore(ctx.concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            req = dataclasses.replace(
+                _request(f"{tag}-bg", i),
+                user_id=f"bench-bg{i % 64}",
+                input={"delayMs": BACKGROUND_DELAY_MS},
+            )
+            await ctx.svc.create(req)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    # Running: every one of them dispatched (its workflow started) before the samples begin.
+    deadline = time.monotonic() + 120.0
+    while True:
+        rows = await ctx.edb.fetchall(
+            "SELECT count(*) FROM outbox_event WHERE event_type = 'ai.job.enqueue' "
+            "AND status <> 'published'"
+        )
+        if not rows[0][0]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{rows[0][0]} background job(s) not dispatched after 120 s")
+        check_alive(ctx.watch)
+        await asyncio.sleep(POLL_S)
+
+
+async def relay_latency(
+    ctx: Ctx, count: int, gap_s: float, tag: str, *, background: int = 0
+) -> dict[str, Any]:
+    """`count` jobs created one at a time, `gap_s` apart; with `background`, while that many
+    other jobs run."""
     await ctx.edb.truncate()
-    commits: list[tuple[str, float]] = []
     t0 = time.perf_counter()
+    if background:
+        await background_jobs(ctx, background, tag)
+    commits: list[tuple[str, float]] = []
     for i in range(count):
         res = await ctx.svc.create(_request(tag, i))
         commits.append((res.job.workflow_id, time.time()))
         await asyncio.sleep(gap_s)
-    await wait_succeeded(ctx, count, t0, timeout_s=120.0)
+    running = await ctx.edb.fetchall(
+        "SELECT count(*) FROM ai_job WHERE lifecycle_status IN ('queued', 'running')"
+    )
+    await wait_succeeded(ctx, count + background, t0, timeout_s=120.0 + background / 2)
     lat = [await _started_at(ctx.client, wid) - tc for wid, tc in commits]
     out = summary_ms(lat)
     out["negative"] = sum(1 for x in lat if x < 0)  # started before `create` returned
+    out["background"] = background
+    out["still_running_after_samples"] = int(running[0][0]) - count if background else 0
     return out
 
 
-async def direct_start_latency(ctx: Ctx, queue: str, count: int, gap_s: float) -> dict[str, Any]:
-    """The relay's own start call (same options, search attributes, priority), timed."""
+async def direct_start_latency(
+    ctx: Ctx, queue: str, count: int, gap_s: float, *, background: int = 0
+) -> dict[str, Any]:
+    """The relay's own start call (same options, search attributes, priority), timed; with
+    `background`, while that many engine jobs run (as `relay_latency` has them)."""
+    t0 = time.perf_counter()
+    if background:
+        await ctx.edb.truncate()
+        await background_jobs(ctx, background, "direct")
     lat: list[float] = []
     for _ in range(count):
         job_id = str(uuid.uuid4())
@@ -255,6 +310,8 @@ async def direct_start_latency(ctx: Ctx, queue: str, count: int, gap_s: float) -
         )
         lat.append(time.perf_counter() - t)
         await asyncio.sleep(gap_s)
+    if background:
+        await wait_succeeded(ctx, background, t0, timeout_s=120.0 + background / 2)
     return summary_ms(lat)
 
 

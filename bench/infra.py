@@ -86,9 +86,14 @@ def servers(*, keep: bool) -> Iterator[Servers]:
         with psycopg.connect(pg.uri, autocommit=True) as c:
             # Connections, not durability: synchronous_commit and fsync stay at their defaults.
             c.execute("ALTER SYSTEM SET max_connections = 300")
+            # Counts each statement as it ends (no stats flush to wait for): how many
+            # transactions the engine's sessions commit and roll back (`Admin.engine_xacts`).
+            c.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
             c.execute(f"CREATE DATABASE {DB_NAME}")
-        pg.stop()  # max_connections needs a restart
+        pg.stop()  # both need a restart
         pg = start_postgres(base / "pg")
+        with psycopg.connect(pg.uri, autocommit=True) as c:
+            c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         url = pg.uri.replace("/postgres?", f"/{DB_NAME}?")
         upgrade(url)
         progress("starting Temporal dev server (headless, in memory)")
@@ -160,6 +165,11 @@ class Admin:
         if self._conn is not None:
             await self._conn.close()
 
+    async def rows(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        assert self._conn is not None
+        cur = await self._conn.execute(sql, params)
+        return await cur.fetchall()
+
     async def one(self, sql: str, params: Any = None) -> Any:
         assert self._conn is not None
         cur = await self._conn.execute(sql, params)
@@ -170,6 +180,35 @@ class Admin:
         return int(
             await self.one(
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (DB_NAME,)
+            )
+        )
+
+    async def engine_xacts(self) -> tuple[int, int]:
+        """(COMMITs, ROLLBACKs) sent on the engine's database so far (pg_stat_statements): the
+        transactions the engine's sessions end. Every engine transaction is an explicit BEGIN
+        ... COMMIT or ROLLBACK; the bench's own statements (`EngineDb`) are autocommit, and the
+        transactions PostgreSQL runs without a statement (a listening backend reading the
+        NOTIFY queue, autovacuum) are in `pg_stat_database` only."""
+        assert self._conn is not None
+        cur = await self._conn.execute(
+            "SELECT coalesce(sum(s.calls) FILTER (WHERE s.query ~* %s), 0), "
+            "coalesce(sum(s.calls) FILTER (WHERE s.query ~* %s), 0) "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE d.datname = %s AND s.toplevel",
+            (r"^\s*(commit|end)\s*;?\s*$", r"^\s*rollback\s*;?\s*$", DB_NAME),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async def xacts(self) -> int:
+        """`xact_commit + xact_rollback` of the engine's database (pg_stat_database: every
+        transaction, flushed by each backend up to ~10 s late, a listening one only at its next
+        statement)."""
+        return int(
+            await self.one(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+                (DB_NAME,),
             )
         )
 

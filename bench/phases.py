@@ -11,11 +11,12 @@ subprocesses in a `finally`, and a failing figure is recorded while the run goes
   E. the scale figure: list and quota queries on empty tables, then on a seeded history (7).
   F. the fairness figure: a relay + worker stack with fairness on, then one with it off (8).
   G. the tracing figure: one stack per sampling mode (off, 10 %, 100 %), exporting (9).
+  0. (first) the idle figure: the four processes of `aijobs dev`, nothing queued (10).
 
 Phase A is `bench/one_worker.py` (figure 1 itself `bench/throughput.py`), D `bench/api_phase.py`,
-F `bench/fairness.py`, G `bench/tracing.py`; B, C and E, and the figures derived from several
-phases, are here. What each single run measures is in `bench/figures.py`; the table is
-`bench/report.py`.
+F `bench/fairness.py`, G `bench/tracing.py`, the idle figure `bench/idle.py`; B, C and E, and the
+figures derived from several phases, are here. What each single run measures is in
+`bench/figures.py`; the table is `bench/report.py`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ async def run_all(args: argparse.Namespace, sv: Servers, res: Results) -> None:
     try:
         res.data["versions"] = await versions(admin)
         res.data["server_settings"] = await server_settings(admin)
+        if "idle" in args.want:  # first: a fresh Temporal server, no leftovers of other phases
+            from bench.idle import phase_idle
+
+            await guarded(res, "idle", lambda: phase_idle(ctx, args, sv, knobs, res))
         if args.want & {"throughput", "latency", "relay"}:
             await phase_one_worker(ctx, args, sv, knobs, res)
         if "postgres" in args.want:

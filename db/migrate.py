@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool, text
 
 from db.models import Base
-from db.session import sqlalchemy_url
+from db.session import DEFAULT_APPLICATION_NAME, sqlalchemy_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Serialises concurrent `aijobs migrate` runs (e.g. several containers starting at once).
@@ -26,8 +26,16 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+def upgrade(
+    url: str, revision: str = "head", *, application_name: str = DEFAULT_APPLICATION_NAME
+) -> None:
+    """Migrate to `revision` under the migrations' session lock (`aijobs migrate` names its
+    connection `aijobs-migrate`)."""
+    engine = create_engine(
+        sqlalchemy_url(url),
+        poolclass=pool.NullPool,
+        connect_args={"application_name": application_name},
+    )
     with engine.connect() as conn:
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATE_LOCK_KEY})
         try:

@@ -15,12 +15,9 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from db.session import listen_connection as session_listen_connection
 
 ENQUEUE = "ai.job.enqueue"
 COMPLETED = "ai.job.completed"
@@ -33,12 +30,6 @@ NOTIFY_CHANNEL = "ai_outbox"
 # first claim and never retried by the engine (only an operator's requeue sends it again).
 MAX_ATTEMPTS = 3
 MAX_BACKOFF_S = 300.0
-
-
-async def listen_connection(database_url: str) -> psycopg.AsyncConnection[object]:
-    """An autocommit connection that LISTENs on the outbox channel: a relay wakes on its
-    notifications (only a hint; relays poll as well). The caller closes it."""
-    return await session_listen_connection(database_url, NOTIFY_CHANNEL)
 
 
 # A job's domain events: one of each per job at most (`job_event_dedupe_key`), written only by
@@ -119,6 +110,25 @@ _INSERT_NOTIFY = text(
 # Its text, for a statement that writes another row in the same round trip (a create's
 # snapshot: db/snapshots.py `insert_snapshot_and_enqueue`).
 INSERT_NOTIFY_SQL = str(_INSERT_NOTIFY.text)
+# A job's domain event wakes the relays only when its publishing is awaited: its owner has a
+# live webhook endpoint for it (the fan-out is in the publish), or the owner has jobs held by
+# the dispatch window (this ending may make room). Any other job event goes out with the
+# relays' next claim or poll: a plain job's ending costs no relay transaction of its own.
+# Both probes are index lookups by user (`webhook_endpoint`'s, `ix_ai_job_undispatched`).
+_INSERT_JOB_EVENT = text(
+    str(_INSERT.text).replace(
+        "RETURNING id",
+        f"""RETURNING id, (CASE WHEN EXISTS (
+                SELECT 1 FROM ai_job j JOIN webhook_endpoint e ON e.user_id = j.user_id
+                WHERE j.id = CAST(:aggregate_id AS uuid) AND e.deleted_at IS NULL
+                  AND e.event_types ? :event_type)
+              OR EXISTS (
+                SELECT 1 FROM ai_job j JOIN ai_job h ON h.user_id = j.user_id
+                WHERE j.id = CAST(:aggregate_id AS uuid)
+                  AND h.dispatched_at IS NULL AND h.lifecycle_status = 'queued')
+            THEN pg_notify('{NOTIFY_CHANNEL}', '') END) IS NULL AS notified""",
+    )
+).bindparams(bindparam("payload", type_=JSONB), bindparam("trace_context", type_=JSONB))
 
 
 async def insert(
@@ -179,9 +189,10 @@ async def insert_job_event(
 ) -> int | None:
     """A job's domain event (`JOB_EVENTS`), in the caller's transaction: the one that ends
     the job (jobs/lifecycle.py is the only caller). A second write of the same event for the
-    same job is a no-op (None). It sends no `NOTIFY ai_outbox` (job events never have): the
-    relay takes it on its next poll, and event streams are woken by the terminal CAS's own
-    `ai_job_changed` notification."""
+    same job is a no-op (None). It wakes the relays (`NOTIFY ai_outbox`) only when the job's
+    owner has a webhook endpoint for it or jobs held by the dispatch window (`_INSERT_JOB_EVENT`);
+    otherwise the relay takes it with its next claim or poll. Event streams are woken by the
+    terminal CAS's own `ai_job_changed` notification."""
     stmt, values = job_event_statement(event_type, job_id, payload)
     row = (await session.execute(stmt, values)).first()
     return int(row.id) if row else None
@@ -194,7 +205,7 @@ def job_event_statement(
     (db/pipeline.py): it returns the new row's id, or no row for a duplicate."""
     if event_type not in JOB_EVENTS:
         raise ValueError(f"{event_type!r} is not a job event")
-    return _INSERT, {
+    return _INSERT_JOB_EVENT, {
         "event_type": event_type,
         "aggregate_type": "AiJob",
         "aggregate_id": str(job_id),
@@ -382,18 +393,27 @@ async def repair_parked_enqueues(
     )
 
 
+# `processing` rows whose claimer went silent for `:ttl` seconds go back to pending (their ids
+# back: the relay pipelines it in its claim's round trip, db/relay.py).
+RELEASE_EXPIRED = text(
+    """
+    UPDATE outbox_event SET status = 'pending', locked_by = NULL, locked_at = NULL
+    WHERE status = 'processing' AND locked_at < now() - make_interval(secs => :ttl)
+    RETURNING id
+    """
+)
+
+
 async def release_expired(session: AsyncSession, *, ttl_s: float) -> int:
-    """`processing` rows whose claimer went silent for `ttl_s` go back to pending."""
-    result = await session.execute(
-        text(
-            """
-            UPDATE outbox_event SET status = 'pending', locked_by = NULL, locked_at = NULL
-            WHERE status = 'processing' AND locked_at < now() - make_interval(secs => :ttl)
-            """
-        ),
-        {"ttl": ttl_s},
-    )
+    """`RELEASE_EXPIRED` in the caller's transaction; how many rows went back."""
+    result = await session.execute(RELEASE_EXPIRED, {"ttl": ttl_s})
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def retry_in_s(attempt_count: int, *, base_s: float = 1.0, cap_s: float = MAX_BACKOFF_S) -> float:
+    """How long `mark_failed` (with its default backoff) puts a row back for, given the row's
+    `attempt_count` as claimed: when the relay that failed it should look again."""
+    return float(min(cap_s, base_s * 2 ** min(max(attempt_count - 1, 0), 20)))
 
 
 async def delete_published(

@@ -12,15 +12,14 @@ through the session functions of db/outbox.py instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
-from db.lifecycle import JOB_CHANGED_CHANNEL
-from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, OutboxRow
+from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, RELEASE_EXPIRED, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
 
@@ -181,6 +180,7 @@ CLOSE_ENDED_HELD = text(
     WHERE o.status = 'pending' AND o.held_at IS NOT NULL
       AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
       AND j.lifecycle_status <> 'queued'
+    RETURNING o.id
     """
 )
 
@@ -219,6 +219,72 @@ def _claimed(rows: Sequence[Any], due: Sequence[Any]) -> Claim:
     return out
 
 
+# Whether enqueue rows are held by their users' windows after a claim (read in its transaction,
+# so it sees what the claim held and admitted): the relay then wakes on job changes, which may
+# make room (`ix_outbox_event_held`).
+HOLDING = text(
+    "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE status = 'pending' "
+    "AND held_at IS NOT NULL) AS holding"
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    rows: list[OutboxRow]  # claimed, in id order
+    holding: bool  # enqueue rows wait for room in their users' windows
+    released: int = 0  # expired claims put back first
+    closed: int = 0  # held rows of jobs that ended while held, closed
+    # Seconds from the claim to the next due time (a delayed job's, a backing-off row's);
+    # None: nothing waits for one.
+    due_in_s: float | None = None
+
+
+async def claim_batch(
+    sm: SessionMaker,
+    *,
+    owner: str,
+    limit: int,
+    window: int = DEFAULT_WINDOW,
+    release_ttl_s: float | None = None,
+    publish: Sequence[int] = (),
+    ended: Sequence[int] = (),
+) -> Claimed:
+    """`claim`, and in the same transaction and round trip whether rows stay held. Before it:
+    `publish`'s rows (dispatched by `owner`) marked published, with the webhook deliveries of
+    `ended` (the job events among them), as `publish` does; with `release_ttl_s`, the expired
+    claims put back (`RELEASE_EXPIRED`) and the held rows of ended jobs closed
+    (`CLOSE_ENDED_HELD`). Jobs whose due time passed become due first (`MAKE_DUE`), and the
+    next due time is read last (`NEXT_DUE`). The relay's marks and housekeeping cost no
+    transaction of their own."""
+    params = {"lim": limit, "owner": owner, "window": max(1, window)}
+    statements: list[pipeline.Statement] = [(CLAIM_LOCK, {})]
+    statements += _publish_statements(publish, ended, owner=owner)
+    housekeeping = len(statements)
+    if release_ttl_s is not None:
+        statements += [(RELEASE_EXPIRED, {"ttl": release_ttl_s}), (CLOSE_ENDED_HELD, {})]
+    statements += [(MAKE_DUE, {"lim": limit}), (CLAIM, params), (HOLDING, {}), (NEXT_DUE, {})]
+    results = await pipeline.run(sm, statements, commit=True)
+    released = closed = 0
+    if release_ttl_s is not None:
+        released, closed = len(results[housekeeping]), len(results[housekeeping + 1])
+    rows = _claimed(results[-3], results[-1])
+    holding = bool(results[-2][0]["holding"])
+    return Claimed(list(rows), holding, released, closed, rows.due_in_s)
+
+
+def _publish_statements(
+    published: Sequence[int], ended: Sequence[int], *, owner: str
+) -> list[pipeline.Statement]:
+    if not published:
+        return []
+    statements: list[pipeline.Statement] = [
+        (MARK_PUBLISHED, {"ids": list(published), "owner": owner})
+    ]
+    if ended:
+        statements.append((FAN_OUT, fan_out_params(ended)))
+    return statements
+
+
 async def claim(sm: SessionMaker, *, owner: str, limit: int, window: int = DEFAULT_WINDOW) -> Claim:
     """Up to `limit` due pending rows that need no window, and up to `limit` held enqueue rows
     their users' windows (`window` dispatched jobs that have not ended, per user) have room
@@ -250,16 +316,4 @@ async def publish(
     """A batch every row of which went out: `published` (still `owner`'s) are marked published
     and `ended` (the job endings among them) become their owners' webhook deliveries, in one
     transaction and one round trip, so an ending is never published without its deliveries."""
-    statements: list[pipeline.Statement] = [
-        (MARK_PUBLISHED, {"ids": list(published), "owner": owner})
-    ]
-    if ended:
-        statements.append((FAN_OUT, fan_out_params(ended)))
-    await pipeline.run(sm, statements, commit=True)
-
-
-async def listen_job_changes(conn: psycopg.AsyncConnection[object]) -> None:
-    """Also LISTEN for job changes (`ai_job_changed`, sent by every job state change, its end
-    included) on the relay's autocommit listener: a job's end makes room in its user's dispatch
-    window, and the relay wakes for it instead of waiting for its next poll."""
-    await conn.execute(f"LISTEN {JOB_CHANGED_CHANNEL}")
+    await pipeline.run(sm, _publish_statements(published, ended, owner=owner), commit=True)

@@ -15,6 +15,12 @@ from sqlalchemy.ext.asyncio import (
 
 SessionMaker = async_sessionmaker[AsyncSession]
 
+# What a connection tells PostgreSQL it serves (`application_name`, a connection parameter sent
+# when it opens, so `pg_stat_activity` names every backend's process): each entry point passes
+# its own (`aijobs-api`, `aijobs-worker-ai-system`, ..., runtime/names.py); anything else that
+# connects (other commands, tools, tests) is `aijobs-cli`.
+DEFAULT_APPLICATION_NAME = "aijobs-cli"
+
 
 def sqlalchemy_url(url: str) -> str:
     """Accept libpq-style URLs (`postgresql://...`) and use psycopg 3 for them."""
@@ -25,7 +31,7 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def libpq_url(url: str) -> str:
-    """The same URL for plain psycopg / libpq tools (LISTEN connections, pgbench)."""
+    """The same URL for plain psycopg / libpq tools (the LISTEN connection, pgbench)."""
     for prefix in ("postgresql+psycopg://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql://" + url[len(prefix) :]
@@ -33,14 +39,23 @@ def libpq_url(url: str) -> str:
 
 
 def make_engine(
-    url: str, *, pool_size: int = 10, max_overflow: int = 20, pooled: bool = False
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 20,
+    pooled: bool = False,
+    application_name: str = DEFAULT_APPLICATION_NAME,
 ) -> AsyncEngine:
     """`pooled`: `url` is a transaction pooler (PgBouncer), so psycopg never prepares a
     statement on the server (`prepare_threshold=None`): a prepared statement belongs to one
-    server session, and the pooler gives the next transaction whichever session is free."""
+    server session, and the pooler gives the next transaction whichever session is free.
+    `application_name` goes with every connection of the pool as it opens."""
+    connect_args: dict[str, object] = {"application_name": application_name}
+    if pooled:
+        connect_args["prepare_threshold"] = None
     return create_async_engine(
         sqlalchemy_url(url),
-        connect_args={"prepare_threshold": None} if pooled else {},
+        connect_args=connect_args,
         pool_size=pool_size,
         max_overflow=max_overflow,
         # No pre-ping: it costs a round trip and a counted transaction on every checkout.
@@ -63,27 +78,6 @@ async def ping(session: AsyncSession) -> None:
     await session.execute(text("SELECT 1"))
 
 
-async def listen_connection(database_url: str, channel: str) -> psycopg.AsyncConnection[object]:
-    """An autocommit connection that LISTENs on `channel` (one of our constant channel names).
-    Notifications are hints that something changed; the caller closes the connection.
-    `database_url` must reach a session of its own (DATABASE_DIRECT_URL behind a transaction
-    pooler, `Settings.session_database_url`): through the pooler the LISTEN would be lost."""
-    conn: psycopg.AsyncConnection[object] = await psycopg.AsyncConnection.connect(
-        libpq_url(database_url), autocommit=True
-    )
-    try:
-        await conn.execute(f"LISTEN {channel}")
-    except BaseException:
-        await conn.close()
-        raise
-    return conn
-
-
-async def ping_connection(conn: psycopg.AsyncConnection[object]) -> None:
-    """One round trip on a LISTEN connection: an idle connection that died says so here."""
-    await conn.execute("SELECT 1")
-
-
 def where(url: str) -> str:
     """host:port/dbname of a database URL: what a message may show (never user or password)."""
     try:
@@ -93,12 +87,17 @@ def where(url: str) -> str:
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
-def unreachable(url: str, timeout_s: float) -> str | None:
+def unreachable(
+    url: str, timeout_s: float, *, application_name: str = DEFAULT_APPLICATION_NAME
+) -> str | None:
     """None when `SELECT 1` answers on `url` (a start-up check), else the first line of why.
     One statement, never prepared: fine through a transaction pooler too."""
     try:
         with psycopg.connect(
-            libpq_url(url), connect_timeout=max(1, round(timeout_s)), prepare_threshold=None
+            libpq_url(url),
+            connect_timeout=max(1, round(timeout_s)),
+            prepare_threshold=None,
+            application_name=application_name,
         ) as conn:
             conn.execute("SELECT 1")
     except (OSError, psycopg.Error) as exc:

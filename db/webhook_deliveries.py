@@ -235,6 +235,20 @@ async def claim_share(
     )
 
 
+NEXT_DUE = text(
+    "SELECT extract(epoch FROM min(next_attempt_at) - now()) AS due_in "
+    "FROM webhook_delivery WHERE status IN ('pending', 'failed')"
+)
+
+
+async def next_due_in_s(session: AsyncSession) -> float | None:
+    """Seconds until the next undelivered row is due (0 or less: one is due now; a claimed row
+    counts at its lease's end), None when none is left (`ix_webhook_delivery_due`): how long
+    an idle deliverer may sleep before a retry comes due."""
+    due = await session.scalar(NEXT_DUE)
+    return None if due is None else float(due)
+
+
 async def mark_delivered(
     session: AsyncSession, delivery_id: int, *, attempt: int, status_code: int
 ) -> bool:

@@ -210,8 +210,9 @@ class Settings(ProviderSettings):
     provider_breaker_cooldown_s: float = Field(
         default=30.0, gt=0, alias="PROVIDER_BREAKER_COOLDOWN_S"
     )
-    # How often the relay looks at the outbox without a NOTIFY, and the reconciler runs.
-    relay_poll_interval_s: float = Field(default=5.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
+    # The relay's backstop poll (wake-ups are NOTIFYs: docs/architecture.md "Pollers"); the
+    # reconciler's pass runs on its own interval.
+    relay_poll_interval_s: float = Field(default=30.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
     reconcile_interval_s: int = Field(default=30, ge=1, alias="RECONCILE_INTERVAL_S")
 
     # ---- retention ----

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from db import outbox_admin as outbox_admin_db
 from engine.settings import ConfigurationError, Role, Settings
 from runtime import settings_cli
+from runtime.names import application_name
 from runtime.settings_cli import validation_line
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def _startup(role: Role, *, queues: Sequence[str] = ()) -> Settings:
     s = _settings(role, queues=queues)
     from runtime.startup import reachability_problems
 
-    problems = reachability_problems(s, role)
+    problems = reachability_problems(s, role, application_name=application_name(role, queues))
     if problems:
         raise _refuse(role, f"refusing to start: {'; '.join(problems)}")
     return s
@@ -116,7 +117,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     s = _startup("migrate")
     from db.migrate import upgrade
 
-    upgrade(s.session_database_url)  # its advisory lock is held by the session
+    # Its advisory lock is held by the session.
+    upgrade(s.session_database_url, application_name=application_name("migrate"))
     print("migrations applied")
     return 0
 
@@ -145,7 +147,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     from runtime.wiring import api_app
 
     telemetry = _observability(s, "api")
-    app = api_app(s)
+    app = api_app(s, application_name=application_name("api"))
     telemetry.instrument_app(app)
     try:
         # The event loop and HTTP parser are named, not "auto": a dev install that happens to
@@ -172,7 +174,7 @@ async def _worker_main(s: Settings, queues: list[str], telemetry: Telemetry) -> 
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
     _serve_metrics(s, start_metrics_server)
-    parts = build_parts(s)
+    parts = build_parts(s, application_name=application_name("worker", queues))
     client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
     try:
         await run_workers(client, parts, queues, stop, telemetry=telemetry)
@@ -211,20 +213,23 @@ async def _relay_main(s: Settings, telemetry: Telemetry) -> None:
     and delivery capacity beside the system workers, whose relay runs as an activity."""
     from activities.relay import Relay
     from runtime.telemetry import start_metrics_server, temporal_runtime
-    from runtime.wiring import build_parts, connect_temporal, relay_config
+    from runtime.wiring import build_parts, connect_temporal, process_listener, relay_config
     from runtime.worker import run_pollers
 
     stop = asyncio.Event()
     _install_stop(asyncio.get_running_loop(), stop)
     _serve_metrics(s, start_metrics_server)
-    parts = build_parts(s)
+    parts = build_parts(s, application_name=application_name("relay"))
     client = await connect_temporal(s, telemetry=telemetry, runtime=temporal_runtime(s))
+    listener = process_listener(parts)  # the process's one LISTEN connection
     gc.freeze()  # start-up's objects out of the collector's walks, as in the worker
     try:
-        relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(s))
-        await run_pollers(client, parts, stop, relay=relay)
+        relay = Relay(parts.sessionmaker, client, parts.catalog, relay_config(s), listener=listener)
+        listener.start()
+        await run_pollers(client, parts, stop, listener, relay=relay)
     finally:
         stop.set()
+        await listener.close()
         await parts.close()
         telemetry.shutdown()
 
@@ -239,7 +244,7 @@ async def _reconcile_main(s: Settings) -> None:
     from activities.reconciler import Reconciler
     from runtime.wiring import build_parts, connect_temporal, reconciler_config
 
-    parts = build_parts(s)
+    parts = build_parts(s, application_name=application_name("reconcile"))
     client = await connect_temporal(s)
     try:
         result = await Reconciler(

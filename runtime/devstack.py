@@ -298,7 +298,7 @@ def run_dev(args: argparse.Namespace) -> int:
         servers.start(settings, args, data_dir)
         from db.migrate import upgrade
 
-        upgrade(servers.direct_url)
+        upgrade(servers.direct_url, application_name="aijobs-migrate")
         env = dict(os.environ)
         env.update(
             DATABASE_URL=servers.db_url,

@@ -1,34 +1,36 @@
 """The limit waker: a supervised loop in every worker process that runs EXECUTE (the job
 queues), so jobs waiting for a provider's concurrency limit are woken instead of polling.
 
-It LISTENs on `aijobs_limit_freed` (db/limit_waiters.py `CHANNEL`), which the transaction that
-ends a call under a key's limits notifies with the key (provider, model, `platform` or
-`key:<credential id>`: never a secret). For each key heard it claims the fair heads that now fit
-(jobs/limit_wake.py `wake`: one transaction under the key's row lock, so two processes never
-signal the same waiter) and signals their workflows (`limit-wake`), which then ask EXECUTE
-again. Notifications that arrive together are handled once per key.
+It follows `aijobs_limit_freed` (db/limit_waiters.py `CHANNEL`) through the process's listener
+(db/listener.py): the transaction that ends a call under a key's limits notifies it with the key
+(provider, model, `platform` or `key:<credential id>`: never a secret). For each key heard it
+claims the fair heads that now fit (jobs/limit_wake.py `wake`: one transaction under the key's
+row lock, so two processes never signal the same waiter) and signals their workflows
+(`limit-wake`, runtime/signals.py), which then ask EXECUTE again. Notifications that arrive
+together are handled once per key.
 
-Nothing is polled per job: an idle waker costs one round trip on its LISTEN connection and one
-sweep of ended or expired waiters every `idle_s`. On (re)connecting it wakes every key with
-waiters (notifications sent while it was away are lost). What a lost wake-up costs is bounded
-by the workflow's backstop (engine/limit_wait.py): a lease whose worker was killed expires
-and sends no NOTIFY.
+Nothing is polled per job: an idle waker costs nothing but a sweep of ended or expired waiters
+every `sweep_every_s`. When the listener (re)connects it wakes every key with waiters
+(notifications sent while nobody listened are lost). What a lost wake-up costs is bounded by the
+workflow's backstop (engine/limit_wait.py): a lease whose worker was killed expires and sends no
+NOTIFY.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
 
-import psycopg
 from temporalio.client import Client
 
 from db.errors import is_driver_error
 from db.limit_waiters import CHANNEL, parse_payload
+from db.listener import Listener
 from db.provider_limits import LimitKey, LimitTable, parse_model_limits
-from db.session import SessionMaker, listen_connection, ping_connection
+from db.session import SessionMaker
 from engine.capacity import parse_capacity_reserve
 from engine.definition import QUEUE_NAMES
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
@@ -40,62 +42,64 @@ from runtime.wiring import Parts
 
 log = logging.getLogger(__name__)
 
-# How long the loop waits for a notification before it checks `stop` (no database traffic).
-STOP_CHECK_S = 1.0
 # Notifications arriving within this long of the first are handled in one pass.
 BATCH_S = 0.02
+# Ended and expired waiters are swept this often when nothing else touched their keys (each
+# key's wake sweeps its own on the way).
+SWEEP_EVERY_S = 600.0
 
 
 class LimitWaker:
-    """One per worker process; `run` is its supervised loop (runtime/supervisor.py)."""
+    """One per worker process; `run` is its supervised loop (runtime/supervisor.py), fed by
+    `notified`, the listener's handler of `aijobs_limit_freed`."""
 
     def __init__(
         self,
         client: Client,
         sessionmaker: SessionMaker,
-        database_url: str,
         limits: LimitTable,
         *,
-        idle_s: float = 60.0,
+        sweep_every_s: float = SWEEP_EVERY_S,
     ) -> None:
         self._client = client
         self._sm = sessionmaker
-        self._url = database_url  # a session of its own (DATABASE_DIRECT_URL behind a pooler)
         self._limits = limits
-        self._idle_s = idle_s
+        self._sweep_every_s = sweep_every_s
+        self._keys: set[tuple[str, str, str]] = set()
+        self._all = False  # every key with waiters (after a (re)connect)
+        self._heard = asyncio.Event()
         self.signalled = 0  # wake-up signals sent (tests, logs)
 
+    def notified(self, payload: str | None) -> None:
+        """A key's call ended (its payload), or MISSED: every key with waiters."""
+        if payload is None:
+            self._all = True
+        else:
+            key = parse_payload(payload)
+            if key is None:
+                return
+            self._keys.add(key)
+        self._heard.set()
+
     async def run(self, stop: asyncio.Event) -> None:
-        conn = await listen_connection(self._url, CHANNEL)
-        async with conn:
-            await self._signal(await limit_wake.wake_all(self._sm, self._limits))
-            idle_since = time.monotonic()
-            while not stop.is_set():
-                keys = await self._heard(conn)
-                if keys:
-                    for key in keys:
-                        await self._wake(key)
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since >= self._idle_s:
-                    await ping_connection(conn)  # a dead connection says so here
-                    await limit_wake.sweep(self._sm)
-                    idle_since = time.monotonic()
-
-    async def _heard(self, conn: psycopg.AsyncConnection[object]) -> set[tuple[str, str, str]]:
-        """The keys notified within STOP_CHECK_S (and those right behind the first)."""
-        keys: set[tuple[str, str, str]] = set()
-        async for note in conn.notifies(timeout=STOP_CHECK_S, stop_after=1):
-            self._add(keys, note.payload)
-        if keys:
-            async for note in conn.notifies(timeout=BATCH_S):
-                self._add(keys, note.payload)
-        return keys
-
-    @staticmethod
-    def _add(keys: set[tuple[str, str, str]], payload: str) -> None:
-        key = parse_payload(payload)
-        if key is not None:
-            keys.add(key)
+        last_sweep = time.monotonic()
+        while not stop.is_set():
+            await _until(stop, self._heard, self._sweep_every_s - (time.monotonic() - last_sweep))
+            if stop.is_set():
+                return
+            if self._heard.is_set():
+                await asyncio.sleep(BATCH_S)  # the keys right behind the first, together
+                self._heard.clear()
+                keys, self._keys = self._keys, set()
+                every, self._all = self._all, False
+                if every:
+                    await self._signal(await limit_wake.wake_all(self._sm, self._limits))
+                    last_sweep = time.monotonic()
+                for key in keys:
+                    await self._wake(key)
+            elif time.monotonic() - last_sweep >= self._sweep_every_s:
+                await limit_wake.sweep(self._sm)
+                last_sweep = time.monotonic()
 
     async def _wake(self, key: tuple[str, str, str]) -> None:
         provider, model, key_ref = key
@@ -113,16 +117,34 @@ class LimitWaker:
         self.signalled += await signal_all(self._client, workflow_ids, LIMIT_WAKE_SIGNAL)
 
 
+async def _until(stop: asyncio.Event, heard: asyncio.Event, timeout_s: float) -> None:
+    """Until `stop` or `heard` is set, at most `timeout_s`."""
+    if heard.is_set() or timeout_s <= 0:
+        return
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(heard.wait())]
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
 def limit_waker_task(
-    client: Client, parts: Parts, queues: Sequence[str], stop: asyncio.Event
+    client: Client,
+    parts: Parts,
+    queues: Sequence[str],
+    stop: asyncio.Event,
+    listener: Listener,
 ) -> asyncio.Task[int] | None:
-    """The waker of a worker process that runs a job queue (EXECUTE), supervised until `stop`;
-    None for a process without one."""
+    """The wakers of a worker process that runs a job queue (EXECUTE), on the process's
+    `listener`, supervised until `stop`; None for a process without one."""
     if not set(queues) & set(QUEUE_NAMES):
         return None
     s = parts.settings
     table = parse_model_limits(s.ai_model_limits, parse_capacity_reserve(s.ai_capacity_reserve))
-    waker = LimitWaker(client, parts.sessionmaker, s.session_database_url, table)
+    waker = LimitWaker(client, parts.sessionmaker, table)
+    listener.on(CHANNEL, waker.notified)
     loop = supervise("limit-waker", waker.run, stop)  # with the reuse waker beside it
-    both = beside(loop, client, parts.sessionmaker, s.session_database_url, stop)
+    both = beside(loop, client, parts.sessionmaker, listener, stop)
     return asyncio.create_task(both, name="limit-waker")

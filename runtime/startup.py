@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from db.session import unreachable, where
+from db.session import DEFAULT_APPLICATION_NAME, unreachable, where
 from engine.settings import NEEDS_DATABASE, NEEDS_TEMPORAL, Role, Settings
 
 # Between two attempts while waiting.
@@ -37,11 +37,13 @@ def _retry(wait_s: float, attempt: Callable[[float], str | None], problem: str) 
         time.sleep(_RETRY_S)
 
 
-def database_problem(url: str, setting: str, wait_s: float) -> str | None:
+def database_problem(
+    url: str, setting: str, wait_s: float, application_name: str = DEFAULT_APPLICATION_NAME
+) -> str | None:
     """None when `SELECT 1` answers on `url` within `wait_s`, else one phrase naming `setting`."""
     return _retry(
         wait_s,
-        lambda timeout: unreachable(url, timeout),
+        lambda timeout: unreachable(url, timeout, application_name=application_name),
         f"{setting} ({where(url)}) is not reachable",
     )
 
@@ -62,20 +64,27 @@ def temporal_problem(address: str, wait_s: float) -> str | None:
     return _retry(wait_s, connect, f"TEMPORAL_ADDRESS ({address[:80]}) is not reachable")
 
 
-def reachability_problems(s: Settings, role: Role, *, wait_s: float | None = None) -> list[str]:
+def reachability_problems(
+    s: Settings,
+    role: Role,
+    *,
+    wait_s: float | None = None,
+    application_name: str = DEFAULT_APPLICATION_NAME,
+) -> list[str]:
     """What of its role's database and Temporal does not answer (waiting up to `wait_s` for
     each, STARTUP_WAIT_S when None; 0: one attempt), one phrase per problem naming its setting;
-    empty when all answer."""
+    empty when all answer. The check's connections carry the process's `application_name`."""
     if wait_s is None:
         wait_s = STARTUP_WAIT_S  # read at each call: a test may shorten it
     problems: list[str] = []
+    name = application_name
     if role in NEEDS_DATABASE:
         if not s.database_url:
             problems.append("DATABASE_URL is not set")
-        elif problem := database_problem(s.database_url, "DATABASE_URL", wait_s):
+        elif problem := database_problem(s.database_url, "DATABASE_URL", wait_s, name):
             problems.append(problem)
         elif s.database_direct_url and s.database_direct_url != s.database_url:
-            direct = database_problem(s.database_direct_url, "DATABASE_DIRECT_URL", wait_s)
+            direct = database_problem(s.database_direct_url, "DATABASE_DIRECT_URL", wait_s, name)
             problems += [direct] if direct else []
     if role in NEEDS_TEMPORAL:
         if not s.temporal_address:

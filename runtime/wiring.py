@@ -21,8 +21,9 @@ from activities.retention import retention_config
 from activities.webhooks import POLL_INTERVAL_S as WEBHOOK_POLL_INTERVAL_S
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.batches import BatchCaps
+from db.listener import Listener
 from db.provider_limits import parse_model_limits
-from db.session import SessionMaker, make_engine, make_sessionmaker
+from db.session import DEFAULT_APPLICATION_NAME, SessionMaker, make_engine, make_sessionmaker
 from engine.capacity import parse_capacity_reserve
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.offpeak import parse_windows
@@ -58,18 +59,29 @@ class Parts:
     engine: AsyncEngine
     sessionmaker: SessionMaker
     catalog: Catalog
+    application_name: str = DEFAULT_APPLICATION_NAME
 
     async def close(self) -> None:
         await self.engine.dispose()
 
 
-def build_parts(settings: Settings) -> Parts:
+def build_parts(settings: Settings, *, application_name: str = DEFAULT_APPLICATION_NAME) -> Parts:
+    """The process's pool (its connections named `application_name`: runtime/names.py) and
+    catalog."""
     engine = make_engine(
         settings.require_database_url(),
         pool_size=settings.db_pool_size,
         pooled=settings.database_pooled,
+        application_name=application_name,
     )
-    return Parts(settings, engine, make_sessionmaker(engine), default_catalog())
+    return Parts(settings, engine, make_sessionmaker(engine), default_catalog(), application_name)
+
+
+def process_listener(parts: Parts) -> Listener:
+    """The process's one LISTEN connection (`<its name>-listener`, on a session of its own:
+    DATABASE_DIRECT_URL behind a pooler). Its handlers: the relay's wake-ups, the webhook
+    deliverer's, the limit and reuse wakers' (each registers itself where it is built)."""
+    return Listener(parts.settings.session_database_url, application_name=parts.application_name)
 
 
 def api_app(
@@ -78,6 +90,7 @@ def api_app(
     policy: CreatePolicy | None = None,
     catalog: Catalog | None = None,
     temporal: Client | None = None,
+    application_name: str = "aijobs-api",
 ) -> FastAPI:
     """The API application as `aijobs api` serves it: the create policy of `settings` and the
     default catalog unless given (tests pass their own)."""
@@ -88,6 +101,7 @@ def api_app(
         policy=policy or create_policy(settings),
         catalog=catalog or default_catalog(),
         temporal=temporal,
+        application_name=application_name,
     )
 
 
@@ -311,8 +325,12 @@ def webhook_config(settings: Settings) -> WebhookConfig:
     )
 
 
-def webhook_deliverer(parts: Parts) -> WebhookDeliverer:
-    """The deliverer that runs beside the relay (ai-system workers, `aijobs relay`)."""
+def webhook_deliverer(parts: Parts, listener: Listener | None = None) -> WebhookDeliverer:
+    """The deliverer that runs beside the relay (ai-system workers, `aijobs relay`), woken
+    through the process's `listener`."""
     return WebhookDeliverer(
-        parts.sessionmaker, credential_cipher(parts.settings), webhook_config(parts.settings)
+        parts.sessionmaker,
+        credential_cipher(parts.settings),
+        webhook_config(parts.settings),
+        listener=listener,
     )

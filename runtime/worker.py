@@ -53,6 +53,7 @@ from activities.relay_activity import (
 from activities.stages import JobActivities
 from activities.telemetry import JobTelemetryInterceptor
 from db.credentials import active_user_key_id
+from db.listener import Listener
 from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
@@ -63,6 +64,7 @@ from jobs.service import JobService
 from providers.safety import BLOCKLIST
 from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
+from runtime.signals import signal_all
 from runtime.supervisor import supervise
 from runtime.telemetry import Telemetry
 from runtime.wiring import (
@@ -70,6 +72,7 @@ from runtime.wiring import (
     create_policy,
     engine_config,
     gateway,
+    process_listener,
     reconciler_config,
     relay_config,
     webhook_deliverer,
@@ -166,12 +169,14 @@ def build_workers(
     config: EngineConfig | None = None,
     blocklist: Sequence[str] = BLOCKLIST,
     relay: RelayConfig | None = None,
+    listener: Listener | None = None,
 ) -> list[Worker]:
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
     `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
     the workers have stopped (the providers' HTTP clients) is appended to `on_close`. `config`,
     `blocklist` and the `ai-system` worker's `relay` are the settings' and the engine's unless
-    a test gives its own."""
+    a test gives its own. The relay activity of `ai-system` wakes through `listener`, the
+    process's one LISTEN connection."""
     for q in queues:
         if q not in ALL_QUEUES:
             raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
@@ -179,7 +184,13 @@ def build_workers(
     gw = gateway(s, telemetry, blocklist=blocklist)
     if on_close is not None:
         on_close.append(gw.aclose)
-    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, config or engine_config(s))
+    stages = JobActivities(
+        parts.sessionmaker,
+        parts.catalog,
+        gw,
+        config or engine_config(s),
+        signal_all=signal_all,
+    )
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
@@ -191,7 +202,7 @@ def build_workers(
     workers = [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else system_worker(client, parts, relay, gw)
+        else system_worker(client, parts, relay, gw, listener)
         for q in queues
     ]
     if SYSTEM_QUEUE in queues:
@@ -201,12 +212,17 @@ def build_workers(
 
 
 def system_worker(
-    client: Client, parts: Parts, relay_cfg: RelayConfig | None = None, gw: Gateway | None = None
+    client: Client,
+    parts: Parts,
+    relay_cfg: RelayConfig | None = None,
+    gw: Gateway | None = None,
+    listener: Listener | None = None,
 ) -> Worker:
     """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations
     (the schedules' runs have a worker of their own, `ai-schedules`; `ScheduledRun` stays here
     for the runs an older version started on `ai-system`). `gw`: the process's gateway, whose
-    provider the reconciler deletes batch files at."""
+    provider the reconciler deletes batch files at; `listener`: the process's one LISTEN
+    connection, which wakes the relay activity."""
     s = parts.settings
     # Its `relay` phase starts a missing relay shard workflow; its `schedules` phase makes the
     # Temporal schedules match their rows.
@@ -235,7 +251,13 @@ def system_worker(
         ),
         client,
     )
-    relay = RelayActivities(parts.sessionmaker, client, parts.catalog, relay_cfg or relay_config(s))
+    relay = RelayActivities(
+        parts.sessionmaker,
+        client,
+        parts.catalog,
+        relay_cfg or relay_config(s),
+        listener=listener,
+    )
     return Worker(
         client,
         task_queue=s.task_queue(SYSTEM_QUEUE),
@@ -304,15 +326,20 @@ async def shutdown_together(workers: Sequence[Worker]) -> None:
 
 
 async def run_pollers(
-    client: Client, parts: Parts, stop: asyncio.Event, *, relay: Relay | None = None
+    client: Client,
+    parts: Parts,
+    stop: asyncio.Event,
+    listener: Listener,
+    *,
+    relay: Relay | None = None,
 ) -> None:
     """The webhook deliverer, and `relay` when given (`aijobs relay`: the relay loop outside
-    Temporal), each a plain loop under `supervise` (restarted with backoff if it fails, counted
-    in `aijobs_poller_restarts_total`), until `stop` is set. Every `ai-system` worker process
-    runs the deliverer (it must deliver while Temporal is down); its claims are disjoint, so any
-    number of processes may (docs/architecture.md "Pollers")."""
-    loops = [supervise("webhooks", webhook_deliverer(parts).run, stop)]
-    if relay is not None:
+    Temporal, woken through `listener`), each a plain loop under `supervise` (restarted with
+    backoff if it fails, counted in `aijobs_poller_restarts_total`), until `stop` is set. Every
+    `ai-system` worker process runs the deliverer (it must deliver while Temporal is down); its
+    claims are disjoint, so any number of processes may (docs/architecture.md "Pollers")."""
+    loops = [supervise("webhooks", webhook_deliverer(parts, listener).run, stop)]
+    if relay is not None:  # built on the same listener
         loops.append(supervise("relay", relay.run, stop))
     await asyncio.gather(*loops)
 
@@ -325,8 +352,13 @@ async def run_workers(
     *,
     telemetry: Telemetry | None = None,
 ) -> None:
-    closers: list[Callable[[], Awaitable[None]]] = []
-    workers = build_workers(client, parts, queues, telemetry=telemetry, on_close=closers)
+    """The process's workers, pollers and wakers, all woken through one listener (its one
+    LISTEN connection, `<process>-listener`), until `stop`."""
+    listener = process_listener(parts)
+    closers: list[Callable[[], Awaitable[None]]] = [listener.close]
+    workers = build_workers(
+        client, parts, queues, telemetry=telemetry, on_close=closers, listener=listener
+    )
     # What start-up built (modules, classes, the catalog, the SDK's and SQLAlchemy's tables)
     # lives as long as the process: out of the collector's generations, each full collection
     # no longer walks it (the worker's time in garbage collection halved, about 0.6 ms/job).
@@ -334,8 +366,9 @@ async def run_workers(
     pollers: asyncio.Task[None] | None = None
     if SYSTEM_QUEUE in queues:
         await ensure_system_workflows(client, parts.settings)
-        pollers = asyncio.create_task(run_pollers(client, parts, stop), name="pollers")
-    waker = limit_waker_task(client, parts, queues, stop)
+        pollers = asyncio.create_task(run_pollers(client, parts, stop, listener), name="pollers")
+    waker = limit_waker_task(client, parts, queues, stop, listener)
+    listener.start()
     log.info("workers running", extra={"queues": list(queues)})
     try:
         async with contextlib.AsyncExitStack() as stack:

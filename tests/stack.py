@@ -28,7 +28,14 @@ from jobs.spec import AnyJobType, Catalog
 from jobs.types import ALL_TYPES
 from runtime.limit_waker import limit_waker_task
 from runtime.telemetry import Telemetry
-from runtime.wiring import Parts, build_parts, create_policy, engine_config, relay_config
+from runtime.wiring import (
+    Parts,
+    build_parts,
+    create_policy,
+    engine_config,
+    process_listener,
+    relay_config,
+)
 from runtime.worker import build_workers
 from tests.support import eventually
 
@@ -166,12 +173,14 @@ async def engine_stack(
     if relay_release_every_s is not None:
         overrides["release_every_s"] = relay_release_every_s
     rc = dataclasses.replace(relay_config(settings), **overrides)
-    r = Relay(parts.sessionmaker, client, parts.catalog, rc)
+    # One listener for the stack's workers, wakers and relay, as a worker process has.
+    listener = process_listener(parts)
+    r = Relay(parts.sessionmaker, client, parts.catalog, rc, listener=listener)
     stack = Stack(settings, parts, client, svc, r)
     stop = asyncio.Event()
     relay_task: asyncio.Task[None] | None = None
     waker: asyncio.Task[int] | None = None
-    closers: list[Callable[[], Awaitable[None]]] = []
+    closers: list[Callable[[], Awaitable[None]]] = [listener.close]
     try:
         async with contextlib.AsyncExitStack() as es:
             if queues:
@@ -184,12 +193,15 @@ async def engine_stack(
                     config=dataclasses.replace(engine_config(settings), **(engine_overrides or {})),
                     blocklist=blocklist,
                     relay=rc,
+                    listener=listener,
                 )
                 for w in stack.workers:
                     await es.enter_async_context(w)
-                waker = limit_waker_task(client, parts, tuple(queues), stop)  # as run_workers
+                # As run_workers.
+                waker = limit_waker_task(client, parts, tuple(queues), stop, listener)
             if relay:
                 relay_task = asyncio.create_task(r.run(stop=stop))
+            listener.start()
             yield stack
             stop.set()
             if relay_task is not None:

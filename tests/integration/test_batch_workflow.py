@@ -34,6 +34,7 @@ from db.session import SessionMaker
 from engine.tiers import BATCH_POKE_SIGNAL, BATCH_RESULT_SIGNAL
 from providers.batch_lines import encode_line
 from providers.pricing import PriceTable
+from runtime.signals import signal_all
 from runtime.wiring import gateway
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import fake_env
@@ -206,7 +207,12 @@ async def test_enrollments_of_one_window_are_one_batch_charged_once_and_signalle
         await s.execute(
             text("UPDATE ai_batch SET status = 'submitted' WHERE id = :b"), {"b": batch_id}
         )
-    deps = StageDeps(stack.parts.sessionmaker, stack.parts.catalog, gateway(stack.settings))
+    deps = StageDeps(
+        stack.parts.sessionmaker,
+        stack.parts.catalog,
+        gateway(stack.settings),
+        signal_all=signal_all,
+    )
     acts = BatchActivities(deps, temporal_client, BatchTiming())
     assert await ActivityEnvironment().run(acts.poll, str(batch_id)) == "completed"
     assert len(await rows(db, usage_sql, jobs=jobs)) == 4

@@ -10,7 +10,6 @@ import functools
 import time
 import uuid
 
-import psycopg
 from prometheus_client import REGISTRY
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
@@ -274,13 +273,11 @@ class CrashingRelay(Relay):
 
     crashes = 0
 
-    async def _wait(
-        self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
-    ) -> None:
+    async def _wait(self, stop: asyncio.Event) -> None:
         if CrashingRelay.crashes == 0:
             CrashingRelay.crashes += 1
             raise RuntimeError("relay bug")
-        await super()._wait(listener, stop)
+        await super()._wait(stop)
 
 
 class CrashingRelays(RelayActivities):

@@ -9,11 +9,12 @@ import dataclasses
 import uuid
 from typing import Any
 
+import psycopg
 from sqlalchemy import text
 
 from db import lifecycle as lifecycle_db
 from db import reuse as reuse_db
-from db.session import SessionMaker, listen_connection
+from db.session import SessionMaker, libpq_url
 from jobs import reuse
 from tests.integration.engine_helpers import new_job
 
@@ -129,8 +130,9 @@ async def test_the_lookup_is_the_users_own_newest_answer_or_active_root(db: Sess
 async def test_a_source_end_is_notified_only_while_a_queued_job_waits_on_it(
     db: SessionMaker, database_url: str
 ) -> None:
-    conn = await listen_connection(database_url, "ai_reuse_source_ended")
+    conn = await psycopg.AsyncConnection.connect(libpq_url(database_url), autocommit=True)
     async with conn:
+        await conn.execute("LISTEN ai_reuse_source_ended")
         alone, waited = await job(db), await job(db)
         dependent = await job(db, reused_from_job_id=waited)
         for src in (alone, waited):

@@ -1,22 +1,13 @@
-"""The relay and due times (activities/relay_due.py): it sleeps no longer than until the next due
-time (never in a tight loop), passes a runAt to a workflow only while it is still ahead, and
-counts a delayed job's lag from its start, not its create."""
+"""The relay and due times (activities/relay_due.py): it passes a runAt to a workflow only while
+it is still ahead, and counts a delayed job's lag from its start, not its create."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from datetime import UTC, datetime, timedelta
 
-from activities.relay_due import lag_s, sleep_s, still_ahead
+from activities.relay_due import lag_s, still_ahead
 from db.outbox import OutboxRow
-
-
-def test_the_sleep_ends_at_the_next_due_time_within_the_poll_interval() -> None:
-    assert sleep_s(5.0, None, 0.2) == 5.0  # nothing due later: the poll
-    assert 1.9 < sleep_s(5.0, time.monotonic() + 2.0, 0.2) <= 2.0
-    assert sleep_s(5.0, time.monotonic() + 60.0, 0.2) == 5.0
-    assert sleep_s(5.0, time.monotonic() - 3.0, 0.2) == 0.2  # overdue: soon, not in a loop
 
 
 def test_a_run_at_goes_to_the_workflow_only_while_it_is_ahead() -> None:

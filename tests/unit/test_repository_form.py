@@ -16,10 +16,11 @@ from sqlalchemy import TextClause
 
 ROOT = Path(__file__).resolve().parents[2]
 DB = ROOT / "db"
-# Modules that are not repositories: the schema, sessions and listen connections, migrations,
-# and the error edge.
+# Modules that are not repositories: the schema, sessions, the process's LISTEN connection
+# (db/listener.py), migrations, and the error edge.
 NOT_REPOSITORIES = {
     "session.py",
+    "listener.py",
     "migrate.py",
     "errors.py",
     "__init__.py",
@@ -78,9 +79,7 @@ def violations(path: Path, source: str) -> list[str]:
             first = annotation_name(args[0]) if args else ""
             hot = first in TRANSPORT_TYPES and through_the_transport(node)
             if first not in SESSION_TYPES and not hot:
-                # A connection factory (a LISTEN connection) opens its own, by design.
-                if not node.name.startswith("listen_connection"):
-                    found.append(f"{path.name}:{node.lineno} {node.name} takes no session first")
+                found.append(f"{path.name}:{node.lineno} {node.name} takes no session first")
     return found
 
 
