@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from activities.metrics_fallback import FallbackMetrics
 from activities.metrics_money import MoneyMetrics
 from engine.errors import PUBLIC_MESSAGES
+from jobs.flow_metrics import FlowMetrics
 
 # Every code the engine raises itself; anything else (a synthetic job's scripted `failCode`, a
 # provider's new code) is reported under its family, so a client cannot mint label values.
@@ -148,6 +149,7 @@ class WorkerMetrics:
         self._relay_families(reg)
         self.money = MoneyMetrics(reg)  # what calls are charged (activities/metrics_money.py)
         self.fallbacks = FallbackMetrics(reg)  # calls moved down the fallback chain
+        self.flow = FlowMetrics(reg)  # jobs flow control ended or held (jobs/flow_metrics.py)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         for outcome in WEBHOOK_OUTCOMES:

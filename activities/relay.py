@@ -38,6 +38,7 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
 from activities.relay_failures import UNREACHABLE as _UNREACHABLE
 from activities.relay_failures import DispatchFailure, FailureKind
+from activities.relay_flow import expire_due, expiring, next_wake, sleep_s
 from activities.relay_schedules import dispatch_schedule_event
 from db import outbox as outbox_db
 from db import relay as relay_db
@@ -133,6 +134,8 @@ class Relay:
         self.last_error: str | None = None
         self.last_error_at: datetime | None = None
         self._last_claim = 0.0  # monotonic time of the last claim
+        # Monotonic time of the next due time or expiry the last claim saw, or None.
+        self._next_due: float | None = None
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -187,9 +190,9 @@ class Relay:
     async def _wait(
         self, listener: psycopg.AsyncConnection[object] | None, stop: asyncio.Event
     ) -> None:
-        """NOTIFY is only a hint: wake on it, on the stop or after the poll interval, whichever
-        is first."""
-        timeout = self.config.poll_interval_s
+        """NOTIFY is only a hint: wake on it, on the stop, at the next due or expiry time or
+        after the poll interval, whichever is first."""
+        timeout = sleep_s(self.config.poll_interval_s, self._next_due, self.config.job_wake_s)
         if listener is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout)
@@ -223,13 +226,20 @@ class Relay:
         return n
 
     async def claim(self) -> list[OutboxRow]:
-        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined)."""
-        return await relay_db.claim(
+        """One batch, claimed in one round trip (BEGIN, the claim and COMMIT pipelined); the
+        next due and expiry times it read are kept for the loop's sleep, and the undispatched
+        jobs whose time came are expired (activities/relay_flow.py)."""
+        claimed = await relay_db.claim(
             self._sm,
             owner=self.config.owner,
             limit=self.config.batch_size,
             window=self.config.user_window,
         )
+        self._next_due = next_wake(claimed)
+        if expiring(claimed):
+            await expire_due(self._sm, self._metrics, self.config.batch_size)
+            self._next_due = time.monotonic()  # more may be due: the next wait is short
+        return claimed
 
     async def run_once(self) -> int:
         """Claim one batch and dispatch it; returns how many rows were claimed. A bad row fails

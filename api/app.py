@@ -21,6 +21,7 @@ from api.routes import (
     health,
     jobs,
     outbox,
+    pauses,
     stream_tokens,
     usage,
 )
@@ -106,6 +107,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(admin_bulk.router)
     app.include_router(outbox.router)
+    app.include_router(pauses.router)
     app.include_router(credentials.router)
     app.include_router(webhooks_router)
     app.include_router(schedules_routes.router)

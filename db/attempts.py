@@ -33,11 +33,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import pauses as pauses_db
 from db import pipeline
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db import usage as usage_db
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.provider_gate import GateKey
 from db.provider_limits import LimitSettle
 from db.session import SessionMaker
@@ -52,6 +54,10 @@ class TakenJob:
     row: JobRow
     snapshot: dict[str, Any] | None
     call_no: int | None = None
+    # The job was already running (a retry, a chunk after the first): admitted before.
+    reacquired: bool = False
+    # The operator pauses in force, read after their lock was taken shared (db/pauses.py).
+    pauses: tuple[InForce, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,18 +136,28 @@ async def take(
     params = lifecycle_db.lock_params(
         job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
     )
-    locked, numbered, read = await pipeline.in_session(
+    locked, numbered, read, _, pauses = await pipeline.in_session(
         s,
         [
             (lifecycle_db.LOCK, params),
             (_NEXT_CALL, {"id": job_id, "token": params["token"]}),
             (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+            # The operator pauses, in the same round trip: the lock, then the read.
+            (pauses_db.LOCK_SHARED, {}),
+            (pauses_db.IN_FORCE, {}),
         ],
     )
-    await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
+    taken = await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
     call_no = int(numbered[0]["call_seq"]) if numbered else None
-    return None if found is None else TakenJob(*found, call_no=call_no)
+    if found is None:
+        return None
+    return TakenJob(
+        *found,
+        call_no=call_no,
+        reacquired=taken.reacquired,
+        pauses=pauses_db.in_force_of(pauses),
+    )
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,13 @@ class NewJob:
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
     reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
+    # Flow control (engine/flow.py): `concurrency` as given and its key, a debounce chain's
+    # latest start, the start-by time (TTL) and the deadline.
+    concurrency: dict[str, Any] | None = None
+    concurrency_key: str | None = None
+    debounce_until: datetime | None = None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,11 @@ _INSERT = text(
     f"INSERT INTO ai_job ({', '.join([*_NEW_JOB_FIELDS, *_NEW_JOB_DEFAULTS])}) "
     f"VALUES ({', '.join([*(f':{n}' for n in _NEW_JOB_FIELDS), *_NEW_JOB_DEFAULTS.values()])}) "
     f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified"
-).bindparams(bindparam("input", type_=JSONB), bindparam("metadata", type_=JSONB))
+).bindparams(
+    bindparam("input", type_=JSONB),
+    bindparam("metadata", type_=JSONB),
+    bindparam("concurrency", type_=JSONB),
+)
 
 
 # ---- (new) -> queued --------------------------------------------------------------
@@ -249,21 +260,32 @@ async def extend_lock(
 # ---- running: a cancel requested (no state change) ----------------------------------
 
 
-async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
+async def request_cancel(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
+) -> LifecycleStatus:
     """Set cancel_requested_at on a running job (no state change); returns the job's state.
-    The caller cancels the workflow after this commits."""
+    The caller cancels the workflow after this commits. The first request decides the code the
+    job ends with (`code`: flow control's; None: CANCELLED) and the job that replaced it."""
     row = (
         await session.execute(
             text(
                 """
                 UPDATE ai_job SET
+                    cancel_code = CASE WHEN cancel_requested_at IS NULL
+                                       THEN CAST(:code AS varchar) ELSE cancel_code END,
+                    superseded_by = CASE WHEN cancel_requested_at IS NULL
+                                         THEN CAST(:sup AS uuid) ELSE superseded_by END,
                     cancel_requested_at = coalesce(cancel_requested_at, now()),
                     updated_at = now()
                 WHERE id = :id AND lifecycle_status = 'running'
                 RETURNING lifecycle_status
                 """
             ),
-            {"id": job_id},
+            {"id": job_id, "code": code, "sup": superseded_by},
         )
     ).first()
     if row is not None:
@@ -276,6 +298,10 @@ async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleS
 
 # The stages' hot read, also run pipelined by PREPARE (db/stage_reads.py).
 LOCK_STATE = text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id")
+# PREPARE's read: the state and lock, and the times flow control arms the workflow's timer for.
+PREPARE_STATE = text(
+    "SELECT lifecycle_status, locked_by, expires_at, deadline_at FROM ai_job WHERE id = :id"
+)
 
 
 def lock_state_of(row: dict[str, Any]) -> tuple[str, str | None]:

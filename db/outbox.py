@@ -104,7 +104,7 @@ _INSERT = text(
     INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, payload,
                               status, attempt_count, available_at, created_at, trace_context)
     VALUES (:event_type, :aggregate_type, :aggregate_id, :dedupe_key, :payload,
-            'pending', 0, now(), now(), :trace_context)
+            'pending', 0, coalesce(CAST(:due_at AS timestamptz), now()), now(), :trace_context)
     ON CONFLICT (dedupe_key) DO NOTHING
     RETURNING id
     """
@@ -155,9 +155,11 @@ def insert_params(
     dedupe_key: str,
     payload: dict[str, Any],
     trace_context: dict[str, str] | None = None,
+    due_at: datetime | None = None,
 ) -> dict[str, Any]:
     """The parameters of `insert`'s statement (`INSERT_NOTIFY_SQL`), for it and for a
-    statement that sends it with another row's insert."""
+    statement that sends it with another row's insert. `due_at`: the row is not claimed
+    before then (a delayed job's enqueue); None: now."""
     return {
         "event_type": event_type,
         "aggregate_type": aggregate_type,
@@ -165,6 +167,7 @@ def insert_params(
         "dedupe_key": dedupe_key,
         "payload": payload,
         "trace_context": trace_context,
+        "due_at": due_at,
     }
 
 
@@ -198,6 +201,7 @@ def job_event_statement(
         "dedupe_key": job_event_dedupe_key(event_type, job_id),
         "payload": payload,
         "trace_context": None,
+        "due_at": None,
     }
 
 

@@ -34,20 +34,32 @@ CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('aijobs:relay-c
 DEFAULT_WINDOW = 4
 _ENQUEUE_SQL = f"'{ENQUEUE}'"
 _HELD_JOB_SQL = "dispatched_at IS NULL AND lifecycle_status = 'queued'"
-# A dispatched job that waits without a worker slot for hours by design does not take room in
-# its user's window: a batch job (its batch runs up to 24 h at the provider) and an off-peak job
-# still held for its discount window. Else one user's cheap background work would hold that
-# user's interactive jobs for as long.
-_PARKED_SQL = (
-    "(d.service_tier = 'batch' OR (d.service_tier = 'offpeak' AND d.lifecycle_status = 'queued'))"
-)
+# A by-design wait: a wait the client or the engine chose, not one for capacity (a slot, a
+# provider limit). It takes no room in its user's dispatch window, or one user's background
+# work would hold that user's interactive jobs for as long. Two kinds:
+#
+# - Before dispatch, a due time: the enqueue row's `available_at` (a debounced job's, set at
+#   create: jobs/flow.py). The window picks only due rows, and the relay wakes at the earliest
+#   due time (`NEXT_DUE`), so the job starts on time without a poll per job.
+# - After dispatch, a predicate over the dispatched job `d` that has not ended: the job waits
+#   without a worker slot by design.
+BY_DESIGN_WAITS: dict[str, str] = {
+    # Its batch runs up to 24 h at the provider.
+    "batch": "d.service_tier = 'batch'",
+    # Held for its provider's discount window.
+    "offpeak": "d.service_tier = 'offpeak' AND d.lifecycle_status = 'queued'",
+    # Held by an operator pause before its call (jobs/pauses.py): no slot, no attempt spent.
+    "operator_pause": "EXISTS (SELECT 1 FROM ai_pause_hold h WHERE h.job_id = d.id)",
+}
+# NULL-safe: `NOT` of an unknown predicate would leave the job out of the count.
+_PARKED_SQL = "coalesce(" + " OR ".join(f"({p})" for p in BY_DESIGN_WAITS.values()) + ", false)"
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # One claim, sent pipelined by `claim` after `CLAIM_LOCK`, in three parts:
 # - window: for each user with jobs not yet dispatched (a loose index scan of
 #   `ix_ai_job_undispatched`: one probe per such user), room = :window minus the user's
 #   dispatched jobs that have not ended (`ix_ai_job_user_dispatched`, counted up to :window),
-#   less those parked for hours without a slot (`_PARKED_SQL`);
+#   less those in a by-design wait (`BY_DESIGN_WAITS`);
 #   the user's first `room` undispatched jobs in (priority, created_at, id) order whose enqueue
 #   row is pending and due; up to :lim of them, oldest first. Their jobs are marked dispatched
 #   in the same statement, so the next claim counts them.
@@ -117,6 +129,45 @@ CLAIM = text(
     """
 )
 
+# The claim's last step: seconds from now until the next due time of a pending row that is not
+# due yet (a debounced job's enqueue, a dispatch retry backing off: `ix_outbox_event_ready`),
+# and until the next start-by time or deadline of a job not dispatched yet (the relay expires
+# it: jobs/flow.py `expire_undispatched`; `ix_ai_job_expires_undispatched`,
+# `ix_ai_job_deadline_undispatched`); NULL: none. The relay sleeps no longer than that, so a
+# debounced job starts, and an undispatched job expires, at its time without a poll per job.
+NEXT_DUE = text(
+    """
+    SELECT extract(epoch FROM (SELECT min(available_at) FROM outbox_event
+         WHERE status = 'pending' AND held_at IS NULL AND available_at > now())
+        - clock_timestamp()) AS due_in_s,
+      extract(epoch FROM least(
+        (SELECT min(expires_at) FROM ai_job WHERE lifecycle_status = 'queued'
+         AND dispatched_at IS NULL AND expires_at IS NOT NULL),
+        (SELECT min(deadline_at) FROM ai_job WHERE lifecycle_status = 'queued'
+         AND dispatched_at IS NULL AND deadline_at IS NOT NULL))
+        - clock_timestamp()) AS expire_in_s
+    """
+)
+
+# The enqueue row of a job that ended before it was dispatched (cancelled or replaced while its
+# due time, or room in its window, was still to come) has nothing left to start: closed in the
+# transaction that ended the job, so no workflow ever runs for it. A row a relay has claimed
+# meanwhile is left to it (its workflow sees the job ended at PREPARE).
+CLOSE_UNSENT = text(
+    f"""
+    UPDATE outbox_event SET status = 'published', published_at = now(), held_at = NULL,
+           last_error = 'closed: job ended before it was dispatched'
+    WHERE aggregate_id = :aid AND event_type = {_ENQUEUE_SQL} AND status = 'pending'
+    """
+)
+
+
+async def close_unsent(session: AsyncSession, job_id: object) -> bool:
+    """`CLOSE_UNSENT` for the job, in the caller's transaction; True: a row was closed."""
+    result = await session.execute(CLOSE_UNSENT, {"aid": str(job_id)})
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
 # Held enqueue rows whose job ended without being dispatched (cancelled while held, say) have
 # nothing left to start: closed as published, the reason first in `last_error`. Bounded by the
 # held rows (`ix_outbox_event_held`).
@@ -133,24 +184,42 @@ CLOSE_ENDED_HELD = text(
 )
 
 
-def _claimed(rows: Sequence[Any]) -> list[OutboxRow]:
-    """`CLAIM`'s rows (mappings) as outbox rows, in id order."""
-    return sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id)
+class Claim(list[OutboxRow]):
+    """The rows a claim took, in id order; `due_in_s`: seconds from the claim to the next due
+    time of a row (a debounced job's, a backing-off row's), and `expire_in_s`: to the next
+    start-by time or deadline of a job not dispatched yet (None: nothing waits for one)."""
+
+    due_in_s: float | None = None
+    expire_in_s: float | None = None
 
 
-async def claim(
-    sm: SessionMaker, *, owner: str, limit: int, window: int = DEFAULT_WINDOW
-) -> list[OutboxRow]:
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _claimed(rows: Sequence[Any], due: Sequence[Any]) -> Claim:
+    """`CLAIM`'s rows (mappings) as outbox rows, in id order, and `NEXT_DUE`'s answer."""
+    out = Claim(sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id))
+    if due:
+        out.due_in_s = _seconds(due[0]["due_in_s"])
+        out.expire_in_s = _seconds(due[0]["expire_in_s"])
+    return out
+
+
+async def claim(sm: SessionMaker, *, owner: str, limit: int, window: int = DEFAULT_WINDOW) -> Claim:
     """Up to `limit` due pending rows that need no window, and up to `limit` held enqueue rows
     their users' windows (`window` dispatched jobs that have not ended, per user) have room
     for, claimed by `owner` and committed in one round trip, in id order. A user's held rows
     are admitted in (priority, created_at, id) order: priority orders a user's own jobs only.
     Rows another relay holds are skipped (SKIP LOCKED), so claims are disjoint; the claims
     themselves are serialized (`CLAIM_LOCK`), so no window is overshot; an enqueue row whose
-    user has no room is left pending and held (`held_at`) for a later claim."""
+    user has no room is left pending and held (`held_at`) for a later claim. The next due and
+    expiry times are read last (`NEXT_DUE`), in the same round trip."""
     params = {"lim": limit, "owner": owner, "window": max(1, window)}
-    [_, rows] = await pipeline.run(sm, [(CLAIM_LOCK, {}), (CLAIM, params)], commit=True)
-    return _claimed(rows)
+    [_, rows, due] = await pipeline.run(
+        sm, [(CLAIM_LOCK, {}), (CLAIM, params), (NEXT_DUE, {})], commit=True
+    )
+    return _claimed(rows, due)
 
 
 async def close_ended_held(session: AsyncSession) -> int:

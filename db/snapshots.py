@@ -5,6 +5,7 @@ and never commits."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -74,10 +75,12 @@ async def insert_snapshot_and_enqueue(
     dedupe_key: str,
     payload: dict[str, Any],
     trace_context: dict[str, str] | None = None,
+    due_at: datetime | None = None,
 ) -> int | None:
     """`insert_snapshot` and db/outbox.py's `insert` (with its NOTIFY) in one round trip: the
     enqueue row's id, or None when its dedupe key existed (as `insert` answers; the snapshot is
-    written either way, and the caller's rollback takes it back)."""
+    written either way, and the caller's rollback takes it back). `due_at`: the enqueue row
+    is not claimed before then (a delayed job's)."""
     row = (
         await session.execute(
             _INSERT_WITH_ENQUEUE,
@@ -93,6 +96,7 @@ async def insert_snapshot_and_enqueue(
                     dedupe_key=dedupe_key,
                     payload=payload,
                     trace_context=trace_context,
+                    due_at=due_at,
                 ),
             },
         )

@@ -137,6 +137,9 @@ class JobDefinition(_Frozen):
     fallback: Literal["default", "none"] | tuple[str, ...] = "default"
     # The service tiers it accepts, its default tier, and whether results may be reused.
     service: ServiceSpec = ServiceSpec()
+    # Its jobs' start-by TTL when a create names none (seconds from the create, or from
+    # `runAt`, to admission; engine/flow.py); None: AI_DEFAULT_TTL_S.
+    ttl_seconds: int | None = Field(default=None, ge=1, le=2_592_000)
 
     @model_validator(mode="before")
     @classmethod

@@ -32,6 +32,7 @@ def request_fingerprint(
     output_schema_version: str | None = None,
     run_at: str | None = None,
     service: dict[str, str] | None = None,
+    flow: dict[str, str] | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
     The effective credential mode, the key a client named and a per-job cost cap are part of
@@ -61,4 +62,6 @@ def request_fingerprint(
         body["runAt"] = run_at
     if service:  # a tier other than the type's default, reuse, an off-peak deadline
         body["service"] = service
+    if flow:  # concurrency, ttlSeconds, deadline (jobs/flow.py `fingerprint`)
+        body["flow"] = flow
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

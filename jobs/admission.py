@@ -30,6 +30,7 @@ from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db.chunks import ChunkRow
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
@@ -213,6 +214,9 @@ class Call:
     jt: AnyJobType
     chunk: ChunkRow | None
     timeout_ms: int
+    # The operator pauses the transaction read (its take: db/attempts.py); None: not read yet
+    # (a fallback entry's admission in a transaction of its own reads them).
+    pauses: tuple[InForce, ...] | None = None
 
 
 async def admit(

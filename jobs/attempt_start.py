@@ -30,7 +30,7 @@ from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
-from jobs import admission, fallback, offpeak
+from jobs import admission, fallback, flow, offpeak, pauses
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
 from jobs.gateway import Gateway
@@ -90,6 +90,14 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Expire:
+    """The job's start-by time (before it was admitted) or its deadline passed: no call; it
+    ends with `code` (jobs/flow.py `expire`, after this transaction rolled back)."""
+
+    code: str
+
+
+@dataclass(frozen=True)
 class Started:
     """The call may go: the job as read, its snapshot, its type, its chunk and what admission
     granted (to be settled by the call's end); the attempt's fence (its lock checks and its
@@ -124,10 +132,11 @@ def may_be_taken_over(heartbeat_timeout: dt.timedelta | None, elapsed_s: float) 
 
 async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
-) -> Started | Ended | Reused | Stop | Wait | Refused:
+) -> Started | Ended | Reused | Stop | Wait | Refused | Expire:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt
-    (after every check that rolls back: only an attempt that runs is counted)."""
+    reuse, an operator pause, the start-by time and deadline (jobs/pauses.py, jobs/flow.py),
+    an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt (after
+    every check that rolls back: only an attempt that runs is counted)."""
     try:
         taken = await lifecycle.take(
             s,
@@ -162,10 +171,26 @@ async def start(
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
     jt = catalog.get(row.job_type)
-    held = offpeak.gate(gateway, jt, row, dt.datetime.now(dt.UTC))
+    now = dt.datetime.now(dt.UTC)
+    paused = pauses.held(
+        taken.pauses,
+        job_type=row.job_type,
+        provider=gateway.provider_for(jt, row.credential_mode).name,
+        model=gateway.model_for(jt, row.credential_mode),
+        user_id=row.user_id,
+        now=now,
+    )
+    if paused is not None:  # rolled back: the job stays as it was, no attempt spent
+        return paused
+    code = flow.expiry_at_start(row, admitted_before=taken.reacquired, now=now)
+    if code is not None:
+        return Expire(code)
+    held = offpeak.gate(gateway, jt, row, now)
     if held is not None:  # an off-peak job outside its window: wait for it, or its deadline
         return Stop(held) if isinstance(held, str) else held
-    got = await fallback.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
+    got = await fallback.admit(
+        s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms, taken.pauses)
+    )
     if not isinstance(got, Ticket):
         return got
     if chunk is not None:

@@ -43,8 +43,10 @@ from engine.errors import (
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tiers import OFFPEAK
-from jobs import offpeak
+from jobs import flow, offpeak
+from jobs.cancellation import WorkflowCanceller
 from jobs.costs import BudgetWindow
+from jobs.flow import Decision
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
 from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
@@ -71,6 +73,9 @@ CredentialLookup = Callable[[AsyncSession, str], Awaitable[uuid.UUID | None]]
 class CreateJobResult:
     job: JobRow
     created: bool
+    # What keyed concurrency decided (jobs/flow.py): the jobs the create replaced, its due time;
+    # `flow.holder` is `job` when a `skip` found the key held (nothing created).
+    flow: Decision = dataclasses.field(default_factory=Decision)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class JobCreation:
         credential_lookup: CredentialLookup | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._catalog = catalog
         self._policy = policy
         self._credential_lookup = credential_lookup
         self.requests = RequestChecker(catalog, policy)
@@ -113,12 +119,20 @@ class JobCreation:
         return Quote(checked, admission.refusal, admission.budgets)
 
     async def create(
-        self, req: CreateJobRequest, *, within: CreateHook | None = None, budgeted: bool = False
+        self,
+        req: CreateJobRequest,
+        *,
+        within: CreateHook | None = None,
+        budgeted: bool = False,
+        cancel_workflow: WorkflowCanceller | None = None,
     ) -> CreateJobResult:
         """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
         transaction (`within` runs last in it). Returns the existing job for a repeated
-        `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
-        create (an admin retry) that still reserves against the owner's quotas and budgets."""
+        `Idempotency-Key` with the same request (`created` False), or the job holding the
+        key of a `skip` create. `budgeted`: an internal create (an admin retry) that still
+        reserves against the owner's quotas and budgets. After the commit, the jobs a
+        `supersede` replaced while they ran are cancelled, and the workflows of the queued ones
+        it replaced with them (`cancel_workflow`, best effort)."""
         checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -139,7 +153,21 @@ class JobCreation:
             return _same_request(existing, checked.fingerprint)
         if result.created:
             _announce(result.job)
+            await self._after_commit(result, cancel_workflow)
         return result
+
+    async def _after_commit(
+        self, result: CreateJobResult, cancel_workflow: WorkflowCanceller | None
+    ) -> None:
+        """The replaced jobs' workflows cancelled, and the running ones a `supersede` replaced
+        cancelled as the cancel API cancels them (jobs/flow.py)."""
+        decided = result.flow
+        await flow.cancel_workflows(cancel_workflow, decided.cancel_workflows)
+        if decided.running:
+            stopped = await flow.supersede_running(
+                self._sm, self._catalog, decided.running, result.job.id, cancel_workflow
+            )
+            decided.running[:] = stopped
 
     def _check_platform(self, checked: CheckedRequest) -> None:
         """The platform's key is needed and not configured: 503, before any write."""
@@ -171,42 +199,62 @@ class JobCreation:
         jt = checked.job_type
         # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
         new, checked = await attach(s, new, checked, self.quotas.lock)
-        if not req.internal or budgeted:
-            winner = await self._admit(s, req, checked)
+        decided = Decision()
+        if not req.internal or budgeted or checked.flow.concurrency is not None:
+            winner, decided = await self._admit(s, req, checked, new.id)
             if winner is not None:
                 return _same_request(winner, checked.fingerprint)
+            if decided.holder is not None:  # `skip`: the key is held, nothing is created
+                return CreateJobResult(job=decided.holder, created=False, flow=decided)
+            new = dataclasses.replace(new, debounce_until=decided.debounce_until)
         if not req.internal and jt.check_target is not None:
             await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
         row = await lifecycle_db.create(s, new)
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
-        await self._enqueue(s, req, checked, row)
+        await self._enqueue(s, req, checked, row, due_at=decided.due_at)
         if within is not None:
             await within(s, row)
-        return CreateJobResult(job=row, created=True)
+        return CreateJobResult(job=row, created=True, flow=decided)
 
     async def _admit(
-        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest
-    ) -> JobRow | None:
-        """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
-        creates, so count-then-insert cannot overshoot, and the job's worst-case cost, reserved
-        by the insert that follows in this transaction, cannot take spend plus reservations
-        past a budget. Under the lock, a create with a key that a concurrent create just
-        committed is answered with that job (returned) instead of a quota error."""
-        if not self.quotas.limited:
-            return None
+        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, new_id: uuid.UUID
+    ) -> tuple[JobRow | None, Decision]:
+        """Race-safe quotas and keyed concurrency: a per-user transaction-scoped advisory lock
+        serialises one user's creates (on every API process), so count-then-insert cannot
+        overshoot, and the job's worst-case cost, reserved by the insert that follows in this
+        transaction, cannot take spend plus reservations past a budget. Under the lock, in this
+        order: a create with a key that a concurrent create just committed is answered with
+        that job (returned first) instead of a quota error; the concurrency decision
+        (jobs/flow.py: a `skip` whose key is held makes nothing and is refused by no quota;
+        replaced queued jobs end before the quotas count them); the quotas."""
+        concurrency = checked.flow.concurrency
+        if not self.quotas.limited and concurrency is None:
+            return None, Decision()
         await self.quotas.lock(s, req.user_id)
         if req.idempotency_key is not None:
             existing = await jobs_db.find_by_idempotency_key(
                 s, req.user_id, req.job_type, req.idempotency_key
             )
             if existing is not None:
-                return existing
-        refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
-        if refusal is not None:
-            raise refusal.error
-        return None
+                return existing, Decision()
+        decided = Decision()
+        if concurrency is not None:
+            decided = await flow.decide(
+                s,
+                req,
+                concurrency,
+                new_id,
+                default_max_delay_ms=self._policy.debounce_max_delay_ms,
+            )
+            if decided.holder is not None:
+                return None, decided
+        if self.quotas.limited:
+            refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
+            if refusal is not None:
+                raise refusal.error
+        return None, decided
 
     async def _pin_credential(self, s: AsyncSession, req: CreateJobRequest, new: NewJob) -> NewJob:
         """The user's key the job will use, pinned on its row (user_deepseek_key only)."""
@@ -231,6 +279,7 @@ class JobCreation:
     def _new_job(self, req: CreateJobRequest, checked: CheckedRequest, job_id: uuid.UUID) -> NewJob:
         """The `ai_job` row of a checked request, before its credential is pinned."""
         d, estimate = checked.job_type.definition, checked.estimate
+        plan, now = checked.flow, datetime.now(UTC)
         return NewJob(
             id=job_id,
             user_id=req.user_id,
@@ -259,20 +308,33 @@ class JobCreation:
             run_at=req.run_at,
             service_tier=checked.service_tier,
             offpeak_deadline_at=offpeak.deadline(
-                req, checked.service_tier, self._policy.offpeak_max_wait_s, datetime.now(UTC)
+                req, checked.service_tier, self._policy.offpeak_max_wait_s, now
             ),
             offpeak_on_deadline=(
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),
             reuse_allowed=req.reuse,
             reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            # Flow control (jobs/flow.py): as given, and the times it fixes.
+            concurrency=plan.concurrency.given() if plan.concurrency else None,
+            concurrency_key=plan.concurrency.key if plan.concurrency else None,
+            expires_at=plan.start_by(now, req.run_at),
+            deadline_at=plan.deadline,
         )
 
     async def _enqueue(
-        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, row: JobRow
+        self,
+        s: AsyncSession,
+        req: CreateJobRequest,
+        checked: CheckedRequest,
+        row: JobRow,
+        *,
+        due_at: datetime | None = None,
     ) -> None:
         """The snapshot and the enqueue row in one statement (one round trip). A job without
-        its enqueue row would wait forever: no row written rolls the create back."""
+        its enqueue row would wait forever: no row written rolls the create back. `due_at`: a
+        debounced job's enqueue row is not available to the relay before then (it waits in
+        the outbox, outside its user's dispatch window)."""
         d = checked.job_type.definition
         enqueued = await snapshots_db.insert_snapshot_and_enqueue(
             s,
@@ -305,6 +367,7 @@ class JobCreation:
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),
+            due_at=due_at,
         )
         if enqueued is None:
             raise EnqueueNotWritten(str(row.id))

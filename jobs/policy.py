@@ -72,6 +72,11 @@ class CreatePolicy:
     offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
     # An off-peak job's deadline is at most this long after its create (AI_OFFPEAK_MAX_WAIT_S).
     offpeak_max_wait_s: int = 86_400
+    # Flow control (jobs/flow.py): a debounce chain's longest wait when the create names no
+    # maxDelayMs (AI_DEBOUNCE_MAX_DELAY_MS); the TTL of a job whose create and type name none
+    # (AI_DEFAULT_TTL_S, 0: none).
+    debounce_max_delay_ms: int = 600_000
+    default_ttl_s: int = 0
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""

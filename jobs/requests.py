@@ -21,11 +21,13 @@ from pydantic import BaseModel, ValidationError
 from db.chunks import PlannedChunk
 from engine.definition import USER_DEEPSEEK_KEY
 from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
+from engine.flow import Concurrency
 from engine.hashing import request_fingerprint
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
-from jobs import chunked, fallback, offpeak, tiers
+from jobs import chunked, fallback, flow, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
+from jobs.flow import FlowPlan
 from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
@@ -62,6 +64,11 @@ class CreateJobRequest:
     reuse: bool = False
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # Flow control (jobs/flow.py): keyed concurrency, the start-by TTL in seconds (None: the
+    # defaults; 0: none) and the whole job's deadline.
+    concurrency: Concurrency | None = None
+    ttl_seconds: int | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class CheckedRequest:
     service_tier: str = STANDARD  # the effective tier (the request's, or the type's default)
     # What the job would cost on each tier, and whether it may ask for it (the quote's).
     tier_prices: tuple[TierPrice, ...] = ()
+    # Its concurrency, effective TTL and deadline (jobs/flow.py).
+    flow: FlowPlan = field(default_factory=FlowPlan)
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -110,6 +119,7 @@ class RequestChecker:
             ]
             raise ValidationFailed(refusal, errors=errors)
         offpeak.check_create(req, jt, self._policy, mode, tier)  # 422: no window, too late
+        flow_plan = flow.plan(req, jt, self._policy.default_ttl_s)  # 422: sure to expire
         chunks = self.plan_chunks(jt, model)
         tiers.check_batch_source(tier, chunks)  # a long source is several calls: not a line
         self._check_fits_the_model(jt, model, chunks)
@@ -137,10 +147,20 @@ class RequestChecker:
             output_schema_version=req.output_schema_version,
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
+            flow=flow.fingerprint(req),
         )
         tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd)
         return CheckedRequest(
-            jt, normalized, priority, mode, estimate, fingerprint, chunks, tier, tier_prices
+            jt,
+            normalized,
+            priority,
+            mode,
+            estimate,
+            fingerprint,
+            chunks,
+            tier,
+            tier_prices,
+            flow_plan,
         )
 
     def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:

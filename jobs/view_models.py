@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -125,6 +125,36 @@ class JobStatusResponse(Camel):
         description="Your earlier identical job whose answer this one reused (a create with "
         '`reuse: "allow"`): no provider call, cost 0, its own copies of the artifacts',
     )
+    # Flow control (docs/api.md "Flow control").
+    concurrency: ConcurrencyOut | None = Field(
+        default=None,
+        description="The create's `concurrency` as given (a member not given is null); null "
+        "without one",
+    )
+    superseded_by: uuid.UUID | None = Field(
+        default=None,
+        description="The newer job with the same concurrency key that replaced this one "
+        "(`errorCode` `SUPERSEDED`); null otherwise",
+    )
+    expires_at: datetime | None = Field(
+        default=None,
+        description="Start-by time (its TTL): not started by then, the job ends `cancelled` "
+        "with `JOB_EXPIRED`; null without a TTL",
+    )
+    deadline: datetime | None = Field(
+        default=None,
+        description="The whole job's deadline: past it, it stops and ends `cancelled` with "
+        "`JOB_DEADLINE_EXCEEDED`; null without one",
+    )
+
+
+class ConcurrencyOut(Camel):
+    """A create's `concurrency` as it was given: a member not given is null."""
+
+    key: str | None = None
+    mode: Literal["supersede", "skip", "debounce"] | None = None
+    delay_ms: int | None = None
+    max_delay_ms: int | None = None
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).

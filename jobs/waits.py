@@ -27,3 +27,4 @@ class Wait:
     tokens: int = 0
     user_id: str = ""
     chunk_no: int | None = None
+    job_type: str = ""  # an operator pause's hold names what it was held for (jobs/pauses.py)

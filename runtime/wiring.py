@@ -200,6 +200,8 @@ def create_policy(settings: Settings) -> CreatePolicy:
         providers=provider_traits(settings),
         offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
         offpeak_max_wait_s=settings.ai_offpeak_max_wait_s,
+        debounce_max_delay_ms=settings.ai_debounce_max_delay_ms,
+        default_ttl_s=settings.ai_default_ttl_s,
     )
 
 

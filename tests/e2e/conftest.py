@@ -60,6 +60,10 @@ JOB_STATUS_KEYS = {
     "privateDataPurged",
     "serviceTier",
     "reusedFromJobId",
+    "concurrency",
+    "supersededBy",
+    "expiresAt",
+    "deadline",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (
