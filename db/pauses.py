@@ -176,11 +176,16 @@ async def hold(
     provider: str,
     model: str,
 ) -> bool:
-    """The job is held (what its call was held for); False: it already was."""
+    """The job is held (what its call was held for), its turn fixed (`AiPauseHold.turn`);
+    False: it already was."""
     result = await s.execute(
         text(
-            "INSERT INTO ai_pause_hold (job_id, user_id, workflow_id, job_type, provider, model) "
-            "VALUES (:job_id, :user_id, :wf, :job_type, :provider, :model) "
+            "INSERT INTO ai_pause_hold "
+            "(job_id, user_id, workflow_id, job_type, provider, model, turn) "
+            "VALUES (:job_id, CAST(:user_id AS varchar), :wf, :job_type, :provider, :model, "
+            "coalesce("
+            "(SELECT max(turn) + 1 FROM ai_pause_hold WHERE user_id = CAST(:user_id AS varchar)), "
+            "(SELECT min(turn) FROM ai_pause_hold), 0)) "
             "ON CONFLICT (job_id) DO NOTHING"
         ),
         {
@@ -197,7 +202,7 @@ async def hold(
 
 # A held job no pause in force matches any more (what it was held for), whose job is active.
 _FREE = f"""
-    SELECT h.job_id, h.user_id, h.held_at FROM ai_pause_hold h
+    SELECT h.job_id, h.turn, h.held_at FROM ai_pause_hold h
     JOIN ai_job j ON j.id = h.job_id AND j.{ACTIVE_SQL}
     WHERE NOT EXISTS (
         SELECT 1 FROM ai_pause p
@@ -207,16 +212,12 @@ _FREE = f"""
           AND (p.model IS NULL OR p.model = h.model)
           AND (p.user_id IS NULL OR p.user_id = h.user_id))
 """
-# Up to :n of them in fair order, each user's first, then each user's second, ... (by when
-# they were held), deleted; their workflows to wake.
+# Up to :n of them in fair order (each user's first, then each user's second, ...: their turns),
+# deleted; their workflows to wake.
 _RELEASE = text(
     f"""
     WITH free AS ({_FREE}),
-    ranked AS (
-        SELECT job_id, held_at,
-               row_number() OVER (PARTITION BY user_id ORDER BY held_at, job_id) AS turn
-        FROM free),
-    picked AS (SELECT job_id FROM ranked ORDER BY turn, held_at, job_id LIMIT :n)
+    picked AS (SELECT job_id FROM free ORDER BY turn, held_at, job_id LIMIT :n)
     DELETE FROM ai_pause_hold h USING picked WHERE h.job_id = picked.job_id
     RETURNING h.workflow_id
     """

@@ -47,6 +47,7 @@ class ScheduleRow:
     paused: bool
     created_at: datetime
     updated_at: datetime
+    ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,14 @@ class RunRow:
 _COLUMNS = (
     "id, user_id, job_type, target_type, target_id, input, priority, credential_mode, "
     "max_cost_usd, interval_s, cron, timezone, overlap, start_at, end_at, paused, created_at, "
-    "updated_at"
+    "updated_at, ttl_s"
 )
 _INSERT = text(
     f"""
     INSERT INTO ai_schedule ({_COLUMNS})
     VALUES (:id, :user_id, :job_type, :target_type, :target_id, :input, :priority,
             :credential_mode, :max_cost_usd, :interval_s, :cron,
-            :timezone, :overlap, :start_at, :end_at, :paused, now(), now())
+            :timezone, :overlap, :start_at, :end_at, :paused, now(), now(), :ttl_s)
     """
 ).bindparams(bindparam("input", type_=JSONB))
 

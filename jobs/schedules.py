@@ -89,6 +89,7 @@ class NewSchedule:
     priority: int | None = None
     credential_mode: str | None = None
     max_cost_usd: Decimal | None = None
+    ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults; 0: none)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class ScheduleService:
             paused=new.paused,
             created_at=now,
             updated_at=now,
+            ttl_s=new.ttl_s,
         )
         async with self._sm.begin() as s:
             await schedules_db.lock_user(s, new.user_id)
@@ -193,6 +195,7 @@ class ScheduleService:
             idempotency_key=key,
             credential_mode=row.credential_mode,
             max_cost_usd=row.max_cost_usd,
+            ttl_seconds=row.ttl_s,  # counted from each run's create
         )
 
     async def get(self, schedule_id: uuid.UUID, viewer: Viewer) -> ScheduleView:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import psycopg
 from temporalio.client import Client
@@ -30,8 +30,10 @@ from db.limit_waiters import CHANNEL, parse_payload
 from db.provider_limits import LimitKey, LimitTable, parse_model_limits
 from db.session import SessionMaker, listen_connection, ping_connection
 from engine.definition import QUEUE_NAMES
+from engine.flow import PAUSE_CHANNEL
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import limit_wake
+from runtime.pause_waker import PauseWaker
 from runtime.reuse_waker import beside
 from runtime.signals import signal_all
 from runtime.supervisor import supervise
@@ -56,17 +58,24 @@ class LimitWaker:
         limits: LimitTable,
         *,
         idle_s: float = 60.0,
+        also: Mapping[str, Callable[[str | None], None]] | None = None,
     ) -> None:
         self._client = client
         self._sm = sessionmaker
         self._url = database_url  # a session of its own (DATABASE_DIRECT_URL behind a pooler)
         self._limits = limits
         self._idle_s = idle_s
+        # Other channels heard on this connection, each with its handler (the pause waker's):
+        # the process LISTENs once. A handler is told None after each (re)connect.
+        self._also = dict(also or {})
         self.signalled = 0  # wake-up signals sent (tests, logs)
 
     async def run(self, stop: asyncio.Event) -> None:
         conn = await listen_connection(self._url, CHANNEL)
         async with conn:
+            for channel, handler in self._also.items():
+                await conn.execute(f"LISTEN {channel}")  # our constant channel names
+                handler(None)
             await self._signal(await limit_wake.wake_all(self._sm, self._limits))
             idle_since = time.monotonic()
             while not stop.is_set():
@@ -84,14 +93,17 @@ class LimitWaker:
         """The keys notified within STOP_CHECK_S (and those right behind the first)."""
         keys: set[tuple[str, str, str]] = set()
         async for note in conn.notifies(timeout=STOP_CHECK_S, stop_after=1):
-            self._add(keys, note.payload)
+            self._add(keys, note.channel, note.payload)
         if keys:
             async for note in conn.notifies(timeout=BATCH_S):
-                self._add(keys, note.payload)
+                self._add(keys, note.channel, note.payload)
         return keys
 
-    @staticmethod
-    def _add(keys: set[tuple[str, str, str]], payload: str) -> None:
+    def _add(self, keys: set[tuple[str, str, str]], channel: str, payload: str) -> None:
+        handler = self._also.get(channel)
+        if handler is not None:
+            handler(payload)
+            return
         key = parse_payload(payload)
         if key is not None:
             keys.add(key)
@@ -120,9 +132,20 @@ def limit_waker_task(
     if not set(queues) & set(QUEUE_NAMES):
         return None
     s = parts.settings
+    pause_waker = PauseWaker(client, parts.sessionmaker, s.ai_resume_rate)
     waker = LimitWaker(
-        client, parts.sessionmaker, s.session_database_url, parse_model_limits(s.ai_model_limits)
+        client,
+        parts.sessionmaker,
+        s.session_database_url,
+        parse_model_limits(s.ai_model_limits),
+        also={PAUSE_CHANNEL: pause_waker.notified},  # its wake-ups on the same connection
     )
-    loop = supervise("limit-waker", waker.run, stop)  # with the reuse waker beside it
+    loop = supervise("limit-waker", waker.run, stop)  # with the reuse and pause wakers beside
     both = beside(loop, client, parts.sessionmaker, s.session_database_url, stop)
-    return asyncio.create_task(both, name="limit-waker")
+    pausing = supervise("pause-waker", pause_waker.run, stop)
+    return asyncio.create_task(_summed(both, pausing), name="limit-waker")
+
+
+async def _summed(*loops: Awaitable[int]) -> int:
+    """Supervised loops run together as one task; their restarts summed."""
+    return sum(await asyncio.gather(*loops))

@@ -33,6 +33,7 @@ from api.schemas import (
 )
 from api.state import AppState
 from engine.definition import CredentialMode
+from engine.flow import TTL_S_MAX
 from engine.schedules import Spec
 from jobs.audit import AuditEntry, AuditLog
 from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
@@ -68,6 +69,16 @@ class CreateScheduleBody(Camel):
     max_cost_usd: Decimal | None = Field(
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
+    # Each run's job's start-by TTL, counted from that run's create (a job's `concurrency` and
+    # `deadline` are not taken: a recurring job has no one deadline, and its runs no key).
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=TTL_S_MAX,
+        strict=True,
+        description="Each run's job must start within this many seconds of its create or it "
+        "ends `JOB_EXPIRED` (0: no TTL; left out: the job type's, else AI_DEFAULT_TTL_S)",
+    )
 
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
@@ -96,6 +107,7 @@ class ScheduleResponse(Camel):
     priority: int | None = None
     credential_mode: CredentialMode | None = None
     max_cost_usd: UsdAmount | None = None
+    ttl_seconds: int | None = None
     interval_seconds: int | None = None
     cron: str | None = None
     timezone: str
@@ -137,6 +149,7 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         priority=r.priority,
         credential_mode=r.credential_mode,
         max_cost_usd=r.max_cost_usd,
+        ttl_seconds=r.ttl_s,
         interval_seconds=r.interval_s,
         cron=r.cron,
         timezone=r.timezone,
@@ -184,6 +197,7 @@ async def create_schedule(
             priority=body.priority,
             credential_mode=body.credential_mode,
             max_cost_usd=body.max_cost_usd,
+            ttl_s=body.ttl_seconds,
         )
     )
     response.headers["Location"] = f"/api/ai/schedules/{row.id}"

@@ -9,7 +9,17 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import CheckConstraint, Float, ForeignKey, Index, SmallInteger, String, Text, func
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    SmallInteger,
+    String,
+    Text,
+    func,
+)
 from sqlalchemy import text as sql
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
@@ -47,7 +57,7 @@ class AiPauseHold(Base):
     held for. It takes no room in its user's dispatch window while the row exists."""
 
     __tablename__ = "ai_pause_hold"
-    __table_args__ = (Index("ix_ai_pause_hold_held", "held_at"),)
+    __table_args__ = (Index("ix_ai_pause_hold_user_turn", "user_id", "turn"),)
 
     job_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), primary_key=True
@@ -58,6 +68,9 @@ class AiPauseHold(Base):
     job_type: Mapped[str] = mapped_column(String(64))
     provider: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(200))
+    # Its place in the fair release order, fixed when it was held: one after its user's last
+    # held job, or (its user has none) the lowest turn held, the one being released now.
+    turn: Mapped[int] = mapped_column(BigInteger)
     held_at: Mapped[datetime] = mapped_column(TS, server_default=sql("clock_timestamp()"))
 
 

@@ -53,6 +53,8 @@ class AiSchedule(Base):
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # Each run's job's start-by TTL in seconds, from its create (None: the defaults; 0: none).
+    ttl_s: Mapped[int | None] = mapped_column(Integer)
 
 
 class AiScheduleRun(Base):

@@ -10,6 +10,7 @@ reads the next start-by time and deadline of the jobs it has not dispatched thro
 
 `ai_pause`: operator pauses in force; `ai_pause_hold`: the jobs a pause holds before their
 call; `ai_resume_pace`: the one row that paces their release across processes.
+`ai_schedule.ttl_s`: each run's job's start-by TTL (a schedule's job template).
 
 Revision ID: 0036
 Revises: 0033
@@ -93,6 +94,7 @@ def upgrade() -> None:
         sa.Column("job_type", sa.String(length=64), nullable=False),
         sa.Column("provider", sa.String(length=64), nullable=False),
         sa.Column("model", sa.String(length=200), nullable=False),
+        sa.Column("turn", sa.BigInteger(), nullable=False),
         sa.Column("held_at", _TS, server_default=sa.text("clock_timestamp()"), nullable=False),
         sa.ForeignKeyConstraint(
             ["job_id"],
@@ -102,7 +104,8 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("job_id", name=op.f("pk_ai_pause_hold")),
     )
-    op.create_index("ix_ai_pause_hold_held", "ai_pause_hold", ["held_at"])
+    op.create_index("ix_ai_pause_hold_user_turn", "ai_pause_hold", ["user_id", "turn"])
+    op.add_column("ai_schedule", sa.Column("ttl_s", sa.Integer(), nullable=True))
     op.create_table(
         "ai_resume_pace",
         sa.Column("id", sa.SmallInteger(), nullable=False),
@@ -114,7 +117,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("ai_resume_pace")
-    op.drop_index("ix_ai_pause_hold_held", table_name="ai_pause_hold")
+    op.drop_column("ai_schedule", "ttl_s")
+    op.drop_index("ix_ai_pause_hold_user_turn", table_name="ai_pause_hold")
     op.drop_table("ai_pause_hold")
     op.drop_index("ix_ai_pause_expires", table_name="ai_pause")
     op.drop_table("ai_pause")
