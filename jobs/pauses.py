@@ -44,9 +44,13 @@ SYSTEM_ACTOR = "system"
 _AFTER_EXPIRY_S = 1.0
 
 
+_CAMEL = {"job_type": "jobType", "provider": "provider", "model": "model", "user_id": "userId"}
+
+
 def _detail(match: PauseMatch) -> dict[str, object]:
-    """The audit entry's `detail`: the match (names and ids from the admin, no job data)."""
-    return {"match": {k: v for k, v in asdict(match).items() if v is not None}}
+    """The audit entry's `detail`: the match as the API names it (names and ids from the
+    admin, no job data)."""
+    return {"match": {_CAMEL[k]: v for k, v in asdict(match).items() if v is not None}}
 
 
 def match_of(row: PauseRow) -> PauseMatch:

@@ -72,6 +72,15 @@ class ResultOut(Camel):
     )
 
 
+class ConcurrencyOut(Camel):
+    """A create's `concurrency` as it was given: a member not given is null."""
+
+    key: str | None = None
+    mode: Literal["supersede", "skip", "debounce"] | None = None
+    delay_ms: int | None = None
+    max_delay_ms: int | None = None
+
+
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
 class JobStatusResponse(Camel):
     job_id: uuid.UUID
@@ -146,15 +155,6 @@ class JobStatusResponse(Camel):
         description="The whole job's deadline: past it, it stops and ends `cancelled` with "
         "`JOB_DEADLINE_EXCEEDED`; null without one",
     )
-
-
-class ConcurrencyOut(Camel):
-    """A create's `concurrency` as it was given: a member not given is null."""
-
-    key: str | None = None
-    mode: Literal["supersede", "skip", "debounce"] | None = None
-    delay_ms: int | None = None
-    max_delay_ms: int | None = None
 
 
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
