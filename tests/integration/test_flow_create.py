@@ -208,7 +208,7 @@ async def test_settings_that_guarantee_expiry_are_refused_at_their_field(
 ) -> None:
     svc = service(db)
     now = datetime.now(UTC)
-    cases = [
+    cases: list[tuple[dict[str, Any], list[str]]] = [
         (
             {"concurrency": keyed("debounce", delay_ms=5000), "ttl_seconds": 2},
             ["body", "ttlSeconds"],
