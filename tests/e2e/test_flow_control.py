@@ -27,8 +27,8 @@ import httpx
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from tests.e2e.api_processes import api_processes
 from tests.e2e.conftest import Api, assert_problem, start_api
-from tests.e2e.test_api_limits_cluster import api_processes
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import FAKE_MODEL, fake_env
 from tests.job_data import INPUTS, SCRIPTED
