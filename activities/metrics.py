@@ -80,7 +80,7 @@ UNPRICED_MODEL_LABELS = 10
 RELAY_OUTCOMES = ("started", "acknowledged", "retry", "unavailable", "malformed")
 WEBHOOK_OUTCOMES = ("delivered", "failed", "dead")
 # Why a job waited before its provider call (db/provider_limits.py, db/provider_gate.py).
-LIMITER_REASONS = ("rpm", "tpm", "concurrency", "announced", "pause", "breaker")
+LIMITER_REASONS = ("rpm", "tpm", "concurrency", "announced", "pause", "breaker", "operator_pause")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STAGE_BUCKETS = (*_FAST, 120.0, 300.0, 600.0)

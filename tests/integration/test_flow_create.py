@@ -22,10 +22,11 @@ from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.errors import IdempotencyKeyReused, TooManyJobs, ValidationFailed
 from engine.flow import Concurrency, PauseMatch
 from engine.lifecycle import LifecycleStatus
-from jobs import flow, pauses
+from jobs import flow, lifecycle, pauses
 from jobs.service import CreateJobRequest, CreatePolicy, JobService
-from jobs.types import default_catalog
+from jobs.types import default_catalog, synthetic
 from tests.integration.engine_helpers import execute, rows, scalar
+from tests.stack import catalog_with, variant
 
 NO_QUOTAS = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
 CANCELLED = LifecycleStatus.CANCELLED.value
@@ -326,3 +327,46 @@ async def test_an_expired_pause_is_lifted_by_the_system(db: SessionMaker) -> Non
     [entry] = await rows(db, "SELECT actor, outcome FROM admin_audit WHERE action = 'pause.expire'")
     assert (entry.actor, entry.outcome) == ("system", "resumed")
     assert await execute(db, "DELETE FROM ai_pause") == 0
+
+
+async def test_supersede_asks_a_running_job_to_stop_unless_its_type_cannot_be(
+    db: SessionMaker,
+) -> None:
+    stuck = variant(synthetic.JOB, "synthetic_stuck", cancellable=False)
+    svc = JobService(db, catalog_with(stuck), NO_QUOTAS)
+    key = keyed("supersede")
+    fixed = (await svc.create(request(n=2, job_type="synthetic_stuck", concurrency=key))).job.id
+    await _start(db, fixed)
+    running = (await svc.create(request(concurrency=key))).job.id  # leaves `fixed` running
+    await _start(db, running)
+    cancelled: list[str] = []
+
+    async def cancel_workflow(wf: str) -> None:
+        cancelled.append(wf)
+
+    new = await svc.create(request(n=3, concurrency=key), cancel_workflow=cancel_workflow)
+    assert new.created and [h.id for h in new.flow.running] == [running]
+    [asked] = await rows(
+        db, "SELECT cancel_requested_at, cancel_code FROM ai_job WHERE id = :j", j=running
+    )
+    assert asked.cancel_requested_at is not None and asked.cancel_code == "SUPERSEDED"
+    assert cancelled == [f"ai-interactive:synthetic:{running}"]
+    left = await job(db, fixed)
+    assert (left.lifecycle_status, left.superseded_by) == ("running", None)
+    # Its workflow's finalizer ends it with the code the request recorded.
+    async with db.begin() as s:
+        await lifecycle.cancel(s, running)
+    ended = await job(db, running)
+    assert (ended.lifecycle_status, ended.error_code, ended.superseded_by) == (
+        CANCELLED,
+        "SUPERSEDED",
+        new.job.id,
+    )
+
+
+async def _start(db: SessionMaker, job_id: uuid.UUID) -> None:
+    await execute(
+        db,
+        "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing' WHERE id = :j",
+        j=job_id,
+    )
