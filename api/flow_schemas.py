@@ -146,8 +146,8 @@ class PauseMatchBody(Camel):
         default=None,
         min_length=1,
         max_length=64,
-        description="The provider's name as docs/limits.md names it (deepseek, "
-        "openai_compatible, synthetic)",
+        description="The provider's name as docs/limits.md names it (`deepseek`, "
+        "`openai_compatible`, ...)",
     )
     model: _Text | None = Field(
         default=None, min_length=1, max_length=200, description="The model of the call"

@@ -75,10 +75,16 @@ class ResultOut(Camel):
 class ConcurrencyOut(Camel):
     """A create's `concurrency` as it was given: a member not given is null."""
 
-    key: str | None = None
-    mode: Literal["supersede", "skip", "debounce"] | None = None
-    delay_ms: int | None = None
-    max_delay_ms: int | None = None
+    key: str | None = Field(default=None, description="The concurrency key")
+    mode: Literal["supersede", "skip", "debounce"] | None = Field(
+        default=None, description="What a create with the key does: supersede, skip, debounce"
+    )
+    delay_ms: int | None = Field(
+        default=None, description="A debounced job's wait after its create, in milliseconds"
+    )
+    max_delay_ms: int | None = Field(
+        default=None, description="The longest a debounce chain waits, from its first create"
+    )
 
 
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.

@@ -41,7 +41,7 @@ EXAMPLE: dict[str, Any] = {
             "defaultServiceTier": "standard",
             "serviceTiers": ["standard"],
             "reuse": False,
-            "ttlSeconds": None,
+            "ttlSeconds": 3600,
         }
     ]
 }
