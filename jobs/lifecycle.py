@@ -163,7 +163,8 @@ async def cancel(
         )
     payload = {"jobId": str(job_id), **({"errorCode": code} if code else {})}
     await outbox_db.insert_job_event(s, CANCELLED, job_id, payload)
-    if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
+    if code is not None and came_from == LifecycleStatus.QUEUED:
+        # Flow control ended it before its dispatch, most likely: no workflow is ever started.
         await relay_db.close_unsent(s, job_id)
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
