@@ -16,12 +16,17 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.session import SessionMaker
 from engine.flow import Concurrency, PauseMatch
 from jobs.pauses import Pauses
-from tests.integration.engine_helpers import rows, scalar
+from tests.integration.engine_helpers import (
+    rows,
+    scalar,
+    wait_workflow_closed,
+    workflow_canceller,
+)
 from tests.stack import JOB_QUEUES, engine_stack, make_settings
 from tests.support import eventually
 
@@ -93,6 +98,17 @@ async def test_ttl_and_deadline_fire_on_durable_timers_and_a_plain_job_has_none(
         assert row.finished_at is not None and row.finished_at <= deadline + timedelta(seconds=3)
         assert await usage_rows(db, stopped) == 1  # its call in flight, charged
         assert row.deadline_at == deadline
+
+        # The owner's cancel still stops a job whose timers are armed, as it stops any job.
+        armed = await st.create(
+            input={"delayMs": 30_000}, ttl_seconds=600, deadline=deadline + timedelta(hours=1)
+        )
+        await st.wait_status(armed, "running")
+        await st.service.cancel(armed, "u1", cancel_workflow=workflow_canceller(temporal_client))
+        row = await st.wait_status(armed, "cancelled", timeout=15)
+        assert row.error_code == "CANCELLED"
+        desc = await wait_workflow_closed(temporal_client, st.workflow_id(armed))
+        assert desc.status == WorkflowExecutionStatus.CANCELED
 
 
 async def test_the_relay_expires_a_job_it_never_dispatched_and_starts_a_debounce_on_time(
