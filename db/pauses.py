@@ -217,9 +217,11 @@ _FREE = f"""
 _RELEASE = text(
     f"""
     WITH free AS ({_FREE}),
-    picked AS (SELECT job_id FROM free ORDER BY turn, held_at, job_id LIMIT :n)
-    DELETE FROM ai_pause_hold h USING picked WHERE h.job_id = picked.job_id
-    RETURNING h.workflow_id
+    picked AS (SELECT job_id FROM free ORDER BY turn, held_at, job_id LIMIT :n),
+    gone AS (
+        DELETE FROM ai_pause_hold h USING picked WHERE h.job_id = picked.job_id
+        RETURNING h.workflow_id, h.turn, h.held_at, h.job_id)
+    SELECT workflow_id FROM gone ORDER BY turn, held_at, job_id
     """
 )
 _MORE = text(f"SELECT EXISTS ({_FREE}) AS more")
@@ -228,46 +230,57 @@ _SWEEP = text(
     f"DELETE FROM ai_pause_hold h WHERE NOT EXISTS "
     f"(SELECT 1 FROM ai_job j WHERE j.id = h.job_id AND j.{ACTIVE_SQL})"
 )
-# The pace: one row, a token bucket of one release (releases are spaced 1/rate apart).
+# The pace: one row, the time of the next free release slot. Releases are spaced 1/rate apart
+# across every process: a pass reserves the slots of the jobs it releases (up to a second's
+# worth) from that time on, under the row's lock.
 _PACE = text(
-    "INSERT INTO ai_resume_pace (id, tokens, refilled_at) VALUES (1, 1, clock_timestamp()) "
+    "INSERT INTO ai_resume_pace (id, next_at) VALUES (1, clock_timestamp()) "
     "ON CONFLICT (id) DO NOTHING"
 )
 _PACE_READ = text(
-    "SELECT tokens, extract(epoch FROM clock_timestamp() - refilled_at) AS elapsed "
-    "FROM ai_resume_pace WHERE id = 1 FOR UPDATE"
+    "SELECT extract(epoch FROM greatest(next_at, clock_timestamp()) - clock_timestamp()) "
+    "AS ahead FROM ai_resume_pace WHERE id = 1 FOR UPDATE"
 )
 _PACE_WRITE = text(
-    "UPDATE ai_resume_pace SET tokens = :tokens, refilled_at = clock_timestamp() WHERE id = 1"
+    "UPDATE ai_resume_pace SET next_at = clock_timestamp() + make_interval(secs => :ahead) "
+    "WHERE id = 1"
 )
 
 
 @dataclass(frozen=True)
 class Released:
-    """A release pass: the workflows to wake, whether more held jobs may go, and how long until
-    the pace allows the next one."""
+    """A release pass: the workflows to wake, each with the seconds from now to its slot (in
+    fair order, 1/rate apart), whether more held jobs may go, and how long until the next pass
+    may reserve slots."""
 
-    workflow_ids: list[str]
+    slots: list[tuple[str, float]]
     more: bool
     next_in_s: float
+
+    @property
+    def workflow_ids(self) -> list[str]:
+        return [wf for wf, _ in self.slots]
 
 
 async def release(s: AsyncSession, rate: float) -> Released:
     """Release the held jobs no pause matches any more, in fair order, at most `rate` a second
-    across every process (the pace row is locked: releases are serialised). Holds of ended
-    jobs are swept on the way."""
+    across every process: up to a second's worth, each given its slot (the pace row is locked:
+    passes are serialised, and a pass whose slots would start more than a second ahead releases
+    nothing). Holds of ended jobs are swept on the way."""
     await s.execute(_SWEEP)
     await s.execute(_PACE)
-    pace = (await s.execute(_PACE_READ)).one()
-    tokens = min(1.0, float(pace.tokens) + rate * max(float(pace.elapsed), 0.0))
-    n = math.floor(tokens)
+    ahead = max(float((await s.execute(_PACE_READ)).scalar_one()), 0.0)
     ids: list[str] = []
-    if n > 0:
+    if ahead < 1.0:
+        n = max(1, math.ceil(rate))
         ids = list((await s.execute(_RELEASE, {"n": n})).scalars())
-        tokens -= len(ids)
-    await s.execute(_PACE_WRITE, {"tokens": tokens})
+        slots = [(wf, ahead + i / rate) for i, wf in enumerate(ids)]
+        ahead += len(ids) / rate
+        await s.execute(_PACE_WRITE, {"ahead": ahead})
+    else:
+        slots = []
     more = bool((await s.execute(_MORE)).scalar())
-    return Released(ids, more, max(0.0, (1.0 - tokens) / rate))
+    return Released(slots, more, max(ahead - 1.0, 0.05))
 
 
 async def held_count(s: AsyncSession) -> int:

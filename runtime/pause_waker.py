@@ -9,9 +9,10 @@ pass, in this order (jobs/pauses.py):
 1. pauses past their `expiresAt` are lifted, as a DELETE does, with a `pause.expire` entry
    (actor `system`; each is lifted once, whichever process gets there first);
 2. the held jobs no pause in force matches any more are released in fair order (each user's
-   first, then each user's second...), at most AI_RESUME_RATE a second across the cluster (a
-   release takes the one pace row's lock), each woken with the `limit-wake` signal
-   (runtime/signals.py); it keeps releasing at that pace while some remain;
+   first, then each user's second...), at most AI_RESUME_RATE a second across the cluster: a
+   pass takes up to a second's worth, each with its slot 1/rate after the previous one (the one
+   pace row, locked, holds the next free slot), and wakes each at its slot with the
+   `limit-wake` signal (runtime/signals.py); it keeps releasing while some remain;
 3. it sleeps until a notification, the next pause's expiry, the pace's next release, or
    IDLE_S (a pass that releases what a lost notification left behind).
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 
 from temporalio.client import Client
 
@@ -78,14 +80,23 @@ class PauseWaker:
         if lifted:
             log.info("operator pauses expired", extra={"count": len(lifted)})
         released = await pauses.release(self._sm, self._rate)
-        await self._signal(released.workflow_ids)
+        await self._signal_at(released.slots)
         nexts = [self._idle_s]
-        if released.more:
-            nexts.append(released.next_in_s)
+        if released.more:  # its slots have passed while it signalled: the next pass may go
+            nexts.append(0.0 if released.slots else released.next_in_s)
         expiry = await pauses.next_expiry_s(self._sm)
         if expiry is not None:
             nexts.append(max(expiry, 0.0))
         return min(nexts)
+
+    async def _signal_at(self, slots: Sequence[tuple[str, float]]) -> None:
+        """Each released job's wake-up at its slot (seconds from now): the pace holds for the
+        calls, not only for the releases. A job whose signal is lost (this process stops now)
+        looks again at its backstop."""
+        start = time.monotonic()
+        for workflow_id, at in slots:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            await self._signal([workflow_id])
 
     async def _signal(self, workflow_ids: Iterable[str]) -> None:
         self.signalled += await signal_all(self._client, workflow_ids, LIMIT_WAKE_SIGNAL)

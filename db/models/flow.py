@@ -12,7 +12,6 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
-    Float,
     ForeignKey,
     Index,
     SmallInteger,
@@ -75,11 +74,10 @@ class AiPauseHold(Base):
 
 
 class AiResumePace(Base):
-    """One row: the token bucket that paces the release of held jobs across every process
-    (AI_RESUME_RATE a second, a second's worth at most)."""
+    """One row: the next free slot of the release of held jobs, shared by every process
+    (AI_RESUME_RATE slots a second)."""
 
     __tablename__ = "ai_resume_pace"
 
     id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
-    tokens: Mapped[float] = mapped_column(Float)
-    refilled_at: Mapped[datetime] = mapped_column(TS)
+    next_at: Mapped[datetime] = mapped_column(TS)

@@ -297,15 +297,17 @@ async def test_held_jobs_are_released_in_fair_order_at_the_pace(db: SessionMaker
     nothing = await pauses.release(db, rate=10)
     assert nothing.workflow_ids == [] and not nothing.more  # the pause still holds them
     await admin.delete(pause.id, actor="root")
-    released: list[str] = []
-    started = asyncio.get_running_loop().time()
-    while len(released) < 6:
-        got = await pauses.release(db, rate=10)
-        released += got.workflow_ids
-        await asyncio.sleep(got.next_in_s)
-    took = asyncio.get_running_loop().time() - started
-    assert released == ["wf-a-0", "wf-b-0", "wf-a-1", "wf-b-1", "wf-a-2", "wf-a-3"]
-    assert took >= 0.45, took  # one every 1/rate s: six take at least five intervals
+    first = await pauses.release(db, rate=10)
+    assert first.workflow_ids == ["wf-a-0", "wf-b-0", "wf-a-1", "wf-b-1", "wf-a-2", "wf-a-3"]
+    offsets = [at for _, at in first.slots]
+    assert offsets == sorted(offsets) and offsets[0] < 0.05
+    assert all(abs(b - a - 0.1) < 1e-6 for a, b in itertools.pairwise(offsets))  # 1/rate apart
+    assert not first.more
+    # Another pass right after starts where the reserved slots end (the pace is shared).
+    await _held(db, "c", 0)
+    second = await pauses.release(db, rate=10)
+    [(wf, at)] = second.slots
+    assert wf == "wf-c-0" and 0.5 < at <= 0.6 + 0.05
     assert await scalar(db, "SELECT count(*) FROM ai_pause_hold") == 0
     audit = await rows(db, "SELECT actor, action, outcome, target_id FROM admin_audit ORDER BY id")
     assert [(a.actor, a.action, a.outcome) for a in audit] == [

@@ -109,8 +109,7 @@ def upgrade() -> None:
     op.create_table(
         "ai_resume_pace",
         sa.Column("id", sa.SmallInteger(), nullable=False),
-        sa.Column("tokens", sa.Float(), nullable=False),
-        sa.Column("refilled_at", _TS, nullable=False),
+        sa.Column("next_at", _TS, nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_ai_resume_pace")),
     )
 
