@@ -18,7 +18,6 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from temporalio import activity
@@ -27,26 +26,34 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.deps import StageDeps
-from db import batches as batches_db
-from db import fallback_calls as calls_db
-from db import usage as usage_db
-from db.batches import BatchRow, Enrolled, Settled
-from db.provider_gate import PLATFORM_KEY_REF
-from db.usage import UsageRow
-from engine.errors import ExecutionFailure, Retry, retry_rule
-from engine.tiers import BATCH, BATCH_RESULT_SIGNAL
-from providers.base import Usage
-from providers.batch import (
-    BatchClient,
-    LineResult,
-    ProviderBatch,
-    batch_line,
-    has_batch_api,
-    jsonl,
-    parse_results,
+from activities.batch_files import ClientFor, delete_due, gateway_clients
+from activities.batch_results import (
+    NO_ANSWER,
+    BatchCharge,
+    Results,
+    batch_charge,
+    usage_row,
 )
-from providers.openai_compat import OpenAICompatibleProvider
+from activities.batch_submit import Submission, Submitted
+from activities.deps import StageDeps
+from db import batch_files as files_db
+from db import batch_results as results_db
+from db import batch_uploads as uploads_db
+from db import batches as batches_db
+from db.batches import BatchRow, Enrolled
+from engine.errors import ExecutionFailure, Retry, retry_rule
+from engine.tiers import BATCH_POKE_SIGNAL, BATCH_RESULT_SIGNAL
+from providers.batch import BatchClient, ProviderBatch
+
+__all__ = [
+    "NO_ANSWER",
+    "BatchActivities",
+    "BatchCharge",
+    "BatchTiming",
+    "batch_charge",
+    "start_batch_workflow",
+    "usage_row",
+]
 
 log = logging.getLogger("activities.batch")
 
@@ -55,10 +62,9 @@ BATCH_TIMING = "batch_timing"
 BATCH_SUBMIT = "batch_submit"
 BATCH_POLL = "batch_poll"
 # A submitted batch the provider still cannot be asked about this long after its submission
-# (its 24 h window and a margin) fails its items: each job retries in a later batch.
+# (its 24 h window and a margin) fails its items: each job retries in a later batch. So does a
+# submit whose create may have been sent but cannot be found or made for that long.
 GIVE_UP_AFTER = timedelta(hours=25)
-# What an item that got no answer fails with (the batch failed, expired or was cancelled).
-NO_ANSWER = "PROVIDER_UNAVAILABLE"
 
 
 @dataclass(frozen=True)
@@ -72,75 +78,37 @@ class BatchTiming:
 
 async def start_batch_workflow(client: Client, enrolled: Enrolled, task_queue: str) -> None:
     """Start the batch's workflow (`ai-batch:{batch_id}`) on the jobs' task queue, unless it
-    was started already (running or ended: a batch's workflow runs once). Call it after the
-    enroll committed; it is idempotent, so a retried enroll calls it again."""
+    was started already (running or ended: a batch's workflow runs once), and poke the
+    workflows of the batches the enroll closed at a cap, so they submit without waiting out
+    their window (started with the poke if their first enroll has not started them yet). Call
+    it after the enroll committed; it is idempotent, so a retried enroll calls it again."""
+    closed = {c.batch_id for c in enrolled.closed}
+    for c in enrolled.closed:
+        if c.batch_id != enrolled.batch_id:
+            await _start(client, c.batch_id, c.workflow_id, task_queue, poke=True)
+    await _start(
+        client,
+        enrolled.batch_id,
+        enrolled.workflow_id,
+        task_queue,
+        poke=enrolled.batch_id in closed,
+    )
+
+
+async def _start(
+    client: Client, batch_id: uuid.UUID, workflow_id: str, task_queue: str, *, poke: bool
+) -> None:
     try:
         await client.start_workflow(
             BATCH_WORKFLOW,
-            args=[str(enrolled.batch_id), False],
-            id=enrolled.workflow_id,
+            args=[str(batch_id), False],
+            id=workflow_id,
             task_queue=task_queue,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            start_signal=BATCH_POKE_SIGNAL if poke else None,
         )
     except WorkflowAlreadyStartedError:
         pass
-
-
-@dataclass(frozen=True)
-class BatchCharge:
-    """What one answered line is charged: the model as echoed, the model priced as, its
-    reported usage and its cost at the batch price."""
-
-    model: str
-    priced_as: str
-    usage: Usage
-    cost_usd: Decimal
-
-
-def batch_charge(deps: StageDeps, requested: str, line: LineResult) -> BatchCharge | None:
-    """The charge of an answered line; None when the provider reported no usage (nothing
-    billed: an error answer)."""
-    if line.usage is None:
-        return None
-    echoed = line.body.get("model") if line.body is not None else None
-    model = echoed if isinstance(echoed, str) and echoed else requested
-    prices = deps.gateway.prices
-    priced = prices.priced_as(model, requested)
-    u = line.usage
-    cost = prices.call_cost(priced, u.tokens_in, u.tokens_out, u.cached_input_tokens, tier=BATCH)
-    return BatchCharge(model, priced, u, cost)
-
-
-def usage_row(
-    batch: BatchRow,
-    settled: Settled,
-    charge: BatchCharge,
-    error_code: str | None,
-    call_no: int | None,
-) -> UsageRow:
-    """The usage row of one answered item: at the batch price, `service_tier` batch; its
-    latency is the batch's, from submission to the results."""
-    latency = datetime.now(UTC) - (batch.submitted_at or batch.created_at)
-    u = charge.usage
-    return UsageRow(
-        job_id=settled.job_id,
-        user_id=settled.user_id,
-        job_type=settled.job_type,
-        attempt_no=settled.attempt,
-        credential_mode=settled.credential_mode,
-        provider=batch.provider,
-        model=charge.model,
-        tokens_in=u.tokens_in,
-        tokens_out=u.tokens_out,
-        cost_usd=charge.cost_usd,
-        latency_ms=min(int(latency.total_seconds() * 1000), 2**31 - 1),
-        error_code=error_code,
-        call_no=call_no,
-        priced_as=charge.priced_as,
-        cached_input_tokens=u.cached_input_tokens,
-        reasoning_tokens=u.reasoning_tokens,
-        service_tier=BATCH,
-    )
 
 
 def _retryable_now(exc: ExecutionFailure) -> bool:
@@ -166,6 +134,7 @@ class BatchActivities:
         self.deps = deps
         self.client = client
         self.timing_config = timing
+        self.clients: ClientFor = gateway_clients(deps.gateway)
 
     def all(self) -> list[Any]:
         return [self.timing, self.submit, self.poll]
@@ -173,19 +142,12 @@ class BatchActivities:
     def _batch_client(self, batch: BatchRow) -> BatchClient:
         """The batch endpoints of the batch's provider with the platform key: the one route a
         batch has (a user's own key is DeepSeek's, which has no batch API)."""
-        gw = self.deps.gateway
-        provider = gw.provider
-        usable = (
-            isinstance(provider, OpenAICompatibleProvider)
-            and provider.name == batch.provider
-            and has_batch_api(provider)
-            and batch.key_ref == PLATFORM_KEY_REF
-        )
-        if not usable or not isinstance(provider, OpenAICompatibleProvider):
+        client = self.clients(batch.provider, batch.key_ref)
+        if client is None:
             raise ExecutionFailure(
                 "PROVIDER_UNAVAILABLE", internal_message="no batch route for this batch's provider"
             )
-        return BatchClient(provider.base_url, provider.http_client, gw.platform_api_key)
+        return client
 
     @activity.defn(name=BATCH_TIMING)
     async def timing(self) -> list[float]:
@@ -193,44 +155,86 @@ class BatchActivities:
 
     @activity.defn(name=BATCH_SUBMIT)
     async def submit(self, batch_id: str) -> str:
-        """Close the batch's window, upload its pending items as one JSONL file and create the
-        batch at the provider. Returns the batch's status: `submitted`, or `cancelled` (no item
-        left to send, no call made), or `failed` (the provider refused it for good, or kept
-        failing until the last attempt: its items fail with the provider's code)."""
+        """Close the batch's window, upload its lines as one JSONL file and create the batch at
+        the provider, or adopt what an earlier attempt made there (activities/batch_submit.py).
+        Returns the batch's status: `submitted`, or `cancelled` (no line left to send, no call
+        made), or `failed` (the provider refused it for good, or kept failing until the last
+        attempt while no create could have been sent: its items fail with the provider's
+        code), or `expired` (a create that may have been sent could not be found for too
+        long). A create whose outcome is unknown is never given up on before that: the
+        attempt fails, and the next looks for the batch first."""
         bid = uuid.UUID(batch_id)
         async with self.deps.sessionmaker.begin() as s:
-            status, items = await batches_db.close(s, bid)
-            batch = await batches_db.get(s, bid)
-        if status != "submitting" or batch is None:
-            return status
-        if not items:
-            async with self.deps.sessionmaker.begin() as s:
-                await batches_db.end(s, bid, "cancelled")
-            log.info("batch.empty", extra={"batch_id": batch_id})
-            return "cancelled"
+            batch = await batches_db.close(s, bid)
+            up = await uploads_db.start_upload(s, bid)
+        if batch is None or up is None:
+            return "missing"
+        if up.batch.status != "submitting":
+            return up.batch.status
+        submission: Submission | None = None
         try:
-            client = self._batch_client(batch)
-            file_id = await client.upload(jsonl(batch_line(i.custom_id, i.body) for i in items))
-            created = await client.create(file_id, metadata={"ai_batch_id": batch_id})
+            submission = Submission(self.deps.sessionmaker, self._batch_client(up.batch), up)
+            done = await submission.run()
         except ExecutionFailure as exc:
-            if _retryable_now(exc):
-                raise _failure(exc) from None
-            await self._fail(bid, exc.code)
-            log.info("batch.submit_failed", extra={"batch_id": batch_id, "code": exc.code})
-            return "failed"
+            return await self._submit_failed(up.batch, submission, exc)
+        finally:
+            if submission is not None and submission.orphans:
+                await self._delete_files(bid)
+        return await self._submitted(bid, done)
+
+    async def _submitted(self, bid: uuid.UUID, done: Submitted) -> str:
+        if done.batch is None or done.input_file_id is None:  # no line to send: no call
+            async with self.deps.sessionmaker.begin() as s:
+                await results_db.fail_items(s, bid, NO_ANSWER)
+                await batches_db.end(s, bid, "cancelled")
+            log.info("batch.empty", extra={"batch_id": str(bid)})
+            return "cancelled"
         async with self.deps.sessionmaker.begin() as s:
             await batches_db.mark_submitted(
-                s, bid, provider_batch_id=created.id, input_file_id=file_id
+                s, bid, provider_batch_id=done.batch.id, input_file_id=done.input_file_id
             )
-        log.info("batch.submitted", extra={"batch_id": batch_id, "items": len(items)})
+        log.info("batch.submitted", extra={"batch_id": str(bid)})
         return "submitted"
+
+    async def _submit_failed(
+        self, batch: BatchRow, submission: Submission | None, exc: ExecutionFailure
+    ) -> str:
+        """A failed submit attempt: left to the retry policy while it may succeed; a create
+        whose outcome is unknown is never failed for good before GIVE_UP_AFTER (it may exist:
+        failing its items would send their lines twice)."""
+        unknown = retry_rule(exc.code) is not Retry.NO
+        began = batch.upload_started_at or batch.created_at
+        if unknown and submission is not None and submission.create_sent:
+            if datetime.now(UTC) - began <= GIVE_UP_AFTER:
+                raise _failure(exc) from None
+            await self._fail(batch.id, NO_ANSWER, end="expired")
+            return "expired"
+        if _retryable_now(exc):
+            raise _failure(exc) from None
+        if submission is not None and not submission.create_sent:
+            await self._sweep_uploads(submission)
+        await self._fail(batch.id, exc.code)
+        log.info("batch.submit_failed", extra={"batch_id": str(batch.id), "code": exc.code})
+        return "failed"
+
+    async def _sweep_uploads(self, submission: Submission) -> None:
+        """A batch failed before any create: uploads of its file whose answers were lost are
+        recorded (so they are deleted) when the provider can still list them."""
+        try:
+            found = await submission.uploads()
+        except ExecutionFailure:
+            return
+        known = {submission.input_file_id}
+        async with self.deps.sessionmaker.begin() as s:
+            files = [(f.id, files_db.ORPHAN) for f in found if f.id not in known]
+            await files_db.record(s, submission.batch_id, files)
 
     @activity.defn(name=BATCH_POLL)
     async def poll(self, batch_id: str) -> str:
         """Ask the provider about the batch. Still running: cancel it when no job waits for it
-        any more, else return `submitted`. Ended: store each item's outcome and charge every
-        answered one (one transaction), signal the items' jobs, mark the batch ended, return
-        its ended status."""
+        any more, else return `submitted`. Ended: store each line's outcome and charge every
+        answered one (activities/batch_results.py), signal the items' jobs, mark the batch
+        ended, delete its files at the provider, return its ended status."""
         bid = uuid.UUID(batch_id)
         async with self.deps.sessionmaker() as s:
             batch = await batches_db.get(s, bid)
@@ -247,51 +251,26 @@ class BatchActivities:
                 log.info("batch.cancelled_at_provider", extra={"batch_id": batch_id})
             if not remote.ended:
                 return "submitted"
-            files = [f for f in (remote.output_file_id, remote.error_file_id) if f]
-            results = parse_results(*[await client.content(f) for f in files])
+            counts = await Results(self.deps, batch).record(client, remote)
         except ExecutionFailure as exc:
             if datetime.now(UTC) - (batch.submitted_at or batch.created_at) > GIVE_UP_AFTER:
                 await self._fail(bid, NO_ANSWER, end="expired")
                 return "expired"
             raise _failure(exc) from None
-        await self._record(batch, results)
-        await self._signal(bid)
-        await self._end(bid, remote)
-        return remote.status
-
-    async def _record(self, batch: BatchRow, results: dict[str, LineResult]) -> None:
-        """Each open item's outcome and, for an answered one, its usage row at the batch
-        price, in one transaction: an item already recorded is not charged again."""
-        recorded = charged = 0
-        async with self.deps.sessionmaker.begin() as s:
-            for item in await batches_db.open_items(s, batch.id):
-                line = results.get(item.custom_id)
-                ok = line is not None and line.succeeded
-                settled = await batches_db.settle(
-                    s,
-                    item.id,
-                    status="succeeded" if ok else "failed",
-                    response=line.body if line is not None and ok else None,
-                    error_code=None if ok else (line.error_code if line else None) or NO_ANSWER,
-                )
-                recorded += settled is not None
-                charge = None if line is None else batch_charge(self.deps, batch.model, line)
-                if settled is None or line is None or charge is None:
-                    continue
-                call_no = await calls_db.next_call(s, settled.job_id)
-                row = usage_row(batch, settled, charge, line.error_code, call_no)
-                await usage_db.insert(s, row)
-                charged += 1
         log.info(
             "batch.results",
-            extra={"batch_id": str(batch.id), "recorded": recorded, "charged": charged},
+            extra={"batch_id": batch_id, "recorded": counts.recorded, "charged": counts.charged},
         )
+        await self._signal(bid)
+        await self._end(bid, remote, batch.input_file_id)
+        await self._delete_files(bid)
+        return remote.status
 
     async def _signal(self, bid: uuid.UUID) -> None:
         """`batch-result` to each job whose item has its outcome; a job workflow that no longer
         exists is fine (its job ended some other way)."""
         async with self.deps.sessionmaker() as s:
-            workflow_ids = await batches_db.workflows_to_signal(s, bid)
+            workflow_ids = await results_db.workflows_to_signal(s, bid)
         for workflow_id in workflow_ids:
             try:
                 await self.client.get_workflow_handle(workflow_id).signal(BATCH_RESULT_SIGNAL)
@@ -300,7 +279,18 @@ class BatchActivities:
                     raise
                 log.info("batch.job_gone", extra={"batch_id": str(bid)})
 
-    async def _end(self, bid: uuid.UUID, remote: ProviderBatch) -> None:
+    async def _end(self, bid: uuid.UUID, remote: ProviderBatch, input_file_id: str | None) -> None:
+        """The batch ended, its results stored: its files are recorded (each is now due for
+        deletion at the provider)."""
+        files = [
+            (file_id, role)
+            for file_id, role in (
+                (input_file_id, files_db.INPUT),
+                (remote.output_file_id, files_db.OUTPUT),
+                (remote.error_file_id, files_db.ERROR),
+            )
+            if file_id
+        ]
         async with self.deps.sessionmaker.begin() as s:
             await batches_db.end(
                 s,
@@ -309,12 +299,24 @@ class BatchActivities:
                 output_file_id=remote.output_file_id,
                 error_file_id=remote.error_file_id,
             )
+            await files_db.record(s, bid, files)
+
+    async def _delete_files(self, bid: uuid.UUID) -> None:
+        """The batch's files due for deletion, deleted now; what fails is left to the
+        reconciler's retention phase (never holds anything back)."""
+        try:
+            await delete_due(self.deps.sessionmaker, self.clients, batch_id=bid)
+        except Exception as exc:
+            log.warning(
+                "batch.files_not_deleted", extra={"batch_id": str(bid), "error": type(exc).__name__}
+            )
 
     async def _fail(self, bid: uuid.UUID, code: str, *, end: str = "failed") -> None:
         """The batch failed as a whole: its waiting items fail with `code` (each job retries in
-        a later batch), their jobs are told, the batch ends."""
+        a later batch), their jobs are told, the batch ends, its files are deleted."""
         async with self.deps.sessionmaker.begin() as s:
-            await batches_db.fail_items(s, bid, code)
+            await results_db.fail_items(s, bid, code)
         await self._signal(bid)
         async with self.deps.sessionmaker.begin() as s:
             await batches_db.end(s, bid, end)
+        await self._delete_files(bid)

@@ -66,7 +66,7 @@ class BatchJob:
         (a running one is left alone). A retry finds its item again and starts nothing twice."""
         d, a = self._d, self._attempt(inp)
         async with d.sessionmaker.begin() as s:
-            got = await batch_job.enroll(s, d.gateway, d.catalog, d.config, a)
+            got = await batch_job.enroll(s, d.gateway, d.catalog, d.config, a, d.config.batch_caps)
             if isinstance(got, Refused):  # rolls the take back
                 fail_over_budget(inp.job_id, got.limit, inp.attempt)
             if isinstance(got, Stop):

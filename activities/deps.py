@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from temporalio import activity
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from db.batches import BatchCaps
 from db.provider_limits import LimitTable
 from db.session import SessionMaker
 from engine.definition import JobDefinition
 from engine.queues import ResolvedExecution, resolve_execution
+from jobs.costs import ESTIMATE_MARGIN
 from jobs.gateway import Gateway
 from jobs.spec import Catalog
 
@@ -28,8 +30,9 @@ log = logging.getLogger("activities.stages")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    # Operators' overrides of the queues' lock (AI_LOCK_TTL_S, AI_HEARTBEAT_TIMEOUT_MS); None:
-    # each job type's own value, else its queue's (engine/queues.py, `StageDeps.execution_policy`).
+    # Overrides of the queues' lock (AI_HEARTBEAT_TIMEOUT_MS; the SQL lock TTL only in tests);
+    # None: each job type's own value, else its queue's (engine/queues.py,
+    # `StageDeps.execution_policy`).
     lock_ttl_s: int | None = None
     heartbeat_timeout_ms: int | None = None
     # How often EXECUTE extends lock_until in SQL. None: every half of the job's lock TTL.
@@ -47,13 +50,15 @@ class EngineConfig:
     # key), enforced in EXECUTE's first transaction (db/provider_limits.py).
     model_limits: LimitTable = field(default_factory=LimitTable)
     # The user cost budgets (QUOTA_MAX_COST_USD_PER_DAY/_MONTH; 0: none) and the estimate's
-    # margin (TOKEN_ESTIMATE_MARGIN): a call after a paid one is reserved against them first.
+    # margin (jobs/costs.py): a call after a paid one is reserved against them first.
     budget_per_day_usd: float = 0.0
     budget_per_month_usd: float = 0.0
-    estimate_margin: float = 0.25
+    estimate_margin: float = ESTIMATE_MARGIN
     # AI_CHUNK_CONCURRENCY: a long source's chunk calls one job keeps in flight at once. RESOLVE
     # reports it, so the window is part of the run's history and replays the same.
     chunk_concurrency: int = 4
+    # AI_BATCH_MAX_LINES, AI_BATCH_MAX_BYTES: what one batch's file may hold (db/batches.py).
+    batch_caps: BatchCaps = field(default_factory=BatchCaps)
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
     @property

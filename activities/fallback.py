@@ -32,13 +32,16 @@ from temporalio import activity
 from activities.deps import StageDeps
 from activities.heartbeat import beat_interval_s, heartbeating
 from activities.telemetry import observe_call
+from db import call_marks as call_marks_db
 from db import fallback_calls as fallback_calls_db
+from db.call_marks import CallMark
 from db.jobs import JobRow
 from engine.contracts import ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
-from jobs import attempt_start, calls
+from jobs import attempt_start, call_marks, calls
 from jobs import fallback as chain_of
 from jobs.admission import Call, Ticket
+from jobs.offpeak import CallTier
 from jobs.stream_items import Progress
 from providers.base import CallProgress, Provider, ProviderRequest, ProviderResponse
 from providers.fallback import FallbackEntry, falls_back, reason_of
@@ -246,6 +249,9 @@ async def _move(
                 if not isinstance(got, Ticket):
                     raise _NotAdmitted()
                 call_no = await fallback_calls_db.next_call(s, row.id)
+                if call_no is not None and got.key_failure is None:
+                    # The moved call's mark commits before it is sent (db/call_marks.py).
+                    await call_marks_db.mark_sent(s, _mark(d, a, entry, call_no))
         except _NotAdmitted:
             continue
         attempt.ticket, attempt.call_no = got, call_no
@@ -272,3 +278,20 @@ async def _move(
         )
         return entry, d.gateway.fallbacks.providers[entry.position], request
     return None
+
+
+def _mark(d: StageDeps, a: calls.Attempt, entry: FallbackEntry, call_no: int) -> CallMark:
+    """A moved call's mark: the entry's model, at the standard price, its worst case."""
+    return call_marks.sent_mark(
+        d.gateway.prices,
+        row=a.row,
+        jt=a.jt,
+        chunk=a.chunk,
+        call_no=call_no,
+        attempt=a.number,
+        provider=d.gateway.fallbacks.providers[entry.position].name,
+        model=entry.model,
+        prompt_tokens=call_marks.prompt_estimate(a.jt, a.row, a.chunk, a.snapshot),
+        margin=d.config.estimate_margin,
+        tier=CallTier(),
+    )

@@ -13,23 +13,41 @@ from typing import TypeVar
 from temporalio import activity
 
 from activities.deps import log
-from db.errors import is_unavailable
+from db.errors import is_statement_fault, is_unavailable, sqlstate
 
 T = TypeVar("T")
 
+# Tries of one EXECUTE transaction that a statement fault stops (a statement timeout, a lock not
+# available: db/errors.py): after the last, the attempt fails (EXECUTE's retry policy bounds
+# the attempts), never waited on as an outage.
+STATEMENT_FAULT_TRIES = 3
 
-async def db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float) -> T:
+
+async def db_retry(op: Callable[[], Awaitable[T]], *, budget_s: float, delay_s: float = 0.5) -> T:
     """EXECUTE's own transactions ride out a database outage (heartbeating meanwhile) instead of
-    failing the attempt: a lost connection must not spend one of the job's provider attempts."""
-    delay = 0.5
+    failing the attempt: a lost connection must not spend one of the job's provider attempts.
+    A statement fault is tried at most STATEMENT_FAULT_TRIES times in all, then raised."""
+    delay = delay_s
     deadline = time.monotonic() + budget_s
+    faults = 0
     while True:
         try:
             return await op()
         except Exception as exc:
-            if not is_unavailable(exc) or time.monotonic() > deadline:
+            if is_statement_fault(exc):
+                faults += 1
+                if faults >= STATEMENT_FAULT_TRIES:
+                    raise
+                log.warning(
+                    "statement stopped in EXECUTE (SQLSTATE %s); try %d of %d",
+                    sqlstate(exc),
+                    faults + 1,
+                    STATEMENT_FAULT_TRIES,
+                )
+            elif not is_unavailable(exc) or time.monotonic() > deadline:
                 raise
-            log.warning("database unavailable in EXECUTE; retrying in %.1fs", delay)
+            else:
+                log.warning("database unavailable in EXECUTE; retrying in %.1fs", delay)
             activity.heartbeat()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 4.0)

@@ -74,6 +74,7 @@ RECONCILER_ACTIONS = (
     "enqueue_closed",
     "private_data_purged",
     "outbox_deleted",
+    "finalizer_ended",
 )
 # Distinct model names `aijobs_unpriced_calls_total` labels before it says `other`.
 UNPRICED_MODEL_LABELS = 10
@@ -243,7 +244,7 @@ class WorkerMetrics:
         self.estimate_ratio = Histogram(
             "aijobs_token_estimate_ratio",
             "A call's provider-reported input tokens divided by the job's estimate at create "
-            "(1 = exact; above 1 + TOKEN_ESTIMATE_MARGIN, a worst case undercounted).",
+            "(1 = exact; above 1.25, the estimate margin, a worst case undercounted).",
             ["job_type", "model"],
             buckets=_ESTIMATE_BUCKETS,
             registry=reg,

@@ -8,6 +8,8 @@ phases, in this order:
 - waiting: a queued job whose enqueue was published but whose workflow is missing or closed
   (terminated before PREPARE, failed on a workflow task...) → its enqueue goes out again and the
   relay starts a fresh run;
+- in both: a workflow that closed because its finalizer gave up is never started again: the job
+  ends as that finalizer was ending it (activities/reconciler_endings.py);
 - stuck: a sample of waiting jobs' running workflows is described; one whose workflow task keeps
   failing is reported;
 - revival: an `ai.job.enqueue` row parked as failed while its job is still queued → revived with
@@ -18,7 +20,8 @@ phases, in this order:
   otherwise, or starts runs on another queue (activities/reconciler_schedules.py);
 - retention: expired snapshots deleted; the private data of old terminal jobs purged; published
   outbox rows, audit entries, usage rows, idle provider limits and gates, expired leases,
-  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py).
+  parked outbox rows and revoked keys after their `*_RETENTION_DAYS` (activities/retention.py);
+  batch files due for deletion deleted at the provider (activities/batch_files.py).
 
 Bounded work, whatever the backlog. A healthy waiting job costs no describe: the waiting phase
 reads its candidates from SQL a page at a time and asks Temporal's visibility store, in one list
@@ -52,7 +55,9 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.batch_files import BatchFiles
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.reconciler_endings import ReconcilerEndings
 from activities.reconciler_pass import Cursor, Fetched, Handle, Pass, Phase, T, WaitingKey
 from activities.reconciler_schedules import ScheduleRepair
 from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
@@ -65,8 +70,6 @@ from db.outbox import ParkedPage
 from db.reconciler import CancelRequest, WaitingJob
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
-from engine.errors import IllegalTransition
-from jobs import lifecycle
 from jobs.schedule_dispatch import ScheduleSync
 from jobs.spec import Catalog
 
@@ -88,11 +91,14 @@ PHASE_BUDGET_S = 15.0
 PHASE_HARD_STOP_S = 5.0
 
 PHASES = tuple("expired_locks waiting stuck revival cancels relay schedules retention".split())
+# A running job whose SQL lock expired this long ago is abandoned: with the 60 s lock, the
+# specification's 90 s, long enough that a worker's late extension is never taken for death.
+LOCK_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
 class ReconcilerConfig:
-    lock_grace_s: float = 30.0
+    lock_grace_s: float = LOCK_GRACE_S
     # A published enqueue gets this long to show up as a workflow (and in visibility) before its
     # job is a candidate of the waiting phase.
     missing_workflow_after_s: float = 60.0
@@ -102,9 +108,9 @@ class ReconcilerConfig:
     # Revival of a parked enqueue: backoff base and cap.
     revive_base_s: float = 30.0
     revive_cap_s: float = 300.0
-    retention_days: int = 30
-    outbox_retention_days: int = 7
-    audit_retention_days: int = 365
+    retention_days: int = 30  # DATA_RETENTION_DAYS
+    outbox_retention_days: int = 7  # RETENTION_DAYS "outbox"
+    audit_retention_days: int = 365  # RETENTION_DAYS "admin_audit"
     retention: RetentionConfig = field(default_factory=RetentionConfig)  # the other kinds
     # The relay shard workflows it starts when missing (None: not its job).
     relay_shards: RelayShards | None = None
@@ -126,9 +132,12 @@ class Reconciler:
         *,
         catalog: Catalog | None = None,
         schedules: ScheduleSync | None = None,
+        batch_files: BatchFiles | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._schedules = ScheduleRepair(sessionmaker, schedules)  # none: the phase does nothing
+        # The retention phase's provider side: batch files due for deletion (None: none here).
+        self._batch_files = batch_files
         # The job types: an abandoned long-source job keeps what its chunks produced.
         self._catalog = catalog
         self._metrics = metrics or worker_metrics()
@@ -137,6 +146,7 @@ class Reconciler:
         # Where each phase stopped in the previous pass of this process (None: the start).
         # Only a hint: a restarted worker starts from the beginning again.
         self._cursor: dict[str, Any] = {}
+        self._endings = ReconcilerEndings(sessionmaker, client, self._metrics, catalog)
 
     @activity.defn(name=RECONCILE_ONCE)
     async def reconcile_once(self) -> ReconcileResult:
@@ -253,7 +263,9 @@ class Reconciler:
                 if state.failing_task_attempts >= self.config.stuck_task_attempts:
                     p.report_stuck(job.id, job.workflow_id, state)
                 continue
-            if await self._fail_abandoned(job.id, job.job_type):
+            if await self._endings.handled(p, job.id, job.workflow_id, state):
+                continue
+            if await self._endings.abandoned(job.id, job.job_type):
                 p.add("expired_lock_failed")
                 p.details.append(f"failed {job.id}")
         return after, False
@@ -298,6 +310,8 @@ class Reconciler:
             if state.failing_task_attempts >= self.config.stuck_task_attempts:
                 p.report_stuck(job_id, wf_id, state)
             return
+        if await self._endings.handled(p, job_id, wf_id, state):
+            return  # never started again into the same fault
         async with self._sm.begin() as s:
             if await outbox_db.republish_enqueue(s, event_id):
                 p.add("outbox_requeued")
@@ -417,24 +431,5 @@ class Reconciler:
         )
         for name, n in (await run_retention(self._sm, days)).items():
             p.add(name, n)
-
-    # ---- repairs -------------------------------------------------------------------------
-
-    async def _fail_abandoned(self, job_id: uuid.UUID, job_type: str) -> bool:
-        try:
-            async with self._sm.begin() as s:
-                await lifecycle.fail(
-                    s,
-                    job_id,
-                    job_type=job_type,
-                    code="INTERNAL_LOCK_EXPIRED",
-                    internal_message=(
-                        "reconciler: lock expired and the workflow is closed or missing"
-                    ),
-                    catalog=self._catalog,
-                )
-        except IllegalTransition:
-            return False  # it ended meanwhile
-        self._metrics.job_finished(job_type, "failed", "INTERNAL_LOCK_EXPIRED")
-        log.warning("expired lock reconciled", extra={"job_id": str(job_id), "job_type": job_type})
-        return True
+        if self._batch_files is not None:  # after the purges, which may have made some due
+            p.add("batch_files_deleted", await self._batch_files.delete_due())

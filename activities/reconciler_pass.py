@@ -106,6 +106,7 @@ class Pass:
             workflows_described=self.described,
             failed_phases=self.failed,
             phases_cut_short=self.cut_short,
+            finalizers_ended=c.get("finalizer_ended", 0),
         )
 
 

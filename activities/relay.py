@@ -65,12 +65,16 @@ from engine.contracts import (
 )
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE, priority_key
 from engine.schedules import SCHEDULE_EVENTS
-from jobs.schedule_dispatch import ScheduleSync
+from jobs.schedule_dispatch import CATCHUP_WINDOW_S, ScheduleSync
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
 # Domain events with no subscriber in this process: published (acknowledged), not dispatched.
 KNOWN_DOMAIN_EVENTS = frozenset({COMPLETED, FAILED, CANCELLED})
+# A claimed row whose relay went silent this long goes back to pending for another relay: a
+# batch is dispatched in well under a second, so a minute means its relay died, and no live
+# relay's slow batch (a Temporal hiccup) is taken from it.
+CLAIM_TTL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -78,15 +82,17 @@ class RelayConfig:
     database_url: str
     task_queue_suffix: str = ""
     poll_interval_s: float = 1.0
-    lock_ttl_s: float = 60.0
+    lock_ttl_s: float = CLAIM_TTL_S
     batch_size: int = 100
     max_in_flight: int = 64
     release_every_s: float = 15.0
-    # Attach the jobs' fairness keys when starting their workflows.
+    # Attach the jobs' fairness keys when starting their workflows (off: the bench's baseline).
     fairness: bool = True
     # A job created while its user had at most `light_jobs` active jobs (itself included) is
     # dispatched with `light_boost` times its user's weight: a user with a few jobs goes ahead
-    # of another user's backlog instead of taking turns with it. 0 turns it off.
+    # of another user's backlog instead of taking turns with it. 0 turns it off. Four jobs and
+    # eight times the weight: docs/benchmarks.md's fairness figure (a light user's time within
+    # 2x of alone beside a heavy user's forty).
     light_jobs: int = 4
     light_boost: float = 8.0
     # USER_DISPATCH_WINDOW: a user's jobs dispatched and not yet ended, at most; the user's
@@ -95,8 +101,6 @@ class RelayConfig:
     # A job's change (its end makes room in a window) wakes the relay at most this often; the
     # outbox's own NOTIFY and the poll are not held back by it.
     job_wake_s: float = 0.2
-    # SCHEDULE_CATCHUP_WINDOW_S, for the Temporal schedules an `ai.schedule.sync` writes.
-    schedule_catchup_s: float = 60.0
     owner: str = field(
         # Unique per relay instance: a memory address (id()) can come back in another process
         # or later in this one, and two relays with one owner would release each other's claims.
@@ -122,7 +126,7 @@ class Relay:
             sessionmaker,
             client,
             suffix=config.task_queue_suffix,
-            catchup_s=config.schedule_catchup_s,
+            catchup_s=CATCHUP_WINDOW_S,
         )
         self._sem = asyncio.Semaphore(config.max_in_flight)
         self.started = 0  # workflows this relay started (tests and metrics)

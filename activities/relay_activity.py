@@ -51,6 +51,10 @@ from engine.contracts import (
 from jobs.spec import Catalog
 
 log = logging.getLogger(__name__)
+# Relay shard workflows a deployment runs. One relay dispatches far more jobs a second than the
+# workers run (docs/benchmarks.md), and each relay process (`aijobs relay`) adds a loop of its
+# own; shards only add parallelism inside Temporal, for a dispatch rate one loop cannot reach.
+RELAY_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class RelayActivities:
         catalog: Catalog,
         config: RelayConfig,
         *,
-        shards: int = 1,
+        shards: int = RELAY_SHARDS,
         heartbeat_every_s: float = 2.0,
         metrics: WorkerMetrics | None = None,
     ) -> None:
@@ -104,7 +108,7 @@ class RelayActivities:
             await self.run(relay, inp, activity.heartbeat)
         except asyncio.CancelledError:
             # Cancelled (the workflow closed, a heartbeat was refused, the worker's grace ran
-            # out): rows claimed by the batch in hand go back after OUTBOX_LOCK_TTL_S.
+            # out): rows claimed by the batch in hand go back after CLAIM_TTL_S.
             raise
         except Exception as exc:
             # A failure the loop did not handle: this attempt fails and Temporal retries it

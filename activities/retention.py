@@ -25,30 +25,32 @@ from engine.settings import Settings
 
 @dataclass(frozen=True)
 class RetentionConfig:
-    """Days each kind of row is kept (the settings named `*_RETENTION_DAYS`)."""
+    """Days each kind of row is kept: DATA_RETENTION_DAYS for a job's private data, the kinds
+    of RETENTION_DAYS (engine/retention_days.py) for the rest."""
 
     data_days: int = 30  # DATA_RETENTION_DAYS: a terminal job's private data
-    outbox_days: int = 7  # OUTBOX_RETENTION_DAYS: published outbox rows
-    audit_days: int = 365  # ADMIN_AUDIT_RETENTION_DAYS
-    usage_days: int = 400  # USAGE_RETENTION_DAYS: usage rows (not the month's rollup)
-    provider_limit_days: int = 7  # PROVIDER_LIMIT_RETENTION_DAYS: idle rate-limit buckets
-    provider_gate_days: int = 7  # PROVIDER_GATE_RETENTION_DAYS: closed provider gates
-    lease_days: int = 1  # PROVIDER_LEASE_RETENTION_DAYS: expired call leases
-    outbox_parked_days: int = 30  # OUTBOX_DEAD_RETENTION_DAYS: dead and failed outbox rows
-    revoked_key_days: int = 90  # REVOKED_KEY_RETENTION_DAYS: revoked credentials
+    outbox_days: int = 7  # "outbox": published outbox rows
+    audit_days: int = 365  # "admin_audit": admin audit entries
+    usage_days: int = 400  # "usage": usage rows (not the month's rollup)
+    provider_limit_days: int = 7  # "provider_limit": idle rate-limit buckets
+    provider_gate_days: int = 7  # "provider_gate": closed provider gates
+    lease_days: int = 1  # "provider_lease": expired call leases
+    outbox_parked_days: int = 30  # "outbox_dead": dead and failed outbox rows
+    revoked_key_days: int = 90  # "revoked_key": revoked credentials
 
 
 def retention_config(settings: Settings) -> RetentionConfig:
+    days = settings.retention_days
     return RetentionConfig(
         data_days=settings.data_retention_days,
-        outbox_days=settings.outbox_retention_days,
-        audit_days=settings.admin_audit_retention_days,
-        usage_days=settings.usage_retention_days,
-        provider_limit_days=settings.provider_limit_retention_days,
-        provider_gate_days=settings.provider_gate_retention_days,
-        lease_days=settings.provider_lease_retention_days,
-        outbox_parked_days=settings.outbox_dead_retention_days,
-        revoked_key_days=settings.revoked_key_retention_days,
+        outbox_days=days["outbox"],
+        audit_days=days["admin_audit"],
+        usage_days=days["usage"],
+        provider_limit_days=days["provider_limit"],
+        provider_gate_days=days["provider_gate"],
+        lease_days=days["provider_lease"],
+        outbox_parked_days=days["outbox_dead"],
+        revoked_key_days=days["revoked_key"],
     )
 
 

@@ -54,18 +54,25 @@ from providers.crypto import CredentialCipher
 
 log = logging.getLogger(__name__)
 RECEIVER_TEXT_CHARS = 200
+# A deployment's deliverer looks for due deliveries this often without a NOTIFY: new ones wake
+# it at once, so the poll only finds retries coming due (their backoff is 30 s and more) and a
+# lost notification.
+POLL_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
 class WebhookConfig:
+    # Failed deliveries: backoff from the base, doubling, capped at an hour, with jitter; dead
+    # a day after the event (or an admin's replay), which is how long a receiver may be down.
     allow_private: bool = False
     retry_base_s: float = 30.0
     retry_max_s: float = 3600.0
     retry_for_s: float = 86_400.0
-    poll_interval_s: float = 1.0
+    poll_interval_s: float = 1.0  # tests' value; a deployment's is POLL_INTERVAL_S
     # A session URL to LISTEN on for new deliveries (None: poll only). With it, the poll is
     # only a backstop (retries coming due, a lost notification).
     listen_url: str | None = None
+    # Deliveries at once per deliverer: each waits at most the request timeout on a receiver.
     max_in_flight: int = 16
     # One user's share of those slots (its receivers may all hang).
     max_in_flight_per_user: int = 4
@@ -74,7 +81,8 @@ class WebhookConfig:
     # A claimed row is due again after this (its deliverer died mid-request).
     lease_s: float = 60.0
     # Delivered and dead rows are deleted this long after they finished; the purge runs every
-    # `purge_interval_s`, at most `purge_batches` batches of `purge_batch` rows per pass.
+    # `purge_interval_s`, at most `purge_batches` batches of `purge_batch` rows per pass
+    # (RETENTION_DAYS "webhook").
     retention_s: float = 7 * 86_400.0
     purge_interval_s: float = 300.0
     purge_batch: int = 1000

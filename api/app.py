@@ -33,7 +33,6 @@ from api.strict import check_request
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
-from jobs import token_count
 from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
@@ -58,9 +57,6 @@ def create_app(
             pooled=settings.database_pooled,
         )
         sm = make_sessionmaker(engine)
-        token_count.configure(
-            concurrency=settings.api_token_count_concurrency, wait_s=settings.api_token_count_wait_s
-        )
         keyring = credential_cipher(settings)
         app.state.aijobs = AppState(
             settings=settings,
@@ -74,8 +70,6 @@ def create_app(
                 sm,
                 keyring,
                 allow_private=settings.webhooks_allow_private,
-                rotation_grace_s=settings.webhook_rotation_grace_s,
-                max_endpoints=settings.webhook_max_endpoints_per_user,
             ),
         )
         try:
@@ -95,7 +89,7 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
-    limits.install(app, max_bytes=settings.max_request_bytes)
+    limits.install(app, max_bytes=limits.MAX_REQUEST_BYTES)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
     console.install(app)  # the operator console at /console (api/console/)
     browser.install(app, settings)  # CORS outermost: refusals carry its headers too

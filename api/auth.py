@@ -24,6 +24,11 @@ from engine.settings import Settings
 
 ADMIN_ROLE = "SUPER_ADMIN"
 _INVALID = "The bearer token is invalid or expired."
+# The longest lifetime (exp - iat) a token may have, `aijobs token --ttl` included: a month,
+# so a leaked token is useless within one billing period.
+MAX_TOKEN_TTL_S = 30 * 86_400
+# Clock skew tolerated between the token's issuer and this API on `iat`, `nbf` and `exp`.
+TOKEN_LEEWAY_S = 30
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,8 @@ class JwtConfig:
     secret: str = field(repr=False)
     issuer: str | None = None
     audience: str | None = None
-    max_ttl_s: int = 30 * 86_400
-    leeway_s: int = 30
+    max_ttl_s: int = MAX_TOKEN_TTL_S
+    leeway_s: int = TOKEN_LEEWAY_S
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JwtConfig:
@@ -52,8 +57,8 @@ class JwtConfig:
             secret=settings.jwt_signing_secret,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
-            max_ttl_s=settings.jwt_max_ttl_s,
-            leeway_s=settings.jwt_leeway_s,
+            max_ttl_s=MAX_TOKEN_TTL_S,  # read when called: a test may patch them
+            leeway_s=TOKEN_LEEWAY_S,
         )
 
 

@@ -17,7 +17,7 @@ overflows (a reader stalled) is cleared and gets `RESYNC` instead. A subscriptio
 
 Streams are bounded (`StreamSlots`): a stream holds a slot from before its response starts until
 it ends, whatever ends it (the client leaves, the job ends, the server shuts down, an error).
-Past SSE_MAX_STREAMS_PER_USER streams of one user, or SSE_MAX_STREAMS in the process, a new
+Past MAX_STREAMS_PER_USER streams of one user, or MAX_STREAMS in the process, a new
 stream is refused with 429 `TOO_MANY_STREAMS` and Retry-After. The per-user cap is the
 cluster's: each stream of a user also holds a lease row in PostgreSQL (db/caps.py), taken under
 the user's advisory lock, renewed every `STREAM_LEASE_TTL_S / 3` while the stream lasts and

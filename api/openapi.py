@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-from api import openapi_docs
+from api import openapi_docs, stream_schema
 from api.cursors import CURSOR_PATTERN
 from api.errors import PROBLEM
 from jobs.spec import Catalog
@@ -41,7 +41,7 @@ DESCRIPTIONS: dict[int, str] = {
     403: "The route requires the SUPER_ADMIN role (`FORBIDDEN`)",
     404: "Not found, or not yours (`*_NOT_FOUND`, `NOT_FOUND`)",
     409: "The resource's state does not allow this (`JOB_NOT_CANCELLABLE`, ...)",
-    413: "The body exceeds MAX_REQUEST_BYTES (`PAYLOAD_TOO_LARGE`); checked before authentication",
+    413: "The body exceeds 3 MiB (`PAYLOAD_TOO_LARGE`); checked before authentication",
     415: "The body is not JSON (`UNSUPPORTED_MEDIA_TYPE`): send `Content-Type: application/json`",
     422: "Invalid or unknown parameters or body (`VALIDATION_FAILED`, with `errors` located "
     '`["query", name]`, `["body", field, ...]`), or a refusal that '
@@ -127,6 +127,19 @@ def _problem_response(description: str) -> dict[str, Any]:
     }
 
 
+def _no_null_headers(op: dict[str, Any]) -> None:
+    """A header is text or absent, never JSON null: an optional header's `anyOf [..., null]`
+    (FastAPI's spelling of Optional) would have clients send the text `null`."""
+    for param in op.get("parameters", []):
+        schema = param.get("schema", {})
+        if param.get("in") != "header" or "anyOf" not in schema:
+            continue
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+            param["schema"] = {**options[0], **rest}
+
+
 def _formats(op: dict[str, Any]) -> None:
     for param in op.get("parameters", []):
         if param.get("name") == "cursor":
@@ -167,6 +180,43 @@ def _component_formats(comps: dict[str, Any]) -> None:
             key["description"] = "8-512 visible ASCII characters, no spaces; never returned"
 
 
+# A webhook receiver's URL is http(s) with a host (jobs/webhooks.py `check_url`); what the
+# schema cannot say (credentials in it, a private address in production, a port out of range)
+# is refused with 422 by the route.
+WEBHOOK_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\s/?#]+([/?#]\S*)?$"
+
+
+def body_rules(comps: dict[str, Any]) -> None:
+    """What a body's validation checks across its fields, in the schema: a schedule has
+    exactly one of `intervalSeconds` and `cron` (`oneOf`: a body with both, or neither, is
+    schema-invalid), a webhook's URL is http(s)."""
+    schedule = comps.get("CreateScheduleBody")
+    if isinstance(schedule, dict):
+        given = "Given (not null): exactly one of intervalSeconds and cron is"
+        schedule["oneOf"] = [
+            {
+                "title": "Every intervalSeconds",
+                "required": ["intervalSeconds"],
+                "properties": {
+                    "intervalSeconds": {
+                        "type": "integer",
+                        "title": "Interval seconds",
+                        "description": given,
+                    }
+                },
+            },
+            {
+                "title": "On a cron expression",
+                "required": ["cron"],
+                "properties": {"cron": {"type": "string", "title": "Cron", "description": given}},
+            },
+        ]
+    webhook = comps.get("CreateWebhookBody")
+    url = webhook.get("properties", {}).get("url") if isinstance(webhook, dict) else None
+    if isinstance(url, dict):
+        url["pattern"] = WEBHOOK_URL_PATTERN
+
+
 def document_errors(schema: dict[str, Any]) -> None:
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -176,6 +226,7 @@ def document_errors(schema: dict[str, Any]) -> None:
     for name in ("HTTPValidationError", "ValidationError"):
         comps.pop(name, None)
     _component_formats(comps)
+    body_rules(comps)
     for path, item in schema.get("paths", {}).items():
         for method, op in item.items():
             if not isinstance(op, dict) or "responses" not in op:
@@ -196,15 +247,19 @@ def document_errors(schema: dict[str, Any]) -> None:
                     given.get("description") or DESCRIPTIONS[status]
                 )
             _formats(op)
+            _no_null_headers(op)
 
 
 def job_type_bodies(
     schema: dict[str, Any],
     types: Sequence[tuple[str, str, Sequence[str]]],
+    pins: dict[str, tuple[str, str]] | None = None,
 ) -> None:
     """`jobType` is an enum of the public job types, and the create body is one variant per
-    type (`jobType` names it, `input` is that type's input, `credentialMode` one it allows).
-    `types`: (jobType, input schema name, allowed credential modes)."""
+    type (`jobType` names it, `input` is that type's input, `credentialMode` one it allows,
+    `promptVersion` and `outputSchemaVersion` exemplified by the versions it has now).
+    `types`: (jobType, input schema name, allowed credential modes); `pins`: per jobType, its
+    (prompt version, output schema version)."""
     comps = schema["components"]["schemas"]
     create = schema["paths"]["/api/ai/jobs"]["post"]
     media = create["requestBody"]["content"]["application/json"]
@@ -233,6 +288,12 @@ def job_type_bodies(
         variant["properties"]["credentialMode"] = {
             "anyOf": [{"type": "string", "enum": list(modes)}, {"type": "null"}]
         }
+        versions = (pins or {}).get(job_type)
+        for key, version in zip(
+            ("promptVersion", "outputSchemaVersion"), versions or (), strict=False
+        ):
+            if key in variant["properties"] and version:
+                variant["properties"][key]["examples"] = [version]  # a pin this type accepts
         name = f"{ref}_{job_type}"
         comps[name] = variant
         variants.append({"$ref": f"#/components/schemas/{name}"})
@@ -262,6 +323,7 @@ def install(app: FastAPI, catalog: Catalog, *, synthetic_public: bool) -> None:
         schema["security"] = [{"bearer": []}]
         variants = []
         public: list[tuple[str, str, Sequence[str]]] = []
+        pins: dict[str, tuple[str, str]] = {}
         for jt in catalog:
             if not jt.definition.creatable(development=synthetic_public):
                 continue
@@ -275,6 +337,8 @@ def install(app: FastAPI, catalog: Catalog, *, synthetic_public: bool) -> None:
             comps[name] = sub
             variants.append({"$ref": f"#/components/schemas/{name}"})
             public.append((jt.job_type, name, jt.definition.credential.allowed_modes))
+            d = jt.definition
+            pins[jt.job_type] = (d.prompt_version, d.output.schema_version)
         # Only the types a client may create: `synthetic` must not show up in production.
         schema.setdefault("x-job-types", [t for t, _, _ in public])
         create = schema["paths"]["/api/ai/jobs"]["post"]
@@ -282,7 +346,8 @@ def install(app: FastAPI, catalog: Catalog, *, synthetic_public: bool) -> None:
         ref = body.get("$ref", "").split("/")[-1]
         if ref in comps and variants:
             comps[ref]["properties"]["input"] = {"oneOf": variants, "title": "Input"}
-        job_type_bodies(schema, public)
+        job_type_bodies(schema, public, pins)
+        comps.update(stream_schema.components())  # the item events' `data`
         document_errors(schema)
         openapi_docs.describe(schema, [t for t, _, _ in public])
         app.openapi_schema = schema

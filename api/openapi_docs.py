@@ -207,13 +207,22 @@ BODY_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
         "url": "https://hooks.example.com/aijobs",
         "eventTypes": ["job.succeeded", "job.failed"],
     },
+    ("post", "/api/ai/schedules"): {
+        "jobType": "flashcard_generation",
+        "input": {"sourceText": "Mitochondria are the powerhouse of the cell.", "count": 5},
+        "intervalSeconds": 86400,
+        "targetType": "lesson",
+        "targetId": "L1",
+    },
     ("post", "/admin-api/ai/bulk/cancel"): {"status": "queued", "dryRun": True},
     ("post", "/admin-api/ai/bulk/retry"): {"errorCode": "PROVIDER_UNAVAILABLE", "dryRun": True},
 }
-_STREAM_EXAMPLE = (
-    "id: 1764693545123456\nevent: status\n"
-    'data: {"jobId":"…","lifecycleStatus":"running","progress":10}\n\n'
-)
+# One event of a stream, as the event schema (api/stream_schema.py) describes it.
+_STREAM_EXAMPLE = {
+    "id": "1764693545123456",
+    "event": "status",
+    "data": '{"jobId":"…","lifecycleStatus":"running","progress":10}',
+}
 
 
 def human_title(name: str) -> str:

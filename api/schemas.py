@@ -228,9 +228,10 @@ class CreateJobBody(Camel):
     run_at: AwareDatetime | None = Field(
         default=None,
         description="Run the job later: RFC 3339 with an offset (`Z` or `+01:00`), not in the "
-        f"past and at most {MAX_RUN_AT_DAYS} days ahead. The job stays `queued` until then "
-        "(its cost is reserved from the create) and may be cancelled meanwhile.",
-        examples=["2026-12-05T08:00:00Z"],
+        f"past, at most {MAX_RUN_AT_DAYS} days ahead and at least one hour before the job's "
+        "input expires (create + DATA_RETENTION_DAYS; a later one is 422 at "
+        '`["body", "runAt"]`). The job stays `queued` until then (its cost is reserved from '
+        "the create) and may be cancelled meanwhile.",
     )
     prompt_version: str | None = Field(
         default=None,
@@ -238,7 +239,6 @@ class CreateJobBody(Camel):
         max_length=VERSION_MAX_LENGTH,
         description="Pin the job type's prompt version (`promptVersion` of GET "
         "/api/ai/job-types): the create is refused (422) unless the type has that version.",
-        examples=["quiz_generation.v1"],
     )
     output_schema_version: str | None = Field(
         default=None,
@@ -246,7 +246,6 @@ class CreateJobBody(Camel):
         max_length=VERSION_MAX_LENGTH,
         description="Pin the job type's output schema version (`outputSchemaVersion` of GET "
         "/api/ai/job-types): the create is refused (422) unless the type has that version.",
-        examples=["quiz_generation.output.v1"],
     )
 
     service_tier: ServiceTier | None = Field(
@@ -257,7 +256,7 @@ class CreateJobBody(Camel):
         "until the provider's next discount window, run there at its price). Left out: the "
         "job type's default (`defaultServiceTier` of GET /api/ai/job-types). A tier the job type "
         "or the provider does not offer is refused (422), never silently run on another.",
-        examples=["batch"],
+        examples=["standard"],
     )
     reuse: Literal["allow", "deny"] = Field(
         default="deny",
@@ -270,10 +269,9 @@ class CreateJobBody(Camel):
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '
         '| "fail"}`. A job still waiting for a discount window at `at` (left out: '
-        "AI_OFFPEAK_MAX_WAIT_S after the create) runs at once at the standard price when "
+        "24 hours after the create, the longest it may be) runs at once at the standard price when "
         '`then` is "standard", or fails with OFFPEAK_DEADLINE_PASSED when it is "fail" (the '
         'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
-        examples=[{"at": "2026-12-06T08:00:00Z", "then": "standard"}],
     )
 
     concurrency: ConcurrencyBody | None = Field(default=None, description=CONCURRENCY_DOC)

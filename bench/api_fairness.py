@@ -203,7 +203,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a setting for the API process (e.g. API_TOKEN_COUNT_CONCURRENCY=1); repeatable",
+        help="a setting for the API process (e.g. DB_POOL_SIZE=20); repeatable",
     )
     p.add_argument("--flood", metavar="BASE_URL", help=argparse.SUPPRESS)
     p.add_argument("--token", help=argparse.SUPPRESS)

@@ -173,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--rates",
         default="50,100000",
-        help="comma-separated ADMIN_BULK_JOBS_PER_SECOND values, one run each (50,100000)",
+        help="comma-separated bulk paces in jobs a second (jobs/bulk.py JOBS_PER_SECOND is 50), "
+        "one run each (50,100000)",
     )
     p.add_argument("--page-size", type=int, default=100)
     p.add_argument("--output", help="write the figures as JSON here")

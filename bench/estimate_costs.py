@@ -150,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.estimate_costs", description=__doc__)
     p.add_argument("--seeds", type=int, default=SEEDS, help=f"inputs per size ({SEEDS})")
     p.add_argument(
-        "--margin", type=float, default=DEFAULT_MARGIN, help="TOKEN_ESTIMATE_MARGIN (0.25)"
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="the estimate margin (jobs/costs.py ESTIMATE_MARGIN)",
     )
     p.add_argument("--output", help="also write the rows as JSON to this path")
     args = p.parse_args(argv)

@@ -22,7 +22,7 @@ UTF-8, no ASCII escapes) plus the end-of-sentence token.
 Per (job type, language) the table shows the median and p95 of `estimate / reference - 1`
 (positive: the estimate counts more than DeepSeek), the margin that would make the padded
 estimate cover the reference in 95 % of the samples and in all of them (`reference / estimate
-- 1`), and whether `--margin` (TOKEN_ESTIMATE_MARGIN's default, 0.25) covers the p95.
+- 1`), and whether `--margin` (the engine's estimate margin, 0.25) covers the p95.
 """
 
 # The sample texts are Chinese and Japanese prose and DeepSeek's special tokens: their
@@ -44,6 +44,7 @@ from bench.estimate_inputs import job_input
 from bench.stats import median, percentile
 from engine.tokens import count_chat_tokens
 from jobs.chunked import ChunkPolicy, chunk_prompt, plan
+from jobs.costs import ESTIMATE_MARGIN
 from jobs.spec import AnyJobType, Prompt
 from jobs.types import flashcard_generation, quiz_generation, weak_point_analysis
 
@@ -59,7 +60,7 @@ LANGUAGES = ("en", "zh", "ja", "code")
 SOURCE_CHARS = (300, 2_000, 8_000, 19_000, 100_000)
 ANSWER_COUNTS = (3, 20, 60, 100)
 SEEDS = 6  # inputs per size: 24 or 30 samples per row
-DEFAULT_MARGIN = 0.25  # TOKEN_ESTIMATE_MARGIN's default (engine/settings.py)
+DEFAULT_MARGIN = ESTIMATE_MARGIN  # what a worst case adds to an estimate (jobs/costs.py)
 # DeepSeek's chat template for a system and a user message, non-thinking mode: BOS before the
 # system prompt, a role token before the user message, the assistant role token and the
 # closed think block that prime the answer. Special tokens, one token each.
@@ -256,7 +257,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.estimates", description=__doc__)
     p.add_argument("--seeds", type=int, default=SEEDS, help=f"inputs per size ({SEEDS})")
     p.add_argument(
-        "--margin", type=float, default=DEFAULT_MARGIN, help="TOKEN_ESTIMATE_MARGIN (0.25)"
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="the estimate margin (jobs/costs.py ESTIMATE_MARGIN)",
     )
     p.add_argument("--output", help="also write the samples and rows as JSON to this path")
     args = p.parse_args(argv)

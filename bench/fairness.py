@@ -1,8 +1,9 @@
 """The fairness figure (8): does a user with a few jobs wait behind another user's backlog?
 
 One engine stack (relay + one worker, AI_INTERACTIVE_CONCURRENCY as the other figures) per mode,
-started with FAIRNESS_ENABLED=true, then restarted with FAIRNESS_ENABLED=false (the relay then
-starts workflows without fairness keys, so jobs wait in arrival order within a priority). Only one
+started with fair dispatch on, then restarted with it off (`relay.fairness=false` through
+bench/engine_cli.py: the relay then starts workflows without fairness keys, so jobs wait in
+arrival order within a priority). Only one
 stack runs at a time: two relays would claim each other's outbox rows. The Temporal dev server
 always has `matching.enableFairness` on.
 
@@ -45,7 +46,7 @@ URGENT_TARGET = 2.0
 LOW_JOBS, URGENT_JOBS = 12, 4
 B_JOBS = 4
 TARGET_RATIO = 1.5
-MODES = (("on", "true"), ("off", "false"))
+MODES = (("on", True), ("off", False))
 
 
 def _req(
@@ -246,7 +247,8 @@ async def phase_fairness(
     f = res.fig("fairness")
     f["method"] = (
         f"one relay + 1 worker (AI_INTERACTIVE_CONCURRENCY={conc}) per mode, restarted with "
-        f"FAIRNESS_ENABLED=true/false; synthetic jobs with delayMs={delay}; B = {B_JOBS} jobs of "
+        "fair dispatch on/off (the relay's `fairness`); "
+        f"synthetic jobs with delayMs={delay}; B = {B_JOBS} jobs of "
         f"{USER_B}; backlog = jobs of {USER_A} all created and their enqueue rows published "
         "before B's first create; times from SQL finished_at"
     )
@@ -254,7 +256,7 @@ async def phase_fairness(
     f["backlogs"] = backlogs
     f["modes"] = {}
     for mode, flag in MODES:
-        mk = dataclasses.replace(knobs, extra_env={**knobs.extra_env, "FAIRNESS_ENABLED": flag})
+        mk = dataclasses.replace(knobs, constants={**knobs.constants, "relay.fairness": flag})
         stack = EngineStack(f"fair-{mode}", sv, mk, workers=1)
         m: dict[str, Any] = {"alone": [], "backlog": {str(n): [] for n in backlogs}}
         try:

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
+from bench.engine_cli import argv
 from bench.procs import Proc, check_alive, child_env, stop_all, stop_group
 
 # Re-exported: bench/isolation.py runs unchanged from older checkouts, whose bench/infra.py
@@ -208,11 +209,13 @@ class Admin:
 
 @dataclass(frozen=True)
 class EngineKnobs:
-    """What every engine child gets, beyond the per-stack task queue suffix."""
+    """What every engine child gets, beyond the per-stack task queue suffix: settings, and
+    tuning constants changed through bench/engine_cli.py (`module.NAME` or `relay.field`)."""
 
     interactive_concurrency: int
     log_level: str
     extra_env: dict[str, str]
+    constants: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_env(sv: Servers, knobs: EngineKnobs, *, suffix: str, quotas: bool) -> dict[str, str]:
@@ -242,12 +245,17 @@ class EngineStack:
         self.suffix = f"-bench{uuid.uuid4().hex[:8]}"
         self.queue = f"ai-interactive{self.suffix}"
         env = engine_env(sv, knobs, suffix=self.suffix, quotas=False)
-        py = sys.executable
-        self.relay = Proc(f"{name}-relay", [py, "-m", "runtime.cli", "relay"], env, sv.log_dir)
+
+        def aijobs(*command: str) -> list[str]:
+            if not knobs.constants:
+                return [sys.executable, "-m", "runtime.cli", *command]
+            return [sys.executable, "-m", "bench.engine_cli", *argv(knobs.constants, command)]
+
+        self.relay = Proc(f"{name}-relay", aijobs("relay"), env, sv.log_dir)
         self.workers = [
             Proc(
                 f"{name}-worker{i + 1}",
-                [py, "-m", "runtime.cli", "worker", "--queue", "ai-interactive"],
+                aijobs("worker", "--queue", "ai-interactive"),
                 env,
                 sv.log_dir,
             )

@@ -20,9 +20,9 @@ another database, less PostgreSQL's own autovacuum and autoanalyze runs in the w
 Each wait is reported as transactions per waiting job per minute, raw ((window's count) / jobs /
 minutes) and net of the idle baseline over the same duration. Then the idle stack's cost is
 split by loop: the same stack again with one loop slowed to one poll an hour (the relay's
-`RELAY_POLL_INTERVAL_S`, the webhook deliverer's `WEBHOOK_POLL_INTERVAL_S`); what that loop cost
-is the difference. The worker alone (the relay process stopped) gives the rest, the limit waker
-included.
+`RELAY_POLL_INTERVAL_S`, the webhook deliverer's `POLL_INTERVAL_S`, a constant changed through
+bench/engine_cli.py); what that loop cost is the difference. The worker alone (the relay process
+stopped) gives the rest, the limit waker included.
 
 The polling this replaced (EXECUTE asked again every second while a concurrency slot was
 taken: one rolled-back transaction per look) is not run here: it was about 55 looks, so 55
@@ -44,9 +44,10 @@ from bench.infra import DB_NAME, Admin, EngineDb, EngineKnobs, EngineStack, Serv
 from bench.procs import progress
 
 LIMITS = {"synthetic": {"concurrency": 1}}
+# Each loop's poll: a setting, or a constant (a dotted `module.NAME`, bench/engine_cli.py).
 SLOW_LOOPS = {
     "relay": "RELAY_POLL_INTERVAL_S",
-    "webhook deliverer": "WEBHOOK_POLL_INTERVAL_S",
+    "webhook deliverer": "activities.webhooks.POLL_INTERVAL_S",
 }
 POLL_S = 0.1
 
@@ -172,11 +173,19 @@ async def announced_phase(ctx: Any, args: argparse.Namespace, done: int) -> floa
     return rate
 
 
-def stack(sv: Servers, args: argparse.Namespace, name: str, **env: str) -> EngineStack:
+def stack(sv: Servers, args: argparse.Namespace, name: str, slow: str | None = None) -> EngineStack:
+    """The bench's stack; `slow`: a loop's poll (a SLOW_LOOPS value) at one an hour."""
+    env = {"AI_MODEL_LIMITS": json.dumps(LIMITS)}
+    constants: dict[str, Any] = {}
+    if slow is not None and "." in slow:
+        constants[slow] = 3600
+    elif slow is not None:
+        env[slow] = "3600"
     knobs = EngineKnobs(
         interactive_concurrency=args.interactive_concurrency,
         log_level=args.log_level,
-        extra_env={"AI_MODEL_LIMITS": json.dumps(LIMITS), **env},
+        extra_env=env,
+        constants=constants,
     )
     return EngineStack(name, sv, knobs, workers=1)
 
@@ -214,7 +223,7 @@ async def loop_costs(ctx: Any, sv: Servers, args: argparse.Namespace) -> dict[st
     out: dict[str, float] = {}
     for loop, setting in SLOW_LOOPS.items():
         await ctx.edb.truncate()
-        st = stack(sv, args, f"slow-{setting.split('_')[0].lower()}", **{setting: "3600"})
+        st = stack(sv, args, f"slow-{loop.split()[0]}", slow=setting)
         try:
             await st.start(ctx.client, ctx.admin)
             await asyncio.sleep(args.settle)

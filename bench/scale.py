@@ -31,9 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bench.procs import progress
 from bench.scale_seed import HOT_USER
 from bench.stats import percentile
+from engine.retention_days import DEFAULT_RETENTION_DAYS
 
 LIST_LIMIT = 21
-OUTBOX_RETENTION_DAYS = 7
+OUTBOX_RETENTION_DAYS = DEFAULT_RETENTION_DAYS["outbox"]
 
 
 # ---- statement capture and plans ----------------------------------------------------------

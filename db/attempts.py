@@ -31,6 +31,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import call_marks as call_marks_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import pauses as pauses_db
@@ -49,11 +50,13 @@ from db.usage import UsageRow
 @dataclass(frozen=True)
 class TakenJob:
     """What `take` read once the job was this owner's: the row, its unexpired snapshot (None
-    once expired or never stored) and the number of the call this attempt may make."""
+    once expired or never stored), the number of the call this attempt may make, and how many
+    calls of dead attempts (their marks, db/call_marks.py) it charged first."""
 
     row: JobRow
     snapshot: dict[str, Any] | None
     call_no: int | None = None
+    dead_calls_charged: int = 0
     # The job was already running (a retry, a chunk after the first): admitted before.
     reacquired: bool = False
     # The operator pauses in force, read after their lock was taken shared (db/pauses.py).
@@ -126,35 +129,46 @@ async def take(
     identity: str,
     ttl_s: int,
     run_id: str | None,
+    dead_calls_of: tuple[int | None] | None = None,
 ) -> TakenJob | None:
     """CAS queued → running (or this workflow's lock, taken over by this attempt: a retry finds
     its predecessor's lock), this attempt's call numbered, and the read of the job and its
     snapshot, pipelined in the caller's transaction: one round trip; the read sees the CAS's
     update and is not used when the CAS matched no row. A missed CAS raises what
     `lifecycle.locked_of` raises (`IllegalTransition`, `LockConflict`, `JobNotFound`); None:
-    the job row was not read."""
+    the job row was not read. `dead_calls_of=(chunk_no,)` (EXECUTE's take: None for a one-call
+    job): the marks its dead predecessors left for that chunk are charged in the same round
+    trip, before the read (db/call_marks.py), so the row read holds their spend."""
     params = lifecycle_db.lock_params(
         job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
     )
-    locked, numbered, read, _, pauses = await pipeline.in_session(
-        s,
-        [
-            (lifecycle_db.LOCK, params),
-            (_NEXT_CALL, {"id": job_id, "token": params["token"]}),
-            (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
-            # The operator pauses, in the same round trip: the lock, then the read.
-            (pauses_db.LOCK_SHARED, {}),
-            (pauses_db.IN_FORCE, {}),
-        ],
-    )
+    statements: list[pipeline.Statement] = [
+        (lifecycle_db.LOCK, params),
+        (_NEXT_CALL, {"id": job_id, "token": params["token"]}),
+    ]
+    if dead_calls_of is not None:
+        charge = call_marks_db.charge_dead_params(
+            job_id, chunk_no=dead_calls_of[0], token=params["token"]
+        )
+        statements.append((call_marks_db.CHARGE_DEAD, charge))
+    statements += [
+        (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+        # The operator pauses, in the same round trip: the lock, then the read.
+        (pauses_db.LOCK_SHARED, {}),
+        (pauses_db.IN_FORCE, {}),
+    ]
+    results = await pipeline.in_session(s, statements)
+    locked, numbered, read, pauses = results[0], results[1], results[-3], results[-1]
     taken = await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
     call_no = int(numbered[0]["call_seq"]) if numbered else None
+    dead = int(results[2][0]["charged"]) if dead_calls_of is not None and results[2] else 0
     if found is None:
         return None
     return TakenJob(
         *found,
         call_no=call_no,
+        dead_calls_charged=dead,
         reacquired=taken.reacquired,
         pauses=pauses_db.in_force_of(pauses),
     )

@@ -5,7 +5,11 @@ by the job side (enroll, the item's outcome, leave) and by the batch workflow's 
 Invariants, each kept by a compare-and-set in SQL rather than by the callers' order:
 - One `open` batch per (provider, model, key, task queue) (a partial unique index); an item
   joins it under the batch row's lock, and the window's close (`open → submitting`) takes the
-  same lock, so an item is either in the file that is uploaded or in the next batch.
+  same lock, so an item is either in the file that is uploaded or in the next batch. So does a
+  job's leave: it sees the batch's state as the close left it.
+- No batch holds more lines or JSONL bytes than its caps (`BatchCaps`): an enroll whose line
+  would take the open batch past either closes it and opens the next, and a batch that reaches
+  the line cap closes at once.
 - One item per job attempt (`custom_id` `job-{job_id}-a{attempt}` is unique): a retried enroll
   finds its item again.
 - An item's outcome is recorded once (`settle` moves only an item whose `ended_at` is null),
@@ -39,11 +43,29 @@ def custom_id_of(job_id: uuid.UUID, attempt: int) -> str:
 
 
 @dataclass(frozen=True)
+class BatchCaps:
+    """AI_BATCH_MAX_LINES and AI_BATCH_MAX_BYTES: the most lines, and JSONL bytes, one batch's
+    file may hold."""
+
+    max_lines: int = 10_000
+    max_bytes: int = 100_000_000
+
+
+@dataclass(frozen=True)
+class ClosedBatch:
+    """A batch an enroll closed at a cap: its workflow is poked to submit it now."""
+
+    batch_id: uuid.UUID
+    workflow_id: str
+
+
+@dataclass(frozen=True)
 class Enrolled:
     batch_id: uuid.UUID
     workflow_id: str
     custom_id: str
     item_id: uuid.UUID
+    closed: tuple[ClosedBatch, ...] = ()  # batches this enroll closed (its own one included)
 
 
 @dataclass(frozen=True)
@@ -81,34 +103,8 @@ class BatchRow:
     item_count: int
     created_at: datetime
     submitted_at: datetime | None
-
-
-@dataclass(frozen=True)
-class PendingItem:
-    custom_id: str
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OpenItem:
-    """An item of a submitted batch whose outcome is not recorded yet."""
-
-    id: uuid.UUID
-    custom_id: str
-    status: str
-
-
-@dataclass(frozen=True)
-class Settled:
-    """An item whose outcome `settle` just recorded, with what its charge needs of its job."""
-
-    item_id: uuid.UUID
-    job_id: uuid.UUID
-    attempt: int
-    status: str
-    user_id: str
-    job_type: str
-    credential_mode: str
+    byte_count: int = 0
+    upload_started_at: datetime | None = None
 
 
 _FIND_ITEM = text(
@@ -123,14 +119,23 @@ _NEW_BATCH = text(
     """
 )
 _OPEN_BATCH = text(
-    "SELECT id, workflow_id FROM ai_batch WHERE provider = :provider AND model = :model "
-    "AND key_ref = :key_ref AND task_queue = :task_queue AND status = 'open' FOR UPDATE"
+    "SELECT id, workflow_id, item_count, byte_count FROM ai_batch WHERE provider = :provider "
+    "AND model = :model AND key_ref = :key_ref AND task_queue = :task_queue "
+    "AND status = 'open' FOR UPDATE"
 )
 _NEW_ITEM = text(
-    "INSERT INTO ai_batch_item (id, batch_id, job_id, attempt, custom_id, body) "
-    "VALUES (:id, :batch_id, :job_id, :attempt, :custom_id, :body)"
+    "INSERT INTO ai_batch_item (id, batch_id, job_id, attempt, custom_id, body, line_bytes) "
+    "VALUES (:id, :batch_id, :job_id, :attempt, :custom_id, :body, :line_bytes)"
 ).bindparams(bindparam("body", type_=JSONB))
-_COUNT = text("UPDATE ai_batch SET item_count = item_count + 1 WHERE id = :id")
+# The item counted; a batch that reached the line cap closes in the same statement.
+_COUNT = text(
+    """
+    UPDATE ai_batch SET item_count = item_count + 1, byte_count = byte_count + :line_bytes,
+        status = CASE WHEN item_count + 1 >= :max_lines THEN 'submitting' ELSE status END
+    WHERE id = :id RETURNING status
+    """
+)
+_CLOSE_FULL = text("UPDATE ai_batch SET status = 'submitting' WHERE id = :id AND status = 'open'")
 
 
 async def enroll(
@@ -143,14 +148,21 @@ async def enroll(
     key_ref: str,
     task_queue: str,
     body: Mapping[str, Any],
+    line_bytes: int,
+    caps: BatchCaps | None = None,
 ) -> Enrolled:
     """The job attempt's item, `pending` in its group's open batch (a new batch when none is
-    open). Idempotent: the attempt's item, if it exists, is returned as it is."""
+    open, or when its line would take the open one past a cap: that one is closed). Idempotent:
+    the attempt's item, if it exists, is returned as it is. `line_bytes` is the size of its
+    line as it will be uploaded (providers/batch_lines.py `encode_line`); the caller refuses a
+    line larger than a whole batch may be (`caps.max_bytes`) before."""
+    caps = caps or BatchCaps()
     custom_id = custom_id_of(job_id, attempt)
     found = (await session.execute(_FIND_ITEM, {"custom_id": custom_id})).first()
     if found is not None:
         return Enrolled(found.batch_id, found.workflow_id, custom_id, found.id)
     group = {"provider": provider, "model": model, "key_ref": key_ref, "task_queue": task_queue}
+    closed: list[ClosedBatch] = []
     while True:
         new_id = uuid.uuid4()
         await session.execute(
@@ -158,8 +170,16 @@ async def enroll(
         )
         # Waits for a close in progress; a batch it closed no longer matches: try again.
         batch = (await session.execute(_OPEN_BATCH, group)).first()
-        if batch is not None:
+        if batch is None:
+            continue
+        full = batch.item_count + 1 > caps.max_lines or batch.byte_count + line_bytes > (
+            caps.max_bytes
+        )
+        if batch.item_count == 0 or not full:
             break
+        # This line would take the batch past a cap: it goes as it is, the line opens the next.
+        await session.execute(_CLOSE_FULL, {"id": batch.id})
+        closed.append(ClosedBatch(batch.id, batch.workflow_id))
     item_id = uuid.uuid4()
     await session.execute(
         _NEW_ITEM,
@@ -170,10 +190,13 @@ async def enroll(
             "attempt": attempt,
             "custom_id": custom_id,
             "body": dict(body),
+            "line_bytes": line_bytes,
         },
     )
-    await session.execute(_COUNT, {"id": batch.id})
-    return Enrolled(batch.id, batch.workflow_id, custom_id, item_id)
+    counted = {"id": batch.id, "line_bytes": line_bytes, "max_lines": caps.max_lines}
+    if (await session.execute(_COUNT, counted)).scalar_one() == "submitting":
+        closed.append(ClosedBatch(batch.id, batch.workflow_id))
+    return Enrolled(batch.id, batch.workflow_id, custom_id, item_id, tuple(closed))
 
 
 _ITEM_FOR = text(
@@ -192,14 +215,23 @@ async def item_for(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> It
     )
 
 
-# A pending item leaves for good (its batch was not uploaded: nothing will come back); a
-# submitted one (or one whose batch is uploading) may still be answered and billed, so its
-# outcome stays to be recorded and charged.
+# A pending item of a batch still open leaves for good (nothing of it will be sent). Once the
+# batch is closed (uploading, or submitted), its line may be answered and billed: the item stays
+# to have its outcome recorded and charged (`ended_at` null), and until then it holds its job's
+# reservation open (db/budgets.py). The batch row is locked first, as the close locks it, so
+# the batch's state the leave acts on is the one the close left (never a file that holds the
+# line while the item thinks it left for good).
 _LEAVE = text(
     """
+    WITH b AS (
+        SELECT id, status, workflow_id FROM ai_batch
+        WHERE id IN (SELECT batch_id FROM ai_batch_item
+                     WHERE job_id = :job_id AND status IN ('pending', 'submitted'))
+        FOR UPDATE
+    )
     UPDATE ai_batch_item i SET status = 'cancelled',
         ended_at = CASE WHEN b.status = 'open' THEN now() END
-    FROM ai_batch b
+    FROM b
     WHERE b.id = i.batch_id AND i.job_id = :job_id AND i.status IN ('pending', 'submitted')
     RETURNING i.batch_id, b.workflow_id, b.status
     """
@@ -221,8 +253,8 @@ async def leave(session: AsyncSession, job_id: uuid.UUID) -> Left | None:
 
 _GET = text(
     "SELECT id, provider, model, key_ref, task_queue, status, provider_batch_id, "
-    "input_file_id, workflow_id, item_count, created_at, submitted_at FROM ai_batch "
-    "WHERE id = :id"
+    "input_file_id, workflow_id, item_count, created_at, submitted_at, byte_count, "
+    "upload_started_at FROM ai_batch WHERE id = :id"
 )
 
 
@@ -239,24 +271,14 @@ async def live_items(session: AsyncSession, batch_id: uuid.UUID) -> int:
 _CLOSE = text(
     "UPDATE ai_batch SET status = 'submitting' WHERE id = :id AND status = 'open' RETURNING id"
 )
-_PENDING = text(
-    "SELECT custom_id, body FROM ai_batch_item WHERE batch_id = :id AND status = 'pending' "
-    "ORDER BY created_at, custom_id"
-)
 
 
-async def close(session: AsyncSession, batch_id: uuid.UUID) -> tuple[str, list[PendingItem]]:
-    """End the batch's window (`open → submitting`, under the lock an enroll takes) and read
-    the items to upload. A batch already `submitting` (a retried submit) is read again; any
-    other state is returned with no item."""
+async def close(session: AsyncSession, batch_id: uuid.UUID) -> BatchRow | None:
+    """End the batch's window (`open → submitting`, under the lock an enroll and a leave take)
+    and read it back. A batch closed already (at a cap, or by an earlier submit) is read as
+    it is."""
     await session.execute(_CLOSE, {"id": batch_id})
-    row = await get(session, batch_id)
-    if row is None:
-        return "missing", []
-    if row.status != "submitting":
-        return row.status, []
-    rows = (await session.execute(_PENDING, {"id": batch_id})).all()
-    return row.status, [PendingItem(r.custom_id, r.body) for r in rows]
+    return await get(session, batch_id)
 
 
 _SUBMITTED = text(
@@ -274,7 +296,8 @@ _ITEMS_SUBMITTED = text(
 async def mark_submitted(
     session: AsyncSession, batch_id: uuid.UUID, *, provider_batch_id: str, input_file_id: str
 ) -> None:
-    """The provider has the batch: it and its pending items are `submitted`."""
+    """The provider has the batch: it and its pending items are `submitted`. Takes the batch's
+    row lock first, as a leave does."""
     params = {"id": batch_id, "provider_batch_id": provider_batch_id}
     await session.execute(_SUBMITTED, {**params, "input_file_id": input_file_id})
     await session.execute(_ITEMS_SUBMITTED, {"id": batch_id})
@@ -310,93 +333,3 @@ async def end(
             "error_file_id": error_file_id,
         },
     )
-
-
-_OPEN_ITEMS = text(
-    "SELECT id, custom_id, status FROM ai_batch_item WHERE batch_id = :id "
-    "AND ended_at IS NULL AND status IN ('pending', 'submitted', 'cancelled') "
-    "ORDER BY custom_id"
-)
-
-
-async def open_items(session: AsyncSession, batch_id: uuid.UUID) -> list[OpenItem]:
-    """The batch's items whose outcome is not recorded yet (a cancelled one included: the
-    provider may have answered it, and billed it)."""
-    rows = (await session.execute(_OPEN_ITEMS, {"id": batch_id})).all()
-    return [OpenItem(r.id, r.custom_id, r.status) for r in rows]
-
-
-# The outcome of one item, once: only an item not yet ended moves. A cancelled item keeps its
-# status and stores no answer (its job is gone, its content may be purged already), but what
-# the provider billed for it is charged like the others' (the caller's usage row).
-_SETTLE = text(
-    """
-    WITH moved AS (
-        UPDATE ai_batch_item SET
-            status = CASE WHEN status IN ('pending', 'submitted') THEN :status ELSE status END,
-            response = CASE WHEN status IN ('pending', 'submitted') THEN :response END,
-            error_code = :error_code, ended_at = now()
-        WHERE id = :id AND ended_at IS NULL
-        RETURNING job_id, attempt, status
-    )
-    SELECT moved.job_id, moved.attempt, moved.status, j.user_id, j.job_type, j.credential_mode
-    FROM moved JOIN ai_job j ON j.id = moved.job_id
-    """
-).bindparams(bindparam("response", type_=JSONB))
-
-
-async def settle(
-    session: AsyncSession,
-    item_id: uuid.UUID,
-    *,
-    status: str,
-    response: Mapping[str, Any] | None,
-    error_code: str | None,
-) -> Settled | None:
-    """Record an item's outcome (`succeeded` with the chat completion, or `failed` with a
-    code); None when it was already recorded (nothing to charge again)."""
-    if status not in ("succeeded", "failed"):
-        raise ValueError(f"not an item outcome: {status!r}")
-    r = (
-        await session.execute(
-            _SETTLE,
-            {
-                "id": item_id,
-                "status": status,
-                "response": None if response is None else dict(response),
-                "error_code": error_code,
-            },
-        )
-    ).first()
-    if r is None:
-        return None
-    return Settled(item_id, r.job_id, r.attempt, r.status, r.user_id, r.job_type, r.credential_mode)
-
-
-_TO_SIGNAL = text(
-    "SELECT DISTINCT j.workflow_id FROM ai_batch_item i JOIN ai_job j ON j.id = i.job_id "
-    "WHERE i.batch_id = :id AND i.status IN ('succeeded', 'failed') ORDER BY j.workflow_id"
-)
-
-
-async def workflows_to_signal(session: AsyncSession, batch_id: uuid.UUID) -> list[str]:
-    """The job workflows of the batch's answered or failed items (not those that left)."""
-    return [str(w) for w in (await session.execute(_TO_SIGNAL, {"id": batch_id})).scalars()]
-
-
-_FAIL_LIVE = text(
-    """
-    UPDATE ai_batch_item SET status = 'failed', error_code = :code, ended_at = now()
-    WHERE batch_id = :id AND status IN ('pending', 'submitted') AND ended_at IS NULL
-    """
-)
-_END_CANCELLED = text(
-    "UPDATE ai_batch_item SET ended_at = now() WHERE batch_id = :id AND ended_at IS NULL"
-)
-
-
-async def fail_items(session: AsyncSession, batch_id: uuid.UUID, code: str) -> None:
-    """Every item of the batch still waiting fails with `code` (the batch itself failed:
-    each job retries in a later batch); the ones that left are closed."""
-    await session.execute(_FAIL_LIVE, {"id": batch_id, "code": code})
-    await session.execute(_END_CANCELLED, {"id": batch_id})

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -90,16 +90,30 @@ async def store_merged_output(
     )
 
 
-async def job_chunking(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, int | None] | None:
-    """(lifecycle status, chunk count) of a job, None when it does not exist: what the
-    artifacts API asks before it decides between projected artifacts and chunk items."""
+class ArtifactState(NamedTuple):
+    """What the artifacts API asks of a job before it pages its parts."""
+
+    status: str
+    chunk_count: int | None
+    purged: bool  # its private data is purged: no artifact shows content
+
+
+async def job_chunking(s: AsyncSession, job_id: uuid.UUID) -> ArtifactState | None:
+    """The job's lifecycle status, chunk count and whether its private data is purged; None
+    when it does not exist: what the artifacts API asks before it decides between projected
+    artifacts and chunk items, and whether any content may be shown."""
     row = (
         await s.execute(
-            text("SELECT lifecycle_status, chunk_count FROM ai_job WHERE id = :id"),
+            text(
+                "SELECT lifecycle_status, chunk_count, "
+                "private_data_purged_at IS NOT NULL AS purged FROM ai_job WHERE id = :id"
+            ),
             {"id": job_id},
         )
     ).first()
-    return (str(row.lifecycle_status), row.chunk_count) if row is not None else None
+    if row is None:
+        return None
+    return ArtifactState(str(row.lifecycle_status), row.chunk_count, bool(row.purged))
 
 
 # ---- the fan-out: each chunk's call (EXECUTE), the merge (MERGE), an admin retry ------------

@@ -55,9 +55,44 @@ ALL_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# A statement PostgreSQL stopped (statement_timeout: 57014 query_canceled) or refused for a
+# lock it could not get (lock_timeout, NOWAIT: 55P03 lock_not_available). The driver raises them
+# as OperationalError like a lost connection, but the database is up and answered: the same
+# statement on the same data may stop the same way on every try, so waiting them out could
+# last for ever. Callers bound their retries instead (is_statement_fault).
+STATEMENT_FAULTS = frozenset({"57014", "55P03"})
+
+
+def is_statement_fault(exc: BaseException) -> bool:
+    """A statement timeout or a lock not available: not an outage (see STATEMENT_FAULTS); a
+    bookkeeping stage counts it toward its bound, EXECUTE retries it a bounded number of times."""
+    return is_driver_error(exc) and sqlstate(exc) in STATEMENT_FAULTS
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Lost connections and the like: worth waiting for PostgreSQL to come back. The driver's
-    own errors count too, unwrapped, as a pool that cannot connect raises them."""
+    own errors count too, unwrapped, as a pool that cannot connect raises them. A statement
+    fault (a timeout, a lock not available) is not one, whatever class the driver gives it."""
+    if is_statement_fault(exc):
+        return False
     return isinstance(exc, ALL_UNAVAILABLE_ERRORS) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     )
+
+
+def is_refused_value(exc: BaseException) -> bool:
+    """The database refused a value of the statement (SQLSTATE class 22, a data exception: a
+    NUL in a text or json value, a malformed escape), or the driver could not encode it for
+    the wire (an unpaired surrogate): the statement cannot succeed with that value, whatever
+    the retries."""
+    state = sqlstate(exc)
+    if state is not None and str(state).startswith("22"):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        if isinstance(seen, UnicodeError):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False

@@ -421,7 +421,9 @@ async def record_attempt(
         text(
             """
             UPDATE ai_job SET attempt_count = greatest(attempt_count, :a),
-                   internal_error_message = coalesce(:e, internal_error_message),
+                   -- a late attempt (cancelled after its job ended) never rewrites why it ended
+                   internal_error_message = CASE WHEN lifecycle_status IN ('queued', 'running')
+                       THEN coalesce(:e, internal_error_message) ELSE internal_error_message END,
                    correction_hint = :c, updated_at = now()
             WHERE id = :id
             """

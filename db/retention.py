@@ -1,13 +1,18 @@
 """Retention: what the engine keeps, for how long, and the one purge of a job's private data.
 
 A job's private data is every copy of what its user wrote or its provider answered: the input,
-the validated output (and what the artifact views derive from it), each chunk's output (the
-partial items of a long source), the snapshot, and the internal error message (it may quote a
-provider's answer) with the correction hint sent back to the provider. `purge_jobs` removes all
-of them in one statement and marks the row `private_data_purged_at`; the lifecycle row (status,
-codes, hashes, times, costs), its usage rows and its artifact references stay, for billing and
-audit. Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call
-it, so "purged" means the same wherever it happens.
+the validated output, the business rows its projector wrote from it (quiz questions,
+flashcards, weak-point candidates: every table of db/models/projected.py built on
+`ProjectedRow`), each chunk's output (the partial items of a long source), the items it
+streamed, its batch line's body and answer, the snapshot, and the internal error message (it
+may quote a provider's answer) with the correction hint sent back to the provider. `purge_jobs`
+removes all of them in one statement and marks the row `private_data_purged_at`; the lifecycle
+row (status, codes, hashes, times, costs), its usage rows and its artifact references stay, for
+billing and audit (the artifacts API lists those references with `content: null`).
+Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call it,
+so "purged" means the same wherever it happens. A batch's copies at the provider (its input,
+output and error files) become due for deletion once every job of the batch is purged and none
+waits for it (db/batch_files.py); the reconciler's retention phase deletes them there.
 
 The other purges delete rows that only the engine's bookkeeping needs, each after its own
 retention (docs/operations.md "Retention"), a bounded page per call so a pass never holds long
@@ -27,10 +32,42 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db.lifecycle import TERMINAL_SQL
+from db.models import projected
 
-# The purge of the terminal, not yet purged jobs among `:ids`: the job row's copies, its chunks'
-# outputs, its streamed items and its snapshot, in one statement (data-modifying WITHs see the
-# same snapshot).
+
+def _projected_tables() -> tuple[str, ...]:
+    """The business tables of the job types' projectors: each model of db/models/projected.py
+    built on `ProjectedRow` (one row per (job, ordinal), `job_id` indexed by its unique key)."""
+    names = (
+        getattr(cls, "__tablename__", None)
+        for cls in vars(projected).values()
+        if isinstance(cls, type)
+        and issubclass(cls, projected.ProjectedRow)
+        and cls.__module__ == projected.__name__
+    )
+    return tuple(sorted(n for n in names if isinstance(n, str)))
+
+
+PROJECTED_TABLES = _projected_tables()
+# One data-modifying WITH per business table: its rows of the target jobs deleted.
+_PURGE_PROJECTED = "".join(
+    f"""
+    projected_{n} AS (
+        DELETE FROM {table} p USING target t WHERE p.job_id = t.id
+        RETURNING p.job_id
+    ),"""
+    for n, table in enumerate(PROJECTED_TABLES)
+)
+_PROJECTED_COUNT = (
+    " + ".join(f"(SELECT count(*) FROM projected_{n})" for n in range(len(PROJECTED_TABLES))) or "0"
+)
+
+# The purge of the terminal, not yet purged jobs among `:ids`: the job row's copies, its
+# business rows, its chunks' outputs, its streamed items, its batch lines and its snapshot, in
+# one statement (data-modifying WITHs see the same snapshot, and commit or roll back together).
+# The batches a purged job's line went in are not touched here: once every job of a batch is
+# purged, the batch's files at the provider are due (db/batch_files.py), whichever path purged
+# the last of them.
 _PURGE_JOBS = text(
     f"""
     WITH target AS (
@@ -43,7 +80,7 @@ _PURGE_JOBS = text(
                private_data_purged_at = now(), updated_at = now()
         FROM target t WHERE j.id = t.id
         RETURNING j.id
-    ),
+    ),{_PURGE_PROJECTED}
     chunks AS (
         UPDATE ai_job_chunk c SET output = NULL
         FROM target t WHERE c.job_id = t.id AND c.output IS NOT NULL
@@ -63,6 +100,7 @@ _PURGE_JOBS = text(
         RETURNING b.job_id
     )
     SELECT (SELECT count(*) FROM jobs) AS purged,
+           {_PROJECTED_COUNT} AS projected_rows,
            (SELECT count(*) FROM batch_items) AS batch_items,
            (SELECT count(*) FROM streamed) AS streamed_items,
            (SELECT count(*) FROM chunks) AS chunks,

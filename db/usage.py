@@ -65,10 +65,13 @@ class UsageSummary:
 # nothing (a failed attempt, the synthetic provider) leaves the job row alone.
 # Idempotent: a row whose (job, attempt, chunk, call) is already logged (the same write retried
 # after a commit whose answer was lost) inserts nothing, and then neither the bucket nor the
-# job's spend moves: a call is charged once.
+# job's spend moves: a call is charged once. The call's mark (db/call_marks.py), written before
+# it was sent, goes in the same statement: the call is settled.
 _INSERT = text(
     """
-    WITH logged AS (
+    WITH settled AS (
+        DELETE FROM ai_call_mark WHERE job_id = :job_id AND call_no = :call_no
+    ), logged AS (
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
             model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
             created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens,

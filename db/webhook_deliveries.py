@@ -10,7 +10,7 @@ open while a receiver is called.
 
 Fairness: the claim serves users round-robin (each owner's oldest due row first, then each
 one's second ...), never one queue in due order across users, and never more of a user's rows
-than that user's free share (WEBHOOK_MAX_IN_FLIGHT_PER_USER less what it has in flight on any
+than that user's free share (the deliverer's per-user slots less what it has in flight on any
 deliverer, counted from the rows' live claims; deliverers' claims are serialised by one
 advisory lock, `claim_share`): one user's backlog cannot queue another user's delivery behind
 it, whatever the number of deliverers. Finished rows (delivered, dead) are purged after their

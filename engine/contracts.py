@@ -346,8 +346,8 @@ class RelayShardInput:
 
 @dataclass(frozen=True)
 class RelayShardResult:
-    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (the setting
-    went down), so its workflow ends instead of continuing as new."""
+    """`retired`: this shard is not among the worker's `RELAY_SHARDS` any more (a version that
+    runs fewer), so its workflow ends instead of continuing as new."""
 
     dispatched: int = 0
     retired: bool = False
@@ -389,6 +389,8 @@ class ReconcileResult:
     # stopped at a per-pass cap or their budget and left the rest for the next pass.
     failed_phases: list[str] = field(default_factory=list)
     phases_cut_short: list[str] = field(default_factory=list)
+    # Jobs whose workflow closed because a finalizer gave up, ended as it was ending them.
+    finalizers_ended: int = 0
 
 
 @dataclass(frozen=True)

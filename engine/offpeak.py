@@ -26,6 +26,9 @@ DEADLINE_PASSED = "OFFPEAK_DEADLINE_PASSED"
 GATE_REASON = "offpeak"
 # DeepSeek's published off-peak hours (UTC 16:30 to 00:30) at half its peak price.
 DEFAULT_WINDOWS_JSON = '{"deepseek": [{"start": "16:30", "end": "00:30", "price": 0.5}]}'
+# An off-peak job's default and longest deadline after its create: a day, as windows repeat
+# daily, so a job created at any hour still meets its provider's next window.
+MAX_WAIT_S = 86_400
 _DAY = timedelta(days=1)
 # The provider names a job's calls go to (providers/factory.py, and the synthetic provider): a
 # window under any other name would never apply, so the setting refuses it.

@@ -17,10 +17,10 @@ attempt, which is retried elsewhere). The SQL lock TTL (`ai_job.lock_until`, ext
 of it while the call runs) is the specification's `lockJob` TTL instead, `LOCK_TTL_S` (60 s) on
 every queue: the 30 s lockDuration of `ai-interactive` is a stall detector, which the heartbeat
 timeout is, while the row's lock only tells the reconciler when an abandoned job may be failed
-(TTL + AI_LOCK_GRACE_S = the specification's 90 s). A longer TTL never delays a retry: a new
-attempt of the same workflow takes the lock over whatever `lock_until` says. AI_HEARTBEAT_TIMEOUT_MS
-and AI_LOCK_TTL_S, when set, override these for every queue (a type's own `lock_ms` still wins
-for both). Pure: no I/O.
+(TTL + the reconciler's LOCK_GRACE_S = the specification's 90 s). A longer TTL never delays a
+retry: a new attempt of the same workflow takes the lock over whatever `lock_until` says.
+AI_HEARTBEAT_TIMEOUT_MS, when set, overrides the heartbeat timeout for every queue (a type's own
+`lock_ms` still wins, for both). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 # The specification's `lockJob` TTL (`lockUntil = now + 60 s`, extended every 30 s): the SQL lock
-# of a running job on every queue, unless AI_LOCK_TTL_S or the type's own `lock_ms` says otherwise.
+# of a running job on every queue, unless the type's own `lock_ms` says otherwise.
 LOCK_TTL_S = 60
 
 
@@ -86,9 +86,9 @@ def resolve_execution(
     lock_ttl_s: int | None = None,
 ) -> ResolvedExecution:
     """The definition's own values where it sets them, else the queue's (the SQL lock TTL:
-    `LOCK_TTL_S`). The keyword arguments are the operator's overrides (AI_HEARTBEAT_TIMEOUT_MS,
-    AI_LOCK_TTL_S);
-    a definition's `lock_ms` wins over them, being the type author's explicit choice."""
+    `LOCK_TTL_S`). The keyword arguments are overrides (AI_HEARTBEAT_TIMEOUT_MS; a test's
+    shorter lock); a definition's `lock_ms` wins over them, being the type author's explicit
+    choice."""
     q = queue_config(d.queue.queue_name)
     e = d.execution
     own_lock = e.lock_ms

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.retention_days import (
+    DEFAULT_RETENTION_DAYS,
+    parse_retention_days,
+    removed_setting_problem,
+)
 from engine.settings_provider import ProviderSettings
 
 # Clearly labelled development defaults: `aijobs dev` and `aijobs token` agree on them when unset.
@@ -79,64 +85,81 @@ def current_key_is_development(keyring: str) -> bool:
 
 
 class Settings(ProviderSettings):
+    """Every setting an operator owns: connections, secrets, quotas, budgets, providers,
+    models, prices, limits, concurrency, the environment. A new one is one field here (or in
+    ProviderSettings) and one row of docs/operations.md "Settings"; `aijobs settings` lists
+    them all (runtime/settings_report.py), a field typed SecretStr as a secret. Tuning knobs
+    (page sizes, lock TTLs, backoffs, poll intervals) are constants beside the loop they tune.
+    Only the process environment is read (no `.env` file); an empty variable is unset."""
+
     # An empty variable is unset: compose's `${X:-}` must not read as an empty secret.
     model_config = SettingsConfigDict(
         env_prefix="", extra="ignore", case_sensitive=False, env_ignore_empty=True
     )
 
-    # ---- contract names: operators set these, do not rename them ----
+    # First: the defaults of the metrics ports, webhooks and logs below depend on it.
+    environment: Literal["development", "test", "production"] = Field(
+        default="production", alias="AIJOBS_ENV"
+    )
+
+    # ---- connections ----
     database_url: str | None = Field(default=None, alias="DATABASE_URL")
     # A connection that needs a session of its own (LISTEN, migrations and their advisory lock)
-    # goes here when DATABASE_URL is a transaction pooler (PgBouncer); unset: DATABASE_URL.
+    # goes here when DATABASE_URL is a transaction pooler (PgBouncer); unset: DATABASE_URL. Set
+    # and different from DATABASE_URL, DATABASE_URL is taken for a pooler (`database_pooled`).
     database_direct_url: str | None = Field(default=None, alias="DATABASE_DIRECT_URL")
-    # Whether DATABASE_URL is a transaction pooler: no server-side prepared statement is then
-    # sent through it. Unset: a pooler exactly when DATABASE_DIRECT_URL is set and differs.
-    database_pooler: bool | None = Field(default=None, alias="DATABASE_POOLER")
+    db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
     temporal_address: str | None = Field(default=None, alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", alias="TEMPORAL_NAMESPACE")
     temporal_ui_url: str = Field(default="http://127.0.0.1:8233", alias="TEMPORAL_UI_URL")
+    # Appended to every task queue name; lets tests or tenants share one Temporal namespace.
+    task_queue_suffix: str = Field(default="", alias="TASK_QUEUE_SUFFIX")
+
+    # ---- secrets and who may call ----
     # Unset means "the development secret" outside production; production refuses to start.
     jwt_secret: SecretStr | None = Field(default=None, alias="JWT_SECRET")
     jwt_issuer: str | None = Field(default=None, alias="JWT_ISSUER")
     jwt_audience: str | None = Field(default=None, alias="JWT_AUDIENCE")
-    # Tokens whose lifetime (exp - iat) exceeds this are refused; `aijobs token --ttl` too.
-    jwt_max_ttl_s: int = Field(default=30 * 86_400, ge=60, alias="JWT_MAX_TTL_S")
-    jwt_leeway_s: int = Field(default=30, ge=0, le=300, alias="JWT_LEEWAY_S")
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )
+    # Browser origins allowed to call the API (CORS), comma-separated ("https://app.example.com");
+    # empty: no CORS headers at all, so no web page of another origin can read an answer.
+    cors_allow_origins: str = Field(default="", alias="CORS_ALLOW_ORIGINS")
+    # A user's own DeepSeek key is only ever sent to DeepSeek's endpoint or to one of these
+    # (comma-separated base URLs an operator trusts); never to AI_BASE_URL by accident.
+    user_key_allowed_base_urls: str = Field(default="", alias="USER_KEY_ALLOWED_BASE_URLS")
+    # http and loopback/private webhook receivers; unset: allowed outside production only.
+    webhook_allow_private: bool | None = Field(
+        default=None, alias="WEBHOOK_ALLOW_PRIVATE", validate_default=True
+    )
+
+    # ---- quotas, budgets and request limits (per user) ----
     quota_max_active_jobs: int = Field(default=50, ge=0, alias="QUOTA_MAX_ACTIVE_JOBS")
     quota_max_jobs_per_day: int = Field(default=1000, ge=0, alias="QUOTA_MAX_JOBS_PER_DAY")
     quota_max_jobs_per_month: int = Field(default=20_000, ge=0, alias="QUOTA_MAX_JOBS_PER_MONTH")
-    # Past it: 413. Room for a long source of 400,000 characters, UTF-8 or \u-escaped.
-    max_request_bytes: int = Field(default=3 * 1024 * 1024, ge=1024, alias="MAX_REQUEST_BYTES")
-    # Seconds between keep-alive comments on the API's server-sent event streams.
-    sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
-    # Concurrent event streams: per user across all API processes (leases in PostgreSQL,
-    # db/caps.py), and in all on one API process (past either: 429 TOO_MANY_STREAMS).
-    sse_max_streams_per_user: int = Field(default=10, ge=1, alias="SSE_MAX_STREAMS_PER_USER")
-    sse_max_streams: int = Field(default=1000, ge=1, alias="SSE_MAX_STREAMS")
+    quota_max_cost_usd_per_day: float = Field(default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_DAY")
+    quota_max_cost_usd_per_month: float = Field(
+        default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_MONTH"
+    )
     # Creates and quotes per user across all API processes (a token bucket in PostgreSQL,
     # db/rate_limits.py): this many a minute on average, up to the burst at once; past it 429
     # RATE_LIMITED with Retry-After. 0: no limit. Reads are never limited by it.
     api_rate_limit_per_minute: int = Field(default=600, ge=0, alias="API_RATE_LIMIT_PER_MINUTE")
     api_rate_limit_burst: int = Field(default=100, ge=1, alias="API_RATE_LIMIT_BURST")
-    # Creates' and quotes' checks of long inputs (token counting of up to 400k characters) run
-    # off the event loop on this many threads per API process; a request waits at most
-    # API_TOKEN_COUNT_WAIT_S for one, then 429 RATE_LIMITED (jobs/token_count.py).
-    api_token_count_concurrency: int = Field(default=1, ge=1, alias="API_TOKEN_COUNT_CONCURRENCY")
-    api_token_count_wait_s: float = Field(default=10.0, gt=0, alias="API_TOKEN_COUNT_WAIT_S")
-    # Browser origins allowed to call the API (CORS), comma-separated ("https://app.example.com");
-    # empty: no CORS headers at all, so no web page of another origin can read an answer.
-    cors_allow_origins: str = Field(default="", alias="CORS_ALLOW_ORIGINS")
-
-    # ---- engine knobs (documented in the README) ----
-    environment: Literal["development", "test", "production"] = Field(
-        default="production", alias="AIJOBS_ENV"
+    # Seconds between keep-alive comments on the API's server-sent event streams.
+    sse_ping_s: float = Field(default=15.0, gt=0, le=300, alias="SSE_PING_S")
+    # Recurring jobs (docs/schedules.md): the shortest interval a schedule may have.
+    schedule_min_interval_s: int = Field(default=60, ge=1, alias="SCHEDULE_MIN_INTERVAL_S")
+    # Bulk admin operations: a filter matching more jobs is refused (422 with the count).
+    admin_bulk_max_jobs: int = Field(default=5000, ge=1, alias="ADMIN_BULK_MAX_JOBS")
+    # The operator console (/console): how long a sign-in lasts (never past the admin token's
+    # `exp`). The console's only setting.
+    console_session_ttl_s: int = Field(
+        default=28_800, ge=60, le=30 * 86_400, alias="CONSOLE_SESSION_TTL_S"
     )
-    # What a worst case adds to a token estimate (0.25: 25 %): budgets reserve and per-job caps
-    # bound by it. docs/benchmarks.md measures the estimate's error per job type.
-    token_estimate_margin: float = Field(default=0.25, ge=0, le=4, alias="TOKEN_ESTIMATE_MARGIN")
+
+    # ---- long sources ----
     # A long source's per-call prompt budget in tokens: a quiz or flashcard source past it runs
     # as chunks, one call each (never more than the model's window leaves beside the answer).
     ai_chunk_input_tokens: int = Field(
@@ -145,15 +168,8 @@ class Settings(ProviderSettings):
     # How many chunks of one job are in flight at once (a window over the job's chunk calls; the
     # worker slots and provider limits still bound them).
     ai_chunk_concurrency: int = Field(default=4, ge=1, le=64, alias="AI_CHUNK_CONCURRENCY")
-    quota_max_cost_usd_per_day: float = Field(default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_DAY")
-    quota_max_cost_usd_per_month: float = Field(
-        default=0.0, ge=0, alias="QUOTA_MAX_COST_USD_PER_MONTH"
-    )
-    # A user's own DeepSeek key is only ever sent to DeepSeek's endpoint or to one of these
-    # (comma-separated base URLs an operator trusts); never to AI_BASE_URL by accident.
-    user_key_allowed_base_urls: str = Field(default="", alias="USER_KEY_ALLOWED_BASE_URLS")
-    # Appended to every task queue name; lets tests or tenants share one Temporal namespace.
-    task_queue_suffix: str = Field(default="", alias="TASK_QUEUE_SUFFIX")
+
+    # ---- workers: concurrency, failures, shutdown ----
     # Provider calls at once per worker process; unset: the queue table's (engine/queues.py:
     # 2 interactive, 1 background).
     interactive_concurrency: int | None = Field(
@@ -162,36 +178,17 @@ class Settings(ProviderSettings):
     background_concurrency: int | None = Field(
         default=None, ge=1, alias="AI_BACKGROUND_CONCURRENCY"
     )
-    # How long EXECUTE may go silent before Temporal retries it elsewhere (a dead worker), and
-    # the SQL lock's TTL; unset: each queue's lock (30 s interactive, 60 s background; a job
-    # type's `lock_ms` wins). Not the cancel latency: heartbeats are flushed every second.
+    # How long EXECUTE may go silent before Temporal retries it elsewhere (a dead worker);
+    # unset: each queue's lock (30 s interactive, 60 s background; a job type's `lock_ms` wins).
+    # Not the cancel latency: heartbeats are flushed every second.
     heartbeat_timeout_ms: int | None = Field(default=None, ge=500, alias="AI_HEARTBEAT_TIMEOUT_MS")
-    lock_ttl_s: int | None = Field(default=None, ge=1, alias="AI_LOCK_TTL_S")
     # A stopping worker finishes its in-flight provider calls for up to this long (the longest
     # job timeout, 600 s, plus room) before it cancels them: a deploy never throws away a paid
     # attempt. Compose's stop_grace_period must be longer.
     worker_drain_s: float = Field(default=630.0, ge=0, alias="WORKER_DRAIN_S")
-    # How many workflow tasks (each running its bookkeeping stages as local activities) one
-    # job-queue worker takes at once. Tasks beyond it wait on the server, where they are
-    # dispatched fairly across users; taken by the worker, they would be served in arrival order
-    # and one user's burst would hold the database pool while another user's job waits.
-    worker_workflow_tasks: int = Field(default=6, ge=1, le=1000, alias="WORKER_WORKFLOW_TASKS")
     # A bookkeeping stage's unexpected error ends the job after this many attempts
     # (activities/bounded.py); a database or Temporal outage is still waited out.
     stage_internal_attempts: int = Field(default=3, ge=1, le=100, alias="STAGE_INTERNAL_ATTEMPTS")
-    # Fairness on the job task queues: per-user weights ("user=weight,..."; default weight 1).
-    # A user's share of the provider slots when others wait is proportional to the weight.
-    fairness_weights: str = Field(default="", alias="FAIRNESS_WEIGHTS")
-    # Off: jobs carry no fairness key and wait in arrival order within a priority (the bench's
-    # baseline for the fairness figure).
-    fairness_enabled: bool = Field(default=True, alias="FAIRNESS_ENABLED")
-    # A user's first few active jobs (at most FAIRNESS_LIGHT_JOBS, counted at create) carry
-    # FAIRNESS_LIGHT_BOOST times the user's weight: a user with a few jobs is served ahead of
-    # another user's backlog rather than in turns with it. FAIRNESS_LIGHT_JOBS=0 turns it off.
-    fairness_light_jobs: int = Field(default=4, ge=0, le=1000, alias="FAIRNESS_LIGHT_JOBS")
-    fairness_light_boost: float = Field(
-        default=8.0, ge=1.0, le=1000.0, alias="FAIRNESS_LIGHT_BOOST"
-    )
     # A user's jobs dispatched to Temporal and not yet ended, at most: the user's further jobs
     # wait in the outbox (still `queued`) and are dispatched in the user's (priority, created
     # at) order as the user's jobs end. Priority thus orders a user's own jobs only; across
@@ -208,9 +205,6 @@ class Settings(ProviderSettings):
     )
     ai_default_ttl_s: int = Field(default=0, ge=0, le=2_592_000, alias="AI_DEFAULT_TTL_S")
     ai_resume_rate: float = Field(default=20.0, gt=0, le=10_000, alias="AI_RESUME_RATE")
-    # Provider calls per second across every worker of a job task queue (server-enforced by
-    # Temporal's task-queue rate limit; 0 = unlimited).
-    provider_calls_per_second: float = Field(default=0.0, ge=0, alias="PROVIDER_CALLS_PER_SECOND")
     # A provider's Retry-After is honoured up to this many seconds.
     retry_after_max_s: float = Field(default=300.0, ge=1, alias="RETRY_AFTER_MAX_S")
     # The circuit breaker of each (provider, key): this many consecutive health failures (5xx,
@@ -219,103 +213,67 @@ class Settings(ProviderSettings):
     provider_breaker_cooldown_s: float = Field(
         default=30.0, gt=0, alias="PROVIDER_BREAKER_COOLDOWN_S"
     )
-    # Published outbox rows are deleted after this many days.
-    outbox_retention_days: int = Field(default=7, ge=1, alias="OUTBOX_RETENTION_DAYS")
-    lock_grace_s: int = Field(default=30, ge=0, alias="AI_LOCK_GRACE_S")
-    outbox_lock_ttl_s: int = Field(default=60, ge=1, alias="OUTBOX_LOCK_TTL_S")
+    # How often the relay looks at the outbox without a NOTIFY, and the reconciler runs.
     relay_poll_interval_s: float = Field(default=5.0, gt=0, alias="RELAY_POLL_INTERVAL_S")
-    # Relay shard workflows (`outbox-relay-<k>`), each one heartbeating relay activity.
-    relay_shards: int = Field(default=1, ge=1, le=32, alias="RELAY_SHARDS")
     reconcile_interval_s: int = Field(default=30, ge=1, alias="RECONCILE_INTERVAL_S")
+
+    # ---- retention ----
     # One retention rule for every copy of a job's private data (input, output, snapshot):
     # removed this many days after the job was created (projected rows are the product's).
-    data_retention_days: int = Field(
-        default=30,
-        ge=1,
-        validation_alias=AliasChoices("DATA_RETENTION_DAYS", "SNAPSHOT_TTL_DAYS"),
+    data_retention_days: int = Field(default=30, ge=1, alias="DATA_RETENTION_DAYS")
+    # The engine's bookkeeping rows, days per kind (engine/retention_days.py, docs/operations.md
+    # "Retention"): a JSON object merged over the defaults.
+    retention_days: Annotated[dict[str, int], NoDecode] = Field(
+        default_factory=lambda: dict(DEFAULT_RETENTION_DAYS),
+        alias="RETENTION_DAYS",
+        validate_default=True,
     )
-    # The engine's bookkeeping rows, each deleted (a page per reconciler pass) this many days
-    # after it stopped mattering (docs/operations.md "Retention"): usage rows (billing; the
-    # current month's rollup is always kept, budgets read it), idle provider rate-limit buckets
-    # and closed provider gates, expired call leases, `dead`/`failed` outbox rows, revoked keys
-    # (deleted when no job names them, else their ciphertext erased).
-    usage_retention_days: int = Field(default=400, ge=1, alias="USAGE_RETENTION_DAYS")
-    provider_limit_retention_days: int = Field(
-        default=7, ge=1, alias="PROVIDER_LIMIT_RETENTION_DAYS"
-    )
-    provider_gate_retention_days: int = Field(default=7, ge=1, alias="PROVIDER_GATE_RETENTION_DAYS")
-    provider_lease_retention_days: int = Field(
-        default=1, ge=1, alias="PROVIDER_LEASE_RETENTION_DAYS"
-    )
-    outbox_dead_retention_days: int = Field(default=30, ge=1, alias="OUTBOX_DEAD_RETENTION_DAYS")
-    revoked_key_retention_days: int = Field(default=90, ge=1, alias="REVOKED_KEY_RETENTION_DAYS")
-    content_safety_blocklist: str = Field(default="", alias="CONTENT_SAFETY_BLOCKLIST")
-    db_pool_size: int = Field(default=10, ge=1, alias="DB_POOL_SIZE")
-    # How long a starting process waits for its database and Temporal to answer before it
-    # refuses to start (runtime/startup.py); 0: one attempt.
-    startup_wait_s: float = Field(default=15.0, ge=0, le=600, alias="STARTUP_WAIT_S")
+
+    # ---- logs and metrics ----
     log_level: str = Field(default="INFO", alias="LOG_LEVEL")
-    # `json` (one object per line) or `text` (readable); unset: json in production, text else.
-    log_format: Literal["json", "text"] | None = Field(default=None, alias="LOG_FORMAT")
     # Prometheus endpoints of a worker (or relay) process: its own metrics, and the Temporal
     # SDK's (task slots, polls, latencies). 0 = not served. Unset: 9464 and 9465 in production,
     # not served in development and tests (`aijobs dev` gives each worker ports of its own).
-    worker_metrics_port: int = Field(default=-1, ge=-1, le=65535, alias="WORKER_METRICS_PORT")
-    temporal_metrics_port: int = Field(default=-1, ge=-1, le=65535, alias="TEMPORAL_METRICS_PORT")
+    worker_metrics_port: int = Field(
+        default=-1, ge=-1, le=65535, alias="WORKER_METRICS_PORT", validate_default=True
+    )
+    temporal_metrics_port: int = Field(
+        default=-1, ge=-1, le=65535, alias="TEMPORAL_METRICS_PORT", validate_default=True
+    )
     # Where those endpoints listen: every interface in a container, loopback for `aijobs dev`.
     metrics_host: str = Field(default="0.0.0.0", alias="METRICS_HOST")
-    # Webhooks: unset = allowed outside production only (http and loopback/private receivers).
-    webhook_allow_private: bool | None = Field(default=None, alias="WEBHOOK_ALLOW_PRIVATE")
-    # After a rotation the previous secret keeps signing (a second signature) this long.
-    webhook_rotation_grace_s: int = Field(default=86_400, ge=0, alias="WEBHOOK_ROTATION_GRACE_S")
-    # Failed deliveries: backoff from the base, doubling, capped, with jitter; dead after
-    # WEBHOOK_RETRY_FOR_S since the event (or since an admin's replay).
-    webhook_retry_base_s: float = Field(default=30.0, gt=0, alias="WEBHOOK_RETRY_BASE_S")
-    webhook_retry_max_s: float = Field(default=3600.0, gt=0, alias="WEBHOOK_RETRY_MAX_S")
-    webhook_retry_for_s: float = Field(default=86_400.0, ge=0, alias="WEBHOOK_RETRY_FOR_S")
-    webhook_poll_interval_s: float = Field(default=10.0, gt=0, alias="WEBHOOK_POLL_INTERVAL_S")
-    webhook_max_in_flight: int = Field(default=16, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT")
-    # Fairness: of a deliverer's WEBHOOK_MAX_IN_FLIGHT slots one user's deliveries hold at most
-    # this many (its receivers may all hang); a user registers at most this many endpoints.
-    webhook_max_in_flight_per_user: int = Field(
-        default=4, ge=1, alias="WEBHOOK_MAX_IN_FLIGHT_PER_USER"
-    )
-    webhook_max_endpoints_per_user: int = Field(
-        default=10, ge=1, alias="WEBHOOK_MAX_ENDPOINTS_PER_USER"
-    )
-    # Recurring jobs (docs/schedules.md): the shortest interval, schedules per user, how late a
-    # missed fire may still run (Temporal's catch-up window).
-    schedule_min_interval_s: int = Field(default=60, ge=1, alias="SCHEDULE_MIN_INTERVAL_S")
-    schedule_max_per_user: int = Field(default=20, ge=1, alias="SCHEDULE_MAX_PER_USER")
-    schedule_catchup_window_s: int = Field(default=60, ge=10, alias="SCHEDULE_CATCHUP_WINDOW_S")
-    # Delivered and dead deliveries are deleted this long after they finished.
-    webhook_retention_days: float = Field(default=7.0, gt=0, alias="WEBHOOK_RETENTION_DAYS")
-    # Bulk admin operations: a filter matching more jobs is refused (422 with the count); items
-    # are acted on in pages of ADMIN_BULK_PAGE_SIZE, at most ADMIN_BULK_JOBS_PER_SECOND.
-    admin_bulk_max_jobs: int = Field(default=5000, ge=1, alias="ADMIN_BULK_MAX_JOBS")
-    admin_bulk_jobs_per_second: float = Field(
-        default=50.0, gt=0, alias="ADMIN_BULK_JOBS_PER_SECOND"
-    )
-    admin_bulk_page_size: int = Field(default=100, ge=1, le=1000, alias="ADMIN_BULK_PAGE_SIZE")
-    # The relay starts a bulk workflow from the outbox; an operation still not started this long
-    # after its submission is started by the API when it is read (no relay running, a dead row).
-    admin_bulk_start_after_s: float = Field(default=10.0, ge=0, alias="ADMIN_BULK_START_AFTER_S")
-    # Admin audit entries are deleted this long after they were written.
-    admin_audit_retention_days: int = Field(default=365, ge=1, alias="ADMIN_AUDIT_RETENTION_DAYS")
-    # The operator console (/console): how long a sign-in lasts (never past the admin token's
-    # `exp`). The console's only setting.
-    console_session_ttl_s: int = Field(
-        default=28_800, ge=60, le=30 * 86_400, alias="CONSOLE_SESSION_TTL_S"
-    )
 
-    @model_validator(mode="after")
-    def _metrics_ports_by_environment(self) -> Settings:
-        production = self.environment == "production"
-        if self.worker_metrics_port < 0:
-            self.worker_metrics_port = DEFAULT_WORKER_METRICS_PORT if production else 0
-        if self.temporal_metrics_port < 0:
-            self.temporal_metrics_port = DEFAULT_TEMPORAL_METRICS_PORT if production else 0
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_settings(cls, data: Any) -> Any:
+        # Not a ValueError: it is not one value's fault, and an entry point reports it as is.
+        problem = removed_setting_problem(k for k, v in os.environ.items() if v)
+        if problem:
+            raise ConfigurationError(problem)
+        return data
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _retention_days(cls, value: Any) -> dict[str, int]:
+        return parse_retention_days(value)
+
+    @field_validator("worker_metrics_port", "temporal_metrics_port", mode="after")
+    @classmethod
+    def _metrics_port_by_environment(cls, port: int, info: ValidationInfo) -> int:
+        if port >= 0:
+            return port
+        if info.data.get("environment") != "production":
+            return 0
+        if info.field_name == "worker_metrics_port":
+            return DEFAULT_WORKER_METRICS_PORT
+        return DEFAULT_TEMPORAL_METRICS_PORT
+
+    @field_validator("webhook_allow_private", mode="after")
+    @classmethod
+    def _private_receivers_by_environment(cls, allow: bool | None, info: ValidationInfo) -> bool:
+        if allow is not None:
+            return allow
+        return info.data.get("environment") != "production"
 
     @property
     def jwt_signing_secret(self) -> str:
@@ -327,29 +285,11 @@ class Settings(ProviderSettings):
             raise RuntimeError("JWT_SECRET must be set in production")
         return DEV_JWT_SECRET
 
-    def fairness_weight_map(self) -> dict[str, float]:
-        """FAIRNESS_WEIGHTS parsed; a malformed entry is a configuration error."""
-        weights: dict[str, float] = {}
-        for entry in (e.strip() for e in self.fairness_weights.split(",")):
-            if not entry:
-                continue
-            user, sep, value = entry.rpartition("=")
-            try:
-                weight = float(value)
-            except ValueError:
-                weight = 0.0
-            if not sep or not user or not 0 < weight <= 1000:
-                raise ValueError(f"FAIRNESS_WEIGHTS entry {entry[:40]!r}: want user=weight")
-            weights[user] = weight
-        return weights
-
     @property
     def webhooks_allow_private(self) -> bool:
         """http and loopback/private receivers: WEBHOOK_ALLOW_PRIVATE, else only outside
-        production."""
-        if self.webhook_allow_private is not None:
-            return self.webhook_allow_private
-        return self.environment != "production"
+        production (resolved when the settings are read)."""
+        return bool(self.webhook_allow_private)
 
     @property
     def synthetic_public(self) -> bool:
@@ -430,12 +370,10 @@ class Settings(ProviderSettings):
 
     @property
     def database_pooled(self) -> bool:
-        """DATABASE_URL is a transaction pooler: DATABASE_POOLER, else whether a distinct
-        DATABASE_DIRECT_URL is set. Its connections then never prepare a statement on the
-        server (a prepared statement lives in one server session, which the pooler may give
-        the next transaction to another client)."""
-        if self.database_pooler is not None:
-            return self.database_pooler
+        """DATABASE_URL is a transaction pooler: a DATABASE_DIRECT_URL is set and differs from
+        it (behind a pooler LISTEN and migrations need that direct URL). Its connections then
+        never prepare a statement on the server (a prepared statement lives in one server
+        session, which the pooler may give the next transaction to another client)."""
         return bool(self.database_direct_url) and self.database_direct_url != self.database_url
 
     def require_temporal_address(self) -> str:

@@ -2,7 +2,7 @@
 streaming, limits and fallbacks, and the service tiers' batch and off-peak settings.
 
 A base of `engine.settings.Settings` (which holds the model configuration: environment
-variables by alias, `.env`), kept in a module of its own so each stays small; read them
+variables by alias), kept in a module of its own so each stays small; read them
 through `Settings` like any other setting.
 """
 
@@ -35,7 +35,10 @@ class ProviderSettings(BaseSettings):
     # and how often a submitted batch is polled (durable timers of its workflow).
     ai_batch_window_s: float = Field(60.0, gt=0, alias="AI_BATCH_WINDOW_S")
     ai_batch_poll_s: float = Field(60.0, gt=0, alias="AI_BATCH_POLL_S")
+    # The most lines, and JSONL bytes, one batch's file holds (a batch that would pass either
+    # is closed and submitted at once; a job whose one line passes the bytes is refused).
+    ai_batch_max_lines: int = Field(10_000, gt=0, alias="AI_BATCH_MAX_LINES")
+    ai_batch_max_bytes: int = Field(100_000_000, gt=0, alias="AI_BATCH_MAX_BYTES")
     # The off-peak tier (docs/money.md, "Off-peak"): the discount windows per provider (JSON;
-    # unset: DeepSeek's published window at half price) and an off-peak job's longest wait.
+    # unset: DeepSeek's published window at half price).
     ai_offpeak_windows: str = Field(default="", alias="AI_OFFPEAK_WINDOWS")
-    ai_offpeak_max_wait_s: int = Field(default=86_400, ge=1, alias="AI_OFFPEAK_MAX_WAIT_S")

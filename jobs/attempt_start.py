@@ -8,6 +8,10 @@ predecessor's lock (it timed out, its worker died), and from then on the predece
 checks and settlement are refused (db/attempts.py `Fence`), so it can neither start a call nor
 store a late answer. The take also numbers the attempt's call (its usage row's identity).
 
+The take charges, before anything else, the calls the attempt's dead predecessors sent and never
+settled (their "call sent" marks, db/call_marks.py), so the admission's cost cover counts them;
+an admitted call's own mark is written last, in the same transaction, before the call goes out.
+
 `start` answers what the attempt does next; the caller (activities/execute.py) owns the
 transaction: it commits a `Started`, `Ended` or `Reused`, and rolls back on a `Wait`, `Refused`
 or `Stop` (nothing taken, no attempt spent, the job still `queued` when this attempt took it).
@@ -23,6 +27,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import attempts as attempts_db
+from db import call_marks as call_marks_db
 from db import chunks as chunks_db
 from db import lifecycle as lifecycle_db
 from db.attempts import Fence
@@ -30,7 +35,7 @@ from db.chunks import ChunkRow
 from db.jobs import JobRow
 from db.session import SessionMaker
 from engine.errors import IllegalTransition, JobNotFound, LockConflict
-from jobs import admission, fallback, flow, offpeak, pauses
+from jobs import admission, call_marks, fallback, flow, offpeak, pauses
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
 from jobs.gateway import Gateway
@@ -145,6 +150,8 @@ async def start(
             identity=st.attempt_identity,
             ttl_s=st.ttl_s,
             run_id=st.run_id,
+            # A call a dead attempt of this chunk (or job) sent is charged before admission.
+            dead=(st.chunk_no,),
         )
     except IllegalTransition as exc:
         return Ended(str(exc.from_status))
@@ -195,4 +202,43 @@ async def start(
         return got
     if chunk is not None:
         await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
+    if got.key_failure is None and taken.call_no is not None:
+        # The call will be sent: its mark commits with this transaction, before it goes out.
+        await call_marks_db.mark_sent(
+            s, _mark(gateway, cfg, row, jt, chunk, snapshot, got, taken.call_no, st.attempt)
+        )
     return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no)
+
+
+def _mark(
+    gateway: Gateway,
+    cfg: AdmissionConfig,
+    row: JobRow,
+    jt: AnyJobType,
+    chunk: ChunkRow | None,
+    snapshot: dict[str, Any],
+    ticket: Ticket,
+    call_no: int,
+    attempt: int,
+) -> call_marks_db.CallMark:
+    """The call's mark: to the model the admitted call goes to (the primary, or the fallback
+    entry the gate sent it to, as activities/fallback.py `Route.start` picks it)."""
+    entry = fallback.entry_of(gateway, ticket)
+    if entry is None:
+        provider = gateway.provider_for(jt, row.credential_mode).name
+        model = gateway.model_for(jt, row.credential_mode)
+    else:
+        provider, model = gateway.fallbacks.providers[entry.position].name, entry.model
+    return call_marks.sent_mark(
+        gateway.prices,
+        row=row,
+        jt=jt,
+        chunk=chunk,
+        call_no=call_no,
+        attempt=attempt,
+        provider=provider,
+        model=model,
+        prompt_tokens=call_marks.prompt_estimate(jt, row, chunk, snapshot),
+        margin=cfg.estimate_margin,
+        tier=offpeak.call_tier(gateway, jt, row, dt.datetime.now(dt.UTC)),
+    )

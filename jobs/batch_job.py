@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import batches as batches_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
-from db.batches import Enrolled, Left
+from db.batches import BatchCaps, Enrolled, Left
 from db.lifecycle import lock_holder
 from db.provider_gate import PLATFORM_KEY_REF
 from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
@@ -48,9 +48,10 @@ from jobs.admission import AdmissionConfig, Call, cover_at
 from jobs.attempt_start import Ended as Ended  # EXECUTE's own outcomes: ended before it ran,
 from jobs.attempt_start import Stop as Stop  # or never will
 from jobs.gateway import Gateway
-from jobs.output import validated_answer
+from jobs.output import unstorable_failure, validated_answer
 from jobs.spec import Catalog
 from providers.batch import has_batch_api
+from providers.batch_lines import encode_line
 from providers.openai_compat import chat_answer, chat_body
 
 # The lock a batch job holds while its batch runs: the provider's completion window (24 h) and
@@ -103,11 +104,19 @@ class Failed:
 
 
 async def enroll(
-    s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, a: Attempt
+    s: AsyncSession,
+    gateway: Gateway,
+    catalog: Catalog,
+    cfg: AdmissionConfig,
+    a: Attempt,
+    caps: BatchCaps | None = None,
 ) -> Enrolled | Ended | Stored | Stop | Refused:
     """The attempt's first transaction, in the caller's session: take, cover, body, item. The
     caller commits an `Enrolled`, `Ended` or `Stored` and rolls back a `Stop` or `Refused`
-    (nothing taken: a job that never ran is ended by `finalize_failed`)."""
+    (nothing taken: a job that never ran is ended by `finalize_failed`). A line larger than a
+    whole batch may be (`caps.max_bytes`; a create refuses such a job, a retry's correction
+    may still grow it) is `REQUEST_TOO_LARGE`."""
+    caps = caps or BatchCaps()
     try:
         taken = await lifecycle.take(
             s,
@@ -152,6 +161,9 @@ async def enroll(
         body = request_body(gateway, calls.Attempt(row, snapshot, jt, a.number, None, 0), model)
     except ExecutionFailure as f:  # the prompt refused by the content-safety check
         return Stop(f.code)
+    line_bytes = len(encode_line(batches_db.custom_id_of(a.job_id, a.number), body))
+    if line_bytes > caps.max_bytes:
+        return Stop("REQUEST_TOO_LARGE")
     gate = gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
     return await batches_db.enroll(
         s,
@@ -162,6 +174,8 @@ async def enroll(
         key_ref=gate.key_ref if gate is not None else PLATFORM_KEY_REF,
         task_queue=a.task_queue,
         body=body,
+        line_bytes=line_bytes,
+        caps=caps,
     )
 
 
@@ -197,7 +211,10 @@ async def collect(
         return Stop("CANCELLED")
     if item.status != "succeeded" or item.response is None:
         code = item.error_code or "PROVIDER_UNAVAILABLE"
-        await _failed(s, a, ExecutionFailure(code, internal_message=f"batch item: {code}"))
+        lost = ExecutionFailure(code, internal_message=f"batch item: {code}")
+        if code == "VALIDATION_OUTPUT_INVALID":  # its answer could not even be stored
+            lost = unstorable_failure()
+        await _failed(s, a, lost)
         return Failed(code)
     jt = catalog.get(row.job_type)
     try:

@@ -52,20 +52,25 @@ log = logging.getLogger(__name__)
 Action = Literal["cancel", "retry"]
 SAMPLE_SIZE = 20
 _AUDIT_ACTION: dict[str, str] = {"cancel": BULK_CANCEL, "retry": BULK_RETRY}
+# An operation's items are acted on in pages of PAGE_SIZE (one transaction and one workflow
+# activity each), at most JOBS_PER_SECOND: a bulk retry of thousands of jobs after an outage
+# must not crowd out the jobs users create meanwhile, nor hold a page's row locks for long.
+PAGE_SIZE = 100
+JOBS_PER_SECOND = 50.0
 
 
 @dataclass(frozen=True)
 class BulkPolicy:
-    max_jobs: int = 5000
-    page_size: int = 100
-    jobs_per_second: float = 50.0
+    max_jobs: int = 5000  # ADMIN_BULK_MAX_JOBS
+    page_size: int = PAGE_SIZE
+    jobs_per_second: float = JOBS_PER_SECOND
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BulkPolicy:
         return cls(
             max_jobs=settings.admin_bulk_max_jobs,
-            page_size=settings.admin_bulk_page_size,
-            jobs_per_second=settings.admin_bulk_jobs_per_second,
+            page_size=PAGE_SIZE,  # read when called: a test may patch them
+            jobs_per_second=JOBS_PER_SECOND,
         )
 
 

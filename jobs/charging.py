@@ -17,7 +17,8 @@ Every call the engine sent may be billed by the provider, so every one is charge
 - a call never sent: nothing (None).
 
 The bound (`Bound`) is what create estimated for this call: the job's (or the chunk's) prompt
-tokens, its answer budget, and the margin the quote's worst case uses (TOKEN_ESTIMATE_MARGIN).
+tokens, its answer budget, and the margin the quote's worst case uses (jobs/costs.py
+ESTIMATE_MARGIN).
 """
 
 from __future__ import annotations

@@ -68,6 +68,11 @@ def _usd(tokens_in: float, tokens_out: float, price: Price) -> Decimal:
     return raw.quantize(_CENT_FRACTION, rounding=ROUND_CEILING)
 
 
+# What a worst case adds to a token estimate (25 %): budgets reserve and per-job caps bound by
+# it. docs/benchmarks.md measures the estimate's error per job type; this covers its p95.
+ESTIMATE_MARGIN = 0.25
+
+
 def padded(tokens: int, margin: float) -> int:
     """An estimate with its margin: what a bound that must hold counts."""
     return math.ceil(tokens * (1 + margin))

@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import artifacts as artifacts_db
 from db import attempts as attempts_db
+from db import call_marks as call_marks_db
 from db import endings as endings_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
@@ -130,7 +131,9 @@ async def fail(
 ) -> None:
     """running → failed with `code` and its public message, and `ai.job.failed`.
     `internal_message=None` keeps what an attempt already recorded (operators read it). With
-    `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`)."""
+    `catalog`, a long-source job keeps what its succeeded chunks produced (`keep_partial`).
+    A call its dead attempts sent and never settled is charged first (db/call_marks.py)."""
+    await call_marks_db.charge_dead(s, job_id)
     await endings_db.mark_failed(s, job_id, code, public_message_for(code), internal_message)
     await outbox_db.insert_job_event(
         s, FAILED, job_id, {"jobId": str(job_id), "jobType": job_type, "errorCode": code}
@@ -151,13 +154,15 @@ async def cancel(
     """queued|running → cancelled (`only_if_queued`: queued only, the cancel API's rule, since a
     running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
     came from. With `catalog`, a long-source job cancelled while running keeps what its
-    succeeded chunks produced (`keep_partial`; a queued job has none). `code`: flow control's
-    (SUPERSEDED with the job that replaced it, JOB_EXPIRED, JOB_DEADLINE_EXCEEDED); None: the
-    code its cancel request recorded, else CANCELLED."""
+    succeeded chunks produced (`keep_partial`; a queued job has none). Calls still marked
+    sent are charged first, as `fail` does (a live attempt's own later record writes nothing).
+    `code`: flow control's (SUPERSEDED with the job that replaced it, JOB_EXPIRED,
+    JOB_DEADLINE_EXCEEDED); None: the code its cancel request recorded, else CANCELLED."""
     if only_if_queued:
         await endings_db.mark_cancelled_if_queued(s, job_id, code=code, superseded_by=superseded_by)
         came_from = LifecycleStatus.QUEUED
     else:
+        await call_marks_db.charge_dead(s, job_id, code="CANCELLED")
         came_from = await endings_db.mark_cancelled(
             s, job_id, code=code, superseded_by=superseded_by
         )
@@ -179,13 +184,15 @@ async def take(
     identity: str,
     ttl_s: int,
     run_id: str | None,
+    dead: tuple[int | None] | None = None,
 ) -> attempts_db.TakenJob | None:
     """queued → running under `owner`'s lock (a retry by the same workflow finds its own), and
     the job and its snapshot read in the same round trip (db/attempts.py `take`): EXECUTE's
     start. No event: a job's events are its endings. Raises `IllegalTransition` (it ended while
-    it waited), `LockConflict` (another owner's) or `JobNotFound`; None: the row was not read."""
+    it waited), `LockConflict` (another owner's) or `JobNotFound`; None: the row was not read.
+    `dead`: EXECUTE's `(chunk_no,)` (None: the job's one call), whose dead calls are charged."""
     return await attempts_db.take(
-        s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
+        s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id, dead_calls_of=dead
     )
 
 

@@ -8,8 +8,8 @@ its `offpeakDeadline` policy decides: `then: "standard"` runs at once at the sta
 - at create, `check_create`: a provider without a window refuses the tier (422 naming it, never
   silently standard); the job is reserved (jobs/requests.py) at the dearest window's price
   when it can only run in a window (`then: "fail"`), at the standard price when it may run at
-  it (`then: "standard"`). `deadline`: the create's own, else AI_OFFPEAK_MAX_WAIT_S after the
-  create, and never later;
+  it (`then: "standard"`). `deadline`: the create's own, else the policy's longest wait
+  (engine/offpeak.py MAX_WAIT_S, a day) after the create, and never later;
 - at RESOLVE, `hold`: what the workflow waits for (the next window's start, the deadline, the
   policy), before the job asks for a worker slot;
 - at each EXECUTE attempt's start, `gate`: a window that closed meanwhile (the job waited for a
@@ -52,7 +52,7 @@ SYNTHETIC = "synthetic"
 _ALL_DAY = (Window(time(0), time(0), Decimal(1)),)
 # A wait EXECUTE hands back is at least this long: the workflow's timers have a 1 s floor.
 _MIN_WAIT_S = 1.0
-# A create's deadline may pass AI_OFFPEAK_MAX_WAIT_S by this much: a client that asks for the
+# A create's deadline may pass the longest wait by this much: a client that asks for the
 # longest wait from its own clock is not refused for its latency or its clock's drift.
 _DEADLINE_SLACK = timedelta(minutes=1)
 
@@ -94,7 +94,7 @@ def check_create(
 ) -> None:
     """The off-peak checks of a create of effective `tier`: its provider has a discount window
     (else 422 `serviceTier`, naming the provider: never silently standard) and its deadline is
-    within AI_OFFPEAK_MAX_WAIT_S of now (else 422 `offpeakDeadline`). What it is reserved at is
+    within the policy's longest wait of now (else 422 `offpeakDeadline`). What it is reserved at is
     jobs/requests.py's (the window's price unless it may run at the standard one)."""
     if tier != OFFPEAK:
         return

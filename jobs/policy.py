@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from engine import offpeak
 from engine.definition import PLATFORM_KEY
 from engine.tiers import BATCH
 from jobs import chunked
+from jobs.costs import ESTIMATE_MARGIN
 from jobs.spec import AnyJobType
 from providers.pricing import PriceTable
 
@@ -58,7 +60,7 @@ class CreatePolicy:
     model: str = "synthetic"
     platform_synthetic: bool = True
     prices: PriceTable = dataclasses.field(default_factory=PriceTable)
-    estimate_margin: float = 0.25
+    estimate_margin: float = ESTIMATE_MARGIN
     # The models of AI_FALLBACKS, in order: a job's worst case is priced over its chain's.
     fallback_models: tuple[str, ...] = ()
     # A long source's per-call input budget (AI_CHUNK_INPUT_TOKENS): past it, chunks.
@@ -70,8 +72,10 @@ class CreatePolicy:
     # Per provider name, the price factor an off-peak job is reserved at (the dearest of its
     # discount windows, AI_OFFPEAK_WINDOWS); a provider not listed has no window.
     offpeak_discounts: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
-    # An off-peak job's deadline is at most this long after its create (AI_OFFPEAK_MAX_WAIT_S).
-    offpeak_max_wait_s: int = 86_400
+    # An off-peak job's deadline is at most this long after its create.
+    offpeak_max_wait_s: int = offpeak.MAX_WAIT_S
+    # A batch job's line is refused when larger than a batch file may be (AI_BATCH_MAX_BYTES).
+    batch_max_bytes: int = 100_000_000
     # Flow control (jobs/flow.py): a debounce chain's longest wait when the create names no
     # maxDelayMs (AI_DEBOUNCE_MAX_DELAY_MS); the TTL of a job whose create and type name none
     # (AI_DEFAULT_TTL_S, 0: none).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -32,6 +32,10 @@ from jobs.policy import CreatePolicy
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
 from providers.pricing import Price
+
+# A delayed job's start must leave its snapshot this long to live: RESOLVE reads the snapshot
+# when the job starts, and a job that started on an expired one fails SNAPSHOT_EXPIRED.
+RUN_AT_SNAPSHOT_MARGIN = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class RequestChecker:
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)
+        self._check_run_at(req)
         tier = checked_tier(req, jt)
         refusal = self._policy.tier_refusal(jt, mode, tier)
         if refusal is not None:
@@ -131,6 +136,9 @@ class RequestChecker:
         tokens = self._tokens(jt, model, chunks)
         discount = self._reserved_discount(req, jt, mode, tier)
         estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
+        tiers.check_batch_line(
+            tier, jt, model, estimate.model, estimate.output_budget, self._policy.batch_max_bytes
+        )
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
         fingerprint = request_fingerprint(
@@ -162,6 +170,26 @@ class RequestChecker:
             tier_prices,
             flow_plan,
         )
+
+    def _check_run_at(self, req: CreateJobRequest, now: datetime | None = None) -> None:
+        """A delayed job starts while its snapshot lives: its `runAt` is at least
+        RUN_AT_SNAPSHOT_MARGIN before create + DATA_RETENTION_DAYS, the snapshot's expiry. A
+        later one would hold its reservation (and a slot) until then, and fail SNAPSHOT_EXPIRED
+        at its start: refused now, located in the body as the schema's own checks are."""
+        if req.run_at is None:
+            return
+        days = self._policy.snapshot_ttl_days
+        latest = (now or datetime.now(UTC)) + timedelta(days=days) - RUN_AT_SNAPSHOT_MARGIN
+        if req.run_at > latest:
+            msg = (
+                f"runAt must be at least one hour before the job's input expires: the server "
+                f"keeps a job's input DATA_RETENTION_DAYS ({days}) days after its create, so "
+                f"runAt may be at most {latest.isoformat(timespec='seconds')}"
+            )
+            errors: list[dict[str, object]] = [
+                {"loc": ["body", "runAt"], "msg": msg, "type": "value_error"}
+            ]
+            raise ValidationFailed(msg + ".", errors=errors)
 
     def job_type_for_create(self, job_type: str, *, internal: bool = False) -> AnyJobType:
         jt = self._catalog.get(job_type)

@@ -60,6 +60,10 @@ OVERLAP_POLICIES = {
     "allow_all": ScheduleOverlapPolicy.ALLOW_ALL,
 }
 
+# How late a fire missed while Temporal was away may still run (Temporal's catch-up window):
+# a minute covers a restart; a run hours late would come as a surprise, and the next fire is due.
+CATCHUP_WINDOW_S = 60
+
 
 class MalformedEvent(ValueError):
     """A schedule event whose payload names no schedule (or no time): it can never be applied."""

@@ -48,6 +48,9 @@ from jobs.views import Viewer, can_see
 
 log = logging.getLogger(__name__)
 RECENT_RUNS = 20
+# Schedules per user: each fires jobs on its own, so the cap bounds what one user's schedules
+# ask of the engine (the jobs themselves also count against the user's quotas).
+MAX_PER_USER = 20
 
 
 async def schedule_event_body(session: AsyncSession, row: DeliveryRow) -> dict[str, Any] | None:
@@ -68,8 +71,8 @@ class ScheduleNotFound(EngineError):
 
 
 class ScheduleLimitReached(EngineError):
-    """A user holds SCHEDULE_MAX_PER_USER schedules: each fires jobs on its own, so the cap
-    bounds what one user's schedules ask of the engine."""
+    """A user holds MAX_PER_USER schedules: each fires jobs on its own, so the cap bounds what
+    one user's schedules ask of the engine."""
 
     code = "SCHEDULE_LIMIT_REACHED"
     http_status = 409
@@ -102,16 +105,17 @@ class ScheduleView:
 @dataclass(frozen=True)
 class SchedulePolicy:
     min_interval_s: int
-    max_per_user: int
+    max_per_user: int = MAX_PER_USER
     # The owner's API rate (API_RATE_LIMIT_PER_MINUTE, _BURST): each run takes one request.
     rate_per_minute: int = 0
     rate_burst: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SchedulePolicy:
+        # MAX_PER_USER read when called: a test may patch it.
         return cls(
             settings.schedule_min_interval_s,
-            settings.schedule_max_per_user,
+            MAX_PER_USER,
             settings.api_rate_limit_per_minute,
             settings.api_rate_limit_burst,
         )

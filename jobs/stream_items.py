@@ -12,7 +12,8 @@ the artifacts page) read the rows back; nothing of an item goes to Temporal (the
 carries counts, `progress`).
 
 Invariants:
-- an item is published only if it validated on its own; its ordinal is its place in the
+- an item is published only if it validated on its own and can be stored (no NUL, no unpaired
+  surrogate: jobs/output.py `unstorable`); its ordinal is its place in the
   answer's list, so the final output's item at that ordinal is the same item;
 - the final answer is still validated whole (jobs/output.py); `settle` then retracts every
   published item the final output does not hold unchanged at its ordinal, and every item of an
@@ -40,6 +41,7 @@ from db.session import SessionMaker
 from engine.items import ItemStream
 from engine.redaction import redact
 from jobs.chunk_items import item_content
+from jobs.output import unstorable
 from jobs.spec import AnyJobType
 
 log = logging.getLogger("jobs.stream_items")
@@ -131,6 +133,10 @@ class ItemPublisher:
         dumped = self._adapter.dump_python(value, mode="json")
         if self._redact:
             dumped = redact(dumped)
+        if unstorable(dumped):
+            # Never published (its write would fail, and with it the batch of items beside
+            # it); the stream goes on, and the final answer's validation decides the attempt.
+            return None
         return item_content(dumped)
 
     def progress(self) -> dict[str, int]:

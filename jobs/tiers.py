@@ -8,13 +8,19 @@ field): a create never silently runs on terms other than the ones it asked for.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.errors import ValidationFailed
 from engine.tiers import BATCH, OFFPEAK, OFFPEAK_ON_DEADLINE, SERVICE_TIERS
+from providers.base import ProviderRequest
+from providers.batch_lines import encode_line
+from providers.openai_compat import chat_body
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from jobs.requests import CreateJobRequest
     from jobs.spec import AnyJobType
 
@@ -56,6 +62,44 @@ def check_batch_source(tier: str, chunks: Sequence[object] | None) -> None:
             "serviceTier",
             f"serviceTier batch takes one call per job; this source is long enough for "
             f"{len(chunks)} calls: send it as standard or offpeak, or split it",
+        )
+
+
+def batch_line_bytes(jt: AnyJobType, model_in: BaseModel, model: str, max_tokens: int) -> int:
+    """The bytes of the job's first batch line, as its enroll will write it: the prompt the job
+    type builds for this input, in the chat body a call sends, under a custom id of its
+    length."""
+    prompt = jt.prompt(model_in, None)
+    request = ProviderRequest(
+        job_id="",
+        job_type=jt.definition.job_type,
+        attempt=1,
+        model=model,
+        system_prompt=prompt.system,
+        user_prompt=prompt.user,
+        output_schema={},
+        timeout_s=0,
+        max_tokens=max_tokens,
+    )
+    return len(encode_line(f"job-{uuid.UUID(int=0)}-a1", chat_body(request, stream=None)))
+
+
+def check_batch_line(
+    tier: str, jt: AnyJobType, model_in: BaseModel, model: str, max_tokens: int, max_bytes: int
+) -> None:
+    """A batch job's line must fit in a batch file (AI_BATCH_MAX_BYTES): a larger one could
+    never be sent, so the job cannot go to the batch tier (refused at create, not failed at
+    its enroll)."""
+    if tier != BATCH or jt.always_synthetic:
+        return
+    size = batch_line_bytes(jt, model_in, model, max_tokens)
+    if size > max_bytes:
+        message = (
+            f"serviceTier batch: this job's batch line is {size} bytes, more than a batch file "
+            f"may hold ({max_bytes}, AI_BATCH_MAX_BYTES); send it as standard or shorten it"
+        )
+        raise ValidationFailed(
+            message, errors=[{"loc": ["body", "serviceTier"], "msg": message, "type": "value"}]
         )
 
 

@@ -10,10 +10,10 @@ need the catalog and policy objects as they are, and the GIL is not the bottlene
 
 Only long inputs take the pool (INLINE_MAX_CHARS characters of text or more): a short input's
 checks cost less than the hand-off, and they must not queue behind someone's long sources.
-The bound is per process, by nature: `concurrency` checks at once (API_TOKEN_COUNT_CONCURRENCY),
-the rest wait their turn in arrival order for at most `wait_s` (API_TOKEN_COUNT_WAIT_S) and are
-then refused with 429 RATE_LIMITED (Retry-After 1), never a 5xx. Callers take the user's rate
-limit first (jobs/rate_limit.py), so one user's burst is cut at its rate before it queues here.
+The bound is per process, by nature: `concurrency` checks at once (DEFAULT_CONCURRENCY), the
+rest wait their turn in arrival order for at most `wait_s` (DEFAULT_WAIT_S) and are then
+refused with 429 RATE_LIMITED (Retry-After 1), never a 5xx. Callers take the user's rate limit
+first (jobs/rate_limit.py), so one user's burst is cut at its rate before it queues here.
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ from jobs.requests import CreateJobRequest
 T = TypeVar("T")
 # A refused check is worth trying again as soon as a slot frees: the smallest whole second.
 BUSY_RETRY_AFTER_S = 1
+# One thread: the counting is CPU-bound and the API process has one core's worth of GIL-free
+# encoding to give before it slows its own reads (docs/benchmarks.md, "API fairness").
 DEFAULT_CONCURRENCY = 1
+# Ten seconds of queueing is still a fast answer for a long source; past it a 429 tells the
+# client to come back rather than hold its connection.
 DEFAULT_WAIT_S = 10.0
 # Below this many characters of text an input's checks take well under a millisecond (about
 # 4,000 tokens to count): they run on the loop, and only long inputs take the pool.

@@ -311,6 +311,9 @@ async def admin_job_page(
     return Page([admin_view(r, arts[r.id], link) for r in rows], nxt)
 
 
+_ACTIVE = ("queued", "running")
+
+
 async def artifact_page(
     session: AsyncSession,
     catalog: Catalog,
@@ -321,20 +324,23 @@ async def artifact_page(
     limit: int,
 ) -> Page[ArtifactItem, ArtifactKey]:
     """A page of a job's artifacts in ordinal order, each with what its job type exposes of the
-    projected row (`content`, or None); JobNotFound when the viewer may not see the job.
+    projected row (`content`, or None: always None once the job's private data is purged);
+    JobNotFound when the viewer may not see the job.
 
     A long-source job that has not ended has no artifacts yet: its page lists the items of its
     succeeded chunks instead (`final` false), in (chunk, index) order, paged by their position
     in that order (the page key's first part; its second is 0)."""
     job_type = await check_visible(session, job_id, viewer)
     state = await job_chunking(session, job_id)
-    if state is not None and state[1] is not None and state[0] in ("queued", "running"):
+    if state is not None and state.chunk_count is not None and state.status in _ACTIVE:
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit)
-    if state is not None and state[0] == "running" and streams_items(catalog, job_type):
+    if state is not None and state.status == "running" and streams_items(catalog, job_type):
         return await _chunk_item_page(session, catalog, job_type, job_id, after, limit, False)
     rows = await artifacts_db.artifact_page(session, job_id, after=after, limit=limit + 1)
     page = rows[:limit]
-    view = catalog.get(job_type).artifact_view if job_type in catalog else None
+    # A purged job's artifacts are references only: no view runs, every content is null.
+    purged = state is not None and state.purged
+    view = catalog.get(job_type).artifact_view if job_type in catalog and not purged else None
     contents = await view(session, job_id, [a.artifact_id for _, a in page]) if view else {}
     items = [
         ArtifactItem(

@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
 MAX_URL_CHARS = 2048
+# After a rotation the previous secret keeps signing (a second signature) this long: a day for
+# a receiver's operators to roll out the new secret.
+ROTATION_GRACE_S = 86_400.0
+# Live endpoints per user: each gets a delivery per job, so the cap bounds what one user's jobs
+# ask of the deliverers (a user with many hanging receivers is also bounded per delivery slot).
+MAX_ENDPOINTS_PER_USER = 10
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -203,7 +209,7 @@ def event_body(event_type: str, occurred_at: datetime, job: JobStatusResponse) -
 
 
 class WebhookLimitReached(EngineError):
-    """A user has as many live endpoints as WEBHOOK_MAX_ENDPOINTS_PER_USER allows: each endpoint
+    """A user has as many live endpoints as MAX_ENDPOINTS_PER_USER allows: each endpoint
     gets a delivery per job, so the cap bounds what one user's jobs ask of the deliverers."""
 
     code = "WEBHOOK_LIMIT_REACHED"
@@ -218,8 +224,8 @@ class WebhookService:
         cipher: CredentialCipher | None,
         *,
         allow_private: bool,
-        rotation_grace_s: float,
-        max_endpoints: int = 10,
+        rotation_grace_s: float = ROTATION_GRACE_S,
+        max_endpoints: int = MAX_ENDPOINTS_PER_USER,
         resolve: Resolver = system_resolver,
     ) -> None:
         self._sm = sessionmaker

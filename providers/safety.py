@@ -20,8 +20,13 @@ class ContentSafety(Protocol):
         ...
 
 
+# The engine's own rules: none. What a deployment must not send or accept is its provider's
+# moderation to decide; a rule here blocks for every user and every job type alike.
+BLOCKLIST: tuple[str, ...] = ()
+
+
 def parse_blocklist(raw: str) -> list[str]:
-    """Split a comma-separated setting into entries, dropping blanks and outer whitespace."""
+    """Split a comma-separated list into entries, dropping blanks and outer whitespace."""
     return [entry.strip() for entry in raw.split(",") if entry.strip()]
 
 

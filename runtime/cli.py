@@ -17,6 +17,8 @@ from pydantic import ValidationError
 
 from db import outbox_admin as outbox_admin_db
 from engine.settings import ConfigurationError, Role, Settings
+from runtime import settings_cli
+from runtime.settings_cli import validation_line
 
 if TYPE_CHECKING:
     from runtime.telemetry import Telemetry
@@ -35,9 +37,9 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
     try:
         s = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise _refuse(role, f"invalid configuration: {where}: {first['msg']}") from None
+        raise _refuse(role, f"invalid configuration: {validation_line(exc)}") from None
+    except ConfigurationError as exc:  # a removed setting is set
+        raise _refuse(role, f"refusing to start: {exc}") from None
     problems: list[str] = []
     if role in ("api", "worker"):
         # Prices are read by the API (budgets) and the workers (usage rows): malformed ones
@@ -90,7 +92,7 @@ def _observability(s: Settings, role: Role, queues: Sequence[str] = ()) -> Telem
     # No `<counter>_created` series next to every counter: half the series, nothing lost.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     name = service_name(role, queues)
-    log_format = default_format(s.environment, s.log_format)
+    log_format = default_format(s.environment)
     setup_logging(s.log_level, process=name, log_format=log_format)
     try:
         telemetry = tracing_from_env(name)
@@ -121,11 +123,10 @@ def cmd_token(args: argparse.Namespace) -> int:
     s = _settings("token")
     from api.auth import JwtConfig, issue_token
 
-    if not 1 <= args.ttl <= s.jwt_max_ttl_s:
-        raise _refuse(
-            "token", f"--ttl must be between 1 and {s.jwt_max_ttl_s} seconds (JWT_MAX_TTL_S)"
-        )
-    print(issue_token(JwtConfig.from_settings(s), args.user, admin=args.admin, ttl_s=args.ttl))
+    config = JwtConfig.from_settings(s)
+    if not 1 <= args.ttl <= config.max_ttl_s:
+        raise _refuse("token", f"--ttl must be between 1 and {config.max_ttl_s} seconds (30 days)")
+    print(issue_token(config, args.user, admin=args.admin, ttl_s=args.ttl))
     return 0
 
 
@@ -371,12 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     a = sub.add_parser("api", help="serve the HTTP API", formatter_class=fmt)
-    a.add_argument(
-        "--host", default=os.environ.get("API_HOST", "0.0.0.0"), help="address to listen on"
-    )
-    a.add_argument(
-        "--port", type=int, default=int(os.environ.get("API_PORT", "8000")), help="port to serve"
-    )
+    a.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    a.add_argument("--port", type=int, default=8000, help="port to serve")
     a.set_defaults(func=cmd_api)
 
     w = sub.add_parser("worker", help="run Temporal workers", formatter_class=fmt)
@@ -398,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("token", help="sign a bearer token with JWT_SECRET", formatter_class=fmt)
     t.add_argument("--user", required=True, help="the token's user id (its subject)")
     t.add_argument("--admin", action="store_true", help="an admin token")
-    t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most JWT_MAX_TTL_S")
+    t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most 30 days")
     t.set_defaults(func=cmd_token)
 
     sub.add_parser(
@@ -419,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.set_defaults(func=cmd_outbox)
 
     jobs_cli.add_parser(sub, fmt)
+    settings_cli.add_parser(sub, fmt)
     return p
 
 

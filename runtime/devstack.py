@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from api.auth import JwtConfig, issue_token
-from engine.settings import Settings
+from engine.settings import ConfigurationError, Settings
 from runtime.embedded import (
     EmbeddedPostgres,
     PortInUse,
@@ -32,9 +34,10 @@ from runtime.embedded import (
     start_temporal,
 )
 from runtime.procs import die_with_parent
+from runtime.settings_cli import validation_line
 from runtime.worker import ALL_QUEUES
 
-TOKEN_TTL_S = 30 * 86_400  # capped by JWT_MAX_TTL_S
+TOKEN_TTL_S = 30 * 86_400  # capped by the API's longest token lifetime
 # Each worker serves its metrics on base + i and the Temporal SDK's on base + 10 + i.
 DEFAULT_METRICS_PORT = 9464
 DEV_ENVIRONMENTS = ("development", "test")
@@ -205,7 +208,7 @@ def _banner(
     metrics_ports: dict[str, tuple[int, int]],
 ) -> str:
     jwt_config = JwtConfig.from_settings(settings)
-    ttl_s = min(TOKEN_TTL_S, settings.jwt_max_ttl_s)
+    ttl_s = min(TOKEN_TTL_S, jwt_config.max_ttl_s)
     user_token = issue_token(jwt_config, "demo-user", ttl_s=ttl_s)
     admin_token = issue_token(jwt_config, "demo-admin", admin=True, ttl_s=ttl_s)
     return f"""
@@ -261,13 +264,20 @@ def run_dev(args: argparse.Namespace) -> int:
     note = use_development_environment(os.environ)
     if note:
         print(note, file=sys.stderr, flush=True)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"aijobs dev: invalid configuration: {validation_line(exc)}", file=sys.stderr)
+        return 2
+    except ConfigurationError as exc:  # a removed setting is set
+        print(f"aijobs dev: refusing to start: {exc}", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir).resolve()
     metrics_ports = _metrics_ports(args)
     try:
         _require_ports(args, metrics_ports, external_temporal=bool(settings.temporal_address))
     except PortInUse as exc:
-        print(f"aijobs dev: {exc}", file=sys.stderr)
+        print(f"aijobs dev: refusing to start: {exc}", file=sys.stderr)
         return 2
     if args.fresh and data_dir.exists():
         shutil.rmtree(data_dir)

@@ -4,6 +4,13 @@ It speaks only HTTP (`AIJOBS_API_URL`, `AIJOBS_TOKEN`), never the database: what
 does is exactly what the API allows that token, with the API's own checks and audit. The
 answer is printed as indented JSON on stdout; an HTTP error prints the problem+json body on
 stderr and exits 1, so scripts can tell the two apart.
+
+`retry` works with the token it is given: it asks the owner's route first (`POST
+/api/ai/jobs/{jobId}/retry`, what any user may do with their own job); a job the token does not
+own reads there as missing (404), and only then is the admin route asked (`POST
+/admin-api/ai/jobs/{jobId}/retry`, any user's job, audited). A user's token refused there (403)
+gets the owner route's 404. The CLI never reads the token's claims: the API decides what the
+token may do.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ def add_parser(
     )
     js.add_parser(
         "retry",
-        help="retry a failed or cancelled job (admin retry: needs an admin token)",
+        help="retry a failed or cancelled job: one of the token's own jobs through the owner's "
+        "route, any user's job through the admin route with an admin token",
         formatter_class=formatter,
     ).add_argument("job_id", metavar="JOB_ID")
     j.set_defaults(func=cmd_jobs)
@@ -68,7 +76,19 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
         return "GET", f"/api/ai/jobs/{job}", {}
     if command == "cancel":
         return "POST", f"/api/ai/jobs/{job}/cancel", {}
-    return "POST", f"/admin-api/ai/jobs/{job}/retry", {}
+    return "POST", f"/api/ai/jobs/{job}/retry", {}
+
+
+def _admin_retry(
+    http: httpx.Client, args: argparse.Namespace, owned: httpx.Response
+) -> httpx.Response:
+    """After the owner's retry route answered `owned`: a 404 (not the token's job, or no such
+    job) is asked again of the admin route, whose answer stands unless it refuses the token's
+    role (403: a user's token, for which the owner route's 404 is the answer)."""
+    if args.jobs_command != "retry" or owned.status_code != 404:
+        return owned
+    r = http.post(f"/admin-api/ai/jobs/{quote(args.job_id, safe='')}/retry")
+    return owned if r.status_code == 403 else r
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -84,10 +104,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     base_url = os.environ.get("AIJOBS_API_URL", "").strip() or DEFAULT_API_URL
     method, path, params = _request(args)
     try:
-        with httpx.Client(base_url=base_url.rstrip("/"), timeout=TIMEOUT_S) as http:
-            r = http.request(
-                method, path, params=params, headers={"Authorization": f"Bearer {token}"}
-            )
+        with httpx.Client(
+            base_url=base_url.rstrip("/"),
+            timeout=TIMEOUT_S,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as http:
+            r = _admin_retry(http, args, http.request(method, path, params=params))
     except httpx.HTTPError as exc:
         print(f"aijobs jobs: {base_url} did not answer: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -1,5 +1,5 @@
 """Structured logs: one JSON object per line in production (python-json-logger), a readable
-line in development and tests (`LOG_FORMAT` chooses explicitly).
+line in development and tests (`default_format`, by AIJOBS_ENV).
 
 Records carry ids only. A line logged while a job is being worked on carries `job_id`,
 `job_type` and `workflow_id` (set by the job activities and the API, `engine/logcontext.py`) and,
@@ -152,9 +152,8 @@ def build_handler(
     return handler
 
 
-def default_format(environment: str, configured: str | None = None) -> LogFormat:
-    if configured in ("json", "text"):
-        return "json" if configured == "json" else "text"
+def default_format(environment: str) -> LogFormat:
+    """JSON lines for a deployment's log pipeline; readable lines for a person at a terminal."""
     return "json" if environment == "production" else "text"
 
 

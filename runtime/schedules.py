@@ -12,7 +12,7 @@ from temporalio.worker import Worker, WorkflowRunner
 from activities.failures import PublicFailureInterceptor
 from activities.schedules import ScheduleActivities
 from db.credentials import active_user_key_id
-from jobs.schedule_dispatch import ScheduleSync
+from jobs.schedule_dispatch import CATCHUP_WINDOW_S, ScheduleSync
 from jobs.schedules import SchedulePolicy, ScheduleService
 from jobs.service import JobService
 from runtime.wiring import Parts, create_policy
@@ -40,7 +40,7 @@ def schedule_sync(client: Client, parts: Parts) -> ScheduleSync:
         parts.sessionmaker,
         client,
         suffix=s.task_queue_suffix,
-        catchup_s=s.schedule_catchup_window_s,
+        catchup_s=CATCHUP_WINDOW_S,
     )
 
 

@@ -18,6 +18,10 @@ from engine.settings import NEEDS_DATABASE, NEEDS_TEMPORAL, Role, Settings
 
 # Between two attempts while waiting.
 _RETRY_S = 0.5
+# How long a starting process waits for its database and Temporal to answer before it refuses
+# to start: long enough for servers started beside it (compose starts them together), short
+# enough that a wrong address is reported while someone is still watching.
+STARTUP_WAIT_S = 15.0
 
 
 def _retry(wait_s: float, attempt: Callable[[float], str | None], problem: str) -> str | None:
@@ -58,23 +62,21 @@ def temporal_problem(address: str, wait_s: float) -> str | None:
     return _retry(wait_s, connect, f"TEMPORAL_ADDRESS ({address[:80]}) is not reachable")
 
 
-def reachability_problems(s: Settings, role: Role) -> list[str]:
-    """What of its role's database and Temporal does not answer (waiting up to STARTUP_WAIT_S
-    for each), one phrase per problem naming its setting; empty when all answer."""
+def reachability_problems(s: Settings, role: Role, *, wait_s: float = STARTUP_WAIT_S) -> list[str]:
+    """What of its role's database and Temporal does not answer (waiting up to `wait_s` for
+    each; 0: one attempt), one phrase per problem naming its setting; empty when all answer."""
     problems: list[str] = []
     if role in NEEDS_DATABASE:
         if not s.database_url:
             problems.append("DATABASE_URL is not set")
-        elif problem := database_problem(s.database_url, "DATABASE_URL", s.startup_wait_s):
+        elif problem := database_problem(s.database_url, "DATABASE_URL", wait_s):
             problems.append(problem)
         elif s.database_direct_url and s.database_direct_url != s.database_url:
-            direct = database_problem(
-                s.database_direct_url, "DATABASE_DIRECT_URL", s.startup_wait_s
-            )
+            direct = database_problem(s.database_direct_url, "DATABASE_DIRECT_URL", wait_s)
             problems += [direct] if direct else []
     if role in NEEDS_TEMPORAL:
         if not s.temporal_address:
             problems.append("TEMPORAL_ADDRESS is not set")
-        elif problem := temporal_problem(s.temporal_address, s.startup_wait_s):
+        elif problem := temporal_problem(s.temporal_address, wait_s):
             problems.append(problem)
     return problems

@@ -14,7 +14,10 @@ stored in the job's outbox row), `RunWorkflow`, each `StartActivity`/`RunActivit
 provider's HTTP request (httpx instrumentation of the OpenAI-compatible client). Span attributes
 are ids, types, attempts and codes. Request and response bodies are never recorded by these
 instrumentations; header capture is opt-in through `OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*`,
-and the headers that carry credentials are always redacted even then.
+and the headers that carry credentials are always redacted even then. A query string's secret (a
+stream token, `?streamToken=`) never reaches a span: the server span is started from the
+request with that value replaced by `[redacted]` (its URL attributes, `http.url`/`url.full`,
+`http.target`, `url.query`, are built from it), while the route itself reads the real one.
 
 Every process names itself in `service.name`: `aijobs-api`, `aijobs-worker-<queues>`,
 `aijobs-relay`, `aijobs-reconciler`.
@@ -27,6 +30,7 @@ import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
 from opentelemetry import trace
@@ -66,6 +70,12 @@ SENSITIVE_HEADERS = (
 )
 # Probes and scrapes would drown the job traces.
 UNTRACED_PATHS = "/metrics$,/healthz$,/readyz$"
+# Query parameters whose value is a secret (compared case-folded, after URL decoding): a span
+# shows them as REDACTED, as the access log does (api/browser.py `RedactStreamToken`).
+SECRET_QUERY_PARAMS = frozenset({"streamtoken"})
+REDACTED = b"[redacted]"
+# Where the request's own query string waits while the server span reads the redacted one.
+_QUERY_KEY = "aijobs.query_string"
 
 
 def service_name(role: str, queues: Sequence[str] = ()) -> str:
@@ -110,14 +120,16 @@ class Telemetry:
         build_stack = app.build_middleware_stack
 
         def build_traced_stack() -> ASGIApp:
-            return OpenTelemetryMiddleware(
-                _RouteSpanName(build_stack()),
-                excluded_urls=parse_excluded_urls(UNTRACED_PATHS),
-                default_span_details=_span_details,
-                tracer_provider=provider,
-                # The per-message receive/send spans say nothing an operator needs.
-                exclude_spans=["receive", "send"],
-                http_capture_headers_sanitize_fields=_sanitized_headers(os.environ),
+            return _RedactedQuery(
+                OpenTelemetryMiddleware(
+                    _RestoredQuery(_RouteSpanName(build_stack())),
+                    excluded_urls=parse_excluded_urls(UNTRACED_PATHS),
+                    default_span_details=_span_details,
+                    tracer_provider=provider,
+                    # The per-message receive/send spans say nothing an operator needs.
+                    exclude_spans=["receive", "send"],
+                    http_capture_headers_sanitize_fields=_sanitized_headers(os.environ),
+                )
             )
 
         app.build_middleware_stack = build_traced_stack  # type: ignore[method-assign]
@@ -201,6 +213,61 @@ def _span_details(scope: Scope) -> tuple[str, dict[str, str]]:
     """The span's first name, the method alone: the route is known only once the router ran
     (`_RouteSpanName` renames it then). Never the raw path, which holds ids."""
     return str(scope.get("method", "HTTP")), {}
+
+
+def redact_query(query: bytes) -> bytes:
+    """`query` with the value of every SECRET_QUERY_PARAMS parameter replaced by REDACTED; the
+    other pairs unchanged, byte for byte. A key is compared as the app reads it (URL-decoded,
+    so `stream%54oken` is caught too), case-folded."""
+    if not query:
+        return query
+    pairs = query.split(b"&")
+    out = []
+    for pair in pairs:
+        key, eq, _ = pair.partition(b"=")
+        if unquote_plus(key.decode("latin-1")).casefold() in SECRET_QUERY_PARAMS:
+            pair = key + b"=" + REDACTED if eq else pair
+        out.append(pair)
+    return b"&".join(out)
+
+
+class _RedactedQuery:
+    """Outside the tracing middleware: the request's scope as the server span reads it, its
+    query string's secrets redacted (a copy: the real one travels under _QUERY_KEY, for
+    `_RestoredQuery`). The tracing middleware builds every URL attribute from this copy when
+    it starts the span, and records nothing of the query later."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"")
+        if scope["type"] not in ("http", "websocket") or not query:
+            await self.app(scope, receive, send)
+            return
+        await self.app(
+            {**scope, "query_string": redact_query(query), _QUERY_KEY: query}, receive, send
+        )
+
+
+class _RestoredQuery:
+    """Inside the tracing middleware: the app reads the request's real query string (the same
+    scope dict the middleware holds, so the route the router records stays visible to it), and
+    the redacted one is put back once the app is done, before the middleware's span ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if _QUERY_KEY not in scope:
+            await self.app(scope, receive, send)
+            return
+        redacted = scope["query_string"]
+        scope["query_string"] = scope.pop(_QUERY_KEY)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            scope["query_string"] = redacted
 
 
 class _RouteSpanName:

@@ -18,7 +18,9 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.reconciler import ReconcilerConfig
 from activities.relay import RelayConfig
 from activities.retention import retention_config
+from activities.webhooks import POLL_INTERVAL_S as WEBHOOK_POLL_INTERVAL_S
 from activities.webhooks import WebhookConfig, WebhookDeliverer
+from db.batches import BatchCaps
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
@@ -38,7 +40,7 @@ from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
 from providers.fallback import Fallbacks, fallback_models, parse_fallbacks
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider, parse_model_set
 from providers.pricing import PriceTable
-from providers.safety import RuleBasedContentSafety, parse_blocklist
+from providers.safety import BLOCKLIST, RuleBasedContentSafety
 from runtime.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -112,8 +114,14 @@ def price_problems(settings: Settings, role: Role, queues: Sequence[str] = ()) -
 
 
 def gateway(
-    settings: Settings, telemetry: Telemetry | None = None, metrics: WorkerMetrics | None = None
+    settings: Settings,
+    telemetry: Telemetry | None = None,
+    metrics: WorkerMetrics | None = None,
+    *,
+    blocklist: Sequence[str] = BLOCKLIST,
 ) -> Gateway:
+    """The workers' gateway to the providers; `blocklist` is the content safety rules' (a
+    test's own, else the engine's)."""
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
     no_stream = parse_model_set(settings.ai_stream_disabled_models)  # never asked to stream
     built = Gateway(
@@ -129,7 +137,7 @@ def gateway(
         model=settings.ai_model,
         platform_api_key=key,
         cipher=credential_cipher(settings),
-        safety=RuleBasedContentSafety(parse_blocklist(settings.content_safety_blocklist)),
+        safety=RuleBasedContentSafety(blocklist),
         prices=price_table(settings, metrics),
         # Raises ValueError naming AI_FALLBACKS and the entry (never its key): no start.
         fallbacks=Fallbacks(parse_fallbacks(settings.ai_fallbacks), timeout_s=MAX_CALL_TIMEOUT_S),
@@ -189,17 +197,15 @@ def create_policy(settings: Settings) -> CreatePolicy:
         platform_key_available=settings.platform_key_configured,
         snapshot_ttl_days=settings.data_retention_days,
         fairness_secret=_fairness_secret(settings),
-        fairness_weights=settings.fairness_weight_map(),
         context_window=PriceTable.from_settings(settings).context_window(settings.ai_model),
         model=settings.ai_model,
         platform_synthetic=not (settings.deepseek_api_key or settings.ai_base_url),
         prices=PriceTable.from_settings(settings),
-        estimate_margin=settings.token_estimate_margin,
         fallback_models=fallback_models(settings.ai_fallbacks),
         chunking=ChunkPolicy(max_input_tokens=settings.ai_chunk_input_tokens),
         providers=provider_traits(settings),
         offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
-        offpeak_max_wait_s=settings.ai_offpeak_max_wait_s,
+        batch_max_bytes=settings.ai_batch_max_bytes,
         debounce_max_delay_ms=settings.ai_debounce_max_delay_ms,
         default_ttl_s=settings.ai_default_ttl_s,
     )
@@ -207,7 +213,6 @@ def create_policy(settings: Settings) -> CreatePolicy:
 
 def engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
-        lock_ttl_s=settings.lock_ttl_s,
         heartbeat_timeout_ms=settings.heartbeat_timeout_ms,
         retry_after_max_s=settings.retry_after_max_s,
         breaker_failures=settings.provider_breaker_failures,
@@ -216,8 +221,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         model_limits=parse_model_limits(settings.ai_model_limits),
         budget_per_day_usd=settings.quota_max_cost_usd_per_day,
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
-        estimate_margin=settings.token_estimate_margin,
         chunk_concurrency=settings.ai_chunk_concurrency,
+        batch_caps=BatchCaps(settings.ai_batch_max_lines, settings.ai_batch_max_bytes),
     )
 
 
@@ -226,21 +231,15 @@ def relay_config(settings: Settings) -> RelayConfig:
         database_url=settings.session_database_url,  # its LISTEN needs a session
         task_queue_suffix=settings.task_queue_suffix,
         poll_interval_s=settings.relay_poll_interval_s,
-        lock_ttl_s=settings.outbox_lock_ttl_s,
-        fairness=settings.fairness_enabled,
-        light_jobs=settings.fairness_light_jobs,
-        light_boost=settings.fairness_light_boost,
         user_window=settings.user_dispatch_window,
-        schedule_catchup_s=settings.schedule_catchup_window_s,
     )
 
 
 def reconciler_config(settings: Settings) -> ReconcilerConfig:
     return ReconcilerConfig(
-        lock_grace_s=settings.lock_grace_s,
         retention_days=settings.data_retention_days,
-        outbox_retention_days=settings.outbox_retention_days,
-        audit_retention_days=settings.admin_audit_retention_days,
+        outbox_retention_days=settings.retention_days["outbox"],
+        audit_retention_days=settings.retention_days["admin_audit"],
         retention=retention_config(settings),
     )
 
@@ -262,14 +261,9 @@ async def connect_temporal(
 def webhook_config(settings: Settings) -> WebhookConfig:
     return WebhookConfig(
         allow_private=settings.webhooks_allow_private,
-        retry_base_s=settings.webhook_retry_base_s,
-        retry_max_s=settings.webhook_retry_max_s,
-        retry_for_s=settings.webhook_retry_for_s,
-        poll_interval_s=settings.webhook_poll_interval_s,
+        poll_interval_s=WEBHOOK_POLL_INTERVAL_S,
         listen_url=settings.session_database_url,
-        max_in_flight=settings.webhook_max_in_flight,
-        max_in_flight_per_user=settings.webhook_max_in_flight_per_user,
-        retention_s=settings.webhook_retention_days * 86_400,
+        retention_s=settings.retention_days["webhook"] * 86_400,
     )
 
 

@@ -4,8 +4,8 @@
 `max_concurrent_activities` is the queue table's concurrency (engine/queues.py: 2 / 1), or
 AI_INTERACTIVE_CONCURRENCY / AI_BACKGROUND_CONCURRENCY when set. EXECUTE is the only regular
 activity there, so the limit caps concurrent provider calls; the bookkeeping stages (local
-activities) are not throttled by it. The worker takes at most WORKER_WORKFLOW_TASKS workflow tasks
-and runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
+activities) are not throttled by it. The worker takes at most WORKFLOW_TASKS workflow tasks and
+runs at most DB_POOL_SIZE local activities at once, so that a burst of one user's jobs waits
 on the server, where tasks are dispatched fairly across users. `ai-system` runs the relay shard
 workflows (`outbox-relay-<k>`, each one heartbeating relay activity), the reconciler schedule
 and the admin bulk workflows; its process also runs the webhook deliverer as a supervised loop
@@ -36,13 +36,16 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.batch import BatchActivities, BatchTiming
+from activities.batch_files import BatchFiles, gateway_clients
 from activities.bounded import BoundedStagesInterceptor
 from activities.bulk import BulkActivities
+from activities.deps import EngineConfig
 from activities.failures import PublicFailureInterceptor
 from activities.metrics import worker_metrics
 from activities.reconciler import Reconciler
-from activities.relay import Relay
+from activities.relay import Relay, RelayConfig
 from activities.relay_activity import (
+    RELAY_SHARDS,
     RelayActivities,
     RelayShards,
     ensure_relay_workflows,
@@ -55,7 +58,9 @@ from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
 from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
+from jobs.gateway import Gateway
 from jobs.service import JobService
+from providers.safety import BLOCKLIST
 from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
 from runtime.supervisor import supervise
@@ -82,6 +87,12 @@ ALL_QUEUES: tuple[str, ...] = (*QUEUE_NAMES, SYSTEM_QUEUE)
 SYSTEM_DRAIN_S = 10.0
 # The job queues, interactive first (unpacking fails loudly if a queue is ever added).
 INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
+# How many workflow tasks (each running its bookkeeping stages as local activities) one
+# job-queue worker takes at once. Tasks beyond it wait on the server, where they are
+# dispatched fairly across users; taken by the worker, they would be served in arrival order
+# and one user's burst would hold the database pool while another user's job waits. Six keeps
+# a worker's calls fed (2 provider slots) with room for the stages around them.
+WORKFLOW_TASKS = 6
 
 
 def sandbox_runner() -> SandboxedWorkflowRunner:
@@ -129,10 +140,10 @@ def _job_worker(
         activities=[*stages.all(), *batch.all()],
         max_concurrent_activities=queue_concurrency(s, queue),
         # The worker's intake is bounded so that a burst waits on the server's fair queue, not
-        # in here (WORKER_WORKFLOW_TASKS); its bookkeeping stages never hold more connections
-        # than the pool keeps, so EXECUTE, which holds a provider slot, is never queued behind
-        # them for one.
-        max_concurrent_workflow_tasks=s.worker_workflow_tasks,
+        # in here (WORKFLOW_TASKS); its bookkeeping stages never hold more connections than
+        # the pool keeps, so EXECUTE, which holds a provider slot, is never queued behind them
+        # for one.
+        max_concurrent_workflow_tasks=WORKFLOW_TASKS,
         max_concurrent_local_activities=s.db_pool_size,
         # Heartbeats reach the server at least every second whatever the heartbeat timeout, so
         # a workflow cancel reaches EXECUTE within about a second while the timeout itself can
@@ -142,9 +153,6 @@ def _job_worker(
         interceptors=interceptors,
         # On SIGTERM: stop polling, let in-flight provider calls finish, then exit.
         graceful_shutdown_timeout=timedelta(seconds=s.worker_drain_s),
-        # Provider calls per second across all workers of this queue (the server enforces it;
-        # EXECUTE is the queue's only regular activity).
-        max_task_queue_activities_per_second=s.provider_calls_per_second or None,
     )
 
 
@@ -155,18 +163,23 @@ def build_workers(
     *,
     telemetry: Telemetry | None = None,
     on_close: list[Callable[[], Awaitable[None]]] | None = None,
+    config: EngineConfig | None = None,
+    blocklist: Sequence[str] = BLOCKLIST,
+    relay: RelayConfig | None = None,
 ) -> list[Worker]:
     """`telemetry` instruments the provider's HTTP client; the client's own interceptors (see
     `connect_temporal`) carry the Temporal spans into these workers. What must be closed once
-    the workers have stopped (the providers' HTTP clients) is appended to `on_close`."""
+    the workers have stopped (the providers' HTTP clients) is appended to `on_close`. `config`,
+    `blocklist` and the `ai-system` worker's `relay` are the settings' and the engine's unless
+    a test gives its own."""
     for q in queues:
         if q not in ALL_QUEUES:
             raise ValueError(f"unknown task queue {q!r}; expected one of {', '.join(ALL_QUEUES)}")
     s = parts.settings
-    gw = gateway(s, telemetry)
+    gw = gateway(s, telemetry, blocklist=blocklist)
     if on_close is not None:
         on_close.append(gw.aclose)
-    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, engine_config(s))
+    stages = JobActivities(parts.sessionmaker, parts.catalog, gw, config or engine_config(s))
     job_queues = [q for q in queues if q in QUEUE_NAMES]
     worker_metrics().prepare((t.job_type for t in parts.catalog), job_queues)
     # Outermost first: stage timing, job ids in logs and spans, then the public-failure rule.
@@ -178,7 +191,7 @@ def build_workers(
     workers = [
         _job_worker(client, parts, q, stages, job_interceptors)
         if q in QUEUE_NAMES
-        else system_worker(client, parts)
+        else system_worker(client, parts, relay, gw)
         for q in queues
     ]
     if SYSTEM_QUEUE in queues:
@@ -187,20 +200,25 @@ def build_workers(
     return workers
 
 
-def system_worker(client: Client, parts: Parts) -> Worker:
+def system_worker(
+    client: Client, parts: Parts, relay_cfg: RelayConfig | None = None, gw: Gateway | None = None
+) -> Worker:
     """The `ai-system` worker: the relay shards, the reconciler and the admin bulk operations
     (the schedules' runs have a worker of their own, `ai-schedules`; `ScheduledRun` stays here
-    for the runs an older version started on `ai-system`)."""
+    for the runs an older version started on `ai-system`). `gw`: the process's gateway, whose
+    provider the reconciler deletes batch files at."""
     s = parts.settings
     # Its `relay` phase starts a missing relay shard workflow; its `schedules` phase makes the
     # Temporal schedules match their rows.
     rc = dataclasses.replace(reconciler_config(s), relay_shards=relay_shards(s))
+    files = BatchFiles(parts.sessionmaker, gateway_clients(gw)) if gw is not None else None
     reconciler = Reconciler(
         parts.sessionmaker,
         client,
         rc,
         catalog=parts.catalog,
         schedules=schedule_sync(client, parts),
+        batch_files=files,
     )
     # Admin bulk operations act through the same use cases as the API (same catalog,
     # same create policy: a bulk retry is an internal create, outside user quotas).
@@ -217,9 +235,7 @@ def system_worker(client: Client, parts: Parts) -> Worker:
         ),
         client,
     )
-    relay = RelayActivities(
-        parts.sessionmaker, client, parts.catalog, relay_config(s), shards=s.relay_shards
-    )
+    relay = RelayActivities(parts.sessionmaker, client, parts.catalog, relay_cfg or relay_config(s))
     return Worker(
         client,
         task_queue=s.task_queue(SYSTEM_QUEUE),
@@ -236,7 +252,7 @@ def system_worker(client: Client, parts: Parts) -> Worker:
             *schedule_activities(parts).all(),
         ],
         # A slot per relay shard it may hold, beside the reconciler and bulk pages.
-        max_concurrent_activities=8 + s.relay_shards,
+        max_concurrent_activities=8 + RELAY_SHARDS,
         # The relay's progress reaches the Temporal UI every 2 s.
         max_heartbeat_throttle_interval=timedelta(seconds=2),
         # On SIGTERM the relay activity finishes its batch and returns (its next
@@ -249,9 +265,7 @@ def system_worker(client: Client, parts: Parts) -> Worker:
 
 
 def relay_shards(settings: Settings) -> RelayShards:
-    return RelayShards(
-        settings.relay_shards, settings.task_queue(SYSTEM_QUEUE), settings.task_queue_suffix
-    )
+    return RelayShards(RELAY_SHARDS, settings.task_queue(SYSTEM_QUEUE), settings.task_queue_suffix)
 
 
 async def ensure_system_workflows(client: Client, settings: Settings) -> None:

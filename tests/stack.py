@@ -28,7 +28,7 @@ from jobs.spec import AnyJobType, Catalog
 from jobs.types import ALL_TYPES
 from runtime.limit_waker import limit_waker_task
 from runtime.telemetry import Telemetry
-from runtime.wiring import Parts, build_parts, create_policy, relay_config
+from runtime.wiring import Parts, build_parts, create_policy, engine_config, relay_config
 from runtime.worker import build_workers
 from tests.support import eventually
 
@@ -55,6 +55,10 @@ def make_settings(database_url: str, temporal_address: str, **overrides: Any) ->
         "WORKER_DRAIN_S": 0,
     }
     values.update(overrides)
+    # A name that is no setting would be ignored silently (a removed setting, a typo).
+    known = {field.alias for field in Settings.model_fields.values()}
+    unknown = sorted(set(values) - known)
+    assert not unknown, f"not settings: {unknown}"
     return Settings.model_validate(values)
 
 
@@ -137,9 +141,15 @@ async def engine_stack(
     extra_types: Sequence[AnyJobType] = (),
     relay_release_every_s: float | None = None,
     relay_overrides: dict[str, Any] | None = None,
+    engine_overrides: dict[str, Any] | None = None,
+    blocklist: Sequence[str] = (),
     telemetry: Telemetry | None = None,
 ) -> AsyncIterator[Stack]:
     """In-process workers for `queues` plus a relay task (unless `relay` is false).
+
+    `relay_overrides` and `engine_overrides` replace fields of the relay's and the workers'
+    configuration built from `settings` (e.g. a short SQL lock, `lock_ttl_s`); `blocklist` is
+    the workers' content safety rules.
 
     The catalog is `catalog`, or every job type plus `extra_types`; it is chosen before any
     worker is built, since the workers derive their workflow classes from it. The job service
@@ -166,7 +176,14 @@ async def engine_stack(
         async with contextlib.AsyncExitStack() as es:
             if queues:
                 stack.workers = build_workers(
-                    client, parts, tuple(queues), telemetry=telemetry, on_close=closers
+                    client,
+                    parts,
+                    tuple(queues),
+                    telemetry=telemetry,
+                    on_close=closers,
+                    config=dataclasses.replace(engine_config(settings), **(engine_overrides or {})),
+                    blocklist=blocklist,
+                    relay=rc,
                 )
                 for w in stack.workers:
                     await es.enter_async_context(w)

@@ -42,7 +42,7 @@ async def reconcile_once() -> ReconcileResult:
 class RelayShardWorkflow:
     """One relay shard: one long `outbox_relay` activity, then continue-as-new (a dozen events
     per run). The activity is retried without limit, within seconds: the relay must run
-    whenever Temporal does. A shard the workers no longer count (RELAY_SHARDS went down) ends."""
+    whenever Temporal does. A shard the workers no longer count (RELAY_SHARDS is lower) ends."""
 
     @workflow.run
     async def run(self, inp: RelayShardInput) -> RelayShardResult:

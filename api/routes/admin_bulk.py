@@ -5,7 +5,7 @@ A bulk submission freezes the matching jobs in PostgreSQL and writes the operati
 `ai.bulk.start` outbox row in the same transaction (with its audit entry); the relay starts the
 operation's Temporal workflow (`bulk:{operationId}`, queue `ai-system`) from it, as it starts
 jobs: an accepted operation cannot lose its workflow between commit and Temporal. As a second
-line, reading an operation that no worker has picked up ADMIN_BULK_START_AFTER_S after its
+line, reading an operation that no worker has picked up START_AFTER_S after its
 submission starts the workflow from the API (idempotent by workflow id; a closed one is never
 run again): a relay that is down or a row that went dead never leaves an operation waiting once
 someone looks at it.
@@ -48,10 +48,13 @@ from db.jobs import JobFilter
 from engine.contracts import BULK_WORKFLOW
 from engine.definition import SYSTEM_QUEUE
 from engine.errors import ValidationFailed
-from jobs.bulk import Action, BulkPolicy, BulkService, OperationStatus
+from jobs.bulk import JOBS_PER_SECOND, Action, BulkPolicy, BulkService, OperationStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin-api/ai", tags=["admin"])
+# The relay starts an operation's workflow from the outbox within a poll; one still not started
+# this long after its submission (no relay running, a dead row) is started by its next read.
+START_AFTER_S = 10.0
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _AUDIT_CURSOR = "audit:"
 IsoDateTime = Annotated[datetime, BeforeValidator(iso_datetime)]
@@ -253,7 +256,7 @@ _SUBMIT_DOC = (
     "`dryRun: true` answers 200 `{matched, sample}` (up to 20 job ids) and changes "
     "nothing. Otherwise the matching job ids are frozen as the operation's items and a Temporal "
     "workflow (`bulk:{operationId}` on `ai-system`) acts on them in pages, at most "
-    "ADMIN_BULK_JOBS_PER_SECOND: 202 `{operationId, matched}`, follow it with "
+    f"{JOBS_PER_SECOND:g} a second: 202 `{{operationId, matched}}`, follow it with "
     "`GET /admin-api/ai/bulk/{operationId}`. More than ADMIN_BULK_MAX_JOBS matches → 422 "
     "`BULK_TOO_LARGE` with `matched` and `limit`. The same filters sent again start a new "
     "operation whose items are mostly skipped; with the same `Idempotency-Key` the existing "
@@ -326,11 +329,7 @@ async def get_operation(operation_id: OperationId, state: State, _admin: Admin) 
     st = await bulk.status(operation_id)
     op = st.operation
     waited = (datetime.now(UTC) - op.created_at).total_seconds()
-    if (
-        op.status == "running"
-        and op.workflow_started_at is None
-        and waited >= state.settings.admin_bulk_start_after_s
-    ):
+    if op.status == "running" and op.workflow_started_at is None and waited >= START_AFTER_S:
         await _start(state, bulk, op)
     return _status_json(state, st)
 
@@ -348,7 +347,8 @@ def _audit_json(row: AuditRow) -> dict[str, Any]:
         "requeue, webhook replay) and view of internals (the admin job view and list), with "
         "its actor, target, outcome (`cancelled`, `retried`, `accepted`, ... or the refusal's "
         "error code) and details (ids, filters, counts). Filters: `actor`, `action`, `from` "
-        "(inclusive), `to` (exclusive). Entries are kept ADMIN_AUDIT_RETENTION_DAYS."
+        "(inclusive), `to` (exclusive). Entries are kept 365 days unless the operator set "
+        "otherwise (RETENTION_DAYS `admin_audit`)."
     ),
 )
 async def list_audit(

@@ -41,9 +41,10 @@ from api.browser import StreamPrincipal, misused
 from api.deps import JobId, State, StreamUser
 from api.errors import PROBLEM
 from api.events import STREAM_RETRY_AFTER_S, StreamSlot
+from api.stream_schema import event_schema
 from db import jobs as jobs_db
 from db.jobs import JobRow
-from engine.errors import JobNotFound, ValidationFailed
+from engine.errors import JobNotFound
 from engine.lifecycle import TERMINAL
 from jobs import views
 from jobs.chunk_items import (
@@ -57,6 +58,12 @@ from jobs.views import JobRead, Viewer
 
 router = APIRouter(prefix="/api/ai/jobs", tags=["jobs"])
 RESYNC_LIMIT = 100  # jobs re-read at most after a reconnect of the all-jobs stream
+# Concurrent event streams: per user across all API processes (leases in PostgreSQL,
+# db/caps.py), and in all on one API process; past either, 429 TOO_MANY_STREAMS. Ten covers a
+# user's tabs and devices; a thousand idle streams are a few MB and file descriptors a process
+# keeps well within its limits.
+MAX_STREAMS_PER_USER = 10
+MAX_STREAMS = 1000
 _SEEN = 1000  # jobs whose last sent state the all-jobs stream remembers
 _MAX_VERSION = 2**63 - 1
 
@@ -65,11 +72,11 @@ _STREAM = {
     "JobStatusResponse as JSON); for a long-source job also `event: item`, `data` "
     "`{jobId, chunk, ordinal, content}`, one per item of each chunk as it succeeds; keep-alive "
     "comments in between.",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": event_schema()}},
 }
 _TOO_MANY = {
     "description": "Too many event streams open (`TOO_MANY_STREAMS`): the user's "
-    "(SSE_MAX_STREAMS_PER_USER) or this server's (SSE_MAX_STREAMS); see Retry-After",
+    f"({MAX_STREAMS_PER_USER}) or this server's ({MAX_STREAMS}); see Retry-After",
     "headers": {
         "Retry-After": {
             "description": f"Seconds to wait before reconnecting ({STREAM_RETRY_AFTER_S})",
@@ -98,10 +105,9 @@ def version(row: JobRow) -> int:
 def _last_id(value: str | None) -> int:
     if value is None:
         return -1
-    n = int(value)
-    if n > _MAX_VERSION:
-        raise ValidationFailed("Last-Event-ID is invalid.")
-    return n
+    # Any id the header's pattern allows: one past every version (more than 63 bits) is read
+    # as the highest, "seen everything", rather than refused.
+    return min(int(value), _MAX_VERSION)
 
 
 async def _read(state: State, job_id: uuid.UUID, viewer: Viewer) -> JobRead | None:
@@ -187,8 +193,7 @@ async def _slot(state: State, user_id: str) -> StreamSlot:
     """A stream slot for `user_id`, or 429 TOO_MANY_STREAMS (the per-user cap across every API
     process). Take it last in the route: an error raised after it would leave it to the
     garbage collector."""
-    s = state.settings
-    slots = state.events.stream_slots(per_user=s.sse_max_streams_per_user, total=s.sse_max_streams)
+    slots = state.events.stream_slots(per_user=MAX_STREAMS_PER_USER, total=MAX_STREAMS)
     return await slots.acquire(user_id)
 
 

@@ -268,7 +268,8 @@ async def get_job(job_id: JobId, state: State, principal: User) -> JobStatusResp
     description=(
         "The business rows a succeeded job projected (a quiz question with its choices, a "
         "flashcard, ...), in `ordinal` order. `content` is what the job type exposes of a row, "
-        "or null. Paged: pass `nextCursor` back as `cursor` (opaque)."
+        "or null (always null once the job's private data is purged: the references stay, the "
+        "rows are gone). Paged: pass `nextCursor` back as `cursor` (opaque)."
     ),
 )
 async def list_artifacts(
@@ -439,11 +440,14 @@ async def retry_own_job(
     response_class=Response,
     summary="Purge the private data of one of your ended jobs",
     description=(
-        "Removes the job's private data now, as retention (`DATA_RETENTION_DAYS`) would later: "
-        "its input, its output (and what its artifacts show of it), its chunks' outputs (the "
-        "partial items of a long source), its snapshot and its internal error message. The job "
-        "itself stays (status, codes, times, costs and usage, for billing and audit) and reads "
-        "`privateDataPurged: true`; a purged job cannot be retried. Only a `succeeded`, "
+        "Removes the job's private data now, as retention (`DATA_RETENTION_DAYS`) would later, "
+        "in one transaction: its input, its output, the business rows its job type projected "
+        "from it (quiz questions, flashcards, weak-point candidates), its chunks' outputs (the "
+        "partial items of a long source), its streamed items, its batch line and answer, its "
+        "snapshot and its internal error message. The job itself stays (status, codes, times, "
+        "costs and usage, for billing and audit) and reads `privateDataPurged: true`; its "
+        "artifacts route still lists each artifact reference, with `content: null`; a purged "
+        "job cannot be retried. Only a `succeeded`, "
         "`failed` or `cancelled` job can be purged (409 `JOB_NOT_TERMINAL`: cancel it first); "
         "another user's job is 404 `JOB_NOT_FOUND`. A second DELETE is 204 again."
     ),

@@ -28,6 +28,7 @@ from api.schemas import (
     UsdAmount,
     decode_cursor,
     encode_cursor,
+    rfc3339_text,
     storable_input,
     storable_str,
 )
@@ -84,6 +85,9 @@ class CreateScheduleBody(Camel):
     @classmethod
     def _storable_str(cls, v: str | None) -> str | None:
         return storable_str(v) if v is not None else None
+
+    # RFC 3339 text, as a create's times are: a number would parse as a Unix time.
+    _rfc3339 = field_validator("start_at", "end_at", mode="before")(rfc3339_text)
 
     @field_validator("input")
     @classmethod

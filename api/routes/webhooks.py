@@ -29,7 +29,7 @@ from engine.errors import (
     WebhookDeliveryNotReplayable,
 )
 from jobs.audit import DELIVERY_REPLAY, AuditEntry, AuditLog
-from jobs.webhooks import WebhookService
+from jobs.webhooks import MAX_ENDPOINTS_PER_USER, ROTATION_GRACE_S, WebhookService
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["webhooks"])
@@ -128,7 +128,7 @@ def _delivery(row: DeliveryRow) -> dict[str, Any]:
     responses={
         **TOO_LARGE_RESPONSE,
         409: {
-            "description": "You already have WEBHOOK_MAX_ENDPOINTS_PER_USER webhooks "
+            "description": f"You already have {MAX_ENDPOINTS_PER_USER} webhooks "
             "(`WEBHOOK_LIMIT_REACHED`); delete one first",
             "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         },
@@ -139,7 +139,7 @@ def _delivery(row: DeliveryRow) -> dict[str, Any]:
         "ai.job.cancelled) are POSTed to `url`, signed per the Standard Webhooks spec. The "
         "answer carries the signing `secret`, which is never shown again. In production the "
         "URL must be https and resolve to public addresses only. A user has at most "
-        "WEBHOOK_MAX_ENDPOINTS_PER_USER (10 by default) webhooks: past it, 409 "
+        f"{MAX_ENDPOINTS_PER_USER} webhooks: past it, 409 "
         "`WEBHOOK_LIMIT_REACHED`."
     ),
 )
@@ -174,8 +174,8 @@ async def delete_webhook(webhook_id: WebhookId, state: State, principal: User) -
     response_model=WebhookWithSecret,
     summary="Rotate a webhook's signing secret",
     description=(
-        "Returns a new secret. The previous one stays valid for WEBHOOK_ROTATION_GRACE_S "
-        "(24 h by default): meanwhile deliveries carry two signatures, one per secret."
+        "Returns a new secret. The previous one stays valid for "
+        f"{ROTATION_GRACE_S / 3600:g} h: meanwhile deliveries carry two signatures, one per secret."
     ),
 )
 async def rotate_webhook(webhook_id: WebhookId, state: State, principal: User) -> JSONResponse:

@@ -30,7 +30,7 @@ from db.models.base import TS, Base
 class AdminAudit(Base):
     """One admin action (or view of internals): who, what, which target, how it ended. Written
     in the transaction of the action; `detail` holds ids, filters and counts, never job input,
-    output, prompts or keys. Deleted after ADMIN_AUDIT_RETENTION_DAYS."""
+    output, prompts or keys. Deleted after RETENTION_DAYS' `admin_audit` days."""
 
     __tablename__ = "admin_audit"
     __table_args__ = (

@@ -97,3 +97,33 @@ class AiUsageDaily(Base):
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), server_default=text("0"))
     # The share of cost_usd charged on the engine's estimate (cost_basis 'estimated').
     estimated_cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), server_default=text("0"))
+
+
+class AiCallMark(Base):
+    """A provider call EXECUTE is about to send: written in the first transaction of its attempt
+    (or of a fallback move), before the call goes out, with what the call is charged if nothing
+    of its answer is ever known (its worst case, `jobs/call_marks.py`). The call's usage row
+    deletes it in the same statement (db/usage.py INSERT). One left behind is a call whose
+    worker died during it: the next attempt's take, or the job's failed or cancelled ending,
+    charges it (db/call_marks.py `CHARGE_DEAD`), so every call sent is charged before the job
+    ends."""
+
+    __tablename__ = "ai_call_mark"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("ai_job.id", ondelete="CASCADE"), primary_key=True
+    )
+    call_no: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt_no: Mapped[int] = mapped_column(Integer)
+    chunk_no: Mapped[int | None] = mapped_column(Integer)
+    user_id: Mapped[str] = mapped_column(String(128))
+    job_type: Mapped[str] = mapped_column(String(64))
+    credential_mode: Mapped[str] = mapped_column(String(32))
+    provider: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    priced_as: Mapped[str | None] = mapped_column(String(128))
+    tokens_in: Mapped[int] = mapped_column(Integer)
+    tokens_out: Mapped[int] = mapped_column(Integer)
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8))
+    service_tier: Mapped[str] = mapped_column(Text, server_default=text("'standard'"))
+    created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import engine_cli
 from runtime.embedded import (
     EmbeddedPostgres,
     TemporalDevServer,
@@ -30,6 +31,16 @@ from runtime.embedded import (
 from tests.pgbouncer import pgbouncer
 
 ROOT = Path(__file__).resolve().parents[2]
+# Processes get killed here: a job's SQL lock (engine/queues.py) and a relay's outbox claim
+# (activities/relay.py) lapse in seconds, not the minute that suits a deployment.
+SHORT_LOCKS = {"engine.queues.LOCK_TTL_S": 3, "relay.lock_ttl_s": 5.0}
+
+
+def engine_argv(command: list[str]) -> list[str]:
+    """`aijobs <command>` with the short locks (bench/engine_cli.py)."""
+    return engine_cli.argv(SHORT_LOCKS, command)
+
+
 # (role, command after `aijobs`, how many)
 TOPOLOGY: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("api", ("api", "--host", "127.0.0.1"), 2),
@@ -52,7 +63,7 @@ class Process:
         argv = [*self.argv, "--port", str(self.port)] if self.port else self.argv
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.cli", *argv],
+                [sys.executable, "-m", "bench.engine_cli", *engine_argv(argv)],
                 cwd=ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -119,11 +130,8 @@ class Cluster:
             "QUOTA_MAX_JOBS_PER_DAY": "0",
             # A killed worker's attempt is retried elsewhere within seconds, not half a minute.
             "AI_HEARTBEAT_TIMEOUT_MS": "3000",
-            "AI_LOCK_TTL_S": "3",
-            "OUTBOX_LOCK_TTL_S": "5",
             "RECONCILE_INTERVAL_S": "5",
             "WORKER_DRAIN_S": "5",
-            "STARTUP_WAIT_S": "30",
         }
 
     def migrate(self) -> None:

@@ -32,7 +32,6 @@ def api_processes(
         "LOG_LEVEL": "WARNING",
         "DATABASE_URL": database_url,
         "TEMPORAL_ADDRESS": temporal_address,
-        "STARTUP_WAIT_S": "30",
         **env,
     }
     procs: list[subprocess.Popen[bytes]] = []

@@ -27,7 +27,9 @@ from fastapi import FastAPI
 from playwright.async_api import Browser
 from temporalio.client import Client
 
+import jobs.bulk
 from api.auth import JwtConfig, issue_token
+from api.routes import admin_bulk
 from db.session import SessionMaker
 from engine.settings import Settings
 from jobs.service import CreatePolicy
@@ -269,6 +271,13 @@ async def start_api(
     app = api_app(settings, policy=policy, catalog=catalog, temporal=temporal)
     async with serve(app) as base_url, httpx.AsyncClient(base_url=base_url, timeout=30) as http:
         yield Api(settings, base_url, http, app)
+
+
+def fast_bulk(monkeypatch: pytest.MonkeyPatch, start_after_s: float = 3600) -> None:
+    """Bulk operations at a test's pace (jobs/bulk.py); by default the API never starts a
+    workflow the relay was meant to start (api/routes/admin_bulk.py)."""
+    monkeypatch.setattr(jobs.bulk, "JOBS_PER_SECOND", 2000)
+    monkeypatch.setattr(admin_bulk, "START_AFTER_S", start_after_s)
 
 
 # ---- fixtures ----------------------------------------------------------------------------

@@ -146,7 +146,7 @@ async def test_old_entries_are_purged_in_bounded_batches_by_the_reconciler(
     async with db.begin() as s:
         assert await audit_db.purge_older_than(s, days=365, limit=3) == 3
     # The reconciler's retention phase, with the setting's retention: the rest goes.
-    assert settings.admin_audit_retention_days == 365
+    assert settings.retention_days["admin_audit"] == 365
     rec = Reconciler(
         db,
         temporal_client,

@@ -19,7 +19,7 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
-from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.e2e.conftest import Api, assert_problem, fast_bulk, start_api
 from tests.integration.engine_helpers import OUTAGE, make_failed_jobs, retries_of
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
@@ -50,12 +50,12 @@ async def admin_tables(db: SessionMaker) -> SessionMaker:
 
 
 @pytest.fixture
-async def bulk_api(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncIterator[Stack]:
-    """An `ai-system` worker and a relay; tests start an API on the same settings (a fast pace
-    for tests; the API never starts a workflow the relay was meant to start)."""
-    settings = env(
-        ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_MAX_JOBS=400, ADMIN_BULK_START_AFTER_S=3600
-    )
+async def bulk_api(
+    db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Stack]:
+    """An `ai-system` worker and a relay; tests start an API on the same settings."""
+    fast_bulk(monkeypatch)
+    settings = env(ADMIN_BULK_MAX_JOBS=400)
     async with engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,)) as st:
         yield st
 
@@ -249,9 +249,10 @@ async def test_bulk_routes_are_for_admins_only(api: Api) -> None:
 
 
 async def test_an_operation_no_relay_started_is_started_by_its_next_read(
-    db: SessionMaker, env: Any, temporal_client: Client
+    db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = env(ADMIN_BULK_JOBS_PER_SECOND=2000, ADMIN_BULK_START_AFTER_S=0)
+    fast_bulk(monkeypatch, start_after_s=0)
+    settings = env()
     # A worker for the bulk workflow, but no relay: its `ai.bulk.start` row stays pending.
     async with (
         engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,), relay=False) as st,
@@ -276,7 +277,7 @@ async def test_an_operation_no_relay_started_is_started_by_its_next_read(
             ).one()
         assert (row.status, row.workflow_started_at) == ("pending", None)
         assert await retries_of(db, failed) == {}
-        # Reading it (past ADMIN_BULK_START_AFTER_S) starts it, and it completes.
+        # Reading it (past START_AFTER_S) starts it, and it completes.
         final = await wait_completed(api, operation_id)
     assert final["done"] == 3, final
     assert await retries_of(db, failed) == dict.fromkeys(failed, 1)

@@ -19,6 +19,7 @@ import jwt
 import pytest
 from sqlalchemy import text
 
+from api.auth import MAX_TOKEN_TTL_S
 from db.session import SessionMaker
 from tests.e2e.conftest import Api, assert_problem, bearer, start_api
 
@@ -188,7 +189,7 @@ def bad_authorizations(api: Api) -> dict[str, str]:
         "no-iat": _token(secret, {"sub": OWNER, "roles": [], "exp": now + 600}),
         "string-iat": _token(secret, {**ok, "iat": str(now)}),
         "future-iat": _token(secret, {**ok, "iat": now + 3600, "exp": now + 4200}),
-        "too-long-lifetime": _token(secret, {**ok, "exp": now + api.settings.jwt_max_ttl_s + 60}),
+        "too-long-lifetime": _token(secret, {**ok, "exp": now + MAX_TOKEN_TTL_S + 60}),
         "unexpected-aud": _token(secret, {**ok, "aud": "another-service"}),
     }
     return {

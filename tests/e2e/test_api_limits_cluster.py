@@ -4,12 +4,14 @@ opened on both."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 import httpx
 
 from api.auth import JwtConfig, issue_token
+from api.routes.events import MAX_STREAMS_PER_USER
 from tests.e2e.api_processes import api_processes
 from tests.e2e.conftest import assert_problem, bearer
 from tests.stack import make_settings
@@ -35,7 +37,6 @@ async def test_a_quote_flood_is_limited_across_processes_and_streams_are_capped_
         tmp_path,
         API_RATE_LIMIT_PER_MINUTE="60",  # one a second
         API_RATE_LIMIT_BURST=str(BURST),
-        SSE_MAX_STREAMS_PER_USER="1",
     ) as (a, b):
         async with httpx.AsyncClient(timeout=30) as http:
             started = time.monotonic()
@@ -59,9 +60,13 @@ async def test_a_quote_flood_is_limited_across_processes_and_streams_are_capped_
                 assert r.status_code == 200, r.text
                 assert (await http.get(f"{url}/api/ai/jobs", headers=flooder)).status_code == 200
 
-            # One stream per user in the cluster: held on A, refused on B.
-            async with http.stream("GET", f"{a}/api/ai/jobs/events", headers=flooder) as held:
-                assert held.status_code == 200
+            # The user's whole share of streams in the cluster: held on A, refused on B.
+            async with contextlib.AsyncExitStack() as held:
+                for _ in range(MAX_STREAMS_PER_USER):
+                    r = await held.enter_async_context(
+                        http.stream("GET", f"{a}/api/ai/jobs/events", headers=flooder)
+                    )
+                    assert r.status_code == 200
                 refused = await http.get(f"{b}/api/ai/jobs/events", headers=flooder)
                 assert_problem(refused, 429, "TOO_MANY_STREAMS")
                 async with http.stream("GET", f"{b}/api/ai/jobs/events", headers=other) as o:

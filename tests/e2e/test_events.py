@@ -10,9 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import text
 
 from api.events import STREAM_RETRY_AFTER_S, JobEventHub, StreamSlots
+from api.routes import events as events_route
 from db import jobs as jobs_db
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.sse import Event, events_of
@@ -230,9 +232,10 @@ def slots(api: Api) -> StreamSlots:
 
 
 async def test_a_users_streams_are_capped_and_a_closed_stream_frees_its_slot(
-    db: Any, env: Any
+    db: Any, env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with start_api(env(SSE_MAX_STREAMS_PER_USER=2)) as capped:
+    monkeypatch.setattr(events_route, "MAX_STREAMS_PER_USER", 2)
+    async with start_api(env()) as capped:
         job_id = await capped.create_id()
         job_path = f"/api/ai/jobs/{job_id}/events"
         async with contextlib.AsyncExitStack() as held:
@@ -258,9 +261,12 @@ async def test_a_users_streams_are_capped_and_a_closed_stream_frees_its_slot(
             assert slots(capped).held_by("alice") == 1
 
 
-async def test_a_stream_that_ends_frees_its_slot(db: Any, env: Any) -> None:
+async def test_a_stream_that_ends_frees_its_slot(
+    db: Any, env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A job stream ends after the terminal state; its slot goes back with it."""
-    async with start_api(env(SSE_MAX_STREAMS_PER_USER=1)) as capped:
+    monkeypatch.setattr(events_route, "MAX_STREAMS_PER_USER", 1)
+    async with start_api(env()) as capped:
         job_id = await capped.create_id()
         assert (await capped.cancel(job_id)).status_code == 200
         path = f"/api/ai/jobs/{job_id}/events"
@@ -270,8 +276,11 @@ async def test_a_stream_that_ends_frees_its_slot(db: Any, env: Any) -> None:
             await wait_for(lambda: slots(capped).open == 0)
 
 
-async def test_the_process_cap_holds_across_users(db: Any, env: Any) -> None:
-    async with start_api(env(SSE_MAX_STREAMS=2)) as capped, contextlib.AsyncExitStack() as held:
+async def test_the_process_cap_holds_across_users(
+    db: Any, env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events_route, "MAX_STREAMS", 2)
+    async with start_api(env()) as capped, contextlib.AsyncExitStack() as held:
         for user in ("alice", "bob"):
             r = await held.enter_async_context(
                 capped.http.stream("GET", ALL_JOBS, headers=capped.as_user(user))

@@ -50,14 +50,43 @@ async def test_create_get_cancel_list_and_retry(
     assert await _aijobs("jobs", "list", "--status", "queued", "--limit", "5") == 0
     assert _out(capsys)["items"] == []
 
-    # The retry is the admin one: a user token is refused, an admin token creates the new job.
+    # A user's token retries its own job through the owner's route: no admin audit entry.
+    assert await _aijobs("jobs", "retry", job_id) == 0
+    retried = _out(capsys)
+    assert retried["jobId"] != job_id and retried["retriedFromJobId"] == job_id
+    assert await _audited_retries(api) == []
+
+
+async def _audited_retries(api: Api) -> list[str]:
+    r = await api.http.get(
+        "/admin-api/ai/audit", params={"action": "job.retry"}, headers=api.as_admin()
+    )
+    assert r.status_code == 200, r.text
+    return [e["targetId"] for e in r.json()["items"]]
+
+
+async def test_retry_uses_the_route_the_token_may_use(
+    api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone else's job: a user's token gets the owner route's 404 (never the admin route's
+    403), an admin's token retries it through the admin route (audited)."""
+    job_id = await api.create_id("alice")
+    assert (await api.cancel(job_id)).status_code == 200
+    _env(monkeypatch, api, api.token("mallory"))
     assert await _aijobs("jobs", "retry", job_id) == 1
-    problem = json.loads(capsys.readouterr().err)
-    assert problem["status"] == 403
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    problem = json.loads(captured.err)
+    assert (problem["status"], problem["code"]) == (404, "JOB_NOT_FOUND")
+
     _env(monkeypatch, api, api.token("root", admin=True))
     assert await _aijobs("jobs", "retry", job_id) == 0
     retried = _out(capsys)
-    assert retried["jobId"] != job_id
+    assert retried["jobId"] != job_id and retried["retriedFromJobId"] == job_id
+    assert await _audited_retries(api) == [job_id]
+    # Again: the same retry (200), still through the admin route.
+    assert await _aijobs("jobs", "retry", job_id) == 0
+    assert _out(capsys)["jobId"] == retried["jobId"]
 
 
 async def test_an_http_error_prints_the_problem_on_stderr(

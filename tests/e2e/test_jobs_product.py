@@ -168,6 +168,28 @@ async def test_run_at_mistakes_are_refused(api: Api, run_at: Any) -> None:
     assert locs(assert_problem(r, 422, "VALIDATION_FAILED")) == [["body", "runAt"]]
 
 
+async def test_run_at_must_fall_within_the_input_s_retention(db: SessionMaker, env: Any) -> None:
+    """With DATA_RETENTION_DAYS=2 a job's input lives two days: a `runAt` 3 days ahead could
+    only fail SNAPSHOT_EXPIRED, so create and quote refuse it at the body field, naming the
+    setting; one day ahead is accepted."""
+    async with start_api(env(DATA_RETENTION_DAYS="2")) as short:
+        late = rfc3339(datetime.now(UTC) + timedelta(days=3))
+        body = {"jobType": "synthetic", "targetType": "t", "targetId": "1", "input": {}}
+        for path in ("/api/ai/jobs", "/api/ai/jobs/quote"):
+            r = await short.http.post(path, json=body | {"runAt": late}, headers=short.as_user())
+            problem = assert_problem(r, 422, "VALIDATION_FAILED")
+            assert locs(problem) == [["body", "runAt"]], problem
+            assert "DATA_RETENTION_DAYS" in problem["detail"]
+            assert "DATA_RETENTION_DAYS" in problem["errors"][0]["msg"]
+        soon = rfc3339(datetime.now(UTC) + timedelta(days=1))
+        job = (await short.create(runAt=soon)).json()
+        assert job["lifecycleStatus"] == "queued"
+        r = await short.http.post(
+            "/api/ai/jobs/quote", json=body | {"runAt": soon}, headers=short.as_user()
+        )
+        assert r.status_code == 200, r.text
+
+
 async def test_a_delayed_job_waits_queued_and_starts_on_time(api: Api, workers: Stack) -> None:
     run_at = (datetime.now(UTC) + timedelta(seconds=3.5)).astimezone(timezone(timedelta(hours=1)))
     job = (await api.create(runAt=rfc3339(run_at))).json()

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from api.limits import BodySizeLimit
+from api.limits import MAX_REQUEST_BYTES, BodySizeLimit
 from api.schemas import MAX_INPUT_BYTES
 from jobs.types.synthetic import MAX_ECHO_BYTES
 from tests.e2e.conftest import PROBLEM, Api, assert_no_leak, assert_problem
@@ -265,14 +265,14 @@ async def test_8mib_unauthenticated_post_is_answered_413_fast_and_the_api_stays_
     api: Api,
 ) -> None:
     body = job_json(8 * MIB)
-    assert len(body) > api.settings.max_request_bytes
+    assert len(body) > MAX_REQUEST_BYTES
     started = time.monotonic()
     r = await api.http.post(
         "/api/ai/jobs", content=body, headers={"Content-Type": "application/json"}
     )
     elapsed = time.monotonic() - started
     problem = assert_problem(r, 413, "PAYLOAD_TOO_LARGE")
-    assert str(api.settings.max_request_bytes) in problem["detail"]
+    assert str(MAX_REQUEST_BYTES) in problem["detail"]
     assert r.headers["connection"] == "close"
     # Only a coarse regression guard: on loopback even reading and parsing 8 MiB is quick. That
     # the answer does not wait for the body is proven by the raw-socket test below.
@@ -331,7 +331,7 @@ async def test_a_huge_declared_body_is_refused_and_the_connection_closed_at_once
 
 
 async def test_chunked_body_over_the_limit_is_refused(api: Api) -> None:
-    limit = api.settings.max_request_bytes
+    limit = MAX_REQUEST_BYTES
     sent = 0
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -391,7 +391,7 @@ async def test_content_length_shorter_than_the_body_is_never_accepted(api: Api) 
 
 
 async def test_body_of_exactly_the_limit_reaches_authentication(api: Api) -> None:
-    body = job_json(api.settings.max_request_bytes)
+    body = job_json(MAX_REQUEST_BYTES)
     headers = {**api.forged(), "Content-Type": "application/json"}
     r = await api.http.post("/api/ai/jobs", content=body, headers=headers)
     assert_problem(r, 401, "UNAUTHENTICATED")
@@ -424,7 +424,7 @@ async def test_input_is_bounded(api: Api) -> None:
     # Bigger than MAX_INPUT_BYTES but well inside MAX_REQUEST_BYTES; the bound on `input` must
     # answer before the job type's own schema is consulted (whose refusal has loc
     # ["body", "input", "echo"]).
-    assert MAX_INPUT_BYTES + 1024 < api.settings.max_request_bytes
+    assert MAX_INPUT_BYTES + 1024 < MAX_REQUEST_BYTES
     r = await api.create(input={"echo": {"pad": SECRET + "x" * MAX_INPUT_BYTES}}, expect=None)
     body = assert_problem(r, 422, "VALIDATION_FAILED")
     assert [e["loc"] for e in body["errors"]] == [["body", "input"]], body

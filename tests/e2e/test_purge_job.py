@@ -56,7 +56,7 @@ async def test_the_owner_purges_an_ended_job(api: Api, db: SessionMaker, workers
     r = await api.http.get(f"{path}/artifacts", headers=api.as_user())
     assert r.status_code == 200 and secret not in r.text
     (item,) = r.json()["items"]
-    assert item["content"]["echo"] is None
+    assert item["artifactType"] == "synthetic_result" and item["content"] is None
 
     # The event stream still answers, with the job's state and nothing purged.
     async with (
@@ -76,3 +76,34 @@ async def test_a_job_that_has_not_ended_cannot_be_purged(api: Api) -> None:
     assert (await api.get(job_id))["privateDataPurged"] is False
     missing = f"/api/ai/jobs/{uuid.uuid4()}"
     assert_problem(await api.http.delete(missing, headers=api.as_user()), 404, "JOB_NOT_FOUND")
+
+
+async def test_a_purge_leaves_no_card_readable(api: Api, db: SessionMaker, workers: Stack) -> None:
+    """A flashcard job's cards are business rows: after the 204 the artifacts route still lists
+    each card's reference, with `content: null`, and the `flashcard` rows are gone."""
+    source = "Ribosomes assemble proteins from amino acids. " * 12
+    job_id = await api.create_id(
+        jobType="flashcard_generation", input={"sourceText": source, "count": 3}
+    )
+    assert (await api.wait_status(job_id))["lifecycleStatus"] == "succeeded"
+    path = f"/api/ai/jobs/{job_id}/artifacts"
+    before = (await api.http.get(path, headers=api.as_user())).json()["items"]
+    assert len(before) == 3
+    fronts = [i["content"]["front"] for i in before]
+    assert all(fronts) and all(i["content"]["back"] for i in before)
+
+    r = await api.http.delete(f"/api/ai/jobs/{job_id}", headers=api.as_user())
+    assert r.status_code == 204, r.text
+    after = (await api.http.get(path, headers=api.as_user())).json()["items"]
+    assert [(i["artifactId"], i["content"]) for i in after] == [
+        (i["artifactId"], None) for i in before
+    ]
+    admin = await api.http.get(path, headers=api.as_admin())
+    assert all(i["content"] is None for i in admin.json()["items"])
+    for front in fronts:
+        assert front not in admin.text
+    async with db() as s:
+        cards = await s.scalar(
+            text("SELECT count(*) FROM flashcard WHERE job_id = :j"), {"j": uuid.UUID(job_id)}
+        )
+    assert cards == 0

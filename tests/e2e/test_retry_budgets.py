@@ -14,7 +14,7 @@ from temporalio.client import Client
 
 from db.session import SessionMaker
 from engine.definition import SYSTEM_QUEUE
-from tests.e2e.conftest import Api, assert_problem, start_api
+from tests.e2e.conftest import Api, assert_problem, fast_bulk, start_api
 from tests.integration.engine_helpers import make_failed_jobs, retries_of
 from tests.stack import Stack, engine_stack
 from tests.support import eventually
@@ -43,15 +43,13 @@ async def admin_tables(db: SessionMaker) -> SessionMaker:
 
 
 @pytest.fixture
-async def quota_stack(db: SessionMaker, env: Any, temporal_client: Client) -> AsyncIterator[Stack]:
+async def quota_stack(
+    db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Stack]:
     """An `ai-system` worker and a relay under a quota of 2 jobs per user per day (the failed
     originals count: they were created today), and no job worker: retries stay queued."""
-    settings = env(
-        ADMIN_BULK_JOBS_PER_SECOND=2000,
-        ADMIN_BULK_MAX_JOBS=400,
-        ADMIN_BULK_START_AFTER_S=3600,
-        QUOTA_MAX_JOBS_PER_DAY=2,
-    )
+    fast_bulk(monkeypatch)
+    settings = env(ADMIN_BULK_MAX_JOBS=400, QUOTA_MAX_JOBS_PER_DAY=2)
     async with engine_stack(settings, temporal_client, queues=(SYSTEM_QUEUE,)) as st:
         yield st
 

@@ -29,6 +29,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+import jobs.schedules
 from activities.reconciler import Reconciler, ReconcilerConfig
 from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.session import SessionMaker
@@ -234,8 +235,11 @@ async def test_the_default_minimum_interval_is_a_minute(api: Api) -> None:
     await create(api, intervalSeconds=60, paused=True)
 
 
-async def test_per_user_cap(db: SessionMaker, env: Any, temporal_client: Client) -> None:
-    async with scheduling(env, temporal_client, SCHEDULE_MAX_PER_USER=1) as (api, _):
+async def test_per_user_cap(
+    db: SessionMaker, env: Any, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs.schedules, "MAX_PER_USER", 1)
+    async with scheduling(env, temporal_client) as (api, _):
         await create(api, intervalSeconds=3600)
         r = await api.http.post(
             BASE, json={"jobType": "synthetic", "intervalSeconds": 3600}, headers=api.as_user()

@@ -39,6 +39,7 @@ from temporalio.client import Client
 
 from bench.isolation import FakeLLM, fakellm_server, isolation_rules
 from db.session import SessionMaker
+from jobs.costs import ESTIMATE_MARGIN
 from tests.e2e.conftest import Api, assert_problem, start_api
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import FAKE_MODEL, PLATFORM_KEY
@@ -52,8 +53,8 @@ QUIZ = "quiz_generation"
 ALICE, BOB = "alice", "bob"
 # Several provider calls at once: the budget and the limiter, not the worker's slots, decide.
 WIDE = {"AI_INTERACTIVE_CONCURRENCY": 8, "AI_BACKGROUND_CONCURRENCY": 8}
-# TOKEN_ESTIMATE_MARGIN's default: the worst case counts the prompt estimate plus this much.
-MARGIN = 0.25
+# The estimate margin: the worst case counts the prompt estimate plus this much.
+MARGIN = ESTIMATE_MARGIN
 
 
 def quiz_body(**extra: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from db.session import SessionMaker
 from engine.contracts import RECONCILER_SCHEDULE_ID
 from engine.definition import SYSTEM_QUEUE
 from jobs.credentials import credential_cipher
+from jobs.webhooks import MAX_ENDPOINTS_PER_USER
 from runtime.wiring import build_parts
 from runtime.worker import run_workers
 from tests.e2e.conftest import Api, assert_problem, start_api
@@ -337,7 +338,7 @@ async def test_a_delivery_that_keeps_failing_ends_dead(api: Api, workers: Stack)
 
 
 async def test_a_user_has_at_most_the_endpoint_cap(api: Api) -> None:
-    cap = api.settings.webhook_max_endpoints_per_user
+    cap = MAX_ENDPOINTS_PER_USER
     assert cap == 10  # the default
     hooks = [await register(api, f"http://127.0.0.1:9/hook/{i}") for i in range(cap)]
     r = await api.http.post(
@@ -356,7 +357,7 @@ async def test_a_user_has_at_most_the_endpoint_cap(api: Api) -> None:
 
 
 async def test_concurrent_registrations_cannot_overshoot_the_cap(api: Api) -> None:
-    cap = api.settings.webhook_max_endpoints_per_user
+    cap = MAX_ENDPOINTS_PER_USER
     answers = await asyncio.gather(
         *(
             api.http.post(

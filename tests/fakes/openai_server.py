@@ -7,8 +7,9 @@ in order (to assert on prompts, e.g. a retry's corrective instruction), `POST /_
 everything.
 
 Step kinds (a step is a JSON object with `kind` and optional fields):
-- `valid`: 200 with `content` (an object, default `{}`) serialised as the message content,
-  finish_reason "stop", usage `tokens_in` (default 11) / `tokens_out` (default 7);
+- `valid`: 200 with `content` (an object, default `{}`) serialised as the message content (or
+  `content_text`, a string, as it is), finish_reason "stop", usage `tokens_in` (default 11) /
+  `tokens_out` (default 7; `"max"`: the request's `max_tokens`);
 - `invalid_json`: 200 whose content is "this is not json {";
 - `schema_invalid`: 200 whose content is `{"unexpected": true}`;
 - `status`: HTTP `status` (default 500) with an OpenAI-style error body
@@ -196,8 +197,14 @@ def _completion(
     }
 
 
-def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
-    content = json.dumps(step.get("content", {}))
+def _content(step: Mapping[str, Any]) -> str:
+    """A step's answer text: `content_text` as it is, else `content` as JSON."""
+    text = step.get("content_text")
+    return text if isinstance(text, str) else json.dumps(step.get("content", {}))
+
+
+def _valid_response(step: Mapping[str, Any], model: str) -> Response:
+    content = _content(step)
     body = _completion(
         model,
         content,
@@ -206,13 +213,16 @@ def _valid_response(step: Mapping[str, Any], model: str) -> JSONResponse:
         tokens_out=int(step.get("tokens_out", 7)),
     )
     body["usage"].update(dict(step.get("usage_extra") or {}))
-    return JSONResponse(
-        body,
+    # Escaped to ASCII, as json.dumps does: a `content_text` may hold what UTF-8 cannot encode
+    # (a lone surrogate), which JSON can still carry as an escape.
+    return Response(
+        json.dumps(body).encode(),
+        media_type="application/json",
         headers={str(k): str(v) for k, v in dict(step.get("headers") or {}).items()},
     )
 
 
-def _whole_answer(step: Mapping[str, Any], model_name: str) -> JSONResponse:
+def _whole_answer(step: Mapping[str, Any], model_name: str) -> Response:
     """The non-streamed answer of a step (a `slow` step after its wait answers as `valid`)."""
     kind = step["kind"]
     if kind in ("valid", "slow"):
@@ -268,7 +278,7 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> byte
 def _streamed_response(
     state: _FakeState, step: Mapping[str, Any], model: str, include_usage: bool
 ) -> StreamingResponse:
-    content = json.dumps(step.get("content", {}))
+    content = _content(step)
     size = max(1, int(step.get("chunk_chars", 8)))
     delay_s = float(step.get("chunk_delay_s", 0.0))
     cut_after = step.get("cut_after")
@@ -383,7 +393,10 @@ def create_fake_app() -> FastAPI:
         """The step that answers a request: the first matching rule's, else the next queued."""
         seen = f"{authorization}\n{json.dumps(body.get('messages'))}"
         ruled = next((r.step for r in state.rules if r.match in seen), None)
-        return ruled if ruled is not None else state.next_step()
+        step = ruled if ruled is not None else state.next_step()
+        if step.get("tokens_out") == "max":  # the answer takes the whole budget asked for
+            step = {**step, "tokens_out": int(body.get("max_tokens") or 7)}
+        return step
 
     def answer_line(authorization: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         """A batch line answered as a chat call would be (never streamed, no wait): its HTTP
@@ -582,10 +595,13 @@ class FakeOpenAIServer:
         *,
         rules: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> None:
-        """Replace the script; `rules` are (text, step) pairs answered before the queue."""
+        """Replace the script; `rules` are (text, step) pairs answered before the queue. Sent
+        as ASCII JSON, so a step may hold a lone surrogate (escaped on the way)."""
         async with httpx.AsyncClient(trust_env=False) as client:
             response = await client.post(
-                f"{self.root_url}/_script", json=self._script_body(steps, default, rules)
+                f"{self.root_url}/_script",
+                content=json.dumps(self._script_body(steps, default, rules)),
+                headers={"Content-Type": "application/json"},
             )
             response.raise_for_status()
 

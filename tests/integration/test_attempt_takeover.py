@@ -78,6 +78,8 @@ async def test_a_taken_over_attempt_stores_nothing_and_its_call_is_charged(
                 )
             ]
     assert row.output_hash == second.output_hash and "/a2@" in row.locked_by
-    # Each call is charged once, under its own number; the taken-over one as aborted.
-    assert usage == [(1, 1, "CANCELLED"), (2, 2, None)], usage
+    # Each call is charged once, under its own number. The taken-over one is charged by the
+    # attempt that took the job over, from the mark it left before sending (a lost worker's
+    # call, at its worst case); its own later record, as aborted, writes nothing.
+    assert usage == [(1, 1, "INTERNAL_WORKER_LOST"), (2, 2, None)], usage
     assert row.call_seq == 2

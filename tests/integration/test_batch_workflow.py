@@ -23,14 +23,16 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.batch import BatchActivities, BatchTiming, start_batch_workflow
+from activities.batch_files import BatchFiles, gateway_clients
 from activities.deps import StageDeps
 from db import batches as batches_db
 from db import lifecycle as lifecycle_db
-from db.batches import Enrolled
+from db.batches import Enrolled, custom_id_of
 from db.lifecycle import NewJob
 from db.provider_gate import PLATFORM_KEY_REF
 from db.session import SessionMaker
 from engine.tiers import BATCH_POKE_SIGNAL, BATCH_RESULT_SIGNAL
+from providers.batch_lines import encode_line
 from providers.pricing import PriceTable
 from runtime.wiring import gateway
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -122,6 +124,7 @@ async def enroll(stack: Stack, job_id: uuid.UUID) -> Enrolled:
             key_ref=PLATFORM_KEY_REF,
             task_queue=task_queue(stack),
             body=BODY,
+            line_bytes=len(encode_line(custom_id_of(job_id, 1), BODY)),
         )
     await start_batch_workflow(stack.client, enrolled, task_queue(stack))
     return enrolled
@@ -145,6 +148,8 @@ async def test_enrollments_of_one_window_are_one_batch_charged_once_and_signalle
     stack: Stack, db: SessionMaker, fake: FakeOpenAIServer, temporal_client: Client
 ) -> None:
     await fake.ascript([VALID, VALID, {"kind": "status", "status": 500}, VALID, VALID])
+    # The files' deletes fail for now: a poll retried below reads them again.
+    await fake.abatch_script(delete_status=503)
     listen_queue = f"batch-listen-{uuid.uuid4().hex[:8]}"
     async with Worker(
         temporal_client,
@@ -207,6 +212,23 @@ async def test_enrollments_of_one_window_are_one_batch_charged_once_and_signalle
     assert len(await rows(db, usage_sql, jobs=jobs)) == 4
     spent = await rows(db, "SELECT sum(spent_cost_usd) AS s FROM ai_job WHERE id = ANY(:j)", j=jobs)
     assert spent[0].s == half * 4
+
+    # The failed deletes wait for the reconciler's retention phase, which deletes them once due.
+    files_sql = "SELECT role, deleted_at FROM ai_batch_file WHERE batch_id = :b"
+    kept = await rows(db, files_sql, b=batch_id)
+    assert sorted(f.role for f in kept) == ["error", "input", "output"]
+    assert all(f.deleted_at is None for f in kept)
+    await fake.abatch_script()
+    async with db.begin() as s:
+        await s.execute(
+            text("UPDATE ai_batch_file SET next_try_at = now() WHERE batch_id = :b"),
+            {"b": batch_id},
+        )
+    files = BatchFiles(stack.parts.sessionmaker, gateway_clients(deps.gateway))
+    assert await files.delete_due() == 3
+    assert all(f.deleted_at is not None for f in await rows(db, files_sql, b=batch_id))
+    seen = await fake.abatches()
+    assert all(f["deleted"] for f in seen["files"])
     await deps.gateway.aclose()
 
 

@@ -1,8 +1,9 @@
 """A deterministic fault in a bookkeeping stage ends the job `failed` with an INTERNAL_* code
 within two minutes, its workflow closed (activities/bounded.py); the stack stays for
 SUPER_ADMIN, the fault's text nowhere. A fault in the finalizer as well still closes the
-workflow, and the reconciler ends the job once the fault is gone. Faults are real SQL errors
-raised by PostgreSQL for one job only (a function or a trigger the test creates and drops)."""
+workflow, and the reconciler ends the job itself once the fault is gone, never starting it
+again. Faults are real SQL errors raised by PostgreSQL for one job only (a function or a
+trigger the test creates and drops)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,14 @@ from db.lifecycle import PREPARE_STATE
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.wiring import reconciler_config
-from tests.integration.engine_helpers import execute, stage_names, wait_workflow_closed
+from tests.integration.engine_helpers import (
+    execute,
+    insert_job,
+    rows,
+    scalar,
+    stage_names,
+    wait_workflow_closed,
+)
 from tests.stack import Stack, engine_stack, relay_running
 
 pytestmark = pytest.mark.slow
@@ -124,6 +132,45 @@ async def test_a_deterministic_fault_in_prepare_ends_the_job_internal_error(
         assert FAULT not in str(history)
 
 
+async def test_a_statement_timeout_or_a_lock_not_available_is_not_waited_out(
+    db: SessionMaker,
+    settings: Settings,
+    temporal_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
+    faults: None,
+) -> None:
+    """PREPARE's read stopped on every try by a statement timeout (57014) for one job, by a
+    lock not available (55P03) for another: the driver's OperationalError of an outage, but
+    the database answered. Each counts toward the bound: the job ends INTERNAL_ERROR."""
+    async with engine_stack(settings, temporal_client, relay=False) as st:
+        timed_out = await st.create(input={"delayMs": 0})
+        locked = await st.create(input={"delayMs": 0})
+        await execute(
+            db,
+            f"""
+            CREATE OR REPLACE FUNCTION aijobs_test_fault(j uuid) RETURNS boolean
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF j = '{timed_out}'::uuid THEN
+                    RAISE EXCEPTION '{FAULT}' USING ERRCODE = '57014';
+                END IF;
+                IF j = '{locked}'::uuid THEN
+                    RAISE EXCEPTION '{FAULT}' USING ERRCODE = '55P03';
+                END IF;
+                RETURN true;
+            END $$
+            """,
+        )
+        _prepare_reads_through_the_fault(monkeypatch)
+        async with relay_running(st.relay):
+            for job, state in ((timed_out, "57014"), (locked, "55P03")):
+                row = await st.wait_status(job, timeout=BOUND_S)
+                assert (row.lifecycle_status, row.error_code) == ("failed", "INTERNAL_ERROR")
+                assert f"SQLSTATE {state}" in (row.internal_error_message or "")
+                names, _ = await _stages(st, temporal_client, job)
+                assert names == ["prepare", "finalize_failed"]
+
+
 async def test_a_deterministic_fault_in_project_ends_the_job_internal(
     db: SessionMaker, settings: Settings, temporal_client: Client, faults: None
 ) -> None:
@@ -155,6 +202,10 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
     monkeypatch: pytest.MonkeyPatch,
     faults: None,
 ) -> None:
+    """The finalizer gives up after its attempts and its workflow closes failed. The reconciler
+    never starts it again (a new run would meet the same fault, pass after pass): while the
+    fault holds, its passes leave the job as it is; once the fault is gone, its next pass ends
+    the job itself, by CAS, as the finalizer was ending it: `failed`, `INTERNAL_ERROR`."""
     async with engine_stack(settings, temporal_client, relay=False) as st:
         job = await st.create(input={"delayMs": 0})
         await _fault_function(db, job)
@@ -172,10 +223,10 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
         assert names == ["prepare", "finalize_failed"]
         assert status == WorkflowExecutionStatus.FAILED  # closed, not retried for ever
         assert (await st.job(job)).lifecycle_status == "queued"
+        handle = temporal_client.get_workflow_handle(st.workflow_id(job))
+        first_run = (await handle.describe()).run_id
 
-        # The fault is repaired: the reconciler's waiting phase sends the enqueue again, and
-        # the new run (PREPARE still faulting) ends the job through its finalizer.
-        await execute(db, "DROP TRIGGER aijobs_test_fault ON ai_job")
+        # Past the waiting phase's delay: the job is a candidate of every pass.
         await execute(
             db,
             "UPDATE outbox_event SET published_at = now() - interval '5 minutes' "
@@ -183,7 +234,59 @@ async def test_a_finalizer_that_fails_too_closes_the_workflow_and_the_reconciler
             j=str(job),
         )
         cfg = reconciler_config(settings)
-        await Reconciler(db, temporal_client, cfg, catalog=st.parts.catalog).run_once()
-        async with relay_running(st.relay):
-            row = await st.wait_status(job, timeout=BOUND_S)
+        reconciler = Reconciler(db, temporal_client, cfg, catalog=st.parts.catalog)
+        for _ in range(3):  # the fault holds: nothing is started again, nothing changes
+            result = await reconciler.run_once()
+            assert (result.outbox_requeued, result.finalizers_ended) == (0, 0), result
+        assert (await st.job(job)).lifecycle_status == "queued"
+        pending = (
+            "SELECT count(*) FROM outbox_event WHERE aggregate_id = :j AND status <> 'published'"
+        )
+        assert await scalar(db, pending, j=str(job)) == 0
+
+        await execute(db, "DROP TRIGGER aijobs_test_fault ON ai_job")
+        result = await reconciler.run_once()
+        assert (result.outbox_requeued, result.finalizers_ended) == (0, 1), result
+        row = await st.job(job)
         assert (row.lifecycle_status, row.error_code) == ("failed", "INTERNAL_ERROR")
+        assert (await handle.describe()).run_id == first_run  # one run in all
+        assert (await reconciler.run_once()).finalizers_ended == 0  # ended once
+
+
+@pytest.mark.parametrize(
+    ("finalizer", "cancel_requested", "ending"),
+    [
+        ("finalize_failed", False, ("failed", "INTERNAL_ERROR")),
+        ("finalize_failed", True, ("cancelled", "CANCELLED")),
+        ("finalize_cancelled", False, ("cancelled", "CANCELLED")),
+    ],
+)
+async def test_the_reconciler_writes_the_ending_the_finalizer_was_writing(
+    db: SessionMaker,
+    temporal_client: Client,
+    finalizer: str,
+    cancel_requested: bool,
+    ending: tuple[str, str],
+) -> None:
+    """By CAS, through jobs/lifecycle.py: a cancel the user asked for still wins; a queued job
+    is taken and failed in one transaction; a second ending is a no-op."""
+    from activities.metrics import worker_metrics
+    from activities.reconciler_endings import ReconcilerEndings
+
+    job = await insert_job(db)
+    if cancel_requested:
+        await execute(db, "UPDATE ai_job SET cancel_requested_at = now() WHERE id = :j", j=job)
+    endings = ReconcilerEndings(db, temporal_client, worker_metrics())
+    wf = f"ai-interactive:synthetic:{job}"
+    assert await endings.end(job, wf, finalizer) == ending[0]
+    row = (await rows(db, "SELECT lifecycle_status, error_code FROM ai_job WHERE id = :j", j=job))[
+        0
+    ]
+    assert (row.lifecycle_status, row.error_code or "CANCELLED") == ending
+    events = (
+        "SELECT count(*) FROM outbox_event "
+        "WHERE aggregate_id = :j AND event_type <> 'ai.job.enqueue'"
+    )
+    assert await scalar(db, events, j=str(job)) == 1
+    assert await endings.end(job, wf, finalizer) is None  # ended once
+    assert await scalar(db, events, j=str(job)) == 1

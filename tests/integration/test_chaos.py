@@ -82,10 +82,11 @@ async def test_postgres_and_temporal_restarted_under_load() -> None:
             sv.database_url,
             sv.temporal_address,
             AI_HEARTBEAT_TIMEOUT_MS=5000,
-            OUTBOX_LOCK_TTL_S=5,
             RELAY_POLL_INTERVAL_S=0.2,
         )
-        async with engine_stack(settings, client, queues=INTERACTIVE) as stack:
+        async with engine_stack(
+            settings, client, queues=INTERACTIVE, relay_overrides={"lock_ttl_s": 5}
+        ) as stack:
             ids = await _create_when_up(stack, JOBS_BEFORE)
 
             # Wait until work is in flight, then take PostgreSQL away for a moment.

@@ -65,7 +65,6 @@ def local(db: SessionMaker, database_url: str, temporal_address: str) -> dict[st
         "WORKER_METRICS_PORT": "0",
         "TEMPORAL_METRICS_PORT": "0",
         "WORKER_DRAIN_S": "0",
-        "STARTUP_WAIT_S": "0",
     }
 
 

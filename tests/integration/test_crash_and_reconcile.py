@@ -72,8 +72,9 @@ async def test_worker_killed_during_execute_job_still_succeeds_once(
             f = await job_facts(db, job_id)
             assert len(f.artifacts) == 1 and len(f.synthetic_results) == 1
             assert f.events.get(COMPLETED) == 1
-            # The killed attempt never reached its write; the retry on the new worker did.
-            assert f.usage == [(2, None)]
+            # The killed attempt never reached its write: the mark it committed before its call
+            # was charged by the retry's take (a lost worker's call); the retry wrote its own.
+            assert f.usage == [(1, "INTERNAL_WORKER_LOST"), (2, None)]
             assert row.locked_by.split("/")[1] == desc.run_id  # one run, locked once
             assert ps[1].poll() is None
 

@@ -4,11 +4,14 @@ Temporal server dispatches waiting tasks fairly across keys within a priority.""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
+import pytest
 from sqlalchemy import text
 from temporalio.client import Client
 
+import runtime.worker
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.wiring import create_policy
@@ -92,18 +95,18 @@ async def _weights(client: Client, st: Stack, ids: list[uuid.UUID]) -> list[floa
 async def test_a_users_first_few_active_jobs_carry_a_larger_weight(
     db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
 ) -> None:
-    """A job created while its user has at most FAIRNESS_LIGHT_JOBS active jobs (itself
-    included) is started with FAIRNESS_LIGHT_BOOST times the user's weight; the user's later
+    """A job created while its user has at most `light_jobs` active jobs (itself included) is
+    started with `light_boost` times the user's weight; the user's later
     jobs with the weight alone. A job that ended no longer counts. No worker polls here, so
     every job stays queued (active) until the test ends it."""
-    settings = make_settings(
-        database_url,
-        temporal_address,
-        FAIRNESS_LIGHT_JOBS=3,
-        FAIRNESS_LIGHT_BOOST=5,
-        FAIRNESS_WEIGHTS="tenant-w=2",
-    )
-    async with engine_stack(settings, temporal_client, queues=()) as st:
+    settings = make_settings(database_url, temporal_address)
+    async with engine_stack(
+        settings,
+        temporal_client,
+        queues=(),
+        policy=dataclasses.replace(create_policy(settings), fairness_weights={"tenant-w": 2}),
+        relay_overrides={"light_jobs": 3, "light_boost": 5},
+    ) as st:
         first = [await st.create(user_id="tenant-w") for _ in range(5)]
         other = await st.create(user_id="tenant-v")
 
@@ -144,14 +147,16 @@ async def test_a_users_first_few_active_jobs_carry_a_larger_weight(
 
 
 async def test_a_job_queue_worker_takes_a_bounded_share_of_a_burst(
-    database_url: str, temporal_address: str, temporal_client: Client
+    database_url: str,
+    temporal_address: str,
+    temporal_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The worker's intake is bounded: WORKER_WORKFLOW_TASKS workflow tasks and DB_POOL_SIZE
-    local activities at once, so a burst waits on the server's fair queue and the bookkeeping
+    """The worker's intake is bounded: WORKFLOW_TASKS workflow tasks and DB_POOL_SIZE local
+    activities at once, so a burst waits on the server's fair queue and the bookkeeping
     stages leave connections for EXECUTE."""
-    settings = make_settings(
-        database_url, temporal_address, WORKER_WORKFLOW_TASKS=3, DB_POOL_SIZE=7
-    )
+    monkeypatch.setattr(runtime.worker, "WORKFLOW_TASKS", 3)
+    settings = make_settings(database_url, temporal_address, DB_POOL_SIZE=7)
     async with engine_stack(settings, temporal_client, relay=False) as st:
         [worker] = st.workers
         config = worker.config()

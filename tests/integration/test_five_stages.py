@@ -68,8 +68,7 @@ async def test_a_job_cancelled_while_it_runs_ends_in_finalize_cancelled(
 ) -> None:
     # A short SQL lock: EXECUTE re-reads the job (and so sees the cancel) each time it extends
     # the lock, every half TTL; the queue's 60 s lock would make the test wait 30 s for it.
-    short_lock = settings.model_copy(update={"lock_ttl_s": 4})
-    async with engine_stack(short_lock, temporal_client) as st:
+    async with engine_stack(settings, temporal_client, engine_overrides={"lock_ttl_s": 4}) as st:
         job = await st.create(input={"hang": True})
         await wait_activity_started(temporal_client, st.workflow_id(job))
         result = await st.service.cancel(job, "u1")

@@ -9,6 +9,7 @@ Test-only variants of quiz_generation give short timeouts and chosen backoffs.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -54,11 +55,14 @@ async def stack_for(
     temporal_client: Client,
     fake: FakeOpenAIServer,
 ) -> Any:
-    """`async with stack_for(**env) as stack`: an engine pointed at the (reset) fake server."""
+    """`async with stack_for(**env) as stack`: an engine pointed at the (reset) fake server;
+    `blocklist`: its content safety rules."""
 
-    def make(**env: Any) -> Any:
+    def make(blocklist: Sequence[str] = (), **env: Any) -> Any:
         settings = make_settings(database_url, temporal_address, **fake_env(fake, **env))
-        return engine_stack(settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES)
+        return engine_stack(
+            settings, temporal_client, catalog=CATALOG, queues=JOB_QUEUES, blocklist=blocklist
+        )
 
     return make
 
@@ -201,7 +205,7 @@ async def test_provider_content_filter_is_blocked_and_not_retried(
 async def test_blocklist_hit_blocks_before_any_provider_call(
     stack_for: Any, fake: FakeOpenAIServer
 ) -> None:
-    async with stack_for(CONTENT_SAFETY_BLOCKLIST="nerve agent, forbidden topic") as stack:
+    async with stack_for(blocklist=["nerve agent", "forbidden topic"]) as stack:
         await fake.ascript([], default=VALID_STEP)
         blocked = await stack.create(
             job_type="test_quiz_fast",

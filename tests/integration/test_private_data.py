@@ -104,8 +104,9 @@ async def test_retention_removes_every_copy_of_private_data(
     slow = scripted_job_type("slow_synthetic", timeout_ms=600_000)
     # A short SQL lock: EXECUTE sees the cancel below when it extends the lock, every half TTL
     # (the queue's 30 s lock made the test wait 15 s for it).
-    short_lock = settings.model_copy(update={"lock_ttl_s": 4})
-    async with engine_stack(short_lock, temporal_client, extra_types=[slow]) as st:
+    async with engine_stack(
+        settings, temporal_client, extra_types=[slow], engine_overrides={"lock_ttl_s": 4}
+    ) as st:
         old_done = await st.create(input={"echo": {"s": secret}, "failTimes": 9})
         old_waiting = await st.create(
             job_type="slow_synthetic", input={"echo": {"s": secret}, "delayMs": 600_000}

@@ -53,7 +53,7 @@ async def runs_of(client: Client, wid: str) -> list[str]:
 async def test_relay_crash_between_claim_and_publish_starts_each_workflow_once(
     db: SessionMaker, database_url: str, temporal_address: str, temporal_client: Client
 ) -> None:
-    settings = make_settings(database_url, temporal_address, OUTBOX_LOCK_TTL_S=1)
+    settings = make_settings(database_url, temporal_address)
     async with engine_stack(settings, temporal_client, relay=False) as st:
         job_ids = [await st.create(input={"echo": {"i": i}}) for i in range(6)]
 
@@ -76,7 +76,7 @@ async def test_relay_crash_between_claim_and_publish_starts_each_workflow_once(
         ) == len(job_ids)
 
         # A live relay releases the dead one's expired claims and dispatches them again.
-        live = new_relay(st, owner="relay:live", release_every_s=0.2)
+        live = new_relay(st, owner="relay:live", release_every_s=0.2, lock_ttl_s=1)
         async with relay_running(live):
             final = await wait_jobs(db, job_ids, timeout=30)
 

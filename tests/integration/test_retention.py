@@ -1,6 +1,7 @@
 """Retention with the shortest setting (1 day) for every kind of row the engine keeps: a row
 just past it goes, a fresh one stays. The private data of an ended job goes whole (input,
-output, chunk outputs, snapshot, internal error message), its lifecycle row and usage stay."""
+output, its business rows, chunk outputs, snapshot, internal error message), its lifecycle row
+and usage stay."""
 
 from __future__ import annotations
 
@@ -93,7 +94,26 @@ async def ended_job(db: SessionMaker, *, old: bool, status: str = "failed") -> u
         "model) VALUES (:j, 'u1', 1, 'platform_key', 'synthetic', 'm')",
         j=job,
     )
+    # The business rows a projector wrote from its output: content too.
+    targeted = "id, job_id, user_id, ordinal, target_type, target_id"
+    for sql in (
+        f"INSERT INTO flashcard ({targeted}, front, back) "
+        "VALUES (:i, :j, 'u1', 0, 't', '1', :secret, :secret)",
+        f"INSERT INTO quiz_question ({targeted}, question, choices, answer_index, explanation, "
+        "difficulty) VALUES (:i, :j, 'u1', 0, 't', '1', :secret, CAST('[\"a\"]' AS jsonb), 0, "
+        ":secret, 'easy')",
+        "INSERT INTO weak_point_candidate (id, job_id, user_id, ordinal, topic, evidence, "
+        "recommended_action) VALUES (:i, :j, 'u1', 0, :secret, CAST('[]' AS jsonb), :secret)",
+    ):
+        await execute(db, sql, i=uuid.uuid4(), j=job, secret=SECRET)
     return job
+
+
+BUSINESS_ROWS = (
+    "SELECT (SELECT count(*) FROM flashcard WHERE job_id = :j) "
+    "+ (SELECT count(*) FROM quiz_question WHERE job_id = :j) "
+    "+ (SELECT count(*) FROM weak_point_candidate WHERE job_id = :j)"
+)
 
 
 async def test_an_ended_jobs_private_data_goes_whole_and_its_row_and_usage_stay(
@@ -130,6 +150,9 @@ async def test_an_ended_jobs_private_data_goes_whole_and_its_row_and_usage_stay(
     assert await scalar(db, batch_content, j=old) == "{}"
     assert SECRET in str(await scalar(db, batch_content, j=fresh))
     assert await scalar(db, "SELECT count(*) FROM ai_usage_log WHERE job_id = :j", j=old) == 1
+    # Its quiz questions, flashcards and weak-point candidates are gone; the fresh job's stay.
+    assert await scalar(db, BUSINESS_ROWS, j=old) == 0
+    assert await scalar(db, BUSINESS_ROWS, j=fresh) == 3
     every_copy = await scalar(
         db,
         "SELECT concat(j.input, j.output, j.internal_error_message, "
@@ -231,6 +254,20 @@ async def test_every_bookkeeping_kind_goes_after_its_retention(db: SessionMaker)
     assert counts["revoked_keys_purged"] == 2  # one deleted, one erased
     keys = await rows(db, "SELECT id, length(ciphertext) AS n FROM user_model_credential")
     assert sorted(r.n for r in keys) == [0, 6] and {r.id: r.n for r in keys}[named] == 0
+
+
+def test_the_purge_knows_every_business_table() -> None:
+    """Every table shaped like a projector's (one row per job and ordinal, with its owner) is
+    purged: a job type's new table is covered without an edit of the purge."""
+    from db.models import Base
+    from db.retention import PROJECTED_TABLES
+
+    shaped = {
+        t.name
+        for t in Base.metadata.tables.values()
+        if {"job_id", "user_id", "ordinal"} <= set(t.c.keys()) and not t.name.startswith("ai_")
+    }
+    assert shaped and set(PROJECTED_TABLES) == shaped
 
 
 async def test_a_schedules_recorded_runs_go_after_data_retention_days(db: SessionMaker) -> None:

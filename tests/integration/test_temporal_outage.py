@@ -37,11 +37,16 @@ async def test_jobs_created_before_and_during_a_temporal_outage_all_succeed() ->
             sv.temporal_address,
             RELAY_POLL_INTERVAL_S=0.2,
             RECONCILE_INTERVAL_S=2,
-            OUTBOX_LOCK_TTL_S=10,
         )
         # A relay loop beside the workers, and the ai-system worker's relay activity
-        # (`ensure_system_workflows` starts its workflow), as in production.
-        async with engine_stack(settings, client, queues=(*INTERACTIVE, SYSTEM_QUEUE)) as stack:
+        # (`ensure_system_workflows` starts its workflow), as in production; both release a
+        # claim left by a relay attempt the outage cut short after 10 s.
+        async with engine_stack(
+            settings,
+            client,
+            queues=(*INTERACTIVE, SYSTEM_QUEUE),
+            relay_overrides={"lock_ttl_s": 10},
+        ) as stack:
             await ensure_system_workflows(client, settings)
             warm = await stack.create(input={"delayMs": 100})
             await stack.wait_status(warm, "succeeded", timeout=60)

@@ -285,11 +285,12 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
         database_url,
         temporal_address,
         AI_INTERACTIVE_CONCURRENCY=1,
-        CONTENT_SAFETY_BLOCKLIST="forbiddenword",
         **fake_env(fake),
     )
     await set_platform_gate(db, consecutive_failures=5, open_until="now()")
-    async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
+    async with engine_stack(
+        settings, temporal_client, queues=JOB_QUEUES, blocklist=["forbiddenword"]
+    ) as st:
         probe_input = (
             {**INPUTS[FLASH], "sourceText": "forbiddenword " + INPUTS[FLASH]["sourceText"]}
             if probe_outcome == "content_safety"

@@ -34,7 +34,13 @@ from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.embedded import free_port
 from runtime.logs import build_handler
-from runtime.telemetry import SANITIZE_ENV, Telemetry, tracing_from_env, tracing_with_exporter
+from runtime.telemetry import (
+    SANITIZE_ENV,
+    Telemetry,
+    redact_query,
+    tracing_from_env,
+    tracing_with_exporter,
+)
 from runtime.wiring import api_app, connect_temporal
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.integration.provider_helpers import PLATFORM_KEY, auth, fake_env, user_prompts
@@ -360,3 +366,100 @@ async def test_traces_are_exported_over_otlp_http_without_job_content(
     assert row.workflow_id in {
         a.value.string_value for a in by_name[f"StartWorkflow:{JOB_TYPE}"].attributes
     }
+
+
+# ---- secrets in a request's query string ----------------------------------------------------
+
+
+def test_redact_query_blanks_the_stream_token_only() -> None:
+    assert redact_query(b"") == b""
+    assert redact_query(b"a=1&streamToken=eyJ.x.y&b=2") == b"a=1&streamToken=[redacted]&b=2"
+    # As the app reads the key: URL-decoded, and case-folded.
+    assert redact_query(b"stream%54oken=s3cret") == b"stream%54oken=[redacted]"
+    assert redact_query(b"STREAMTOKEN=s3cret&x") == b"STREAMTOKEN=[redacted]&x"
+    assert redact_query(b"limit=5&cursor=abc") == b"limit=5&cursor=abc"
+
+
+async def test_a_stream_token_reaches_no_exported_span(
+    db: SessionMaker,
+    database_url: str,
+    temporal_address: str,
+    receiver: _Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream token in the query, on a job's event stream (200) and on another route (401):
+    both server spans are exported over OTLP/HTTP, named after their routes, and no exported
+    byte holds the token; even with every request header captured, no Authorization."""
+    port = receiver.server_address[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST", ".*")
+    monkeypatch.delenv(SANITIZE_ENV, raising=False)
+    telemetry = tracing_from_env("aijobs-otlp-stream")
+    settings = make_settings(database_url, temporal_address)
+    app = api_app(settings)
+    telemetry.instrument_app(app)
+    bearer = auth(settings, "stream-user")
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://api"
+            ) as http,
+        ):
+            body = {"jobType": "synthetic", "targetType": "t", "targetId": "1", "input": {}}
+            r = await http.post("/api/ai/jobs", json=body, headers=bearer)
+            assert r.status_code == 202, r.text
+            job_id = r.json()["jobId"]
+            # Ended, so its stream ends after the terminal event (and its span with it).
+            r = await http.post(f"/api/ai/jobs/{job_id}/cancel", headers=bearer)
+            assert r.json()["lifecycleStatus"] == "cancelled", r.text
+            r = await http.post("/api/ai/stream-tokens", headers=bearer)
+            token = r.json()["token"]
+            stream = await http.get(f"/api/ai/jobs/{job_id}/events", params={"streamToken": token})
+            assert stream.status_code == 200, stream.text
+            assert '"cancelled"' in stream.text
+            other = await http.get(f"/api/ai/jobs/{job_id}", params={"streamToken": token})
+            assert other.status_code == 401, other.text
+
+            def server_spans() -> dict[str, Span]:
+                return {
+                    s.name: s
+                    for req in receiver.requests()
+                    for rs in req.resource_spans
+                    for ss in rs.scope_spans
+                    for s in ss.spans
+                    if s.kind == Span.SPAN_KIND_SERVER
+                }
+
+            async def both_exported() -> dict[str, Span] | None:
+                spans = server_spans()
+                names = {"GET /api/ai/jobs/{jobId}/events", "GET /api/ai/jobs/{jobId}"}
+                return spans if names <= set(spans) else None
+
+            spans = await eventually(
+                both_exported,
+                timeout=15,
+                interval=0.1,
+                what=lambda: f"both server spans exported (seen {sorted(server_spans())})",
+            )
+    finally:
+        telemetry.shutdown()
+
+    assert receiver.bodies
+    for blob in receiver.bodies:
+        assert token.encode() not in blob
+        assert token.split(".")[2].encode() not in blob  # not even the signature alone
+        assert bearer["Authorization"].split()[1].encode() not in blob
+    events = spans["GET /api/ai/jobs/{jobId}/events"]
+    attrs = {a.key: a.value.string_value for a in events.attributes}
+    assert attrs["http.route"] == "/api/ai/jobs/{jobId}/events"
+    urls = [v for k, v in attrs.items() if k in ("http.url", "url.full", "http.target")]
+    # The URL keeps its shape, the token's value is blanked (as in the access log).
+    assert any(v.endswith("?streamToken=[redacted]") for v in urls), attrs
+    status = {a.key: a.value.int_value for a in events.attributes}["http.status_code"]
+    assert status == 200
+    refused = {a.key: a.value for a in spans["GET /api/ai/jobs/{jobId}"].attributes}
+    assert refused["http.status_code"].int_value == 401

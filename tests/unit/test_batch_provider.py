@@ -20,6 +20,7 @@ from providers.batch import (
     jsonl,
     parse_results,
 )
+from providers.batch_lines import encode_line
 from providers.synthetic import SyntheticProvider
 from tests.fakes.openai_server import create_fake_app
 
@@ -175,3 +176,75 @@ def test_results_skip_junk_and_prefer_an_answer() -> None:
     expired = {"custom_id": "a", "response": None, "error": {"code": "batch_expired"}}
     files = (jsonl([expired]) + b"not json\n{}\n", jsonl([answered]))
     assert parse_results(*files)["a"].succeeded
+
+
+async def one_piece(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def test_a_streamed_upload_carries_its_length_and_name(http: httpx.AsyncClient) -> None:
+    client = BatchClient("http://fake/v1", http, KEY)
+    data = b"".join(encode_line(f"job-{i}-a1", BODY) for i in range(3))
+    file_id = await client.upload_stream("ai-batch-x.jsonl", len(data), one_piece(data))
+    [seen] = (await control(http, "/_batches"))["upload_log"]
+    assert (seen["file_id"], seen["filename"], seen["lines"]) == (file_id, "ai-batch-x.jsonl", 3)
+    assert seen["bytes"] == len(data) and not seen["chunked"]
+    assert int(seen["content_length"]) == seen["body_bytes"] > len(data)
+    # The bytes of a line depend on its content only: the body's key order does not count.
+    assert encode_line("c", dict(reversed(list(BODY.items())))) == encode_line("c", BODY)
+    assert json.loads(encode_line("c", BODY))["body"] == {
+        k: v for k, v in BODY.items() if not k.startswith("stream")
+    }
+
+
+async def test_a_batch_is_found_by_its_metadata_across_pages(http: httpx.AsyncClient) -> None:
+    await control(http, "/_batch_script", {"foreign_after_create": 25})
+    client = BatchClient("http://fake/v1", http, KEY)
+    ours = await client.create(await client.upload(lines(1)), metadata={"ai_batch_id": "b-1"})
+    assert ours.metadata == {"ai_batch_id": "b-1"} and ours.created_at is not None
+    listing = await control(http, "/v1/batches?limit=10")
+    assert listing["has_more"] and len(listing["data"]) == 10  # ours is on the third page
+    assert (await http.get("/v1/batches", params={"limit": 101})).status_code == 400
+    for limit in (100, 10, 1):
+        found = await client.find_batch(
+            "ai_batch_id", "b-1", since=ours.created_at - 60, limit=limit
+        )
+        assert found is not None and found.id == ours.id
+    assert await client.find_batch("ai_batch_id", "b-2", since=0, limit=7) is None
+    # A page every batch of which was created before `since` ends the look-up there.
+    later = ours.created_at + 3600
+    assert await client.find_batch("ai_batch_id", "b-1", since=later, limit=10) is None
+
+
+async def test_files_are_found_by_name_and_deleted_once(http: httpx.AsyncClient) -> None:
+    client = BatchClient("http://fake/v1", http, KEY)
+    first = await client.upload(lines(1), filename="ai-batch-y.jsonl")
+    await client.upload(lines(1), filename="other.jsonl")
+    second = await client.upload(lines(2), filename="ai-batch-y.jsonl")
+    found = await client.find_files("ai-batch-y.jsonl", since=0)
+    assert sorted(f.id for f in found) == sorted([first, second])
+    assert {f.bytes for f in found} == {len(lines(1)), len(lines(2))}
+    await client.delete_file(first)
+    await client.delete_file(first)  # a 404: done already
+    assert (await http.get(f"/v1/files/{first}/content")).status_code == 404
+    assert [f.id for f in await client.find_files("ai-batch-y.jsonl", since=0)] == [second]
+    assert (await control(http, "/_batches"))["deletes"] == [first, first]
+    await control(http, "/_batch_script", {"delete_status": 503})
+    with pytest.raises(ExecutionFailure) as failed:
+        await client.delete_file(second)
+    assert failed.value.code == "PROVIDER_UNAVAILABLE"
+
+
+async def test_result_files_are_read_line_by_line(http: httpx.AsyncClient) -> None:
+    valid = {"kind": "valid", "content": {"ok": 1}, "tokens_in": 5, "tokens_out": 2}
+    await control(http, "/_script", {"steps": [valid, {"kind": "status", "status": 429}]})
+    client = BatchClient("http://fake/v1", http, KEY)
+    batch = await client.create(await client.upload(lines(2)))
+    assert batch.output_file_id and batch.error_file_id
+    out = [line async for line in client.content_lines(batch.output_file_id)]
+    err = [line async for line in client.content_lines(batch.error_file_id)]
+    assert [(r.custom_id, r.succeeded) for r in out] == [("job-0-a1", True)]
+    assert [(r.custom_id, r.error_code) for r in err] == [("job-1-a1", "PROVIDER_RATE_LIMITED")]
+    with pytest.raises(ExecutionFailure) as missing:
+        [line async for line in client.content_lines("file-nope")]
+    assert missing.value.code == "REQUEST_REJECTED"

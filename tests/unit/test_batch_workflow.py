@@ -12,7 +12,8 @@ from typing import Any
 from activities import batch as acts
 from activities.batch import BatchCharge, batch_charge, usage_row
 from activities.deps import StageDeps
-from db.batches import BatchRow, Settled, custom_id_of, workflow_id_of
+from db.batch_results import Settled
+from db.batches import BatchRow, custom_id_of, workflow_id_of
 from jobs.gateway import Gateway
 from jobs.spec import Catalog
 from providers.base import Usage

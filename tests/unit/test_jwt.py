@@ -122,23 +122,26 @@ def test_leeway_accepts_small_clock_skew() -> None:
     _refused(strict, _raw(_claims(iat=now + 10, exp=now + 600)))
 
 
-def test_config_from_settings() -> None:
+def test_config_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings.model_validate(
         {
             "AIJOBS_ENV": "production",
             "JWT_SECRET": SECRET,
             "JWT_ISSUER": "https://auth.example",
             "JWT_AUDIENCE": "ai-jobs",
-            "JWT_MAX_TTL_S": 7200,
-            "JWT_LEEWAY_S": 5,
         }
     )
     cfg = JwtConfig.from_settings(s)
-    assert cfg == JwtConfig(SECRET, "https://auth.example", "ai-jobs", 7200, 5)
+    assert cfg == JwtConfig(SECRET, "https://auth.example", "ai-jobs", 30 * 86_400, 30)
     assert SECRET not in repr(cfg)
     defaults = JwtConfig.from_settings(Settings.model_validate({"AIJOBS_ENV": "test"}))
     assert (defaults.issuer, defaults.audience) == (None, None)
     assert (defaults.max_ttl_s, defaults.leeway_s) == (30 * 86_400, 30)
+    # The bounds are the module's constants, read when the config is built.
+    monkeypatch.setattr(auth, "MAX_TOKEN_TTL_S", 7200)
+    monkeypatch.setattr(auth, "TOKEN_LEEWAY_S", 5)
+    cfg = JwtConfig.from_settings(s)
+    assert cfg == JwtConfig(SECRET, "https://auth.example", "ai-jobs", 7200, 5)
 
 
 # ---- tokens that passed are remembered (api/auth.py) --------------------------------------

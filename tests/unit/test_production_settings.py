@@ -219,7 +219,10 @@ def test_dev_runs_as_development(before: str | None, after: str, noted: bool) ->
 
 
 def test_dev_tokens_fit_the_default_maximum_lifetime() -> None:
-    assert TOKEN_TTL_S <= Settings.model_validate({"AIJOBS_ENV": "development"}).jwt_max_ttl_s
+    from api.auth import JwtConfig
+
+    dev = Settings.model_validate({"AIJOBS_ENV": "development"})
+    assert TOKEN_TTL_S <= JwtConfig.from_settings(dev).max_ttl_s
 
 
 # ---- the CLI, in process -----------------------------------------------------------------
@@ -266,16 +269,18 @@ def test_token_ttl_is_bounded(
         cli.cmd_token(_token_args(ttl=ttl))
     assert info.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        "aijobs token: --ttl must be between 1 and 2592000 seconds (JWT_MAX_TTL_S)"
+        "aijobs token: --ttl must be between 1 and 2592000 seconds (30 days)"
     )
 
 
-def test_token_ttl_follows_jwt_max_ttl_s(
+def test_token_ttl_follows_the_longest_token_lifetime(
     environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import api.auth
+
     environ.setenv("AIJOBS_ENV", "production")
     environ.setenv("JWT_SECRET", GOOD_SECRET)
-    environ.setenv("JWT_MAX_TTL_S", "600")
+    environ.setattr(api.auth, "MAX_TOKEN_TTL_S", 600)
     environ.setenv("JWT_ISSUER", "https://auth.example")
     assert cli.cmd_token(_token_args(ttl=600)) == 0
     import jwt
@@ -394,10 +399,11 @@ DIRECT = "postgresql://u@postgres:5432/db"
         ({"DATABASE_URL": DIRECT}, False, DIRECT),
         ({"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT}, True, DIRECT),
         ({"DATABASE_URL": DIRECT, "DATABASE_DIRECT_URL": DIRECT}, False, DIRECT),
-        ({"DATABASE_URL": POOLER, "DATABASE_POOLER": "true"}, True, POOLER),
+        # DATABASE_POOLER is no longer read: behind a pooler, DATABASE_DIRECT_URL says so.
+        ({"DATABASE_URL": POOLER, "DATABASE_POOLER": "true"}, False, POOLER),
         (
             {"DATABASE_URL": POOLER, "DATABASE_DIRECT_URL": DIRECT, "DATABASE_POOLER": "0"},
-            False,
+            True,
             DIRECT,
         ),
     ],
@@ -426,10 +432,9 @@ def test_each_role_names_what_it_cannot_reach() -> None:
             "AIJOBS_ENV": "test",
             "DATABASE_URL": f"postgresql://u:topsecret@127.0.0.1:{closed}/db",
             "TEMPORAL_ADDRESS": f"127.0.0.1:{closed}",
-            "STARTUP_WAIT_S": "0",
         }
     )
-    problems = reachability_problems(s, "worker")
+    problems = reachability_problems(s, "worker", wait_s=0)
     assert len(problems) == 2
     assert problems[0].startswith(f"DATABASE_URL (127.0.0.1:{closed}/db) is not reachable: ")
     assert problems[1].startswith(f"TEMPORAL_ADDRESS (127.0.0.1:{closed}) is not reachable: ")

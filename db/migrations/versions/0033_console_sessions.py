@@ -7,7 +7,7 @@ never past the admin token's `exp`; a sign-in deletes expired rows (`ix_console_
 a sign-out its own row.
 
 Revision ID: 0033
-Revises: 0031
+Revises: 0032
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0033"
-down_revision: str | None = '0031'
+down_revision: str | None = '0032'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
