@@ -8,6 +8,9 @@ ends a call under a key's limits notifies with the key (provider, model, `platfo
 signal the same waiter) and signals their workflows (`limit-wake`), which then ask EXECUTE
 again. Notifications that arrive together are handled once per key.
 
+The same connection hears the pause waker's channel (`aijobs_pauses`, runtime/pause_waker.py),
+handed to it as `also`: the process LISTENs once.
+
 Nothing is polled per job: an idle waker costs one round trip on its LISTEN connection and one
 sweep of ended or expired waiters every `idle_s`. On (re)connecting it wakes every key with
 waiters (notifications sent while it was away are lost). What a lost wake-up costs is bounded
