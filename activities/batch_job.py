@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities.batch import start_batch_workflow
@@ -37,6 +38,7 @@ from engine.contracts import (
     BatchEnrollResult,
     BatchLeaveResult,
 )
+from engine.errors import ExecutionFailure, public_message_for
 from engine.tiers import BATCH_POKE_SIGNAL
 from jobs import batch_job
 from jobs.batch_job import Attempt, Ended, Failed, Pending, Refused, Stop, Stored
@@ -88,10 +90,18 @@ class BatchJob:
         """The attempt's item once its batch signalled: `succeeded` (the output stored),
         `failed` (the attempt spent, its code) or `pending` (the lock extended)."""
         d, a = self._d, self._attempt(inp)
-        async with d.sessionmaker.begin() as s:
-            got = await batch_job.collect(s, d.catalog, a)
-            if isinstance(got, Stop):
-                fail_final(got.code)  # rolls back: nothing stored
+        try:
+            async with d.sessionmaker.begin() as s:
+                got = await batch_job.collect(s, d.gateway, d.catalog, a, d.config.batch_caps)
+                if isinstance(got, Stop):
+                    fail_final(got.code)  # rolls back: nothing stored
+        except ExecutionFailure as unavailable:  # moderation away: looked at again, no call
+            raise ApplicationError(
+                public_message_for(unavailable.code), type=unavailable.code
+            ) from None
+        if isinstance(got, Enrolled):  # its line refused for its form: again, one form down
+            await start_batch_workflow(activity.client(), got, a.task_queue)
+            return BatchCollectResult(status="pending")
         if isinstance(got, Pending):
             return BatchCollectResult(status="pending")
         if isinstance(got, Failed):

@@ -96,6 +96,7 @@ def usage_row(
         cached_input_tokens=u.cached_input_tokens,
         reasoning_tokens=u.reasoning_tokens,
         service_tier=BATCH,
+        structured_output=settled.structured_output,
     )
 
 

@@ -34,7 +34,8 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities import fallback
+from activities import call as call_step
+from activities import fallback, held
 from activities.deps import EngineConfig, StageDeps, lock_owner, log
 from activities.failures import (
     fail_attempt,
@@ -44,7 +45,7 @@ from activities.failures import (
     unexpected_failure,
 )
 from activities.flow import expired_at_start, wait_place
-from activities.heartbeat import beat_interval_s, db_retry, heartbeating
+from activities.heartbeat import db_retry, heartbeating
 from activities.telemetry import observe_call, retry_follows, seconds_since
 from db import attempts as attempts_db
 from db.attempts import Settlement
@@ -53,9 +54,8 @@ from db.jobs import JobRow
 from engine.contracts import EXECUTE, ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
-from jobs import attempt_start, calls, limit_wake, stream_items
+from jobs import attempt_start, calls, guardrails, limit_wake, stream_items
 from jobs.admission import Refused, Ticket
-from jobs.output import validated_answer
 from jobs.stream_items import Progress
 from jobs.waits import Wait
 from providers.base import Provider, ProviderRequest, ProviderResponse
@@ -72,6 +72,7 @@ class Begun:
     started: attempt_start.Started | None = None  # the call may go
     gate_wait_s: float = 0.0  # > 0: the gate is closed; nothing was taken or spent
     gate_reason: str = ""  # why (engine/contracts.py ExecuteResult.gate_reason)
+    held: attempt_start.Held | None = None  # a paid answer waiting for its moderation
 
 
 class _Waiting(Exception):
@@ -186,6 +187,9 @@ class _Attempt:
                 return Begun(ended=got.status)
             if isinstance(got, attempt_start.Reused):
                 return Begun(reuse_hash=got.output_hash)
+            if isinstance(got, attempt_start.Held):
+                self.chunk = got.chunk
+                return Begun(held=got)
             self.chunk, self.started, self.call_no = got.chunk, got, got.call_no
             return Begun(started=got)
 
@@ -211,6 +215,8 @@ class _Attempt:
         if begun.reuse_hash is not None:
             activity.logger.info("output already stored; reused", extra={"job_id": self.inp.job_id})
             return ExecuteResult(output_hash=begun.reuse_hash, attempt=self.number)
+        if begun.held is not None:
+            return await held.moderate_again(self, begun.held)
         started = begun.started
         assert started is not None
         row = started.row
@@ -225,7 +231,13 @@ class _Attempt:
             fail_attempt(key_failure.code, attempt=self.number)
         called = await self.call(
             calls.Attempt(
-                row, started.snapshot, started.jt, self.number, self.chunk, self.inp.timeout_ms
+                row,
+                started.snapshot,
+                started.jt,
+                self.number,
+                self.chunk,
+                self.inp.timeout_ms,
+                started.downgrades,
             )
         )
         if called.failure is not None:
@@ -238,7 +250,7 @@ class _Attempt:
         """The prompt, its content-safety check, the provider call and the output's validation.
         Every way it can end becomes a failure code, except a cancellation (a workflow cancel,
         or a drained worker's grace running out), which is recorded and then goes on."""
-        d, row = self._d, a.row
+        d = self._d
         provider, model_name = self.route.start(d, a, self.ticket)
         started = time.monotonic()
         response: ProviderResponse | None = None
@@ -247,13 +259,16 @@ class _Attempt:
         model_out: BaseModel | None = None
         called = False  # the provider was asked (a refused prompt is no call)
         request: ProviderRequest | None = None
-        items = stream_items.publisher(d.sessionmaker, a.jt, row.id, self.number, a.chunk)
+        items: stream_items.ItemPublisher | stream_items.NoItems = stream_items.NoItems()
+        guarded = guardrails.Guarded((None, None, None))
         try:
-            request = calls.request(d.gateway, a, model_name, self.ticket.api_key, items.on_delta)
+            # mask -> call -> moderate -> restore -> validate (jobs/guardrails.py)
+            guard, items, request = await call_step.prepared(self, a, provider, model_name)
             self.ticket.api_key = None  # the decrypted key moved into the request
             called = True
             response = await items.during(fallback.call(self, a, provider, request, items.progress))
-            out, model_out, failure = validated_answer(a.jt, response.content)
+            guarded = await guard.answer(response.content)
+            out, model_out, failure = guarded.validated
         except TimeoutError:
             failure = ExecutionFailure(
                 "TIMEOUT", internal_message=f"provider call exceeded {self.inp.timeout_ms} ms"
@@ -275,7 +290,8 @@ class _Attempt:
                 self.ticket.api_key or None,
             )
             failure = unexpected_failure(exc, self.inp.job_id, self.number, private)
-        await items.settle(out if failure is None else None)  # rejected items retracted
+        # Rejected items retracted; the kept ones matched by their place in the answer.
+        await items.settle(out if failure is None else None, guarded.kept)
         latency_ms = int((time.monotonic() - started) * 1000)
         provider, request, model_name = self.route.final(provider, request, model_name)
         # Priced once (an unknown echo is reported once per call), for the metric and the row.
@@ -293,12 +309,19 @@ class _Attempt:
                 response=response,
                 cost_usd=cost,
             )
-        # A retry with a correction sends more than was estimated: only first prompts count.
-        estimated = a.chunk.input_tokens if a.chunk is not None else row.estimated_input_tokens
-        if response is not None and estimated and not row.correction_hint:
-            d.metrics.estimate_checked(row.job_type, model_name, estimated, response.tokens_in)
+        call_step.estimate_checked(d, a, model_name, response)
         return calls.Called(
-            provider.name, model_name, latency_ms, cost, response, failure, out, model_out, charged
+            provider.name,
+            model_name,
+            latency_ms,
+            cost,
+            response,
+            failure,
+            out,
+            model_out,
+            charged,
+            request.structured_output if request is not None else None,
+            guarded.flagged,
         )
 
     async def _record_aborted(
@@ -325,29 +348,8 @@ class _Attempt:
     async def _provider_call(
         self, provider: Provider, request: ProviderRequest, progress: Progress | None = None
     ) -> ProviderResponse:
-        """`jobs/calls.py` `call` with this attempt's heartbeat and lock extension: the SQL
-        lock is extended every `extend_every_s`, and the call aborted when SQL says the job was
-        cancelled or is no longer ours."""
-        d, started = self._d, self.started
-        assert started is not None and started.fence is not None  # a call follows a take
-        fence = started.fence
-        ttl_s, extend_every_s = d.lock_policy(request.job_type)
-
-        async def still_ours() -> bool:
-            return await attempt_start.holds(d.sessionmaker, fence, ttl_s=ttl_s)
-
-        return await calls.call(
-            provider,
-            request,
-            timeout_s=self.inp.timeout_ms / 1000,
-            beat=(lambda: activity.heartbeat(progress())) if progress else activity.heartbeat,
-            beat_interval_s=beat_interval_s(),
-            still_ours=still_ours,
-            check_every_s=extend_every_s,
-            check_first=attempt_start.may_be_taken_over(
-                activity.info().heartbeat_timeout, time.monotonic() - self.began
-            ),
-        )
+        """The call with this attempt's heartbeat and lock checks (activities/call.py)."""
+        return await call_step.provider_call(self, provider, request, progress)
 
     # ---- a failed call -----------------------------------------------------------------
 
@@ -426,6 +428,7 @@ class _Attempt:
             output_hash=output_hash(out),
             chunk_no=self.chunk_no,
             token=self.started.fence.token if self.started and self.started.fence else None,
+            flagged=called.flagged,
         )
         async with heartbeating():
             settled = await db_retry(

@@ -38,13 +38,14 @@ from db.call_marks import CallMark
 from db.jobs import JobRow
 from engine.contracts import ExecuteInput, ExecuteResult
 from engine.errors import ExecutionFailure
-from jobs import attempt_start, call_marks, calls
+from jobs import attempt_start, call_marks, calls, structured_output
 from jobs import fallback as chain_of
 from jobs.admission import Call, Ticket
 from jobs.offpeak import CallTier
 from jobs.stream_items import Progress
 from providers.base import CallProgress, Provider, ProviderRequest, ProviderResponse
 from providers.fallback import FallbackEntry, falls_back, reason_of
+from providers.structured import FormRefused, next_form
 
 log = logging.getLogger(__name__)
 # Less than this left of the job's timeout: no fallback call is started in this attempt.
@@ -57,6 +58,7 @@ class AttemptLike(Protocol):
     _d: StageDeps
     inp: ExecuteInput
     ticket: Ticket
+    number: int
     call_no: int | None
     started: attempt_start.Started | None
     route: Route
@@ -90,7 +92,8 @@ class Route:
         entry = chain_of.entry_of(d.gateway, ticket)
         if entry is None:
             return provider, model
-        self.note(d, model, entry, "breaker")
+        if entry.model != row.arm_model:  # not its arm's own model: the breaker sent it
+            self.note(d, model, entry, "breaker")
         return d.gateway.fallbacks.providers[entry.position], entry.model
 
     def note(self, d: StageDeps, from_model: str, entry: FallbackEntry, reason: str) -> None:
@@ -140,6 +143,13 @@ async def call(
             if not moved:  # the primary's call, exactly as EXECUTE makes it
                 return await attempt._provider_call(provider, request, progress)
             return await _send(attempt, provider, request, deadline - started)
+        except FormRefused as refused:
+            # Asked again at once in the next form down, same attempt, same endpoint.
+            lowered = await _lowered(attempt, a, provider, request, refused, started)
+            if lowered is None:
+                raise
+            request = lowered
+            attempt.route.provider, attempt.route.request = provider, request
         except ExecutionFailure as failure:
             left = deadline - time.monotonic()
             if not entries or not falls_back(failure) or left < MIN_FALLBACK_S:
@@ -226,6 +236,54 @@ def _observe(d: StageDeps, provider: Provider, failed: calls.Called) -> None:
     )
 
 
+async def _lowered(
+    attempt: AttemptLike,
+    a: calls.Attempt,
+    provider: Provider,
+    request: ProviderRequest,
+    refused: FormRefused,
+    started: float,
+) -> ProviderRequest | None:
+    """The refused call charged (its usage row), the downgrade recorded for every process and
+    the next call numbered, in one transaction (jobs/structured_output.py `refused`); the
+    request in the next form down. None: there is none, or the call has no identity to charge
+    it under (the refusal stands as REQUEST_REJECTED)."""
+    lower = next_form(request.structured_output)
+    if lower is None or attempt.call_no is None:
+        return None
+    d = attempt._d
+    latency_ms = int((time.monotonic() - started) * 1000)
+    charged = calls.charged(d.gateway.prices, a, request, None, d.config.estimate_margin)
+    cost = charged.cost_usd if charged is not None else Decimal(0)
+    failed = calls.Called(
+        provider.name,
+        request.model,
+        latency_ms,
+        cost,
+        None,
+        refused,
+        charged=charged,
+        form=request.structured_output,
+    )
+    usage = failed.usage(
+        a.row,
+        attempt.number,
+        a.chunk.chunk_no if a.chunk else None,
+        refused.code,
+        call_no=attempt.call_no,
+    )
+    async with heartbeating(), d.sessionmaker.begin() as s:
+        form, call_no = await structured_output.refused(
+            s, usage, provider, request.model, lower, ttl_s=d.gateway.downgrade_ttl_s
+        )
+    if call_no is None:
+        return None
+    attempt.call_no = call_no
+    _observe(d, provider, failed)
+    structured_output.warn(a.row.id, request.model, request.structured_output, form)
+    return calls.with_form(request, a, form)
+
+
 class _NotAdmitted(Exception):
     """The entry does not admit the call now: its transaction rolls back."""
 
@@ -269,14 +327,18 @@ async def _move(
             },
         )
         key, got.api_key = got.api_key, None
+        provider = d.gateway.fallbacks.providers[entry.position]
+        form = structured_output.form_for(
+            d.gateway.forms, a.downgrades, provider, entry.model, entry=True
+        )
         request = dataclasses.replace(  # a fallback provider's call is a standard one
-            failed,
+            calls.with_form(failed, a, form),
             model=entry.model,
             api_key=key,
             progress=CallProgress(),
             service_tier="standard",
         )
-        return entry, d.gateway.fallbacks.providers[entry.position], request
+        return entry, provider, request
     return None
 
 

@@ -26,6 +26,7 @@ from db import chunks as chunks_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from engine.contracts import MERGE, MergeInput, MergeResult
+from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from jobs.chunked import merge_outputs
@@ -49,7 +50,10 @@ class Merge:
             if row.lifecycle_status != LifecycleStatus.RUNNING:
                 # Ended meanwhile (a cancel won): the workflow's PROJECT reports the state.
                 fail_final("CANCELLED" if row.cancel_requested_at else "INTERNAL_NOT_LOCK_OWNER")
-            jt = d.catalog.get(row.job_type)
+            try:
+                jt = d.catalog.for_job(row)  # validated with the versions it was created with
+            except ExecutionFailure as f:
+                fail_final(f.code)
             spec = jt.chunking
             if spec is None or not row.chunk_count:
                 fail_final("INTERNAL_NOT_CHUNKED")

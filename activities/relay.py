@@ -36,9 +36,10 @@ from temporalio.service import RPCError
 
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
+from activities.relay_due import lag_s, sleep_s, still_ahead
 from activities.relay_failures import UNREACHABLE as _UNREACHABLE
 from activities.relay_failures import DispatchFailure, FailureKind
-from activities.relay_flow import expire_due, expiring, next_wake, sleep_s
+from activities.relay_flow import expire_due, expiring, next_wake
 from activities.relay_schedules import dispatch_schedule_event
 from db import outbox as outbox_db
 from db import relay as relay_db
@@ -379,7 +380,7 @@ class Relay:
                         # Derived from the job id: no user id or client key reaches Temporal.
                         idempotencyKey=enqueue_dedupe_key(job_id),
                         createdAt=row.created_at.isoformat(),
-                        runAt=str(p.get("runAt") or ""),
+                        runAt=still_ahead(p.get("runAt")),
                     ),
                     id=workflow_id(queue, job_type, job_id),
                     task_queue=f"{queue}{self.config.task_queue_suffix}",
@@ -404,9 +405,7 @@ class Relay:
                     ),
                 )
                 self.started += 1
-                self._metrics.relay_lagged(
-                    queue, (datetime.now(UTC) - row.created_at).total_seconds()
-                )
+                self._metrics.relay_lagged(queue, lag_s(row))
             except WorkflowAlreadyStartedError:
                 pass  # it ran already: at-least-once delivery, exactly-once start
             except RPCError as exc:

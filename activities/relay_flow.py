@@ -2,7 +2,8 @@
 not due before its time, and a job the relay has not dispatched ends at its start-by time or
 deadline (jobs/flow.py `expire_undispatched`). Each claim reads the next of both times, the
 relay sleeps no longer than until the sooner, and expires the jobs whose time came: one timer
-per relay, none per job, and none at all while no job waits for one."""
+per relay, none per job, and none at all while no job waits for one (the sleep itself:
+activities/relay_due.py `sleep_s`)."""
 
 from __future__ import annotations
 
@@ -27,15 +28,6 @@ def next_wake(claim: Claim) -> float | None:
 def expiring(claim: Claim) -> bool:
     """Whether a job the relay has not dispatched has reached its start-by time or deadline."""
     return claim.expire_in_s is not None and claim.expire_in_s <= 0
-
-
-def sleep_s(poll_interval_s: float, next_due: float | None, floor_s: float) -> float:
-    """How long the relay may sleep: the poll interval, or less, until `next_due` (monotonic
-    time; None: nothing due later), at least `floor_s` (a due job whose row another claim
-    holds is not claimed in a tight loop)."""
-    if next_due is None:
-        return poll_interval_s
-    return min(poll_interval_s, max(next_due - time.monotonic(), floor_s))
 
 
 async def expire_due(sm: SessionMaker, metrics: WorkerMetrics, limit: int) -> int:

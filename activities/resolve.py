@@ -36,7 +36,11 @@ class Resolve:
         row = read.refs
         if row is None:
             fail_final("INTERNAL_JOB_MISSING")
-        jt = d.catalog.get(row.job_type)
+        try:
+            # The versions it was created with must still be published: it never runs others.
+            jt = d.catalog.for_job(row)
+        except ExecutionFailure as f:
+            fail_final(f.code)
         if not row.has_snapshot:
             # Expired: the job waited longer than its input is kept (DATA_RETENTION_DAYS).
             expired = row.snapshot_stored

@@ -37,8 +37,10 @@ from db import webhook_deliveries as deliveries_db
 from db import webhooks as webhooks_db
 from db.session import SessionMaker, listen_connection
 from db.webhook_deliveries import DeliveryRow
+from db.webhooks import JOB_EVENTS
 from engine.errors import EngineError
 from jobs.schedules import schedule_event_body
+from jobs.scope_budgets import budget_event_body
 from jobs.views import Owner, find_job
 from jobs.webhooks import (
     Resolver,
@@ -317,12 +319,13 @@ class WebhookDeliverer:
     async def _attempt(self, row: DeliveryRow) -> Outcome:
         async with self._sm() as s:
             endpoint = await webhooks_db.get_endpoint(s, row.endpoint_id)
-            # A schedule's event carries its own payload (jobs/schedules.py), not a job.
-            schedule_event = await schedule_event_body(s, row)
+            # A schedule's or a budget's event carries its own payload (jobs/schedules.py,
+            # jobs/scope_budgets.py), not a job.
+            schedule_event = await schedule_event_body(s, row) or await budget_event_body(s, row)
             # Read as the endpoint's owner sees it: a webhook carries only its owner's job.
             job = (
                 None
-                if schedule_event
+                if schedule_event or row.event_type not in JOB_EVENTS
                 else await find_job(s, uuid.UUID(row.job_id), Owner(row.user_id))
             )
         if endpoint is None or endpoint.deleted_at is not None:

@@ -12,19 +12,24 @@ from temporalio.client import Client
 
 from api import browser, console, errors, limits, metrics, openapi
 from api.events import JobEventHub
+from api.heavy_requests import HeavyRequestGate
 from api.metrics import ApiMetrics
 from api.routes import (
     admin,
     admin_bulk,
+    admin_webhooks,
     credentials,
     events,
+    feedback,
     health,
     jobs,
     outbox,
     pauses,
+    rollouts,
     stream_tokens,
     usage,
 )
+from api.routes import budgets as budgets_routes
 from api.routes import schedules as schedules_routes
 from api.routes.job_types import router as job_types_router
 from api.routes.webhooks import router as webhooks_router
@@ -33,6 +38,7 @@ from api.strict import check_request
 from db.credentials import active_user_key_id
 from db.session import make_engine, make_sessionmaker
 from engine.settings import Settings
+from jobs import token_count
 from jobs.credentials import CredentialService, credential_cipher
 from jobs.service import CreatePolicy, JobService
 from jobs.spec import Catalog
@@ -89,6 +95,13 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
+    # Large bodies take turns (inside the size limit, so an oversized one is refused at once),
+    # as many at once as the check pool has threads plus one, waiting as long as it lets them.
+    app.add_middleware(
+        HeavyRequestGate,
+        slots=token_count.pool().concurrency + 1,
+        wait_s=token_count.pool().wait_s,
+    )
     limits.install(app, max_bytes=limits.MAX_REQUEST_BYTES)
     metrics.install(app, ApiMetrics(t.job_type for t in catalog))
     console.install(app)  # the operator console at /console (api/console/)
@@ -96,10 +109,14 @@ def create_app(
     # Before the jobs router: `/api/ai/jobs/events` is not a job id.
     app.include_router(events.router)
     app.include_router(jobs.router)
+    app.include_router(feedback.router)
+    app.include_router(rollouts.router)
     app.include_router(job_types_router)
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(admin_bulk.router)
+    app.include_router(budgets_routes.router)
+    app.include_router(admin_webhooks.router)
     app.include_router(outbox.router)
     app.include_router(pauses.router)
     app.include_router(credentials.router)

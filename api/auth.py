@@ -1,5 +1,7 @@
-"""Bearer JWT (HS256): `sub` is the user id, `roles` may hold SUPER_ADMIN; `iat` and `exp` are
-required, the lifetime `exp - iat` is bounded, and `iss`/`aud` are checked when configured.
+"""Bearer JWT (HS256): `sub` is the user id, `roles` may hold SUPER_ADMIN, `org` (a string) and
+`teams` (a list of strings; both named by JWT_ORG_CLAIM and JWT_TEAMS_CLAIM) the organisation and
+teams whose budgets the user's jobs count in; `iat` and `exp` are required, the lifetime
+`exp - iat` is bounded, and `iss`/`aud` are checked when configured.
 
 A client sends the same token with every request until it expires, and checking its signature
 and claims is most of what authentication costs a request. So a token that passed is
@@ -20,6 +22,7 @@ import jwt
 
 from api.schemas import storable_text
 from engine.errors import Unauthenticated
+from engine.scopes import MAX_TEAMS, is_scope_id, unique
 from engine.settings import Settings
 
 ADMIN_ROLE = "SUPER_ADMIN"
@@ -35,6 +38,8 @@ TOKEN_LEEWAY_S = 30
 class Principal:
     user_id: str
     roles: frozenset[str]
+    org_id: str | None = None  # the token's organisation (None: none)
+    team_ids: tuple[str, ...] = ()  # its teams, in the token's order, without repeats
 
     @property
     def is_admin(self) -> bool:
@@ -50,6 +55,8 @@ class JwtConfig:
     audience: str | None = None
     max_ttl_s: int = MAX_TOKEN_TTL_S
     leeway_s: int = TOKEN_LEEWAY_S
+    org_claim: str = "org"
+    teams_claim: str = "teams"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JwtConfig:
@@ -59,6 +66,8 @@ class JwtConfig:
             audience=settings.jwt_audience,
             max_ttl_s=MAX_TOKEN_TTL_S,  # read when called: a test may patch them
             leeway_s=TOKEN_LEEWAY_S,
+            org_claim=settings.jwt_org_claim,
+            teams_claim=settings.jwt_teams_claim,
         )
 
 
@@ -81,14 +90,24 @@ def _config(config: JwtConfig | str) -> JwtConfig:
 
 
 def issue_token(
-    config: JwtConfig | str, user_id: str, *, admin: bool = False, ttl_s: int = 86_400
+    config: JwtConfig | str,
+    user_id: str,
+    *,
+    admin: bool = False,
+    ttl_s: int = 86_400,
+    org: str | None = None,
+    teams: tuple[str, ...] | list[str] = (),
 ) -> str:
-    """Sign a token for `user_id`; a bare string is a secret with no issuer or audience. A
-    lifetime over `max_ttl_s` is refused (verification would refuse the token); a negative one
-    makes an already expired token."""
+    """Sign a token for `user_id` (of organisation `org` and `teams`, when given); a bare
+    string is a secret with no issuer or audience. A lifetime over `max_ttl_s` is refused
+    (verification would refuse the token); a negative one makes an already expired token, and
+    an organisation or team id of another form one that verification refuses (ValueError)."""
     cfg = _config(config)
     if ttl_s > cfg.max_ttl_s:
         raise ValueError(f"a token's lifetime must be at most {cfg.max_ttl_s} seconds")
+    for scope_id in [*([org] if org is not None else []), *teams]:
+        if not is_scope_id(scope_id):
+            raise ValueError("an organisation or team id is 1-64 characters of [A-Za-z0-9_.:-]")
     now = int(time.time())
     claims: dict[str, Any] = {
         "sub": user_id,
@@ -96,6 +115,10 @@ def issue_token(
         "iat": now,
         "exp": now + ttl_s,
     }
+    if org is not None:
+        claims[cfg.org_claim] = org
+    if teams:
+        claims[cfg.teams_claim] = list(teams)
     if cfg.issuer:
         claims["iss"] = cfg.issuer
     if cfg.audience:
@@ -162,4 +185,22 @@ def _verify(cfg: JwtConfig, token: str) -> tuple[Principal, tuple[float, float]]
     if "nbf" in claims:
         starts.append(int(claims["nbf"]))
     window = (max(starts) - cfg.leeway_s, int(exp) + cfg.leeway_s)
-    return Principal(user_id=sub, roles=frozenset(roles)), window
+    org, teams = _scopes(cfg, claims)
+    return Principal(user_id=sub, roles=frozenset(roles), org_id=org, team_ids=teams), window
+
+
+def _scopes(cfg: JwtConfig, claims: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """The token's organisation and teams (absent: none). A claim of another type, or an id of
+    another form than 1-64 characters of `[A-Za-z0-9_.:-]`, refuses the token: it would name a
+    budget nobody set, or none, and move spend where it does not belong."""
+    org = claims.get(cfg.org_claim)
+    teams = claims.get(cfg.teams_claim, [])
+    if cfg.org_claim not in claims:
+        org = None
+    elif not is_scope_id(org):
+        raise Unauthenticated(_INVALID)
+    if not isinstance(teams, list) or len(teams) > MAX_TEAMS:
+        raise Unauthenticated(_INVALID)
+    if not all(is_scope_id(t) for t in teams):
+        raise Unauthenticated(_INVALID)
+    return org, unique(teams)

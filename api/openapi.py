@@ -211,10 +211,11 @@ def body_rules(comps: dict[str, Any]) -> None:
                 "properties": {"cron": {"type": "string", "title": "Cron", "description": given}},
             },
         ]
-    webhook = comps.get("CreateWebhookBody")
-    url = webhook.get("properties", {}).get("url") if isinstance(webhook, dict) else None
-    if isinstance(url, dict):
-        url["pattern"] = WEBHOOK_URL_PATTERN
+    for name in ("CreateWebhookBody", "CreateAdminWebhookBody"):
+        webhook = comps.get(name)
+        url = webhook.get("properties", {}).get("url") if isinstance(webhook, dict) else None
+        if isinstance(url, dict):
+            url["pattern"] = WEBHOOK_URL_PATTERN
 
 
 def document_errors(schema: dict[str, Any]) -> None:

@@ -4,7 +4,9 @@ strings."""
 
 from __future__ import annotations
 
+import datetime as dt
 from datetime import datetime
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -12,12 +14,17 @@ from pydantic.alias_generators import to_camel
 
 from api.usage_schemas import UsdAmount
 from engine.tiers import ServiceTier
-from jobs.service import RefusalLimit
+from jobs.service import Quote, RefusalLimit
 from jobs.views import Camel
 
 
 class QuoteBudget(Camel):
     window: Literal["daily", "monthly"]
+    # Whose budget: yours (`user`, `scopeId` your user id) or your organisation's, a team's or
+    # a tag's that applies to the job; `period` is the window's (`day`, `month`).
+    scope: Literal["user", "org", "team", "tag"] = "user"
+    scope_id: str | None = None
+    period: Literal["day", "month"] = "day"
     limit_usd: UsdAmount
     spent_usd: UsdAmount  # calls in the window
     reserved_usd: UsdAmount  # the open reservations of your active jobs
@@ -31,6 +38,11 @@ class QuoteRefusal(Camel):
     message: str
     retry_after_s: int  # what a create's Retry-After would say
     until: datetime  # now + retryAfterS
+    # A cost budget's refusal names the budget, as a create's problem body does (null for a
+    # job quota): `user`, `org`, `team` or `tag`, its id, and its period.
+    scope: Literal["user", "org", "team", "tag"] | None = None
+    scope_id: str | None = None
+    period: Literal["day", "month"] | None = None
 
 
 class TierPriceOut(Camel):
@@ -110,4 +122,70 @@ class QuoteResponse(Camel):
         default_factory=list,
         description="The job on each tier (standard, batch, offpeak), so a client sees what "
         "waiting saves; the top-level figures are the quoted tier's",
+    )
+
+
+def quote_response(q: Quote, user_id: str, max_cost_usd: Decimal | None) -> QuoteResponse:
+    """The answer to a quote: its figures, its refusal (naming the budget that refuses, when a
+    budget does) and every budget that applies: the user's own and those of the job's
+    organisation, teams and tags."""
+    e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
+    refusal = None
+    if q.refusal is not None:
+        after = q.refusal.error.retry_after_s or 1
+        named = getattr(q.refusal.error, "problem_extra", {})
+        refusal = QuoteRefusal(
+            code=q.refusal.error.code,
+            limit=q.refusal.limit,
+            message=q.refusal.error.public_message,
+            retry_after_s=after,
+            until=now + dt.timedelta(seconds=after),
+            scope=named.get("scope"),
+            scope_id=named.get("scopeId"),
+            period=named.get("period"),
+        )
+    return QuoteResponse(
+        job_type=q.checked.job_type.job_type,
+        model=e.model,
+        calls=e.calls,
+        estimated_input_tokens=e.input_tokens,
+        max_output_tokens=e.output_budget,
+        expected_output_tokens=e.expected_output_tokens,
+        estimated_cost_usd=e.estimated_cost_usd,
+        worst_case_cost_usd=e.worst_case_cost_usd,
+        max_cost_usd=max_cost_usd,
+        admitted=refusal is None,
+        refusal=refusal,
+        budgets=[
+            QuoteBudget(
+                window=w.name,
+                scope="user",
+                scope_id=user_id,
+                period="day" if w.name == "daily" else "month",
+                limit_usd=w.limit_usd,
+                spent_usd=held.spent_usd,
+                reserved_usd=held.reserved_usd,
+                remaining_usd=max(w.limit_usd - held.total_usd, Decimal(0)),
+                resets_at=w.resets_at,
+            )
+            for w, held in q.budgets
+        ]
+        + [
+            QuoteBudget(
+                window="daily" if h.budget.period == "day" else "monthly",
+                scope=h.budget.scope,
+                scope_id=h.budget.scope_id,
+                period=h.budget.period,
+                limit_usd=h.budget.limit_usd,
+                spent_usd=h.held.spent_usd,
+                reserved_usd=h.held.reserved_usd,
+                remaining_usd=h.remaining_usd,
+                resets_at=h.resets_at,
+            )
+            for h in q.scope_budgets
+        ],
+        service_tier=q.checked.service_tier,
+        tier_prices=[
+            TierPriceOut.model_validate(t, from_attributes=True) for t in q.checked.tier_prices
+        ],
     )

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     AwareDatetime,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -33,6 +34,7 @@ from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
 from engine.flow import TTL_S_MAX
 from engine.lifecycle import StatusName
+from engine.scopes import MAX_TAGS, SCOPE_ID_PATTERN
 from engine.tiers import OffpeakOnDeadline, ServiceTier
 from jobs.views import AdminJobResponse, ArtifactItem, ArtifactKey, JobKey, JobStatusResponse
 from jobs.views import Camel as Camel  # the camelCase base of every API model, the job views' too
@@ -49,6 +51,21 @@ MAX_INPUT_BYTES = 1536 * 1024
 NO_NUL = r"^[^\x00]*$"
 # A jobType filter that no job type could match is a 422.
 JOB_TYPE_PATTERN = _JOB_TYPE_RE.pattern
+
+
+def whole(value: object) -> object:
+    """A JSON integer: an int, or a number with nothing after the point (`2.0`, as JSON Schema
+    counts it); never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("must be an integer")
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(whole)]
 
 
 def storable_text(value: str) -> bool:
@@ -162,6 +179,29 @@ def metadata_schema(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = {**values, "pattern": NO_NUL}
 
 
+# A create's (or a schedule's job template's) `tags`: ids of cost attribution, each a scope id.
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=SCOPE_ID_PATTERN)]
+TAGS_DESCRIPTION = (
+    f"Cost attribution: at most {MAX_TAGS} tags of 1-64 characters `[A-Za-z0-9_.:-]`, no "
+    "repeats, kept in the order given. A tag's budget (PUT /admin-api/ai/budgets/tag/{tag}) "
+    "applies to the job, and usage is grouped by them. Never sent to the AI provider."
+)
+
+
+def distinct_tags(v: list[str]) -> list[str]:
+    """Tags without repeats: a repeated tag is a mistake (it would count the job twice)."""
+    if len(set(v)) != len(v):
+        raise ValueError("must not repeat a tag")
+    return v
+
+
+Tags = Annotated[
+    list[Tag],
+    Field(max_length=MAX_TAGS, description=TAGS_DESCRIPTION, examples=[["course:bio-101"]]),
+    AfterValidator(distinct_tags),
+]
+
+
 # How far ahead a create's `runAt` may be: a delayed job holds its reservation until it runs.
 MAX_RUN_AT_DAYS = 30
 
@@ -237,15 +277,17 @@ class CreateJobBody(Camel):
         default=None,
         min_length=1,
         max_length=VERSION_MAX_LENGTH,
-        description="Pin the job type's prompt version (`promptVersion` of GET "
-        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        description="Pin one of the job type's published prompt versions (`promptVersions` of "
+        "GET /api/ai/job-types; left out: its default `promptVersion`). The job builds its "
+        "prompt with exactly it on every attempt; any other value is refused (422).",
     )
     output_schema_version: str | None = Field(
         default=None,
         min_length=1,
         max_length=VERSION_MAX_LENGTH,
-        description="Pin the job type's output schema version (`outputSchemaVersion` of GET "
-        "/api/ai/job-types): the create is refused (422) unless the type has that version.",
+        description="Pin one of the job type's published output schema versions "
+        "(`outputSchemaVersions` of GET /api/ai/job-types; left out: its default "
+        "`outputSchemaVersion`); any other value is refused (422).",
     )
 
     service_tier: ServiceTier | None = Field(
@@ -265,6 +307,7 @@ class CreateJobBody(Camel):
         "job copies its answer: no provider call, cost 0, `reusedFromJobId` set. Never across "
         "users. Only for job types that permit reuse (422 otherwise).",
     )
+    tags: Tags = Field(default_factory=list)
     offpeak_deadline: OffpeakDeadline | None = Field(
         default=None,
         description='With `serviceTier: "offpeak"` only: `{"at": RFC 3339, "then": "standard" '

@@ -18,7 +18,9 @@ from jobs.views import usd_text as usd_text
 # ---- usage and cost ---------------------------------------------------------------------
 
 UsageGroupBy = Literal["day", "jobType", "model"]
-AdminUsageGroupBy = Literal["user", "jobType", "model", "day", "credentialMode"]
+AdminUsageGroupBy = Literal[
+    "user", "jobType", "model", "day", "credentialMode", "org", "team", "tag"
+]
 
 
 class UsageSums(Camel):
@@ -65,14 +67,16 @@ class ProviderCallOut(Camel):
 class UsageItem(UsageSums):
     key: str = Field(
         description="The group's value: a UTC date `YYYY-MM-DD` (day), a job type, a model, a "
-        "user id or a credential mode",
+        "user id, a credential mode, or an organisation id, a team id or a tag",
         examples=["2026-01-31"],
     )
 
 
 class UsageReport(Camel):
-    """Spend over UTC days `from`..`to` (inclusive), one item per group in key order; `total`
-    is the sum of the items."""
+    """Spend over UTC days `from`..`to` (inclusive), one item per group in key order. `total`
+    counts every call matching the filters once: the sum of the items, except when grouped by
+    organisation, team or tag (a job counts in the item of each of its teams and tags, and
+    jobs in no item still count in the total)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,

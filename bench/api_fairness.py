@@ -95,6 +95,31 @@ async def flood(base_url: str, token: str, concurrency: int) -> None:
     print(json.dumps({"answers": dict(counts), "seconds": seconds}), flush=True)
 
 
+async def burst(base_url: str, token: str, n: int) -> None:
+    """`n` maximum-size requests sent at once, creates and quotes alternately, each once; then
+    prints their answers by status and the slowest answer's time as JSON."""
+    body = max_body()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    paths = ("/api/ai/jobs", "/api/ai/jobs/quote")
+
+    async def one(i: int, c: httpx.AsyncClient) -> tuple[str, float]:
+        t = time.monotonic()
+        try:
+            r = await c.post(paths[i % 2], content=body, headers=headers)
+            code = r.json().get("code", "") if r.status_code >= 400 else ""
+            return f"{r.status_code} {code}".strip(), time.monotonic() - t
+        except httpx.HTTPError as exc:
+            return type(exc).__name__, time.monotonic() - t
+
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as c:
+        print("flooding", flush=True)
+        done = await asyncio.gather(*(one(i, c) for i in range(n)))
+    answers = Counter(status for status, _ in done)
+    slowest = max(seconds for _, seconds in done)
+    print(json.dumps({"answers": dict(answers), "slowest_s": slowest}), flush=True)
+
+
 # ---- the run ------------------------------------------------------------------------------
 
 
@@ -136,7 +161,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await reads(c, path, 50)  # warm-up: pool connections, code paths
             token = issue_token(BENCH_JWT_SECRET, "heavy")
             for i in range(args.rounds):
-                progress(f"round {i + 1}: quiet, then beside {args.concurrency} flooders")
+                what = f"a burst of {args.burst}" if args.burst else f"{args.concurrency} flooders"
+                progress(f"round {i + 1}: quiet, then beside {what}")
                 q = await reads(c, path, args.reads)
                 ld, answers = await _beside_flood(args, base_url, token, c, path)
                 quiet += q
@@ -145,6 +171,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         api.stop()
     return {
         "concurrency": args.concurrency,
+        "burst": args.burst,
         "env": args.env,
         "source_chars": SOURCE_CHARS,
         **_figures(quiet, loaded),
@@ -166,8 +193,10 @@ async def _beside_flood(
     args: argparse.Namespace, base_url: str, token: str, c: httpx.AsyncClient, path: str
 ) -> tuple[list[float], dict[str, Any]]:
     """The reader's reads while a flood process runs (started, and answering, before the first
-    read; stopped after the last); returns them and the flood's answers."""
+    read; stopped after the last), or while a burst's requests are answered (from its first
+    request to its last answer); returns them and the flood's answers."""
     flood_argv = ["--flood", base_url, "--token", token, "--concurrency", str(args.concurrency)]
+    flood_argv += ["--burst", str(args.burst)]
     flooder = subprocess.Popen(
         [sys.executable, "-m", "bench.api_fairness", *flood_argv],
         stdout=subprocess.PIPE,
@@ -175,8 +204,12 @@ async def _beside_flood(
     )
     assert flooder.stdout is not None
     assert flooder.stdout.readline().strip() == "flooding"
-    loaded = await reads(c, path, args.reads)
-    flooder.send_signal(signal.SIGTERM)
+    loaded: list[float] = []
+    while args.burst and flooder.poll() is None:
+        loaded += await reads(c, path, 1)
+    if not args.burst:
+        loaded = await reads(c, path, args.reads)
+        flooder.send_signal(signal.SIGTERM)
     answers: dict[str, Any] = json.loads(
         flooder.communicate(timeout=120)[0].strip().splitlines()[-1]
     )
@@ -196,6 +229,13 @@ async def _wait_healthy(c: httpx.AsyncClient) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.api_fairness")
     p.add_argument("--concurrency", type=int, default=16, help="the flooder's concurrent loops")
+    p.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        help="instead of the flood: this many requests at once, each once (the reader reads "
+        "until the last is answered)",
+    )
     p.add_argument("--reads", type=int, default=150, help="the reader's reads per phase")
     p.add_argument("--rounds", type=int, default=3, help="rounds of a quiet and a load phase")
     p.add_argument(
@@ -208,6 +248,9 @@ def main() -> None:
     p.add_argument("--flood", metavar="BASE_URL", help=argparse.SUPPRESS)
     p.add_argument("--token", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.flood and args.burst:
+        asyncio.run(burst(args.flood, args.token, args.burst))
+        return
     if args.flood:
         asyncio.run(flood(args.flood, args.token, args.concurrency))
         return

@@ -24,7 +24,7 @@ lost never charges a call twice.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -38,6 +38,7 @@ from db import pauses as pauses_db
 from db import pipeline
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
+from db import structured_downgrades as downgrades_db
 from db import usage as usage_db
 from db.jobs import JobRow
 from db.pauses import InForce
@@ -57,6 +58,9 @@ class TakenJob:
     snapshot: dict[str, Any] | None
     call_no: int | None = None
     dead_calls_charged: int = 0
+    # The structured-output forms lowered now, per (base URL, model): read in the same round
+    # trip, so every attempt asks in what the cluster learned (db/structured_downgrades.py).
+    downgrades: downgrades_db.Downgrades = field(default_factory=dict)
     # The job was already running (a retry, a chunk after the first): admitted before.
     reacquired: bool = False
     # The operator pauses in force, read after their lock was taken shared (db/pauses.py).
@@ -153,12 +157,14 @@ async def take(
         statements.append((call_marks_db.CHARGE_DEAD, charge))
     statements += [
         (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+        (downgrades_db.LIVE, {}),
         # The operator pauses, in the same round trip: the lock, then the read.
         (pauses_db.LOCK_SHARED, {}),
         (pauses_db.IN_FORCE, {}),
     ]
     results = await pipeline.in_session(s, statements)
-    locked, numbered, read, pauses = results[0], results[1], results[-3], results[-1]
+    locked, numbered, read = results[0], results[1], results[-4]
+    lowered, pauses = results[-3], results[-1]
     taken = await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
     call_no = int(numbered[0]["call_seq"]) if numbered else None
@@ -169,6 +175,7 @@ async def take(
         *found,
         call_no=call_no,
         dead_calls_charged=dead,
+        downgrades=downgrades_db.downgrades_of(lowered),
         reacquired=taken.reacquired,
         pauses=pauses_db.in_force_of(pauses),
     )
@@ -180,7 +187,7 @@ class Settlement:
     answered: `reachable`), the limits to settle (None: nothing taken, nothing announced) and
     the attempt's output, for the job or for one of its chunks (`chunk_no`)."""
 
-    usage: UsageRow
+    usage: UsageRow | None
     gate: GateKey | None
     limits: LimitSettle | None
     job_id: uuid.UUID
@@ -193,6 +200,8 @@ class Settlement:
     # The attempt's own lock token: a one-call job's output is stored only while it holds the
     # job (None: any attempt of the workflow, as runs recorded before the fence settle).
     token: str | None = None
+    # Output items moderation dropped (None: no moderation ran).
+    flagged: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,7 @@ _SETTLE_CHUNK = text(
     ), stored AS (
         UPDATE ai_job_chunk c SET status = 'succeeded', output = :out,
             output_hash = :h, error_code = NULL, finished_at = now(),
+            flagged_items = CAST(:flagged AS integer), held_answer = NULL,
             attempt_count = greatest(c.attempt_count, :a)
         FROM cur
         WHERE c.job_id = cur.id AND c.chunk_no = :n
@@ -252,6 +262,7 @@ _SETTLE_CHUNK_JOB = text(
             SELECT count(*) FROM ai_job_chunk
             WHERE job_id = :job_id AND status = 'succeeded'
         ) / greatest(coalesce(chunk_count, 1), 1))::int),
+        flagged_items = (SELECT sum(flagged_items) FROM ai_job_chunk WHERE job_id = :job_id),
         updated_at = now()
     WHERE id = :job_id AND lifecycle_status = 'running'
       AND split_part(locked_by, '/', 1) = :owner AND cancel_requested_at IS NULL
@@ -271,12 +282,13 @@ def _settle_output(st: Settlement) -> list[pipeline.Statement]:
             output=st.output,
             output_hash=st.output_hash,
             progress=60,
+            flagged=st.flagged,
         )
         if st.token is None:
             return [(lifecycle_db.SETTLE_ATTEMPT, params)]
         return [(_SETTLE_OWN, {**params, "token": st.token})]
     chunk = {"job_id": st.job_id, "n": st.chunk_no, "owner": st.owner, "a": st.attempt}
-    stored = {**chunk, "out": st.output, "h": st.output_hash}
+    stored = {**chunk, "out": st.output, "h": st.output_hash, "flagged": st.flagged}
     job = {"job_id": st.job_id, "owner": st.owner, "a": st.attempt, "ttl": st.ttl_s}
     return [(_SETTLE_CHUNK, stored), (_SETTLE_CHUNK_JOB, job)]
 
@@ -285,7 +297,9 @@ def _statements(st: Settlement) -> tuple[list[pipeline.Statement], int]:
     """The settlement in order (the usage row, the gate's `reachable`, the attempt's
     bookkeeping and output, the limits' end), and the index of the statement whose row says
     (owned, cancel_requested)."""
-    statements: list[pipeline.Statement] = [(usage_db.INSERT, st.usage.__dict__)]
+    statements: list[pipeline.Statement] = []
+    if st.usage is not None:  # None: a held answer, whose call was charged when it answered
+        statements.append((usage_db.INSERT, st.usage.__dict__))
     if st.gate is not None:
         statements.append((provider_gate_db.REACHABLE, st.gate.params()))
     settle_at = len(statements)

@@ -18,6 +18,8 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.batches import FORM_OF_BODY
+
 
 @dataclass(frozen=True)
 class Settled:
@@ -30,6 +32,7 @@ class Settled:
     user_id: str
     job_type: str
     credential_mode: str
+    structured_output: str | None = None  # the form its line asked for
 
 
 # The outcome of one line, once: only an item of this batch not yet ended moves. A cancelled
@@ -37,17 +40,17 @@ class Settled:
 # already), but what the provider billed for it is charged like the others' (the caller's
 # usage row).
 _SETTLE = text(
-    """
+    f"""
     WITH moved AS (
         UPDATE ai_batch_item SET
             status = CASE WHEN status IN ('pending', 'submitted') THEN :status ELSE status END,
             response = CASE WHEN status IN ('pending', 'submitted') THEN :response END,
             error_code = :error_code, ended_at = now()
         WHERE batch_id = :batch_id AND custom_id = :custom_id AND ended_at IS NULL
-        RETURNING id, job_id, attempt, status
+        RETURNING id, job_id, attempt, status, body
     )
     SELECT moved.id, moved.job_id, moved.attempt, moved.status, j.user_id, j.job_type,
-           j.credential_mode
+           j.credential_mode, {FORM_OF_BODY.format(b="moved.body")} AS form
     FROM moved JOIN ai_job j ON j.id = moved.job_id
     """
 ).bindparams(bindparam("response", type_=JSONB))
@@ -81,7 +84,9 @@ async def settle(
     ).first()
     if r is None:
         return None
-    return Settled(r.id, r.job_id, r.attempt, r.status, r.user_id, r.job_type, r.credential_mode)
+    return Settled(
+        r.id, r.job_id, r.attempt, r.status, r.user_id, r.job_type, r.credential_mode, r.form
+    )
 
 
 _TO_SIGNAL = text(

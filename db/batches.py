@@ -38,8 +38,10 @@ def workflow_id_of(batch_id: uuid.UUID) -> str:
     return f"{BATCH_WORKFLOW_PREFIX}{batch_id}"
 
 
-def custom_id_of(job_id: uuid.UUID, attempt: int) -> str:
-    return f"job-{job_id}-a{attempt}"
+def custom_id_of(job_id: uuid.UUID, attempt: int, form: str | None = None) -> str:
+    """A job attempt's line; `form`: its line again in a lower structured-output form (the
+    first was refused for its form)."""
+    return f"job-{job_id}-a{attempt}" + (f"-{form}" if form else "")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class ItemRow:
     response: dict[str, Any] | None
     error_code: str | None
     batch_status: str
+    form: str = "json_object"  # the structured-output form its line asked for
 
 
 @dataclass(frozen=True)
@@ -150,14 +153,16 @@ async def enroll(
     body: Mapping[str, Any],
     line_bytes: int,
     caps: BatchCaps | None = None,
+    again_as: str | None = None,
 ) -> Enrolled:
     """The job attempt's item, `pending` in its group's open batch (a new batch when none is
     open, or when its line would take the open one past a cap: that one is closed). Idempotent:
     the attempt's item, if it exists, is returned as it is. `line_bytes` is the size of its
     line as it will be uploaded (providers/batch_lines.py `encode_line`); the caller refuses a
-    line larger than a whole batch may be (`caps.max_bytes`) before."""
+    line larger than a whole batch may be (`caps.max_bytes`) before. `again_as`: the attempt's
+    line once more, in that lower structured-output form (an item of its own)."""
     caps = caps or BatchCaps()
-    custom_id = custom_id_of(job_id, attempt)
+    custom_id = custom_id_of(job_id, attempt, again_as)
     found = (await session.execute(_FIND_ITEM, {"custom_id": custom_id})).first()
     if found is not None:
         return Enrolled(found.batch_id, found.workflow_id, custom_id, found.id)
@@ -199,10 +204,18 @@ async def enroll(
     return Enrolled(batch.id, batch.workflow_id, custom_id, item_id, tuple(closed))
 
 
+# The form a line asked for, as its body says (providers/structured.py `form_of_body`).
+FORM_OF_BODY = (
+    "CASE WHEN {b}->'response_format' IS NULL THEN 'none' "
+    "WHEN {b}->'response_format'->>'type' = 'json_schema' THEN 'json_schema' "
+    "ELSE 'json_object' END"
+)
+# The attempt's latest item (a line refused for its form is followed by one in a lower form).
 _ITEM_FOR = text(
     "SELECT i.id, i.batch_id, i.custom_id, i.status, i.response, i.error_code, "
-    "b.status AS batch_status FROM ai_batch_item i JOIN ai_batch b ON b.id = i.batch_id "
-    "WHERE i.job_id = :job_id AND i.attempt = :attempt"
+    f"b.status AS batch_status, {FORM_OF_BODY.format(b='i.body')} AS form "
+    "FROM ai_batch_item i JOIN ai_batch b ON b.id = i.batch_id "
+    "WHERE i.job_id = :job_id AND i.attempt = :attempt ORDER BY i.created_at DESC LIMIT 1"
 )
 
 
@@ -211,7 +224,7 @@ async def item_for(session: AsyncSession, job_id: uuid.UUID, attempt: int) -> It
     if r is None:
         return None
     return ItemRow(
-        r.id, r.batch_id, r.custom_id, r.status, r.response, r.error_code, r.batch_status
+        r.id, r.batch_id, r.custom_id, r.status, r.response, r.error_code, r.batch_status, r.form
     )
 
 

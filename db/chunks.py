@@ -138,6 +138,8 @@ class ChunkRow:
     status: str
     attempt_count: int
     output_hash: str | None
+    # An answer kept while its moderation could not run (jobs/guardrails.py): private.
+    held_answer: str | None = None
 
     def planned(self) -> PlannedChunk:
         return PlannedChunk(
@@ -159,7 +161,7 @@ async def get_for_update(s: AsyncSession, job_id: uuid.UUID, chunk_no: int) -> C
         await s.execute(
             text(
                 "SELECT chunk_no, start_char, end_char, input_tokens, item_count, status, "
-                "attempt_count, output_hash FROM ai_job_chunk "
+                "attempt_count, output_hash, held_answer FROM ai_job_chunk "
                 "WHERE job_id = :job_id AND chunk_no = :n FOR UPDATE"
             ),
             {"job_id": job_id, "n": chunk_no},

@@ -14,10 +14,12 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.jobs import ANSWERING_CALL, Answered
+
 _NEXT = text("UPDATE ai_job SET call_seq = call_seq + 1 WHERE id = :id RETURNING call_seq")
 _ANSWERED = text(
-    "SELECT model FROM ai_usage_log WHERE job_id = :id AND error_code IS NULL "
-    "ORDER BY created_at DESC, id DESC LIMIT 1"
+    "SELECT c.model, c.structured_output FROM ai_job j "
+    f"CROSS JOIN LATERAL ({ANSWERING_CALL}) c WHERE j.id = :id"
 )
 
 
@@ -27,7 +29,8 @@ async def next_call(s: AsyncSession, job_id: uuid.UUID) -> int | None:
     return int(got) if got is not None else None
 
 
-async def answered_model(s: AsyncSession, job_id: uuid.UUID) -> str | None:
-    """The model of the job's latest successful call (None: it has none)."""
-    got = await s.scalar(_ANSWERED, {"id": job_id})
-    return str(got) if got is not None else None
+async def answered(s: AsyncSession, job_id: uuid.UUID) -> Answered:
+    """The model of the job's latest successful call (a reused job's: its source's) and the
+    structured-output form it asked for (both None: it has none)."""
+    row = (await s.execute(_ANSWERED, {"id": job_id})).first()
+    return Answered() if row is None else Answered(row.model, row.structured_output)

@@ -74,6 +74,17 @@ class JobRow:
     offpeak_on_deadline: str | None = None
     reuse_allowed: bool = False
     reused_from_job_id: uuid.UUID | None = None
+    # Its organisation, teams and tags (engine/scopes.py), fixed at create.
+    org_id: str | None = None
+    team_ids: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    # Its rollout and arm (NULL outside one) and the arm's model; the output items moderation
+    # dropped (NULL: none ran); an answer held while moderation was away (private).
+    rollout_id: uuid.UUID | None = None
+    rollout_arm: str | None = None
+    arm_model: str | None = None
+    flagged_items: int | None = None
+    held_answer: str | None = None
     # Flow control (engine/flow.py): the create's `concurrency` as given and its key, a debounce
     # chain's latest start, the job that replaced this one, the start-by time, the deadline and
     # the code a requested cancel ends it with.
@@ -96,6 +107,8 @@ LIST_COLUMNS = ", ".join(
     if f.name == "input"
     else "NULL::jsonb AS output"
     if f.name == "output"
+    else "NULL::text AS held_answer"
+    if f.name == "held_answer"
     else f.name
     for f in dataclasses.fields(JobRow)
 )
@@ -128,6 +141,9 @@ class JobStatusRow:
     private_data_purged_at: datetime | None = None
     service_tier: str = "standard"
     reused_from_job_id: uuid.UUID | None = None
+    tags: list[str] = field(default_factory=list)
+    rollout_arm: str | None = None
+    flagged_items: int | None = None
     concurrency: dict[str, Any] | None = None
     superseded_by: uuid.UUID | None = None
     expires_at: datetime | None = None
@@ -137,33 +153,48 @@ class JobStatusRow:
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))
 # One round trip for a job and its artifacts, in `artifacts`' order (ordinal, id).
 # The model of a succeeded job's latest successful call: what produced its output.
-_ANSWERED_MODEL = (
-    "CASE WHEN j.lifecycle_status = 'succeeded' THEN (SELECT u.model FROM ai_usage_log u "
-    "WHERE u.job_id = j.id AND u.error_code IS NULL "
-    "ORDER BY u.created_at DESC, u.id DESC LIMIT 1) END"
+# The model of a succeeded job's latest successful call (a reused job's: its source's): what
+# produced its output, and the structured-output form that call asked for.
+ANSWERING_CALL = (
+    "SELECT u.model, u.structured_output FROM ai_usage_log u "
+    "WHERE u.job_id = coalesce(j.reused_from_job_id, j.id) AND u.error_code IS NULL "
+    "ORDER BY u.created_at DESC, u.id DESC LIMIT 1"
 )
 _STATUS_WITH_ARTIFACTS = text(
-    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs, {_ANSWERED_MODEL} AS answered_model "
+    f"SELECT {_STATUS_COLUMNS}, a.refs AS artifact_refs, "
+    "CASE WHEN j.lifecycle_status = 'succeeded' THEN c.model END AS answered_model, "
+    "CASE WHEN j.lifecycle_status = 'succeeded' THEN c.structured_output END "
+    "AS answered_form "
     "FROM ai_job j LEFT JOIN LATERAL "
     "(SELECT json_agg(json_build_array(artifact_type, artifact_id, ordinal) "
     "ORDER BY ordinal, id) AS refs FROM ai_job_artifact WHERE job_id = j.id) a ON TRUE "
+    f"LEFT JOIN LATERAL ({ANSWERING_CALL}) c ON j.lifecycle_status = 'succeeded' "
     "WHERE j.id = :id"
 )
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What answered a succeeded job: the model (as the provider named it) and the
+    structured-output form it was asked in (None: not known)."""
+
+    model: str | None = None
+    structured_output: str | None = None
+
+
 async def status_with_artifacts(
     session: AsyncSession, job_id: uuid.UUID
-) -> tuple[JobStatusRow, list[ArtifactRef], str | None] | None:
+) -> tuple[JobStatusRow, list[ArtifactRef], Answered] | None:
     """A job's public columns and owner, its artifacts (what `db.artifacts.artifacts` reads for
-    it) and, once it succeeded, the model that answered, in one statement; None when the job
-    does not exist."""
+    it) and, once it succeeded, the model that answered and its form, in one statement; None
+    when the job does not exist."""
     row = (await session.execute(_STATUS_WITH_ARTIFACTS, {"id": job_id})).first()
     if row is None:
         return None
     fields = dict(row._mapping)
     refs = fields.pop("artifact_refs") or []
-    model = fields.pop("answered_model")
-    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs], model
+    answered = Answered(fields.pop("answered_model"), fields.pop("answered_form"))
+    return JobStatusRow(**fields), [ArtifactRef(t, i, o) for t, i, o in refs], answered
 
 
 @dataclass(frozen=True)
@@ -183,6 +214,8 @@ class ResolveRefs:
     service_tier: str = "standard"
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # The output schema version it was created with (RESOLVE checks both are still published).
+    output_schema_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -310,7 +343,7 @@ async def changed_since(
 # RESOLVE's hot read, also run pipelined on the driver connection (db/pipeline.py).
 RESOLVE_REFS = text(
     """
-    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version,
+    SELECT j.job_type, j.user_id, j.credential_mode, j.prompt_version, j.output_schema_version,
            j.credential_id, j.lifecycle_status, j.locked_by,
            j.max_output_tokens, j.reused_from_job_id, j.service_tier, j.offpeak_deadline_at,
            j.offpeak_on_deadline,

@@ -79,6 +79,17 @@ class NewJob:
     reuse_allowed: bool = False  # the create said `reuse: "allow"`
     reused_from_job_id: uuid.UUID | None = None  # the job whose answer it reuses
     reuse_key: str | None = None  # what it asks, for reuse (jobs/reuse.py); None: no reuse
+    # Whose money it is beyond its user's (engine/scopes.py): fixed here, never changed.
+    org_id: str | None = None
+    team_ids: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    # Its rollout's id and arm, and the arm's model (jobs/rollouts.py); None: no rollout.
+    rollout_id: uuid.UUID | None = None
+    rollout_arm: str | None = None
+    arm_model: str | None = None
+    # A by-design wait before dispatch (a delayed job's runAt): the relay leaves the job alone
+    # until then, and it takes no room in its user's dispatch window (db/relay.py).
+    due_at: datetime | None = None
     # Flow control (engine/flow.py): `concurrency` as given and its key, a debounce chain's
     # latest start, the start-by time (TTL) and the deadline.
     concurrency: dict[str, Any] | None = None
@@ -141,7 +152,10 @@ _NEW_JOB_FIELDS = [f.name for f in fields(NewJob)]
 _INSERT = text(
     f"INSERT INTO ai_job ({', '.join([*_NEW_JOB_FIELDS, *_NEW_JOB_DEFAULTS])}) "
     f"VALUES ({', '.join([*(f':{n}' for n in _NEW_JOB_FIELDS), *_NEW_JOB_DEFAULTS.values()])}) "
-    f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified"
+    f"RETURNING {JOB_COLUMNS}, pg_notify('ai_job_changed', id::text) IS NULL AS notified, "
+    # The job type's rollout as this statement sees it (jobs/creation.py: a create that chose
+    # its arm from another view of it is made again): no other statement for it.
+    "(SELECT r.id FROM ai_rollout r WHERE r.job_type = :job_type) AS rollout_now"
 ).bindparams(
     bindparam("input", type_=JSONB),
     bindparam("metadata", type_=JSONB),
@@ -155,8 +169,18 @@ _INSERT = text(
 async def create(session: AsyncSession, job: NewJob) -> JobRow:
     """Insert a queued job, inside the caller's create transaction; the new row comes back from
     the same statement (its columns as db/jobs.py reads a job), saving a read."""
+    return (await create_seeing_rollout(session, job))[0]
+
+
+async def create_seeing_rollout(
+    session: AsyncSession, job: NewJob
+) -> tuple[JobRow, uuid.UUID | None]:
+    """`create`, and the id of the job type's rollout as the insert saw it (None: none)."""
     row = (await session.execute(_INSERT, job.__dict__)).one()
-    return JobRow(**{k: v for k, v in row._mapping.items() if k != "notified"})
+    fields = dict(row._mapping)
+    rollout_now = fields.pop("rollout_now")
+    fields.pop("notified")
+    return JobRow(**fields), rollout_now
 
 
 # ---- queued -> running --------------------------------------------------------------
@@ -326,20 +350,30 @@ async def store_output(
     output: dict[str, Any],
     output_hash: str,
     progress: int,
+    flagged: int | None = None,
 ) -> bool:
-    """Only the lock owner of a running job may store an output. Progress changes, so the
-    job's listeners are notified (`ai_job_changed`, in this transaction)."""
+    """Only the lock owner of a running job may store an output (with the items moderation
+    dropped). Progress changes, so the job's listeners are notified (`ai_job_changed`, in this
+    transaction)."""
     result = await session.execute(
         text(
             """
             UPDATE ai_job SET output = :out, output_hash = :h,
+                   flagged_items = CAST(:flagged AS integer),
                    progress = greatest(progress, :p), updated_at = now()
             WHERE id = :id AND lifecycle_status = 'running'
               AND split_part(locked_by, '/', 1) = :owner
             RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
             """
         ).bindparams(bindparam("out", type_=JSONB)),
-        {"id": job_id, "out": output, "h": output_hash, "p": progress, "owner": owner},
+        {
+            "id": job_id,
+            "out": output,
+            "h": output_hash,
+            "p": progress,
+            "owner": owner,
+            "flagged": flagged,
+        },
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -347,7 +381,8 @@ async def store_output(
 # EXECUTE's bookkeeping after a valid answer, pipelined with the call's usage row in its last
 # transaction (db/attempts.py `settle`), in one UPDATE of the row: the attempt is recorded (its
 # correction hint cleared) whoever holds the job; while `owner` holds it running, its lock is
-# extended and, unless a cancel was asked for, the output stored (listeners notified). Its row
+# extended and, unless a cancel was asked for, the output stored with the items moderation
+# dropped, a held answer let go (listeners notified). Its row
 # reads as (owned, cancel_requested) through `settled`.
 SETTLE_ATTEMPT = text(
     """
@@ -368,6 +403,10 @@ SETTLE_ATTEMPT = text(
             THEN :h ELSE output_hash END,
         progress = CASE WHEN cur.owned AND NOT cur.cancel_requested
             THEN greatest(progress, :p) ELSE progress END,
+        flagged_items = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN CAST(:flagged AS integer) ELSE flagged_items END,
+        held_answer = CASE WHEN cur.owned AND NOT cur.cancel_requested
+            THEN NULL ELSE held_answer END,
         updated_at = now()
     FROM cur
     WHERE ai_job.id = cur.id
@@ -388,6 +427,7 @@ def settle_attempt_params(
     output: dict[str, Any],
     output_hash: str,
     progress: int,
+    flagged: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": job_id,
@@ -397,6 +437,7 @@ def settle_attempt_params(
         "out": output,
         "h": output_hash,
         "p": progress,
+        "flagged": flagged,
     }
 
 

@@ -1,8 +1,10 @@
-"""AI_MODEL_LIMITS: the provider limits configured per model (rpm, tpm, concurrency), parsed
-once per process; db/provider_limits.py applies them per (provider, model, key)."""
+"""AI_MODEL_LIMITS: the provider limits configured per model (rpm, tpm, concurrency), and
+AI_CAPACITY_RESERVE: the share of them kept for a class of calls while one of its calls waits;
+parsed once per process; db/provider_limits.py applies them per (provider, model, key)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,11 +16,14 @@ _FIELDS = ("rpm", "tpm", "concurrency")
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-minute requests and tokens and calls at once; None: unlimited."""
+    """Per-minute requests and tokens and calls at once; None: unlimited. `reserve`: the
+    share of each kept for a class while one of its calls waits (AI_CAPACITY_RESERVE), as
+    (class, share) pairs with a share > 0; empty: no reserve."""
 
     rpm: int | None = None
     tpm: int | None = None
     concurrency: int | None = None
+    reserve: tuple[tuple[str, float], ...] = ()
 
     @property
     def configured(self) -> bool:
@@ -27,10 +32,20 @@ class Limits:
 
 class LimitTable:
     """AI_MODEL_LIMITS: the limits of each model, looked up as "provider/model", then "model",
-    then "*" (every model); names are case-insensitive. Built once per process."""
+    then "*" (every model); names are case-insensitive; each with AI_CAPACITY_RESERVE's
+    shares. Built once per process."""
 
-    def __init__(self, entries: Mapping[str, Limits] | None = None) -> None:
-        self._entries = {name.strip().lower(): v for name, v in (entries or {}).items()}
+    def __init__(
+        self,
+        entries: Mapping[str, Limits] | None = None,
+        reserve: Mapping[str, float] | None = None,
+    ) -> None:
+        shares = tuple(sorted((c, v) for c, v in (reserve or {}).items() if v > 0))
+        self._entries = {
+            name.strip().lower(): dataclasses.replace(v, reserve=shares)
+            for name, v in (entries or {}).items()
+        }
+        self._none = Limits(reserve=shares)
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -41,7 +56,7 @@ class LimitTable:
             found = self._entries.get(name)
             if found is not None:
                 return found
-        return Limits()
+        return self._none
 
 
 def _limit(value: Any, where: str) -> int | None:
@@ -52,12 +67,13 @@ def _limit(value: Any, where: str) -> int | None:
     return value
 
 
-def parse_model_limits(raw_text: str) -> LimitTable:
+def parse_model_limits(raw_text: str, reserve: Mapping[str, float] | None = None) -> LimitTable:
     """AI_MODEL_LIMITS: a JSON object of model name ("deepseek-chat"), "provider/model" or "*"
     -> {"rpm": int, "tpm": int, "concurrency": int}, each optional (null or absent:
-    unlimited). Empty: no limits. Raises ValueError naming the setting and the entry."""
+    unlimited). Empty: no limits. Each entry carries `reserve` (AI_CAPACITY_RESERVE, parsed).
+    Raises ValueError naming the setting and the entry."""
     if not raw_text.strip():
-        return LimitTable()
+        return LimitTable(reserve=reserve)
     try:
         raw = json.loads(raw_text)
     except ValueError:
@@ -77,4 +93,4 @@ def parse_model_limits(raw_text: str) -> LimitTable:
             tpm=_limit(entry.get("tpm"), f"{where}.tpm"),
             concurrency=_limit(entry.get("concurrency"), f"{where}.concurrency"),
         )
-    return LimitTable(out)
+    return LimitTable(out, reserve)

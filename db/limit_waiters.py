@@ -38,8 +38,8 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sqlalchemy import text
@@ -77,6 +77,8 @@ class Room:
     rpm_reason: WaitReason = "rpm"
     tpm_reason: WaitReason = "tpm"
     read_at: Any = None  # the database's clock when the buckets were read
+    # Calls in flight per class (read only under a concurrency limit with a reserve).
+    in_flight: Mapping[str, int] = field(default_factory=dict)
 
     def need(self, tokens: int) -> float:
         """What one call takes from the token bucket: its tokens, at most the bucket's size."""
@@ -93,21 +95,35 @@ class Verdict:
     reason: WaitReason | None = None
 
 
-def verdict(room: Room, ahead: int, ahead_tokens: float, tokens: int) -> Verdict:
+@dataclass(frozen=True)
+class HeldBack:
+    """Room kept for the waiting calls of other classes beyond the waiters ahead of a caller
+    (their reserved parts, db/limit_classes.py): slots, requests and tokens."""
+
+    slots: int = 0
+    requests: int = 0
+    tokens: float = 0.0
+
+
+def verdict(
+    room: Room, ahead: int, ahead_tokens: float, tokens: int, held: HeldBack = HeldBack()
+) -> Verdict:
     """The admission rule: room for `tokens` after reserving room for the `ahead` waiters
-    ahead of the caller (`ahead_tokens`: their needs, each capped at the bucket)."""
+    ahead of the caller (`ahead_tokens`: their needs, each capped at the bucket) and for what
+    `held` keeps for other classes."""
     if room.blocked_s > 0:
         return Verdict(room.blocked_s, "announced")
     wait_s, reason = 0.0, None
-    if room.rpm is not None and room.requests < ahead + 1:
-        wait_s, reason = (ahead + 1 - room.requests) * 60.0 / room.rpm, room.rpm_reason
+    requests = ahead + held.requests
+    if room.rpm is not None and room.requests < requests + 1:
+        wait_s, reason = (requests + 1 - room.requests) * 60.0 / room.rpm, room.rpm_reason
     if room.tpm is not None:
-        want = ahead_tokens + room.need(tokens)
+        want = ahead_tokens + held.tokens + room.need(tokens)
         if room.tokens < want and (want - room.tokens) * 60.0 / room.tpm > wait_s:
             wait_s, reason = (want - room.tokens) * 60.0 / room.tpm, room.tpm_reason
     if reason is not None:
         return Verdict(wait_s, reason)
-    if room.free_slots is not None and room.free_slots <= ahead:
+    if room.free_slots is not None and room.free_slots <= ahead + held.slots:
         return Verdict(room.slot_in_s, "concurrency")
     return Verdict()
 
@@ -119,10 +135,16 @@ class WaiterId:
     job_id: uuid.UUID
     chunk_no: int | None = None
     user_id: str = ""
+    job_class: str | None = None  # interactive, background (engine/capacity.py)
 
     def params(self) -> dict[str, Any]:
         chunk = WHOLE_JOB if self.chunk_no is None else self.chunk_no
-        return {"job": self.job_id, "chunk": chunk, "user": self.user_id[:128]}
+        return {
+            "job": self.job_id,
+            "chunk": chunk,
+            "user": self.user_id[:128],
+            "klass": self.job_class,
+        }
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,7 @@ class Head:
     workflow_id: str
     tokens: int
     claimed: bool  # woken less than CLAIM_TTL_S ago: its wake-up is on its way
+    job_class: str | None = None
 
 
 _LIVE_WHERE = f"""
@@ -146,7 +169,7 @@ _LIVE_WHERE = f"""
 _LIVE = f"""
     live AS (
         SELECT w.job_id, w.chunk_no, w.user_id, w.workflow_id, w.tokens, w.turn, w.seq,
-               w.woken_at
+               w.woken_at, w.job_class
         FROM limit_waiter w WHERE {_LIVE_WHERE}
     )
 """
@@ -176,13 +199,51 @@ _AHEAD = text(
     FROM live l, me WHERE (l.turn, l.seq) < (me.turn, me.seq)
     """
 )
+# Waiters of a class with a reserved part (`:reserved`, empty: none) come first, each class's
+# in the fair order (db/limit_classes.py).
+# `_AHEAD` per class, with each class's live waiters (the caller left out): the class-aware
+# order puts the waiters of the `:reserved` classes first (db/limit_classes.py).
+_AHEAD_BY_CLASS = text(
+    "WITH "
+    + _LIVE
+    + """,
+    me AS (
+        SELECT coalesce(CAST(:klass AS text) = ANY(CAST(:reserved AS text[])), false) AS first,
+               coalesce((SELECT turn FROM live WHERE job_id = :job AND chunk_no = :chunk),
+                        """
+    + _NEW_TURN
+    + """) AS turn,
+               coalesce((SELECT seq FROM live WHERE job_id = :job AND chunk_no = :chunk),
+                        9223372036854775807) AS seq
+    ),
+    others AS (
+        SELECT l.*, coalesce(l.job_class = ANY(CAST(:reserved AS text[])), false) AS first
+        FROM live l WHERE NOT (l.job_id = :job AND l.chunk_no = :chunk)
+    )
+    SELECT q.queued, c.job_class, coalesce(c.n, 0) AS n, coalesce(c.tokens, 0) AS tokens,
+           coalesce(c.waiting, 0) AS waiting
+    FROM (SELECT EXISTS (SELECT 1 FROM limit_waiter
+                         WHERE job_id = :job AND chunk_no = :chunk) AS queued) q
+    LEFT JOIN (
+        SELECT o.job_class,
+               count(*) FILTER (WHERE (NOT o.first, o.turn, o.seq)
+                                      < (NOT me.first, me.turn, me.seq)) AS n,
+               sum(least(o.tokens, :cap)) FILTER (WHERE (NOT o.first, o.turn, o.seq)
+                                                  < (NOT me.first, me.turn, me.seq)) AS tokens,
+               count(*) AS waiting
+        FROM others o, me GROUP BY o.job_class) c ON TRUE
+    """
+)
 _HEADS = text(
     "WITH "
     + _LIVE
     + """
     SELECT job_id, chunk_no, workflow_id, tokens,
-           coalesce(woken_at > clock_timestamp() - make_interval(secs => :ttl), false) AS claimed
-    FROM live ORDER BY turn, seq LIMIT :n
+           coalesce(woken_at > clock_timestamp() - make_interval(secs => :ttl), false) AS claimed,
+           job_class
+    FROM live
+    ORDER BY coalesce(job_class = ANY(CAST(:reserved AS text[])), false) DESC, turn, seq
+    LIMIT :n
     """
 )
 _ENQUEUE = text(
@@ -190,16 +251,17 @@ _ENQUEUE = text(
     + _LIVE
     + """
     INSERT INTO limit_waiter AS w (job_id, chunk_no, provider, model, key_ref, user_id,
-        workflow_id, tokens, turn, expires_at)
+        workflow_id, tokens, turn, expires_at, job_class)
     SELECT CAST(:job AS uuid), CAST(:chunk AS integer), CAST(:p AS varchar),
            CAST(:m AS varchar), CAST(:k AS varchar), CAST(:user AS varchar),
            CAST(:wf AS varchar), CAST(:tokens AS bigint), """
     + _NEW_TURN
-    + """, clock_timestamp() + make_interval(secs => :ttl)
+    + """, clock_timestamp() + make_interval(secs => :ttl), CAST(:klass AS varchar)
     ON CONFLICT (job_id, chunk_no) DO UPDATE SET
         provider = EXCLUDED.provider, model = EXCLUDED.model, key_ref = EXCLUDED.key_ref,
         user_id = EXCLUDED.user_id, workflow_id = EXCLUDED.workflow_id,
-        tokens = EXCLUDED.tokens, expires_at = EXCLUDED.expires_at, woken_at = NULL
+        tokens = EXCLUDED.tokens, expires_at = EXCLUDED.expires_at, woken_at = NULL,
+        job_class = EXCLUDED.job_class
     RETURNING (xmax = 0) AS entered
     """
 )
@@ -248,6 +310,38 @@ async def ahead(
     return int(row.n), float(row.tokens), bool(row.queued)
 
 
+@dataclass(frozen=True)
+class ClassAhead:
+    """The live waiters of one class as a caller sees them: how many stand ahead of it in the
+    class-aware order, their token needs, and how many wait in all (the caller left out)."""
+
+    job_class: str | None
+    ahead: int
+    ahead_tokens: float
+    waiting: int
+
+
+async def ahead_by_class(
+    s: AsyncSession,
+    key_params: dict[str, str],
+    who: WaiterId,
+    *,
+    cap_tokens: int | None,
+    reserved: Sequence[str],
+) -> tuple[list[ClassAhead], bool]:
+    """`ahead` per class, in the order that serves the `reserved` classes' waiters first, and
+    whether `who` has a row in the queue."""
+    cap = cap_tokens if cap_tokens is not None else 2**62
+    params = {**_key(key_params), **who.params(), "cap": cap, "reserved": list(reserved)}
+    rows = (await s.execute(_AHEAD_BY_CLASS, params)).all()
+    found = [
+        ClassAhead(r.job_class, int(r.n), float(r.tokens), int(r.waiting))
+        for r in rows
+        if r.waiting
+    ]
+    return found, bool(rows[0].queued)
+
+
 async def enqueue(
     s: AsyncSession,
     key_params: dict[str, str],
@@ -268,19 +362,35 @@ async def leave(s: AsyncSession, who: WaiterId) -> None:
     await s.execute(_LEAVE, who.params())
 
 
-async def heads(s: AsyncSession, key_params: dict[str, str], n: int = CLAIM_WINDOW) -> list[Head]:
-    """The first `n` live waiters of a key, in the fair order."""
-    rows = await s.execute(_HEADS, {**_key(key_params), "ttl": CLAIM_TTL_S, "n": n})
-    return [Head(r.job_id, r.chunk_no, r.workflow_id, int(r.tokens), bool(r.claimed)) for r in rows]
+async def heads(
+    s: AsyncSession,
+    key_params: dict[str, str],
+    n: int = CLAIM_WINDOW,
+    *,
+    reserved: Sequence[str] = (),
+) -> list[Head]:
+    """The first `n` live waiters of a key, in the fair order (those of the `reserved`
+    classes first)."""
+    params = {**_key(key_params), "ttl": CLAIM_TTL_S, "n": n, "reserved": list(reserved)}
+    rows = await s.execute(_HEADS, params)
+    return [
+        Head(r.job_id, r.chunk_no, r.workflow_id, int(r.tokens), bool(r.claimed), r.job_class)
+        for r in rows
+    ]
 
 
-def fitting(room: Room, queue: Sequence[Head]) -> list[Head]:
-    """The heads that fit now, in order: each admitted by `verdict` after those before it; the
-    first that does not fit ends the walk (nobody behind it may pass)."""
+HoldFor = Callable[[int, Sequence[Head]], HeldBack]
+
+
+def fitting(room: Room, queue: Sequence[Head], held: HoldFor | None = None) -> list[Head]:
+    """The heads that fit now, in order: each admitted by `verdict` after those before it (and
+    after what `held(i, queue)` keeps for other classes' waiters); the first that does not
+    fit ends the walk (nobody behind it may pass)."""
     out: list[Head] = []
     need = 0.0
     for i, h in enumerate(queue):
-        if verdict(room, i, need, h.tokens).reason is not None:
+        kept = held(i, queue) if held is not None else HeldBack()
+        if verdict(room, i, need, h.tokens, kept).reason is not None:
             break
         out.append(h)
         need += room.need(h.tokens)

@@ -37,9 +37,12 @@ OUTBOX_SQL = (
     "UNION ALL SELECT event_type, status, count(*) FROM outbox_event "
     "WHERE status IN ('dead', 'failed') GROUP BY 1, 2"
 )
+# A row waits from when it is due: its creation, or a delayed job's start when that is later
+# (never tried yet: a retried row's backoff still counts). Held rows wait by design.
 OLDEST_PENDING_SQL = (
-    "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0) "
-    "FROM outbox_event WHERE status = 'pending' AND held_at IS NULL"  # held: waits by design
+    "SELECT coalesce(extract(epoch FROM now() - min(CASE WHEN attempt_count = 0 "
+    "THEN greatest(created_at, available_at) ELSE created_at END)), 0) "
+    "FROM outbox_event WHERE status = 'pending' AND held_at IS NULL"
 )
 
 

@@ -43,9 +43,9 @@ from typing import Any, Protocol
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from db import limit_waiters
+from db import limit_classes, limit_waiters
 from db.limit_config import Limits, LimitTable, parse_model_limits
-from db.limit_waiters import Room, WaiterId, WaitReason, verdict
+from db.limit_waiters import Room, WaiterId, WaitReason
 from db.pipeline import Statement
 from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
 
@@ -145,12 +145,28 @@ _IN_FLIGHT = text(
       AND expires_at > clock_timestamp()
     """
 )
+# The same per class of the calls in flight (a key with a reserve: db/limit_classes.py).
+_IN_FLIGHT_BY_CLASS = text(
+    """
+    WITH gone AS (
+        DELETE FROM provider_call_lease
+        WHERE provider = :p AND model = :m AND key_ref = :k
+          AND expires_at <= clock_timestamp()
+    )
+    SELECT job_class, count(*) AS n,
+           extract(epoch FROM min(expires_at) - clock_timestamp()) AS first_expiry_s
+    FROM provider_call_lease
+    WHERE provider = :p AND model = :m AND key_ref = :k
+      AND expires_at > clock_timestamp()
+    GROUP BY job_class
+    """
+)
 _LEASE = text(
     """
     INSERT INTO provider_call_lease
-        (id, provider, model, key_ref, job_id, tokens, expires_at)
+        (id, provider, model, key_ref, job_id, tokens, expires_at, job_class)
     VALUES (:id, :p, :m, :k, :job, :tokens,
-            clock_timestamp() + make_interval(secs => :ttl))
+            clock_timestamp() + make_interval(secs => :ttl), :klass)
     """
 )
 _TAKE = text(
@@ -241,8 +257,15 @@ async def room(s: AsyncSession, key: LimitKey, limits: Limits) -> Room | None:
     elapsed = float(row.elapsed)
     free: int | None = None
     slot_in_s = 0.0
+    in_flight: dict[str, int] = {}
     blocked = float(row.blocked_s) if row.blocked_s is not None else 0.0
-    if limits.concurrency is not None and blocked <= 0:
+    if limits.concurrency is not None and blocked <= 0 and limits.reserve:
+        by_class = (await s.execute(_IN_FLIGHT_BY_CLASS, params)).all()
+        in_flight = {r.job_class or "": int(r.n) for r in by_class}
+        free = limits.concurrency - sum(in_flight.values())
+        expiries = [float(r.first_expiry_s) for r in by_class if r.first_expiry_s is not None]
+        slot_in_s = max(min(expiries), 0.0) if expiries else 0.0
+    elif limits.concurrency is not None and blocked <= 0:
         leases = (await s.execute(_IN_FLIGHT, params)).one()
         free = limits.concurrency - int(leases.n)
         if leases.first_expiry_s is not None:
@@ -258,6 +281,7 @@ async def room(s: AsyncSession, key: LimitKey, limits: Limits) -> Room | None:
         rpm_reason="rpm" if rpm == limits.rpm else "announced",
         tpm_reason="tpm" if tpm == limits.tpm else "announced",
         read_at=row.read_at,
+        in_flight=in_flight,
     )
 
 
@@ -271,19 +295,20 @@ async def admit(
     lease_ttl_s: float,
     chunk_no: int | None = None,
     user_id: str = "",
+    job_class: str | None = None,
 ) -> LimitAdmission:
     """Whether a call of `tokens` may go now with `key`, after the waiters ahead of it in the
-    key's fair queue (db/limit_waiters.py: room is reserved for each of them first); when it
-    may, its request and tokens are taken from the buckets (and a lease is held under a
-    concurrency limit) and it leaves the queue. The row lock this takes is held until the
-    caller's transaction ends."""
+    key's fair queue (db/limit_waiters.py: room is reserved for each of them first, and for
+    the reserved part of other classes' waiting calls, db/limit_classes.py); when it may, its
+    request and tokens are taken from the buckets (and a lease is held under a concurrency
+    limit) and it leaves the queue. The row lock this takes is held until the caller's
+    transaction ends."""
     params = key.params()
     now = await room(s, key, limits)
     if now is None:
         return LimitAdmission()
-    who = WaiterId(job_id, chunk_no, user_id)
-    n, ahead_tokens, queued = await limit_waiters.ahead(s, params, who, cap_tokens=now.tpm)
-    got = verdict(now, n, ahead_tokens, tokens)
+    who = WaiterId(job_id, chunk_no, user_id, job_class)
+    got, queued = await limit_classes.look(s, params, who, now, tokens, limits.reserve)
     if got.reason == "concurrency":
         # At the latest when the first lease expires (its worker was killed: no NOTIFY).
         wait_s = min(max(got.wait_s, CONCURRENCY_POLL_S), LIMIT_WAIT_BACKSTOP_S)
@@ -293,8 +318,8 @@ async def admit(
     lease_id = None
     if limits.concurrency is not None:
         lease_id = uuid.uuid4()
-        lease = {**params, "id": lease_id, "job": job_id, "tokens": tokens, "ttl": lease_ttl_s}
-        await s.execute(_LEASE, lease)
+        lease = {**params, "id": lease_id, "job": job_id, "tokens": tokens}
+        await s.execute(_LEASE, {**lease, "ttl": lease_ttl_s, "klass": job_class})
     if now.rpm is not None or now.tpm is not None:
         taken = {
             **params,

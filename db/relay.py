@@ -33,21 +33,37 @@ CLAIM_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('aijobs:relay-c
 # USER_DISPATCH_WINDOW's default (engine/settings.py).
 DEFAULT_WINDOW = 4
 _ENQUEUE_SQL = f"'{ENQUEUE}'"
-_HELD_JOB_SQL = "dispatched_at IS NULL AND lifecycle_status = 'queued'"
+# A job not dispatched yet (its enqueue row waits in the outbox), whether or not it is due.
+_UNDISPATCHED_SQL = "dispatched_at IS NULL AND lifecycle_status = 'queued'"
+# One the window may dispatch: not dispatched and due (`ix_ai_job_undispatched`).
+_HELD_JOB_SQL = f"{_UNDISPATCHED_SQL} AND due_at IS NULL"
+
 # A by-design wait: a wait the client or the engine chose, not one for capacity (a slot, a
 # provider limit). It takes no room in its user's dispatch window, or one user's background
 # work would hold that user's interactive jobs for as long. Two kinds:
 #
-# - Before dispatch, a due time: the enqueue row's `available_at` (a debounced job's, set at
-#   create: jobs/flow.py). The window picks only due rows, and the relay wakes at the earliest
-#   due time (`NEXT_DUE`), so the job starts on time without a poll per job.
+# - Before dispatch, a due time: `ai_job.due_at` (and the enqueue row's `available_at`). The
+#   job is left out of the window's scan until then and the relay wakes at the earliest due
+#   time (`NEXT_DUE`), so it starts on time without a poll per job. A delayed job's `runAt`
+#   is one; a debounce delay sets `due_at` (and `available_at`) the same way at create.
 # - After dispatch, a predicate over the dispatched job `d` that has not ended: the job waits
-#   without a worker slot by design.
+#   without a worker slot by design (an operator pause's hold: `ai_pause_hold`).
+#
+# Once the wait is over the job counts again (an off-peak job whose window opened runs, and may
+# briefly take its user past the window: the window bounds dispatch, not calls).
 BY_DESIGN_WAITS: dict[str, str] = {
     # Its batch runs up to 24 h at the provider.
     "batch": "d.service_tier = 'batch'",
     # Held for its provider's discount window.
     "offpeak": "d.service_tier = 'offpeak' AND d.lifecycle_status = 'queued'",
+    # Dispatched before its runAt by an earlier version (its workflow sleeps until then).
+    "delayed": "d.run_at > now() AND d.lifecycle_status = 'queued'",
+    # A reuser waiting for its source (the source counts, if it is dispatched).
+    "reuse": (
+        "d.reused_from_job_id IS NOT NULL AND d.lifecycle_status = 'queued' AND EXISTS ("
+        "SELECT 1 FROM ai_job s WHERE s.id = d.reused_from_job_id"
+        " AND s.lifecycle_status IN ('queued', 'running'))"
+    ),
     # Held by an operator pause before its call (jobs/pauses.py): no slot, no attempt spent.
     "operator_pause": "EXISTS (SELECT 1 FROM ai_pause_hold h WHERE h.job_id = d.id)",
 }
@@ -56,10 +72,10 @@ _PARKED_SQL = "coalesce(" + " OR ".join(f"({p})" for p in BY_DESIGN_WAITS.values
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # One claim, sent pipelined by `claim` after `CLAIM_LOCK`, in three parts:
-# - window: for each user with jobs not yet dispatched (a loose index scan of
-#   `ix_ai_job_undispatched`: one probe per such user), room = :window minus the user's
-#   dispatched jobs that have not ended (`ix_ai_job_user_dispatched`, counted up to :window),
-#   less those in a by-design wait (`BY_DESIGN_WAITS`);
+# - window: for each user with due jobs not yet dispatched (a loose index scan of
+#   `ix_ai_job_undispatched`: one probe per such user; jobs not due are not in it), room =
+#   :window minus the user's dispatched jobs that have not ended (`ix_ai_job_user_dispatched`,
+#   counted up to :window), less those in a by-design wait (`BY_DESIGN_WAITS`);
 #   the user's first `room` undispatched jobs in (priority, created_at, id) order whose enqueue
 #   row is pending and due; up to :lim of them, oldest first. Their jobs are marked dispatched
 #   in the same statement, so the next claim counts them.
@@ -67,8 +83,9 @@ _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 #   first: job events, bulk starts, enqueue rows of jobs dispatched before (a retry after a
 #   failed dispatch, an expired claim, a re-enqueue) or of no waiting job (they go out as they
 #   always did). An enqueue row of a job not yet dispatched is claimed only through the window:
-#   if the window did not pick it, it is held (`held_at`), still `pending`, and leaves the ready
-#   index, so held rows cost the claim nothing however many there are.
+#   if the window did not pick it (no room, or not due: a due time that came before its row's
+#   `available_at`), it is held (`held_at`), still `pending`, and leaves the ready index, so
+#   held rows cost the claim nothing however many there are.
 # - the claimed rows (ready and windowed) go `processing`.
 # Rows another relay holds are skipped, not waited for (SKIP LOCKED).
 CLAIM = text(
@@ -107,7 +124,7 @@ CLAIM = text(
     ready AS (
         SELECT o.id, (j.id IS NOT NULL) AS waits FROM outbox_event o
         LEFT JOIN ai_job j
-          ON o.event_type = {_ENQUEUE_SQL} AND j.{_HELD_JOB_SQL}
+          ON o.event_type = {_ENQUEUE_SQL} AND j.{_UNDISPATCHED_SQL}
          AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
         WHERE o.status = 'pending' AND o.held_at IS NULL AND o.available_at <= now()
         ORDER BY o.available_at, o.id
@@ -129,16 +146,29 @@ CLAIM = text(
     """
 )
 
-# The claim's last step: seconds from now until the next due time of a pending row that is not
-# due yet (a debounced job's enqueue, a dispatch retry backing off: `ix_outbox_event_ready`),
-# and until the next start-by time or deadline of a job not dispatched yet (the relay expires
-# it: jobs/flow.py `expire_undispatched`; `ix_ai_job_expires_undispatched`,
-# `ix_ai_job_deadline_undispatched`); NULL: none. The relay sleeps no longer than that, so a
-# debounced job starts, and an undispatched job expires, at its time without a poll per job.
+# The claim's first step, before `CLAIM`: the jobs whose due time has passed become due (the
+# window may now dispatch them). `ix_ai_job_due`: one probe when none is due. A job locked
+# meanwhile (a cancel) is skipped and made due by the next claim.
+MAKE_DUE = text(
+    """
+    UPDATE ai_job SET due_at = NULL
+    WHERE id IN (SELECT id FROM ai_job WHERE due_at <= now()
+                 ORDER BY due_at LIMIT :lim FOR UPDATE SKIP LOCKED)
+    """
+)
+# The claim's last step: seconds from now until the next due time, the sooner of a job's
+# (`ix_ai_job_due`) and a pending row's that is not due yet (a dispatch retry backing off:
+# `ix_outbox_event_ready`), and until the next start-by time or deadline of a job not
+# dispatched yet (flow control: the relay expires it, jobs/flow.py `expire_undispatched`;
+# `ix_ai_job_expires_undispatched`, `ix_ai_job_deadline_undispatched`); NULL: none. The relay
+# sleeps no longer than that, so a delayed or debounced job starts, and an undispatched job
+# expires, at its time without a poll per job.
 NEXT_DUE = text(
     """
-    SELECT extract(epoch FROM (SELECT min(available_at) FROM outbox_event
-         WHERE status = 'pending' AND held_at IS NULL AND available_at > now())
+    SELECT extract(epoch FROM least(
+        (SELECT min(due_at) FROM ai_job WHERE due_at IS NOT NULL),
+        (SELECT min(available_at) FROM outbox_event
+         WHERE status = 'pending' AND held_at IS NULL AND available_at > now()))
         - clock_timestamp()) AS due_in_s,
       extract(epoch FROM least(
         (SELECT min(expires_at) FROM ai_job WHERE lifecycle_status = 'queued'
@@ -148,25 +178,6 @@ NEXT_DUE = text(
         - clock_timestamp()) AS expire_in_s
     """
 )
-
-# The enqueue row of a job that ended before it was dispatched (cancelled or replaced while its
-# due time, or room in its window, was still to come) has nothing left to start: closed in the
-# transaction that ended the job, so no workflow ever runs for it. A row a relay has claimed
-# meanwhile is left to it (its workflow sees the job ended at PREPARE).
-CLOSE_UNSENT = text(
-    f"""
-    UPDATE outbox_event SET status = 'published', published_at = now(), held_at = NULL,
-           last_error = 'closed: job ended before it was dispatched'
-    WHERE aggregate_id = :aid AND event_type = {_ENQUEUE_SQL} AND status = 'pending'
-    """
-)
-
-
-async def close_unsent(session: AsyncSession, job_id: object) -> bool:
-    """`CLOSE_UNSENT` for the job, in the caller's transaction; True: a row was closed."""
-    result = await session.execute(CLOSE_UNSENT, {"aid": str(job_id)})
-    return bool(result.rowcount)  # type: ignore[attr-defined]
-
 
 # Held enqueue rows whose job ended without being dispatched (cancelled while held, say) have
 # nothing left to start: closed as published, the reason first in `last_error`. Bounded by the
@@ -185,24 +196,40 @@ CLOSE_ENDED_HELD = text(
 
 
 class Claim(list[OutboxRow]):
-    """The rows a claim took, in id order; `due_in_s`: seconds from the claim to the next due
-    time of a row (a debounced job's, a backing-off row's), and `expire_in_s`: to the next
-    start-by time or deadline of a job not dispatched yet (None: nothing waits for one)."""
+    """The rows a claim took, in id order, and `due_in_s`: seconds from the claim to the next
+    due time (a delayed or debounced job's, a backing-off row's), None when nothing is waiting
+    for one; `expire_in_s`: to the next start-by time or deadline of a job not dispatched yet."""
 
     due_in_s: float | None = None
     expire_in_s: float | None = None
 
 
-def _seconds(value: Any) -> float | None:
-    return None if value is None else float(value)
+# The enqueue row of a job that ended before it was dispatched (cancelled while its due time, or
+# room in its window, was still to come) has nothing left to start: closed in the transaction
+# that ended the job, so no workflow ever runs for it. A row a relay has claimed meanwhile is
+# left to it (its workflow sees the job ended at PREPARE).
+CLOSE_UNSENT = text(
+    f"""
+    UPDATE outbox_event SET status = 'published', published_at = now(), held_at = NULL,
+           last_error = 'closed: job ended before it was dispatched'
+    WHERE aggregate_id = :aid AND event_type = {_ENQUEUE_SQL} AND status = 'pending'
+    """
+)
+
+
+async def close_unsent(session: AsyncSession, job_id: object) -> bool:
+    """`CLOSE_UNSENT` for the job, in the caller's transaction; True: a row was closed."""
+    result = await session.execute(CLOSE_UNSENT, {"aid": str(job_id)})
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def _claimed(rows: Sequence[Any], due: Sequence[Any]) -> Claim:
     """`CLAIM`'s rows (mappings) as outbox rows, in id order, and `NEXT_DUE`'s answer."""
     out = Claim(sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id))
-    if due:
-        out.due_in_s = _seconds(due[0]["due_in_s"])
-        out.expire_in_s = _seconds(due[0]["expire_in_s"])
+    seconds = due[0]["due_in_s"] if due else None
+    out.due_in_s = None if seconds is None else float(seconds)
+    expiry = due[0]["expire_in_s"] if due else None
+    out.expire_in_s = None if expiry is None else float(expiry)
     return out
 
 
@@ -213,11 +240,14 @@ async def claim(sm: SessionMaker, *, owner: str, limit: int, window: int = DEFAU
     are admitted in (priority, created_at, id) order: priority orders a user's own jobs only.
     Rows another relay holds are skipped (SKIP LOCKED), so claims are disjoint; the claims
     themselves are serialized (`CLAIM_LOCK`), so no window is overshot; an enqueue row whose
-    user has no room is left pending and held (`held_at`) for a later claim. The next due and
-    expiry times are read last (`NEXT_DUE`), in the same round trip."""
+    user has no room is left pending and held (`held_at`) for a later claim. Jobs whose due
+    time passed become due first (`MAKE_DUE`); the next due time is read last (`NEXT_DUE`),
+    all in the same round trip."""
     params = {"lim": limit, "owner": owner, "window": max(1, window)}
-    [_, rows, due] = await pipeline.run(
-        sm, [(CLAIM_LOCK, {}), (CLAIM, params), (NEXT_DUE, {})], commit=True
+    [_, _, rows, due] = await pipeline.run(
+        sm,
+        [(CLAIM_LOCK, {}), (MAKE_DUE, {"lim": limit}), (CLAIM, params), (NEXT_DUE, {})],
+        commit=True,
     )
     return _claimed(rows, due)
 

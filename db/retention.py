@@ -3,12 +3,13 @@
 A job's private data is every copy of what its user wrote or its provider answered: the input,
 the validated output, the business rows its projector wrote from it (quiz questions,
 flashcards, weak-point candidates: every table of db/models/projected.py built on
-`ProjectedRow`), each chunk's output (the partial items of a long source), the items it
-streamed, its batch line's body and answer, the snapshot, and the internal error message (it
-may quote a provider's answer) with the correction hint sent back to the provider. `purge_jobs`
-removes all of them in one statement and marks the row `private_data_purged_at`; the lifecycle
-row (status, codes, hashes, times, costs), its usage rows and its artifact references stay, for
-billing and audit (the artifacts API lists those references with `content: null`).
+`ProjectedRow`), each chunk's output (the partial items of a long source), an answer held for
+moderation (the job's or a chunk's), the items it streamed, its batch line's body and answer,
+the snapshot, the internal error message (it may quote a provider's answer) with the correction
+hint sent back to the provider, and the comment of the job's feedback. `purge_jobs` removes all
+of them in one statement and marks the row `private_data_purged_at`; the lifecycle row (status,
+codes, hashes, times, costs), its usage rows and its artifact references stay, for billing and
+audit (the artifacts API lists those references with `content: null`).
 Retention (`purge_private_data`) and the owner's `DELETE /api/ai/jobs/{jobId}` both call it,
 so "purged" means the same wherever it happens. A batch's copies at the provider (its input,
 output and error files) become due for deletion once every job of the batch is purged and none
@@ -76,15 +77,21 @@ _PURGE_JOBS = text(
     ),
     jobs AS (
         UPDATE ai_job j SET input = '{{}}'::jsonb, output = NULL,
-               internal_error_message = NULL, correction_hint = NULL,
+               internal_error_message = NULL, correction_hint = NULL, held_answer = NULL,
                private_data_purged_at = now(), updated_at = now()
         FROM target t WHERE j.id = t.id
         RETURNING j.id
     ),{_PURGE_PROJECTED}
     chunks AS (
-        UPDATE ai_job_chunk c SET output = NULL
-        FROM target t WHERE c.job_id = t.id AND c.output IS NOT NULL
+        UPDATE ai_job_chunk c SET output = NULL, held_answer = NULL
+        FROM target t WHERE c.job_id = t.id
+          AND (c.output IS NOT NULL OR c.held_answer IS NOT NULL)
         RETURNING c.job_id
+    ),
+    feedback AS (
+        UPDATE ai_job_feedback f SET comment = NULL
+        FROM target t WHERE f.job_id = t.id AND f.comment IS NOT NULL
+        RETURNING f.job_id
     ),
     snapshots AS (
         DELETE FROM ai_job_snapshot n USING target t WHERE n.job_id = t.id
@@ -104,6 +111,7 @@ _PURGE_JOBS = text(
            (SELECT count(*) FROM batch_items) AS batch_items,
            (SELECT count(*) FROM streamed) AS streamed_items,
            (SELECT count(*) FROM chunks) AS chunks,
+           (SELECT count(*) FROM feedback) AS feedback_comments,
            (SELECT count(*) FROM snapshots) AS snapshots
     """
 )
@@ -147,9 +155,10 @@ async def _deleted(session: AsyncSession, sql: str, params: dict[str, object]) -
 
 
 async def purge_usage(session: AsyncSession, *, days: float, limit: int = 5000) -> int:
-    """Usage rows older than `days`: the per-call rows by `created_at`, then the daily rollup by
-    its day, except the current month's (the longest budget window reads it). Returns the
-    per-call and rollup rows deleted together."""
+    """Usage rows older than `days`: the per-call rows by `created_at`, then the daily rollups by
+    their day (the user's, the scoped jobs', each scope's) and the budget alerts sent by their
+    period's start, except the current month's (the longest budget window reads it). Returns
+    the rows deleted together."""
     calls = await _deleted(
         session,
         """
@@ -171,7 +180,33 @@ async def purge_usage(session: AsyncSession, *, days: float, limit: int = 5000) 
         """,
         {"s": days * 86_400, "lim": limit},
     )
-    return calls + daily
+    scoped = 0
+    # The rollups by scope and the alerts sent go by the same rule (db/models/budgets.py).
+    for table, key, day in _SCOPED_ROLLUPS:
+        scoped += await _deleted(
+            session,
+            f"""
+            DELETE FROM {table} WHERE ({key}) IN (
+                SELECT {key} FROM {table}
+                WHERE {day} < (now() AT TIME ZONE 'UTC' - make_interval(secs => :s))::date
+                  AND {day} < date_trunc('month', now() AT TIME ZONE 'UTC')::date
+                ORDER BY {day} LIMIT :lim)
+            """,
+            {"s": days * 86_400, "lim": limit},
+        )
+    return calls + daily + scoped
+
+
+# Table, key columns, day column: constants spliced into `purge_usage`'s statement.
+_SCOPED_ROLLUPS = (
+    (
+        "ai_usage_scoped_daily",
+        "day, user_id, job_type, model, credential_mode, scope_key",
+        "day",
+    ),
+    ("ai_scope_usage_daily", "scope, scope_id, day", "day"),
+    ("ai_budget_alert", "scope, scope_id, period, period_start, threshold", "period_start"),
+)
 
 
 async def purge_provider_limits(session: AsyncSession, *, days: float, limit: int = 5000) -> int:

@@ -31,8 +31,9 @@ class Candidate:
 
 
 # The user's newest job with the key that succeeded with its answer still held (not purged),
-# or that is still queued or running with no cancel asked for; none of `:x`, and no active job
-# that waits on one of `:x`.
+# or that is still queued or running with no cancel asked for (for a reuser that is not
+# `:patient`, only a standard one that is due: never a batch, off-peak or delayed one, whose
+# answer may be hours away); none of `:x`, and no active job that waits on one of `:x`.
 _CANDIDATE = text(
     """
     SELECT id, lifecycle_status, reused_from_job_id FROM ai_job
@@ -40,6 +41,8 @@ _CANDIDATE = text(
       AND ((lifecycle_status = 'succeeded' AND output IS NOT NULL
             AND output_hash IS NOT NULL AND private_data_purged_at IS NULL)
            OR (lifecycle_status IN ('queued', 'running') AND cancel_requested_at IS NULL
+               AND (CAST(:patient AS boolean)
+                    OR (service_tier = 'standard' AND (run_at IS NULL OR run_at <= now())))
                AND (reused_from_job_id IS NULL
                     OR reused_from_job_id <> ALL(CAST(:x AS uuid[])))))
     ORDER BY created_at DESC, id DESC
@@ -55,12 +58,14 @@ async def candidate(
     job_type: str,
     reuse_key: str,
     excluding: Sequence[uuid.UUID] = (),
+    patient: bool = False,
 ) -> Candidate | None:
     """The user's newest job with `reuse_key` that succeeded (answer held) or is still active,
     leaving out the jobs `excluding` and the active jobs that wait on one of them; None: none.
-    Read under the user's create lock (jobs/reuse.py), so two identical creates see each
-    other."""
-    params = {"u": user_id, "t": job_type, "k": reuse_key, "x": list(excluding)}
+    An active one is a candidate for a `patient` reuser (one of a slower tier itself) only, or
+    when it is a standard job that is due. Read under the user's create lock (jobs/reuse.py), so
+    two identical creates see each other."""
+    params = {"u": user_id, "t": job_type, "k": reuse_key, "x": list(excluding), "patient": patient}
     row = (await s.execute(_CANDIDATE, params)).first()
     return Candidate(row.id, row.lifecycle_status, row.reused_from_job_id) if row else None
 
@@ -78,6 +83,7 @@ class JobReuse:
     locked_by: str | None
     output_hash: str | None
     reused_from_job_id: uuid.UUID | None
+    service_tier: str = "standard"
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class SourceAnswer:
     held: bool
     output: dict[str, Any] | None
     output_hash: str | None
+    flagged_items: int | None = None  # what moderation dropped from it (its copies say so too)
 
 
 async def job(s: AsyncSession, job_id: uuid.UUID) -> JobReuse | None:
@@ -98,7 +105,8 @@ async def job(s: AsyncSession, job_id: uuid.UUID) -> JobReuse | None:
         await s.execute(
             text(
                 "SELECT id, user_id, job_type, reuse_key, lifecycle_status, locked_by, "
-                "output_hash, reused_from_job_id FROM ai_job WHERE id = :id FOR UPDATE"
+                "output_hash, reused_from_job_id, service_tier FROM ai_job "
+                "WHERE id = :id FOR UPDATE"
             ),
             {"id": job_id},
         )
@@ -119,7 +127,8 @@ async def source(
                        (lifecycle_status = 'queued' AND dispatched_at IS NULL) AS held,
                        CASE WHEN private_data_purged_at IS NULL THEN output END AS output,
                        CASE WHEN private_data_purged_at IS NULL THEN output_hash END
-                           AS output_hash
+                           AS output_hash,
+                       flagged_items
                 FROM ai_job WHERE id = :id AND user_id = :u
                 """
                 + (" FOR SHARE" if share else "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -47,6 +47,10 @@ class ScheduleRow:
     paused: bool
     created_at: datetime
     updated_at: datetime
+    # Its creator's organisation and teams and its template's tags: each run's job keeps them.
+    org_id: str | None = None
+    team_ids: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
     ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults)
 
 
@@ -62,14 +66,15 @@ class RunRow:
 _COLUMNS = (
     "id, user_id, job_type, target_type, target_id, input, priority, credential_mode, "
     "max_cost_usd, interval_s, cron, timezone, overlap, start_at, end_at, paused, created_at, "
-    "updated_at, ttl_s"
+    "updated_at, org_id, team_ids, tags, ttl_s"
 )
 _INSERT = text(
     f"""
     INSERT INTO ai_schedule ({_COLUMNS})
     VALUES (:id, :user_id, :job_type, :target_type, :target_id, :input, :priority,
             :credential_mode, :max_cost_usd, :interval_s, :cron,
-            :timezone, :overlap, :start_at, :end_at, :paused, now(), now(), :ttl_s)
+            :timezone, :overlap, :start_at, :end_at, :paused, now(), now(), :org_id,
+            :team_ids, :tags, :ttl_s)
     """
 ).bindparams(bindparam("input", type_=JSONB))
 

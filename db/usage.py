@@ -47,6 +47,8 @@ class UsageRow:
     # The tier the call was priced at: "standard", "batch" (the provider's Batch API) or
     # "offpeak" (inside the provider's discount window).
     service_tier: str = "standard"
+    # The structured-output form the call asked for (None: no call of a chat model).
+    structured_output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,13 @@ class UsageSummary:
 
 
 # One statement on EXECUTE's hot path instead of three round trips: the log row, its daily
-# bucket and the job's spend. The bucket's day is the row's own `created_at` in UTC, so the
-# rollup and a GROUP BY over the log agree on every row's day whatever the server's time zone.
-# ON CONFLICT ... DO UPDATE locks the bucket row until commit: concurrent calls of one user, job
-# type and model on one day queue there briefly instead of losing an update. A call that cost
+# bucket and the job's spend; for a job with an organisation, teams or tags also its buckets
+# of the usage rollup by scope and each scope's day (whose trigger sends a budget's alerts,
+# db/scope_budgets.py), none of which a job without scopes writes. The bucket's day is the
+# row's own `created_at` in UTC, so the rollup and a GROUP BY over the log agree on every row's
+# day whatever the server's time zone. ON CONFLICT ... DO UPDATE locks the bucket row until
+# commit: concurrent calls of one user, job type and model on one day queue there briefly
+# instead of losing an update. A call that cost
 # nothing (a failed attempt, the synthetic provider) leaves the job row alone.
 # Idempotent: a row whose (job, attempt, chunk, call) is already logged (the same write retried
 # after a commit whose answer was lost) inserts nothing, and then neither the bucket nor the
@@ -75,11 +80,11 @@ _INSERT = text(
         INSERT INTO ai_usage_log (job_id, user_id, attempt_no, credential_mode, provider,
             model, tokens_in, tokens_out, cost_usd, latency_ms, error_code, chunk_no, call_no,
             created_at, cost_basis, priced_as, cached_input_tokens, reasoning_tokens,
-            service_tier)
+            service_tier, structured_output)
         VALUES (:job_id, :user_id, :attempt_no, :credential_mode, :provider, :model,
             :tokens_in, :tokens_out, :cost_usd, :latency_ms, :error_code, :chunk_no, :call_no,
             now(), :cost_basis, :priced_as, :cached_input_tokens, :reasoning_tokens,
-            :service_tier)
+            :service_tier, :structured_output)
         ON CONFLICT DO NOTHING
         RETURNING created_at
     ), rolled AS (
@@ -95,6 +100,35 @@ _INSERT = text(
             tokens_out = d.tokens_out + EXCLUDED.tokens_out,
             cost_usd = d.cost_usd + EXCLUDED.cost_usd,
             estimated_cost_usd = d.estimated_cost_usd + EXCLUDED.estimated_cost_usd
+    ), scoped AS (
+        SELECT (logged.created_at AT TIME ZONE 'UTC')::date AS day, j.org_id, j.team_ids, j.tags
+        FROM logged JOIN ai_job j ON j.id = :job_id
+        WHERE j.org_id IS NOT NULL OR j.team_ids <> '{}' OR j.tags <> '{}'
+    ), scope_rolled AS (
+        INSERT INTO ai_usage_scoped_daily AS d (day, user_id, job_type, model, credential_mode,
+            scope_key, org_id, team_ids, tags, calls, tokens_in, tokens_out, cost_usd,
+            estimated_cost_usd)
+        SELECT day, :user_id, :job_type, :model, :credential_mode,
+               md5(coalesce(org_id, '') || '|' || array_to_string(team_ids, ',') || '|'
+                   || array_to_string(tags, ',')),
+               org_id, team_ids, tags, 1, :tokens_in, :tokens_out, :cost_usd,
+               CASE WHEN :cost_basis = 'estimated' THEN CAST(:cost_usd AS numeric) ELSE 0 END
+        FROM scoped
+        ON CONFLICT (day, user_id, job_type, model, credential_mode, scope_key) DO UPDATE
+        SET calls = d.calls + 1,
+            tokens_in = d.tokens_in + EXCLUDED.tokens_in,
+            tokens_out = d.tokens_out + EXCLUDED.tokens_out,
+            cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+            estimated_cost_usd = d.estimated_cost_usd + EXCLUDED.estimated_cost_usd
+    ), per_scope AS (
+        INSERT INTO ai_scope_usage_daily AS d (scope, scope_id, day, calls, cost_usd)
+        SELECT x.scope, x.scope_id, scoped.day, 1, :cost_usd
+        FROM scoped CROSS JOIN LATERAL (
+            SELECT 'org', scoped.org_id WHERE scoped.org_id IS NOT NULL
+            UNION SELECT 'team', t FROM unnest(scoped.team_ids) t
+            UNION SELECT 'tag', g FROM unnest(scoped.tags) g) AS x(scope, scope_id)
+        ON CONFLICT (scope, scope_id, day) DO UPDATE
+        SET calls = d.calls + 1, cost_usd = d.cost_usd + EXCLUDED.cost_usd
     )
     UPDATE ai_job SET spent_cost_usd = spent_cost_usd + :cost_usd
     WHERE id = :job_id AND CAST(:cost_usd AS numeric) <> 0 AND EXISTS (SELECT 1 FROM logged)

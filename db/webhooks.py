@@ -32,6 +32,14 @@ JOB_EVENTS: tuple[str, ...] = WEBHOOK_EVENTS[:3]
 if JOB_EVENTS != (COMPLETED, FAILED, CANCELLED):
     raise RuntimeError("WebhookEvent must list the outbox's terminal event names")
 
+# Admin webhooks receive deployment-wide events: endpoints whose owner is ADMIN_OWNER, which no
+# token's `sub` can be (a token's subject is never empty), so no user lists, deletes or rotates
+# them, and every admin sees all of them. Their one event type for now: a budget's threshold
+# (written by the trigger of migration 0037, db/scope_budgets.py).
+ADMIN_OWNER = ""
+AdminWebhookEvent = Literal["ai.budget.threshold_crossed"]
+ADMIN_EVENTS: tuple[str, ...] = get_args(AdminWebhookEvent)
+
 
 @dataclass(frozen=True)
 class EndpointRow:

@@ -87,6 +87,19 @@ class SecuritySpec(_Frozen):
     output_redaction: bool = False
 
 
+class Guardrails(_Frozen):
+    """What the engine does to a job's text on its way to the provider and back
+    (docs/adding-a-job-type.md, "Guardrails"). `pii`: "mask" replaces e-mail addresses and
+    phone numbers in the input by placeholders before the prompt is built, and the originals
+    back in the output (never stored masked, never re-masked); "off" sends the input as
+    written. `moderation` (with AI_MODERATION_MODEL set): "drop_item" drops each output item
+    the moderation endpoint flags (the job fails only when every item is flagged), "fail"
+    fails the job CONTENT_SAFETY_BLOCKED on any flagged item, "off" checks nothing."""
+
+    pii: Literal["mask", "off"] = "off"
+    moderation: Literal["drop_item", "fail", "off"] = "off"
+
+
 class ServiceSpec(_Frozen):
     """The service tiers a job type accepts (engine/tiers.py) and whether a create may reuse an
     earlier answer. `default_tier` is a create's tier when it names none; `standard` is always
@@ -137,6 +150,8 @@ class JobDefinition(_Frozen):
     fallback: Literal["default", "none"] | tuple[str, ...] = "default"
     # The service tiers it accepts, its default tier, and whether results may be reused.
     service: ServiceSpec = ServiceSpec()
+    # PII masking and output moderation (a new type: both off).
+    guardrails: Guardrails = Guardrails()
     # Its jobs' start-by TTL when a create names none (seconds from the create, or from
     # `runAt`, to admission; engine/flow.py); None: AI_DEFAULT_TTL_S.
     ttl_seconds: int | None = Field(default=None, ge=1, le=2_592_000)
@@ -189,6 +204,10 @@ def validate_definition(d: JobDefinition) -> None:
         raise InvalidJobDefinition(f"invalid domain {d.domain!r} for {d.job_type}")
     if not d.service.accepts(d.service.default_tier):
         raise InvalidJobDefinition(f"defaultTier of {d.job_type} is not a tier it accepts")
+    if d.guardrails.pii == "mask" and d.security.output_redaction:
+        # A restored original is never masked again: masking and output redaction exclude
+        # each other.
+        raise InvalidJobDefinition(f"{d.job_type}: guardrails.pii mask with output_redaction")
     for field_name, version in (
         ("version", d.version),
         ("prompt_version", d.prompt_version),

@@ -30,6 +30,9 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("PROVIDER_", Retry.YES),
     CodeRule("VALIDATION_", Retry.YES),
     CodeRule("CONTENT_SAFETY_", Retry.NO),
+    # The moderation endpoint did not answer: the provider's answer is kept and moderated
+    # again by the next attempt (no new call).
+    CodeRule("MODERATION_", Retry.YES),
     CodeRule("TIMEOUT", Retry.PER_DEFINITION),
     CodeRule("CREDENTIAL_", Retry.NO),
     # The provider refused this request as it was written (too long, malformed, unknown model):
@@ -39,6 +42,9 @@ _RULES: tuple[CodeRule, ...] = (
     CodeRule("SNAPSHOT_EXPIRED", Retry.NO),
     # An off-peak job's deadline came before its provider's discount window (`then: "fail"`).
     CodeRule("OFFPEAK_DEADLINE_PASSED", Retry.NO),
+    # The prompt or output schema version the job was created with is no longer published: it
+    # never runs on another one.
+    CodeRule("PROMPT_VERSION_UNAVAILABLE", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
     # Flow control ended the job before (or instead of) a call: a newer create with its key
     # replaced it, its start-by TTL or its deadline passed (engine/flow.py).
@@ -80,6 +86,9 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "PROVIDER_TIMEOUT": "The AI provider did not answer in time.",
     "VALIDATION_OUTPUT_INVALID": "The AI provider returned an invalid result.",
     "CONTENT_SAFETY_BLOCKED": "The request was blocked by the content safety policy.",
+    "MODERATION_UNAVAILABLE": (
+        "The content moderation service did not answer; the result will be checked again."
+    ),
     "TIMEOUT": "The job took too long and was stopped.",
     "CREDENTIAL_INVALID": "The AI provider rejected the credential.",
     "CREDENTIAL_MISSING": (
@@ -111,6 +120,10 @@ PUBLIC_MESSAGES: dict[str, str] = {
     "OFFPEAK_DEADLINE_PASSED": (
         "The job's off-peak deadline passed before the AI provider's discount window opened, "
         "so it did not run. Create it again, or allow it to run at the standard price."
+    ),
+    "PROMPT_VERSION_UNAVAILABLE": (
+        "The prompt or output schema version this job was created with is no longer "
+        "available, so it did not run. Create it again with a listed version."
     ),
     "INTERNAL_ERROR": "The job failed because of an internal error.",
     "INTERNAL_DATABASE_UNAVAILABLE": "The job's database was unavailable; it will be retried.",
@@ -193,6 +206,12 @@ class UnknownJobType(ValidationFailed):
         self.job_type = job_type
 
 
+class VersionUnavailable(ValidationFailed):
+    """A prompt or output schema version the job type does not publish (GET /api/ai/job-types
+    lists those it does). At create a 422; for a job recorded with it, `PROMPT_VERSION_UNAVAILABLE`
+    (the job never runs on another version)."""
+
+
 class IdempotencyKeyReused(EngineError):
     code = "IDEMPOTENCY_KEY_REUSED"
     http_status = 422
@@ -229,6 +248,18 @@ class JobNotTerminal(EngineError):
     title = "Only a job that has ended (succeeded, failed or cancelled) can be purged"
 
 
+class JobNotSucceeded(EngineError):
+    code = "JOB_NOT_SUCCEEDED"
+    http_status = 409
+    title = "Only a succeeded job can be given feedback"
+
+
+class RolloutNotFound(EngineError):
+    code = "ROLLOUT_NOT_FOUND"
+    http_status = 404
+    title = "The job type has no rollout"
+
+
 class TooManyJobs(EngineError):
     code = "TOO_MANY_JOBS"
     http_status = 429
@@ -239,6 +270,17 @@ class QuotaExceeded(EngineError):
     code = "QUOTA_EXCEEDED"
     http_status = 429
     title = "Job quota exceeded"
+
+    def __init__(self, public_message: str | None = None, *, retry_after_s: int | None = None):
+        super().__init__(public_message, retry_after_s=retry_after_s)
+        # A cost budget's refusal names it beside `code` (`named`); a job quota's does not.
+        self.problem_extra: dict[str, object] = {}
+
+    def named(self, scope: str, scope_id: str, period: str) -> QuotaExceeded:
+        """This refusal as the budget's: `scope` (user, org, team, tag), its id and its period
+        (day, month) become members of the problem body."""
+        self.problem_extra = {"scope": scope, "scopeId": scope_id, "period": period}
+        return self
 
 
 class RateLimited(EngineError):
@@ -399,6 +441,12 @@ class WebhookNotFound(EngineError):
     code = "WEBHOOK_NOT_FOUND"
     http_status = 404
     title = "Webhook not found"
+
+
+class BudgetNotFound(EngineError):
+    code = "BUDGET_NOT_FOUND"
+    http_status = 404
+    title = "Budget not found"
 
 
 class WebhookDeliveryNotFound(EngineError):

@@ -32,13 +32,15 @@ def request_fingerprint(
     output_schema_version: str | None = None,
     run_at: str | None = None,
     service: dict[str, str] | None = None,
+    tags: list[str] | None = None,
     flow: dict[str, str] | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
     The effective credential mode, the key a client named and a per-job cost cap are part of
     the request (who pays, and how much, is not a detail); so are the client's metadata, the
     versions it pinned, its service options and a delayed start (what the job carries and runs
-    on, and when). Left out (or empty), they leave earlier fingerprints unchanged."""
+    on, and when), and its tags (in their order: whose spend it is). Left out (or empty), they
+    leave earlier fingerprints unchanged."""
     body = {
         "jobType": job_type,
         "targetType": target_type,
@@ -62,6 +64,8 @@ def request_fingerprint(
         body["runAt"] = run_at
     if service:  # a tier other than the type's default, reuse, an off-peak deadline
         body["service"] = service
+    if tags:
+        body["tags"] = tags
     if flow:  # concurrency, ttlSeconds, deadline (jobs/flow.py `fingerprint`)
         body["flow"] = flow
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

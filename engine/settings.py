@@ -120,6 +120,12 @@ class Settings(ProviderSettings):
     jwt_secret: SecretStr | None = Field(default=None, alias="JWT_SECRET")
     jwt_issuer: str | None = Field(default=None, alias="JWT_ISSUER")
     jwt_audience: str | None = Field(default=None, alias="JWT_AUDIENCE")
+    # The claims naming a user's organisation (a string) and teams (a list of strings): the
+    # scopes whose budgets a job counts in (docs/money.md, "Organisations, teams and tags").
+    jwt_org_claim: str = Field(default="org", min_length=1, max_length=64, alias="JWT_ORG_CLAIM")
+    jwt_teams_claim: str = Field(
+        default="teams", min_length=1, max_length=64, alias="JWT_TEAMS_CLAIM"
+    )
     credential_encryption_key: SecretStr | None = Field(
         default=None, alias="CREDENTIAL_ENCRYPTION_KEY"
     )

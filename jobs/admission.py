@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -34,8 +35,10 @@ from db.pauses import InForce
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
+from engine.capacity import job_class
 from engine.errors import ExecutionFailure, Fault
-from jobs import offpeak
+from engine.scopes import JobScopes
+from jobs import offpeak, pauses, scope_budgets
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -226,6 +229,14 @@ async def admit(
     order. A `Wait` or `Refused` leaves things taken in the transaction: the caller rolls it
     back."""
     row, jt = call.row, call.jt
+    if call.pauses:  # an operator pause of the primary's model (a rollout arm's was tried first)
+        model = gateway.model_for(jt, row.credential_mode)
+        provider = gateway.provider_for(jt, row.credential_mode).name
+        paused = pauses.held(
+            call.pauses, job_type=row.job_type, provider=provider, model=model, user_id=row.user_id
+        )
+        if paused is not None:
+            return paused
     gate = gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
     ticket = Ticket(gate=gate)
     if gate is not None:
@@ -283,6 +294,11 @@ async def cover_at(
         worst = call_worst_case_usd(
             row.estimated_input_tokens or 0, budget, price=price, margin=cfg.estimate_margin
         )
+    scopes = JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags))
+
+    async def scopes_hold(grow_usd: Decimal) -> str | None:
+        return await scope_budgets.refusal_to_grow(s, scopes, row.id, grow_usd)
+
     return await cover_next_call(
         s,
         job_id=row.id,
@@ -294,6 +310,7 @@ async def cover_at(
         windows=budget_windows(
             cfg.budget_per_day_usd, cfg.budget_per_month_usd, dt.datetime.now(dt.UTC)
         ),
+        scopes_refusal=scopes_hold if scopes else None,
     )
 
 
@@ -329,8 +346,20 @@ async def _admit_limits(
         lease_ttl_s=call.timeout_ms / 1000 + 30,
         chunk_no=chunk_no,
         user_id=row.user_id,
+        job_class=job_class(row.queue_name),
     )
     if got.wait_s > 0:
         reason = got.reason or "announced"
-        return Wait(got.wait_s, reason, provider, model, key, limits, tokens, row.user_id, chunk_no)
+        return Wait(
+            got.wait_s,
+            reason,
+            provider,
+            model,
+            key,
+            limits,
+            tokens,
+            row.user_id,
+            chunk_no,
+            job_class(row.queue_name),
+        )
     return Lease(key, limits, tokens, got.lease_id, got.metered)

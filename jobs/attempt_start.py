@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -33,8 +34,9 @@ from db import lifecycle as lifecycle_db
 from db.attempts import Fence
 from db.chunks import ChunkRow
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.session import SessionMaker
-from engine.errors import IllegalTransition, JobNotFound, LockConflict
+from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
 from jobs import admission, call_marks, fallback, flow, offpeak, pauses
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
@@ -95,6 +97,19 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Held:
+    """An answer this job (or chunk) was given and paid for, kept because its moderation could
+    not run (jobs/guardrails.py): moderated again, never bought again. No admission: no call."""
+
+    row: JobRow
+    snapshot: dict[str, Any]
+    jt: AnyJobType
+    chunk: ChunkRow | None
+    answer: str
+    fence: Fence | None = None
+
+
+@dataclass(frozen=True)
 class Expire:
     """The job's start-by time (before it was admitted) or its deadline passed: no call; it
     ends with `code` (jobs/flow.py `expire`, after this transaction rolled back)."""
@@ -115,6 +130,8 @@ class Started:
     ticket: Ticket
     fence: Fence | None = None
     call_no: int | None = None
+    # The structured-output forms lowered now (db/structured_downgrades.py), read with the take.
+    downgrades: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 async def holds(sm: SessionMaker, fence: Fence, *, ttl_s: int) -> bool:
@@ -137,11 +154,12 @@ def may_be_taken_over(heartbeat_timeout: dt.timedelta | None, elapsed_s: float) 
 
 async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
-) -> Started | Ended | Reused | Stop | Wait | Refused | Expire:
+) -> Started | Held | Ended | Reused | Stop | Wait | Refused | Expire:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, an operator pause, the start-by time and deadline (jobs/pauses.py, jobs/flow.py),
-    an off-peak job's window (jobs/offpeak.py `gate`), admission, the chunk's attempt (after
-    every check that rolls back: only an attempt that runs is counted)."""
+    reuse, an answer held for moderation, an operator pause, the start-by time and deadline
+    (jobs/pauses.py, jobs/flow.py), an off-peak job's window (jobs/offpeak.py `gate`),
+    admission, the chunk's attempt (after every check that rolls back: only an attempt that
+    runs is counted)."""
     try:
         taken = await lifecycle.take(
             s,
@@ -177,16 +195,17 @@ async def start(
         return Reused(row.output_hash)
     if snapshot is None:
         return Stop("INTERNAL_SNAPSHOT_MISSING")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # the versions it was created with, on every attempt
+    except ExecutionFailure as f:
+        return Stop(f.code)
+    answer = chunk.held_answer if chunk is not None else row.held_answer
+    if answer is not None:  # paid for, waiting for its moderation: no call, no admission
+        if chunk is not None:
+            await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
+        return Held(row, snapshot, jt, chunk, answer, st.fence)
     now = dt.datetime.now(dt.UTC)
-    paused = pauses.held(
-        taken.pauses,
-        job_type=row.job_type,
-        provider=gateway.provider_for(jt, row.credential_mode).name,
-        model=gateway.model_for(jt, row.credential_mode),
-        user_id=row.user_id,
-        now=now,
-    )
+    paused = _paused(gateway, jt, row, taken.pauses)
     if paused is not None:  # rolled back: the job stays as it was, no attempt spent
         return paused
     code = flow.expiry_at_start(row, admitted_before=taken.reacquired, now=now)
@@ -207,7 +226,25 @@ async def start(
         await call_marks_db.mark_sent(
             s, _mark(gateway, cfg, row, jt, chunk, snapshot, got, taken.call_no, st.attempt)
         )
-    return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no)
+    return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no, taken.downgrades)
+
+
+def _paused(
+    gateway: Gateway, jt: AnyJobType, row: JobRow, in_force: tuple[InForce, ...]
+) -> Wait | None:
+    """An operator pause of the job's call, the first check before it (docs/limits.md). A
+    job of a rollout arm tries its arm's model first and its primary next: each is looked at
+    where the call goes (jobs/fallback.py `admit_entry`, jobs/admission.py `admit`), so the
+    job is held only when neither may go."""
+    if not in_force or fallback.arm_entry(gateway, jt, row) is not None:
+        return None
+    return pauses.held(
+        in_force,
+        job_type=row.job_type,
+        provider=gateway.provider_for(jt, row.credential_mode).name,
+        model=gateway.model_for(jt, row.credential_mode),
+        user_id=row.user_id,
+    )
 
 
 def _mark(

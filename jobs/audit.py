@@ -29,6 +29,11 @@ BULK_CANCEL = "bulk.cancel"
 BULK_RETRY = "bulk.retry"
 OUTBOX_REQUEUE = "outbox.requeue"
 DELIVERY_REPLAY = "webhook_delivery.replay"
+BUDGET_PUT = "budget.put"
+BUDGET_DELETE = "budget.delete"
+ADMIN_WEBHOOK_CREATE = "admin_webhook.create"
+ADMIN_WEBHOOK_DELETE = "admin_webhook.delete"
+ADMIN_WEBHOOK_ROTATE = "admin_webhook.rotate"
 
 
 @dataclass(frozen=True)

@@ -35,24 +35,29 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import batches as batches_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import structured_downgrades as downgrades_db
 from db.batches import BatchCaps, Enrolled, Left
+from db.jobs import JobRow
 from db.lifecycle import lock_holder
 from db.provider_gate import PLATFORM_KEY_REF
 from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
 from engine.hashing import output_hash
 from engine.lifecycle import LifecycleStatus
 from engine.tiers import BATCH
-from jobs import calls
+from jobs import calls, structured_output
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Call, cover_at
 from jobs.attempt_start import Ended as Ended  # EXECUTE's own outcomes: ended before it ran,
 from jobs.attempt_start import Stop as Stop  # or never will
 from jobs.gateway import Gateway
-from jobs.output import unstorable_failure, validated_answer
-from jobs.spec import Catalog
+from jobs.guardrails import Guard, Guarded, holds, stored_input_off_loop
+from jobs.output import unstorable_failure
+from jobs.spec import AnyJobType, Catalog
 from providers.batch import has_batch_api
-from providers.batch_lines import encode_line
+from providers.batch_lines import FORM_REFUSED, encode_line
 from providers.openai_compat import chat_answer, chat_body
+from providers.structured import lower as lower_of
+from providers.structured import next_form
 
 # The lock a batch job holds while its batch runs: the provider's completion window (24 h) and
 # an hour of margin for the window before the upload and the polls after the end. Each look at
@@ -145,7 +150,10 @@ async def enroll(
         # A long source is one call per chunk, which a batch line is not: refused, never run
         # at the standard tier instead.
         return Stop("REQUEST_TOO_LARGE")
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)  # its line is built with the versions it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     provider = gateway.provider_for(jt, row.credential_mode)
     if not has_batch_api(provider):
         # A create refuses the tier for such a provider; a job never runs standard instead.
@@ -157,11 +165,31 @@ async def enroll(
         refused = await cover_at(s, cfg, call, row, price)
         if refused is not None:
             return Refused(refused)
+    form = structured_output.form_for(gateway.forms, taken.downgrades, provider, model)
+    call_of = calls.Attempt(row, snapshot, jt, a.number, None, 0)
+    return await _line(s, gateway, a, call_of, form, caps)
+
+
+async def _line(
+    s: AsyncSession,
+    gateway: Gateway,
+    a: Attempt,
+    call: calls.Attempt,
+    form: str,
+    caps: BatchCaps,
+    again: bool = False,
+) -> Enrolled | Stop:
+    """The attempt's item in its group's open batch, its body asking in `form` (`again`: the
+    attempt's line once more, after its first was refused for its form)."""
+    row, jt = call.row, call.jt
+    provider = gateway.provider_for(jt, row.credential_mode)
+    model = gateway.model_for(jt, row.credential_mode)
     try:
-        body = request_body(gateway, calls.Attempt(row, snapshot, jt, a.number, None, 0), model)
+        body = request_body(gateway, call, model, form)
     except ExecutionFailure as f:  # the prompt refused by the content-safety check
         return Stop(f.code)
-    line_bytes = len(encode_line(batches_db.custom_id_of(a.job_id, a.number), body))
+    custom_id = batches_db.custom_id_of(a.job_id, a.number, form if again else None)
+    line_bytes = len(encode_line(custom_id, body))
     if line_bytes > caps.max_bytes:
         return Stop("REQUEST_TOO_LARGE")
     gate = gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
@@ -176,22 +204,33 @@ async def enroll(
         body=body,
         line_bytes=line_bytes,
         caps=caps,
+        again_as=form if again else None,
     )
 
 
-def request_body(gateway: Gateway, a: calls.Attempt, model: str) -> dict[str, Any]:
-    """The chat request body of the attempt, exactly as a call would send it (the prompt with
-    the correction after an invalid answer, checked for content safety when the type asks, its
-    answer budget, `response_format` json_object) but without `stream`: a batch line. No key
-    goes in: the batch is sent with its group's key."""
-    return chat_body(calls.request(gateway, a, model, None), stream=None)
+def request_body(
+    gateway: Gateway, a: calls.Attempt, model: str, form: str = "json_object"
+) -> dict[str, Any]:
+    """The chat request body of the attempt, exactly as a call would send it (the prompt built
+    from the masked input with the correction after an invalid answer, checked for content
+    safety when the type asks, its answer budget, the `response_format` of its
+    structured-output form) but without `stream`: a batch line. No key goes in: the batch is
+    sent with its group's key."""
+    return chat_body(calls.request(gateway, a, model, None, form=form), stream=None)
 
 
 async def collect(
-    s: AsyncSession, catalog: Catalog, a: Attempt
-) -> Stored | Pending | Failed | Stop:
+    s: AsyncSession,
+    gateway: Gateway,
+    catalog: Catalog,
+    a: Attempt,
+    caps: BatchCaps | None = None,
+) -> Stored | Pending | Failed | Stop | Enrolled:
     """The attempt's item after its batch signalled (or the backstop timer fired), in the
-    caller's transaction, which the caller commits in every outcome but `Stop`."""
+    caller's transaction, which the caller commits in every outcome but `Stop`. A line refused
+    for its structured-output form is enrolled again in the next form down (`Enrolled`: the
+    caller starts its batch, and the job waits on). Raises MODERATION_UNAVAILABLE when the
+    answer's moderation cannot run (the item keeps its answer for the next look)."""
     row = await jobs_db.get_for_update(s, a.job_id)
     if row is None:
         return Stop("INTERNAL_JOB_MISSING")
@@ -209,17 +248,29 @@ async def collect(
         return Pending()
     if item.status == "cancelled":
         return Stop("CANCELLED")
+    try:
+        jt = catalog.for_job(row)  # validated with the output schema it was created with
+    except ExecutionFailure as f:
+        return Stop(f.code)
     if item.status != "succeeded" or item.response is None:
         code = item.error_code or "PROVIDER_UNAVAILABLE"
+        if code == FORM_REFUSED:
+            again = await _lower(s, gateway, jt, row, a, item.form, caps or BatchCaps())
+            if again is not None:
+                return again
+            code = "REQUEST_REJECTED"
         lost = ExecutionFailure(code, internal_message=f"batch item: {code}")
         if code == "VALIDATION_OUTPUT_INVALID":  # its answer could not even be stored
             lost = unstorable_failure()
         await _failed(s, a, lost)
         return Failed(code)
-    jt = catalog.get(row.job_type)
+    flagged: int | None = None
     try:
-        out, _, failure = validated_answer(jt, chat_answer(item.response))
+        guarded = await _guarded(gateway, jt, row, chat_answer(item.response))
+        (out, _, failure), flagged = guarded.validated, guarded.flagged
     except ExecutionFailure as f:
+        if holds(f):
+            raise  # the item keeps its answer: moderated again at the next look
         out, failure = None, f
     if failure is not None or out is None:
         failure = failure or ExecutionFailure("VALIDATION_OUTPUT_INVALID")
@@ -227,12 +278,52 @@ async def collect(
         return Failed(failure.code)
     digest = output_hash(out)
     stored = await lifecycle_db.store_output(
-        s, a.job_id, owner=a.owner, output=out, output_hash=digest, progress=STORED_PROGRESS
+        s,
+        a.job_id,
+        owner=a.owner,
+        output=out,
+        output_hash=digest,
+        progress=STORED_PROGRESS,
+        flagged=flagged,
     )
     if not stored:
         return Stop("INTERNAL_NOT_LOCK_OWNER")
     await lifecycle_db.record_attempt(s, a.job_id, attempt=a.number, internal_error=None)
     return Stored(digest)
+
+
+async def _guarded(gateway: Gateway, jt: AnyJobType, row: JobRow, content: str) -> Guarded:
+    """A line's answer through its job type's guardrails (jobs/guardrails.py): moderated as
+    the provider wrote it, its placeholders restored, validated."""
+    # The row's input is the snapshot's (both as created): what the prompt was built from.
+    _, masking = await stored_input_off_loop(jt, row.input, gateway.guardrails.pii_region)
+    return await Guard.of(gateway.guardrails, jt, masking).answer(content)
+
+
+async def _lower(
+    s: AsyncSession,
+    gateway: Gateway,
+    jt: AnyJobType,
+    row: JobRow,
+    a: Attempt,
+    refused: str,
+    caps: BatchCaps,
+) -> Enrolled | None:
+    """The attempt's line enrolled again in the form below `refused` (the downgrade recorded
+    for every process first); None: no lower form."""
+    lower = next_form(refused)
+    if lower is None:
+        return None
+    provider = gateway.provider_for(jt, row.credential_mode)
+    model = gateway.model_for(jt, row.credential_mode)
+    taken = await downgrades_db.record(
+        s, structured_output.base_url_of(provider), model, lower, ttl_s=gateway.downgrade_ttl_s
+    )
+    form = lower_of(lower, taken)
+    structured_output.warn(row.id, model, refused, form)
+    call = calls.Attempt(row, {"input": row.input}, jt, a.number, None, 0)
+    again = await _line(s, gateway, a, call, form, caps, again=True)
+    return again if isinstance(again, Enrolled) else None
 
 
 async def _failed(s: AsyncSession, a: Attempt, failure: ExecutionFailure) -> None:

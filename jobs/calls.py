@@ -1,7 +1,7 @@
-"""The provider call of one attempt and its bookkeeping: its request (the prompt, with the
-correction after an invalid answer, checked for content safety when the job type asks), the call
-itself under the job's timeout while the caller's heartbeats and lock extensions run beside it,
-its usage row, and a failed call's record.
+"""The provider call of one attempt and its bookkeeping: its request (the prompt built from the
+input its guardrails mask, with the correction after an invalid answer, checked for content
+safety when the job type asks), the call itself under the job's timeout while the caller's
+heartbeats and lock extensions run beside it, its usage row, and a failed call's record.
 
 Plain functions over their inputs: EXECUTE (activities/execute.py) passes its heartbeat and its
 lock extension in, so this module knows nothing of Temporal.
@@ -10,9 +10,10 @@ lock extension in, so this module knows nothing of Temporal.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import chunks as chunks_db
+from db import held_answers as held_answers_db
 from db import lifecycle as lifecycle_db
 from db import usage as usage_db
 from db.chunks import ChunkRow
@@ -34,7 +36,8 @@ from jobs.admission import AdmissionConfig, Ticket
 from jobs.charging import Bound, Charged, charge
 from jobs.chunked import chunk_model
 from jobs.gateway import Gateway
-from jobs.output import output_schema
+from jobs.guardrails import holds, stored_input
+from jobs.output import output_schema, strict_output_schema
 from jobs.spec import AnyJobType
 from providers.base import (
     CallProgress,
@@ -66,6 +69,8 @@ class Attempt:
     number: int
     chunk: ChunkRow | None
     timeout_ms: int
+    # The structured-output forms lowered now (read with the take; jobs/structured_output.py).
+    downgrades: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def request(
@@ -74,13 +79,20 @@ def request(
     model: str,
     api_key: str | None,
     on_delta: Callable[[str], None] | None = None,
+    *,
+    form: str = "json_object",
+    inp: BaseModel | None = None,
 ) -> ProviderRequest:
     """The provider request: the prompt (with the correction after an invalid answer),
     checked for content safety when the job type asks; the job's key goes into it. It asks
     for a streamed answer (a model in AI_STREAM_DISABLED_MODELS is not asked), whose pieces go
-    to `on_delta` as they arrive (jobs/stream_items.py)."""
+    to `on_delta` as they arrive (jobs/stream_items.py), in structured-output `form` (with the
+    strict schema of the job's output model for `json_schema`). `inp`: the input the prompt is
+    built from, already masked (jobs/guardrails.py); None: the snapshot's, masked here."""
     jt, row = a.jt, a.row
-    model_in = jt.input_model.model_validate(a.snapshot["input"])
+    if inp is None:  # the input the prompt is built from: masked when the type masks PII
+        inp = stored_input(jt, a.snapshot["input"], gateway.guardrails.pii_region)[0]
+    model_in = inp
     if a.chunk is not None:
         model_in = chunk_model(jt, model_in, a.chunk.planned())  # its text, its share
     correction = None
@@ -117,6 +129,21 @@ def request(
         on_delta=on_delta,
         service_tier=tier.tier,
         discount=tier.discount,
+        structured_output=form,
+        schema_name=row.output_schema_version,
+        strict_schema=strict_output_schema(output_model) if form == "json_schema" else None,
+    )
+
+
+def with_form(req: ProviderRequest, a: Attempt, form: str) -> ProviderRequest:
+    """`req` asking in structured-output `form` instead (a lower form after a refusal, or a
+    fallback entry's own), as a fresh call (its own progress)."""
+    output_model: type[BaseModel] = a.jt.output_model
+    return dataclasses.replace(
+        req,
+        structured_output=form,
+        strict_schema=strict_output_schema(output_model) if form == "json_schema" else None,
+        progress=CallProgress(),
     )
 
 
@@ -234,6 +261,8 @@ class Called:
     out: dict[str, Any] | None = None  # the output as stored
     model_out: BaseModel | None = None  # the same, as the projector takes it
     charged: Charged | None = None  # what the call is charged (None: it was never sent)
+    form: str | None = None  # the structured-output form it asked for (None: no call)
+    flagged: int | None = None  # output items moderation dropped (None: it did not run)
 
     def usage(
         self,
@@ -267,6 +296,7 @@ class Called:
             cached_input_tokens=c.cached_input_tokens if c else 0,
             reasoning_tokens=c.reasoning_tokens if c else 0,
             service_tier=c.service_tier if c else "standard",
+            structured_output=self.form,
         )
 
 
@@ -283,8 +313,19 @@ async def record_failure(
     """A failed attempt in the caller's transaction: its usage row, what the failure tells the
     job's gate (`Ticket.note_failure`), the attempt's bookkeeping (the failure and its
     correction hint), the chunk's failure, and the call's end for its limits (`called`: the
-    provider was asked, else the reserved tokens go back)."""
+    provider was asked, else the reserved tokens go back). A paid answer whose moderation
+    could not run is kept for the next attempt (jobs/guardrails.py), and its call was a
+    success: its usage row says so."""
+    held = response.content if response is not None and holds(failure) else None
+    if held is not None:
+        usage = dataclasses.replace(usage, error_code=None)
+        # The provider answered (its gate hears it reachable); only moderation could not run.
+        failure = ExecutionFailure(
+            failure.code, internal_message=failure.internal_message, answered=True
+        )
     await usage_db.insert(s, usage)
+    if held is not None:
+        await held_answers_db.hold(s, usage.job_id, usage.chunk_no, held)
     await ticket.note_failure(s, usage.job_id, failure, cfg)
     await lifecycle_db.record_attempt(
         s,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Literal
@@ -266,12 +266,15 @@ async def cover_next_call(
     max_cost_usd: Decimal | None,
     call_worst_usd: Decimal,
     windows: Sequence[BudgetWindow],
+    scopes_refusal: Callable[[Decimal], Awaitable[str | None]] | None = None,
 ) -> str | None:
     """Before a job's next call (a retry after a paid answer), reserve what it may cost. The
     create reserved one call's worst case; when what the job has spent plus another worst case
-    exceeds that, the reservation grows under the user's budget lock, as a create's would. None
-    when the call is covered; else what refuses it ("cap", "daily", "monthly"): the job stops
-    with BUDGET_EXHAUSTED rather than spend past a limit."""
+    exceeds that, the reservation grows under the user's budget lock, as a create's would, and
+    only if `scopes_refusal` (the budgets of the job's organisation, teams and tags,
+    jobs/scope_budgets.py) lets it. None when the call is covered; else what refuses it ("cap",
+    "daily", "monthly", or the scope: "org", "team", "tag"): the job stops with
+    BUDGET_EXHAUSTED rather than spend past a limit."""
     needed = spent_usd + call_worst_usd
     if needed <= reserved_usd:
         return None
@@ -288,5 +291,9 @@ async def cover_next_call(
             # will hold `call_worst_usd` beyond what it spent.
             if read.committed(i).total_usd + call_worst_usd > w.limit_usd:
                 return w.name
+    if scopes_refusal is not None:
+        refused = await scopes_refusal(call_worst_usd)
+        if refused is not None:
+            return refused
     await budgets_db.reserve(s, job_id, needed)
     return None

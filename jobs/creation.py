@@ -43,14 +43,16 @@ from engine.errors import (
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tiers import OFFPEAK
-from jobs import flow, offpeak
+from jobs import create_lock, flow, offpeak, scope_budgets
 from jobs.cancellation import WorkflowCanceller
 from jobs.costs import BudgetWindow
 from jobs.flow import Decision
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
-from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker
+from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker, arm_model_of
 from jobs.reuse import attach, key_for
+from jobs.rollouts import RolloutBook, choice
+from jobs.scope_budgets import SCOPE_BUDGET, ScopeHolding
 from jobs.spec import Catalog
 from jobs.token_count import off_loop
 from jobs.tracecontext import current_trace_context
@@ -83,6 +85,12 @@ class Quote:
     checked: CheckedRequest
     refusal: Refusal | None  # None: a create now would be admitted
     budgets: list[tuple[BudgetWindow, Committed]]
+    # The budgets of the job's organisation, teams and tags, and what each holds.
+    scope_budgets: list[ScopeHolding] = dataclasses.field(default_factory=list)
+
+
+class RolloutMoved(Exception):
+    """The job's type has another rollout (or none, or one) than its arm was chosen from."""
 
 
 class EnqueueNotWritten(RuntimeError):
@@ -106,17 +114,25 @@ class JobCreation:
         self._credential_lookup = credential_lookup
         self.requests = RequestChecker(catalog, policy)
         self.quotas = Quotas(policy)
+        # The job types' rollouts, as creates read them (jobs/rollouts.py).
+        self.rollouts = RolloutBook(sessionmaker)
 
     async def quote(self, req: CreateJobRequest) -> Quote:
         """What creating `req` now would cost and whether it would be admitted: the checks and
         the estimate of create, and its quotas and budgets read without the user's lock. It
         writes nothing and counts against nothing."""
         # Token counting of a long source: on the process's bounded check pool, not the loop.
-        checked = await off_loop(self.requests.check, req)
+        checked = await off_loop(self.requests.check, await self.with_arm(req))
         self._check_platform(checked)
+        now = datetime.now(UTC)
         async with self._sm.begin() as s:
             admission = await self.quotas.admission(s, req.user_id, checked.estimate)
-        return Quote(checked, admission.refusal, admission.budgets)
+            scoped = await scope_budgets.standing(s, req.scopes, lock=False, now=now)
+        refusal = admission.refusal
+        if refusal is None:
+            error = scope_budgets.first_refusal(scoped, checked.estimate.worst_case_cost_usd, now)
+            refusal = Refusal(SCOPE_BUDGET, error) if error is not None else None
+        return Quote(checked, refusal, admission.budgets, scoped)
 
     async def create(
         self,
@@ -132,7 +148,34 @@ class JobCreation:
         key of a `skip` create. `budgeted`: an internal create (an admin retry) that still
         reserves against the owner's quotas and budgets. After the commit, the jobs a
         `supersede` replaced while they ran are cancelled, and the workflows of the queued ones
-        it replaced with them (`cancel_workflow`, best effort)."""
+        it replaced with them (`cancel_workflow`, best effort).
+
+        Its arm of the job type's rollout: from the rollout cache when the process listens for
+        rollout changes (none read otherwise); the job's INSERT says which rollout stands now,
+        and a create whose arm came from another one (or none) is rolled back and made again
+        with the rollout read afresh. A create of a type without a rollout pays nothing."""
+        open_to_arm = req.arm is None and req.prompt_version is None
+        armed = await self.with_arm(req)
+        for last in (False, False, True):
+            try:
+                result = await self._create(armed, within, budgeted, open_to_arm and not last)
+            except RolloutMoved:
+                armed = await self.with_arm(req, fresh=True)
+                continue
+            if result.created:  # replaced running jobs stopped, workflows cancelled
+                await flow.after_create(
+                    self._sm, self._catalog, result.flow, result.job.id, cancel_workflow
+                )
+            return result
+        raise AssertionError("unreachable: the last create checks no rollout")
+
+    async def _create(
+        self,
+        req: CreateJobRequest,
+        within: CreateHook | None,
+        budgeted: bool,
+        open_to_arm: bool,
+    ) -> CreateJobResult:
         checked = await off_loop(self.requests.check, req)
         if req.idempotency_key is not None:
             existing = await self._find_by_key(req, checked)
@@ -142,7 +185,7 @@ class JobCreation:
         new = self._new_job(req, checked, uuid.uuid4())
         try:
             async with self._sm.begin() as s:
-                result = await self._write(s, req, checked, new, within, budgeted)
+                result = await self._write(s, req, checked, new, within, budgeted, open_to_arm)
         except Exception as exc:
             # Two creates with one key raced past the lookup: the loser resolves to the winner.
             if req.idempotency_key is None or not is_unique_violation(exc):
@@ -153,21 +196,25 @@ class JobCreation:
             return _same_request(existing, checked.fingerprint)
         if result.created:
             _announce(result.job)
-            await self._after_commit(result, cancel_workflow)
         return result
 
-    async def _after_commit(
-        self, result: CreateJobResult, cancel_workflow: WorkflowCanceller | None
-    ) -> None:
-        """The replaced jobs' workflows cancelled, and the running ones a `supersede` replaced
-        cancelled as the cancel API cancels them (jobs/flow.py)."""
-        decided = result.flow
-        await flow.cancel_workflows(cancel_workflow, decided.cancel_workflows)
-        if decided.running:
-            stopped = await flow.supersede_running(
-                self._sm, self._catalog, decided.running, result.job.id, cancel_workflow
-            )
-            decided.running[:] = stopped
+    @property
+    def policy(self) -> CreatePolicy:
+        """The create policy (its models: what a rollout's arm may name)."""
+        return self._policy
+
+    async def with_arm(self, req: CreateJobRequest, *, fresh: bool = False) -> CreateJobRequest:
+        """`req` with its arm of the job type's rollout (jobs/rollouts.py): none when it pins a
+        version or already has one (a retry keeps its original's), or no rollout stands. Read
+        from the rollout cache (nothing, without a listener), or the database (`fresh`)."""
+        if req.arm is not None or req.prompt_version is not None:
+            return req
+        if not fresh and not self.rollouts.listening:
+            return req  # the job's INSERT tells whether one stands
+        rollout = await self.rollouts.current(req.job_type, fresh=fresh)
+        if rollout is None:
+            return req
+        return dataclasses.replace(req, arm=choice(rollout, req.job_type, req.user_id))
 
     def _check_platform(self, checked: CheckedRequest) -> None:
         """The platform's key is needed and not configured: 503, before any write."""
@@ -193,68 +240,42 @@ class JobCreation:
         new: NewJob,
         within: CreateHook | None,
         budgeted: bool = False,
+        open_to_arm: bool = False,
     ) -> CreateJobResult:
         """The create transaction's work, in order: quotas (a user's create), the target check,
-        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row."""
+        the credential pinned, the job row, its chunk plan, its snapshot and enqueue row.
+        `open_to_arm`: the job joins its type's rollout, so a rollout the INSERT sees other than
+        the one its arm came from rolls the create back (`RolloutMoved`)."""
         jt = checked.job_type
         # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
         new, checked = await attach(s, new, checked, self.quotas.lock)
         decided = Decision()
         if not req.internal or budgeted or checked.flow.concurrency is not None:
-            winner, decided = await self._admit(s, req, checked, new.id)
+            winner, decided = await create_lock.admit(
+                s, self.quotas, self._policy, req, checked, new.id
+            )
             if winner is not None:
                 return _same_request(winner, checked.fingerprint)
             if decided.holder is not None:  # `skip`: the key is held, nothing is created
                 return CreateJobResult(job=decided.holder, created=False, flow=decided)
-            new = dataclasses.replace(new, debounce_until=decided.debounce_until)
+            # A debounced job's due time (its runAt's, if later: jobs/flow.py `decide`).
+            new = dataclasses.replace(
+                new,
+                debounce_until=decided.debounce_until,
+                due_at=decided.due_at or new.due_at,
+            )
         if not req.internal and jt.check_target is not None:
             await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
-        row = await lifecycle_db.create(s, new)
+        row, rollout_now = await lifecycle_db.create_seeing_rollout(s, new)
+        if open_to_arm and rollout_now != new.rollout_id:
+            raise RolloutMoved()  # rolls back: made again with its arm of the rollout now
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
         await self._enqueue(s, req, checked, row, due_at=decided.due_at)
         if within is not None:
             await within(s, row)
         return CreateJobResult(job=row, created=True, flow=decided)
-
-    async def _admit(
-        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, new_id: uuid.UUID
-    ) -> tuple[JobRow | None, Decision]:
-        """Race-safe quotas and keyed concurrency: a per-user transaction-scoped advisory lock
-        serialises one user's creates (on every API process), so count-then-insert cannot
-        overshoot, and the job's worst-case cost, reserved by the insert that follows in this
-        transaction, cannot take spend plus reservations past a budget. Under the lock, in this
-        order: a create with a key that a concurrent create just committed is answered with
-        that job (returned first) instead of a quota error; the concurrency decision
-        (jobs/flow.py: a `skip` whose key is held makes nothing and is refused by no quota;
-        replaced queued jobs end before the quotas count them); the quotas."""
-        concurrency = checked.flow.concurrency
-        if not self.quotas.limited and concurrency is None:
-            return None, Decision()
-        await self.quotas.lock(s, req.user_id)
-        if req.idempotency_key is not None:
-            existing = await jobs_db.find_by_idempotency_key(
-                s, req.user_id, req.job_type, req.idempotency_key
-            )
-            if existing is not None:
-                return existing, Decision()
-        decided = Decision()
-        if concurrency is not None:
-            decided = await flow.decide(
-                s,
-                req,
-                concurrency,
-                new_id,
-                default_max_delay_ms=self._policy.debounce_max_delay_ms,
-            )
-            if decided.holder is not None:
-                return None, decided
-        if self.quotas.limited:
-            refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
-            if refusal is not None:
-                raise refusal.error
-        return None, decided
 
     async def _pin_credential(self, s: AsyncSession, req: CreateJobRequest, new: NewJob) -> NewJob:
         """The user's key the job will use, pinned on its row (user_deepseek_key only)."""
@@ -293,7 +314,7 @@ class JobCreation:
             input=checked.normalized,
             credential_mode=checked.mode,
             credential_id=None,
-            prompt_version=d.prompt_version,
+            prompt_version=checked.prompt_version or d.prompt_version,
             input_schema_version=d.input.schema_version,
             output_schema_version=d.output.schema_version,
             max_retry_count=resolve_execution(d).max_retries,
@@ -314,13 +335,28 @@ class JobCreation:
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
             ),
             reuse_allowed=req.reuse,
-            reuse_key=key_for(checked, self._policy.model_for(checked.job_type, checked.mode)),
+            reuse_key=key_for(checked, self._model_of(checked)),
+            rollout_id=checked.arm.rollout_id if checked.arm else None,
+            rollout_arm=checked.arm.name if checked.arm else None,
+            arm_model=arm_model_of(checked.arm, checked.mode),
+            org_id=req.scopes.org_id,
+            team_ids=list(req.scopes.team_ids),
+            tags=list(req.scopes.tags),
+            # A delayed job is not dispatched before its time: it waits in the outbox, taking
+            # no room in its user's dispatch window (db/relay.py).
+            due_at=req.run_at,
             # Flow control (jobs/flow.py): as given, and the times it fixes.
             concurrency=plan.concurrency.given() if plan.concurrency else None,
             concurrency_key=plan.concurrency.key if plan.concurrency else None,
             expires_at=plan.start_by(now, req.run_at),
             deadline_at=plan.deadline,
         )
+
+    def _model_of(self, checked: CheckedRequest) -> str:
+        """The model a checked create's job asks first: its arm's, else the configured one."""
+        model = self._policy.model_for(checked.job_type, checked.mode)
+        arm_model = arm_model_of(checked.arm, checked.mode)
+        return arm_model if arm_model is not None and model != "synthetic" else model
 
     async def _enqueue(
         self,
@@ -367,7 +403,7 @@ class JobCreation:
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),
-            due_at=due_at,
+            due_at=due_at or req.run_at,
         )
         if enqueued is None:
             raise EnqueueNotWritten(str(row.id))

@@ -11,7 +11,9 @@ cover at the entry's price (jobs/costs.py `cover_next_call`: with what the job h
 the primary's failed call included, another worst case at this model's price must fit the
 reservation, else it grows under the user's budgets or the call is refused), its key, and its
 (provider, model, key) limits. `admit` wraps the primary's admission: when the primary's
-breaker is open, the call goes straight to the first entry whose own gate is closed.
+breaker is open, the call goes straight to the first entry whose own gate is closed. A job whose
+rollout arm names an entry's model (jobs/rollouts.py) is admitted on that entry first (the
+primary when the entry says wait), and moves only to the entries after it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from db import jobs as jobs_db
 from db import pauses as pauses_db
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
+from db.jobs import JobRow
 from db.provider_gate import GateKey
 from db.provider_limits import LimitKey
+from engine.capacity import job_class
 from engine.definition import PLATFORM_KEY
 from engine.flow import OPERATOR_PAUSE
 from jobs import admission, pauses
@@ -69,6 +73,17 @@ def chain_models(
     return (primary, *(fallback_models[i] for i in picked))
 
 
+def arm_entry(gateway: Gateway, jt: AnyJobType, row: JobRow) -> FallbackEntry | None:
+    """The AI_FALLBACKS entry a job's rollout arm tries first (None: its arm names no model,
+    or the configured one, or the job has no chain)."""
+    if row.arm_model is None or row.credential_mode != PLATFORM_KEY or jt.always_synthetic:
+        return None
+    if gateway.provider_for(jt, row.credential_mode).name == "synthetic":
+        return None
+    wanted = row.arm_model.lower()
+    return next((e for e in gateway.fallbacks.entries if e.model.lower() == wanted), None)
+
+
 def entry_of(gateway: Gateway, ticket: Ticket) -> FallbackEntry | None:
     """The chain entry a ticket was admitted on (None: the primary)."""
     position = position_of(ticket.gate.key_ref) if ticket.gate is not None else None
@@ -83,6 +98,11 @@ async def admit(
     is passed over; an entry whose limits say wait answers that wait, and one whose cost cover
     refuses answers the primary's wait (the caller rolls back what either took). Every entry
     closed: the primary's wait."""
+    arm = arm_entry(gateway, call.jt, call.row)
+    if arm is not None:  # its rollout's arm tries this entry first
+        routed = await admit_entry(s, gateway, cfg, call, arm)
+        if isinstance(routed, Ticket | Refused):
+            return routed
     got = await admission.admit(s, gateway, cfg, call)
     if not isinstance(got, Wait) or got.reason != "breaker":
         return got
@@ -147,6 +167,7 @@ async def admit_entry(
         tokens=tokens,
         job_id=row.id,
         lease_ttl_s=call.timeout_ms / 1000 + 30,
+        job_class=job_class(row.queue_name),
     )
     if got.wait_s > 0:
         return Wait(got.wait_s, got.reason or "announced", entry.provider, entry.model)

@@ -221,6 +221,22 @@ async def supersede_running(
     return done
 
 
+async def after_create(
+    sm: SessionMaker,
+    catalog: Catalog,
+    decided: Decision,
+    new_id: uuid.UUID,
+    cancel_workflow: WorkflowCanceller | None,
+) -> None:
+    """After a create's commit: the replaced jobs' workflows cancelled, and the running ones a
+    `supersede` replaced cancelled as the cancel API cancels them (`decided.running` keeps those
+    asked to stop)."""
+    await cancel_workflows(cancel_workflow, decided.cancel_workflows)
+    if decided.running:
+        stopped = await supersede_running(sm, catalog, decided.running, new_id, cancel_workflow)
+        decided.running[:] = stopped
+
+
 async def cancel_workflows(cancel_workflow: WorkflowCanceller | None, ids: list[str]) -> None:
     """Best effort, after a commit: a workflow that fails to cancel finds its job ended (or
     its cancel requested, which EXECUTE's heartbeat reads) at its next stage."""

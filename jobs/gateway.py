@@ -16,12 +16,14 @@ from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import ExecutionFailure
 from engine.offpeak import Windows, default_windows
+from jobs.guardrails import GuardrailConfig
 from jobs.spec import AnyJobType
 from providers.base import Provider
 from providers.crypto import CredentialCipher, decrypt_credential
 from providers.fallback import Fallbacks
 from providers.pricing import PriceTable
 from providers.safety import ContentSafety, RuleBasedContentSafety
+from providers.structured import FormPolicy
 from providers.synthetic import SyntheticProvider
 
 USER_KEY_PROVIDER = "deepseek"
@@ -44,6 +46,12 @@ class Gateway:
     fallbacks: Fallbacks = field(default_factory=Fallbacks)
     # Each provider's off-peak discount windows (AI_OFFPEAK_WINDOWS; jobs/offpeak.py).
     offpeak_windows: Windows = field(default_factory=default_windows)
+    # The structured-output form each model is asked in (AI_STRUCTURED_OUTPUT, the entries'
+    # own) and how long a refused form stays lowered (jobs/structured_output.py).
+    forms: FormPolicy = field(default_factory=FormPolicy)
+    downgrade_ttl_s: int = 86_400
+    # PII masking's phone region and the moderation endpoint (jobs/guardrails.py).
+    guardrails: GuardrailConfig = field(default_factory=GuardrailConfig)
 
     async def aclose(self) -> None:
         """Close the providers' HTTP connections (a stopping worker leaves no socket open)."""
@@ -53,6 +61,9 @@ class Gateway:
             if close is not None:
                 await close()
         await self.fallbacks.aclose()
+        close_moderation = getattr(self.guardrails.moderator, "aclose", None)
+        if close_moderation is not None:
+            await close_moderation()
 
     def provider_for(self, jt: AnyJobType, mode: str = PLATFORM_KEY) -> Provider:
         if jt.always_synthetic:

@@ -168,8 +168,7 @@ async def cancel(
         )
     payload = {"jobId": str(job_id), **({"errorCode": code} if code else {})}
     await outbox_db.insert_job_event(s, CANCELLED, job_id, payload)
-    if code is not None and came_from == LifecycleStatus.QUEUED:
-        # Flow control ended it before its dispatch, most likely: no workflow is ever started.
+    if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
         await relay_db.close_unsent(s, job_id)
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
         await keep_partial(s, catalog, job_id)
@@ -205,7 +204,10 @@ async def keep_partial(s: AsyncSession, catalog: Catalog, job_id: uuid.UUID) -> 
     row = await jobs_db.get(s, job_id)
     if row is None or row.chunk_count is None or row.job_type not in catalog:
         return 0
-    jt = catalog.get(row.job_type)
+    try:
+        jt = catalog.for_job(row)
+    except ExecutionFailure:  # its output schema is gone: nothing can be validated and kept
+        return 0
     spec = jt.chunking
     if spec is None:
         return 0
@@ -347,7 +349,7 @@ async def succeed(
     that is not the stored one, raises `ExecutionFailure` with its final code."""
 
     def plan(row: JobRow) -> tuple[list[Statement], int] | None:
-        jt = catalog.get(row.job_type)
+        jt = catalog.for_job(row)
         if row.lifecycle_status != LifecycleStatus.RUNNING:
             return None  # ended before (a repeated projection, a cancel)
         out = stored_output(jt, row, output_hash)

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from db import limit_classes
 from db import limit_waiters as waiters_db
 from db import provider_limits as provider_limits_db
 from db.limit_waiters import WaiterId
@@ -76,7 +77,12 @@ async def enqueue(
         return Queued(entered=True)
     try:
         queued = await _enqueue(
-            sm, wait, key, limits, WaiterId(job_id, wait.chunk_no, wait.user_id), workflow_id or ""
+            sm,
+            wait,
+            key,
+            limits,
+            WaiterId(job_id, wait.chunk_no, wait.user_id, wait.job_class),
+            workflow_id or "",
         )
     except Exception as exc:  # the wait goes on without its place; the next look tries again
         log.warning("could not write a provider limit's waiter: %s", type(exc).__name__)
@@ -98,9 +104,8 @@ async def _enqueue(
         )
         if room is None:
             return Queued(entered, look_again=True)
-        n, ahead_tokens, _ = await waiters_db.ahead(s, params, who, cap_tokens=room.tpm)
-        fits = waiters_db.verdict(room, n, ahead_tokens, wait.tokens).reason is None
-    return Queued(entered, look_again=fits)
+        got, _ = await limit_classes.look(s, params, who, room, wait.tokens, limits.reserve)
+    return Queued(entered, look_again=got.reason is None)
 
 
 async def wake(sm: SessionMaker, key: LimitKey, limits: Limits) -> list[str]:
@@ -111,12 +116,14 @@ async def wake(sm: SessionMaker, key: LimitKey, limits: Limits) -> list[str]:
         room = await provider_limits_db.room(s, key, limits)
         params = key.params()
         await waiters_db.sweep_key(s, params)
-        queue = await waiters_db.heads(s, params)
+        # A class with a reserved part waits ahead of the others (db/limit_classes.py).
+        reserved = [c for c, _ in limits.reserve]
+        queue = await waiters_db.heads(s, params, reserved=reserved)
         if not queue:
             return []
         if room is None:  # nothing limits the key any more: every waiter may go
             return await waiters_db.claim(s, queue)
-        return await waiters_db.claim(s, waiters_db.fitting(room, queue))
+        return await waiters_db.claim(s, limit_classes.fitting(room, queue, limits.reserve))
 
 
 async def wake_all(sm: SessionMaker, table: LimitTable) -> list[str]:

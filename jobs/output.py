@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from engine.errors import ExecutionFailure
 from engine.redaction import redact
 from jobs.spec import AnyJobType
+from providers.structured import strict_schema
 
 Validated = tuple[dict[str, Any] | None, BaseModel | None, ExecutionFailure | None]
 
@@ -102,6 +103,13 @@ def unstorable_failure() -> ExecutionFailure:
 def output_schema(model: type[BaseModel]) -> dict[str, Any]:
     """JSON schema of an output model; built once per job type, not per call."""
     return model.model_json_schema()
+
+
+@functools.cache
+def strict_output_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The output model's schema in OpenAI's strict subset (providers/structured.py), what a
+    `json_schema` call sends; once per model."""
+    return strict_schema(output_schema(model))
 
 
 def summarise_validation(exc: ValidationError) -> str:

@@ -76,6 +76,9 @@ class CreatePolicy:
     offpeak_max_wait_s: int = offpeak.MAX_WAIT_S
     # A batch job's line is refused when larger than a batch file may be (AI_BATCH_MAX_BYTES).
     batch_max_bytes: int = 100_000_000
+    # Where a masked input's phone numbers are read (AI_PII_PHONE_REGION): the estimate and
+    # the chunk plan are of the masked prompt (jobs/guardrails.py).
+    pii_region: str = "US"
     # Flow control (jobs/flow.py): a debounce chain's longest wait when the create names no
     # maxDelayMs (AI_DEBOUNCE_MAX_DELAY_MS); the TTL of a job whose create and type name none
     # (AI_DEFAULT_TTL_S, 0: none).

@@ -35,7 +35,12 @@ from jobs.policy import CreatePolicy
 TOO_MANY_JOBS_RETRY_AFTER_S = 5
 
 RefusalLimit = Literal[
-    "active_jobs", "jobs_per_day", "jobs_per_month", "daily_cost_budget", "monthly_cost_budget"
+    "active_jobs",
+    "jobs_per_day",
+    "jobs_per_month",
+    "daily_cost_budget",
+    "monthly_cost_budget",
+    "scope_budget",
 ]
 
 
@@ -130,10 +135,11 @@ class Quotas:
             reserved=bool(windows),
         )
         budgets = [(w, read.committed(i)) for i, w in enumerate(windows)]
-        return Admission(self._refusal(read, counts, budgets, estimate, now), budgets)
+        return Admission(self._refusal(user_id, read, counts, budgets, estimate, now), budgets)
 
     def _refusal(
         self,
+        user_id: str,
         read: budgets_db.Standing,
         counts: list[_JobCount],
         budgets: list[tuple[BudgetWindow, budgets_db.Committed]],
@@ -165,8 +171,9 @@ class Quotas:
         for window, held in budgets:
             error = window.refusal(held, estimate.worst_case_cost_usd, now)
             if error is not None:
+                daily = window.name == "daily"
                 return Refusal(
-                    "daily_cost_budget" if window.name == "daily" else "monthly_cost_budget",
-                    error,
+                    "daily_cost_budget" if daily else "monthly_cost_budget",
+                    error.named("user", user_id, "day" if daily else "month"),
                 )
         return None

@@ -19,16 +19,19 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from db.chunks import PlannedChunk
-from engine.definition import USER_DEEPSEEK_KEY
+from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
 from engine.flow import Concurrency
 from engine.hashing import request_fingerprint
+from engine.scopes import JobScopes
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
 from jobs import chunked, fallback, flow, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
 from jobs.flow import FlowPlan
+from jobs.guardrails import masked_input
 from jobs.policy import CreatePolicy
+from jobs.rollouts import ArmChoice
 from jobs.spec import AnyJobType, Catalog
 from jobs.tiers import checked_tier, tier_fingerprint
 from providers.pricing import Price
@@ -56,8 +59,8 @@ class CreateJobRequest:
     # Admin retry and internal callers bypass visibility and quotas.
     internal: bool = False
     # The client's own references, stored with the job and never sent to Temporal or the
-    # provider; the versions a client pinned (checked by the API against the job type's); a
-    # delayed job's start (None: at once).
+    # provider; the versions a client pinned (any the job type publishes; None: its defaults);
+    # a delayed job's start (None: at once).
     metadata: dict[str, str] = field(default_factory=dict)
     prompt_version: str | None = None
     output_schema_version: str | None = None
@@ -68,6 +71,12 @@ class CreateJobRequest:
     reuse: bool = False
     offpeak_deadline_at: datetime | None = None
     offpeak_on_deadline: str | None = None
+    # Whose money it is beyond the user's (engine/scopes.py): the creating token's organisation
+    # and teams, and the create's tags (never sent to the provider).
+    scopes: JobScopes = field(default_factory=JobScopes)
+    # The arm of the job type's rollout the job runs on (jobs/rollouts.py): chosen by the
+    # create for its user, or an original's kept by its retry; None: no rollout.
+    arm: ArmChoice | None = None
     # Flow control (jobs/flow.py): keyed concurrency, the start-by TTL in seconds (None: the
     # defaults; 0: none) and the whole job's deadline.
     concurrency: Concurrency | None = None
@@ -87,6 +96,9 @@ class CheckedRequest:
     service_tier: str = STANDARD  # the effective tier (the request's, or the type's default)
     # What the job would cost on each tier, and whether it may ask for it (the quote's).
     tier_prices: tuple[TierPrice, ...] = ()
+    # The prompt version it runs on (its arm's, else the type's) and its arm.
+    prompt_version: str = ""
+    arm: ArmChoice | None = None
     # Its concurrency, effective TTL and deadline (jobs/flow.py).
     flow: FlowPlan = field(default_factory=FlowPlan)
 
@@ -112,6 +124,10 @@ class RequestChecker:
         stops here; create goes on. The checks run in this order, so a request that breaks
         several is refused for the first."""
         jt = self.job_type_for_create(req.job_type, internal=req.internal)
+        # The versions the job runs with on every attempt: its rollout arm's prompt version,
+        # else the pinned one, else the defaults; its prompt is counted with them.
+        version = (req.arm.prompt_version if req.arm else None) or req.prompt_version
+        jt = jt.at(version, req.output_schema_version)
         model = self.validate_input(jt, req.input)
         normalized = model.model_dump(mode="json", by_alias=True, exclude_none=True)
         priority, mode = _checked_options(req, jt)
@@ -124,20 +140,29 @@ class RequestChecker:
             ]
             raise ValidationFailed(refusal, errors=errors)
         offpeak.check_create(req, jt, self._policy, mode, tier)  # 422: no window, too late
+        # What the prompts are built from: the input with its PII masked when the type masks
+        # it (jobs/guardrails.py), so the plan and the estimate are of what is sent.
+        prompt_model = masked_input(jt, model, self._policy.pii_region)[0]
         flow_plan = flow.plan(req, jt, self._policy.default_ttl_s)  # 422: sure to expire
-        chunks = self.plan_chunks(jt, model)
+        chunks = self._plan(jt, prompt_model)
         tiers.check_batch_source(tier, chunks)  # a long source is several calls: not a line
-        self._check_fits_the_model(jt, model, chunks)
+        self._check_fits_the_model(jt, prompt_model, chunks)
         if jt.target_types is not None and req.target_type not in jt.target_types:
             raise ValidationFailed(
                 f"targetType must be one of: {', '.join(jt.target_types)}",
                 errors=[{"loc": ["targetType"], "msg": "unsupported targetType", "type": "enum"}],
             )
-        tokens = self._tokens(jt, model, chunks)
+        tokens = self._tokens(jt, prompt_model, chunks)
         discount = self._reserved_discount(req, jt, mode, tier)
-        estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount)
+        arm_model = arm_model_of(req.arm, mode)
+        estimate = self._priced(jt, mode, tokens, req.max_cost_usd, tier, discount, arm_model)
         tiers.check_batch_line(
-            tier, jt, model, estimate.model, estimate.output_budget, self._policy.batch_max_bytes
+            tier,
+            jt,
+            prompt_model,
+            estimate.model,
+            estimate.output_budget,
+            self._policy.batch_max_bytes,
         )
         # The effective priority and credential mode: omitting them and sending the defaults
         # are the same request.
@@ -155,9 +180,10 @@ class RequestChecker:
             output_schema_version=req.output_schema_version,
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
+            tags=list(req.scopes.tags),
             flow=flow.fingerprint(req),
         )
-        tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd)
+        tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd, arm_model)
         return CheckedRequest(
             jt,
             normalized,
@@ -168,6 +194,8 @@ class RequestChecker:
             chunks,
             tier,
             tier_prices,
+            version or jt.definition.prompt_version,
+            req.arm,
             flow_plan,
         )
 
@@ -216,7 +244,11 @@ class RequestChecker:
 
     def plan_chunks(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
         """A long source's chunks (jobs/chunked.py), or None: one call. Each chunk's prompt fits
-        the per-call budget, and never more than the model's window leaves beside the answer."""
+        the per-call budget, and never more than the model's window leaves beside the answer.
+        Planned over the masked input when the type masks PII, as EXECUTE cuts it."""
+        return self._plan(jt, masked_input(jt, model, self._policy.pii_region)[0])
+
+    def _plan(self, jt: AnyJobType, model: BaseModel) -> list[PlannedChunk] | None:
         if jt.chunking is None:
             return None
         window = None if jt.always_synthetic else self._policy.context_window
@@ -246,14 +278,22 @@ class RequestChecker:
             )
 
     def _chain_price(
-        self, jt: AnyJobType, mode: str, model_name: str, tier: str, discount: Decimal | None
+        self,
+        jt: AnyJobType,
+        mode: str,
+        model_name: str,
+        tier: str,
+        discount: Decimal | None,
+        arm_model: str | None = None,
     ) -> Price:
-        """The price a job is reserved at: the dearest of its primary (at its tier) and its
-        fallback chain (at standard). A batch job has no chain: its calls go to its provider's
-        Batch API or nowhere, so its price is the primary's batch price."""
+        """The price a job is reserved at: the dearest of its primary (at its tier), its arm's
+        model and its fallback chain (at standard). A batch job has no chain: its calls go to
+        its provider's Batch API or nowhere, so its price is the primary's batch price."""
         p = self._policy
         synthetic = model_name == "synthetic"
         models = fallback.chain_models(model_name, p.fallback_models, jt, mode, synthetic=synthetic)
+        if arm_model is not None and not synthetic and arm_model not in models:
+            models = (*models, arm_model)
         return chain_price(
             p.prices, models[:1] if tier == BATCH else models, tier=tier, discount=discount
         )
@@ -302,12 +342,13 @@ class RequestChecker:
         max_cost_usd: Decimal | None,
         tier: str,
         discount: Decimal | None,
+        arm_model: str | None = None,
     ) -> JobEstimate:
         model_name = self._policy.model_for(jt, mode)
         return estimate_job(
             tokens[0],
-            model=model_name,
-            price=self._chain_price(jt, mode, model_name, tier, discount),
+            model=arm_model if arm_model is not None and model_name != "synthetic" else model_name,
+            price=self._chain_price(jt, mode, model_name, tier, discount, arm_model),
             output_budget=jt.definition.execution.max_output_tokens,
             expected_output_tokens=tokens[1],
             margin=self._policy.estimate_margin,
@@ -331,6 +372,7 @@ class RequestChecker:
         mode: str,
         tokens: tuple[list[int], int],
         max_cost_usd: Decimal | None,
+        arm_model: str | None = None,
     ) -> tuple[TierPrice, ...]:
         """The job at each tier's price (off-peak at its window's, the standard price when its
         provider has none), and whether a create may ask for that tier: the type accepts it,
@@ -343,11 +385,18 @@ class RequestChecker:
                 p.tier_refusal(jt, mode, tier) is None and (tier != OFFPEAK or discount is not None)
             )
             try:
-                e = self._priced(jt, mode, tokens, max_cost_usd, tier, discount)
+                e = self._priced(jt, mode, tokens, max_cost_usd, tier, discount, arm_model)
             except CostCapTooLow:
-                e, available = self._priced(jt, mode, tokens, None, tier, discount), False
+                e = self._priced(jt, mode, tokens, None, tier, discount, arm_model)
+                available = False
             out.append(TierPrice(tier, e.estimated_cost_usd, e.worst_case_cost_usd, available))
         return tuple(out)
+
+
+def arm_model_of(arm: ArmChoice | None, mode: str) -> str | None:
+    """The model an arm tries first, for a job on the platform's key (a user's own key runs on
+    its own model)."""
+    return arm.model if arm is not None and mode == PLATFORM_KEY else None
 
 
 def _checked_options(req: CreateJobRequest, jt: AnyJobType) -> tuple[int, str]:

@@ -23,10 +23,17 @@ from db.chunks import copy_succeeded as copy_succeeded_chunks
 from db.errors import is_unique_violation
 from db.jobs import JobRow
 from db.session import SessionMaker
-from engine.errors import CredentialNotFound, JobNotFound, JobNotRetryable
+from engine.errors import (
+    CredentialNotFound,
+    JobNotFound,
+    JobNotRetryable,
+    VersionUnavailable,
+)
 from engine.lifecycle import LifecycleStatus
+from engine.scopes import JobScopes
 from jobs.creation import CreateHook, CreateJobResult, JobCreation
 from jobs.requests import CreateJobRequest
+from jobs.rollouts import ArmChoice
 
 
 class JobRetry:
@@ -77,6 +84,8 @@ class JobRetry:
         except CredentialNotFound:
             # The original's pinned key was revoked (or deleted): the retry would fail at once.
             raise JobNotRetryable("The job's credential is no longer active.") from None
+        except VersionUnavailable:
+            raise JobNotRetryable("The job's prompt version is no longer published.") from None
         except Exception as exc:
             # Two retries raced: the loser's unique violation resolves to the winner's job.
             if not is_unique_violation(exc):
@@ -106,10 +115,18 @@ def _request_of(row: JobRow) -> CreateJobRequest:
         # The client's references go with it (the retry is the same piece of their product);
         # a delayed start does not: the retry runs now.
         metadata=row.metadata,
+        # The versions it ran with (a version no longer published refuses the retry).
+        prompt_version=row.prompt_version,
+        output_schema_version=row.output_schema_version,
         # Its service terms too: the same tier (an off-peak job's deadline counts from the
         # retry's create again) and the same reuse choice.
         service_tier=row.service_tier,
         reuse=row.reuse_allowed,
         offpeak_on_deadline=row.offpeak_on_deadline if row.service_tier == "offpeak" else None,
+        # Whose money it is: the original's organisation, teams and tags (its budgets).
+        scopes=JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
+        # Its rollout's arm: a retry runs on what its original ran on (an original outside a
+        # rollout stays outside).
+        arm=ArmChoice.of_job(row),
         internal=True,
     )

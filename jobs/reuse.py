@@ -73,11 +73,23 @@ def key_for(checked: CheckedRequest, model: str) -> str | None:
     if not d.service.reuse:
         return None
     return reuse_key(
-        d.job_type, checked.normalized, d.prompt_version, model, d.output.schema_version
+        d.job_type,
+        checked.normalized,
+        checked.prompt_version or d.prompt_version,
+        model,
+        d.output.schema_version,
     )
 
 
 Lock = Callable[[AsyncSession, str], Awaitable[None]]
+
+
+def patient(service_tier: str) -> bool:
+    """May a reuser of this tier wait on a source that is still active whatever its tier? A
+    standard job may not: it never waits on a batch, off-peak or delayed source (hours away,
+    maybe); it waits only on a standard one that is due, and otherwise makes its own call.
+    A batch or off-peak job waits on any (it is slow itself)."""
+    return service_tier != "standard"
 
 
 async def attach(
@@ -91,7 +103,11 @@ async def attach(
         return new, checked
     await lock(s, new.user_id)
     found = await reuse_db.candidate(
-        s, user_id=new.user_id, job_type=new.job_type, reuse_key=new.reuse_key
+        s,
+        user_id=new.user_id,
+        job_type=new.job_type,
+        reuse_key=new.reuse_key,
+        patient=patient(new.service_tier),
     )
     if found is None:
         return new, checked
@@ -197,7 +213,12 @@ async def _another_source(
         return None
     await budgets_db.lock_user(s, me.user_id)
     found = await reuse_db.candidate(
-        s, user_id=me.user_id, job_type=me.job_type, reuse_key=me.reuse_key, excluding=tried
+        s,
+        user_id=me.user_id,
+        job_type=me.job_type,
+        reuse_key=me.reuse_key,
+        excluding=tried,
+        patient=patient(me.service_tier),
     )
     if found is None:
         return None
@@ -225,6 +246,7 @@ async def _copy(
         output=src.output,
         output_hash=src.output_hash,
         progress=COPIED_PROGRESS,
+        flagged=src.flagged_items,
     )
     if not stored:  # taken just now under the row's lock: cannot happen
         raise ExecutionFailure("INTERNAL_NOT_LOCK_OWNER")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -39,6 +39,7 @@ from engine.schedules import (
     iso,
     next_fire,
 )
+from engine.scopes import JobScopes
 from engine.settings import Settings
 from jobs.rate_limit import take_request
 from jobs.service import CreateJobRequest, JobService
@@ -92,6 +93,8 @@ class NewSchedule:
     priority: int | None = None
     credential_mode: str | None = None
     max_cost_usd: Decimal | None = None
+    # The creating token's organisation and teams, and the template's tags.
+    scopes: JobScopes = field(default_factory=JobScopes)
     ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults; 0: none)
 
 
@@ -173,6 +176,9 @@ class ScheduleService:
             paused=new.paused,
             created_at=now,
             updated_at=now,
+            org_id=new.scopes.org_id,
+            team_ids=list(new.scopes.team_ids),
+            tags=list(new.scopes.tags),
             ttl_s=new.ttl_s,
         )
         async with self._sm.begin() as s:
@@ -199,6 +205,9 @@ class ScheduleService:
             idempotency_key=key,
             credential_mode=row.credential_mode,
             max_cost_usd=row.max_cost_usd,
+            scopes=row.scopes
+            if isinstance(row, NewSchedule)
+            else JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
             ttl_seconds=row.ttl_s,  # counted from each run's create
         )
 

@@ -4,6 +4,7 @@ type in `jobs/types/`, one line in `jobs/types/__init__.py`: docs/adding-a-job-t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -18,8 +19,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
 from db.pipeline import Statement
-from engine.definition import JobDefinition, validate_definition
-from engine.errors import DuplicateJobDefinition, UnknownJobType
+from engine.definition import JobDefinition, SchemaVersion, validate_definition
+from engine.errors import (
+    DuplicateJobDefinition,
+    ExecutionFailure,
+    UnknownJobType,
+    VersionUnavailable,
+)
+from jobs.versions import JobVersion, Recorded, check_versions
+from jobs.versions import OutputVersion as OutputVersion  # re-exported: the types publish these
+from jobs.versions import PromptVersion as PromptVersion
 from providers.base import SyntheticBehaviour
 
 
@@ -77,6 +86,7 @@ class ChunkSpec:
 
 InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT", bound=BaseModel)
+
 
 # A target check runs inside the create transaction with the creating user's id: a job type uses
 # it to refuse targets that do not exist or do not belong to that user (raise ValidationFailed).
@@ -151,10 +161,79 @@ class JobType(Generic[InT, OutT]):
     # The targetTypes this job type accepts (None: any) and an optional ownership check.
     target_types: tuple[str, ...] | None = None
     check_target: TargetCheck | None = None
+    # The earlier published versions, oldest first, kept so that a job created with one (pinned,
+    # or the default of its day) builds and validates with it whatever is deployed later. The
+    # current ones are `build_prompt` and `output_model`, under the definition's
+    # `prompt_version` and `output.schema_version` (docs/adding-a-job-type.md).
+    earlier_prompts: tuple[PromptVersion[InT], ...] = ()
+    earlier_outputs: tuple[OutputVersion[OutT], ...] = ()
 
     @property
     def job_type(self) -> str:
         return self.definition.job_type
+
+    @property
+    def prompt_versions(self) -> tuple[str, ...]:
+        """Every published prompt version, oldest first (the default last)."""
+        return (*(p.version for p in self.earlier_prompts), self.definition.prompt_version)
+
+    @property
+    def output_schema_versions(self) -> tuple[str, ...]:
+        """Every published output schema version, oldest first (the default last)."""
+        current = self.definition.output.schema_version
+        return (*(o.version for o in self.earlier_outputs), current)
+
+    def version(
+        self, prompt_version: str | None = None, output_schema_version: str | None = None
+    ) -> JobVersion[InT, OutT]:
+        """The one lookup of what a job runs with: the prompt builder of `prompt_version` and
+        the output model of `output_schema_version` (None: the defaults). Raises
+        VersionUnavailable naming each version the type does not publish."""
+        d = self.definition
+        pv = prompt_version or d.prompt_version
+        ov = output_schema_version or d.output.schema_version
+        build = self.build_prompt if pv == d.prompt_version else None
+        build = build or next((p.build for p in self.earlier_prompts if p.version == pv), None)
+        model = self.output_model if ov == d.output.schema_version else None
+        model = model or next((o.model for o in self.earlier_outputs if o.version == ov), None)
+        errors: list[dict[str, object]] = [
+            {"loc": ["body", field], "msg": f"{field} must be one of {listed}", "type": "enum"}
+            for field, found, listed in (
+                ("promptVersion", build, self.prompt_versions),
+                ("outputSchemaVersion", model, self.output_schema_versions),
+            )
+            if found is None
+        ]
+        if build is None or model is None:
+            raise VersionUnavailable(
+                f"The job type {d.job_type} has no such version: "
+                + "; ".join(str(e["msg"]) for e in errors)
+                + ".",
+                errors=errors,
+            )
+        return JobVersion(pv, ov, build, model)
+
+    def at(
+        self, prompt_version: str | None, output_schema_version: str | None
+    ) -> JobType[InT, OutT]:
+        """This type as a job recorded with these versions runs it: their prompt builder and
+        output model, and their names in its definition (what a create records and a reuse key
+        hashes). The type itself when they are the defaults. Raises VersionUnavailable."""
+        v = self.version(prompt_version, output_schema_version)
+        d = self.definition
+        current = (d.prompt_version, d.output.schema_version)
+        if (v.prompt_version, v.output_schema_version) == current:
+            return self
+        versions = {
+            "prompt_version": v.prompt_version,
+            "output": SchemaVersion(schema_version=v.output_schema_version),
+        }
+        return dataclasses.replace(
+            self,
+            build_prompt=v.build_prompt,
+            output_model=v.output_model,
+            definition=d.model_copy(update=versions),
+        )
 
     def prompt(self, inp: InT, correction: str | None = None) -> Prompt:
         """The type's prompt; after an invalid answer, `correction` (what was wrong with it)
@@ -253,6 +332,7 @@ class Catalog:
         if job_type.job_type in self._types:
             raise DuplicateJobDefinition(f"duplicate jobType {job_type.job_type!r}")
         validate_definition(job_type.definition)
+        check_versions(job_type)
         self._types[job_type.job_type] = job_type
 
     def get(self, job_type: str) -> AnyJobType:
@@ -260,6 +340,17 @@ class Catalog:
             return self._types[job_type]
         except KeyError:
             raise UnknownJobType(job_type) from None
+
+    def for_job(self, row: Recorded) -> AnyJobType:
+        """The job's type as the job runs it: the versions it was created with (`JobType.at`),
+        on every attempt, chunk, retry and fallback. A version no longer published fails the
+        job `PROMPT_VERSION_UNAVAILABLE`, never retried: it never runs on another one."""
+        try:
+            return self.get(row.job_type).at(row.prompt_version, row.output_schema_version)
+        except VersionUnavailable as exc:
+            raise ExecutionFailure(
+                "PROMPT_VERSION_UNAVAILABLE", internal_message=exc.public_message
+            ) from None
 
     def __iter__(self) -> Iterator[AnyJobType]:
         return iter(self._types.values())

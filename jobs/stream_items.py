@@ -3,8 +3,10 @@
 A job type whose output lists items (its `ChunkSpec.items_field`: a quiz's `questions`, a
 deck's `cards`) gets an `ItemPublisher` for each one-call attempt. The provider hands it each
 piece of the answer as it arrives (`on_delta`, a cheap synchronous callback); `engine/items.py`
-`ItemStream` says which items became complete; each is validated on its own by the list's item
-model (redacted when the type redacts its output) and queued. A writer task (`run`) writes
+`ItemStream` says which items became complete; each has its PII placeholders restored
+(jobs/guardrails.py), is validated on its own by the list's item model (redacted when the type
+redacts its output) and queued; with moderation, the writer publishes only the items the
+moderation endpoint passed (a flagged item is never shown). A writer task (`run`) writes
 what is queued in one transaction per batch (`db/stream_items.py` `publish`, which notifies
 `ai_job_changed`): while one batch is being written the next accumulates, so a burst of items
 is a few transactions, not one each, and an idle stream costs none. Readers (the event streams,
@@ -39,8 +41,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from db import stream_items as stream_items_db
 from db.session import SessionMaker
 from engine.items import ItemStream
+from engine.pii import NO_MASKING
 from engine.redaction import redact
 from jobs.chunk_items import item_content
+from jobs.guardrails import Guard, item_text
 from jobs.output import unstorable
 from jobs.spec import AnyJobType
 
@@ -73,6 +77,7 @@ class StreamStats:
     batches: int = 0  # transactions that wrote them
     retracted: int = 0
     write_errors: int = 0
+    flagged: int = 0  # moderation flagged: never shown
     # (monotonic time the item was found complete, monotonic time its batch committed)
     timings: list[tuple[float, float]] = field(default_factory=list)
 
@@ -89,18 +94,25 @@ class ItemPublisher:
         attempt: int,
         list_field: str,
         adapter: TypeAdapter[Any],
+        guard: Guard | None = None,
     ) -> None:
         self._sm = sessionmaker
         self._redact = jt.definition.security.output_redaction
+        # The call's guardrails: placeholders restored in each item before it is validated;
+        # with moderation, an item is published only once moderation passed it.
+        self._masking = guard.masking if guard is not None else NO_MASKING
+        self._guard = guard if guard is not None and guard.moderates else None
         self.job_id = job_id
         self.attempt = attempt
         self.list_field = list_field
         self._adapter = adapter
         self._stream = ItemStream(list_field)
-        self._pending: list[tuple[int, dict[str, Any], float]] = []
+        # (ordinal, content, found at, the item's text as the provider wrote it)
+        self._pending: list[tuple[int, dict[str, Any], float, str]] = []
         self._wake = asyncio.Event()
         self._published: dict[int, dict[str, Any]] = {}  # ordinal -> content, committed
         self._closing = False  # the call returned: write what is queued, then stop
+        self._moderation_down = False
         self.stats = StreamStats()
 
     # ---- while the provider writes ----------------------------------------------------
@@ -122,12 +134,12 @@ class ItemPublisher:
                 self.stats.rejected += 1
                 continue
             self.stats.items += 1
-            self._pending.append((n, content, now))
+            self._pending.append((n, content, now, item_text(raw)))
         self._wake.set()
 
     def _validated(self, raw: Any) -> dict[str, Any] | None:
         try:
-            value = self._adapter.validate_python(raw)
+            value = self._adapter.validate_python(self._masking.restore(raw))
         except (ValidationError, ValueError, TypeError):
             return None
         dumped = self._adapter.dump_python(value, mode="json")
@@ -165,9 +177,10 @@ class ItemPublisher:
         batch = list(self._pending)
         if not batch:
             return True
+        passed = await self._moderated(batch)
         try:
             written = await stream_items_db.publish(
-                self._sm, self.job_id, self.attempt, [(n, c) for n, c, _ in batch]
+                self._sm, self.job_id, self.attempt, [(n, c) for n, c, _, _ in passed]
             )
         except Exception as exc:
             self.stats.write_errors += 1
@@ -177,10 +190,29 @@ class ItemPublisher:
         done = time.monotonic()
         self.stats.batches += 1
         self.stats.written += written
-        for n, c, found_at in batch:
+        for n, c, found_at, _ in passed:
             self._published[n] = c
             self.stats.timings.append((found_at, done))
         return True
+
+    async def _moderated(
+        self, batch: list[tuple[int, dict[str, Any], float, str]]
+    ) -> list[tuple[int, dict[str, Any], float, str]]:
+        """The items of `batch` moderation passed (all, without moderation). A moderation
+        endpoint that fails publishes nothing more of this call: the final answer's
+        moderation decides."""
+        if self._guard is None:
+            return batch
+        if self._moderation_down:
+            return []
+        try:
+            verdicts = await self._guard.verdicts([text for _, _, _, text in batch])
+        except Exception as exc:
+            self._moderation_down = True
+            log.warning("stream items not moderated: %s", type(exc).__name__)
+            return []
+        self.stats.flagged += sum(verdicts)
+        return [item for item, flagged in zip(batch, verdicts, strict=True) if not flagged]
 
     async def during(self, call: Awaitable[T]) -> T:
         """Await `call` (the provider call) with the writer running beside it; after a call
@@ -202,18 +234,21 @@ class ItemPublisher:
 
     # ---- after the call ---------------------------------------------------------------
 
-    async def settle(self, output: dict[str, Any] | None) -> None:
+    async def settle(self, output: dict[str, Any] | None, kept: list[int] | None = None) -> None:
         """The attempt's items against its final output (as stored): each published item the
-        output does not hold unchanged at its ordinal is retracted; `None` (the attempt
-        failed, or was cut) retracts them all. Tried a few times: a kept item must be true."""
+        output does not hold unchanged at its place is retracted; `None` (the attempt failed,
+        or was cut) retracts them all. `kept`: the answer's places the output's items came
+        from, in order, when moderation dropped some (None: the output's item n is the
+        answer's item n). Tried a few times: a kept item must be true."""
         self._pending = []
         if output is not None:
             final = output.get(self.list_field)
             items = final if isinstance(final, list) else []
+            at = {place: i for i, place in enumerate(kept)} if kept is not None else None
             wrong = [
                 n
                 for n, c in self._published.items()
-                if n >= len(items) or item_content(items[n]) != c
+                if not _holds(items, n if at is None else at.get(n, len(items)), c)
             ]
             if not wrong:
                 return
@@ -231,6 +266,10 @@ class ItemPublisher:
                 await asyncio.sleep(_RETRY_WRITE_S * (attempt + 1))
 
 
+def _holds(items: list[Any], i: int, content: dict[str, Any]) -> bool:
+    return i < len(items) and item_content(items[i]) == content
+
+
 class NoItems:
     """The publisher of a call whose items are not streamed (a type without an item list, a
     long source's chunk, whose items are shown when the chunk succeeds): does nothing."""
@@ -241,7 +280,7 @@ class NoItems:
     async def during(self, call: Awaitable[T]) -> T:
         return await call
 
-    async def settle(self, output: dict[str, Any] | None) -> None:
+    async def settle(self, output: dict[str, Any] | None, kept: list[int] | None = None) -> None:
         return None
 
 
@@ -251,9 +290,11 @@ def publisher(
     job_id: uuid.UUID,
     attempt: int,
     chunk: object | None = None,
+    guard: Guard | None = None,
 ) -> ItemPublisher | NoItems:
     """The attempt's publisher: a one-call job whose type lists items gets one (`chunk`: the
-    long source's chunk of the call, whose items are shown when it succeeds, gets none)."""
+    long source's chunk of the call, whose items are shown when it succeeds, gets none), under
+    the call's guardrails (`guard`: placeholders restored, items moderated before they show)."""
     spec = jt.chunking
     if spec is None or chunk is not None:
         return NoItems()
@@ -261,4 +302,4 @@ def publisher(
     adapter = _item_adapter(output_model, spec.items_field)
     if adapter is None:
         return NoItems()
-    return ItemPublisher(sessionmaker, jt, job_id, attempt, spec.items_field, adapter)
+    return ItemPublisher(sessionmaker, jt, job_id, attempt, spec.items_field, adapter, guard)

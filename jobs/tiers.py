@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import ValidationFailed
 from engine.tiers import BATCH, OFFPEAK, OFFPEAK_ON_DEADLINE, SERVICE_TIERS
+from jobs.output import strict_output_schema
 from providers.base import ProviderRequest
 from providers.batch_lines import encode_line
 from providers.openai_compat import chat_body
@@ -66,10 +67,12 @@ def check_batch_source(tier: str, chunks: Sequence[object] | None) -> None:
 
 
 def batch_line_bytes(jt: AnyJobType, model_in: BaseModel, model: str, max_tokens: int) -> int:
-    """The bytes of the job's first batch line, as its enroll will write it: the prompt the job
-    type builds for this input, in the chat body a call sends, under a custom id of its
-    length."""
+    """The bytes of the job's first batch line, as its enroll will write it, at most: the
+    prompt the job type builds for this input, in the chat body a call sends with the largest
+    structured-output form (the strict schema), under the longest custom id (a line asked again
+    one form down)."""
     prompt = jt.prompt(model_in, None)
+    output_model: type[BaseModel] = jt.output_model
     request = ProviderRequest(
         job_id="",
         job_type=jt.definition.job_type,
@@ -80,8 +83,12 @@ def batch_line_bytes(jt: AnyJobType, model_in: BaseModel, model: str, max_tokens
         output_schema={},
         timeout_s=0,
         max_tokens=max_tokens,
+        structured_output="json_schema",
+        schema_name=jt.definition.output.schema_version,
+        strict_schema=strict_output_schema(output_model),
     )
-    return len(encode_line(f"job-{uuid.UUID(int=0)}-a1", chat_body(request, stream=None)))
+    custom_id = f"job-{uuid.UUID(int=0)}-a1-json_object"
+    return len(encode_line(custom_id, chat_body(request, stream=None)))
 
 
 def check_batch_line(

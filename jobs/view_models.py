@@ -70,6 +70,22 @@ class ResultOut(Camel):
         "configured one, or a fallback's when the provider failed (docs/fallback.md). Given "
         "by `GET /api/ai/jobs/{jobId}` for a succeeded job; absent elsewhere.",
     )
+    structured_output: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The structured-output form the answer that made the output was asked "
+        "in: `json_schema` (the output schema, enforced by the provider), `json_object` or "
+        "`none` (docs/fallback.md). A long source: its last answering call's; a batch job: "
+        "its line's; a reused job: its source's. Given by `GET /api/ai/jobs/{jobId}` for a "
+        "succeeded job; absent elsewhere.",
+        examples=["json_schema"],
+    )
+    flagged_items: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="How many output items moderation flagged and dropped (0 when none); "
+        "absent when the job's output was not moderated (docs/api.md, guardrails).",
+    )
 
 
 class ConcurrencyOut(Camel):
@@ -140,6 +156,17 @@ class JobStatusResponse(Camel):
         description="Your earlier identical job whose answer this one reused (a create with "
         '`reuse: "allow"`): no provider call, cost 0, its own copies of the artifacts',
     )
+    tags: list[str] = Field(
+        default_factory=list,
+        description="The create's tags, for cost attribution, in the order given (`[]`: none)",
+        examples=[["course:bio-101", "term.autumn"]],
+    )
+    rollout_arm: str | None = Field(
+        default=None,
+        description="The arm of its job type's rollout the job was created on (null outside "
+        "a rollout: none stood, or the create pinned a version); `promptVersion` is the arm's",
+        examples=["canary"],
+    )
     # Flow control (docs/api.md "Flow control").
     concurrency: ConcurrencyOut | None = Field(
         default=None,
@@ -166,6 +193,9 @@ class JobStatusResponse(Camel):
 # SUPER_ADMIN's view: the public shape plus the internals (never shown to the owner).
 class AdminJobResponse(JobStatusResponse):
     user_id: str
+    # The organisation and teams of the token that created it (docs/money.md).
+    org_id: str | None = None
+    team_ids: list[str] = Field(default_factory=list)
     internal_error_message: str | None = None
     workflow_id: str
     temporal_ui_url: str

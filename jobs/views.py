@@ -17,7 +17,7 @@ API turns that into its opaque cursor (`api/schemas.py`).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
@@ -29,7 +29,7 @@ from db import fallback_calls as fallback_calls_db
 from db import jobs as jobs_db
 from db.artifacts import ArtifactRef
 from db.chunks import job_chunking
-from db.jobs import JobFilter, JobRow, JobStatusRow
+from db.jobs import Answered, JobFilter, JobRow, JobStatusRow
 from db.session import SessionMaker
 from engine import flow
 from engine.errors import JobNotFound
@@ -125,6 +125,7 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
                 for a in artifacts
             ],
             partial=row.lifecycle_status != "succeeded",
+            flagged_items=row.flagged_items,
         )
     return {
         "job_id": row.id,
@@ -148,6 +149,8 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "private_data_purged": row.private_data_purged_at is not None,
         "service_tier": row.service_tier,
         "reused_from_job_id": row.reused_from_job_id,
+        "tags": list(row.tags),
+        "rollout_arm": row.rollout_arm,
         "concurrency": flow.view(row.concurrency),
         # Only once it ended replaced: a running job asked to stop may still finish first.
         "superseded_by": row.superseded_by if row.error_code == SUPERSEDED else None,
@@ -164,6 +167,8 @@ def admin_view(row: JobRow, artifacts: list[ArtifactRef], link: TemporalLink) ->
     return AdminJobResponse(
         **_public_fields(row, artifacts),
         user_id=row.user_id,
+        org_id=row.org_id,
+        team_ids=list(row.team_ids),
         internal_error_message=row.internal_error_message,
         workflow_id=row.workflow_id,
         temporal_ui_url=link.workflow_url(row.workflow_id),
@@ -181,13 +186,14 @@ class JobRead:
 
     row: JobRow
     artifacts: list[ArtifactRef]
-    model: str | None = None  # a succeeded job's answering model
+    answered: Answered = field(default_factory=Answered)  # what answered a succeeded job
+
+    @property
+    def model(self) -> str | None:
+        return self.answered.model
 
     def view(self) -> JobStatusResponse:
-        view = job_view(self.row, self.artifacts)
-        if view.result is not None:
-            view.result.model = self.model
-        return view
+        return _with_answer(job_view(self.row, self.artifacts), self.answered)
 
     def admin_view(self, link: TemporalLink) -> AdminJobResponse:
         return admin_view(self.row, self.artifacts, link)
@@ -214,12 +220,12 @@ async def find_job(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -> 
     row = await jobs_db.get(session, job_id)
     if row is None or not can_see(viewer, row.user_id):
         return None
-    model = (
-        await fallback_calls_db.answered_model(session, job_id)
+    answered = (
+        await fallback_calls_db.answered(session, job_id)
         if row.lifecycle_status == "succeeded"
-        else None
+        else Answered()
     )
-    return JobRead(row, await _artifacts_of(session, row), model)
+    return JobRead(row, await _artifacts_of(session, row), answered)
 
 
 async def present(sessionmaker: SessionMaker, row: JobRow) -> JobStatusResponse:
@@ -247,10 +253,15 @@ async def job_status(session: AsyncSession, job_id: uuid.UUID, viewer: Viewer) -
     found = await jobs_db.status_with_artifacts(session, job_id)
     if found is None or not can_see(viewer, found[0].user_id):
         raise not_found()
-    row, artifacts, model = found
-    view = job_view(row, artifacts if _may_have_artifacts(row) else [])
+    row, artifacts, answered = found
+    return _with_answer(job_view(row, artifacts if _may_have_artifacts(row) else []), answered)
+
+
+def _with_answer(view: JobStatusResponse, answered: Answered) -> JobStatusResponse:
+    """A succeeded job's view with what answered it (`result.model`, `structuredOutput`)."""
     if view.result is not None:
-        view.result.model = model
+        view.result.model = answered.model
+        view.result.structured_output = answered.structured_output
     return view
 
 

@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from db import webhooks as webhooks_db
 from db.session import SessionMaker
 from db.webhooks import JOB_EVENTS, EndpointRow
@@ -52,6 +54,8 @@ ROTATION_GRACE_S = 86_400.0
 MAX_ENDPOINTS_PER_USER = 10
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+# Runs in the transaction of an endpoint's create, delete or rotation (an audit entry).
+Within = Callable[[AsyncSession, uuid.UUID], Awaitable[None]]
 
 
 # ---- secrets and signatures -------------------------------------------------------------------
@@ -243,14 +247,21 @@ class WebhookService:
         return self._cipher
 
     async def create(
-        self, user_id: str, url: str, event_types: Sequence[str] | None
+        self,
+        user_id: str,
+        url: str,
+        event_types: Sequence[str] | None,
+        *,
+        default_events: Sequence[str] = JOB_EVENTS,
+        within: Within | None = None,
     ) -> tuple[EndpointRow, str]:
         """Returns the endpoint and its secret (the only time the secret leaves). At most
         `max_endpoints` live endpoints per user (WebhookLimitReached), checked under a per-user
-        lock so concurrent registrations cannot overshoot it."""
+        lock so concurrent registrations cannot overshoot it. `within` runs in the insert's
+        transaction (an admin webhook's audit entry)."""
         cipher = self._require_cipher()
         await check_url(url, allow_private=self._allow_private, resolve=self._resolve)
-        types = list(dict.fromkeys(event_types)) if event_types else list(JOB_EVENTS)
+        types = list(dict.fromkeys(event_types)) if event_types else list(default_events)
         endpoint_id = uuid.uuid4()
         secret = new_secret()
         key_id, blob = cipher.encrypt(secret, aad=endpoint_aad(endpoint_id))
@@ -268,6 +279,8 @@ class WebhookService:
                 key_id=key_id,
                 ciphertext=blob,
             )
+            if within is not None:
+                await within(s, row.id)
         log.info("webhook registered", extra={"webhook_id": str(row.id)})
         return row, secret
 
@@ -275,13 +288,19 @@ class WebhookService:
         async with self._sm() as s:
             return await webhooks_db.list_endpoints(s, user_id)
 
-    async def delete(self, user_id: str, endpoint_id: uuid.UUID) -> None:
+    async def delete(
+        self, user_id: str, endpoint_id: uuid.UUID, *, within: Within | None = None
+    ) -> None:
         async with self._sm.begin() as s:
             if not await webhooks_db.delete_endpoint(s, user_id, endpoint_id):
                 raise WebhookNotFound("Webhook not found.")
+            if within is not None:
+                await within(s, endpoint_id)
         log.info("webhook deleted", extra={"webhook_id": str(endpoint_id)})
 
-    async def rotate(self, user_id: str, endpoint_id: uuid.UUID) -> tuple[EndpointRow, str]:
+    async def rotate(
+        self, user_id: str, endpoint_id: uuid.UUID, *, within: Within | None = None
+    ) -> tuple[EndpointRow, str]:
         """A new secret; the current one keeps signing, as a second signature, for the grace
         period (a previous secret still in its grace is replaced)."""
         cipher = self._require_cipher()
@@ -300,5 +319,7 @@ class WebhookService:
                 previous_ciphertext=bytes(current.secret_ciphertext),
                 grace_s=self._grace_s,
             )
+            if within is not None:
+                await within(s, endpoint_id)
         log.info("webhook secret rotated", extra={"webhook_id": str(endpoint_id)})
         return row, secret

@@ -142,6 +142,11 @@ class ProviderRequest:
     # built, just before it is sent (jobs/offpeak.py `call_tier`); providers ignore them.
     service_tier: str = "standard"
     discount: Decimal | None = None
+    # The structured-output form the call asks for (providers/structured.py), the output
+    # schema's name and its strict form (sent with `json_schema`).
+    structured_output: str = "json_object"
+    schema_name: str = "output"
+    strict_schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

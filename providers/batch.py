@@ -29,6 +29,7 @@ from engine.errors import ExecutionFailure
 from providers.base import Provider
 from providers.batch_lines import (
     CHAT_URL,
+    FORM_REFUSED,
     LineResult,
     batch_line,
     code_for_status,
@@ -43,6 +44,7 @@ from providers.openai_compat import OpenAICompatibleProvider
 __all__ = [
     "BATCH_PROVIDERS",
     "CHAT_URL",
+    "FORM_REFUSED",
     "BatchClient",
     "LineResult",
     "ProviderBatch",

@@ -23,9 +23,13 @@ from typing import Any
 
 from providers.base import Usage
 from providers.openai_stream import parse_usage
+from providers.structured import refuses_form
 
 CHAT_URL = "/v1/chat/completions"
 _CODE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# A line refused for its `response_format` (providers/structured.py `refuses_form`): its job's
+# next line asks in the next form down (jobs/batch_job.py); REQUEST_REJECTED when there is none.
+FORM_REFUSED = "REQUEST_FORMAT_REFUSED"
 _NOT_SENT = ("stream", "stream_options")
 
 
@@ -150,6 +154,9 @@ def result_of(raw: Any) -> LineResult | None:
         usage = parse_usage(body.get("usage")) if body is not None else None
         if status is not None and 200 <= status < 300 and body is not None:
             return LineResult(custom_id, status, body, usage)
+        if status is not None and refuses_form(status, json.dumps(body)):
+            # Refused for its structured-output form: its job asks again in a lower one.
+            return LineResult(custom_id, status, None, usage, FORM_REFUSED)
         code = code_for_status(status or 500, error_code_of(body))
         return LineResult(custom_id, status, None, usage, code)
     # No response: the request never ran (the batch expired, was cancelled or failed first).

@@ -3,7 +3,9 @@ to, in order, when its provider is unhealthy, and which failures count as unheal
 
 An entry is `{"model": str, "baseUrl": str (ending in /v1, like AI_BASE_URL), "apiKey": str}`
 and optionally `"provider"` (the name its usage rows, gate and limits carry; default
-"deepseek" for a DeepSeek URL, else "openai_compatible"). Each is called with `Authorization:
+"deepseek" for a DeepSeek URL, else "openai_compatible") and `"structuredOutput"` (the form
+its calls ask for, `json_schema`, `json_object` or `none`; it wins over AI_STRUCTURED_OUTPUT
+for that entry, providers/structured.py). Each is called with `Authorization:
 Bearer <apiKey>` through its own `OpenAICompatibleProvider`.
 
 Secrecy: an entry's key is a `SecretStr` (repr and str hide it); it leaves this module only
@@ -31,6 +33,7 @@ from pydantic import SecretStr
 from engine.errors import ExecutionFailure, Fault
 from providers.base import Provider
 from providers.openai_compat import OpenAICompatibleProvider
+from providers.structured import FORMS, Form, is_form
 
 _MAX_MODEL = 128
 _MAX_PROVIDER = 64
@@ -47,6 +50,7 @@ class FallbackEntry:
     base_url: str
     api_key: SecretStr = field(repr=False, compare=False)
     provider: str = "openai_compatible"
+    structured_output: Form | None = None  # its own form (None: the model's configured one)
 
     @property
     def key_ref(self) -> str:
@@ -104,7 +108,10 @@ def _entry(raw: Any, position: int) -> FallbackEntry:
     name = raw.get("provider", default_name)
     if not isinstance(name, str) or not name.strip() or len(name) > _MAX_PROVIDER:
         raise ValueError(f"{where}: provider must be a string of 1-{_MAX_PROVIDER} characters")
-    return FallbackEntry(position, model.strip(), url, SecretStr(key.strip()), name.strip())
+    form = raw.get("structuredOutput")
+    if form is not None and not is_form(form):
+        raise ValueError(f"{where}: structuredOutput must be one of {', '.join(FORMS)}")
+    return FallbackEntry(position, model.strip(), url, SecretStr(key.strip()), name.strip(), form)
 
 
 def parse_fallbacks(text: str | SecretStr | None) -> tuple[FallbackEntry, ...]:

@@ -22,7 +22,6 @@ before. The request's `CallProgress` (if any) is kept up to date all along.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -32,6 +31,9 @@ import httpx
 
 from engine.errors import ExecutionFailure
 from providers.base import CallProgress, ProviderRequest, ProviderResponse
+from providers.openai_errors import is_content_filter_error as _is_content_filter_error
+from providers.openai_errors import is_quota_exhausted as _is_quota_exhausted
+from providers.openai_errors import is_too_long_error as _is_too_long_error
 from providers.openai_headers import parse_duration_s, parse_rate_limit_headers, parse_retry_after
 from providers.openai_stream import (
     content_filtered,
@@ -39,6 +41,7 @@ from providers.openai_stream import (
     parse_usage,
     read_stream,
 )
+from providers.structured import FormRefused, refuses_form, response_format
 
 # The header parsers moved to providers/openai_headers.py; importers of this module keep them.
 __all__ = [
@@ -94,51 +97,21 @@ def _safe_snippet(body: str, request: ProviderRequest) -> str:
     return text
 
 
-def _is_content_filter_error(body: str) -> bool:
-    """Whether a 4xx error body says the provider's content filter rejected the request."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict):
-            code = error.get("code")
-            if isinstance(code, str) and code.lower() == "content_filter":
-                return True
-    lowered = body.lower()
-    return "content_filter" in lowered or "content filter" in lowered
-
-
-# What OpenAI-compatible servers say when the prompt plus max_tokens exceed the model's window
-# (OpenAI: "maximum context length", code context_length_exceeded; DeepSeek the same text).
-_TOO_LONG = re.compile(
-    r"(?i)context[_ ]length|maximum context|too many tokens|too long|token limit"
-)
-
-
-def _is_quota_exhausted(body: str) -> bool:
-    """Whether a 429's body says the account has no credit left (OpenAI `insufficient_quota`)."""
-    return "insufficient_quota" in body.lower()
-
-
-def _is_too_long_error(body: str) -> bool:
-    """Whether a 4xx error body says the request is too large for the model."""
-    return bool(_TOO_LONG.search(body))
-
-
 def chat_body(request: ProviderRequest, *, stream: bool | None) -> dict[str, Any]:
-    """The chat-completions body of `request` (model, prompts, `response_format` json_object,
-    answer budget): one builder, so a Batch API line is exactly what a call sends. `stream`
-    None leaves `stream` out, as a batch line must; True also asks for the usage."""
+    """The chat-completions body of `request` (model, prompts, the `response_format` of its
+    structured-output form, answer budget): one builder, so a Batch API line is exactly what a
+    call sends. `stream` None leaves `stream` out, as a batch line must; True also asks for
+    the usage."""
     payload: dict[str, Any] = {
         "model": request.model,
         "messages": [
             {"role": "system", "content": request.system_prompt},
             {"role": "user", "content": request.user_prompt},
         ],
-        "response_format": {"type": "json_object"},
     }
+    fmt = response_format(request.structured_output, request.schema_name, request.strict_schema)
+    if fmt is not None:
+        payload["response_format"] = fmt
     if stream is not None:
         payload["stream"] = stream
     if stream:
@@ -191,9 +164,9 @@ def parse_model_set(text: str) -> frozenset[str]:
 class OpenAICompatibleProvider:
     """`Provider` for any server speaking the OpenAI chat-completions protocol.
 
-    The request always asks for `response_format: json_object`, and streams when the request
-    asks to and its model streams (module docstring); the returned content is *not* validated
-    here (the caller knows the job's output model).
+    The request asks for its structured-output form (`ProviderRequest.structured_output`),
+    and streams when the request asks to and its model streams (module docstring); the
+    returned content is *not* validated here (the caller knows the job's output model).
     """
 
     def __init__(
@@ -386,6 +359,11 @@ class OpenAICompatibleProvider:
                 "CONTENT_SAFETY_BLOCKED",
                 internal_message=f"HTTP {status}: provider content filter",
                 answered=True,
+            )
+        if refuses_form(status, body):
+            # The form this server takes is lower: EXECUTE asks again at once in the next one.
+            return FormRefused(
+                request.structured_output, f"HTTP {status} response_format refused: {snippet}"
             )
         if status == 413 or (400 <= status < 500 and _is_too_long_error(body)):
             return ExecutionFailure(

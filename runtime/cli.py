@@ -46,11 +46,13 @@ def _settings(role: Role, *, queues: Sequence[str] = ()) -> Settings:
         # stop either in every environment, like a malformed keyring.
         from engine.offpeak import parse_windows
         from providers.pricing import PriceTable
-        from runtime.wiring import price_problems
+        from runtime.wiring import form_policy, pii_region, price_problems
 
         try:
             PriceTable.from_settings(s)
             parse_windows(s.ai_offpeak_windows)  # AI_OFFPEAK_WINDOWS, likewise
+            form_policy(s)  # AI_STRUCTURED_OUTPUT
+            pii_region(s)  # AI_PII_PHONE_REGION
         except ValueError as exc:  # the message names the setting and the entry
             raise _refuse(role, f"invalid configuration: {exc}") from None
         problems = price_problems(s, role, queues)
@@ -126,7 +128,13 @@ def cmd_token(args: argparse.Namespace) -> int:
     config = JwtConfig.from_settings(s)
     if not 1 <= args.ttl <= config.max_ttl_s:
         raise _refuse("token", f"--ttl must be between 1 and {config.max_ttl_s} seconds (30 days)")
-    print(issue_token(config, args.user, admin=args.admin, ttl_s=args.ttl))
+    org, teams = getattr(args, "org", None), getattr(args, "team", None) or []
+    try:  # an --org or --team of another form than the API accepts is refused here
+        print(
+            issue_token(config, args.user, admin=args.admin, ttl_s=args.ttl, org=org, teams=teams)
+        )
+    except ValueError as exc:
+        raise _refuse("token", str(exc)) from None
     return 0
 
 
@@ -396,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--user", required=True, help="the token's user id (its subject)")
     t.add_argument("--admin", action="store_true", help="an admin token")
     t.add_argument("--ttl", type=int, default=86_400, help="seconds, at most 30 days")
+    t.add_argument("--org", help="the user's organisation (claim JWT_ORG_CLAIM)")
+    t.add_argument("--team", action="append", help="a team of the user's (repeatable)")
     t.set_defaults(func=cmd_token)
 
     sub.add_parser(

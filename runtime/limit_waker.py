@@ -32,6 +32,7 @@ from db.errors import is_driver_error
 from db.limit_waiters import CHANNEL, parse_payload
 from db.provider_limits import LimitKey, LimitTable, parse_model_limits
 from db.session import SessionMaker, listen_connection, ping_connection
+from engine.capacity import parse_capacity_reserve
 from engine.definition import QUEUE_NAMES
 from engine.flow import PAUSE_CHANNEL
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
@@ -135,12 +136,13 @@ def limit_waker_task(
     if not set(queues) & set(QUEUE_NAMES):
         return None
     s = parts.settings
+    table = parse_model_limits(s.ai_model_limits, parse_capacity_reserve(s.ai_capacity_reserve))
     pause_waker = PauseWaker(client, parts.sessionmaker, s.ai_resume_rate)
     waker = LimitWaker(
         client,
         parts.sessionmaker,
         s.session_database_url,
-        parse_model_limits(s.ai_model_limits),
+        table,
         also={PAUSE_CHANNEL: pause_waker.notified},  # its wake-ups on the same connection
     )
     loop = supervise("limit-waker", waker.run, stop)  # with the reuse and pause wakers beside

@@ -23,13 +23,16 @@ from activities.webhooks import WebhookConfig, WebhookDeliverer
 from db.batches import BatchCaps
 from db.provider_limits import parse_model_limits
 from db.session import SessionMaker, make_engine, make_sessionmaker
+from engine.capacity import parse_capacity_reserve
 from engine.definition import PLATFORM_KEY, QUEUE_NAMES, USER_DEEPSEEK_KEY
 from engine.offpeak import parse_windows
 from engine.payloads import DATA_CONVERTER
+from engine.pii import valid_region
 from engine.settings import DEV_JWT_SECRET, Role, Settings
 from jobs.chunked import ChunkPolicy
 from jobs.credentials import credential_cipher
 from jobs.gateway import Gateway
+from jobs.guardrails import GuardrailConfig
 from jobs.offpeak import reserve_discounts
 from jobs.policy import CreatePolicy, ProviderTraits
 from jobs.spec import Catalog
@@ -37,10 +40,12 @@ from jobs.types import default_catalog
 from providers.base import Provider
 from providers.batch import has_batch_api
 from providers.factory import MAX_CALL_TIMEOUT_S, build_provider
-from providers.fallback import Fallbacks, fallback_models, parse_fallbacks
+from providers.fallback import FallbackEntry, Fallbacks, fallback_models, parse_fallbacks
+from providers.moderation import OpenAIModeration
 from providers.openai_compat import DEFAULT_BASE_URL, OpenAICompatibleProvider, parse_model_set
 from providers.pricing import PriceTable
 from providers.safety import BLOCKLIST, RuleBasedContentSafety
+from providers.structured import FormPolicy, parse_forms
 from runtime.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -124,6 +129,8 @@ def gateway(
     test's own, else the engine's)."""
     key = settings.deepseek_api_key.get_secret_value() if settings.deepseek_api_key else None
     no_stream = parse_model_set(settings.ai_stream_disabled_models)  # never asked to stream
+    # Raises ValueError naming AI_FALLBACKS and the entry (never its key): no start.
+    chain = parse_fallbacks(settings.ai_fallbacks)
     built = Gateway(
         provider=build_provider(
             api_key=key, base_url=settings.ai_base_url, stream_disabled_models=no_stream
@@ -139,9 +146,11 @@ def gateway(
         cipher=credential_cipher(settings),
         safety=RuleBasedContentSafety(blocklist),
         prices=price_table(settings, metrics),
-        # Raises ValueError naming AI_FALLBACKS and the entry (never its key): no start.
-        fallbacks=Fallbacks(parse_fallbacks(settings.ai_fallbacks), timeout_s=MAX_CALL_TIMEOUT_S),
+        fallbacks=Fallbacks(chain, timeout_s=MAX_CALL_TIMEOUT_S),
         offpeak_windows=parse_windows(settings.ai_offpeak_windows),
+        forms=form_policy(settings, chain),
+        downgrade_ttl_s=settings.ai_structured_downgrade_ttl_s,
+        guardrails=guardrail_config(settings),
     )
     if telemetry is not None:
         telemetry.instrument_provider(built.provider)
@@ -149,6 +158,40 @@ def gateway(
         for fallback_provider in built.fallbacks.providers.values():
             telemetry.instrument_provider(fallback_provider)
     return built
+
+
+def pii_region(settings: Settings) -> str:
+    """AI_PII_PHONE_REGION, upper-cased; ValueError naming it when phonenumbers does not know
+    the region."""
+    region = settings.ai_pii_phone_region.strip().upper()
+    if not valid_region(region):
+        raise ValueError(f"AI_PII_PHONE_REGION: {region[:8]!r} is not a region (e.g. US, GB)")
+    return region
+
+
+def guardrail_config(settings: Settings) -> GuardrailConfig:
+    """The guardrails' deployment side: the phone region, and the moderation endpoint when
+    AI_MODERATION_MODEL is set (AI_MODERATION_BASE_URL, else AI_BASE_URL; its key
+    AI_MODERATION_API_KEY, else the platform's)."""
+    model = settings.ai_moderation_model.strip()
+    moderator = None
+    if model:
+        key = settings.ai_moderation_api_key or settings.deepseek_api_key
+        moderator = OpenAIModeration(
+            settings.ai_moderation_base_url or settings.ai_base_url or DEFAULT_BASE_URL,
+            model,
+            key.get_secret_value() if key is not None else None,
+        )
+    return GuardrailConfig(pii_region(settings), moderator)
+
+
+def form_policy(settings: Settings, chain: Sequence[FallbackEntry] = ()) -> FormPolicy:
+    """The structured-output form of each model (AI_STRUCTURED_OUTPUT, raising ValueError
+    naming it when malformed) and the AI_FALLBACKS entries' own (`structuredOutput`)."""
+    return FormPolicy(
+        parse_forms(settings.ai_structured_output),
+        {e.model.lower(): e.structured_output for e in chain if e.structured_output},
+    )
 
 
 def _fairness_secret(settings: Settings) -> bytes:
@@ -206,6 +249,7 @@ def create_policy(settings: Settings) -> CreatePolicy:
         providers=provider_traits(settings),
         offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
         batch_max_bytes=settings.ai_batch_max_bytes,
+        pii_region=pii_region(settings),
         debounce_max_delay_ms=settings.ai_debounce_max_delay_ms,
         default_ttl_s=settings.ai_default_ttl_s,
     )
@@ -218,7 +262,9 @@ def engine_config(settings: Settings) -> EngineConfig:
         breaker_failures=settings.provider_breaker_failures,
         breaker_cooldown_s=settings.provider_breaker_cooldown_s,
         # Raises ValueError naming AI_MODEL_LIMITS and the entry: a worker does not start.
-        model_limits=parse_model_limits(settings.ai_model_limits),
+        model_limits=parse_model_limits(
+            settings.ai_model_limits, parse_capacity_reserve(settings.ai_capacity_reserve)
+        ),
         budget_per_day_usd=settings.quota_max_cost_usd_per_day,
         budget_per_month_usd=settings.quota_max_cost_usd_per_month,
         chunk_concurrency=settings.ai_chunk_concurrency,

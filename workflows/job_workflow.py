@@ -117,7 +117,9 @@ class JobStages:
         """Everything after PREPARE: the wait for `runAt`, RESOLVE, the calls (or a reuse, a
         hold, a batch), PROJECT and COMPLETE; a failure or cancel goes to the caller."""
         if inp.runAt:
-            # Queued on a timer, no slot held; a cancel ends it at once (finalized below).
+            # A run started before its runAt (the relay dispatches a delayed job at its time
+            # and passes no runAt; only a row dispatched early carries one): queued on a timer,
+            # no slot held; a cancel ends it at once (finalized by the caller).
             wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
             if wait_s > 0:
                 await workflow.sleep(wait_s)

@@ -30,8 +30,10 @@ EXAMPLE: dict[str, Any] = {
             "timeoutSeconds": 120,
             "maxAttempts": 3,
             "promptVersion": "quiz_generation.v2",
+            "promptVersions": ["quiz_generation.v1", "quiz_generation.v2"],
             "inputSchemaVersion": "quiz_generation.input.v1",
             "outputSchemaVersion": "quiz_generation.output.v1",
+            "outputSchemaVersions": ["quiz_generation.output.v1"],
             "inputSchema": {
                 "type": "object",
                 "properties": {"text": {"type": "string", "minLength": 1}},
@@ -61,9 +63,23 @@ class JobTypeOut(Camel):
     priority: int = Field(ge=0, le=100, description="Default priority: 0 highest, 100 lowest")
     timeout_seconds: int | float = Field(description="One provider call's timeout")
     max_attempts: int = Field(ge=1, description="Provider attempts, the first included")
-    prompt_version: str = Field(min_length=1)
+    prompt_version: str = Field(
+        min_length=1, description="The default prompt version: a create that pins none gets it"
+    )
+    prompt_versions: list[str] = Field(
+        default_factory=list,
+        description="Every published prompt version, oldest first (the default last): a "
+        "create may pin any of them in `promptVersion`, and its job runs exactly it",
+    )
     input_schema_version: str = Field(min_length=1)
-    output_schema_version: str = Field(min_length=1)
+    output_schema_version: str = Field(
+        min_length=1, description="The default output schema version"
+    )
+    output_schema_versions: list[str] = Field(
+        default_factory=list,
+        description="Every published output schema version, oldest first (the default last): "
+        "a create may pin any of them in `outputSchemaVersion`",
+    )
     input_schema: dict[str, Any] = Field(description="JSON Schema of the job type's `input`")
     default_service_tier: ServiceTier = Field(
         default="standard", description="A create's `serviceTier` when it names none"
@@ -113,8 +129,10 @@ def describe(jt: AnyJobType) -> JobTypeOut:
         timeout_seconds=ms // 1000 if ms % 1000 == 0 else ms / 1000,
         max_attempts=d.max_attempts,
         prompt_version=d.prompt_version,
+        prompt_versions=list(jt.prompt_versions),
         input_schema_version=d.input.schema_version,
         output_schema_version=d.output.schema_version,
+        output_schema_versions=list(jt.output_schema_versions),
         input_schema=input_schema(jt.input_model),
         default_service_tier=d.service.default_tier,
         service_tiers=[t for t in SERVICE_TIERS if d.service.accepts(t)],
@@ -131,7 +149,8 @@ def describe(jt: AnyJobType) -> JobTypeOut:
         "Every job type this deployment has registered, in registration order: its name (the "
         "`jobType` of a create body), label, domain (`analysis`, `generation`, `import`, "
         "`maintenance`), definition version, queue, default priority, timeout of one provider "
-        "call in seconds, provider attempts, prompt and schema versions, and the JSON Schema "
+        "call in seconds, provider attempts, prompt and schema versions (the defaults, and "
+        "every published one a create may pin), and the JSON Schema "
         "its `input` must satisfy. A type may be listed that you cannot create (a development "
         "type outside development): a create of it answers 422. Any authenticated user."
     ),

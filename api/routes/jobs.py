@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
@@ -12,12 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from api.auth import Principal
 from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
 from api.errors import PROBLEM
 from api.flow_schemas import concurrency_of
 from api.limits import RATE_LIMITED_RESPONSE, TOO_LARGE_RESPONSE, RateLimitedUser
 from api.pins import check_pins
+from api.quote_schemas import quote_response
 from api.schemas import (
     JOB_TYPE_PATTERN,
     MAX_METADATA_KEY_LENGTH,
@@ -29,12 +29,9 @@ from api.schemas import (
     CancelResponse,
     CreateJobBody,
     JobPage,
-    QuoteBudget,
-    QuoteRefusal,
     QuoteResponse,
     RetriedJobResponse,
     Status,
-    TierPriceOut,
     decode_artifact_cursor,
     decode_cursor,
     encode_artifact_cursor,
@@ -45,6 +42,7 @@ from api.strict import QueryPrefix
 from db.jobs import JobFilter
 from engine.errors import UnknownJobType, ValidationFailed
 from engine.flow import SUPERSEDED
+from engine.scopes import JobScopes
 from jobs import views
 from jobs.purge import purge_own_job
 from jobs.requests import CreateJobRequest, validation_errors
@@ -102,7 +100,7 @@ def _checked(body: CreateJobBody, state: State) -> None:
         )  # what JSON cannot say: NaN, Infinity
     except ValidationFailed as exc:
         raise _located(exc, "body", "input") from None
-    check_pins(body, jt.definition)
+    check_pins(body, jt)
 
 
 def public_job_types(state: State) -> list[str]:
@@ -118,10 +116,10 @@ def public_job_types(state: State) -> list[str]:
 
 
 def _request(
-    body: CreateJobBody, user_id: str, *, idempotency_key: str | None = None
+    body: CreateJobBody, principal: Principal, *, idempotency_key: str | None = None
 ) -> CreateJobRequest:
     return CreateJobRequest(
-        user_id=user_id,
+        user_id=principal.user_id,
         job_type=body.job_type,
         target_type=body.target_type,
         target_id=body.target_id,
@@ -139,6 +137,8 @@ def _request(
         reuse=body.reuse == "allow",
         offpeak_deadline_at=body.offpeak_deadline.at if body.offpeak_deadline else None,
         offpeak_on_deadline=body.offpeak_deadline.then if body.offpeak_deadline else None,
+        # The job keeps its creator's organisation and teams: past spend never moves.
+        scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
         concurrency=concurrency_of(body.concurrency),
         ttl_seconds=body.ttl_seconds,
         deadline=body.deadline,
@@ -162,46 +162,8 @@ def _request(
 )
 async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUser) -> QuoteResponse:
     _checked(body, state)
-    q = await state.jobs.quote(_request(body, principal.user_id))
-    e, now = q.checked.estimate, dt.datetime.now(dt.UTC)
-    refusal = None
-    if q.refusal is not None:
-        after = q.refusal.error.retry_after_s or 1
-        refusal = QuoteRefusal(
-            code=q.refusal.error.code,
-            limit=q.refusal.limit,
-            message=q.refusal.error.public_message,
-            retry_after_s=after,
-            until=now + dt.timedelta(seconds=after),
-        )
-    return QuoteResponse(
-        job_type=q.checked.job_type.job_type,
-        model=e.model,
-        calls=e.calls,
-        estimated_input_tokens=e.input_tokens,
-        max_output_tokens=e.output_budget,
-        expected_output_tokens=e.expected_output_tokens,
-        estimated_cost_usd=e.estimated_cost_usd,
-        worst_case_cost_usd=e.worst_case_cost_usd,
-        max_cost_usd=body.max_cost_usd,
-        admitted=refusal is None,
-        refusal=refusal,
-        budgets=[
-            QuoteBudget(
-                window=w.name,
-                limit_usd=w.limit_usd,
-                spent_usd=held.spent_usd,
-                reserved_usd=held.reserved_usd,
-                remaining_usd=max(w.limit_usd - held.total_usd, Decimal(0)),
-                resets_at=w.resets_at,
-            )
-            for w, held in q.budgets
-        ],
-        service_tier=q.checked.service_tier,
-        tier_prices=[
-            TierPriceOut.model_validate(t, from_attributes=True) for t in q.checked.tier_prices
-        ],
-    )
+    q = await state.jobs.quote(_request(body, principal))
+    return quote_response(q, principal.user_id, body.max_cost_usd)
 
 
 @router.post(
@@ -240,7 +202,7 @@ async def create_job(
 ) -> JobStatusResponse:
     _checked(body, state)
     result = await state.jobs.create(
-        _request(body, principal.user_id, idempotency_key=_check_key(idempotency_key)),
+        _request(body, principal, idempotency_key=_check_key(idempotency_key)),
         cancel_workflow=state.cancel_workflow,
     )
     superseded = [*result.flow.replaced, *result.flow.running]

@@ -25,6 +25,7 @@ from api.limits import RATE_LIMITED_RESPONSE, RateLimitedUser
 from api.schemas import (
     NO_NUL,
     Camel,
+    Tags,
     UsdAmount,
     decode_cursor,
     encode_cursor,
@@ -36,6 +37,7 @@ from api.state import AppState
 from engine.definition import CredentialMode
 from engine.flow import TTL_S_MAX
 from engine.schedules import Spec
+from engine.scopes import JobScopes
 from jobs.audit import AuditEntry, AuditLog
 from jobs.schedules import NewSchedule, SchedulePolicy, ScheduleService, ScheduleView, next_run_at
 from jobs.views import Owner
@@ -70,6 +72,7 @@ class CreateScheduleBody(Camel):
     max_cost_usd: Decimal | None = Field(
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
+    tags: Tags = Field(default_factory=list)
     # Each run's job's start-by TTL, counted from that run's create (a job's `concurrency` and
     # `deadline` are not taken: a recurring job has no one deadline, and its runs no key).
     ttl_seconds: int | None = Field(
@@ -111,6 +114,7 @@ class ScheduleResponse(Camel):
     priority: int | None = None
     credential_mode: CredentialMode | None = None
     max_cost_usd: UsdAmount | None = None
+    tags: list[str] = Field(default_factory=list)
     ttl_seconds: int | None = None
     interval_seconds: int | None = None
     cron: str | None = None
@@ -153,6 +157,7 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         priority=r.priority,
         credential_mode=r.credential_mode,
         max_cost_usd=r.max_cost_usd,
+        tags=list(r.tags),
         ttl_seconds=r.ttl_s,
         interval_seconds=r.interval_s,
         cron=r.cron,
@@ -201,6 +206,7 @@ async def create_schedule(
             priority=body.priority,
             credential_mode=body.credential_mode,
             max_cost_usd=body.max_cost_usd,
+            scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
             ttl_s=body.ttl_seconds,
         )
     )

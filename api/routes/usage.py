@@ -34,9 +34,12 @@ from api.usage_schemas import (
     UsageReport,
     UsageSums,
 )
+from db import usage_scopes as usage_scopes_db
 from db.usage import Grouping, UsageBucket, UsageFilter, grouped_usage, job_attempts, job_money
+from db.usage_scopes import SCOPE_GROUPINGS, ScopeFilter
 from engine.definition import CredentialMode
 from engine.errors import ValidationFailed
+from engine.scopes import SCOPE_ID_PATTERN
 from jobs.views import can_see, not_found
 
 router = APIRouter(tags=["usage"])
@@ -91,7 +94,25 @@ def _range(start: date | None, end: date | None) -> tuple[date, date]:
     return start, end
 
 
-def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -> UsageReport:
+def _sums(buckets: list[UsageBucket]) -> UsageSums:
+    return UsageSums(
+        calls=sum(b.calls for b in buckets),
+        tokens_in=sum(b.tokens_in for b in buckets),
+        tokens_out=sum(b.tokens_out for b in buckets),
+        cost_usd=sum((b.cost_usd for b in buckets), Decimal(0)),
+        estimated_cost_usd=sum((b.estimated_cost_usd for b in buckets), Decimal(0)),
+    )
+
+
+def _report(
+    start: date,
+    end: date,
+    group_by: str,
+    buckets: list[UsageBucket],
+    total: UsageBucket | None = None,
+) -> UsageReport:
+    """The report of `buckets`; its total is `total` when given (a grouping in which a call may
+    count in several items, or in none), else the sum of the items."""
     items = [
         UsageItem(
             key=b.key,
@@ -103,14 +124,8 @@ def _report(start: date, end: date, group_by: str, buckets: list[UsageBucket]) -
         )
         for b in buckets
     ]
-    total = UsageSums(
-        calls=sum(b.calls for b in buckets),
-        tokens_in=sum(b.tokens_in for b in buckets),
-        tokens_out=sum(b.tokens_out for b in buckets),
-        cost_usd=sum((b.cost_usd for b in buckets), Decimal(0)),
-        estimated_cost_usd=sum((b.estimated_cost_usd for b in buckets), Decimal(0)),
-    )
-    return UsageReport(from_=start, to=end, group_by=group_by, items=items, total=total)
+    sums = _sums(buckets if total is None else [total])
+    return UsageReport(from_=start, to=end, group_by=group_by, items=items, total=sums)
 
 
 @router.get(
@@ -147,8 +162,12 @@ async def own_usage(
     summary="Any user's AI spend over UTC days",
     description=(
         "As `GET /api/ai/usage`, for every user (SUPER_ADMIN): grouped by `user`, `jobType`, "
-        "`model`, `day` or `credentialMode`, optionally only one `userId`, `jobType`, `model` "
-        "or `credentialMode`."
+        "`model`, `day`, `credentialMode`, `org`, `team` or `tag`, optionally only one "
+        "`userId`, `jobType`, `model`, `credentialMode`, `orgId`, `teamId` or `tag`. By "
+        "`org`, `team` or `tag`, a job counts in its organisation's item and in the item of "
+        "each of its teams and tags (a job of two teams in both), and in no item of a "
+        "grouping it has none of: `total` counts every call matching the filters once, jobs "
+        "in no item included, so it is not the sum of the items."
     ),
 )
 async def admin_usage(
@@ -163,6 +182,9 @@ async def admin_usage(
     ] = None,
     model: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
     credential_mode: Annotated[CredentialMode | None, Query(alias="credentialMode")] = None,
+    org_id: Annotated[str | None, Query(alias="orgId", pattern=SCOPE_ID_PATTERN)] = None,
+    team_id: Annotated[str | None, Query(alias="teamId", pattern=SCOPE_ID_PATTERN)] = None,
+    tag: Annotated[str | None, Query(pattern=SCOPE_ID_PATTERN)] = None,
 ) -> UsageReport:
     start, end = _range(from_, to)
     f = UsageFilter(
@@ -173,10 +195,24 @@ async def admin_usage(
         model=model,
         credential_mode=credential_mode,
     )
-    grouping: Grouping = group_by
+    scopes = ScopeFilter(org_id, team_id, tag)
     async with state.sessionmaker() as s:
-        buckets = await grouped_usage(s, f, grouping)
-    return _report(start, end, group_by, buckets)
+        if not scopes and group_by not in SCOPE_GROUPINGS:
+            grouping: Grouping = group_by  # type: ignore[assignment]  # not a scope grouping
+            return _report(start, end, group_by, await grouped_usage(s, f, grouping))
+        buckets = await usage_scopes_db.grouped(s, f, scopes, group_by)
+        if scopes:  # only scoped jobs match: each of their rollup rows once
+            total = await usage_scopes_db.total(s, f, scopes)
+        else:  # every job matches, those in no item too
+            total = _as_total(await grouped_usage(s, f, "day"))
+    return _report(start, end, group_by, buckets, total)
+
+
+def _as_total(buckets: list[UsageBucket]) -> UsageBucket:
+    sums = _sums(buckets)
+    return UsageBucket(
+        "total", sums.calls, sums.tokens_in, sums.tokens_out, sums.cost_usd, sums.estimated_cost_usd
+    )
 
 
 @router.get(

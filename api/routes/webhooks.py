@@ -86,7 +86,7 @@ def _service(state: State) -> WebhookService:
     return state.webhooks
 
 
-def _out(row: EndpointRow) -> dict[str, Any]:
+def endpoint_view(row: EndpointRow) -> dict[str, Any]:
     return {
         "webhook_id": row.id,
         "url": row.url,
@@ -96,8 +96,10 @@ def _out(row: EndpointRow) -> dict[str, Any]:
     }
 
 
-def _with_secret(row: EndpointRow, secret: str) -> dict[str, Any]:
-    return WebhookWithSecret(**_out(row), secret=secret).model_dump(mode="json", by_alias=True)
+def with_secret(row: EndpointRow, secret: str) -> dict[str, Any]:
+    return WebhookWithSecret(**endpoint_view(row), secret=secret).model_dump(
+        mode="json", by_alias=True
+    )
 
 
 def _delivery(row: DeliveryRow) -> dict[str, Any]:
@@ -146,7 +148,7 @@ def _delivery(row: DeliveryRow) -> dict[str, Any]:
 async def create_webhook(body: CreateWebhookBody, state: State, principal: User) -> JSONResponse:
     row, secret = await _service(state).create(principal.user_id, body.url, body.event_types)
     return JSONResponse(
-        _with_secret(row, secret),
+        with_secret(row, secret),
         status_code=201,
         headers={"Location": f"/api/ai/webhooks/{row.id}", "Cache-Control": "no-store"},
     )
@@ -155,7 +157,7 @@ async def create_webhook(body: CreateWebhookBody, state: State, principal: User)
 @router.get("/api/ai/webhooks", response_model=WebhookList, summary="List your webhooks")
 async def list_webhooks(state: State, principal: User) -> WebhookList:
     rows = await _service(state).list(principal.user_id)
-    return WebhookList(items=[WebhookOut(**_out(r)) for r in rows])
+    return WebhookList(items=[WebhookOut(**endpoint_view(r)) for r in rows])
 
 
 @router.delete(
@@ -180,7 +182,7 @@ async def delete_webhook(webhook_id: WebhookId, state: State, principal: User) -
 )
 async def rotate_webhook(webhook_id: WebhookId, state: State, principal: User) -> JSONResponse:
     row, secret = await _service(state).rotate(principal.user_id, webhook_id)
-    return JSONResponse(_with_secret(row, secret), headers={"Cache-Control": "no-store"})
+    return JSONResponse(with_secret(row, secret), headers={"Cache-Control": "no-store"})
 
 
 # ---- admins --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from db.models import (
     admin,
     batch,
+    budgets,
     console,
     flow,
     jobs,
@@ -18,6 +19,7 @@ from db.models import (
     provider,
     schedules,
     stream,
+    trust,
     usage,
     webhooks,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "Base",
     "admin",
     "batch",
+    "budgets",
     "console",
     "encrypted",
     "flow",
@@ -38,6 +41,7 @@ __all__ = [
     "provider",
     "schedules",
     "stream",
+    "trust",
     "usage",
     "webhooks",
 ]

@@ -22,13 +22,16 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db.lifecycle import ACTIVE_SQL, TERMINAL_SQL
 from db.models.base import TS, Base, encrypted
 
 _REUSE, _REUSED = text("reuse_key IS NOT NULL"), text("reused_from_job_id IS NOT NULL")
+_ORG_ACTIVE = text(f"org_id IS NOT NULL AND {ACTIVE_SQL}")
+_TEAMS_ACTIVE = text(f"team_ids <> '{{}}' AND {ACTIVE_SQL}")
+_TAGS_ACTIVE = text(f"tags <> '{{}}' AND {ACTIVE_SQL}")
 
 
 def _UNSENT(column: str) -> Any:
@@ -99,16 +102,19 @@ class AiJob(Base):
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         ),
-        # The user dispatch window (db/relay.py): a user's held jobs in dispatch order, and
-        # the user's dispatched jobs that have not ended.
+        # The user dispatch window (db/relay.py): a user's held jobs that are due, in dispatch
+        # order; the user's dispatched jobs that have not ended; the jobs not due yet.
         Index(
             "ix_ai_job_undispatched",
             "user_id",
             "priority",
             "created_at",
             "id",
-            postgresql_where=text("dispatched_at IS NULL AND lifecycle_status = 'queued'"),
+            postgresql_where=text(
+                "dispatched_at IS NULL AND lifecycle_status = 'queued' AND due_at IS NULL"
+            ),
         ),
+        Index("ix_ai_job_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
         Index(
             "ix_ai_job_user_dispatched",
             "user_id",
@@ -121,6 +127,18 @@ class AiJob(Base):
             "ix_ai_job_user_reuse_key", "user_id", "job_type", "reuse_key", postgresql_where=_REUSE
         ),
         Index("ix_ai_job_reused_from", "reused_from_job_id", postgresql_where=_REUSED),
+        # A scope budget's open reservations: the active jobs of an organisation, a team or a
+        # tag (db/scope_budgets.py names the same predicates).
+        Index("ix_ai_job_org_active", "org_id", postgresql_where=_ORG_ACTIVE),
+        Index(
+            "ix_ai_job_teams_active",
+            "team_ids",
+            postgresql_using="gin",
+            postgresql_where=_TEAMS_ACTIVE,
+        ),
+        Index(
+            "ix_ai_job_tags_active", "tags", postgresql_using="gin", postgresql_where=_TAGS_ACTIVE
+        ),
         # Flow control (engine/flow.py): a create's read of the user's active jobs with a key;
         # the relay's next start-by time and deadline among the jobs not dispatched yet.
         Index(
@@ -142,6 +160,14 @@ class AiJob(Base):
             "retried_from_job_id",
             unique=True,
             postgresql_where=text("retried_from_job_id IS NOT NULL"),
+        ),
+        # A rollout's figures per arm (jobs/rollouts.py) and its guard's counts.
+        Index(
+            "ix_ai_job_rollout",
+            "rollout_id",
+            "rollout_arm",
+            "lifecycle_status",
+            postgresql_where=text("rollout_id IS NOT NULL"),
         ),
     )
 
@@ -201,6 +227,9 @@ class AiJob(Base):
     # When the relay claimed its enqueue row within its user's dispatch window (db/relay.py);
     # NULL while the job is held in the outbox.
     dispatched_at: Mapped[datetime | None] = mapped_column(TS)
+    # A by-design wait before dispatch (a delayed job's runAt): not dispatched before then,
+    # and taking no room in its user's window meanwhile; the relay's claim clears it once due.
+    due_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     # The client's own references (string keys and values, checked by the API; `{}`: none).
@@ -208,7 +237,7 @@ class AiJob(Base):
     job_metadata: Mapped[dict[str, str]] = mapped_column(
         "metadata", JSONB, server_default=text("'{}'::jsonb")
     )
-    # When a delayed job may start (NULL: at once); its workflow waits for it on a timer.
+    # When a delayed job may start (NULL: at once); the relay dispatches it then (`due_at`).
     run_at: Mapped[datetime | None] = mapped_column(TS)
     # How soon and at which price its calls are made (engine/tiers.py), fixed at create.
     service_tier: Mapped[str] = mapped_column(String(16), server_default=text("'standard'"))
@@ -222,6 +251,24 @@ class AiJob(Base):
     )
     # What a create asks, for result reuse (jobs/reuse.py); NULL: the type permits no reuse.
     reuse_key: Mapped[str | None] = mapped_column(String(64))
+    # Whose money it is beyond its user's (db/models/budgets.py): the organisation and teams of
+    # the token that created it, and the create's tags (in the client's order), fixed at create.
+    org_id: Mapped[str | None] = mapped_column(String(64))
+    team_ids: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
+    # The rollout (its id at the create) and arm a create was given, and the arm's model
+    # (tried first); NULL outside a rollout (jobs/rollouts.py).
+    rollout_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    rollout_arm: Mapped[str | None] = mapped_column(String(64))
+    arm_model: Mapped[str | None] = mapped_column(String(128))
+    # Output items moderation dropped (NULL: no moderation ran); an answer kept while its
+    # moderation could not run (private: the provider's text, placeholders included).
+    flagged_items: Mapped[int | None] = mapped_column(Integer)
+    held_answer: Mapped[str | None] = mapped_column(Text)
     # Flow control (engine/flow.py, jobs/flow.py). The create's `concurrency` as given, its key
     # (the user's active jobs with it meet at create), a debounce chain's latest start (its
     # first create + that create's maxDelayMs), the newer job that replaced this one.
@@ -260,6 +307,9 @@ class AiJobChunk(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[datetime | None] = mapped_column(TS)
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # As the job's: items moderation dropped, an answer held while moderation was away.
+    flagged_items: Mapped[int | None] = mapped_column(Integer)
+    held_answer: Mapped[str | None] = mapped_column(Text)
 
 
 class AiJobSnapshot(Base):

@@ -68,6 +68,9 @@ class ProviderCallLease(Base):
     job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
     tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     expires_at: Mapped[datetime] = mapped_column(TS)
+    # The call's class (`interactive`, `background`: its job type's queue), for the reserved
+    # part of the key's concurrency (AI_CAPACITY_RESERVE); NULL: none known.
+    job_class: Mapped[str | None] = mapped_column(String(16))
 
 
 class LimitWaiter(Base):
@@ -89,3 +92,6 @@ class LimitWaiter(Base):
     seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
     woken_at: Mapped[datetime | None] = mapped_column(TS)
     expires_at: Mapped[datetime] = mapped_column(TS)
+    # The call's class (as `provider_call_lease.job_class`): a class with a reserved part of the
+    # key is served ahead of the others while it waits (db/limit_waiters.py).
+    job_class: Mapped[str | None] = mapped_column(String(16))

@@ -24,7 +24,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db.models.base import TS, Base
@@ -53,6 +53,15 @@ class AiSchedule(Base):
     paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(TS, server_default=func.now())
+    # The organisation and teams of the token that created it and its template's tags: every
+    # run's job carries them (db/models/budgets.py).
+    org_id: Mapped[str | None] = mapped_column(String(64))
+    team_ids: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
+    tags: Mapped[list[str]] = mapped_column(
+        ARRAY(String(64)), server_default=text("'{}'::varchar[]")
+    )
     # Each run's job's start-by TTL in seconds, from its create (None: the defaults; 0: none).
     ttl_s: Mapped[int | None] = mapped_column(Integer)
 

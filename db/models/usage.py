@@ -62,6 +62,8 @@ class AiUsageLog(Base):
     reasoning_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # The tier the call was priced at (providers/pricing.py `Price.at_tier`).
     service_tier: Mapped[str] = mapped_column(Text, server_default=text("'standard'"))
+    # The structured-output form the call was asked with (providers/structured.py).
+    structured_output: Mapped[str | None] = mapped_column(String(16))
 
 
 Index("ix_ai_usage_log_user_created", AiUsageLog.user_id, AiUsageLog.created_at)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
 from db.models.projected import SyntheticResult
-from engine.definition import Execution, JobDefinition, SecuritySpec
+from engine.definition import Execution, Guardrails, JobDefinition, SecuritySpec
 from jobs.spec import (
     Artifact,
     JobInput,
@@ -73,6 +73,8 @@ DEFINITION = JobDefinition(
     description="Scripted job for tests, demos and benchmarks.",
     execution=Execution(timeout_ms=30_000),
     security=SecuritySpec(content_safety_check=False),
+    # A scripted type: its inputs are test data, never masked.
+    guardrails=Guardrails(pii="off"),
     visibility="dev",
 )
 

@@ -62,6 +62,7 @@ JOB_STATUS_KEYS = {
     "privateDataPurged",
     "serviceTier",
     "reusedFromJobId",
+    "tags",
     "concurrency",
     "supersededBy",
     "expiresAt",

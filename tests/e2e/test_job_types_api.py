@@ -22,8 +22,10 @@ KEYS = {
     "timeoutSeconds",
     "maxAttempts",
     "promptVersion",
+    "promptVersions",
     "inputSchemaVersion",
     "outputSchemaVersion",
+    "outputSchemaVersions",
     "inputSchema",
     "defaultServiceTier",
     "serviceTiers",
@@ -51,6 +53,11 @@ async def test_any_user_lists_every_registered_job_type_with_its_metadata(api: A
             assert isinstance(item[key], str) and item[key], (key, item)
         assert item["promptVersion"] == d.prompt_version
         assert item["outputSchemaVersion"] == d.output.schema_version
+        # Every published version, oldest first; the default is the newest.
+        jt = catalog.get(item["name"])
+        assert item["promptVersions"] == list(jt.prompt_versions)
+        assert item["promptVersions"][-1] == item["promptVersion"]
+        assert item["outputSchemaVersions"][-1] == item["outputSchemaVersion"]
         assert (item["queue"], item["priority"]) == (d.queue.queue_name, d.queue.default_priority)
         assert item["timeoutSeconds"] * 1000 == d.execution.timeout_ms
         assert item["maxAttempts"] == d.max_attempts >= 1
@@ -60,6 +67,10 @@ async def test_any_user_lists_every_registered_job_type_with_its_metadata(api: A
     assert {"quiz_generation", "flashcard_generation", "weak_point_analysis"} <= set(by_name)
     assert by_name["weak_point_analysis"]["domain"] == "analysis"
     assert by_name["quiz_generation"]["domain"] == "generation"
+    assert by_name["quiz_generation"]["promptVersions"] == [
+        "quiz_generation.v1",
+        "quiz_generation.v2",
+    ]
     # The input schema is the one a create validates against (camelCase names).
     assert "delayMs" in by_name["synthetic"]["inputSchema"]["properties"]
 

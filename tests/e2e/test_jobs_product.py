@@ -1,24 +1,24 @@
 """Jobs join the client's product, over real HTTP (docs/api.md): `targetType`, `targetId` and the
 client's own `metadata` on every view and as list filters; pinned prompt and output schema
-versions; a delayed job (`runAt`) that waits queued on its workflow's timer, starts on time and
-is cancelled at once before it; and the owner's own retry."""
+versions; a delayed job (`runAt`) that waits queued in the outbox (its workflow starts at its
+time), starts on time and is cancelled at once before it; and the owner's own retry."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus
+from sqlalchemy import text
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from db.session import SessionMaker
 from tests.e2e.conftest import Api, assert_problem, start_api
-from tests.stack import Stack, engine_stack
-from tests.support import eventually
+from tests.stack import Stack
 
 
 def locs(body: dict[str, Any]) -> list[list[str]]:
@@ -139,6 +139,19 @@ async def test_pinned_versions_are_checked_and_shown(api: Api) -> None:
         headers=api.as_user(),
     )
     assert locs(assert_problem(r, 422, "VALIDATION_FAILED")) == [["body", "promptVersion"]]
+    # Any published version may be pinned, not only the default: a `.v1` of a type now at `.v2`.
+    cards = next(t for t in types if t["name"] == "flashcard_generation")
+    oldest = cards["promptVersions"][0]
+    assert oldest != cards["promptVersion"]
+    old = (
+        await api.create(
+            jobType="flashcard_generation",
+            input={"sourceText": "Cells divide.", "count": 1},
+            promptVersion=oldest,
+        )
+    ).json()
+    assert old["promptVersion"] == oldest
+    assert (await api.get(old["jobId"]))["promptVersion"] == oldest
     # A pin is part of the request: the same key with another pin is another request.
     await api.create(key="k-pin", **pins)
     r = await api.create(key="k-pin", expect=None)
@@ -207,50 +220,38 @@ async def test_a_delayed_job_waits_queued_and_starts_on_time(api: Api, workers: 
     assert run_at <= started <= run_at + timedelta(seconds=2), (run_at, started)
 
 
-async def test_a_delayed_job_is_cancelled_at_once(
-    api: Api, workers: Stack, temporal_client: Client
+async def test_a_delayed_job_is_cancelled_at_once_and_never_starts(
+    api: Api, workers: Stack, temporal_client: Client, db: SessionMaker
 ) -> None:
-    run_at = datetime.now(UTC) + timedelta(minutes=10)
-    job_id = await api.create_id(runAt=rfc3339(run_at))
+    """Before its runAt a delayed job is not dispatched (no workflow, no room in its user's
+    window); a cancel ends it in SQL at once and closes its enqueue row in the same
+    transaction, so no workflow is ever started for it."""
+    job_id = await api.create_id(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=10)))
     wf = temporal_client.get_workflow_handle(f"ai-interactive:synthetic:{job_id}")
-
-    async def waiting() -> bool:
-        try:
-            return (await wf.describe()).status == WorkflowExecutionStatus.RUNNING
-        except Exception:
-            return False  # not started by the relay yet
-
-    await eventually(waiting, timeout=15, what=lambda: "the delayed job's workflow to start")
-    started = time.monotonic()
+    async with db() as s:
+        row = (
+            await s.execute(
+                text("SELECT dispatched_at, due_at FROM ai_job WHERE id = :id"),
+                {"id": uuid.UUID(job_id)},
+            )
+        ).one()
+    assert row.dispatched_at is None and row.due_at is not None
     r = await api.cancel(job_id)
     assert r.status_code == 200 and r.json()["cancelOutcome"] == "cancelled", r.text
-
-    async def closed() -> bool:
-        return (await wf.describe()).status == WorkflowExecutionStatus.CANCELED
-
-    await eventually(closed, timeout=10, what=lambda: "the delayed job's workflow to end")
-    assert time.monotonic() - started < 10
     assert (await api.get(job_id))["lifecycleStatus"] == "cancelled"
-
-
-async def test_a_delayed_job_cancelled_before_its_workflow_started_ends_at_prepare(
-    api: Api, env: Any, temporal_client: Client
-) -> None:
-    """The relay may start the workflow after the cancel (no workers yet here): the run ends at
-    PREPARE, which sees the job cancelled, instead of waiting for runAt."""
-    job_id = await api.create_id(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=10)))
-    assert (await api.cancel(job_id)).json()["cancelOutcome"] == "cancelled"
-    wf = temporal_client.get_workflow_handle(f"ai-interactive:synthetic:{job_id}")
-
-    async def ended() -> bool:
-        try:
-            return (await wf.describe()).status == WorkflowExecutionStatus.COMPLETED
-        except Exception:
-            return False  # not started by the relay yet
-
-    async with engine_stack(env(), temporal_client):
-        await eventually(ended, timeout=20, what=lambda: "the cancelled job's workflow to end")
-    assert (await api.get(job_id))["lifecycleStatus"] == "cancelled"
+    async with db() as s:
+        status, error = (
+            await s.execute(
+                text(
+                    "SELECT status, last_error FROM outbox_event "
+                    "WHERE aggregate_id = :a AND event_type = 'ai.job.enqueue'"
+                ),
+                {"a": job_id},
+            )
+        ).one()
+    assert status == "published" and "ended before it was dispatched" in error
+    with pytest.raises(RPCError):  # the relay had nothing to start
+        await wf.describe()
 
 
 # ---- the owner's retry ----------------------------------------------------------------------

@@ -21,10 +21,13 @@ can state, and only there is 422 accepted (`ACCEPTS_422`):
   quote's `runAt` and cost cap (`COST_CAP_TOO_LOW`, the cap's decimal places), an
   `Idempotency-Key` used with another body, a credential mode without a stored key
   (`CREDENTIAL_MISSING`; a retry of a job whose owner has no key left too), a schedule's cron,
-  time zone and dates, a webhook receiver's URL rules, an admin bulk filter matching too many
-  jobs, a create's flow members checked against each other (a `maxDelayMs` below `delayMs`, a
-  TTL shorter than the debounce delay, a deadline before `runAt`), an operator pause's match
-  (a `jobType` the engine does not know, no member given).
+  time zone and dates, a webhook receiver's URL rules (a user's or an admin's), an admin bulk
+  filter matching too many jobs, a budget's `limitUsd` (its decimal places, as a cost cap's), a
+  feedback's `itemOrdinal` that is no artifact's of the job, a rollout whose arms name a prompt
+  version or a model the deployment does not list, or whose weights do not sum to 100, a
+  create's flow members checked against each other (a `maxDelayMs` below `delayMs`, a TTL
+  shorter than the debounce delay, a deadline before `runAt`), an operator pause's match (a
+  `jobType` the engine does not know, no member given).
 
 The operator pauses the fuzzing creates are lifted when it ends, so none holds another test's
 jobs.
@@ -66,8 +69,9 @@ LISTS = (
 )
 # POST bodies whose rules depend on the clock, stored state or parsing (module docstring).
 BODIES = (
-    r"^POST /(api/ai/(jobs|jobs/quote|schedules|webhooks|jobs/\{jobId\}/retry)"
-    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry|pauses))$"
+    r"^(POST /(api/ai/(jobs|jobs/quote|schedules|webhooks|jobs/\{jobId\}/(retry|feedback))"
+    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry|webhooks|pauses))"
+    r"|PUT /admin-api/ai/(budgets/\{scope\}/\{scopeId\}|job-types/\{jobType\}/rollout))$"
 )
 EVENT_STREAMS = r"/events$"
 JOB_READS = r"^/api/ai/jobs/\{jobId\}"
@@ -199,6 +203,12 @@ async def test_schemathesis_with_and_without_a_token(api: Api, tmp_path: Path) -
     )
     assert rc == 0, out[-20000:]
     assert time.monotonic() - t0 < 2 * BUDGET_S
+    # A rollout the fuzzing put would give later tests' jobs an arm: none is left behind.
+    for job_type in ("synthetic", "quiz_generation", "flashcard_generation", "weak_point_analysis"):
+        gone = await api.http.delete(
+            f"/admin-api/ai/job-types/{job_type}/rollout", headers=api.as_admin()
+        )
+        assert gone.status_code in (204, 404), gone.text
 
 
 # ---- the documented examples ----------------------------------------------------------------

@@ -56,8 +56,10 @@ it ever had in flight at once (`max_in_flight`), for the provider-limit tests.
 order, for the cost-cap tests.
 
 Files and Batches (`/files`, `/batches`, ...; `POST /_batch_script`, `GET /_batches`): see
-tests/fakes/openai_batches.py. A batch's lines are answered from the same script as chat calls
-but are not counted as chat calls.
+tests/fakes/openai_batches.py. Moderations (`/moderations`; `POST /_moderation`,
+`GET /_moderation`) and the refusal of a structured-output form (`POST /_forms`,
+`GET /_forms`): see tests/fakes/openai_moderation.py. A batch's lines are answered from the
+same script as chat calls but are not counted as chat calls.
 
 The `Authorization` headers seen are kept for assertions: this server is for fake keys only.
 """
@@ -82,6 +84,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from tests.fakes.openai_batches import install_batch_routes
+from tests.fakes.openai_moderation import install_moderation_routes
 
 STEP_KINDS = frozenset(
     {
@@ -374,6 +377,9 @@ def create_fake_app() -> FastAPI:
                 status_code=400,
             )
         model_name = model if isinstance(model, str) else "fake-model"
+        refused = moderation.form_refusal(body)
+        if refused is not None:
+            return refused
         step = pick_step(request.headers.get("authorization"), body)
         model_name = str(step.get("echo_model", model_name))
         kind = step["kind"]
@@ -402,6 +408,9 @@ def create_fake_app() -> FastAPI:
         """A batch line answered as a chat call would be (never streamed, no wait): its HTTP
         status and JSON body. Not counted as a chat call."""
         model = body.get("model")
+        refused = moderation.form_refusal(body)
+        if refused is not None:
+            return refused.status_code, json.loads(bytes(refused.body))
         step = pick_step(authorization, body)
         name = str(step.get("echo_model", model if isinstance(model, str) else "fake-model"))
         response = _whole_answer(step, name)
@@ -410,6 +419,7 @@ def create_fake_app() -> FastAPI:
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/chat/completions", chat_completions, methods=["POST"])
     batches = install_batch_routes(app, answer_line)
+    moderation = install_moderation_routes(app)
 
     @app.post("/_script")
     async def script(body: ScriptBody) -> dict[str, int]:
@@ -458,6 +468,7 @@ def create_fake_app() -> FastAPI:
     async def reset() -> dict[str, bool]:
         state.reset()
         batches.reset()
+        moderation.reset()
         return {"reset": True}
 
     return app
@@ -660,6 +671,33 @@ class FakeOpenAIServer:
             response = await client.get(f"{self.root_url}/_batches")
             response.raise_for_status()
             result: dict[str, Any] = response.json()
+            return result
+
+    async def amoderation(self, **script: Any) -> None:
+        """Script the moderations endpoint (`flag` terms, `status`, `fail_times`)."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            (await client.post(f"{self.root_url}/_moderation", json=script)).raise_for_status()
+
+    async def amoderations(self) -> list[dict[str, Any]]:
+        """Every moderation request seen (`model`, `input`, `authorization`), in order."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_moderation")
+            response.raise_for_status()
+            result: list[dict[str, Any]] = response.json()["requests"]
+            return result
+
+    async def arefuse_forms(self, *forms: str) -> None:
+        """Answer DeepSeek's 400 to every chat call asking for one of `forms`."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.post(f"{self.root_url}/_forms", json={"refuse": list(forms)})
+            response.raise_for_status()
+
+    async def aforms(self) -> list[dict[str, Any]]:
+        """Each chat call's requested form (`type`, and `json_schema` when it sent one)."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            response = await client.get(f"{self.root_url}/_forms")
+            response.raise_for_status()
+            result: list[dict[str, Any]] = response.json()["forms"]
             return result
 
     async def areset(self) -> None:

@@ -84,7 +84,9 @@ async def test_five_batch_jobs_are_one_or_two_batches_no_call_and_half_the_price
         body = line["body"]
         assert list(line) == ["custom_id", "method", "url", "body"]
         assert "stream" not in body and "stream_options" not in body
-        assert body["model"] == MODEL and body["response_format"] == {"type": "json_object"}
+        # A model other than DeepSeek's is asked for the strict schema of the output.
+        assert body["model"] == MODEL and body["response_format"]["type"] == "json_schema"
+        assert body["response_format"]["json_schema"]["strict"] is True
         assert body["max_tokens"] > 0 and [m["role"] for m in body["messages"]] == [
             "system",
             "user",
@@ -252,3 +254,24 @@ async def test_a_job_cancelled_before_its_batch_is_uploaded_leaves_it_and_nothin
         assert status == "cancelled"
     seen = await fake.abatches()
     assert (seen["uploads"], seen["batches"], (await fake.acalls())["count"]) == (0, [], 0)
+
+
+async def test_a_line_refused_for_its_form_enrolls_again_one_form_down(
+    stack: Stack, db: SessionMaker, fake: FakeOpenAIServer
+) -> None:
+    await fake.arefuse_forms("json_schema")
+    await fake.ascript([], default=VALID)
+    [job_id] = await create(stack, 1)
+    row = await stack.wait_status(job_id, timeout=60)
+    assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+    assert row.attempt_count == 1  # the refusal spent no attempt
+    seen = await fake.abatches()
+    forms = [r["body"]["response_format"]["type"] for b in seen["batches"] for r in b["requests"]]
+    assert forms == ["json_schema", "json_object"]
+    assert len(seen["batches"]) == 2  # the lower form went in the next batch
+    lowered = await rows(db, "SELECT model, form FROM ai_structured_downgrade")
+    assert [(r.model, r.form) for r in lowered] == [(MODEL, "json_object")]
+    usage = await rows(
+        db, "SELECT structured_output, error_code FROM ai_usage_log WHERE job_id = :j", j=job_id
+    )
+    assert [(u.structured_output, u.error_code) for u in usage] == [("json_object", None)]

@@ -272,7 +272,7 @@ async def test_the_enqueue_dedupe_key_is_the_job_id_alone(db: SessionMaker) -> N
 # The snapshot and the enqueue row are one statement (db/snapshots.py
 # insert_snapshot_and_enqueue).
 STEPS = [
-    (lifecycle_db, "create"),
+    (lifecycle_db, "create_seeing_rollout"),
     (snapshots_db, "insert_snapshot_and_enqueue"),
 ]
 

@@ -31,8 +31,9 @@ async def test_the_prompt_keeps_what_the_user_wrote(
     temporal_client: Client,
     fake: FakeOpenAIServer,
 ) -> None:
-    """A 7-digit number and an e-mail address reach the provider as written, not as
-    "[phone]"/"[email]": redaction must not change what a prompt means."""
+    """The prompt keeps what the user wrote, but for what the type's PII masking replaces: the
+    e-mail address goes as a placeholder (never as itself, nor as "[email]"), and a 7-digit
+    number that is no phone number of the region goes as written."""
     await fake.ascript([{"kind": "valid", "content": SCRIPTED["quiz_generation"]}])
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     source = f"{INPUTS['quiz_generation']['sourceText']} {PHONE_LIKE}"
@@ -46,7 +47,8 @@ async def test_the_prompt_keeps_what_the_user_wrote(
         row = await st.wait_status(job, timeout=30)
         assert row.lifecycle_status == "succeeded", row.internal_error_message
     [prompt] = await user_prompts(fake)
-    assert PHONE_LIKE in prompt
+    assert "Order 5551234 shipped to <EMAIL_1>." in prompt
+    assert "ada@example.com" not in prompt
     assert "[phone]" not in prompt and "[email]" not in prompt
 
 

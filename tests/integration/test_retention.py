@@ -224,6 +224,17 @@ async def test_every_bookkeeping_kind_goes_after_its_retention(db: SessionMaker)
         "((now() - interval '40 days')::date, 'u1', 'synthetic', 'm', 'platform_key'), "
         "(now()::date, 'u1', 'synthetic', 'm', 'platform_key')",
     )
+    # So do the rollups by scope and the budget alerts sent.
+    for sql in (
+        "INSERT INTO ai_scope_usage_daily (scope, scope_id, day) VALUES "
+        "('team', 't', (now() - interval '40 days')::date), ('team', 't', now()::date)",
+        "INSERT INTO ai_usage_scoped_daily (day, user_id, job_type, model, credential_mode, "
+        "scope_key) VALUES ((now() - interval '40 days')::date, 'u1', 'synthetic', 'm', "
+        "'platform_key', 'k')",
+        "INSERT INTO ai_budget_alert (scope, scope_id, period, period_start, threshold, "
+        "spent_usd) VALUES ('team', 't', 'day', (now() - interval '40 days')::date, 0.5, 1)",
+    ):
+        await execute(db, sql)
     # A revoked key a job still names keeps its row, its ciphertext erased.
     named = uuid.uuid4()
     await execute(
@@ -237,9 +248,10 @@ async def test_every_bookkeeping_kind_goes_after_its_retention(db: SessionMaker)
 
     counts = await run_retention(db, SHORTEST)
 
-    assert counts["usage_deleted"] == 2  # one call row, one day of the rollup
+    assert counts["usage_deleted"] == 5  # one call row, one day of each rollup, one alert
     assert await scalar(db, "SELECT count(*) FROM ai_usage_log") == 1
     assert await scalar(db, "SELECT count(*) FROM ai_usage_daily WHERE day = now()::date") == 1
+    assert await scalar(db, "SELECT count(*) FROM ai_scope_usage_daily") == 1  # today's
     assert counts["provider_limits_deleted"] == 1
     assert [r.model for r in await rows(db, "SELECT model FROM provider_limit")] == ["new"]
     assert counts["provider_gates_deleted"] == 1

@@ -463,6 +463,9 @@ async def test_the_usage_routes_are_documented(settings: Settings) -> None:
         "jobType",
         "model",
         "credentialMode",
+        "orgId",
+        "teamId",
+        "tag",
     }
     comps = spec["components"]["schemas"]
     assert comps["UsageReport"]["examples"] and comps["JobUsageResponse"]["examples"]

@@ -1,7 +1,8 @@
 """The recorder's branch cases: runs that take a branch of the job workflow only some jobs take,
 each on an engine of its own (`record.py` starts it with the case's settings):
 
-- `synthetic-delayed`: a job with `runAt` two seconds ahead waits on its timer after PREPARE;
+- `synthetic-delayed`: a job with `runAt` two seconds ahead, its row dispatched at once (as a
+  relay of an earlier version did), waits on its timer after PREPARE;
 - `synthetic-limit_wake`: a job held back by a provider limit (concurrency 1, a slow job holds
   the slot) waits for the limit waker's `limit-wake` signal, sent when the slow call ends;
 - `flashcard_generation-reuse`: a job created with reuse allowed, whose source (the same
@@ -121,8 +122,18 @@ def has(history: WorkflowHistory, event_type: int) -> bool:
 
 
 async def run_delayed(st: Stack, _: Fakes | None) -> Histories:
+    """A delayed job waits in the outbox until its runAt and its workflow starts then, with no
+    timer; the workflow's own wait serves a row dispatched before its time (by a relay of an
+    earlier version, or across clock skew). This job's row is made due at once, as such a
+    relay would have dispatched it, so its run waits on the timer."""
     run_at = datetime.now(UTC) + timedelta(seconds=DELAY_S)
     job = await st.create(job_type="synthetic", input={"echo": {"note": SENTINEL}}, run_at=run_at)
+    async with st.parts.sessionmaker.begin() as s:
+        await s.execute(text("UPDATE ai_job SET due_at = NULL WHERE id = :id"), {"id": job})
+        await s.execute(
+            text("UPDATE outbox_event SET available_at = now() WHERE aggregate_id = :a"),
+            {"a": str(job)},
+        )
     history = await closed_history(st, job)
     assert has(history, EventType.EVENT_TYPE_TIMER_STARTED), "the delayed job did not wait"
     return {"synthetic-{tag}-delayed": history}

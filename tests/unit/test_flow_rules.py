@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from activities.relay_flow import expiring, next_wake, sleep_s
+from activities.relay_due import sleep_s
+from activities.relay_flow import expiring, next_wake
 from db.pauses import InForce
 from db.relay import Claim
 from engine import flow

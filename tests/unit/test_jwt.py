@@ -241,3 +241,51 @@ def test_a_token_from_the_future_passes_only_while_it_would(
 
 def now_plus(seconds: int) -> int:
     return int(time.time()) + seconds
+
+
+# ---- organisation and teams ---------------------------------------------------------------
+
+
+def test_org_and_teams_come_from_their_claims_and_repeats_are_dropped() -> None:
+    p = verify_token(CFG, _raw(_claims(org="school-1", teams=["class-a", "b.2", "class-a"])))
+    assert (p.org_id, p.team_ids) == ("school-1", ("class-a", "b.2"))
+    plain = verify_token(CFG, _raw(_claims()))
+    assert (plain.org_id, plain.team_ids) == (None, ())  # absent: no org, no team
+    token = issue_token(CFG, "alice", org="o:1", teams=["t_1", "t-2"], ttl_s=600)
+    assert verify_token(CFG, "Bearer " + token).team_ids == ("t_1", "t-2")
+    with pytest.raises(ValueError, match="organisation or team id"):
+        issue_token(CFG, "alice", teams=["no spaces"], ttl_s=600)
+
+
+def test_the_claims_names_are_settings() -> None:
+    named = JwtConfig.from_settings(
+        Settings.model_validate(
+            {"JWT_SECRET": SECRET, "JWT_ORG_CLAIM": "tenant", "JWT_TEAMS_CLAIM": "groups"}
+        )
+    )
+    p = verify_token(named, _raw(_claims(tenant="acme", groups=["g1"], org="ignored")))
+    assert (p.org_id, p.team_ids) == ("acme", ("g1",))
+    issued = issue_token(named, "u", org="acme", teams=["g1"], ttl_s=600)
+    assert jwt.decode(issued, options={"verify_signature": False}).keys() >= {"tenant", "groups"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"org": 7},
+        {"org": ""},
+        {"org": None},
+        {"org": ["school-1"]},
+        {"org": "a" * 65},
+        {"org": "has space"},
+        {"org": "ünï"},
+        {"teams": "class-a"},
+        {"teams": [1]},
+        {"teams": ["ok", ""]},
+        {"teams": ["x/y"]},
+        {"teams": {"a": 1}},
+        {"teams": ["t"] * 101},
+    ],
+)
+def test_a_claim_of_another_type_or_form_is_refused(bad: dict[str, Any]) -> None:
+    _refused(CFG, _raw(_claims(**bad)))

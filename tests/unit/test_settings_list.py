@@ -29,6 +29,16 @@ OTHER_ISSUES: set[str] = {
     "AI_BATCH_MAX_LINES",
     "AI_BATCH_MAX_BYTES",
     "CONSOLE_SESSION_TTL_S",
+    "JWT_ORG_CLAIM",
+    "JWT_TEAMS_CLAIM",
+    "AI_CAPACITY_RESERVE",
+    # Structured output and guardrails (docs/fallback.md, docs/operations.md "Guardrails").
+    "AI_STRUCTURED_OUTPUT",
+    "AI_STRUCTURED_DOWNGRADE_TTL_S",
+    "AI_PII_PHONE_REGION",
+    "AI_MODERATION_MODEL",
+    "AI_MODERATION_BASE_URL",
+    "AI_MODERATION_API_KEY",
     # Flow control (docs/api.md "Flow control", docs/admin.md "Operator pauses").
     "AI_DEBOUNCE_MAX_DELAY_MS",
     "AI_DEFAULT_TTL_S",

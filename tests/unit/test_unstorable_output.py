@@ -63,4 +63,4 @@ def test_a_streamed_item_holding_one_is_not_published_and_the_stream_goes_on() -
     for i in range(0, len(text), 7):
         items.on_delta(text[i : i + 7])
     assert (items.stats.items, items.stats.rejected) == (2, 1)
-    assert [n for n, _, _ in items._pending] == [0, 2]
+    assert [n for n, _, _, _ in items._pending] == [0, 2]

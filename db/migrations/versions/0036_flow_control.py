@@ -13,7 +13,7 @@ call; `ai_resume_pace`: the one row that paces their release across processes.
 `ai_schedule.ttl_s`: each run's job's start-by TTL (a schedule's job template).
 
 Revision ID: 0036
-Revises: 0034
+Revises: 0038
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0036"
-down_revision: str | None = "0034"
+down_revision: str | None = "0038"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
