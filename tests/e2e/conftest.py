@@ -63,6 +63,7 @@ JOB_STATUS_KEYS = {
     "serviceTier",
     "reusedFromJobId",
     "tags",
+    "rolloutArm",
     "concurrency",
     "supersededBy",
     "expiresAt",
