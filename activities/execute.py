@@ -44,6 +44,7 @@ from activities.failures import (
     private_strings,
     unexpected_failure,
 )
+from activities.flow import expired_at_start, wait_place
 from activities.heartbeat import db_retry, heartbeating
 from activities.telemetry import observe_call, retry_follows, seconds_since
 from db import attempts as attempts_db
@@ -80,6 +81,14 @@ class _Waiting(Exception):
     def __init__(self, wait: Wait) -> None:
         super().__init__(f"wait {wait.wait_s:.1f}s ({wait.reason})")
         self.wait = wait
+
+
+class _Expiring(Exception):
+    """The job's start-by time or deadline passed: rolls the first transaction back."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Execute:
@@ -137,16 +146,17 @@ class _Attempt:
     async def begin(self) -> Begun:
         """The first transaction, heartbeating while the database is slow or away. A closed
         gate rolls it back (the job stays `queued`); a limit's wait enters its fair queue."""
-        budget_s, metrics = self._cfg.db_retry_budget_s, self._d.metrics.limiter_waited
+        budget_s = self._cfg.db_retry_budget_s
         async with heartbeating():
             for _ in range(limit_wake.LOOKS_PER_ATTEMPT):
                 try:
                     return await db_retry(self._begin_transaction, budget_s=budget_s)
                 except _Waiting as waiting:
                     w = waiting.wait
-                wf = activity.info().workflow_id
-                queued = await limit_wake.enqueue(self._d.sessionmaker, w, self.job_id, wf, metrics)
-                if not queued.look_again:
+                except _Expiring as late:  # its start-by time or deadline passed: no call
+                    return Begun(ended=await expired_at_start(self._d, self.job_id, late.code))
+                wf = activity.info().workflow_id or ""
+                if not await wait_place(self._d, w, self.job_id, wf):  # a pause's or a limit's
                     break
             return Begun(gate_wait_s=w.wait_s, gate_reason=w.reason)
 
@@ -167,6 +177,8 @@ class _Attempt:
             got = await attempt_start.start(s, d.gateway, d.catalog, self._cfg, start)
             if isinstance(got, Wait):
                 raise _Waiting(got)  # rolls the CAS back: still queued
+            if isinstance(got, attempt_start.Expire):
+                raise _Expiring(got.code)  # rolls back; the job ends without a call
             if isinstance(got, Refused):  # rolls the CAS back; no other call
                 fail_over_budget(self.inp.job_id, got.limit, self.number)
             if isinstance(got, attempt_start.Stop):

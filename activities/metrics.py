@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from activities.metrics_fallback import FallbackMetrics
 from activities.metrics_money import MoneyMetrics
 from engine.errors import PUBLIC_MESSAGES
+from jobs.flow_metrics import FlowMetrics
 
 # Every code the engine raises itself; anything else (a synthetic job's scripted `failCode`, a
 # provider's new code) is reported under its family, so a client cannot mint label values.
@@ -80,7 +81,7 @@ UNPRICED_MODEL_LABELS = 10
 RELAY_OUTCOMES = ("started", "acknowledged", "retry", "unavailable", "malformed")
 WEBHOOK_OUTCOMES = ("delivered", "failed", "dead")
 # Why a job waited before its provider call (db/provider_limits.py, db/provider_gate.py).
-LIMITER_REASONS = ("rpm", "tpm", "concurrency", "announced", "pause", "breaker")
+LIMITER_REASONS = ("rpm", "tpm", "concurrency", "announced", "pause", "breaker", "operator_pause")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _STAGE_BUCKETS = (*_FAST, 120.0, 300.0, 600.0)
@@ -149,6 +150,7 @@ class WorkerMetrics:
         self._relay_families(reg)
         self.money = MoneyMetrics(reg)  # what calls are charged (activities/metrics_money.py)
         self.fallbacks = FallbackMetrics(reg)  # calls moved down the fallback chain
+        self.flow = FlowMetrics(reg)  # jobs flow control ended or held (jobs/flow_metrics.py)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         for outcome in WEBHOOK_OUTCOMES:

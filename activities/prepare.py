@@ -38,9 +38,14 @@ class Prepare:
         # Attempts, backoff and heartbeat: the definition's own, else its queue's
         # (engine/queues.py); the settings' overrides of the lock come in through the config.
         policy = self._d.execution_policy(d)
+        # Flow control's times, for the workflow's timer: a start-by time only while the job
+        # waits to be admitted (queued), a deadline whatever it does.
+        expires = state.expires_at if status == LifecycleStatus.QUEUED else None
         return PrepareResult(
             run=True,
             lifecycle_status=status,
+            expires_at=expires.isoformat() if expires is not None else "",
+            deadline=state.deadline_at.isoformat() if state.deadline_at is not None else "",
             plan=ExecutionPlan(
                 timeout_ms=d.execution.timeout_ms,
                 max_attempts=policy.max_attempts,

@@ -37,6 +37,7 @@ from activities.metrics import WorkerMetrics, worker_metrics
 from activities.relay_context import row_context
 from activities.relay_dispatch import KNOWN_DOMAIN_EVENTS, Dispatch, event_label
 from activities.relay_failures import DispatchFailure
+from activities.relay_flow import expire_due, expiring, wake_in_s
 from activities.relay_wake import Wake, WakeTimes
 from db import outbox as outbox_db
 from db import relay as relay_db
@@ -247,7 +248,9 @@ class Relay:
     async def claim(self, limit: int | None = None) -> list[OutboxRow]:
         """One batch (at most `limit`, else `batch_size` rows), claimed in one round trip
         (BEGIN, the claim and COMMIT pipelined), with the dispatched rows not yet marked
-        published marked first, and every `release_every_s` the expired claims put back."""
+        published marked first, and every `release_every_s` the expired claims put back. The
+        next due and expiry times it read wake the relay then; undispatched jobs whose time
+        came are expired (activities/relay_flow.py)."""
         now = time.monotonic()
         release = now - self._last_release >= self.config.release_every_s
         # Copies: a batch that ends during the round trip adds to the lists.
@@ -262,7 +265,11 @@ class Relay:
             ended=ended,
         )
         self._marked(marks, ended)
-        self.wake.claimed(now, got.holding, got.due_in_s)
+        wake_in = wake_in_s(got)
+        if expiring(got):  # undispatched jobs reached their start-by time or deadline
+            await expire_due(self._sm, self._metrics, self.config.batch_size)
+            wake_in = 0.0  # more may be due: look again soon
+        self.wake.claimed(now, got.holding, wake_in)
         if release:
             self._last_release = now
         if got.released:

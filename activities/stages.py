@@ -9,6 +9,7 @@
     reuse              (local)  `activities/reuse.py`     another job's answer, instead of execute
     finalize_failed,   (local)  `activities/finalize.py`  the job's one `failed` / `cancelled`
     finalize_cancelled
+    flow_expire        (local)  `activities/flow.py`      a start-by time or deadline reached
     batch_enroll,      (local)  `activities/batch_job.py` a batch-tier job's stages instead of
     batch_collect,                                       execute: its batch's item, its answer,
     batch_leave                                          its leaving on a cancel
@@ -27,6 +28,7 @@ from activities.complete import Complete
 from activities.deps import EngineConfig, SignalAll, StageDeps
 from activities.execute import Execute
 from activities.finalize import Finalize
+from activities.flow import FlowStage
 from activities.merge import Merge
 from activities.metrics import WorkerMetrics, worker_metrics
 from activities.prepare import Prepare
@@ -70,6 +72,7 @@ class JobActivities:
         self.reuse = Reuse(self.deps).reuse
         self.finalize_failed = finalize.finalize_failed
         self.finalize_cancelled = finalize.finalize_cancelled
+        self.flow_expire = FlowStage(self.deps).flow_expire
         self.batch = BatchJob(self.deps)  # a batch-tier job's stages (activities/batch_job.py)
 
     def all(self) -> list[Callable[..., Any]]:
@@ -83,6 +86,7 @@ class JobActivities:
             self.reuse,
             self.finalize_failed,
             self.finalize_cancelled,
+            self.flow_expire,
             *self.batch.all(),
         ]
 

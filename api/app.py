@@ -24,6 +24,7 @@ from api.routes import (
     health,
     jobs,
     outbox,
+    pauses,
     rollouts,
     stream_tokens,
     usage,
@@ -133,6 +134,7 @@ def _include_routes(app: FastAPI) -> None:
     app.include_router(budgets_routes.router)
     app.include_router(admin_webhooks.router)
     app.include_router(outbox.router)
+    app.include_router(pauses.router)
     app.include_router(credentials.router)
     app.include_router(webhooks_router)
     app.include_router(schedules_routes.router)

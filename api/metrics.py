@@ -43,6 +43,7 @@ from db.metrics import read_engine_state
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
 from engine.lifecycle import ACTIVE_VALUES
+from jobs.flow_metrics import FlowMetrics
 
 METRICS_PATH = "/metrics"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -257,6 +258,8 @@ class ApiMetrics:
             buckets=_HTTP_BUCKETS,
             registry=registry,
         )
+        # The jobs a create superseded (the workers count the other outcomes).
+        self.flow = FlowMetrics(registry)
         self.state = EngineStateCollector(job_types, recent_window_s=recent_window_s)
         registry.register(self.state)
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}

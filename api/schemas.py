@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from api import cursors
+from api.flow_schemas import CONCURRENCY_DOC, ConcurrencyBody
 
 # The quote's models (api/quote_schemas.py) keep their import path here.
 from api.quote_schemas import QuoteBudget as QuoteBudget
@@ -31,6 +32,7 @@ from api.quote_schemas import TierPriceOut as TierPriceOut
 from api.usage_schemas import UsdAmount as UsdAmount
 from engine.definition import JOB_TYPE_PATTERN as _JOB_TYPE_RE
 from engine.definition import VERSION_MAX_LENGTH, CredentialMode, QueueName
+from engine.flow import TTL_S_MAX
 from engine.lifecycle import StatusName
 from engine.scopes import MAX_TAGS, SCOPE_ID_PATTERN
 from engine.tiers import OffpeakOnDeadline, ServiceTier
@@ -315,6 +317,25 @@ class CreateJobBody(Camel):
         'default). A bare "standard" or "fail" is short for `{"then": ...}`.',
     )
 
+    concurrency: ConcurrencyBody | None = Field(default=None, description=CONCURRENCY_DOC)
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=TTL_S_MAX,
+        strict=True,
+        description="Start-by TTL: the job must start within this many seconds of its create "
+        "(of `runAt` for a delayed job), whatever it waits for, or it ends `cancelled` with "
+        "`JOB_EXPIRED`, without a call and at no cost. `0` turns off any default; left out: "
+        "the job type's `ttlSeconds`, else AI_DEFAULT_TTL_S (0: none).",
+        examples=[600],
+    )
+    deadline: AwareDatetime | None = Field(
+        default=None,
+        description="The whole job's deadline (RFC 3339 with an offset, in the future, at most "
+        f"{MAX_RUN_AT_DAYS} days ahead): past it the job stops wherever it is (a call in flight "
+        "is cancelled and charged) and ends `cancelled` with `JOB_DEADLINE_EXCEEDED`.",
+    )
+
     @field_validator("offpeak_deadline", mode="before")
     @classmethod
     def _deadline_shorthand(cls, v: Any) -> Any:
@@ -327,8 +348,8 @@ class CreateJobBody(Camel):
     def _storable_str(cls, v: str | None) -> str | None:
         return storable_str(v) if v is not None else None
 
-    _rfc3339 = field_validator("run_at", mode="before")(rfc3339_text)
-    _soon_enough = field_validator("run_at")(within_run_at_days)
+    _rfc3339 = field_validator("run_at", "deadline", mode="before")(rfc3339_text)
+    _soon_enough = field_validator("run_at", "deadline")(within_run_at_days)
 
     @field_validator("input")
     @classmethod

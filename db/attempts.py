@@ -34,12 +34,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from db import call_marks as call_marks_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
+from db import pauses as pauses_db
 from db import pipeline
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db import structured_downgrades as downgrades_db
 from db import usage as usage_db
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.provider_gate import GateKey
 from db.provider_limits import LimitSettle
 from db.session import SessionMaker
@@ -59,6 +61,10 @@ class TakenJob:
     # The structured-output forms lowered now, per (base URL, model): read in the same round
     # trip, so every attempt asks in what the cluster learned (db/structured_downgrades.py).
     downgrades: downgrades_db.Downgrades = field(default_factory=dict)
+    # The job was already running (a retry, a chunk after the first): admitted before.
+    reacquired: bool = False
+    # The operator pauses in force, read after their lock was taken shared (db/pauses.py).
+    pauses: tuple[InForce, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,11 +155,17 @@ async def take(
             job_id, chunk_no=dead_calls_of[0], token=params["token"]
         )
         statements.append((call_marks_db.CHARGE_DEAD, charge))
-    statements.append((jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}))
-    statements.append((downgrades_db.LIVE, {}))
+    statements += [
+        (jobs_db.GET_WITH_SNAPSHOT, {"id": job_id}),
+        (downgrades_db.LIVE, {}),
+        # The operator pauses, in the same round trip: the lock, then the read.
+        (pauses_db.LOCK_SHARED, {}),
+        (pauses_db.IN_FORCE, {}),
+    ]
     results = await pipeline.in_session(s, statements)
-    locked, numbered, read, lowered = results[0], results[1], results[-2], results[-1]
-    await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
+    locked, numbered, read = results[0], results[1], results[-4]
+    lowered, pauses = results[-3], results[-1]
+    taken = await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
     call_no = int(numbered[0]["call_seq"]) if numbered else None
     dead = int(results[2][0]["charged"]) if dead_calls_of is not None and results[2] else 0
@@ -164,6 +176,8 @@ async def take(
         call_no=call_no,
         dead_calls_charged=dead,
         downgrades=downgrades_db.downgrades_of(lowered),
+        reacquired=taken.reacquired,
+        pauses=pauses_db.in_force_of(pauses),
     )
 
 

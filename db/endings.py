@@ -32,7 +32,8 @@ from db.jobs import JobRow
 from db.lifecycle import lock_state
 from db.session import SessionMaker
 from db.usage import SUMMARY, UsageSummary, summary_of
-from engine.errors import IllegalTransition, JobNotFound, LockConflict
+from engine.errors import IllegalTransition, JobNotFound, LockConflict, public_message_for
+from engine.flow import FLOW_CODES
 from engine.lifecycle import LEGACY_STATUS, LifecycleStatus, is_legal
 
 S = LifecycleStatus
@@ -41,9 +42,20 @@ Statement = pipeline.Statement
 
 
 _SUCCEEDED_SETS = "progress = 100"
+# A cancel ends a job with the code it was given (flow control: SUPERSEDED, JOB_EXPIRED,
+# JOB_DEADLINE_EXCEEDED), else the code its cancel request recorded (`cancel_code`), else
+# CANCELLED; the public message is that code's (code constants, never input).
+_CODE = "coalesce(CAST(:code AS varchar), cancel_code, 'CANCELLED')"
+_MESSAGES = " ".join(
+    "WHEN '{}' THEN '{}'".format(code, public_message_for(code).replace("'", "''"))
+    for code in sorted(FLOW_CODES)
+)
 _CANCELLED_SETS = (
-    "error_code = 'CANCELLED', public_error_message = 'The job was cancelled.', "
-    "cancel_requested_at = coalesce(cancel_requested_at, now())"
+    f"error_code = {_CODE}, "
+    f"public_error_message = CASE {_CODE} {_MESSAGES} "
+    f"ELSE '{public_message_for('CANCELLED')}' END, "
+    "cancel_requested_at = coalesce(cancel_requested_at, now()), "
+    "superseded_by = coalesce(CAST(:superseded_by AS uuid), superseded_by)"
 )
 
 
@@ -108,16 +120,42 @@ async def mark_failed(
     )
 
 
-async def mark_cancelled(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
-    """queued|running → cancelled; returns the state it came from."""
+async def mark_cancelled(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
+) -> LifecycleStatus:
+    """queued|running → cancelled with `code` (None: the code its cancel request recorded, else
+    CANCELLED); returns the state it came from."""
     return await _transition(
-        session, job_id, (S.QUEUED, S.RUNNING), S.CANCELLED, extra=_CANCELLED_SETS
+        session,
+        job_id,
+        (S.QUEUED, S.RUNNING),
+        S.CANCELLED,
+        extra=_CANCELLED_SETS,
+        params={"code": code, "superseded_by": superseded_by},
     )
 
 
-async def mark_cancelled_if_queued(session: AsyncSession, job_id: uuid.UUID) -> None:
-    """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow)."""
-    await _transition(session, job_id, (S.QUEUED,), S.CANCELLED, extra=_CANCELLED_SETS)
+async def mark_cancelled_if_queued(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
+) -> None:
+    """The cancel API's CAS: queued → cancelled only (running jobs end in their workflow), with
+    `code` (None: CANCELLED) and the job that replaced it (`superseded_by`)."""
+    await _transition(
+        session,
+        job_id,
+        (S.QUEUED,),
+        S.CANCELLED,
+        extra=_CANCELLED_SETS,
+        params={"code": code, "superseded_by": superseded_by},
+    )
 
 
 async def _transition(

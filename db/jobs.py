@@ -85,6 +85,16 @@ class JobRow:
     arm_model: str | None = None
     flagged_items: int | None = None
     held_answer: str | None = None
+    # Flow control (engine/flow.py): the create's `concurrency` as given and its key, a debounce
+    # chain's latest start, the job that replaced this one, the start-by time, the deadline and
+    # the code a requested cancel ends it with.
+    concurrency: dict[str, Any] | None = None
+    concurrency_key: str | None = None
+    debounce_until: datetime | None = None
+    superseded_by: uuid.UUID | None = None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
+    cancel_code: str | None = None
 
 
 # The ai_job columns a JobRow is read from: its fields, in order (the one list of them).
@@ -134,6 +144,10 @@ class JobStatusRow:
     tags: list[str] = field(default_factory=list)
     rollout_arm: str | None = None
     flagged_items: int | None = None
+    concurrency: dict[str, Any] | None = None
+    superseded_by: uuid.UUID | None = None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
 
 
 _STATUS_COLUMNS = ", ".join(f"j.{f.name}" for f in dataclasses.fields(JobStatusRow))

@@ -90,6 +90,13 @@ class NewJob:
     # A by-design wait before dispatch (a delayed job's runAt): the relay leaves the job alone
     # until then, and it takes no room in its user's dispatch window (db/relay.py).
     due_at: datetime | None = None
+    # Flow control (engine/flow.py): `concurrency` as given and its key, a debounce chain's
+    # latest start, the start-by time (TTL) and the deadline.
+    concurrency: dict[str, Any] | None = None
+    concurrency_key: str | None = None
+    debounce_until: datetime | None = None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,11 @@ _INSERT = text(
     # The job type's rollout as this statement sees it (jobs/creation.py: a create that chose
     # its arm from another view of it is made again): no other statement for it.
     "(SELECT r.id FROM ai_rollout r WHERE r.job_type = :job_type) AS rollout_now"
-).bindparams(bindparam("input", type_=JSONB), bindparam("metadata", type_=JSONB))
+).bindparams(
+    bindparam("input", type_=JSONB),
+    bindparam("metadata", type_=JSONB),
+    bindparam("concurrency", type_=JSONB),
+)
 
 
 # ---- (new) -> queued --------------------------------------------------------------
@@ -273,21 +284,32 @@ async def extend_lock(
 # ---- running: a cancel requested (no state change) ----------------------------------
 
 
-async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleStatus:
+async def request_cancel(
+    session: AsyncSession,
+    job_id: uuid.UUID,
+    *,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
+) -> LifecycleStatus:
     """Set cancel_requested_at on a running job (no state change); returns the job's state.
-    The caller cancels the workflow after this commits."""
+    The caller cancels the workflow after this commits. The first request decides the code the
+    job ends with (`code`: flow control's; None: CANCELLED) and the job that replaced it."""
     row = (
         await session.execute(
             text(
                 """
                 UPDATE ai_job SET
+                    cancel_code = CASE WHEN cancel_requested_at IS NULL
+                                       THEN CAST(:code AS varchar) ELSE cancel_code END,
+                    superseded_by = CASE WHEN cancel_requested_at IS NULL
+                                         THEN CAST(:sup AS uuid) ELSE superseded_by END,
                     cancel_requested_at = coalesce(cancel_requested_at, now()),
                     updated_at = now()
                 WHERE id = :id AND lifecycle_status = 'running'
                 RETURNING lifecycle_status
                 """
             ),
-            {"id": job_id},
+            {"id": job_id, "code": code, "sup": superseded_by},
         )
     ).first()
     if row is not None:
@@ -300,6 +322,10 @@ async def request_cancel(session: AsyncSession, job_id: uuid.UUID) -> LifecycleS
 
 # The stages' hot read, also run pipelined by PREPARE (db/stage_reads.py).
 LOCK_STATE = text("SELECT lifecycle_status, locked_by FROM ai_job WHERE id = :id")
+# PREPARE's read: the state and lock, and the times flow control arms the workflow's timer for.
+PREPARE_STATE = text(
+    "SELECT lifecycle_status, locked_by, expires_at, deadline_at FROM ai_job WHERE id = :id"
+)
 
 
 def lock_state_of(row: dict[str, Any]) -> tuple[str, str | None]:

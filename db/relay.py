@@ -46,8 +46,7 @@ _HELD_JOB_SQL = f"{_UNDISPATCHED_SQL} AND due_at IS NULL"
 #   time (`NEXT_DUE`), so it starts on time without a poll per job. A delayed job's `runAt`
 #   is one; a debounce delay sets `due_at` (and `available_at`) the same way at create.
 # - After dispatch, a predicate over the dispatched job `d` that has not ended: the job waits
-#   without a worker slot by design. An operator pause adds its own predicate here (e.g. an
-#   EXISTS over the pauses matching `d`, or over the rows of the jobs it holds).
+#   without a worker slot by design (an operator pause's hold: `ai_pause_hold`).
 #
 # Once the wait is over the job counts again (an off-peak job whose window opened runs, and may
 # briefly take its user past the window: the window bounds dispatch, not calls).
@@ -64,6 +63,8 @@ BY_DESIGN_WAITS: dict[str, str] = {
         "SELECT 1 FROM ai_job s WHERE s.id = d.reused_from_job_id"
         " AND s.lifecycle_status IN ('queued', 'running'))"
     ),
+    # Held by an operator pause before its call (jobs/pauses.py): no slot, no attempt spent.
+    "operator_pause": "EXISTS (SELECT 1 FROM ai_pause_hold h WHERE h.job_id = d.id)",
 }
 # NULL-safe: `NOT` of an unknown predicate would leave the job out of the count.
 _PARKED_SQL = "coalesce(" + " OR ".join(f"({p})" for p in BY_DESIGN_WAITS.values()) + ", false)"
@@ -156,15 +157,24 @@ MAKE_DUE = text(
 )
 # The claim's last step: seconds from now until the next due time, the sooner of a job's
 # (`ix_ai_job_due`) and a pending row's that is not due yet (a dispatch retry backing off:
-# `ix_outbox_event_ready`); NULL: none. The relay sleeps no longer than that, so a delayed job
-# starts at its time without a poll per job.
+# `ix_outbox_event_ready`), and until the next start-by time or deadline of a job not
+# dispatched yet (flow control: the relay expires it, jobs/flow.py `expire_undispatched`;
+# `ix_ai_job_expires_undispatched`, `ix_ai_job_deadline_undispatched`); NULL: none. The relay
+# sleeps no longer than that, so a delayed or debounced job starts, and an undispatched job
+# expires, at its time without a poll per job.
 NEXT_DUE = text(
     """
     SELECT extract(epoch FROM least(
         (SELECT min(due_at) FROM ai_job WHERE due_at IS NOT NULL),
         (SELECT min(available_at) FROM outbox_event
          WHERE status = 'pending' AND held_at IS NULL AND available_at > now()))
-        - clock_timestamp()) AS due_in_s
+        - clock_timestamp()) AS due_in_s,
+      extract(epoch FROM least(
+        (SELECT min(expires_at) FROM ai_job WHERE lifecycle_status = 'queued'
+         AND dispatched_at IS NULL AND expires_at IS NOT NULL),
+        (SELECT min(deadline_at) FROM ai_job WHERE lifecycle_status = 'queued'
+         AND dispatched_at IS NULL AND deadline_at IS NOT NULL))
+        - clock_timestamp()) AS expire_in_s
     """
 )
 
@@ -187,9 +197,12 @@ CLOSE_ENDED_HELD = text(
 
 class Claim(list[OutboxRow]):
     """The rows a claim took, in id order, and `due_in_s`: seconds from the claim to the next
-    due time (a delayed job's, a backing-off row's), None when nothing is waiting for one."""
+    due time (a delayed or debounced job's, a backing-off row's), None when nothing is waiting
+    for one; `expire_in_s`: to the next start-by time or deadline of a job not dispatched yet."""
 
     due_in_s: float | None = None
+    # Seconds to the next start-by time or deadline of a job not dispatched yet; None: none.
+    expire_in_s: float | None = None
 
 
 # The enqueue row of a job that ended before it was dispatched (cancelled while its due time, or
@@ -216,6 +229,8 @@ def _claimed(rows: Sequence[Any], due: Sequence[Any]) -> Claim:
     out = Claim(sorted((OutboxRow(**r) for r in rows), key=lambda r: r.id))
     seconds = due[0]["due_in_s"] if due else None
     out.due_in_s = None if seconds is None else float(seconds)
+    expiry = due[0]["expire_in_s"] if due else None
+    out.expire_in_s = None if expiry is None else float(expiry)
     return out
 
 
@@ -237,6 +252,8 @@ class Claimed:
     # Seconds from the claim to the next due time (a delayed job's, a backing-off row's);
     # None: nothing waits for one.
     due_in_s: float | None = None
+    # Seconds to the next start-by time or deadline of a job not dispatched yet; None: none.
+    expire_in_s: float | None = None
 
 
 async def claim_batch(
@@ -269,7 +286,7 @@ async def claim_batch(
         released, closed = len(results[housekeeping]), len(results[housekeeping + 1])
     rows = _claimed(results[-3], results[-1])
     holding = bool(results[-2][0]["holding"])
-    return Claimed(list(rows), holding, released, closed, rows.due_in_s)
+    return Claimed(list(rows), holding, released, closed, rows.due_in_s, rows.expire_in_s)
 
 
 def _publish_statements(

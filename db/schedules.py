@@ -51,6 +51,7 @@ class ScheduleRow:
     org_id: str | None = None
     team_ids: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class RunRow:
 _COLUMNS = (
     "id, user_id, job_type, target_type, target_id, input, priority, credential_mode, "
     "max_cost_usd, interval_s, cron, timezone, overlap, start_at, end_at, paused, created_at, "
-    "updated_at, org_id, team_ids, tags"
+    "updated_at, org_id, team_ids, tags, ttl_s"
 )
 _INSERT = text(
     f"""
@@ -73,7 +74,7 @@ _INSERT = text(
     VALUES (:id, :user_id, :job_type, :target_type, :target_id, :input, :priority,
             :credential_mode, :max_cost_usd, :interval_s, :cron,
             :timezone, :overlap, :start_at, :end_at, :paused, now(), now(), :org_id,
-            :team_ids, :tags)
+            :team_ids, :tags, :ttl_s)
     """
 ).bindparams(bindparam("input", type_=JSONB))
 

@@ -12,27 +12,35 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 from db import pipeline
 from db.chunks import CHUNK_STATES, ChunkState
 from db.jobs import RESOLVE_REFS, ResolveRefs
-from db.lifecycle import LOCK_STATE, lock_state_of
+from db.lifecycle import PREPARE_STATE, lock_state_of
 from db.session import SessionMaker
 from db.usage import SUMMARY, UsageSummary, summary_of
 
 
 @dataclass(frozen=True)
 class LockState:
-    """A job's lifecycle status and the token of whoever holds its lock (None: nobody)."""
+    """A job's lifecycle status and the token of whoever holds its lock (None: nobody), and its
+    start-by time and deadline (flow control; None: none)."""
 
     status: str
     locked_by: str | None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
 
 
 async def lock_state_now(sm: SessionMaker, job_id: uuid.UUID) -> LockState | None:
-    """PREPARE's read: the job's state and lock holder, or None when it does not exist."""
-    [rows] = await pipeline.run(sm, [(LOCK_STATE, {"id": job_id})], commit=False)
-    return LockState(*lock_state_of(rows[0])) if rows else None
+    """PREPARE's read: the job's state, lock holder, start-by time and deadline, or None when
+    it does not exist."""
+    [rows] = await pipeline.run(sm, [(PREPARE_STATE, {"id": job_id})], commit=False)
+    if not rows:
+        return None
+    r = rows[0]
+    return LockState(*lock_state_of(r), r["expires_at"], r["deadline_at"])
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The errors of the operators' and the webhooks' resources: outbox rows, webhooks and their
-deliveries, bulk operations, budgets and rollouts. Each carries its public code and HTTP status
-as every EngineError does (engine/errors.py), and the API maps them to problem+json."""
+deliveries, bulk operations, budgets, rollouts and pauses. Each carries its public code and HTTP
+status as every EngineError does (engine/errors.py), and the API maps them to problem+json."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ class RolloutNotFound(EngineError):
     code = "ROLLOUT_NOT_FOUND"
     http_status = 404
     title = "The job type has no rollout"
+
+
+class PauseNotFound(EngineError):
+    code = "PAUSE_NOT_FOUND"
+    http_status = 404
+    title = "Pause not found"
 
 
 class OutboxEventNotFound(EngineError):

@@ -24,6 +24,8 @@ MERGE = "merge"
 REUSE = "reuse"  # result reuse: a job's answer copied from the same user's job (jobs/reuse.py)
 FINALIZE_FAILED = "finalize_failed"
 FINALIZE_CANCELLED = "finalize_cancelled"
+# Flow control: a job's start-by TTL or deadline reached while its workflow waits.
+FLOW_EXPIRE = "flow_expire"
 # A batch-tier job's stages in place of EXECUTE (workflows/batch_tier.py, docs/batch.md).
 BATCH_ENROLL = "batch_enroll"
 BATCH_COLLECT = "batch_collect"
@@ -99,6 +101,11 @@ class PrepareResult:
     run: bool
     lifecycle_status: str
     plan: ExecutionPlan | None = None
+    # Flow control (engine/flow.py), RFC 3339 UTC, "": none. `expires_at`: a queued job's
+    # start-by time (its TTL); `deadline`: the whole job's. The workflow arms a durable timer for
+    # them, and only for them (a plain job issues no command more).
+    expires_at: str = ""
+    deadline: str = ""
 
 
 @dataclass(frozen=True)
@@ -300,6 +307,24 @@ class FinalizeResult:
     """The job's terminal state after finalizing: what actually won any race."""
 
     lifecycle_status: str
+
+
+@dataclass(frozen=True)
+class FlowExpireInput:
+    """A job's start-by TTL (`JOB_EXPIRED`) or deadline (`JOB_DEADLINE_EXCEEDED`) came while its
+    workflow waited."""
+
+    job_id: str
+    code: str
+
+
+@dataclass(frozen=True)
+class FlowExpireResult:
+    """`ended`: the job ended (or, running, was asked to: its deadline), and the run stops
+    waiting; False: a TTL that came after the job started (it no longer applies)."""
+
+    ended: bool
+    lifecycle_status: str = ""
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,9 @@ class JobDefinition(_Frozen):
     service: ServiceSpec = ServiceSpec()
     # PII masking and output moderation (a new type: both off).
     guardrails: Guardrails = Guardrails()
+    # Its jobs' start-by TTL when a create names none (seconds from the create, or from
+    # `runAt`, to admission; engine/flow.py); None: AI_DEFAULT_TTL_S.
+    ttl_seconds: int | None = Field(default=None, ge=1, le=2_592_000)
 
     @model_validator(mode="before")
     @classmethod

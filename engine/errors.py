@@ -46,6 +46,11 @@ _RULES: tuple[CodeRule, ...] = (
     # never runs on another one.
     CodeRule("PROMPT_VERSION_UNAVAILABLE", Retry.NO),
     CodeRule("CANCELLED", Retry.NO),
+    # Flow control ended the job before (or instead of) a call: a newer create with its key
+    # replaced it, its start-by TTL or its deadline passed (engine/flow.py).
+    CodeRule("SUPERSEDED", Retry.NO),
+    CodeRule("JOB_EXPIRED", Retry.NO),
+    CodeRule("JOB_DEADLINE_EXCEEDED", Retry.NO),
     # Another call would take the job past its cost cap or its user past a budget: a retry
     # would only be refused again (a budget resets with its window; create the job again).
     CodeRule("BUDGET_", Retry.NO),
@@ -102,6 +107,9 @@ PUBLIC_MESSAGES: dict[str, str] = {
         "the job again; if it keeps happening, contact support."
     ),
     "CANCELLED": "The job was cancelled.",
+    "SUPERSEDED": "A newer job with the same concurrency key replaced this one.",
+    "JOB_EXPIRED": "The job did not start before its time to live (ttlSeconds) ran out.",
+    "JOB_DEADLINE_EXCEEDED": "The job did not finish before its deadline and was stopped.",
     "BUDGET_EXHAUSTED": (
         "Another attempt would exceed the job's cost cap or your AI cost budget, so the job "
         "stopped. Create it again when the budget allows, or with a higher maxCostUsd."

@@ -33,6 +33,7 @@ def request_fingerprint(
     run_at: str | None = None,
     service: dict[str, str] | None = None,
     tags: list[str] | None = None,
+    flow: dict[str, str] | None = None,
 ) -> str:
     """Hash of the normalized create request: same key + different body is detected with it.
     The effective credential mode, the key a client named and a per-job cost cap are part of
@@ -65,4 +66,6 @@ def request_fingerprint(
         body["service"] = service
     if tags:
         body["tags"] = tags
+    if flow:  # concurrency, ttlSeconds, deadline (jobs/flow.py `fingerprint`)
+        body["flow"] = flow
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()

@@ -202,6 +202,15 @@ class Settings(ProviderSettings):
     # keep a lone user's calls going between relay polls, small enough that an urgent job waits
     # behind at most 4 of its user's older jobs.
     user_dispatch_window: int = Field(default=4, ge=1, le=1000, alias="USER_DISPATCH_WINDOW")
+    # Flow control (docs/api.md "Flow control"): a debounce chain's longest wait when the create
+    # names no `maxDelayMs`; the start-by TTL of a job whose create and type name none (0: none);
+    # how many jobs an operator pause held are released a second once it ends, across the
+    # cluster (docs/admin.md "Operator pauses").
+    ai_debounce_max_delay_ms: int = Field(
+        default=600_000, ge=100, le=86_400_000, alias="AI_DEBOUNCE_MAX_DELAY_MS"
+    )
+    ai_default_ttl_s: int = Field(default=0, ge=0, le=2_592_000, alias="AI_DEFAULT_TTL_S")
+    ai_resume_rate: float = Field(default=20.0, gt=0, le=10_000, alias="AI_RESUME_RATE")
     # A provider's Retry-After is honoured up to this many seconds.
     retry_after_max_s: float = Field(default=300.0, ge=1, alias="RETRY_AFTER_MAX_S")
     # The circuit breaker of each (provider, key): this many consecutive health failures (5xx,

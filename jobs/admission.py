@@ -31,13 +31,14 @@ from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db.chunks import ChunkRow
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.provider_gate import PLATFORM_KEY_REF, GateKey
 from db.provider_limits import LimitKey, Limits, LimitSettle, LimitTable
 from db.session import SessionMaker
 from engine.capacity import job_class
 from engine.errors import ExecutionFailure, Fault
 from engine.scopes import JobScopes
-from jobs import offpeak, scope_budgets
+from jobs import offpeak, pauses, scope_budgets
 from jobs.costs import budget_windows, call_worst_case_usd, cover_next_call, padded
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -216,6 +217,9 @@ class Call:
     jt: AnyJobType
     chunk: ChunkRow | None
     timeout_ms: int
+    # The operator pauses the transaction read (its take: db/attempts.py); None: not read yet
+    # (a fallback entry's admission in a transaction of its own reads them).
+    pauses: tuple[InForce, ...] | None = None
 
 
 async def admit(
@@ -225,6 +229,14 @@ async def admit(
     order. A `Wait` or `Refused` leaves things taken in the transaction: the caller rolls it
     back."""
     row, jt = call.row, call.jt
+    if call.pauses:  # an operator pause of the primary's model (a rollout arm's was tried first)
+        model = gateway.model_for(jt, row.credential_mode)
+        provider = gateway.provider_for(jt, row.credential_mode).name
+        paused = pauses.held(
+            call.pauses, job_type=row.job_type, provider=provider, model=model, user_id=row.user_id
+        )
+        if paused is not None:
+            return paused
     gate = gateway.gate_key(jt, row.credential_mode, row.user_id, row.credential_id)
     ticket = Ticket(gate=gate)
     if gate is not None:

@@ -34,9 +34,10 @@ from db import lifecycle as lifecycle_db
 from db.attempts import Fence
 from db.chunks import ChunkRow
 from db.jobs import JobRow
+from db.pauses import InForce
 from db.session import SessionMaker
 from engine.errors import ExecutionFailure, IllegalTransition, JobNotFound, LockConflict
-from jobs import admission, call_marks, fallback, offpeak
+from jobs import admission, call_marks, fallback, flow, offpeak, pauses
 from jobs import lifecycle as lifecycle
 from jobs.admission import AdmissionConfig, Refused, Ticket
 from jobs.gateway import Gateway
@@ -109,6 +110,14 @@ class Held:
 
 
 @dataclass(frozen=True)
+class Expire:
+    """The job's start-by time (before it was admitted) or its deadline passed: no call; it
+    ends with `code` (jobs/flow.py `expire`, after this transaction rolled back)."""
+
+    code: str
+
+
+@dataclass(frozen=True)
 class Started:
     """The call may go: the job as read, its snapshot, its type, its chunk and what admission
     granted (to be settled by the call's end); the attempt's fence (its lock checks and its
@@ -145,9 +154,10 @@ def may_be_taken_over(heartbeat_timeout: dt.timedelta | None, elapsed_s: float) 
 
 async def start(
     s: AsyncSession, gateway: Gateway, catalog: Catalog, cfg: AdmissionConfig, st: Start
-) -> Started | Held | Ended | Reused | Stop | Wait | Refused:
+) -> Started | Held | Ended | Reused | Stop | Wait | Refused | Expire:
     """The attempt's first transaction, in the caller's session, in that order: take, chunk,
-    reuse, an answer held for moderation, an off-peak job's window (jobs/offpeak.py `gate`),
+    reuse, an answer held for moderation, an operator pause, the start-by time and deadline
+    (jobs/pauses.py, jobs/flow.py), an off-peak job's window (jobs/offpeak.py `gate`),
     admission, the chunk's attempt (after every check that rolls back: only an attempt that
     runs is counted)."""
     try:
@@ -194,10 +204,19 @@ async def start(
         if chunk is not None:
             await chunks_db.start_attempt(s, st.job_id, chunk.chunk_no, st.attempt)
         return Held(row, snapshot, jt, chunk, answer, st.fence)
-    held = offpeak.gate(gateway, jt, row, dt.datetime.now(dt.UTC))
+    now = dt.datetime.now(dt.UTC)
+    paused = _paused(gateway, jt, row, taken.pauses)
+    if paused is not None:  # rolled back: the job stays as it was, no attempt spent
+        return paused
+    code = flow.expiry_at_start(row, admitted_before=taken.reacquired, now=now)
+    if code is not None:
+        return Expire(code)
+    held = offpeak.gate(gateway, jt, row, now)
     if held is not None:  # an off-peak job outside its window: wait for it, or its deadline
         return Stop(held) if isinstance(held, str) else held
-    got = await fallback.admit(s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms))
+    got = await fallback.admit(
+        s, gateway, cfg, admission.Call(row, jt, chunk, st.timeout_ms, taken.pauses)
+    )
     if not isinstance(got, Ticket):
         return got
     if chunk is not None:
@@ -208,6 +227,24 @@ async def start(
             s, _mark(gateway, cfg, row, jt, chunk, snapshot, got, taken.call_no, st.attempt)
         )
     return Started(row, snapshot, jt, chunk, got, st.fence, taken.call_no, taken.downgrades)
+
+
+def _paused(
+    gateway: Gateway, jt: AnyJobType, row: JobRow, in_force: tuple[InForce, ...]
+) -> Wait | None:
+    """An operator pause of the job's call, the first check before it (docs/limits.md). A
+    job of a rollout arm tries its arm's model first and its primary next: each is looked at
+    where the call goes (jobs/fallback.py `admit_entry`, jobs/admission.py `admit`), so the
+    job is held only when neither may go."""
+    if not in_force or fallback.arm_entry(gateway, jt, row) is not None:
+        return None
+    return pauses.held(
+        in_force,
+        job_type=row.job_type,
+        provider=gateway.provider_for(jt, row.credential_mode).name,
+        model=gateway.model_for(jt, row.credential_mode),
+        user_id=row.user_id,
+    )
 
 
 def _mark(

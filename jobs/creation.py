@@ -43,8 +43,10 @@ from engine.errors import (
 from engine.logcontext import job_context
 from engine.queues import resolve_execution
 from engine.tiers import OFFPEAK
-from jobs import offpeak, scope_budgets
+from jobs import create_lock, flow, offpeak, scope_budgets
+from jobs.cancellation import WorkflowCanceller
 from jobs.costs import BudgetWindow
+from jobs.flow import Decision
 from jobs.policy import CreatePolicy
 from jobs.quotas import Quotas, Refusal
 from jobs.requests import CheckedRequest, CreateJobRequest, RequestChecker, arm_model_of
@@ -73,6 +75,9 @@ CredentialLookup = Callable[[AsyncSession, str], Awaitable[uuid.UUID | None]]
 class CreateJobResult:
     job: JobRow
     created: bool
+    # What keyed concurrency decided (jobs/flow.py): the jobs the create replaced, its due time;
+    # `flow.holder` is `job` when a `skip` found the key held (nothing created).
+    flow: Decision = dataclasses.field(default_factory=Decision)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class JobCreation:
         credential_lookup: CredentialLookup | None = None,
     ) -> None:
         self._sm = sessionmaker
+        self._catalog = catalog
         self._policy = policy
         self._credential_lookup = credential_lookup
         self.requests = RequestChecker(catalog, policy)
@@ -129,12 +135,20 @@ class JobCreation:
         return Quote(checked, refusal, admission.budgets, scoped)
 
     async def create(
-        self, req: CreateJobRequest, *, within: CreateHook | None = None, budgeted: bool = False
+        self,
+        req: CreateJobRequest,
+        *,
+        within: CreateHook | None = None,
+        budgeted: bool = False,
+        cancel_workflow: WorkflowCanceller | None = None,
     ) -> CreateJobResult:
         """Check `req`, then write the job, its plan, its snapshot and its enqueue row in one
         transaction (`within` runs last in it). Returns the existing job for a repeated
-        `Idempotency-Key` with the same request (`created` False). `budgeted`: an internal
-        create (an admin retry) that still reserves against the owner's quotas and budgets.
+        `Idempotency-Key` with the same request (`created` False), or the job holding the
+        key of a `skip` create. `budgeted`: an internal create (an admin retry) that still
+        reserves against the owner's quotas and budgets. After the commit, the jobs a
+        `supersede` replaced while they ran are cancelled, and the workflows of the queued ones
+        it replaced with them (`cancel_workflow`, best effort).
 
         Its arm of the job type's rollout: from the rollout cache when the process listens for
         rollout changes (none read otherwise); the job's INSERT says which rollout stands now,
@@ -144,9 +158,15 @@ class JobCreation:
         armed = await self.with_arm(req)
         for last in (False, False, True):
             try:
-                return await self._create(armed, within, budgeted, open_to_arm and not last)
+                result = await self._create(armed, within, budgeted, open_to_arm and not last)
             except RolloutMoved:
                 armed = await self.with_arm(req, fresh=True)
+                continue
+            if result.created:  # replaced running jobs stopped, workflows cancelled
+                await flow.after_create(
+                    self._sm, self._catalog, result.flow, result.job.id, cancel_workflow
+                )
+            return result
         raise AssertionError("unreachable: the last create checks no rollout")
 
     async def _create(
@@ -229,10 +249,21 @@ class JobCreation:
         jt = checked.job_type
         # Result reuse: the source looked up under the user's create lock (jobs/reuse.py).
         new, checked = await attach(s, new, checked, self.quotas.lock)
-        if not req.internal or budgeted:
-            winner = await self._admit(s, req, checked)
+        decided = Decision()
+        if not req.internal or budgeted or checked.flow.concurrency is not None:
+            winner, decided = await create_lock.admit(
+                s, self.quotas, self._policy, req, checked, new.id
+            )
             if winner is not None:
                 return _same_request(winner, checked.fingerprint)
+            if decided.holder is not None:  # `skip`: the key is held, nothing is created
+                return CreateJobResult(job=decided.holder, created=False, flow=decided)
+            # A debounced job's due time (its runAt's, if later: jobs/flow.py `decide`).
+            new = dataclasses.replace(
+                new,
+                debounce_until=decided.debounce_until,
+                due_at=decided.due_at or new.due_at,
+            )
         if not req.internal and jt.check_target is not None:
             await jt.check_target(s, req.user_id, req.target_type, req.target_id)
         new = await self._pin_credential(s, req, new)
@@ -241,44 +272,10 @@ class JobCreation:
             raise RolloutMoved()  # rolls back: made again with its arm of the rollout now
         if checked.chunks:
             await insert_plan(s, row.id, checked.chunks)
-        await self._enqueue(s, req, checked, row)
+        await self._enqueue(s, req, checked, row, due_at=decided.due_at)
         if within is not None:
             await within(s, row)
-        return CreateJobResult(job=row, created=True)
-
-    async def _admit(
-        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest
-    ) -> JobRow | None:
-        """Race-safe quotas: a per-user transaction-scoped advisory lock serialises one user's
-        creates, so count-then-insert cannot overshoot, and the job's worst-case cost, reserved
-        by the insert that follows in this transaction, cannot take spend plus reservations
-        past a budget; the row locks of its scopes' budgets (jobs/scope_budgets.py) do the same
-        for every user of an organisation, team or tag. Under the locks, a create with a key
-        that a concurrent create just committed is answered with that job (returned) instead
-        of a quota error."""
-        limited = self.quotas.limited
-        if not limited and not req.scopes:
-            return None  # a plain job on a deployment without quotas: no statement here
-        if limited:
-            await self.quotas.lock(s, req.user_id)
-        # The budgets of the job's organisation, teams and tags: their rows locked (after the
-        # user's lock, in one order) and read; none for a job without scopes.
-        now = datetime.now(UTC)
-        scoped = await scope_budgets.standing(s, req.scopes, lock=True, now=now)
-        if req.idempotency_key is not None and (limited or scoped):
-            existing = await jobs_db.find_by_idempotency_key(
-                s, req.user_id, req.job_type, req.idempotency_key
-            )
-            if existing is not None:
-                return existing
-        if limited:
-            refusal = (await self.quotas.admission(s, req.user_id, checked.estimate)).refusal
-            if refusal is not None:
-                raise refusal.error
-        error = scope_budgets.first_refusal(scoped, checked.estimate.worst_case_cost_usd, now)
-        if error is not None:
-            raise error
-        return None
+        return CreateJobResult(job=row, created=True, flow=decided)
 
     async def _pin_credential(self, s: AsyncSession, req: CreateJobRequest, new: NewJob) -> NewJob:
         """The user's key the job will use, pinned on its row (user_deepseek_key only)."""
@@ -303,6 +300,7 @@ class JobCreation:
     def _new_job(self, req: CreateJobRequest, checked: CheckedRequest, job_id: uuid.UUID) -> NewJob:
         """The `ai_job` row of a checked request, before its credential is pinned."""
         d, estimate = checked.job_type.definition, checked.estimate
+        plan, now = checked.flow, datetime.now(UTC)
         return NewJob(
             id=job_id,
             user_id=req.user_id,
@@ -331,7 +329,7 @@ class JobCreation:
             run_at=req.run_at,
             service_tier=checked.service_tier,
             offpeak_deadline_at=offpeak.deadline(
-                req, checked.service_tier, self._policy.offpeak_max_wait_s, datetime.now(UTC)
+                req, checked.service_tier, self._policy.offpeak_max_wait_s, now
             ),
             offpeak_on_deadline=(
                 (req.offpeak_on_deadline or "fail") if checked.service_tier == OFFPEAK else None
@@ -347,6 +345,11 @@ class JobCreation:
             # A delayed job is not dispatched before its time: it waits in the outbox, taking
             # no room in its user's dispatch window (db/relay.py).
             due_at=req.run_at,
+            # Flow control (jobs/flow.py): as given, and the times it fixes.
+            concurrency=plan.concurrency.given() if plan.concurrency else None,
+            concurrency_key=plan.concurrency.key if plan.concurrency else None,
+            expires_at=plan.start_by(now, req.run_at),
+            deadline_at=plan.deadline,
         )
 
     def _model_of(self, checked: CheckedRequest) -> str:
@@ -356,10 +359,18 @@ class JobCreation:
         return arm_model if arm_model is not None and model != "synthetic" else model
 
     async def _enqueue(
-        self, s: AsyncSession, req: CreateJobRequest, checked: CheckedRequest, row: JobRow
+        self,
+        s: AsyncSession,
+        req: CreateJobRequest,
+        checked: CheckedRequest,
+        row: JobRow,
+        *,
+        due_at: datetime | None = None,
     ) -> None:
         """The snapshot and the enqueue row in one statement (one round trip). A job without
-        its enqueue row would wait forever: no row written rolls the create back."""
+        its enqueue row would wait forever: no row written rolls the create back. `due_at`: a
+        debounced job's enqueue row is not available to the relay before then (it waits in
+        the outbox, outside its user's dispatch window)."""
         d = checked.job_type.definition
         enqueued = await snapshots_db.insert_snapshot_and_enqueue(
             s,
@@ -392,7 +403,7 @@ class JobCreation:
             },
             # The relay continues this request's trace when it starts the workflow.
             trace_context=current_trace_context(),
-            due_at=req.run_at,
+            due_at=due_at or req.run_at,
         )
         if enqueued is None:
             raise EnqueueNotWritten(str(row.id))

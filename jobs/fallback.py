@@ -23,6 +23,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import jobs as jobs_db
+from db import pauses as pauses_db
 from db import provider_gate as provider_gate_db
 from db import provider_limits as provider_limits_db
 from db.jobs import JobRow
@@ -30,7 +31,8 @@ from db.provider_gate import GateKey
 from db.provider_limits import LimitKey
 from engine.capacity import job_class
 from engine.definition import PLATFORM_KEY
-from jobs import admission
+from engine.flow import OPERATOR_PAUSE
+from jobs import admission, pauses
 from jobs.admission import AdmissionConfig, Call, Lease, Refused, Ticket
 from jobs.gateway import Gateway
 from jobs.spec import AnyJobType
@@ -106,7 +108,7 @@ async def admit(
         return got
     for entry in chain(gateway, call.jt, call.row.credential_mode):
         routed = await admit_entry(s, gateway, cfg, call, entry)
-        if isinstance(routed, Wait) and routed.reason in ("pause", "breaker"):
+        if isinstance(routed, Wait) and routed.reason in ("pause", "breaker", OPERATOR_PAUSE):
             continue
         if isinstance(routed, Refused):
             return got
@@ -128,9 +130,19 @@ async def admit(
 async def admit_entry(
     s: AsyncSession, gateway: Gateway, cfg: AdmissionConfig, call: Call, entry: FallbackEntry
 ) -> Ticket | Wait | Refused:
-    """A call on `entry`: its gate, the cost cover at its price, its key, its limits, in the
-    caller's transaction (a `Wait` or `Refused`: the caller rolls it back or moves on; a `Wait`
-    from the gate took nothing)."""
+    """A call on `entry`: an operator pause of its model, its gate, the cost cover at its
+    price, its key, its limits, in the caller's transaction (a `Wait` or `Refused`: the caller
+    rolls it back or moves on; a `Wait` from a pause or the gate took nothing)."""
+    in_force = call.pauses if call.pauses is not None else await pauses_db.in_force(s)
+    paused = pauses.held(
+        in_force,
+        job_type=call.row.job_type,
+        provider=entry.provider,
+        model=entry.model,
+        user_id=call.row.user_id,
+    )
+    if paused is not None:
+        return paused
     gate = GateKey(entry.provider, entry.key_ref)
     ticket = Ticket(gate=gate)
     probe_ttl_s = call.jt.definition.execution.timeout_ms / 1000 + 30

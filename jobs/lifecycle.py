@@ -148,19 +148,26 @@ async def cancel(
     *,
     only_if_queued: bool = False,
     catalog: Catalog | None = None,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
 ) -> LifecycleStatus:
     """queued|running → cancelled (`only_if_queued`: queued only, the cancel API's rule, since a
     running job is ended by its workflow), and `ai.job.cancelled`. Returns the state the job
     came from. With `catalog`, a long-source job cancelled while running keeps what its
     succeeded chunks produced (`keep_partial`; a queued job has none). Calls still marked
-    sent are charged first, as `fail` does (a live attempt's own later record writes nothing)."""
+    sent are charged first, as `fail` does (a live attempt's own later record writes nothing).
+    `code`: flow control's (SUPERSEDED with the job that replaced it, JOB_EXPIRED,
+    JOB_DEADLINE_EXCEEDED); None: the code its cancel request recorded, else CANCELLED."""
     if only_if_queued:
-        await endings_db.mark_cancelled_if_queued(s, job_id)
+        await endings_db.mark_cancelled_if_queued(s, job_id, code=code, superseded_by=superseded_by)
         came_from = LifecycleStatus.QUEUED
     else:
         await call_marks_db.charge_dead(s, job_id, code="CANCELLED")
-        came_from = await endings_db.mark_cancelled(s, job_id)
-    await outbox_db.insert_job_event(s, CANCELLED, job_id, {"jobId": str(job_id)})
+        came_from = await endings_db.mark_cancelled(
+            s, job_id, code=code, superseded_by=superseded_by
+        )
+    payload = {"jobId": str(job_id), **({"errorCode": code} if code else {})}
+    await outbox_db.insert_job_event(s, CANCELLED, job_id, payload)
     if came_from == LifecycleStatus.QUEUED:  # not dispatched yet: no workflow is ever started
         await relay_db.close_unsent(s, job_id)
     if catalog is not None and came_from == LifecycleStatus.RUNNING:
@@ -296,7 +303,7 @@ async def finalize_failed(
         LifecycleStatus.RUNNING,
     ):
         await cancel(s, job_id, catalog=catalog)
-        return Ending(LifecycleStatus.CANCELLED, "CANCELLED", row.job_type)
+        return Ending(LifecycleStatus.CANCELLED, row.cancel_code or "CANCELLED", row.job_type)
     if row.lifecycle_status == LifecycleStatus.QUEUED:
         await lifecycle_db.lock(
             s, job_id, owner=owner, identity=identity, ttl_s=_TRANSIENT_LOCK_TTL_S
@@ -386,18 +393,25 @@ async def _as_found(s: AsyncSession, row: JobRow) -> Success:
 
 
 async def request_cancel(
-    s: AsyncSession, job_id: uuid.UUID, state: LifecycleStatus
+    s: AsyncSession,
+    job_id: uuid.UUID,
+    state: LifecycleStatus,
+    *,
+    code: str | None = None,
+    superseded_by: uuid.UUID | None = None,
 ) -> Literal["cancelled", "cancel_requested"]:
-    """The cancel request (the cancel API, an admin's, a bulk cancel's), on a job the caller
-    read locked (`FOR UPDATE`) in `state`: queued → cancelled at once with `ai.job.cancelled`
-    (`cancel`, queued only); running → cancel requested (`cancel_requested_at` set, the state
-    unchanged), and the job's workflow ends it; already cancelled → `JobAlreadyCancelled`; any
-    other ending → `JobNotCancellable`. Which of the two happened is returned."""
+    """The cancel request (the cancel API, an admin's, a bulk cancel's, flow control's), on a
+    job the caller read locked (`FOR UPDATE`) in `state`: queued → cancelled at once with
+    `ai.job.cancelled` (`cancel`, queued only); running → cancel requested
+    (`cancel_requested_at` set, the state unchanged), and the job's workflow ends it; already
+    cancelled → `JobAlreadyCancelled`; any other ending → `JobNotCancellable`. Which of the two
+    happened is returned. `code` and `superseded_by`: what the job ends with (None:
+    CANCELLED)."""
     if state == LifecycleStatus.QUEUED:
-        await cancel(s, job_id, only_if_queued=True)
+        await cancel(s, job_id, only_if_queued=True, code=code, superseded_by=superseded_by)
         return "cancelled"
     if state == LifecycleStatus.RUNNING:
-        await lifecycle_db.request_cancel(s, job_id)
+        await lifecycle_db.request_cancel(s, job_id, code=code, superseded_by=superseded_by)
         return "cancel_requested"
     if state == LifecycleStatus.CANCELLED:
         raise JobAlreadyCancelled("The job is already cancelled.")

@@ -79,6 +79,11 @@ class CreatePolicy:
     # Where a masked input's phone numbers are read (AI_PII_PHONE_REGION): the estimate and
     # the chunk plan are of the masked prompt (jobs/guardrails.py).
     pii_region: str = "US"
+    # Flow control (jobs/flow.py): a debounce chain's longest wait when the create names no
+    # maxDelayMs (AI_DEBOUNCE_MAX_DELAY_MS); the TTL of a job whose create and type name none
+    # (AI_DEFAULT_TTL_S, 0: none).
+    debounce_max_delay_ms: int = 600_000
+    default_ttl_s: int = 0
 
     def model_for(self, jt: AnyJobType, mode: str) -> str:
         """The model a job's calls use (as jobs/gateway.py chooses it for EXECUTE)."""

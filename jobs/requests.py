@@ -21,12 +21,14 @@ from pydantic import BaseModel, ValidationError
 from db.chunks import PlannedChunk
 from engine.definition import PLATFORM_KEY, USER_DEEPSEEK_KEY
 from engine.errors import CostCapTooLow, RequestTooLarge, UnknownJobType, ValidationFailed
+from engine.flow import Concurrency
 from engine.hashing import request_fingerprint
 from engine.scopes import JobScopes
 from engine.tiers import BATCH, OFFPEAK, SERVICE_TIERS, STANDARD
 from engine.tokens import count_chat_tokens, estimate_prompt_tokens
-from jobs import chunked, fallback, offpeak, tiers
+from jobs import chunked, fallback, flow, offpeak, tiers
 from jobs.costs import JobEstimate, TierPrice, chain_price, estimate_job
+from jobs.flow import FlowPlan
 from jobs.guardrails import masked_input
 from jobs.policy import CreatePolicy
 from jobs.rollouts import ArmChoice
@@ -75,6 +77,11 @@ class CreateJobRequest:
     # The arm of the job type's rollout the job runs on (jobs/rollouts.py): chosen by the
     # create for its user, or an original's kept by its retry; None: no rollout.
     arm: ArmChoice | None = None
+    # Flow control (jobs/flow.py): keyed concurrency, the start-by TTL in seconds (None: the
+    # defaults; 0: none) and the whole job's deadline.
+    concurrency: Concurrency | None = None
+    ttl_seconds: int | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,8 @@ class CheckedRequest:
     # The prompt version it runs on (its arm's, else the type's) and its arm.
     prompt_version: str = ""
     arm: ArmChoice | None = None
+    # Its concurrency, effective TTL and deadline (jobs/flow.py).
+    flow: FlowPlan = field(default_factory=FlowPlan)
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, object]]:
@@ -134,6 +143,7 @@ class RequestChecker:
         # What the prompts are built from: the input with its PII masked when the type masks
         # it (jobs/guardrails.py), so the plan and the estimate are of what is sent.
         prompt_model = masked_input(jt, model, self._policy.pii_region)[0]
+        flow_plan = flow.plan(req, jt, self._policy.default_ttl_s)  # 422: sure to expire
         chunks = self._plan(jt, prompt_model)
         tiers.check_batch_source(tier, chunks)  # a long source is several calls: not a line
         self._check_fits_the_model(jt, prompt_model, chunks)
@@ -171,6 +181,7 @@ class RequestChecker:
             run_at=req.run_at.astimezone(UTC).isoformat() if req.run_at is not None else None,
             service=tier_fingerprint(req, jt),
             tags=list(req.scopes.tags),
+            flow=flow.fingerprint(req),
         )
         tier_prices = self._tier_prices(jt, mode, tokens, req.max_cost_usd, arm_model)
         return CheckedRequest(
@@ -185,6 +196,7 @@ class RequestChecker:
             tier_prices,
             version or jt.definition.prompt_version,
             req.arm,
+            flow_plan,
         )
 
     def _check_run_at(self, req: CreateJobRequest, now: datetime | None = None) -> None:

@@ -95,6 +95,7 @@ class NewSchedule:
     max_cost_usd: Decimal | None = None
     # The creating token's organisation and teams, and the template's tags.
     scopes: JobScopes = field(default_factory=JobScopes)
+    ttl_s: int | None = None  # each run's job's start-by TTL (None: the defaults; 0: none)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class ScheduleService:
             org_id=new.scopes.org_id,
             team_ids=list(new.scopes.team_ids),
             tags=list(new.scopes.tags),
+            ttl_s=new.ttl_s,
         )
         async with self._sm.begin() as s:
             await schedules_db.lock_user(s, new.user_id)
@@ -206,6 +208,7 @@ class ScheduleService:
             scopes=row.scopes
             if isinstance(row, NewSchedule)
             else JobScopes(row.org_id, tuple(row.team_ids), tuple(row.tags)),
+            ttl_seconds=row.ttl_s,  # counted from each run's create
         )
 
     async def get(self, schedule_id: uuid.UUID, viewer: Viewer) -> ScheduleView:

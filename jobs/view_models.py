@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -88,6 +88,21 @@ class ResultOut(Camel):
     )
 
 
+class ConcurrencyOut(Camel):
+    """A create's `concurrency` as it was given: a member not given is null."""
+
+    key: str | None = Field(default=None, description="The concurrency key")
+    mode: Literal["supersede", "skip", "debounce"] | None = Field(
+        default=None, description="What a create with the key does: supersede, skip, debounce"
+    )
+    delay_ms: int | None = Field(
+        default=None, description="A debounced job's wait after its create, in milliseconds"
+    )
+    max_delay_ms: int | None = Field(
+        default=None, description="The longest a debounce chain waits, from its first create"
+    )
+
+
 # The frozen public shape (docs/contracts.md): fields and their order are what clients parse.
 class JobStatusResponse(Camel):
     job_id: uuid.UUID
@@ -151,6 +166,27 @@ class JobStatusResponse(Camel):
         description="The arm of its job type's rollout the job was created on (null outside "
         "a rollout: none stood, or the create pinned a version); `promptVersion` is the arm's",
         examples=["canary"],
+    )
+    # Flow control (docs/api.md "Flow control").
+    concurrency: ConcurrencyOut | None = Field(
+        default=None,
+        description="The create's `concurrency` as given (a member not given is null); null "
+        "without one",
+    )
+    superseded_by: uuid.UUID | None = Field(
+        default=None,
+        description="The newer job with the same concurrency key that replaced this one "
+        "(`errorCode` `SUPERSEDED`); null otherwise",
+    )
+    expires_at: datetime | None = Field(
+        default=None,
+        description="Start-by time (its TTL): not started by then, the job ends `cancelled` "
+        "with `JOB_EXPIRED`; null without a TTL",
+    )
+    deadline: datetime | None = Field(
+        default=None,
+        description="The whole job's deadline: past it, it stops and ends `cancelled` with "
+        "`JOB_DEADLINE_EXCEEDED`; null without one",
     )
 
 

@@ -31,7 +31,9 @@ from db.artifacts import ArtifactRef
 from db.chunks import job_chunking
 from db.jobs import Answered, JobFilter, JobRow, JobStatusRow
 from db.session import SessionMaker
+from engine import flow
 from engine.errors import JobNotFound
+from engine.flow import SUPERSEDED
 from engine.settings import Settings
 from jobs.chunk_items import CHUNK_ITEM_TYPE, running_items, streams_items
 from jobs.spec import Catalog
@@ -149,6 +151,11 @@ def _public_fields(row: PublicRow, artifacts: list[ArtifactRef]) -> dict[str, An
         "reused_from_job_id": row.reused_from_job_id,
         "tags": list(row.tags),
         "rollout_arm": row.rollout_arm,
+        "concurrency": flow.view(row.concurrency),
+        # Only once it ended replaced: a running job asked to stop may still finish first.
+        "superseded_by": row.superseded_by if row.error_code == SUPERSEDED else None,
+        "expires_at": row.expires_at,
+        "deadline": row.deadline_at,
     }
 
 

@@ -28,3 +28,4 @@ class Wait:
     user_id: str = ""
     chunk_no: int | None = None
     job_class: str | None = None  # interactive, background: its place in a reserved key
+    job_type: str = ""  # an operator pause's hold names what it was held for (jobs/pauses.py)

@@ -9,6 +9,8 @@ row lock, so two processes never signal the same waiter) and signals their workf
 (`limit-wake`, runtime/signals.py), which then ask EXECUTE again. Notifications that arrive
 together are handled once per key.
 
+Beside it, on the same listener, the pause waker (runtime/pause_waker.py) hears `aijobs_pauses`.
+
 Nothing is polled per job: an idle waker costs nothing but a sweep of ended or expired waiters
 every `sweep_every_s`. When the listener (re)connects it wakes every key with waiters
 (notifications sent while nobody listened are lost). What a lost wake-up costs is bounded by the
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 
 from temporalio.client import Client
 
@@ -33,8 +35,10 @@ from db.provider_limits import LimitKey, LimitTable, parse_model_limits
 from db.session import SessionMaker
 from engine.capacity import parse_capacity_reserve
 from engine.definition import QUEUE_NAMES
+from engine.flow import PAUSE_CHANNEL
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import limit_wake
+from runtime.pause_waker import PauseWaker
 from runtime.reuse_waker import beside
 from runtime.signals import signal_all
 from runtime.supervisor import supervise
@@ -145,6 +149,14 @@ def limit_waker_task(
     table = parse_model_limits(s.ai_model_limits, parse_capacity_reserve(s.ai_capacity_reserve))
     waker = LimitWaker(client, parts.sessionmaker, table)
     listener.on(CHANNEL, waker.notified)
-    loop = supervise("limit-waker", waker.run, stop)  # with the reuse waker beside it
+    pause_waker = PauseWaker(client, parts.sessionmaker, s.ai_resume_rate)
+    listener.on(PAUSE_CHANNEL, pause_waker.notified)
+    loop = supervise("limit-waker", waker.run, stop)  # with the reuse and pause wakers beside
     both = beside(loop, client, parts.sessionmaker, listener, stop)
-    return asyncio.create_task(both, name="limit-waker")
+    pausing = supervise("pause-waker", pause_waker.run, stop)
+    return asyncio.create_task(_summed(both, pausing), name="limit-waker")
+
+
+async def _summed(*loops: Awaitable[int]) -> int:
+    """Supervised loops run together as one task; their restarts summed."""
+    return sum(await asyncio.gather(*loops))

@@ -264,6 +264,8 @@ def create_policy(settings: Settings) -> CreatePolicy:
         offpeak_discounts=reserve_discounts(parse_windows(settings.ai_offpeak_windows)),
         batch_max_bytes=settings.ai_batch_max_bytes,
         pii_region=pii_region(settings),
+        debounce_max_delay_ms=settings.ai_debounce_max_delay_ms,
+        default_ttl_s=settings.ai_default_ttl_s,
     )
 
 

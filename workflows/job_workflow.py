@@ -19,7 +19,7 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from workflows import offpeak_hold, stages
+from workflows import flow_guard, offpeak_hold, stages
 from workflows.batch_tier import BatchResults, BatchTier
 from workflows.chunk_fan_out import execute_chunks
 from workflows.failures import HistoryFull, error_code, is_cancellation
@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         StageInput,
     )
     from engine.errors import non_retryable_codes, public_message_for
+    from engine.flow import OPERATOR_PAUSE
     from engine.lifecycle import LifecycleStatus
     from engine.limit_wait import LIMIT_WAKE_SIGNAL
     from engine.offpeak import GATE_REASON as OFFPEAK_GATE
@@ -99,51 +100,62 @@ class JobStages:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
-            if inp.runAt:
-                # A run started before its runAt (the relay dispatches a delayed job at its
-                # time and passes no runAt; only a row dispatched early carries one): queued on
-                # a timer, no slot held; a cancel ends it at once (finalized below).
-                wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
-                if wait_s > 0:
-                    await workflow.sleep(wait_s)
-            resolved = await self._local(stages.resolve, stage)
-            executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
-            if executed is None and resolved.offpeak is not None:
-                await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
-            if executed is None:
-                executed = await self._run(inp, prep.plan, resolved)
-            if executed.fallback:  # models and a reason
-                workflow.upsert_memo({"fallback": executed.fallback})
-            if executed.lifecycle_status is not None:
-                # The job ended before it ran (cancelled while it waited for a slot).
-                self._set_status(executed.lifecycle_status)
-                return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
-            projected = await self._local(
-                stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
-            )
-            if projected.lifecycle_status != SUCCEEDED:
-                self._set_status(projected.lifecycle_status)
-                return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
-            # COMPLETE reports the usage PROJECT summed in the transaction that ended the job
-            # (no read of its own); the status is upserted with the run's last commands.
-            usage = (
-                CompleteResult(
-                    calls=projected.calls,
-                    tokens_in=projected.tokens_in,
-                    tokens_out=projected.tokens_out,
-                    cost_micros=projected.cost_micros,
+            if flow_guard.armed(prep):  # its start-by time or deadline: a durable timer
+                return await flow_guard.guarded(
+                    self._stages(inp, stage, prep.plan), prep, inp.jobId, self._local
                 )
-                if projected.summarized
-                else None
-            )
-            await self._local(stages.complete, CompleteInput(job_id=inp.jobId, usage=usage))
-            self._set_status(SUCCEEDED)
-            return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
+            return await self._stages(inp, stage, prep.plan)
         # A failed local activity (PREPARE, RESOLVE, PROJECT...) surfaces as its own
         # ApplicationError, not wrapped in ActivityError: catch every Temporal failure here, or
         # the workflow fails without finalizing and the job stays `running`.
         except (FailureError, asyncio.CancelledError) as err:
             return await self._finalize(inp, stage, err)
+
+    async def _stages(
+        self, inp: JobWorkflowInput, stage: StageInput, plan: ExecutionPlan
+    ) -> JobWorkflowResult:
+        """Everything after PREPARE: the wait for `runAt`, RESOLVE, the calls (or a reuse, a
+        hold, a batch), PROJECT and COMPLETE; a failure or cancel goes to the caller."""
+        if inp.runAt:
+            # A run started before its runAt (the relay dispatches a delayed job at its time
+            # and passes no runAt; only a row dispatched early carries one): queued on a timer,
+            # no slot held; a cancel ends it at once (finalized by the caller).
+            wait_s = (datetime.fromisoformat(inp.runAt) - workflow.now()).total_seconds()
+            if wait_s > 0:
+                await workflow.sleep(wait_s)
+        resolved = await self._local(stages.resolve, stage)
+        executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
+        if executed is None and resolved.offpeak is not None:
+            await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
+        if executed is None:
+            executed = await self._run(inp, plan, resolved)
+        if executed.fallback:  # models and a reason
+            workflow.upsert_memo({"fallback": executed.fallback})
+        if executed.lifecycle_status is not None:
+            # The job ended before it ran (cancelled while it waited for a slot).
+            self._set_status(executed.lifecycle_status)
+            return JobWorkflowResult(inp.jobId, executed.lifecycle_status)
+        projected = await self._local(
+            stages.project, ProjectInput(job_id=inp.jobId, output_hash=executed.output_hash)
+        )
+        if projected.lifecycle_status != SUCCEEDED:
+            self._set_status(projected.lifecycle_status)
+            return JobWorkflowResult(inp.jobId, projected.lifecycle_status)
+        # COMPLETE reports the usage PROJECT summed in the transaction that ended the job
+        # (no read of its own); the status is upserted with the run's last commands.
+        usage = (
+            CompleteResult(
+                calls=projected.calls,
+                tokens_in=projected.tokens_in,
+                tokens_out=projected.tokens_out,
+                cost_micros=projected.cost_micros,
+            )
+            if projected.summarized
+            else None
+        )
+        await self._local(stages.complete, CompleteInput(job_id=inp.jobId, usage=usage))
+        self._set_status(SUCCEEDED)
+        return JobWorkflowResult(inp.jobId, SUCCEEDED, output_hash=executed.output_hash)
 
     async def _run(
         self, inp: JobWorkflowInput, plan: ExecutionPlan, resolved: ResolveResult
@@ -221,7 +233,9 @@ class JobStages:
             spent = max(spent, executed.attempt - 1)
             if executed.gate_reason == OFFPEAK_GATE:
                 wait_s = await offpeak_hold.wait_exactly(executed.gate_wait_s)  # its window
-            elif executed.gate_reason in contracts.LIMIT_WAITS:  # its time, or a wake-up signal
+            elif executed.gate_reason in contracts.LIMIT_WAITS or (
+                executed.gate_reason == OPERATOR_PAUSE  # held until its pause is lifted
+            ):  # its time, or a wake-up signal
                 wait_s = await wait_for_room(self._wakes, seen, executed, executed.gate_wait_s)
             else:
                 looks += 1

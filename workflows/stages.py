@@ -17,6 +17,8 @@ from engine.contracts import (
     ExecuteResult,
     FinalizeFailedInput,
     FinalizeResult,
+    FlowExpireInput,
+    FlowExpireResult,
     MergeInput,
     MergeResult,
     PrepareResult,
@@ -75,4 +77,9 @@ async def finalize_failed(inp: FinalizeFailedInput) -> FinalizeResult:
 
 @activity.defn
 async def finalize_cancelled(inp: StageInput) -> FinalizeResult:
+    stub()
+
+
+@activity.defn
+async def flow_expire(inp: FlowExpireInput) -> FlowExpireResult:
     stub()

@@ -43,6 +43,7 @@ EXAMPLE: dict[str, Any] = {
             "defaultServiceTier": "standard",
             "serviceTiers": ["standard"],
             "reuse": False,
+            "ttlSeconds": 3600,
         }
     ]
 }
@@ -89,6 +90,12 @@ class JobTypeOut(Camel):
         "the tier too: `batch` needs a batch API, `offpeak` a discount window)",
     )
     reuse: bool = Field(default=False, description='Whether a create may send `reuse: "allow"`')
+    ttl_seconds: int | None = Field(
+        default=None,
+        description="The start-by TTL its jobs get when a create names no `ttlSeconds` "
+        "(seconds from the create, or from `runAt`, to the job's start); null: none of its own "
+        "(AI_DEFAULT_TTL_S applies)",
+    )
 
 
 class JobTypeList(Camel):
@@ -130,6 +137,7 @@ def describe(jt: AnyJobType) -> JobTypeOut:
         default_service_tier=d.service.default_tier,
         service_tiers=[t for t in SERVICE_TIERS if d.service.accepts(t)],
         reuse=d.service.reuse,
+        ttl_seconds=d.ttl_seconds,
     )
 
 

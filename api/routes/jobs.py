@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -14,6 +14,7 @@ from api.auth import Principal
 from api.cursors import CURSOR_PATTERN
 from api.deps import JobId, State, User
 from api.errors import PROBLEM
+from api.flow_schemas import concurrency_of
 from api.limits import RATE_LIMITED_RESPONSE, TOO_LARGE_RESPONSE, RateLimitedUser
 from api.pins import check_pins
 from api.quote_schemas import quote_response
@@ -40,6 +41,7 @@ from api.schemas import (
 from api.strict import QueryPrefix
 from db.jobs import JobFilter
 from engine.errors import UnknownJobType, ValidationFailed
+from engine.flow import SUPERSEDED
 from engine.scopes import JobScopes
 from jobs import views
 from jobs.purge import purge_own_job
@@ -137,6 +139,9 @@ def _request(
         offpeak_on_deadline=body.offpeak_deadline.then if body.offpeak_deadline else None,
         # The job keeps its creator's organisation and teams: past spend never moves.
         scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
+        concurrency=concurrency_of(body.concurrency),
+        ttl_seconds=body.ttl_seconds,
+        deadline=body.deadline,
     )
 
 
@@ -166,7 +171,11 @@ async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUse
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobStatusResponse,
     responses={
-        200: {"model": JobStatusResponse, "description": "Existing job (same key)"},
+        200: {
+            "model": JobStatusResponse,
+            "description": "Existing job: the same Idempotency-Key and body, or the job "
+            "holding the `concurrency` key of a `skip` create",
+        },
         **TOO_LARGE_RESPONSE,
         **RATE_LIMITED_RESPONSE,
     },
@@ -176,10 +185,15 @@ async def quote_job(body: CreateJobBody, state: State, principal: RateLimitedUse
         "schema (see the `*Input` schemas). With `Idempotency-Key`, the same key and body return "
         "the existing job (200); the same key with another body is rejected (422). "
         "`credentialId` (with `credentialMode: user_deepseek_key`) names which of your own active "
-        "keys pays; anyone else's, a revoked or an unknown key is 404 `CREDENTIAL_NOT_FOUND`."
+        "keys pays; anyone else's, a revoked or an unknown key is 404 `CREDENTIAL_NOT_FOUND`. "
+        "Flow control: `concurrency` (`supersede`, `skip`, `debounce` on a key of yours), "
+        "`ttlSeconds` (start by then or end `JOB_EXPIRED`) and `deadline` (stop there, "
+        "`JOB_DEADLINE_EXCEEDED`); a `skip` create whose key is held answers 200 with the job "
+        "holding it."
     ),
 )
 async def create_job(
+    request: Request,
     body: CreateJobBody,
     state: State,
     principal: RateLimitedUser,
@@ -188,8 +202,12 @@ async def create_job(
 ) -> JobStatusResponse:
     _checked(body, state)
     result = await state.jobs.create(
-        _request(body, principal, idempotency_key=_check_key(idempotency_key))
+        _request(body, principal, idempotency_key=_check_key(idempotency_key)),
+        cancel_workflow=state.cancel_workflow,
     )
+    superseded = [*result.flow.replaced, *result.flow.running]
+    for old in superseded:  # counted once the create committed (jobs/flow.py)
+        request.app.state.metrics.flow.ended(old.job_type, SUPERSEDED)
     response.status_code = 202 if result.created else 200
     response.headers["Location"] = f"/api/ai/jobs/{result.job.id}"
     # The job as the create left it (an existing one, returned for its key, may have ended).

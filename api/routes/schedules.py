@@ -35,6 +35,7 @@ from api.schemas import (
 )
 from api.state import AppState
 from engine.definition import CredentialMode
+from engine.flow import TTL_S_MAX
 from engine.schedules import Spec
 from engine.scopes import JobScopes
 from jobs.audit import AuditEntry, AuditLog
@@ -72,6 +73,16 @@ class CreateScheduleBody(Camel):
         default=None, gt=0, le=1_000_000, max_digits=18, decimal_places=8, allow_inf_nan=False
     )
     tags: Tags = Field(default_factory=list)
+    # Each run's job's start-by TTL, counted from that run's create (a job's `concurrency` and
+    # `deadline` are not taken: a recurring job has no one deadline, and its runs no key).
+    ttl_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=TTL_S_MAX,
+        strict=True,
+        description="Each run's job must start within this many seconds of its create or it "
+        "ends `JOB_EXPIRED` (0: no TTL; left out: the job type's, else AI_DEFAULT_TTL_S)",
+    )
 
     @field_validator("job_type", "cron", "timezone", "target_type", "target_id")
     @classmethod
@@ -104,6 +115,7 @@ class ScheduleResponse(Camel):
     credential_mode: CredentialMode | None = None
     max_cost_usd: UsdAmount | None = None
     tags: list[str] = Field(default_factory=list)
+    ttl_seconds: int | None = None
     interval_seconds: int | None = None
     cron: str | None = None
     timezone: str
@@ -146,6 +158,7 @@ def _out(view: ScheduleView) -> ScheduleResponse:
         credential_mode=r.credential_mode,
         max_cost_usd=r.max_cost_usd,
         tags=list(r.tags),
+        ttl_seconds=r.ttl_s,
         interval_seconds=r.interval_s,
         cron=r.cron,
         timezone=r.timezone,
@@ -194,6 +207,7 @@ async def create_schedule(
             credential_mode=body.credential_mode,
             max_cost_usd=body.max_cost_usd,
             scopes=JobScopes(principal.org_id, principal.team_ids, tuple(body.tags)),
+            ttl_s=body.ttl_seconds,
         )
     )
     response.headers["Location"] = f"/api/ai/schedules/{row.id}"

@@ -34,6 +34,11 @@ _TEAMS_ACTIVE = text(f"team_ids <> '{{}}' AND {ACTIVE_SQL}")
 _TAGS_ACTIVE = text(f"tags <> '{{}}' AND {ACTIVE_SQL}")
 
 
+def _UNSENT(column: str) -> Any:
+    """A queued job not dispatched yet, with `column` set (the relay's expiry indexes)."""
+    return text(f"lifecycle_status = 'queued' AND dispatched_at IS NULL AND {column} IS NOT NULL")
+
+
 class AiJob(Base):
     __tablename__ = "ai_job"
     __table_args__ = (
@@ -133,6 +138,22 @@ class AiJob(Base):
         ),
         Index(
             "ix_ai_job_tags_active", "tags", postgresql_using="gin", postgresql_where=_TAGS_ACTIVE
+        ),
+        # Flow control (engine/flow.py): a create's read of the user's active jobs with a key;
+        # the relay's next start-by time and deadline among the jobs not dispatched yet.
+        Index(
+            "ix_ai_job_user_concurrency_key",
+            "user_id",
+            "concurrency_key",
+            postgresql_where=text(f"concurrency_key IS NOT NULL AND {ACTIVE_SQL}"),
+        ),
+        Index(
+            "ix_ai_job_expires_undispatched", "expires_at", postgresql_where=_UNSENT("expires_at")
+        ),
+        Index(
+            "ix_ai_job_deadline_undispatched",
+            "deadline_at",
+            postgresql_where=_UNSENT("deadline_at"),
         ),
         Index(
             "ux_ai_job_retried_from",
@@ -248,6 +269,20 @@ class AiJob(Base):
     # moderation could not run (private: the provider's text, placeholders included).
     flagged_items: Mapped[int | None] = mapped_column(Integer)
     held_answer: Mapped[str | None] = mapped_column(Text)
+    # Flow control (engine/flow.py, jobs/flow.py). The create's `concurrency` as given, its key
+    # (the user's active jobs with it meet at create), a debounce chain's latest start (its
+    # first create + that create's maxDelayMs), the newer job that replaced this one.
+    concurrency: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    concurrency_key: Mapped[str | None] = mapped_column(String(200))
+    debounce_until: Mapped[datetime | None] = mapped_column(TS)
+    superseded_by: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # The start-by time (its TTL: not admitted by then, it ends JOB_EXPIRED) and the deadline
+    # (past it, JOB_DEADLINE_EXCEEDED wherever it is); NULL: none.
+    expires_at: Mapped[datetime | None] = mapped_column(TS)
+    deadline_at: Mapped[datetime | None] = mapped_column(TS)
+    # The code a requested cancel ends the job with (SUPERSEDED, JOB_DEADLINE_EXCEEDED); NULL:
+    # CANCELLED, the owner's or an admin's cancel.
+    cancel_code: Mapped[str | None] = mapped_column(String(64))
 
 
 class AiJobChunk(Base):

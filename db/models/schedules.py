@@ -62,6 +62,8 @@ class AiSchedule(Base):
     tags: Mapped[list[str]] = mapped_column(
         ARRAY(String(64)), server_default=text("'{}'::varchar[]")
     )
+    # Each run's job's start-by TTL in seconds, from its create (None: the defaults; 0: none).
+    ttl_s: Mapped[int | None] = mapped_column(Integer)
 
 
 class AiScheduleRun(Base):

@@ -63,6 +63,11 @@ JOB_STATUS_KEYS = {
     "serviceTier",
     "reusedFromJobId",
     "tags",
+    "rolloutArm",
+    "concurrency",
+    "supersededBy",
+    "expiresAt",
+    "deadline",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (

@@ -30,6 +30,7 @@ KEYS = {
     "defaultServiceTier",
     "serviceTiers",
     "reuse",
+    "ttlSeconds",
 }
 
 
@@ -46,6 +47,7 @@ async def test_any_user_lists_every_registered_job_type_with_its_metadata(api: A
         assert item["defaultServiceTier"] in item["serviceTiers"]
         assert ("batch" in item["serviceTiers"]) == d.service.batch
         assert item["reuse"] == d.service.reuse
+        assert item["ttlSeconds"] == d.ttl_seconds
         assert item["label"] == d.label and item["label"].strip()
         for key in ("version", "promptVersion", "outputSchemaVersion", "inputSchemaVersion"):
             assert isinstance(item[key], str) and item[key], (key, item)

@@ -24,7 +24,13 @@ can state, and only there is 422 accepted (`ACCEPTS_422`):
   time zone and dates, a webhook receiver's URL rules (a user's or an admin's), an admin bulk
   filter matching too many jobs, a budget's `limitUsd` (its decimal places, as a cost cap's), a
   feedback's `itemOrdinal` that is no artifact's of the job, a rollout whose arms name a prompt
-  version or a model the deployment does not list, or whose weights do not sum to 100.
+  version or a model the deployment does not list, or whose weights do not sum to 100, a
+  create's flow members checked against each other (a `maxDelayMs` below `delayMs`, a TTL
+  shorter than the debounce delay, a deadline before `runAt`), an operator pause's match (a
+  `jobType` the engine does not know, no member given).
+
+The operator pauses the fuzzing creates are lifted when it ends, so none holds another test's
+jobs.
 
 One check is off where the API means otherwise: `use_after_free` on the reads of one job, since
 its DELETE purges the job's private data and leaves the job readable (docs/api.md).
@@ -64,7 +70,7 @@ LISTS = (
 # POST bodies whose rules depend on the clock, stored state or parsing (module docstring).
 BODIES = (
     r"^(POST /(api/ai/(jobs|jobs/quote|schedules|webhooks|jobs/\{jobId\}/(retry|feedback))"
-    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry|webhooks))"
+    r"|admin-api/ai/(jobs/\{jobId\}/retry|bulk/cancel|bulk/retry|webhooks|pauses))"
     r"|PUT /admin-api/ai/(budgets/\{scope\}/\{scopeId\}|job-types/\{jobType\}/rollout))$"
 )
 EVENT_STREAMS = r"/events$"
@@ -162,13 +168,29 @@ async def run_schemathesis(
     return proc.returncode or 0, text
 
 
+async def lift_every_pause(api: Api) -> int:
+    """The operator pauses the fuzzing created, deleted through the admin API: none is left to
+    hold another test's jobs. How many there were."""
+    admin = api.as_admin()
+    listed = await api.http.get("/admin-api/ai/pauses", headers=admin)
+    assert listed.status_code == 200, listed.text
+    items = listed.json()["items"]
+    for p in items:
+        r = await api.http.delete(f"/admin-api/ai/pauses/{p['pauseId']}", headers=admin)
+        assert r.status_code in (204, 404), r.text
+    return len(items)
+
+
 @pytest.mark.slow
 async def test_schemathesis_with_and_without_a_token(api: Api, tmp_path: Path) -> None:
     t0 = time.monotonic()
     auth = f"Authorization: Bearer {api.token('schemathesis', admin=True)}"
-    rc, out = await run_schemathesis(
-        api, auth, tmp=tmp_path / "with", phases="examples,coverage,fuzzing,stateful"
-    )
+    try:
+        rc, out = await run_schemathesis(
+            api, auth, tmp=tmp_path / "with", phases="examples,coverage,fuzzing,stateful"
+        )
+    finally:
+        await lift_every_pause(api)
     assert rc == 0, out[-20000:]
     assert "Stateful" in out and "Stateful (disabled)" not in out, out[-5000:]
     assert "Coverage (disabled)" not in out, out[-5000:]

@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.reconciler import Reconciler
 from db import stage_reads as stage_reads_db
-from db.lifecycle import LOCK_STATE
+from db.lifecycle import PREPARE_STATE
 from db.session import SessionMaker
 from engine.settings import Settings
 from runtime.wiring import reconciler_config
@@ -85,8 +85,8 @@ async def _trigger(db: SessionMaker, table: str, column: str, when: str) -> None
 
 def _prepare_reads_through_the_fault(monkeypatch: pytest.MonkeyPatch) -> None:
     """PREPARE's one read, asking the fault function about its row: PostgreSQL raises."""
-    sql = str(LOCK_STATE) + " AND aijobs_test_fault(id)"
-    monkeypatch.setattr(stage_reads_db, "LOCK_STATE", text(sql))
+    sql = str(PREPARE_STATE) + " AND aijobs_test_fault(id)"
+    monkeypatch.setattr(stage_reads_db, "PREPARE_STATE", text(sql))
 
 
 async def _stages(st: Stack, client: Client, job: uuid.UUID) -> tuple[list[str], object]:

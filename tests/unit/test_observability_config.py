@@ -28,15 +28,17 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
 
 
 def exported_names() -> set[str]:
-    """Every sample name the API and a worker can expose."""
-    reg = CollectorRegistry()
-    WorkerMetrics(reg)
-    api = ApiMetrics(["synthetic"], reg)
+    """Every sample name the API and a worker can expose (each on its own registry, as each
+    process has: both count `aijobs_flow_jobs_total`)."""
+    worker, api_reg = CollectorRegistry(), CollectorRegistry()
+    WorkerMetrics(worker)
+    api = ApiMetrics(["synthetic"], api_reg)
     api.state._snapshot.ok = True  # as after a successful read: its SQL families show
     names: set[str] = set()
-    for family in reg.collect():
-        for suffix in _SUFFIXES.get(family.type, ("",)):
-            names.add(family.name + suffix)
+    for reg in (worker, api_reg):
+        for family in reg.collect():
+            for suffix in _SUFFIXES.get(family.type, ("",)):
+                names.add(family.name + suffix)
     return names
 
 

@@ -39,6 +39,10 @@ OTHER_ISSUES: set[str] = {
     "AI_MODERATION_MODEL",
     "AI_MODERATION_BASE_URL",
     "AI_MODERATION_API_KEY",
+    # Flow control (docs/api.md "Flow control", docs/admin.md "Operator pauses").
+    "AI_DEBOUNCE_MAX_DELAY_MS",
+    "AI_DEFAULT_TTL_S",
+    "AI_RESUME_RATE",
 }
 KEPT = {
     *"AI_BATCH_WINDOW_S AI_BATCH_POLL_S PROVIDER_BREAKER_FAILURES PROVIDER_BREAKER_COOLDOWN_S "
