@@ -69,6 +69,9 @@ BRANCH_CASES = (
     "offpeak",
     "batch",
     "fallback",
+    "deadline",
+    "ttl_admitted",
+    "paused",
 )
 # Every path the newest tags must cover: a success on each job queue (added below), the plain
 # shape's other endings, each branch, the batch workflow and the reconciler.
@@ -80,6 +83,9 @@ PATHS = {
     ("synthetic", "limit_wait"),
     ("synthetic", "limit_wake"),
     ("synthetic", "delayed"),
+    ("synthetic", "deadline"),
+    ("synthetic", "ttl_admitted"),
+    ("synthetic", "paused"),
     ("quiz_generation", "chunked"),
     ("quiz_generation", "fallback"),
     ("flashcard_generation", "reuse"),
@@ -342,8 +348,19 @@ def changed_runner() -> SandboxedWorkflowRunner:
     )
 
 
-# Every synthetic history: the plain shape's four endings and its branches.
-SYNTHETIC_CASES = ("success", "retry", "fail", "cancel", "limit_wait", "limit_wake", "delayed")
+# Every synthetic history: the plain shape's four endings, its branches and flow control's.
+SYNTHETIC_CASES = (
+    "success",
+    "retry",
+    "fail",
+    "cancel",
+    "limit_wait",
+    "limit_wake",
+    "delayed",
+    "deadline",
+    "ttl_admitted",
+    "paused",
+)
 
 
 def synthetic(*cases: str) -> list[Recorded]:
@@ -375,7 +392,8 @@ async def test_adding_an_activity_without_a_patch_breaks_replay() -> None:
 async def test_backing_off_a_limit_wait_without_a_patch_breaks_replay() -> None:
     """The limit histories pin the wait for room: code that backs a limit's wait off like a
     pause fails them (their wake-up cancelled the wait's timer), and only them (the other
-    synthetic histories never waited on a limit)."""
+    synthetic histories never waited on a limit, or, the deadline case, had the guard end its
+    wait: the same commands either way)."""
     records = synthetic(*SYNTHETIC_CASES)
     failures = await replay_with([SyntheticLimitWaitsBackedOff], records, changed_runner())
     held = [r.path.name for r in records if r.case in ("limit_wait", "limit_wake")]
