@@ -35,7 +35,7 @@ can still be open.
 
 Every job input carries `SENTINEL`; the script checks that PostgreSQL got it and the replay test
 checks that no history contains it (only ids, hashes and codes may pass through Temporal).
-Takes about 15 s.
+Takes about a minute (the flow-control cases wait on their timers).
 """
 
 from __future__ import annotations
