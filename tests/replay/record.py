@@ -20,7 +20,10 @@ writes each closed run's history to `tests/replay/histories/<workflow>-<tag>-<ca
 - one reconciler run;
 - the branch cases of `record_cases.py` (a delayed job, a limit's wake-up, result reuse, an
   off-peak hold, a batch-tier job and its `ai_batch` workflow, a provider fallback), each on an
-  engine of its own.
+  engine of its own;
+- the flow-control cases of `record_flow.py` (a deadline passing while the job waits for room,
+  a start-by time passing after the job was admitted, an operator pause then its lifting), each
+  on an engine of its own.
 
 `--only <workflow>-<case>` (repeatable, e.g. `--only synthetic-limit_wait`) records just those
 cases and replaces just their files, leaving the tag's other histories alone.
@@ -32,7 +35,7 @@ can still be open.
 
 Every job input carries `SENTINEL`; the script checks that PostgreSQL got it and the replay test
 checks that no history contains it (only ids, hashes and codes may pass through Temporal).
-Takes about 15 s.
+Takes about a minute (the flow-control cases wait on their timers).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from tests.integration.engine_helpers import (
 )
 from tests.replay import HISTORIES, SENTINEL
 from tests.replay.record_cases import BRANCH_CASES, Fakes
+from tests.replay.record_flow import FLOW_CASES
 from tests.stack import JOB_QUEUES, Stack, engine_stack, make_settings
 from workflows.system import ReconcilerWorkflow
 
@@ -106,6 +110,8 @@ LIMIT_SETTINGS: dict[str, Any] = {
 HOLD_MS = 2500
 LIMIT_WAIT = "synthetic-limit_wait"
 SYSTEM_CASES = ("reconciler-run",)
+# The cases each on an engine of its own settings: the branches, then flow control's.
+ENGINE_CASES = (*BRANCH_CASES, *FLOW_CASES)
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,7 @@ def cases() -> list[Case]:
 
 def case_names() -> list[str]:
     """Every case the recorder records, as `--only` names them (`<workflow>-<case>`)."""
-    branches = [b.name for b in BRANCH_CASES]
+    branches = [b.name for b in ENGINE_CASES]
     return [f"{c.job_type}-{c.case}" for c in cases()] + [LIMIT_WAIT, *branches, *SYSTEM_CASES]
 
 
@@ -249,10 +255,10 @@ async def run_system(st: Stack) -> dict[str, WorkflowHistory]:
 async def run_branches(
     db_uri: str, address: str, client: Client, wanted: Callable[[str], bool]
 ) -> dict[str, WorkflowHistory]:
-    """The branch cases (record_cases.py), each on an engine of its own settings; the fake
-    OpenAI-compatible servers for those that need them."""
+    """The branch cases (record_cases.py) and the flow-control ones (record_flow.py), each on an
+    engine of its own settings; the fake OpenAI-compatible servers for those that need them."""
     out: dict[str, WorkflowHistory] = {}
-    todo = [b for b in BRANCH_CASES if wanted(b.name)]
+    todo = [b for b in ENGINE_CASES if wanted(b.name)]
     with contextlib.ExitStack() as es:
         fakes = None
         if any(b.fake for b in todo):

@@ -12,19 +12,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from functools import cache, cached_property
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import History
-from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from engine.contracts import (
     COMPLETE,
@@ -39,26 +31,39 @@ from engine.contracts import (
 )
 from engine.definition import QUEUE_NAMES
 from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
-from engine.payloads import DATA_CONVERTER
 from jobs.types import default_catalog
-from runtime.worker import sandbox_runner
-from tests.replay import HISTORIES, SENTINEL
+from tests.replay import SENTINEL
+from tests.replay.replaying import (
+    BASELINE_TAG,
+    SYNTHETIC_CASES,
+    assert_non_determinism,
+    changed_runner,
+    current_workflows,
+    event_index,
+    execute_results,
+    holds,
+    local_activities,
+    markers,
+    patches,
+    recorded,
+    regular_activities,
+    replay,
+    replay_with,
+    signals,
+    synthetic,
+    workflow_type,
+)
 from workflows import stages
-from workflows.batch import BATCH_WORKFLOW, BatchWorkflow
+from workflows.batch import BATCH_WORKFLOW
 from workflows.job_workflow import JobStages, JobWorkflow
 from workflows.limit_wait import MIN_WAIT_S
-from workflows.system import ReconcilerWorkflow, RelayShardWorkflow
 
 T = TypeVar("T")
 I = TypeVar("I")  # noqa: E741
 
-NAME = re.compile(r"^(?P<workflow>[a-z_]+)-v(?P<tag>[0-9]+)-(?P<case>[a-z_]+)\.json$")
 SYSTEM_TYPES = {"reconciler": RECONCILER_WORKFLOW}
-# The baseline: the first tag recorded from the one shape of the workflows, without a patch
-# (docs/versioning.md). Tags after it are recorded with `record --only` or in full.
-BASELINE_TAG = 8
 # The case names of the histories that pin a branch taken only by some jobs, not by every
-# success: their own tests below check their shape.
+# success: their own tests below (flow control's in test_replay_flow.py) check their shape.
 BRANCH_CASES = (
     "chunked",
     "limit_wait",
@@ -69,6 +74,9 @@ BRANCH_CASES = (
     "offpeak",
     "batch",
     "fallback",
+    "deadline",
+    "ttl_admitted",
+    "paused",
 )
 # Every path the newest tags must cover: a success on each job queue (added below), the plain
 # shape's other endings, each branch, the batch workflow and the reconciler.
@@ -80,6 +88,9 @@ PATHS = {
     ("synthetic", "limit_wait"),
     ("synthetic", "limit_wake"),
     ("synthetic", "delayed"),
+    ("synthetic", "deadline"),
+    ("synthetic", "ttl_admitted"),
+    ("synthetic", "paused"),
     ("quiz_generation", "chunked"),
     ("quiz_generation", "fallback"),
     ("flashcard_generation", "reuse"),
@@ -89,105 +100,6 @@ PATHS = {
     (BATCH_WORKFLOW, "batch"),
     ("reconciler", "run"),
 }
-
-
-@dataclass(frozen=True)
-class Recorded:
-    path: Path
-    workflow: str  # job type, "ai_batch" or "reconciler"
-    tag: int
-    case: str
-    text: str
-
-    @cached_property
-    def history(self) -> WorkflowHistory:
-        # The file does not hold the workflow id. Replay does not depend on it: the workflow
-        # only passes it on to activities.
-        return WorkflowHistory.from_json(self.path.stem, self.text)
-
-
-@cache
-def recorded() -> tuple[Recorded, ...]:
-    out = []
-    for path in sorted(HISTORIES.glob("*.json")):
-        m = NAME.match(path.name)
-        assert m, f"{path.name}: expected <workflow>-v<N>-<case>.json"
-        out.append(Recorded(path, m["workflow"], int(m["tag"]), m["case"], path.read_text("utf-8")))
-    return tuple(out)
-
-
-def current_workflows() -> list[type]:
-    """What the workers register: a workflow per job type, the batch tier's `ai_batch`, the
-    relay shards and the reconciler."""
-    return [JobWorkflow, BatchWorkflow, RelayShardWorkflow, ReconcilerWorkflow]
-
-
-async def replay(workflows: list[type], records: Sequence[Recorded]) -> dict[str, Exception]:
-    """Replay failures by file name (empty: every history replayed)."""
-    return await replay_with(workflows, records, sandbox_runner())
-
-
-async def replay_with(
-    workflows: list[type], records: Sequence[Recorded], runner: SandboxedWorkflowRunner
-) -> dict[str, Exception]:
-    by_run = {r.history.run_id: r.path.name for r in records}
-    histories = [r.history for r in records]
-
-    async def each() -> AsyncIterator[WorkflowHistory]:
-        for h in histories:
-            yield h
-
-    # The engine's payload converter: recorded payloads decode as the workers decode them.
-    results = await Replayer(
-        workflows=workflows, workflow_runner=runner, data_converter=DATA_CONVERTER
-    ).replay_workflows(each(), raise_on_replay_failure=False)
-    assert len(by_run) == len(histories)  # run ids are unique, so no failure hides another
-    return {by_run[run_id]: exc for run_id, exc in results.replay_failures.items()}
-
-
-def workflow_type(r: Recorded) -> str:
-    first = r.history.events[0]
-    return str(first.workflow_execution_started_event_attributes.workflow_type.name)
-
-
-def regular_activities(r: Recorded) -> list[str]:
-    """The regular activities a history scheduled (each retry is the same scheduled one)."""
-    return [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in r.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
-
-
-def local_activities(r: Recorded) -> list[str]:
-    return [
-        json.loads(marker_detail(e, "data"))["activity_type"]
-        for e in markers(r, "core_local_activity")
-    ]
-
-
-def patches(r: Recorded) -> list[str]:
-    return [json.loads(marker_detail(e, "patch-data"))["id"] for e in markers(r, "core_patch")]
-
-
-def markers(r: Recorded, name: str) -> list[Any]:
-    return [
-        e
-        for e in r.history.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == name
-    ]
-
-
-def marker_detail(event: Any, key: str) -> bytes:
-    return bytes(event.marker_recorded_event_attributes.details[key].payloads[0].data)
-
-
-def holds(needle: str, history_json: str) -> bool:
-    """Whether a history holds `needle`: in its JSON text, or inside a payload (the JSON holds
-    payload data base64-encoded, the protobuf encoding holds it verbatim)."""
-    raw = History(events=WorkflowHistory.from_json("x", history_json).events).SerializeToString()
-    return needle in history_json or needle.encode() in raw
 
 
 # ---- what was recorded ---------------------------------------------------------------------
@@ -334,28 +246,6 @@ class SyntheticNoDelay(_Changed):
         return await _NoDelay(self._copy._wakes).execute_job(inp)
 
 
-def changed_runner() -> SandboxedWorkflowRunner:
-    """The workers' sandbox, which must also pass this test module through: it defines the
-    changed classes and imports pytest."""
-    return SandboxedWorkflowRunner(
-        restrictions=sandbox_runner().restrictions.with_passthrough_modules("tests")
-    )
-
-
-# Every synthetic history: the plain shape's four endings and its branches.
-SYNTHETIC_CASES = ("success", "retry", "fail", "cancel", "limit_wait", "limit_wake", "delayed")
-
-
-def synthetic(*cases: str) -> list[Recorded]:
-    return [r for r in recorded() if r.workflow == "synthetic" and r.case in cases]
-
-
-def assert_non_determinism(failures: dict[str, Exception], names: list[str]) -> None:
-    assert sorted(failures) == sorted(names)
-    for name, exc in failures.items():
-        assert isinstance(exc, workflow.NondeterminismError), (name, repr(exc))
-
-
 async def test_removing_a_stage_without_a_patch_breaks_replay() -> None:
     """Exactly the histories that ran COMPLETE (the successes) contradict the change."""
     records = synthetic(*SYNTHETIC_CASES)
@@ -375,7 +265,8 @@ async def test_adding_an_activity_without_a_patch_breaks_replay() -> None:
 async def test_backing_off_a_limit_wait_without_a_patch_breaks_replay() -> None:
     """The limit histories pin the wait for room: code that backs a limit's wait off like a
     pause fails them (their wake-up cancelled the wait's timer), and only them (the other
-    synthetic histories never waited on a limit)."""
+    synthetic histories never waited on a limit, or, the deadline case, had the guard end its
+    wait: the same commands either way)."""
     records = synthetic(*SYNTHETIC_CASES)
     failures = await replay_with([SyntheticLimitWaitsBackedOff], records, changed_runner())
     held = [r.path.name for r in records if r.case in ("limit_wait", "limit_wake")]
@@ -442,21 +333,6 @@ def test_histories_of_a_chunked_job_run_each_chunk_then_merge() -> None:
         assert len(ids) >= 2 and set(regular_activities(r)) == {"execute"}
         assert local_activities(r) == ["prepare", "resolve", "merge", "project", COMPLETE]
         assert len(r.history.events) <= 25 + 6 * len(ids), len(r.history.events)
-
-
-def execute_results(r: Recorded) -> list[tuple[int, dict[str, Any]]]:
-    """(event index, decoded ExecuteResult) of every EXECUTE that completed, in order."""
-    scheduled = {
-        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in r.history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    }
-    return [
-        (i, json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data))
-        for i, e in enumerate(r.history.events)
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
-        and scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == "execute"
-    ]
 
 
 def test_histories_of_a_limit_wait_wait_for_room_not_a_backoff() -> None:
@@ -536,20 +412,6 @@ BRANCH_SHAPES: dict[tuple[str, str], tuple[list[str], list[str], list[str]]] = {
     ),
     (BATCH_WORKFLOW, "batch"): (["batch_timing"], ["batch_submit", "batch_poll"], []),
 }
-
-
-def signals(r: Recorded) -> list[str]:
-    return [
-        e.workflow_execution_signaled_event_attributes.signal_name
-        for e in r.history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-    ]
-
-
-def event_index(r: Recorded, event_type: int, after: int = 0) -> int:
-    return next(
-        i for i, e in enumerate(r.history.events) if i >= after and e.event_type == event_type
-    )
 
 
 def test_histories_of_each_branch_run_its_stages() -> None:
