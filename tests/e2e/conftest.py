@@ -63,6 +63,7 @@ JOB_STATUS_KEYS = {
     "serviceTier",
     "reusedFromJobId",
     "tags",
+    "rolloutArm",
 }
 # What an error body must never carry: traces, SQL, drivers, hosts, paths.
 LEAK_MARKERS = (
