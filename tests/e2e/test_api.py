@@ -100,6 +100,7 @@ async def test_create_answers_202_with_location_and_the_frozen_job_shape(api: Ap
     assert (body["priority"], body["progress"]) == (7, 0)
     assert body["startedAt"] is None and body["finishedAt"] is None and body["result"] is None
     assert body["errorCode"] is None and body["publicErrorMessage"] is None
+    assert body["rolloutArm"] is None  # no rollout stands for the type
 
     followed = await api.http.get(r.headers["location"], headers=api.as_user())
     assert followed.status_code == 200

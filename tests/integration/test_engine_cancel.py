@@ -1,6 +1,7 @@
-"""Cancellation on the real PostgreSQL and Temporal dev server: a queued job
-never runs, a running job stops within seconds, and a cancel racing a completion leaves exactly
-one terminal state on which SQL and Temporal agree."""
+"""Cancellation on the real PostgreSQL and Temporal dev server: a queued job never runs
+(cancelled before dispatch, it never gets a workflow), a running job stops within seconds, and
+a cancel racing a completion leaves exactly one terminal state on which SQL and Temporal
+agree."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import uuid
 from collections import Counter
 
 import pytest
+from sqlalchemy import text
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from db.outbox import CANCELLED, COMPLETED, ENQUEUE, FAILED
 from db.session import SessionMaker
+from engine.contracts import JobWorkflowResult
 from engine.errors import JobAlreadyCancelled, JobNotCancellable
 from engine.settings import Settings
 from jobs.types import synthetic
@@ -22,8 +26,7 @@ from tests.integration.engine_helpers import (
     LIFECYCLE_SA,
     describe_or_none,
     job_facts,
-    rows,
-    scalar,
+    local_stages,
     wait_activity_started,
     wait_jobs,
     wait_workflow_closed,
@@ -33,46 +36,86 @@ from tests.stack import TERMINAL, engine_stack, make_settings, variant
 from tests.support import eventually
 
 
+async def enqueue_row(db: SessionMaker, job_id: uuid.UUID) -> tuple[str, str | None]:
+    """(status, last_error) of the job's enqueue row."""
+    async with db() as s:
+        row = (
+            await s.execute(
+                text(
+                    "SELECT status, last_error FROM outbox_event "
+                    "WHERE event_type = :e AND aggregate_id = :j"
+                ),
+                {"e": ENQUEUE, "j": str(job_id)},
+            )
+        ).one()
+    return row.status, row.last_error
+
+
+def closed_unsent(row: tuple[str, str | None]) -> bool:
+    """The enqueue row was closed by the cancel, before any relay took it."""
+    return row == ("published", "closed: job ended before it was dispatched")
+
+
 async def test_queued_job_cancelled_never_runs(
     db: SessionMaker, settings: Settings, temporal_client: Client
 ) -> None:
-    # No worker and no relay yet: the job can only be queued when it is cancelled.
+    """A job cancelled before dispatch never gets a workflow (the cancel closes its enqueue
+    row); one cancelled after its workflow started, before a worker ran it, ends at PREPARE."""
+    # A relay and no worker: `dispatched` gets its workflow started, and nothing runs it.
+    async with engine_stack(settings, temporal_client, queues=()) as st:
+        dispatched = await st.create(input={"delayMs": 0})
+        await eventually(
+            lambda: _published(db, dispatched), what="the workflow started", timeout=30
+        )
+    # No relay and no worker: `undispatched` can only be queued when it is cancelled.
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
-        job_id = await st.create(input={"delayMs": 0})
-        result = await st.service.cancel(job_id, "u1")
-        assert result.outcome == "cancelled"
-        row = await st.job(job_id)
-        assert row.lifecycle_status == "cancelled" and row.error_code == "CANCELLED"
-        with pytest.raises(JobAlreadyCancelled):
-            await st.service.cancel(job_id, "u1")
+        undispatched = await st.create(input={"delayMs": 0})
+        for job_id in (undispatched, dispatched):
+            result = await st.service.cancel(job_id, "u1")
+            assert result.outcome == "cancelled"
+            row = await st.job(job_id)
+            assert row.lifecycle_status == "cancelled" and row.error_code == "CANCELLED"
+            with pytest.raises(JobAlreadyCancelled):
+                await st.service.cancel(job_id, "u1")
+        # Closed in the cancel's transaction: no relay will ever start its workflow.
+        assert closed_unsent(await enqueue_row(db, undispatched))
+        assert await enqueue_row(db, dispatched) == ("published", None)
 
-    # Cancelled before its dispatch: its enqueue row was closed with it, so the relay never
-    # starts its workflow and no worker ever sees it (no slot, no stage).
+    # Now a relay and a worker: PREPARE finds `dispatched` cancelled and its workflow ends
+    # there, before RESOLVE and before any provider slot.
     async with engine_stack(settings, temporal_client) as st:
-        [row] = await rows(
-            db,
-            "SELECT status, last_error FROM outbox_event "
-            "WHERE aggregate_id = :a AND event_type = :t",
-            a=str(job_id),
-            t=ENQUEUE,
-        )
-        assert row.status == "published" and "before it was dispatched" in row.last_error
-        await asyncio.sleep(1.0)  # a relay pass or more: still no workflow
-        assert await describe_or_none(temporal_client, st.workflow_id(job_id)) is None
+        wid = st.workflow_id(dispatched)
+        desc = await wait_workflow_closed(temporal_client, wid)
+        assert desc.status == WorkflowExecutionStatus.COMPLETED
+        res = await temporal_client.get_workflow_handle(wid, result_type=JobWorkflowResult).result()
+        assert res == JobWorkflowResult(str(dispatched), "cancelled")
+        assert desc.typed_search_attributes.get(LIFECYCLE_SA) == "cancelled"
 
-        row = await st.job(job_id)
-        assert row.lifecycle_status == "cancelled"
-        assert row.started_at is None and row.locked_by is None and row.progress == 0
-        f = await job_facts(db, job_id)
-        assert f.usage == [] and f.artifacts == [] and COMPLETED not in f.events
-        # The workflow really was started by the relay (the enqueue was published).
-        status = await scalar(
-            db,
-            "SELECT status FROM outbox_event WHERE event_type = :e AND aggregate_id = :j",
-            e=ENQUEUE,
-            j=str(job_id),
-        )
-        assert status == "published"
+        history = await temporal_client.get_workflow_handle(wid).fetch_history()
+        scheduled = [
+            e
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        assert scheduled == []  # no EXECUTE: the job never asked for a slot
+        assert [s for s in local_stages(history) if s.startswith("finalize")] == []
+
+        # A job created after them ran: the relay has claimed since, and passed the closed row.
+        later = await st.create(input={"delayMs": 0})
+        await st.wait_status(later, "succeeded", timeout=30)
+        assert await describe_or_none(temporal_client, st.workflow_id(undispatched)) is None
+
+        for job_id in (dispatched, undispatched):
+            row = await st.job(job_id)
+            assert row.lifecycle_status == "cancelled"
+            assert row.started_at is None and row.locked_by is None and row.progress == 0
+            f = await job_facts(db, job_id)
+            assert f.usage == [] and f.artifacts == [] and COMPLETED not in f.events
+            assert f.events.get(CANCELLED) == 1
+
+
+async def _published(db: SessionMaker, job_id: uuid.UUID) -> bool:
+    return (await enqueue_row(db, job_id))[0] == "published"
 
 
 async def test_running_job_cancel_ends_within_seconds(
@@ -175,12 +218,15 @@ async def test_cancel_racing_completion_leaves_one_terminal_state(
 
             f = await job_facts(db, job_id)
             row = await st.job(job_id)
-            if how == "cancelled" and await dispatched_at(db, job_id) is None:
-                # Cancelled before its dispatch: no workflow was ever started for it.
-                assert status == "cancelled" and row.error_code == "CANCELLED"
-                assert await describe_or_none(temporal_client, st.workflow_id(job_id)) is None
+            wid = st.workflow_id(job_id)
+            if closed_unsent(await enqueue_row(db, job_id)):
+                # Cancelled before a relay took it: its workflow was never started.
+                assert how == "cancelled" and status == "cancelled", (job_id, how, status)
+                assert await describe_or_none(temporal_client, wid) is None, (job_id, how)
+                assert f.artifacts == [] and f.usage == [] and row.started_at is None
+                assert f.events.get(CANCELLED) == 1 and COMPLETED not in f.events
                 continue
-            desc = await wait_workflow_closed(temporal_client, st.workflow_id(job_id))
+            desc = await wait_workflow_closed(temporal_client, wid)
             assert desc.typed_search_attributes.get(LIFECYCLE_SA) == status, (job_id, how)
             if status == "succeeded":
                 assert desc.status == WorkflowExecutionStatus.COMPLETED, (job_id, how)
@@ -221,7 +267,3 @@ async def test_a_non_cancellable_type_refuses_a_cancel_while_queued(
         row = await st.job(job_id)
         assert (row.lifecycle_status, row.cancel_requested_at) == ("queued", None)
         assert CANCELLED not in (await job_facts(db, job_id)).events
-
-
-async def dispatched_at(db: SessionMaker, job_id: uuid.UUID) -> object:
-    return await scalar(db, "SELECT dispatched_at FROM ai_job WHERE id = :j", j=job_id)

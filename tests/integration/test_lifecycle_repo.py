@@ -194,7 +194,8 @@ async def apply(sm: SessionMaker, job_id: uuid.UUID, op: Any, m: Model) -> None:
     elif name == "note":
         async with sm.begin() as s:
             await lifecycle_db.record_attempt(s, job_id, attempt=1, internal_error=op[1])
-        m.internal = op[1]
+        if m.status not in TERMINAL:  # a late attempt never rewrites why its job ended
+            m.internal = op[1]
     else:  # pragma: no cover
         raise AssertionError(op)
     check_invariants(await get(sm, job_id), m)
