@@ -73,7 +73,8 @@ async def mark_sent(s: AsyncSession, mark: CallMark) -> None:
 # The dead marks of `:job_id` (every chunk's when `:every_chunk`, else `:chunk_no`'s: NULL for
 # a one-call job; with `:token`, only while that attempt holds the job's lock) become their
 # calls' usage rows, estimated at their worst case, with their
-# daily buckets and the job's spend, like db/usage.py INSERT does for one call; the marks are
+# daily buckets (the scopes' too, for a job with an organisation, teams or tags) and the job's
+# spend, like db/usage.py INSERT does for one call; the marks are
 # deleted. A mark whose usage row exists already (written late) charges nothing again.
 CHARGE_DEAD = text(
     """
@@ -111,6 +112,39 @@ CHARGE_DEAD = text(
             tokens_out = d.tokens_out + EXCLUDED.tokens_out,
             cost_usd = d.cost_usd + EXCLUDED.cost_usd,
             estimated_cost_usd = d.estimated_cost_usd + EXCLUDED.estimated_cost_usd
+    ), scoped AS (
+        SELECT (l.created_at AT TIME ZONE 'UTC')::date AS day, l.user_id, dead.job_type,
+               l.model, l.credential_mode, l.tokens_in, l.tokens_out, l.cost_usd,
+               j.org_id, j.team_ids, j.tags
+        FROM logged l JOIN dead ON dead.call_no = l.call_no JOIN ai_job j ON j.id = :job_id
+        WHERE j.org_id IS NOT NULL OR j.team_ids <> '{}' OR j.tags <> '{}'
+    ), scope_rolled AS (
+        INSERT INTO ai_usage_scoped_daily AS d (day, user_id, job_type, model, credential_mode,
+            scope_key, org_id, team_ids, tags, calls, tokens_in, tokens_out, cost_usd,
+            estimated_cost_usd)
+        SELECT day, user_id, job_type, model, credential_mode,
+               md5(coalesce(org_id, '') || '|' || array_to_string(team_ids, ',') || '|'
+                   || array_to_string(tags, ',')),
+               org_id, team_ids, tags, count(*), sum(tokens_in), sum(tokens_out),
+               sum(cost_usd), sum(cost_usd)
+        FROM scoped
+        GROUP BY day, user_id, job_type, model, credential_mode, org_id, team_ids, tags
+        ON CONFLICT (day, user_id, job_type, model, credential_mode, scope_key) DO UPDATE
+        SET calls = d.calls + EXCLUDED.calls,
+            tokens_in = d.tokens_in + EXCLUDED.tokens_in,
+            tokens_out = d.tokens_out + EXCLUDED.tokens_out,
+            cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+            estimated_cost_usd = d.estimated_cost_usd + EXCLUDED.estimated_cost_usd
+    ), per_scope AS (
+        INSERT INTO ai_scope_usage_daily AS d (scope, scope_id, day, calls, cost_usd)
+        SELECT x.scope, x.scope_id, scoped.day, count(*), sum(scoped.cost_usd)
+        FROM scoped CROSS JOIN LATERAL (
+            SELECT 'org', scoped.org_id WHERE scoped.org_id IS NOT NULL
+            UNION SELECT 'team', t FROM unnest(scoped.team_ids) t
+            UNION SELECT 'tag', g FROM unnest(scoped.tags) g) AS x(scope, scope_id)
+        GROUP BY x.scope, x.scope_id, scoped.day
+        ON CONFLICT (scope, scope_id, day) DO UPDATE
+        SET calls = d.calls + EXCLUDED.calls, cost_usd = d.cost_usd + EXCLUDED.cost_usd
     ), spent AS (
         UPDATE ai_job SET spent_cost_usd = spent_cost_usd
             + (SELECT coalesce(sum(cost_usd), 0) FROM logged)

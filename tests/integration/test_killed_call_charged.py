@@ -23,6 +23,7 @@ import pytest
 from temporalio.client import Client
 
 from db.session import SessionMaker
+from engine.scopes import JobScopes
 from jobs import attempt_start, lifecycle
 from jobs.admission import Refused
 from jobs.requests import CreateJobRequest
@@ -149,7 +150,13 @@ async def test_a_dead_call_counts_before_the_next_call_is_covered(
     settings = make_settings(database_url, temporal_address, **fake_env(fake))
     async with engine_stack(settings, temporal_client, queues=(), relay=False) as st:
         req = CreateJobRequest(
-            user_id="u1", job_type=CARDS, target_type="lesson", target_id="L1", input=INPUTS[CARDS]
+            user_id="u1",
+            job_type=CARDS,
+            target_type="lesson",
+            target_id="L1",
+            input=INPUTS[CARDS],
+            # Whose money beyond the user's: the dead call counts in their budgets too.
+            scopes=JobScopes(org_id="acme", team_ids=("red",), tags=("q4",)),
         )
         worst = (await st.service.quote(req)).checked.estimate.worst_case_cost_usd
         job = (await st.service.create(dataclasses.replace(req, max_cost_usd=worst))).job.id
@@ -187,4 +194,14 @@ async def test_a_dead_call_counts_before_the_next_call_is_covered(
     )
     assert [(c.attempt_no, c.cost_basis, c.cost_usd) for c in charged] == [(1, "estimated", worst)]
     assert row.spent_cost_usd == worst == row.max_cost_usd
+    scopes = await rows(
+        db, "SELECT scope, scope_id, calls, cost_usd FROM ai_scope_usage_daily ORDER BY 1"
+    )
+    assert [(r.scope, r.scope_id, r.calls, r.cost_usd) for r in scopes] == [
+        ("org", "acme", 1, worst),
+        ("tag", "q4", 1, worst),
+        ("team", "red", 1, worst),
+    ]
+    rolled = "SELECT calls, cost_usd, estimated_cost_usd, org_id FROM ai_usage_scoped_daily"
+    assert [tuple(r) for r in await rows(db, rolled)] == [(1, worst, worst, "acme")]
     assert (await fake.acalls())["count"] == 0  # no call was sent in this test
