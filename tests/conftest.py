@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, pool, text
+from sqlalchemy.exc import DBAPIError
 from temporalio.client import Client
 
 from db.migrate import upgrade
@@ -122,9 +123,17 @@ def fake(fake_openai_server: FakeOpenAIServer) -> FakeOpenAIServer:
 
 @pytest.fixture
 async def db(sessionmaker: SessionMaker) -> SessionMaker:
-    """A clean database for this test."""
-    async with sessionmaker.begin() as s:
-        await s.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    """A clean database for this test. A process the previous test left winding down (a
+    worker's last activity, a relay's last mark) may hold a lock the TRUNCATE needs in the other
+    order: PostgreSQL then aborts one of the two, and the TRUNCATE is taken again."""
+    for attempt in range(5):
+        try:
+            async with sessionmaker.begin() as s:
+                await s.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+            return sessionmaker
+        except DBAPIError as exc:
+            if "deadlock detected" not in str(exc) or attempt == 4:
+                raise
     return sessionmaker
 
 

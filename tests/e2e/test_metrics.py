@@ -37,6 +37,7 @@ ALLOWED_LABELS = {
     "window",  # aijobs_cost_spent_usd: day | month
     "reason",  # aijobs_limiter_wait*: rpm | tpm | concurrency | announced | pause | breaker
     "poller",  # aijobs_poller_restarts_total: the supervised loops' names, fixed in the code
+    "outcome",  # aijobs_flow_jobs_total: superseded | expired | deadline | held
 }
 Key = tuple[str, frozenset[tuple[str, str]]]
 
