@@ -4,7 +4,7 @@ Runs after every chunk's EXECUTE succeeded, before PROJECT. One transaction: the
 chunks' outputs in chunk order, merged by `jobs.chunked.merge_outputs` (items whose key
 normalises the same as an earlier one dropped, cut at the requested count), validated by the
 job type's output model (`jobs.output.validated_output`, the rule a one-call answer
-meets) and stored as the job's output and hash by `lifecycle.store_output`, the lock owner's
+meets) and stored as the job's output and hash by `job_output.store_output`, the lock owner's
 write of an output (listeners notified). PROJECT then projects it like any output.
 
 A local activity, not a regular one: it reads PostgreSQL and writes one row, never calls a
@@ -23,8 +23,8 @@ from temporalio import activity
 from activities.deps import StageDeps, lock_owner, log
 from activities.failures import fail_final
 from db import chunks as chunks_db
+from db import job_output as job_output_db
 from db import jobs as jobs_db
-from db import lifecycle as lifecycle_db
 from engine.contracts import MERGE, MergeInput, MergeResult
 from engine.errors import ExecutionFailure
 from engine.hashing import output_hash
@@ -70,7 +70,7 @@ class Merge:
             digest = output_hash(out)
             if row.output_hash == digest:
                 return MergeResult(output_hash=digest, item_count=len(out[spec.items_field]))
-            stored = await lifecycle_db.store_output(
+            stored = await job_output_db.store_output(
                 s, job_id, owner=lock_owner(), output=out, output_hash=digest, progress=90
             )
             if not stored:

@@ -64,9 +64,10 @@ from activities.reconciler_temporal import RPC_TIMEOUT, describe, running_among
 from activities.relay_activity import RelayShards, check_relay
 from activities.retention import RetentionConfig, run_retention
 from db import outbox as outbox_db
+from db import outbox_parked as outbox_parked_db
 from db import reconciler as reconciler_db
 from db.lifecycle import JobLockRow
-from db.outbox import ParkedPage
+from db.outbox_parked import ParkedPage
 from db.reconciler import CancelRequest, WaitingJob
 from db.session import SessionMaker
 from engine.contracts import RECONCILE_ONCE, ReconcileResult
@@ -353,14 +354,14 @@ class Reconciler:
 
     async def _revival(self, p: Pass, phase: Phase) -> None:
         """Every parked enqueue, page by page from where the last pass stopped: revived if its
-        job waits, closed if its job ended (db/outbox.py `repair_parked_enqueues`)."""
+        job waits, closed if its job ended (db/outbox_parked.py `repair_parked_enqueues`)."""
         await self._paged(p, phase, self._fetch_parked, self._handle_parked, start=0)
 
     async def _fetch_parked(self, after: int, limit: int) -> Fetched[ParkedPage]:
         """One page of parked enqueues, repaired as it is read (the statement revives and
         closes): the handle only reports."""
         async with self._sm.begin() as s:
-            page = await outbox_db.repair_parked_enqueues(
+            page = await outbox_parked_db.repair_parked_enqueues(
                 s,
                 after_id=after,
                 limit=limit,

@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpcore
 import httpx
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.webhook_http import guarded_client
 from db import webhook_deliveries as deliveries_db
 from db import webhooks as webhooks_db
 from db.listener import Listener
@@ -48,7 +48,6 @@ from jobs.webhooks import (
     UrlRefused,
     check_url,
     event_body,
-    public_addresses,
     signature_header,
     signing_secrets,
     system_resolver,
@@ -101,53 +100,14 @@ class WebhookConfig:
     )
 
 
-class _GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Connects only to public addresses: the host is resolved here, every address checked,
-    and the connection made to a checked address (TLS still verifies the host name), so a DNS
-    answer that changes after registration cannot point a delivery inward."""
-
-    def __init__(self, inner: httpcore.AsyncNetworkBackend, resolve: Resolver) -> None:
-        self._inner = inner
-        self._resolve = resolve
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            addresses = await public_addresses(host, port, self._resolve)
-        except UrlRefused as exc:
-            raise httpcore.ConnectError(exc.public_message) from None
-        return await self._inner.connect_tcp(
-            addresses[0],
-            port,
-            timeout=timeout,
-            local_address=local_address,
-            socket_options=socket_options,
-        )
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
 def http_client(config: WebhookConfig, resolve: Resolver = system_resolver) -> httpx.AsyncClient:
-    """No redirects, no proxies from the environment, 10 s per request (5 s to connect)."""
-    transport = httpx.AsyncHTTPTransport(retries=0)
-    if not config.allow_private:
-        transport._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=config.max_in_flight * 2,
-            network_backend=_GuardedBackend(httpcore.AnyIOBackend(), resolve),
-        )
-    return httpx.AsyncClient(
-        transport=transport,
-        follow_redirects=False,
-        trust_env=False,
+    """No redirects, no proxies from the environment, 10 s per request (5 s to connect); only
+    public addresses unless `allow_private` (activities/webhook_http.py)."""
+    return guarded_client(
+        allow_private=config.allow_private,
+        max_connections=config.max_in_flight * 2,
         timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
+        resolve=resolve,
     )
 
 

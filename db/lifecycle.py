@@ -342,42 +342,6 @@ async def lock_state(s: AsyncSession, job_id: uuid.UUID) -> tuple[str, str | Non
 # ---- a running job's bookkeeping: the attempt, the stored output (never its state) ---
 
 
-async def store_output(
-    session: AsyncSession,
-    job_id: uuid.UUID,
-    *,
-    owner: str,
-    output: dict[str, Any],
-    output_hash: str,
-    progress: int,
-    flagged: int | None = None,
-) -> bool:
-    """Only the lock owner of a running job may store an output (with the items moderation
-    dropped). Progress changes, so the job's listeners are notified (`ai_job_changed`, in this
-    transaction)."""
-    result = await session.execute(
-        text(
-            """
-            UPDATE ai_job SET output = :out, output_hash = :h,
-                   flagged_items = CAST(:flagged AS integer),
-                   progress = greatest(progress, :p), updated_at = now()
-            WHERE id = :id AND lifecycle_status = 'running'
-              AND split_part(locked_by, '/', 1) = :owner
-            RETURNING pg_notify('ai_job_changed', id::text) IS NULL AS notified
-            """
-        ).bindparams(bindparam("out", type_=JSONB)),
-        {
-            "id": job_id,
-            "out": output,
-            "h": output_hash,
-            "p": progress,
-            "owner": owner,
-            "flagged": flagged,
-        },
-    )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
 # EXECUTE's bookkeeping after a valid answer, pipelined with the call's usage row in its last
 # transaction (db/attempts.py `settle`), in one UPDATE of the row: the attempt is recorded (its
 # correction hint cleared) whoever holds the job; while `owner` holds it running, its lock is

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import pipeline
-from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, RELEASE_EXPIRED, OutboxRow
+from db.outbox import COLUMNS, ENQUEUE, MARK_PUBLISHED, RELEASE_EXPIRED, UUID_RE, OutboxRow
 from db.session import SessionMaker
 from db.webhook_deliveries import FAN_OUT, fan_out_params
 
@@ -68,7 +68,6 @@ BY_DESIGN_WAITS: dict[str, str] = {
 }
 # NULL-safe: `NOT` of an unknown predicate would leave the job out of the count.
 _PARKED_SQL = "coalesce(" + " OR ".join(f"({p})" for p in BY_DESIGN_WAITS.values()) + ", false)"
-_UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 # One claim, sent pipelined by `claim` after `CLAIM_LOCK`, in three parts:
 # - window: for each user with due jobs not yet dispatched (a loose index scan of
@@ -124,7 +123,7 @@ CLAIM = text(
         SELECT o.id, (j.id IS NOT NULL) AS waits FROM outbox_event o
         LEFT JOIN ai_job j
           ON o.event_type = {_ENQUEUE_SQL} AND j.{_UNDISPATCHED_SQL}
-         AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
+         AND j.id = CASE WHEN o.aggregate_id ~* '{UUID_RE}' THEN o.aggregate_id::uuid END
         WHERE o.status = 'pending' AND o.held_at IS NULL AND o.available_at <= now()
         ORDER BY o.available_at, o.id
         LIMIT :lim
@@ -188,7 +187,7 @@ CLOSE_ENDED_HELD = text(
            last_error = 'closed: job ' || j.lifecycle_status || ' while held by its window'
     FROM ai_job j
     WHERE o.status = 'pending' AND o.held_at IS NOT NULL
-      AND j.id = CASE WHEN o.aggregate_id ~* '{_UUID_RE}' THEN o.aggregate_id::uuid END
+      AND j.id = CASE WHEN o.aggregate_id ~* '{UUID_RE}' THEN o.aggregate_id::uuid END
       AND j.lifecycle_status <> 'queued'
     RETURNING o.id
     """

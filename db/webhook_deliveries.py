@@ -28,14 +28,13 @@ from typing import Literal, get_args
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db.outbox import UUID_RE
 from db.webhooks import WEBHOOK_EVENTS
 
 # The API validates against this Literal; the tuple is the same values for SQL.
 DeliveryStatus = Literal["pending", "delivered", "failed", "dead"]
 DELIVERY_STATUSES: tuple[str, ...] = get_args(DeliveryStatus)
 REPLAYABLE = ("delivered", "failed", "dead")
-# Guards the cast of an event's aggregate id: a malformed one fans out to nothing.
-_UUID_RE = "^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$"
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ NOTIFY_CHANNEL = "ai_webhook"
 
 
 def fan_out_params(event_ids: Sequence[int]) -> dict[str, object]:
-    return {"ids": list(event_ids), "types": list(WEBHOOK_EVENTS), "uuid_re": _UUID_RE}
+    return {"ids": list(event_ids), "types": list(WEBHOOK_EVENTS), "uuid_re": UUID_RE}
 
 
 async def fan_out(session: AsyncSession, event_ids: Sequence[int]) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import batches as batches_db
+from db import job_output as job_output_db
 from db import jobs as jobs_db
 from db import lifecycle as lifecycle_db
 from db import structured_downgrades as downgrades_db
@@ -277,7 +278,7 @@ async def collect(
         await _failed(s, a, failure)
         return Failed(failure.code)
     digest = output_hash(out)
-    stored = await lifecycle_db.store_output(
+    stored = await job_output_db.store_output(
         s,
         a.job_id,
         owner=a.owner,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from db import budgets as budgets_db
-from db import lifecycle as lifecycle_db
+from db import job_output as job_output_db
 from db import reuse as reuse_db
 from db.lifecycle import NewJob, lock_holder
 from db.session import SessionMaker
@@ -239,7 +239,7 @@ async def _copy(
     """The source's stored answer and hash become the job's own, the job taken by `owner`."""
     assert src.output is not None and src.output_hash is not None
     await lifecycle.take(s, job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id)
-    stored = await lifecycle_db.store_output(
+    stored = await job_output_db.store_output(
         s,
         job_id,
         owner=owner,

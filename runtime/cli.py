@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from db import outbox_admin as outbox_admin_db
 from engine.settings import ConfigurationError, Role, Settings
-from runtime import settings_cli
+from runtime import operator_commands, settings_cli
 from runtime.names import application_name
 from runtime.settings_cli import validation_line
 
@@ -290,55 +289,13 @@ def cmd_setup_temporal(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _outbox_dead(settings: Settings, requeue: bool) -> None:
-    from runtime.wiring import build_parts
-
-    parts = build_parts(settings)
-    try:
-        async with parts.sessionmaker.begin() as s:
-            dead = await outbox_admin_db.list_dead(s, limit=1000)
-            for r in dead:
-                print(
-                    f"{r.id}\t{r.event_type}\t{r.aggregate_id}\tattempts={r.attempt_count}\t"
-                    f"{(r.last_error or '')[:120]}"
-                )
-            if requeue and dead:
-                n = len(await outbox_admin_db.requeue(s, [r.id for r in dead]))
-                print(f"requeued {n} dead events")
-    finally:
-        await parts.close()
-
-
 def cmd_outbox(args: argparse.Namespace) -> int:
-    asyncio.run(_outbox_dead(_startup("outbox-dead"), args.requeue))
+    asyncio.run(operator_commands.outbox_dead(_startup("outbox-dead"), args.requeue))
     return 0
 
 
-async def _rotate_keys_main(s: Settings) -> int:
-    """Every encrypted column (db/models/ marks them) under the keyring's current key; one
-    summary line per column. Exit 1 when a required secret (a user's provider key, a webhook's
-    signing secret) is not decryptable by the ring; a webhook's previous secret that is not is
-    skipped and counted."""
-    from jobs.credentials import credential_cipher
-    from jobs.key_rotation import rotate_keys
-    from runtime.wiring import build_parts
-
-    keyring = credential_cipher(s)
-    if keyring is None:  # production without a keyring: the startup check refuses it first
-        print("aijobs rotate-keys: CREDENTIAL_ENCRYPTION_KEY is not set", file=sys.stderr)
-        return 2
-    parts = build_parts(s)
-    try:
-        summary = await rotate_keys(parts.sessionmaker, keyring)
-    finally:
-        await parts.close()
-    for column in summary.columns:
-        print(column.line(keyring.current_key_id))
-    return 1 if summary.failed else 0
-
-
 def cmd_rotate_keys(args: argparse.Namespace) -> int:
-    return asyncio.run(_rotate_keys_main(_startup("rotate-keys")))
+    return asyncio.run(operator_commands.rotate_keys(_startup("rotate-keys")))
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
