@@ -386,9 +386,13 @@ async def test_stuck_when_the_workflow_was_terminated_under_a_running_job(
     wf = (await api.admin_get(job))["workflowId"]
     await temporal_client.get_workflow_handle(wf).terminate(reason="operator test")
 
-    stuck = await stuck_of(api, job)
+    # Reported once the relay has marked the enqueue published (it marks a dispatched batch
+    # with its next claim, or alone shortly after) and Temporal answers within the budget.
+    stuck = await eventually(
+        lambda: stuck_of(api, job), timeout=15, what="the terminated workflow reported"
+    )
     assert (await api.get(job))["lifecycleStatus"] == "running"
-    assert stuck is not None and stuck["reason"] == "WORKFLOW_CLOSED", stuck
+    assert stuck["reason"] == "WORKFLOW_CLOSED", stuck
     assert "TERMINATED" in stuck["detail"] and "running" in stuck["detail"]
     since = datetime.fromisoformat(stuck["since"])
     assert abs((datetime.now(UTC) - since).total_seconds()) < 60

@@ -327,10 +327,6 @@ async def test_a_half_open_probe_is_released_whatever_its_attempt_ends_with(
         assert gate.probe_until is None
 
 
-# Written by a call's usage row (db/usage.py INSERT) and by nothing EXECUTE runs before it.
-SAVE_ONLY = "ai_usage_scoped_daily"
-
-
 async def test_a_database_stall_after_the_answer_never_buys_it_twice(
     db: SessionMaker,
     database_url: str,
@@ -340,31 +336,31 @@ async def test_a_database_stall_after_the_answer_never_buys_it_twice(
 ) -> None:
     """EXECUTE heartbeats until its last commit: a table lock that holds its save for several
     heartbeat timeouts does not make Temporal start a second attempt (a second paid call).
-    The table locked is one only the call's usage row writes (the scopes' usage rollup): the
-    take before the call touches `ai_usage_log` too (it charges dead attempts' calls), so a
-    lock there would stall the job before its call instead."""
-    await fake.ascript([], default=VALID)
+    The provider holds the answer until the lock on the usage log is taken: the take before the
+    call writes that table too (it charges dead attempts' calls), so the lock comes after it."""
+    await fake.ascript([{**VALID, "hold_at": 1}], default=VALID)
     settings = make_settings(
         database_url, temporal_address, AI_HEARTBEAT_TIMEOUT_MS=1000, **fake_env(fake)
     )
     async with engine_stack(settings, temporal_client, queues=JOB_QUEUES) as st:
-        async with db.begin() as locker:  # rolled back (the lock released) on leaving
-            await locker.execute(text(f"LOCK TABLE {SAVE_ONLY} IN ACCESS EXCLUSIVE MODE"))
-            job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
+        job = await st.create(job_type=FLASH, input=INPUTS[FLASH])
 
-            async def called() -> bool:
-                return bool((await fake.acalls())["count"] >= 1)
+        async def held() -> bool:
+            return bool((await fake.astreams()).get("held", 0) >= 1)
 
-            async def save_waits() -> bool:
-                return bool(
-                    await scalar(
-                        db,
-                        "SELECT count(*) FROM pg_locks WHERE NOT granted "
-                        f"AND relation = '{SAVE_ONLY}'::regclass",
-                    )
+        async def save_waits() -> bool:
+            return bool(
+                await scalar(
+                    db,
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                    "AND relation = 'ai_usage_log'::regclass",
                 )
+            )
 
-            await eventually(called, timeout=30, what="the provider call")
+        await eventually(held, timeout=30, what="the provider holding the answer")
+        async with db.begin() as locker:  # rolled back (the lock released) on leaving
+            await locker.execute(text("LOCK TABLE ai_usage_log IN ACCESS EXCLUSIVE MODE"))
+            await fake.arelease()
             await eventually(save_waits, timeout=30, what="the save waiting on the lock")
             # The save now waits on the lock for 6 heartbeat timeouts.
             deadline = time.monotonic() + 6
