@@ -21,7 +21,6 @@ NOTIFY.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Sequence
@@ -41,7 +40,7 @@ from jobs import limit_wake
 from runtime.pause_waker import PauseWaker
 from runtime.reuse_waker import beside
 from runtime.signals import signal_all
-from runtime.supervisor import supervise
+from runtime.supervisor import supervise, until
 from runtime.wiring import Parts
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,7 @@ class LimitWaker:
     async def run(self, stop: asyncio.Event) -> None:
         last_sweep = time.monotonic()
         while not stop.is_set():
-            await _until(stop, self._heard, self._sweep_every_s - (time.monotonic() - last_sweep))
+            await until(stop, self._heard, self._sweep_every_s - (time.monotonic() - last_sweep))
             if stop.is_set():
                 return
             if self._heard.is_set():
@@ -119,19 +118,6 @@ class LimitWaker:
 
     async def _signal(self, workflow_ids: Iterable[str]) -> None:
         self.signalled += await signal_all(self._client, workflow_ids, LIMIT_WAKE_SIGNAL)
-
-
-async def _until(stop: asyncio.Event, heard: asyncio.Event, timeout_s: float) -> None:
-    """Until `stop` or `heard` is set, at most `timeout_s`."""
-    if heard.is_set() or timeout_s <= 0:
-        return
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(heard.wait())]
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
 
 
 def limit_waker_task(

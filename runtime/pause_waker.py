@@ -22,7 +22,6 @@ Idle, it costs one pass every IDLE_S and nothing per job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -34,6 +33,7 @@ from db.session import SessionMaker
 from engine.limit_wait import LIMIT_WAKE_SIGNAL
 from jobs import pauses
 from runtime.signals import signal_all
+from runtime.supervisor import until
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class PauseWaker:
                     raise
                 log.warning("pause waker pass failed: %s", type(exc).__name__)
                 sleep_s = RETRY_S
-            await _until(stop, self._heard, sleep_s)
+            await until(stop, self._heard, sleep_s)
 
     async def once(self) -> float:
         """One pass (module text); how long it may sleep before the next."""
@@ -100,16 +100,3 @@ class PauseWaker:
 
     async def _signal(self, workflow_ids: Iterable[str]) -> None:
         self.signalled += await signal_all(self._client, workflow_ids, LIMIT_WAKE_SIGNAL)
-
-
-async def _until(stop: asyncio.Event, heard: asyncio.Event, timeout_s: float) -> None:
-    """Until `stop` or `heard` is set, at most `timeout_s`."""
-    if heard.is_set() or timeout_s <= 0:
-        return
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(heard.wait())]
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

@@ -89,3 +89,16 @@ async def supervise(
             await asyncio.wait_for(stop.wait(), delay)
         delay = min(backoff.max_s, delay * 2)
     return restarts
+
+
+async def until(stop: asyncio.Event, heard: asyncio.Event, timeout_s: float) -> None:
+    """Until `stop` or `heard` is set, at most `timeout_s`."""
+    if heard.is_set() or timeout_s <= 0:
+        return
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(heard.wait())]
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
