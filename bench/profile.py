@@ -1,7 +1,7 @@
 """`python -m bench.profile RAW --jobs N`: where a worker's time goes per job, from a py-spy
 profile in raw (collapsed-stack) format.
 
-Record one with py-spy (`pip install py-spy`; not a project dependency) attached to the engine
+Record one with py-spy (a dev dependency: `make install-dev`) attached to the engine
 worker of a bench run, e.g. `py-spy record --pid PID --rate 100 --nonblocking --format raw
 --output worker.txt --duration 120`; N is the number of jobs the worker ran meanwhile. py-spy
 samples the stacks of threads that are not idle: time on the stack, not CPU time, and on a

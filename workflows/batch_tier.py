@@ -28,6 +28,7 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
+from workflows.limit_wait import Wakes
 from workflows.stages import stub
 
 with workflow.unsafe.imports_passed_through():
@@ -68,14 +69,12 @@ async def batch_leave(inp: BatchAttemptInput) -> BatchLeaveResult:
     stub()
 
 
-class BatchResults:
-    """The `batch-result` signals this run received."""
-
-    def __init__(self) -> None:
-        self.count = 0
+class BatchResults(Wakes):
+    """The `batch-result` signals this run received (the job workflow counts them in a
+    `Wakes` of its own: this module is imported only by a run that takes the batch branch)."""
 
     def arrived(self) -> None:
-        self.count += 1
+        self.woken()
 
 
 def retry_follows(code: str, *, attempt: int, plan: ExecutionPlan) -> bool:
@@ -90,7 +89,7 @@ class BatchTier:
     """The batch branch of one job's run; its stages are local activities under the job
     workflow's bookkeeping `retry` and `timeout`."""
 
-    def __init__(self, results: BatchResults, retry: RetryPolicy, timeout: timedelta) -> None:
+    def __init__(self, results: Wakes, retry: RetryPolicy, timeout: timedelta) -> None:
         self._results = results
         self._retry = retry
         self._timeout = timeout

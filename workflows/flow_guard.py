@@ -33,11 +33,6 @@ Local = Callable[
 ]
 
 
-def armed(prep: PrepareResult) -> bool:
-    """Whether the job has a start-by time or a deadline (else no timer at all)."""
-    return bool(prep.expires_at or prep.deadline)
-
-
 def _at(text: str) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 

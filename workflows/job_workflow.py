@@ -7,7 +7,8 @@ the commands it issues is docs/versioning.md's business."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -19,12 +20,9 @@ from temporalio.exceptions import (
     FailureError,
 )
 
-from workflows import flow_guard, offpeak_hold, stages
-from workflows.batch_tier import BatchResults, BatchTier
-from workflows.chunk_fan_out import execute_chunks
+from workflows import stages
 from workflows.failures import HistoryFull, error_code, is_cancellation
 from workflows.limit_wait import Wakes, wait_for_room
-from workflows.reuse_wait import reused
 
 with workflow.unsafe.imports_passed_through():
     from engine import contracts
@@ -69,6 +67,19 @@ BOOKKEEPING_RETRY = RetryPolicy(
 LOCAL_TIMEOUT = timedelta(seconds=30)
 
 
+@contextmanager
+def _branch_import() -> Iterator[None]:
+    """Around the import of a branch's module (start-by time and deadline, reuse, off-peak
+    hold, batch tier, long-source fan-out) where the branch is taken: the sandbox re-imports
+    every module this one imports at each run, so a plain job's run skips the modules it never
+    runs, while a run that takes a branch imports its module into its own sandbox, checked as
+    before (silently: importing in the middle of a run is the intent here)."""
+    with workflow.unsafe.sandbox_import_notification_policy(
+        workflow.SandboxImportNotificationPolicy.SILENT
+    ):
+        yield
+
+
 # Between two looks at a closed gate the wait grows (2, 4, 8 s...) up to this cap, unless the
 # gate named a longer one (a Retry-After, a breaker's cooldown): a long outage costs each job a
 # few events a minute, and a reopened gate is seen within the cap.
@@ -82,11 +93,11 @@ class JobStages:
         self,
         wakes: Wakes | None = None,
         ends: Wakes | None = None,
-        batch: BatchResults | None = None,
+        batch: Wakes | None = None,
     ) -> None:
         self._wakes = wakes or Wakes()
         self._ends = ends or Wakes()  # a reused answer's source ended (workflows/reuse_wait.py)
-        self._batch = batch or BatchResults()
+        self._batch = batch or Wakes()  # `batch-result` signals (workflows/batch_tier.py)
 
     async def execute_job(self, inp: JobWorkflowInput) -> JobWorkflowResult:
         """PREPARE, RESOLVE, EXECUTE (through the provider gate), PROJECT, COMPLETE. The
@@ -100,7 +111,9 @@ class JobStages:
                 # Cancelled while queued (or already ended): nothing runs.
                 self._set_status(prep.lifecycle_status)
                 return JobWorkflowResult(inp.jobId, prep.lifecycle_status)
-            if flow_guard.armed(prep):  # its start-by time or deadline: a durable timer
+            if prep.expires_at or prep.deadline:  # a start-by time or deadline: a durable timer
+                with _branch_import():
+                    from workflows import flow_guard
                 return await flow_guard.guarded(
                     self._stages(inp, stage, prep.plan), prep, inp.jobId, self._local
                 )
@@ -124,8 +137,14 @@ class JobStages:
             if wait_s > 0:
                 await workflow.sleep(wait_s)
         resolved = await self._local(stages.resolve, stage)
-        executed = await reused(inp, resolved, self._ends, self._local)  # None: its own call
+        executed: ExecuteResult | None = None  # None: its own call
+        if resolved.reuses:
+            with _branch_import():
+                from workflows.reuse_wait import reused
+            executed = await reused(inp, resolved, self._ends, self._local)
         if executed is None and resolved.offpeak is not None:
+            with _branch_import():
+                from workflows import offpeak_hold
             await offpeak_hold.hold(resolved.offpeak)  # queued until its window (or deadline)
         if executed is None:
             executed = await self._run(inp, plan, resolved)
@@ -162,9 +181,13 @@ class JobStages:
     ) -> ExecuteResult:
         """The job's calls: its batches, its chunks' EXECUTEs, or EXECUTE through the gate."""
         if resolved.service_tier == BATCH:
+            with _branch_import():
+                from workflows.batch_tier import BatchTier
             tier = BatchTier(self._batch, BOOKKEEPING_RETRY, LOCAL_TIMEOUT)
             return await tier.execute(inp, plan)  # its batches instead of EXECUTE
         if resolved.chunk_count > 0:
+            with _branch_import():
+                from workflows.chunk_fan_out import execute_chunks
             return await execute_chunks(
                 self._execute_through_gate, self._local, inp, plan, resolved
             )
@@ -232,6 +255,8 @@ class JobStages:
                 return executed
             spent = max(spent, executed.attempt - 1)
             if executed.gate_reason == OFFPEAK_GATE:
+                with _branch_import():
+                    from workflows import offpeak_hold
                 wait_s = await offpeak_hold.wait_exactly(executed.gate_wait_s)  # its window
             elif executed.gate_reason in contracts.LIMIT_WAITS or (
                 executed.gate_reason == OPERATOR_PAUSE  # held until its pause is lifted
@@ -325,7 +350,7 @@ class JobWorkflow:
     def __init__(self) -> None:
         self._wakes = Wakes()
         self._ends = Wakes()
-        self._batch = BatchResults()
+        self._batch = Wakes()
 
     @workflow.run
     async def run(self, args: Sequence[RawValue]) -> JobWorkflowResult:
@@ -345,4 +370,4 @@ class JobWorkflow:
     @workflow.signal(name=BATCH_RESULT_SIGNAL)
     def batch_result(self) -> None:
         """The job's batch item has its outcome recorded (workflows/batch_tier.py)."""
-        self._batch.arrived()
+        self._batch.woken()
