@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -25,9 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.feature_rows import STACKS, Row, RowCtx, rows
-from bench.infra import Admin, EngineDb, EngineKnobs, EngineStack, Servers, servers
-from bench.procs import check_alive, progress
+import httpx
+
+from bench.feature_rows import STACKS, Row, RowCtx, fake_answer, rows
+from bench.infra import Admin, EngineDb, EngineKnobs, EngineStack, Servers, engine_env, servers
+from bench.procs import Proc, check_alive, child_env, progress
+from bench.stats import median
 
 # Rows whose figure comes from another bench (name, commits delta per job, note).
 BORROWED = (
@@ -37,13 +41,7 @@ BORROWED = (
         "not measured here: the synthetic provider does not stream",
     ),
 )
-NOT_MEASURED = (
-    (
-        "batch tier",
-        "the synthetic provider has no batch API (a batch job of its model is refused at "
-        "create); driving it needs the fake server's Batches endpoints and a batch worker",
-    ),
-)
+NOT_MEASURED: tuple[tuple[str, str], ...] = ()
 ENDED = "('succeeded', 'failed', 'cancelled')"
 
 
@@ -144,22 +142,40 @@ async def _idle_rate(admin: Admin, seconds: float) -> float:
     return ((c1 - c0) + (r1 - r0)) / seconds
 
 
+def stack_policy(env: dict[str, str]) -> Any:
+    """The create policy the engine's processes build from `env` (runtime/wiring.py)."""
+    from unittest import mock
+
+    from engine.settings import Settings
+    from runtime.wiring import create_policy
+
+    with mock.patch.dict(os.environ, env, clear=True):
+        return create_policy(Settings())
+
+
 async def run_stack(
-    name: str, chosen: list[Row], args: argparse.Namespace, sv: Servers, client: Any
+    name: str,
+    chosen: list[Row],
+    args: argparse.Namespace,
+    sv: Servers,
+    client: Any,
+    fake_root: str = "",
 ) -> list[dict[str, Any]]:
     from db.session import make_engine, make_sessionmaker
     from jobs.service import CreatePolicy, JobService
     from jobs.types import default_catalog
 
+    env = {k: v.replace("{fake}", fake_root) for k, v in STACKS[name].items()}
     knobs = EngineKnobs(
-        interactive_concurrency=args.interactive_concurrency,
-        log_level="WARNING",
-        extra_env=STACKS[name],
+        interactive_concurrency=args.interactive_concurrency, log_level="WARNING", extra_env=env
     )
     st = EngineStack(name, sv, knobs, workers=1)
     engine = make_engine(sv.database_url, pool_size=args.concurrency, max_overflow=4)
     sm = make_sessionmaker(engine)
-    svc = JobService(sm, default_catalog(), CreatePolicy(max_active_jobs=0, max_jobs_per_day=0))
+    policy = CreatePolicy(max_active_jobs=0, max_jobs_per_day=0)
+    if env:  # the create's checks see the provider and its limits as the engine does
+        policy = stack_policy(engine_env(sv, knobs, suffix=st.suffix, quotas=False))
+    svc = JobService(sm, default_catalog(), policy)
     admin, edb = Admin(sv.admin_uri), EngineDb(sv.database_url)
     await admin.open()
     await edb.open()
@@ -173,13 +189,39 @@ async def run_stack(
         await asyncio.sleep(args.settle)
         b.idle_rate = await _idle_rate(admin, args.idle_seconds)
         progress(f"{name}: idle stack {b.idle_rate * 60:.1f} transactions a minute")
-        for row in chosen:
-            out.append(await measure_row(row, args, b))
+        for r in range(args.reps):  # the rows in turn, so drift hits each alike
+            for row in chosen:
+                out.append({**await measure_row(row, args, b), "rep": r})
     finally:
         st.stop()
         await engine.dispose()
         await edb.close()
         await admin.close()
+    return out
+
+
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per feature, in first-seen order: the median of its repetitions' COMMITs and
+    ROLLBACKs per job, and each repetition's total (the relay's claims and marks are shared by
+    the jobs created close together, so a row's count varies a little from run to run)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["feature"], []).append(r)
+    out = []
+    for name, reps in by.items():
+        out.append(
+            {
+                "feature": name,
+                "reference": reps[0]["reference"],
+                "note": reps[0].get("note", ""),
+                "commits_per_job": median([r["commits_per_job"] for r in reps]),
+                "rollbacks_per_job": median([r["rollbacks_per_job"] for r in reps]),
+                "totals_per_job": [
+                    round(r["commits_per_job"] + r["rollbacks_per_job"], 3) for r in reps
+                ],
+                "runs": reps,
+            }
+        )
     return out
 
 
@@ -220,31 +262,73 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+async def start_fake(sv: Servers) -> tuple[Proc, str]:
+    """The scripted OpenAI-compatible server, its own process, answering every call and batch
+    line with a valid flashcard answer; and its root URL."""
+    from runtime.embedded import free_port
+
+    port = free_port()
+    fake = Proc(
+        "fake-provider",
+        [sys.executable, "-m", "tests.fakes.openai_server", "--port", str(port)],
+        child_env({}),
+        sv.log_dir,
+    )
+    fake.start()
+    root = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as http:
+        for _ in range(300):
+            try:
+                r = await http.post(f"{root}/_script", json={"steps": [], "default": fake_answer()})
+                r.raise_for_status()
+                return fake, root
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+    fake.stop()
+    raise TimeoutError("the fake provider did not answer")
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from temporalio.client import Client
 
-    chosen = [r for r in rows() if not args.only or r.name in args.only or r.reference is None]
+    wanted = set(args.only or ())
+    wanted |= {r.reference for r in rows() if r.name in wanted and r.reference}
+    chosen = [
+        r
+        for r in rows()
+        if (not wanted or r.name in wanted) and (not args.stacks or r.stack in args.stacks)
+    ]
     results: list[dict[str, Any]] = []
     with servers(keep=args.keep) as sv:
         client = await Client.connect(sv.temporal_address, namespace="default")
-        for name in STACKS:
+        for name, env in STACKS.items():
             mine = [r for r in chosen if r.stack == name]
-            if mine:
+            if not mine:
+                continue
+            if not any("{fake}" in v for v in env.values()):
                 results += await run_stack(name, mine, args, sv, client)
+                continue
+            fake, root = await start_fake(sv)
+            try:
+                results += await run_stack(name, mine, args, sv, client, root)
+            finally:
+                fake.stop()
     order = [r.name for r in chosen]
-    return deltas(sorted(results, key=lambda r: order.index(r["feature"])))
+    return deltas(medians(sorted(results, key=lambda r: order.index(r["feature"]))))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.feature_costs", description=__doc__)
     p.add_argument("--jobs", type=int, default=96, help="jobs per row (96: 6 per user)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of every row (3)")
     p.add_argument("--warmup", type=int, default=16, help="warm-up jobs per row (16)")
     p.add_argument("--concurrency", type=int, default=16, help="creates in flight (16)")
     p.add_argument("--interactive-concurrency", type=int, default=4, help="worker slots (4)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds after the last end (2)")
     p.add_argument("--idle-seconds", type=float, default=60.0, help="idle probe (60)")
     p.add_argument("--timeout", type=float, default=300.0, help="per row (300 s)")
-    p.add_argument("--only", nargs="*", help="row names (with the references)")
+    p.add_argument("--only", nargs="*", help="row names (and their references)")
+    p.add_argument("--stacks", nargs="*", choices=list(STACKS), help="only these stacks' rows")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (data and logs)")
     p.add_argument("--output", default="bench/results/feature_costs.json", help="JSON file")
     args = p.parse_args(argv)

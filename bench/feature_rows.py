@@ -28,11 +28,28 @@ FAR_S = 600
 SCOPE_ORG = "bench-org"
 FLASHCARD_SOURCE = "Enzymes are catalysts. They speed reactions up. Temperature changes shape."
 
-# The engine settings of each stack a row may run on (beside the bench's own).
+# The engine settings of each stack a row may run on (beside the bench's own); `{fake}` is the
+# root URL of the scripted OpenAI-compatible server (tests/fakes/openai_server.py), which the
+# bench starts for a stack that names it.
+FAKE_KEY = "sk-bench-fake-provider-key"
 STACKS: dict[str, dict[str, str]] = {
     "default": {},
     "limit": {"AI_MODEL_LIMITS": '{"synthetic": {"concurrency": 1}}'},
+    # The batch tier needs a provider with a Batch API: the generic OpenAI-compatible one.
+    "provider": {
+        "AI_BASE_URL": "{fake}/v1",
+        "DEEPSEEK_API_KEY": FAKE_KEY,
+        "AI_MODEL": "gpt-4o-mini",
+    },
 }
+
+
+def fake_answer() -> dict[str, Any]:
+    """The fake server's answer to every call and batch line: a valid flashcard answer."""
+    from jobs.types.flashcard_generation import FlashcardGenerationInput, synthetic_output
+
+    content = synthetic_output(FlashcardGenerationInput(source_text=FLASHCARD_SOURCE, count=3))
+    return {"kind": "valid", "content": content, "tokens_in": 300, "tokens_out": 120}
 
 
 @dataclass
@@ -166,5 +183,20 @@ def rows() -> list[Row]:
             "off-peak tier",
             lambda i, t: replace(flashcards(i, t), service_tier="offpeak"),
             reference="flashcards",
+            note="the synthetic provider's window is all day: the job runs at once",
+        ),
+        Row(
+            "flashcards, OpenAI-compatible provider",
+            flashcards,
+            stack="provider",
+            reference=None,
+            note="plain flashcard jobs on the fake server (reference of the batch tier)",
+        ),
+        Row(
+            "batch tier",
+            lambda i, t: replace(flashcards(i, t), service_tier="batch"),
+            stack="provider",
+            reference="flashcards, OpenAI-compatible provider",
+            note="AI_BATCH_WINDOW_S and AI_BATCH_POLL_S at their defaults (60 s)",
         ),
     ]

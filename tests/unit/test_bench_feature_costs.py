@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.feature_costs import deltas, table
+from bench.feature_costs import deltas, medians, table
 from bench.feature_rows import rows
 
 
@@ -32,7 +32,7 @@ def test_each_row_is_compared_with_its_own_reference() -> None:
     assert by["result reuse"] == 0.0  # one commit fewer, one rollback more
 
 
-def test_table_shows_references_deltas_and_rows_not_measured() -> None:
+def test_table_shows_references_deltas_and_borrowed_rows() -> None:
     text = table(
         deltas(
             [
@@ -48,7 +48,7 @@ def test_table_shows_references_deltas_and_rows_not_measured() -> None:
     assert "| plain | 4.00 | 2.00 | reference |" in lines
     assert "| ttlSeconds | 4.25 | 2.00 | +0.25 |" in lines
     assert "| off-peak tier | 5.50 | 2.50 | +1.00 (vs flashcards) |" in lines
-    assert any(line.startswith("| batch tier | not measured |") for line in lines)
+    assert any(line.startswith("| streamed items") for line in lines)
     assert all(line.count("|") == 5 for line in lines)
 
 
@@ -58,3 +58,16 @@ def test_every_reference_a_row_names_is_a_row_of_the_same_stack() -> None:
         if r.reference is not None:
             assert known[r.reference].reference is None
             assert known[r.reference].stack in ("default", r.stack)
+
+
+def test_a_row_is_the_median_of_its_repetitions() -> None:
+    runs = [{**_row("plain", c, 2.0, None), "rep": i} for i, c in enumerate((4.6, 4.4, 4.5))] + [
+        {**_row("deadline", 4.7, r, "plain"), "rep": 0} for r in (2.0,)
+    ]
+    out = deltas(medians(runs))
+    assert [r["feature"] for r in out] == ["plain", "deadline"]
+    plain, deadline = out
+    assert plain["commits_per_job"] == 4.5
+    assert plain["totals_per_job"] == [6.6, 6.4, 6.5]
+    assert len(plain["runs"]) == 3
+    assert round(deadline["delta_per_job"], 3) == 0.2
