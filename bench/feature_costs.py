@@ -248,7 +248,9 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for r in results:
         d = r["delta_per_job"]
-        shown = "reference" if d is None else f"{d:+.2f}"
+        shown = f"{d:+.2f}" if d is not None else "reference"
+        if d is None and r["reference"]:
+            shown = f"({r['reference']} not run)"
         if d is not None and r["reference"] != "plain":
             shown += f" (vs {r['reference']})"
         name = r["feature"]
