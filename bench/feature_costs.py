@@ -3,10 +3,12 @@ it (docs/benchmarks.md, "What a plain job pays after the round of features").
 
 One embedded PostgreSQL and one in-memory Temporal dev server (`bench.infra.servers`); `aijobs
 relay` and one `aijobs worker --queue ai-interactive` per engine configuration
-(`bench/feature_rows.py` STACKS), all on the synthetic provider. Per row (`feature_rows.rows`),
-from empty tables: `--jobs` jobs of 16 users created through `JobService.create`, `--concurrency`
-at a time; then until every job ended, every outbox row was published and no engine session is
-inside a statement or a transaction. What the row cost is the COMMIT and ROLLBACK statements the
+(`bench/feature_rows.py` STACKS): the synthetic provider, or for the batch tier the scripted
+OpenAI-compatible server (tests/fakes/openai_server.py, its own process). Per row
+(`feature_rows.rows`), from empty tables: `--jobs` jobs of 16 users created through
+`JobService.create`, `--concurrency` at a time, each row `--reps` times (the rows in turn);
+then until every job ended, every outbox row was published and no engine session is inside a
+statement or a transaction. What the row cost is the COMMIT and ROLLBACK statements the
 engine's sessions sent meanwhile (pg_stat_statements, `Admin.engine_xacts`: exact, whatever the
 machine's load), less the idle stack's rate over the row's time (measured once per stack), per
 job; the bench's own statements are autocommit and not counted. The bench's own use cases (a
