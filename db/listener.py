@@ -142,7 +142,8 @@ class Listener:
         backoff = BACKOFF_S[0]
         while True:
             try:
-                async with await self._connect() as conn:
+                conn = await self._connect()
+                try:
                     self._conn = conn
                     self.connects += 1
                     self._listened = set()
@@ -150,6 +151,11 @@ class Listener:
                     self._fresh = [h for hs in self._handlers.values() for h in hs]
                     backoff = BACKOFF_S[0]
                     await self._serve(conn)
+                finally:
+                    # Closed whatever ends the loop, a cancel included (an autocommit connection
+                    # has nothing to commit or roll back first, and a rollback awaited on a
+                    # cancelled task could be cut short, leaving the connection open).
+                    await conn.close()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -206,13 +206,17 @@ class Claim(list[OutboxRow]):
 
 # The enqueue row of a job that ended before it was dispatched (cancelled while its due time, or
 # room in its window, was still to come) has nothing left to start: closed in the transaction
-# that ended the job, so no workflow ever runs for it. A row a relay has claimed meanwhile is
-# left to it (its workflow sees the job ended at PREPARE).
+# that ended the job, so no workflow ever runs for it. A row a relay has claimed meanwhile, or
+# is claiming (its row locked: SKIP LOCKED, so a cancel never waits on a claim, which may wait
+# on the job's row the cancel holds), is left to it: its workflow sees the job ended at PREPARE,
+# and a held row the claim left pending is closed by the relay's sweep (`CLOSE_ENDED_HELD`).
 CLOSE_UNSENT = text(
     f"""
     UPDATE outbox_event SET status = 'published', published_at = now(), held_at = NULL,
            last_error = 'closed: job ended before it was dispatched'
-    WHERE aggregate_id = :aid AND event_type = {_ENQUEUE_SQL} AND status = 'pending'
+    WHERE id IN (SELECT id FROM outbox_event
+                 WHERE aggregate_id = :aid AND event_type = {_ENQUEUE_SQL} AND status = 'pending'
+                 FOR UPDATE SKIP LOCKED)
     """
 )
 
