@@ -52,7 +52,10 @@ from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
 PLATFORM_KEY_REF = "platform"
 # The shortest wait a concurrency limit answers. Leases end when calls end, which no timer
 # predicts: the wait is until the first lease expires (a killed worker's sends no NOTIFY), at
-# most the backstop; a workflow of this version ends it earlier on a wake-up signal.
+# most the backstop; a workflow of this version ends it earlier on a wake-up signal. With no
+# lease in flight the free slots are held for the waiters ahead (woken, or looking again in
+# their own EXECUTE): their calls' ends wake the caller, so it waits for the backstop too
+# rather than polling every second.
 CONCURRENCY_POLL_S = 1.0
 
 
@@ -310,8 +313,10 @@ async def admit(
     who = WaiterId(job_id, chunk_no, user_id, job_class)
     got, queued = await limit_classes.look(s, params, who, now, tokens, limits.reserve)
     if got.reason == "concurrency":
-        # At the latest when the first lease expires (its worker was killed: no NOTIFY).
-        wait_s = min(max(got.wait_s, CONCURRENCY_POLL_S), LIMIT_WAIT_BACKSTOP_S)
+        # At the latest when the first lease expires (its worker was killed: no NOTIFY); with
+        # none in flight (0), the backstop: the waiters ahead hold the free slots.
+        first_expiry_s = got.wait_s if got.wait_s > 0 else LIMIT_WAIT_BACKSTOP_S
+        wait_s = min(max(first_expiry_s, CONCURRENCY_POLL_S), LIMIT_WAIT_BACKSTOP_S)
         return LimitAdmission(wait_s, "concurrency")
     if got.reason is not None:
         return LimitAdmission(got.wait_s, got.reason)

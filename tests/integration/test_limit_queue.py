@@ -14,6 +14,7 @@ from db import provider_limits as provider_limits_db
 from db.limit_waiters import WaiterId
 from db.provider_limits import LimitKey, Limits
 from db.session import SessionMaker
+from engine.limit_wait import LIMIT_WAIT_BACKSTOP_S
 from jobs import limit_wake
 
 KEY = LimitKey("p", "m", "platform")
@@ -76,6 +77,22 @@ async def test_a_slot_is_kept_for_each_waiter_ahead(db: SessionMaker) -> None:
     async with db.begin() as s:
         await provider_limits_db.release(s, got.lease_id, KEY)
     assert (await admit(db, newcomer, limits)).lease_id is not None
+
+
+async def test_a_caller_behind_a_slot_held_for_a_waiter_ahead_does_not_poll(
+    db: SessionMaker,
+) -> None:
+    # No call in flight; the one free slot is held for a1, whose call's end will wake the
+    # caller behind it: the caller waits for its wake-up (the backstop at most), not a poll.
+    a1 = await enter(db, "a")
+    newcomer = WaiterId(uuid.uuid4(), None, "b")
+    got = await admit(db, newcomer, Limits(concurrency=1))
+    assert got.reason == "concurrency" and got.wait_s == LIMIT_WAIT_BACKSTOP_S
+    lease = await admit(db, a1, Limits(concurrency=1))
+    assert lease.lease_id is not None
+    # A call in flight: until its lease expires (60 s here), at most the backstop.
+    got = await admit(db, newcomer, Limits(concurrency=1))
+    assert got.reason == "concurrency" and 55.0 < got.wait_s <= LIMIT_WAIT_BACKSTOP_S
 
 
 async def test_a_large_call_is_not_passed_by_small_ones_behind_it(db: SessionMaker) -> None:
