@@ -20,6 +20,7 @@ from db import reuse as reuse_db
 from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
 from tests.integration.engine_helpers import new_job
+from tests.integration.window_helpers import claimed, end
 
 
 async def create(
@@ -50,30 +51,6 @@ async def create(
 async def delayed(db: SessionMaker, user: str, *, ahead_s: float, priority: int = 50) -> uuid.UUID:
     """A job created with runAt `ahead_s` from now."""
     return await create(db, user, priority, due=datetime.now(UTC) + timedelta(seconds=ahead_s))
-
-
-async def claimed(db: SessionMaker, window: int) -> list[uuid.UUID]:
-    """What one claim takes, marked published as the relay marks a batch that went out."""
-    rows = await relay_db.claim(db, owner="relay-t", limit=100, window=window)
-    async with db.begin() as s:
-        await s.execute(
-            text("UPDATE outbox_event SET status = 'published' WHERE id = ANY(:ids)"),
-            {"ids": [r.id for r in rows]},
-        )
-    return [uuid.UUID(r.aggregate_id) for r in rows]
-
-
-async def end(db: SessionMaker, *ids: uuid.UUID) -> None:
-    """The jobs ran and succeeded."""
-    async with db.begin() as s:
-        for step, legacy in (("running", "processing"), ("succeeded", "completed")):
-            await s.execute(
-                text(
-                    "UPDATE ai_job SET lifecycle_status = :to, status = :legacy "
-                    "WHERE id = ANY(:ids)"
-                ),
-                {"ids": list(ids), "to": step, "legacy": legacy},
-            )
 
 
 async def scalar(db: SessionMaker, sql: str, **kw: Any) -> Any:

@@ -19,6 +19,7 @@ from db import relay as relay_db
 from db.lifecycle import NewJob
 from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
+from tests.integration.window_helpers import claimed, end
 
 
 def new_job(user: str, priority: int) -> NewJob:
@@ -57,28 +58,6 @@ async def create(db: SessionMaker, user: str, priority: int = 50) -> uuid.UUID:
             {"ev": ENQUEUE, "aid": str(job.id), "dk": enqueue_dedupe_key(job.id), "p": "{}"},
         )
     return job.id
-
-
-async def claimed(db: SessionMaker, window: int, limit: int = 100) -> list[uuid.UUID]:
-    rows = await relay_db.claim(db, owner="relay-t", limit=limit, window=window)
-    async with db.begin() as s:  # published, as the relay marks a batch that went out
-        await s.execute(
-            text("UPDATE outbox_event SET status = 'published' WHERE id = ANY(:ids)"),
-            {"ids": [r.id for r in rows]},
-        )
-    return [uuid.UUID(r.aggregate_id) for r in rows]
-
-
-async def end(db: SessionMaker, *ids: uuid.UUID) -> None:
-    async with db.begin() as s:
-        for step, legacy in (("running", "processing"), ("succeeded", "completed")):
-            await s.execute(
-                text(
-                    "UPDATE ai_job SET lifecycle_status = :to, status = :legacy "
-                    "WHERE id = ANY(:ids)"
-                ),
-                {"ids": list(ids), "to": step, "legacy": legacy},
-            )
 
 
 async def scalar(db: SessionMaker, sql: str, **kw: Any) -> Any:
