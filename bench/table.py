@@ -140,7 +140,7 @@ def _throughput_rows(p: dict[str, Any], figs: dict[str, Any], failed: set[str]) 
                 f"{1e3 * tb['median_total_cpu_s_per_job']:.2f}",
                 f"{num(tp[f'{key}cpu_ratio'], '.2f')} "
                 f"(total {num(tp[f'{key}cpu_total_ratio'], '.2f')})",
-                "≤ 1.5" if side == "shape" else "—",
+                "≤ " + tp["cpu_target"].removeprefix("<= ") if side == "shape" else "—",
                 met(tp["cpu_met"]) if side == "shape" else "—",
             )
     elif "throughput" in failed:
