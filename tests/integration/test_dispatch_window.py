@@ -12,52 +12,12 @@ from typing import Any
 
 from sqlalchemy import text
 
-from db import lifecycle as lifecycle_db
 from db import pipeline
 from db import reconciler as reconciler_db
 from db import relay as relay_db
-from db.lifecycle import NewJob
-from db.outbox import ENQUEUE, enqueue_dedupe_key
+from db.outbox import ENQUEUE
 from db.session import SessionMaker
-from tests.integration.window_helpers import claimed, end
-
-
-def new_job(user: str, priority: int) -> NewJob:
-    job_id = uuid.uuid4()
-    return NewJob(
-        id=job_id,
-        user_id=user,
-        job_type="synthetic",
-        target_type="test",
-        target_id="t1",
-        idempotency_key=None,
-        request_fingerprint="f" * 64,
-        queue_name="ai-interactive",
-        priority=priority,
-        input={},
-        credential_mode="platform_key",
-        credential_id=None,
-        prompt_version="v1",
-        input_schema_version="synthetic.input.v1",
-        output_schema_version="synthetic.output.v1",
-        max_retry_count=1,
-        workflow_id=f"ai-interactive:synthetic:{job_id}",
-    )
-
-
-async def create(db: SessionMaker, user: str, priority: int = 50) -> uuid.UUID:
-    """A queued job and its enqueue row, as a create writes them."""
-    job = new_job(user, priority)
-    async with db.begin() as s:
-        await lifecycle_db.create(s, job)
-        await s.execute(
-            text(
-                "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, "
-                "payload) VALUES (:ev, 'AiJob', :aid, :dk, CAST(:p AS jsonb))"
-            ),
-            {"ev": ENQUEUE, "aid": str(job.id), "dk": enqueue_dedupe_key(job.id), "p": "{}"},
-        )
-    return job.id
+from tests.integration.window_helpers import claimed, create, end
 
 
 async def scalar(db: SessionMaker, sql: str, **kw: Any) -> Any:
