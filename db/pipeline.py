@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import TextClause
@@ -44,6 +44,7 @@ Statement = tuple[TextClause, Mapping[str, Any]]
 
 _DIALECT = PGDialectAsync_psycopg()  # type: ignore[no-untyped-call]
 _BEGIN, _COMMIT, _ROLLBACK = b"BEGIN", b"COMMIT", b"ROLLBACK"
+_TUPLES = (ExecStatus.TUPLES_OK, ExecStatus.SINGLE_TUPLE, ExecStatus.TUPLES_CHUNK)
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,14 @@ async def _queue(
 
 async def _rows(cursors: Sequence[psycopg.AsyncCursor[Row]]) -> list[list[Row]]:
     """Each statement's rows ([] for one that returns none), once its pipeline has synced."""
-    return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+    return [await cur.fetchall() if _has_rows(cur) else [] for cur in cursors]
+
+
+def _has_rows(cur: psycopg.AsyncCursor[Row]) -> bool:
+    """Whether the statement returned a result set (what `description is not None` says,
+    without building a `Column` for each of its columns: the job row has about sixty)."""
+    res = cur.pgresult
+    return res is not None and (res.nfields > 0 or res.status in _TUPLES)
 
 
 def _dbapi_error(exc: psycopg.Error, raw: psycopg.AsyncConnection[Any]) -> Exception:
