@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from temporalio import activity
 
 from activities.metrics import WorkerMetrics, worker_metrics
+from activities.stage_handoff import Handoff
 from db.batches import BatchCaps
 from db.provider_limits import LimitTable
 from db.session import SessionMaker
@@ -83,6 +84,8 @@ class StageDeps:
     metrics: WorkerMetrics = field(default_factory=worker_metrics)
     # The worker's signal sender; None: this stage object sends no signal (a test's).
     signal_all: SignalAll | None = None
+    # PREPARE's reads for RESOLVE, within this worker process (activities/stage_handoff.py).
+    handoff: Handoff = field(default_factory=Handoff)
 
     def execution_policy(self, d: JobDefinition) -> ResolvedExecution:
         """The job type's attempts, backoff and lock: its own, the operator's override of the

@@ -11,7 +11,7 @@ from temporalio import activity
 from activities.deps import StageDeps
 from activities.failures import fail_final
 from db.lifecycle import lock_holder
-from db.stage_reads import lock_state_now
+from db.stage_reads import prepare_read
 from engine.contracts import PREPARE, ExecutionPlan, PrepareResult, StageInput
 from engine.lifecycle import LifecycleStatus
 
@@ -26,15 +26,18 @@ class Prepare:
         and the job: one that is no longer `queued` (cancelled while it waited, or ended) stops
         here. A job this workflow already holds (`running` under its own lock: a run continued
         as new while it waited on its provider, a Temporal Reset) goes on."""
-        d = self._d.catalog.get(activity.info().workflow_type or "").definition
-        # One round trip (db/stage_reads.py).
-        state = await lock_state_now(self._d.sessionmaker, uuid.UUID(inp.job_id))
+        info = activity.info()
+        d = self._d.catalog.get(info.workflow_type or "").definition
+        job_id = uuid.UUID(inp.job_id)
+        # One round trip (db/stage_reads.py), RESOLVE's rows read with it and left for it.
+        state, resolve_rows = await prepare_read(self._d.sessionmaker, job_id)
         if state is None:
             fail_final("INTERNAL_JOB_MISSING")
         status = state.status
         ours = status == LifecycleStatus.RUNNING and lock_holder(state.locked_by) == inp.workflow_id
         if status != LifecycleStatus.QUEUED and not ours:
             return PrepareResult(run=False, lifecycle_status=status)
+        self._d.handoff.put(info.workflow_run_id or "", job_id, resolve_rows)
         # Attempts, backoff and heartbeat: the definition's own, else its queue's
         # (engine/queues.py); the settings' overrides of the lock come in through the config.
         policy = self._d.execution_policy(d)

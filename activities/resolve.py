@@ -30,9 +30,11 @@ class Resolve:
         result is what an operator reads in the Temporal UI."""
         d = self._d
         job_id = uuid.UUID(inp.job_id)
-        # The job's references and its chunks (numbers and counts only: the ranges stay in SQL)
-        # in one round trip (db/stage_reads.py).
-        read = await resolve_read(d.sessionmaker, job_id)
+        # The job's references and its chunks (numbers and counts only: the ranges stay in SQL):
+        # as PREPARE read them a moment ago in this process, else in one round trip of its own
+        # (db/stage_reads.py).
+        run = activity.info().workflow_run_id or ""
+        read = d.handoff.take(run, job_id) or await resolve_read(d.sessionmaker, job_id)
         row = read.refs
         if row is None:
             fail_final("INTERNAL_JOB_MISSING")

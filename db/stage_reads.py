@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from db import pipeline
 from db.chunks import CHUNK_STATES, ChunkState
@@ -33,16 +34,6 @@ class LockState:
     deadline_at: datetime | None = None
 
 
-async def lock_state_now(sm: SessionMaker, job_id: uuid.UUID) -> LockState | None:
-    """PREPARE's read: the job's state, lock holder, start-by time and deadline, or None when
-    it does not exist."""
-    [rows] = await pipeline.run(sm, [(PREPARE_STATE, {"id": job_id})], commit=False)
-    if not rows:
-        return None
-    r = rows[0]
-    return LockState(*lock_state_of(r), r["expires_at"], r["deadline_at"])
-
-
 @dataclass(frozen=True)
 class ResolveRead:
     """What RESOLVE reads: the job's references (None: it is gone) and its chunks in chunk
@@ -52,15 +43,41 @@ class ResolveRead:
     chunks: list[ChunkState]
 
 
+async def prepare_read(sm: SessionMaker, job_id: uuid.UUID) -> tuple[LockState | None, ResolveRead]:
+    """PREPARE's read with RESOLVE's in the same round trip: the job's state, and what
+    `resolve_read` reads (RESOLVE takes it through `activities/stage_handoff.py`)."""
+    state, refs, chunks = await pipeline.run(
+        sm,
+        [
+            (PREPARE_STATE, {"id": job_id}),
+            (RESOLVE_REFS, {"id": job_id}),
+            (CHUNK_STATES, {"job_id": job_id}),
+        ],
+        commit=False,
+    )
+    return _lock_state(state), _resolve_read(refs, chunks)
+
+
+def _lock_state(rows: list[dict[str, Any]]) -> LockState | None:
+    if not rows:
+        return None
+    r = rows[0]
+    return LockState(*lock_state_of(r), r["expires_at"], r["deadline_at"])
+
+
+def _resolve_read(refs: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> ResolveRead:
+    return ResolveRead(
+        ResolveRefs(**refs[0]) if refs else None,
+        [ChunkState(r["chunk_no"], r["status"], r["attempt_count"]) for r in chunks],
+    )
+
+
 async def resolve_read(sm: SessionMaker, job_id: uuid.UUID) -> ResolveRead:
     """RESOLVE's read: the job's references and its chunks, both in one round trip."""
     refs, chunks = await pipeline.run(
         sm, [(RESOLVE_REFS, {"id": job_id}), (CHUNK_STATES, {"job_id": job_id})], commit=False
     )
-    return ResolveRead(
-        ResolveRefs(**refs[0]) if refs else None,
-        [ChunkState(r["chunk_no"], r["status"], r["attempt_count"]) for r in chunks],
-    )
+    return _resolve_read(refs, chunks)
 
 
 async def usage_summary(sm: SessionMaker, job_id: uuid.UUID) -> UsageSummary:

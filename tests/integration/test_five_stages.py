@@ -10,7 +10,10 @@ import uuid
 import pytest
 from temporalio.client import Client
 
+from activities import resolve as resolve_stage
+from db import stage_reads
 from db.session import SessionMaker
+from db.stage_reads import ResolveRead
 from engine.settings import Settings
 from tests.integration.engine_helpers import (
     stage_names,
@@ -81,3 +84,26 @@ async def test_a_job_cancelled_while_it_runs_ends_in_finalize_cancelled(
             "execute",
             "finalize_cancelled",
         ]
+
+
+async def test_resolve_takes_the_rows_prepare_read_for_it_instead_of_a_read_of_its_own(
+    db: SessionMaker,
+    settings: Settings,
+    temporal_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PREPARE's round trip reads RESOLVE's rows too and leaves them in the worker process
+    (activities/stage_handoff.py): a plain job's RESOLVE opens no transaction."""
+    own_reads: list[uuid.UUID] = []
+    real = stage_reads.resolve_read
+
+    async def counted(sm: SessionMaker, job_id: uuid.UUID) -> ResolveRead:
+        own_reads.append(job_id)
+        return await real(sm, job_id)
+
+    monkeypatch.setattr(resolve_stage, "resolve_read", counted)
+    async with engine_stack(settings, temporal_client) as st:
+        job = await st.create(input={"delayMs": 0})
+        row = await st.wait_status(job)
+        assert row.lifecycle_status == "succeeded", (row.error_code, row.internal_error_message)
+    assert own_reads == []
