@@ -74,6 +74,9 @@ async def test_a_job_cancelled_while_it_runs_ends_in_finalize_cancelled(
     async with engine_stack(settings, temporal_client, engine_overrides={"lock_ttl_s": 4}) as st:
         job = await st.create(input={"hang": True})
         await wait_activity_started(temporal_client, st.workflow_id(job))
+        # Started in Temporal is not yet taken in SQL: EXECUTE's first transaction commits the
+        # job `running` a moment later, and a cancel before it finds the job still queued.
+        await st.wait_status(job, "running")
         result = await st.service.cancel(job, "u1")
         assert result.outcome == "cancel_requested"
         row = await st.wait_status(job, timeout=60)
