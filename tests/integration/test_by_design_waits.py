@@ -17,35 +17,9 @@ from sqlalchemy import text
 from db import lifecycle as lifecycle_db
 from db import relay as relay_db
 from db import reuse as reuse_db
-from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
 from tests.integration.engine_helpers import new_job
-from tests.integration.window_helpers import claimed, end
-
-
-async def create(
-    db: SessionMaker, user: str, priority: int = 50, *, due: datetime | None = None
-) -> uuid.UUID:
-    """A queued job and its enqueue row, as a create writes them (`due`: a delayed job's,
-    due then and its row available then)."""
-    job = dataclasses.replace(new_job(user), priority=priority, run_at=due, due_at=due)
-    async with db.begin() as s:
-        await lifecycle_db.create(s, job)
-        await s.execute(
-            text(
-                "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, "
-                "payload, available_at) VALUES (:ev, 'AiJob', :aid, :dk, CAST(:p AS jsonb), "
-                "coalesce(CAST(:at AS timestamptz), now()))"
-            ),
-            {
-                "ev": ENQUEUE,
-                "aid": str(job.id),
-                "dk": enqueue_dedupe_key(job.id),
-                "p": "{}",
-                "at": due,
-            },
-        )
-    return job.id
+from tests.integration.window_helpers import claimed, create, end
 
 
 async def delayed(db: SessionMaker, user: str, *, ahead_s: float, priority: int = 50) -> uuid.UUID:

@@ -4,15 +4,17 @@ marked published as the relay marks a batch that went out, and jobs that ran and
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from datetime import datetime
 
 from sqlalchemy import text
 
 from db import lifecycle as lifecycle_db
 from db import relay as relay_db
-from db.lifecycle import NewJob
 from db.outbox import ENQUEUE, enqueue_dedupe_key
 from db.session import SessionMaker
+from tests.integration.engine_helpers import new_job
 
 
 async def claimed(db: SessionMaker, window: int, limit: int = 100) -> list[uuid.UUID]:
@@ -39,39 +41,26 @@ async def end(db: SessionMaker, *ids: uuid.UUID) -> None:
             )
 
 
-def new_job(user: str, priority: int) -> NewJob:
-    job_id = uuid.uuid4()
-    return NewJob(
-        id=job_id,
-        user_id=user,
-        job_type="synthetic",
-        target_type="test",
-        target_id="t1",
-        idempotency_key=None,
-        request_fingerprint="f" * 64,
-        queue_name="ai-interactive",
-        priority=priority,
-        input={},
-        credential_mode="platform_key",
-        credential_id=None,
-        prompt_version="v1",
-        input_schema_version="synthetic.input.v1",
-        output_schema_version="synthetic.output.v1",
-        max_retry_count=1,
-        workflow_id=f"ai-interactive:synthetic:{job_id}",
-    )
-
-
-async def create(db: SessionMaker, user: str, priority: int = 50) -> uuid.UUID:
-    """A queued job and its enqueue row, as a create writes them."""
-    job = new_job(user, priority)
+async def create(
+    db: SessionMaker, user: str, priority: int = 50, *, due: datetime | None = None
+) -> uuid.UUID:
+    """A queued job and its enqueue row, as a create writes them (`due`: a delayed job's,
+    due then and its row available then)."""
+    job = dataclasses.replace(new_job(user), priority=priority, run_at=due, due_at=due)
     async with db.begin() as s:
         await lifecycle_db.create(s, job)
         await s.execute(
             text(
                 "INSERT INTO outbox_event (event_type, aggregate_type, aggregate_id, dedupe_key, "
-                "payload) VALUES (:ev, 'AiJob', :aid, :dk, CAST(:p AS jsonb))"
+                "payload, available_at) VALUES (:ev, 'AiJob', :aid, :dk, CAST(:p AS jsonb), "
+                "coalesce(CAST(:at AS timestamptz), now()))"
             ),
-            {"ev": ENQUEUE, "aid": str(job.id), "dk": enqueue_dedupe_key(job.id), "p": "{}"},
+            {
+                "ev": ENQUEUE,
+                "aid": str(job.id),
+                "dk": enqueue_dedupe_key(job.id),
+                "p": "{}",
+                "at": due,
+            },
         )
     return job.id
