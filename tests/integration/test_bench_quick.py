@@ -32,9 +32,12 @@ def test_quick_bench_produces_every_figure(tmp_path: Path) -> None:
         check=False,
     )
     tail = (proc.stdout[-3000:], proc.stderr[-3000:])
+    data = json.loads(out.read_text()) if out.exists() else {"errors": []}
+    # The phases' errors first, each with its traceback's end: the table's tail alone does not
+    # say which phase failed or why.
+    failures = [f"{e['where']}: {e['error']}\n{e['traceback'][-1500:]}" for e in data["errors"]]
+    assert failures == [], "\n\n".join(failures)
     assert proc.returncode == 0, tail
-    data = json.loads(out.read_text())
-    assert data["errors"] == [], data["errors"]
     assert set(data["figures"]) >= set(FIGURES), (sorted(data["figures"]), tail)
     # The rendered table: every figure row has a value, none says "error".
     rows = [line for line in proc.stdout.splitlines() if line.startswith("|")]
