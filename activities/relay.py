@@ -251,7 +251,7 @@ class Relay:
         published marked first, and every `release_every_s` the expired claims put back. The
         next due and expiry times it read wake the relay then; undispatched jobs whose time
         came are expired (activities/relay_flow.py)."""
-        now = time.monotonic()
+        now, heard = time.monotonic(), self.wake.heard
         release = now - self._last_release >= self.config.release_every_s
         # Copies: a batch that ends during the round trip adds to the lists.
         marks, ended = list(self._unmarked), list(self._unmarked_ended)
@@ -269,7 +269,7 @@ class Relay:
         if expiring(got):  # undispatched jobs reached their start-by time or deadline
             await expire_due(self._sm, self._metrics, self.config.batch_size)
             wake_in = 0.0  # more may be due: look again soon
-        self.wake.claimed(now, got.holding, wake_in)
+        self.wake.claimed(now, got.holding, wake_in, heard)
         if release:
             self._last_release = now
         if got.released:

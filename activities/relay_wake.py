@@ -12,6 +12,10 @@ read (a delayed job's runAt, a backing-off row's retry: db/relay.py `NEXT_DUE`, 
 starts at its time without a poll per job), a row the relay failed to dispatch coming due again,
 and the publish of dispatched rows that no claim carried yet.
 
+A wake-up heard while a claim is in flight is kept for the next one: its row may have committed
+after the claim's snapshot was taken, and clearing it with the claim's own would leave that row
+for the poll (a burst's last creates waited the whole poll interval).
+
 Claims come at most every `claim_every_s`: one after a quiet spell goes at once (a lone create
 is claimed the moment its NOTIFY arrives), while a burst of creates goes out in a few claims
 instead of one each. A dispatched batch is marked published by the next claim's transaction
@@ -50,6 +54,8 @@ class Wake:
     due_at: float | None = None  # the next due time the last claim read (monotonic)
     paused_until: float = 0.0  # Temporal unreachable: no claim before this
     publish_due: float | None = None  # dispatched rows wait for their mark until this
+    # Wake-ups heard so far (outbox, job changes while held): a claim notes them at its start.
+    heard: tuple[int, int] = (0, 0)
     _poll_at: float = 0.0
 
     # ---- the listener's handlers --------------------------------------------------------------
@@ -57,6 +63,7 @@ class Wake:
     def on_outbox(self, payload: str | None) -> None:
         """`ai_outbox`, or MISSED on any channel: claim."""
         self.claim_now = True
+        self.heard = (self.heard[0] + 1, self.heard[1])
         self.kick.set()
 
     def on_job_changed(self, payload: str | None) -> None:
@@ -64,15 +71,25 @@ class Wake:
             self.on_outbox(payload)
         elif self.holding:  # else nothing waits for room: the change costs nothing
             self.job_changed = True
+            self.heard = (self.heard[0], self.heard[1] + 1)
             self.kick.set()
 
     # ---- decisions --------------------------------------------------------------------------
 
-    def claimed(self, now: float, holding: bool, due_in_s: float | None = None) -> None:
+    def claimed(
+        self,
+        now: float,
+        holding: bool,
+        due_in_s: float | None = None,
+        heard: tuple[int, int] | None = None,
+    ) -> None:
         """A claim at `now`; `due_in_s`: seconds to the next due time it read (None: none). A
         due row another claim holds is looked at again no sooner than `job_wake_s`, not in a
-        tight loop."""
-        self.claim_now = self.job_changed = False
+        tight loop. `heard`: the wake-ups heard when the claim began (None: all of them); one
+        heard since is kept, as the claim's snapshot may have missed its row."""
+        outbox, changes = self.heard if heard is None else heard
+        self.claim_now = self.heard[0] != outbox
+        self.job_changed = self.heard[1] != changes
         self.last_claim, self.holding = now, holding
         self.due_at = None if due_in_s is None else now + max(due_in_s, self.times.job_wake_s)
         self._poll_at = now + self.times.poll_interval_s

@@ -31,6 +31,30 @@ def test_claims_of_a_burst_are_spaced_and_none_is_lost() -> None:
     assert w.due(100.05, blocked=False) == "claim"
 
 
+def test_a_notify_heard_while_a_claim_was_in_flight_is_claimed_next() -> None:
+    # Its row may have committed after the claim's snapshot: the claim did not see it.
+    w = quiet(100.0)
+    w.on_outbox("")
+    heard = w.heard  # the claim begins
+    w.on_outbox("")  # a create commits during its round trip
+    w.claimed(100.1, False, None, heard)
+    assert w.due(100.15, blocked=False) == "claim"  # not at the poll, 30 s later
+
+    done = quiet(100.0)
+    done.on_outbox("")
+    done.claimed(100.1, False, None, done.heard)  # nothing heard during the claim
+    assert done.due(100.15, blocked=False) is None
+
+
+def test_a_job_change_while_a_claim_holding_rows_was_in_flight_is_kept() -> None:
+    w = quiet(100.0, holding=True)
+    heard = w.heard
+    w.on_job_changed("5f0c7a6e-0000-4000-8000-000000000000")  # a job ends during the claim
+    w.claimed(100.1, True, None, heard)
+    assert w.due(100.2, blocked=False) is None  # at most every job_wake_s
+    assert w.due(100.3, blocked=False) == "claim"
+
+
 def test_a_job_change_costs_nothing_unless_rows_are_held() -> None:
     w = quiet(100.0, holding=False)
     w.on_job_changed("5f0c7a6e-0000-4000-8000-000000000000")
