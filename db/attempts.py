@@ -79,11 +79,6 @@ class Fence:
     chunk_no: int | None = None
 
 
-# The attempt's call numbered, in the take's round trip: only the lock's new holder raises it.
-_NEXT_CALL = text(
-    "UPDATE ai_job SET call_seq = call_seq + 1 WHERE id = :id AND locked_by = :token "
-    "RETURNING call_seq"
-)
 # A one-call attempt's check: its own token still holds the running job (the lock extended).
 _EXTEND_OWN = text(
     """
@@ -146,10 +141,8 @@ async def take(
     params = lifecycle_db.lock_params(
         job_id, owner=owner, identity=identity, ttl_s=ttl_s, run_id=run_id
     )
-    statements: list[pipeline.Statement] = [
-        (lifecycle_db.LOCK, params),
-        (_NEXT_CALL, {"id": job_id, "token": params["token"]}),
-    ]
+    # The lock and the attempt's call numbered in one update of the row.
+    statements: list[pipeline.Statement] = [(lifecycle_db.LOCK_NUMBERED, params)]
     if dead_calls_of is not None:
         charge = call_marks_db.charge_dead_params(
             job_id, chunk_no=dead_calls_of[0], token=params["token"]
@@ -163,12 +156,12 @@ async def take(
         (pauses_db.IN_FORCE, {}),
     ]
     results = await pipeline.in_session(s, statements)
-    locked, numbered, read = results[0], results[1], results[-4]
+    locked, read = results[0], results[-4]
     lowered, pauses = results[-3], results[-1]
     taken = await lifecycle_db.locked_of(s, job_id, locked[0] if locked else None)
     found = jobs_db.with_snapshot_of(read[0] if read else None)
-    call_no = int(numbered[0]["call_seq"]) if numbered else None
-    dead = int(results[2][0]["charged"]) if dead_calls_of is not None and results[2] else 0
+    call_no = int(locked[0]["call_seq"]) if locked else None
+    dead = int(results[1][0]["charged"]) if dead_calls_of is not None and results[1] else 0
     if found is None:
         return None
     return TakenJob(

@@ -187,23 +187,25 @@ async def create_seeing_rollout(
 
 
 # The CAS queued → running (`lock`), as a constant so EXECUTE can pipeline it with its read.
-LOCK = text(
-    """
+_LOCK = """
     UPDATE ai_job SET
         lifecycle_status = 'running', status = 'processing',
         locked_by = :token, locked_at = now(),
         lock_until = now() + make_interval(secs => :ttl),
         started_at = coalesce(started_at, now()),
-        progress = greatest(progress, 10), updated_at = now()
+        progress = greatest(progress, 10), updated_at = now(){numbered}
     WHERE id = :id AND (
         lifecycle_status = 'queued'
         OR (lifecycle_status = 'running'
             AND split_part(locked_by, '/', 1) = :owner))
     RETURNING id, job_type, queue_name, locked_by, lock_until,
               (started_at < now()) AS reacquired,
-              pg_notify('ai_job_changed', id::text) IS NULL AS notified
+              pg_notify('ai_job_changed', id::text) IS NULL AS notified{call}
     """
-)
+LOCK = text(_LOCK.format(numbered="", call=""))
+# EXECUTE's take: the lock and the number of the call its new holder may make, in one update of
+# the row (`ai_job.call_seq`, the usage row's identity: db/attempts.py).
+LOCK_NUMBERED = text(_LOCK.format(numbered=", call_seq = call_seq + 1", call=", call_seq"))
 
 
 def lock_params(
