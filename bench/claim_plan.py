@@ -10,6 +10,13 @@ milliseconds. Run it on an older tree for the "before" rows.
 
     .venv/bin/python -m bench.claim_plan --jobs 800            # no statistics
     .venv/bin/python -m bench.claim_plan --jobs 3200 --analyze
+
+`--drain K`: claims of K rows instead (window 4), the jobs each one dispatched run and ended
+(two updates of their rows, as the engine's) before the next, until the backlog is empty; per
+claim the milliseconds and the shared buffers its statement read (EXPLAIN ANALYZE, rolled
+back, of the same claim just before it is made): the relay draining a burst.
+
+    .venv/bin/python -m bench.claim_plan --jobs 500 --drain 16 --rounds 1
 """
 
 from __future__ import annotations
@@ -17,23 +24,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
 _TRUNCATE = text("TRUNCATE ai_job, outbox_event, ai_job_snapshot CASCADE")
 # Ends the jobs the last claim dispatched, so the next claim has room (the legacy status too).
+# The drain: the dispatched jobs' rows published, the jobs run, then ended.
+_RUN_DISPATCHED = (
+    text(
+        "UPDATE outbox_event SET status = 'published', published_at = now() "
+        "WHERE status = 'processing'"
+    ),
+    text(
+        "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing', "
+        "locked_by = 'claim-plan', updated_at = now() "
+        "WHERE dispatched_at IS NOT NULL AND lifecycle_status = 'queued'"
+    ),
+    text(
+        "UPDATE ai_job SET lifecycle_status = 'succeeded', status = 'completed', "
+        "finished_at = now(), updated_at = now() WHERE lifecycle_status = 'running'"
+    ),
+)
 _END_DISPATCHED = text(
     "UPDATE ai_job SET lifecycle_status = 'cancelled', status = 'cancelled', "
     "finished_at = now() WHERE dispatched_at IS NOT NULL AND lifecycle_status = 'queued'"
 )
 
 
-async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, float]]]:
+async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, float, int]]]:
     from bench.figures import _request
     from db import relay as relay_db
     from db.credentials import active_user_key_id
@@ -54,7 +79,7 @@ async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, fl
     svc = JobService(
         sm, parts.catalog, create_policy(settings), credential_lookup=active_user_key_id
     )
-    rounds: list[list[tuple[int, float]]] = []
+    rounds: list[list[tuple[int, float, int]]] = []
     sem = asyncio.Semaphore(16)
 
     async def one(i: int, r: int) -> None:
@@ -70,15 +95,37 @@ async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, fl
         if args.analyze:
             async with sm.begin() as s:
                 await s.execute(text("ANALYZE ai_job, outbox_event"))
-        claims: list[tuple[int, float]] = []
-        for _ in range(args.claims):
+        claims: list[tuple[int, float, int]] = []
+        limit = args.drain or 1000
+        for _ in range(args.claims if not args.drain else args.jobs):
+            buffers = await _buffers(sm, limit) if args.drain else 0
             t = time.perf_counter()
-            got = await relay_db.claim(sm, owner="claim-plan", limit=1000, window=4)
-            claims.append((len(got), 1e3 * (time.perf_counter() - t)))
+            got = await relay_db.claim(sm, owner="claim-plan", limit=limit, window=4)
+            claims.append((len(got), 1e3 * (time.perf_counter() - t), buffers))
+            if args.drain and not got:
+                break
             async with sm.begin() as s:
+                for statement in _RUN_DISPATCHED if args.drain else ():
+                    await s.execute(statement)
                 await s.execute(_END_DISPATCHED)
         rounds.append(claims)
     return rounds
+
+
+async def _buffers(sm: Any, limit: int) -> int:
+    """The shared buffers the claim's statement reads now (EXPLAIN ANALYZE, rolled back)."""
+    from db import relay as relay_db
+
+    async with sm() as s, s.begin():
+        plan = (
+            await s.execute(
+                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + relay_db.CLAIM.text),
+                {"lim": limit, "owner": "claim-plan", "window": 4},
+            )
+        ).scalar_one()
+        await s.rollback()
+    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -88,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--claims", type=int, default=3, help="claims per round (3)")
     p.add_argument("--rounds", type=int, default=2, help="rounds (2)")
     p.add_argument("--analyze", action="store_true", help="ANALYZE before the claims")
+    p.add_argument("--drain", type=int, default=0, help="claims of this many rows until empty")
     args = p.parse_args(argv)
     url = os.environ.get("DATABASE_URL")
     pg = None
@@ -109,7 +157,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"| round | claims ({args.jobs} waiting jobs of {args.users} users, {stats}) |")
     print("|---|---|")
     for i, claims in enumerate(rounds, 1):
-        print(f"| {i} | " + ", ".join(f"{n} rows in {ms:.1f} ms" for n, ms in claims) + " |")
+        if args.drain:
+            drained = [c for c in claims if c[0]]
+            ms = sum(c[1] for c in drained) / max(1, len(drained))
+            worst = max((c[2] for c in drained), default=0)
+            print(
+                f"| {i} | {len(drained)} claims of {args.drain}: mean {ms:.1f} ms, "
+                f"most buffers read by one {worst:,} |"
+            )
+            continue
+        print(f"| {i} | " + ", ".join(f"{n} rows in {ms:.1f} ms" for n, ms, _ in claims) + " |")
 
 
 if __name__ == "__main__":

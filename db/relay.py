@@ -85,12 +85,18 @@ _PARKED_SQL = "coalesce(" + " OR ".join(f"({p})" for p in BY_DESIGN_WAITS.values
 #   `available_at`), it is held (`held_at`), still `pending`, and leaves the ready index, so
 #   held rows cost the claim nothing however many there are.
 # - the claimed rows (ready and windowed) go `processing`.
-# Rows another relay holds are skipped, not waited for (SKIP LOCKED).
+# Rows another relay holds are skipped, not waited for (SKIP LOCKED). Every claimed row was
+# `pending` when this statement locked it (a locked row's newest version is read: `ready`'s
+# condition; `windowed` reads the status as a column, not a condition, so its rows are found by
+# id through the primary key), and the last UPDATE finds them by id alone. As conditions, the
+# planner read both through the partial index of every pending row, filtered by id.
 # Each job's enqueue row (in `pick`) and each row's job (in `ready`) is looked up by a
 # per-row probe (a LATERAL ... LIMIT 1, an EXISTS), not joined: with no statistics yet (fresh
 # or truncated tables taking a burst) the planner costed the joins as one-row scans and chose
 # nested loops that read the whole backlog per row, a claim taking 1.1 s at 800 waiting jobs
-# and 4.2 s at 3,200 (the probes: 86 and 200 ms, the same as with statistics).
+# and 4.2 s at 3,200 (the probes: 86 and 200 ms, the same as with statistics). The enqueue
+# row's probe has an index of its own (`ix_outbox_event_pending_enqueue`, by job): through the
+# index of every pending row it read the backlog once per waiting job.
 CLAIM = text(
     f"""
     WITH RECURSIVE waiting_users(user_id) AS (
@@ -124,7 +130,8 @@ CLAIM = text(
         WHERE r.n > 0
         ORDER BY h.created_at LIMIT :lim),
     windowed AS (
-        SELECT o.id FROM outbox_event o WHERE o.id = ANY(ARRAY(SELECT event_id FROM pick))
+        SELECT o.id, o.status = 'pending' AS pending FROM outbox_event o
+        WHERE o.id = ANY(ARRAY(SELECT event_id FROM pick))
         FOR UPDATE SKIP LOCKED),
     ready AS (
         SELECT o.id, (o.event_type = {_ENQUEUE_SQL} AND EXISTS (
@@ -143,12 +150,13 @@ CLAIM = text(
                                EXCEPT SELECT id FROM windowed))),
     dispatched AS (
         UPDATE ai_job j SET dispatched_at = now()
-        WHERE j.id = ANY(ARRAY(SELECT p.job_id FROM pick p JOIN windowed w ON w.id = p.event_id))
+        WHERE j.id = ANY(ARRAY(SELECT p.job_id FROM pick p
+                               JOIN windowed w ON w.id = p.event_id AND w.pending))
           AND j.dispatched_at IS NULL)
     UPDATE outbox_event o SET status = 'processing', locked_by = :owner,
            locked_at = now(), attempt_count = o.attempt_count + 1, held_at = NULL
-    WHERE o.id = ANY(ARRAY(SELECT id FROM ready WHERE NOT waits UNION SELECT id FROM windowed))
-      AND o.status = 'pending'
+    WHERE o.id = ANY(ARRAY(SELECT id FROM ready WHERE NOT waits
+                           UNION SELECT id FROM windowed WHERE pending))
     RETURNING {", ".join("o." + c.strip() for c in COLUMNS.split(","))}
     """
 )

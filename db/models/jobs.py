@@ -373,6 +373,13 @@ class OutboxEvent(Base):
             "id",
             postgresql_where=text("status = 'pending' AND held_at IS NULL"),
         ),
+        # The claim's probe for a waiting job's enqueue row (by job): one lookup, whatever
+        # statistics the planner has of a table whose pending count swings.
+        Index(
+            "ix_outbox_event_pending_enqueue",
+            "aggregate_id",
+            postgresql_where=text("status = 'pending' AND event_type = 'ai.job.enqueue'"),
+        ),
         Index(
             "ix_outbox_event_held",
             "id",
