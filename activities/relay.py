@@ -38,6 +38,7 @@ from activities.relay_context import row_context
 from activities.relay_dispatch import KNOWN_DOMAIN_EVENTS, Dispatch, event_label
 from activities.relay_failures import DispatchFailure
 from activities.relay_flow import expire_due, expiring, wake_in_s
+from activities.relay_stats import QueueStats
 from activities.relay_wake import Wake, WakeTimes
 from db import outbox as outbox_db
 from db import relay as relay_db
@@ -126,6 +127,8 @@ class Relay:
             )
         )
         self._last_release = 0.0
+        # The queue tables' statistics, refreshed after a slow claim (activities/relay_stats.py).
+        self.stats = QueueStats(sessionmaker)
         # Batches being dispatched (each in its task) and the rows in them; the dispatched
         # rows no transaction has marked published yet, and the job events among them.
         self._batches: set[asyncio.Task[None]] = set()
@@ -209,6 +212,7 @@ class Relay:
                 await asyncio.gather(*self._batches, return_exceptions=True)
             with contextlib.suppress(Exception):  # else they go out again after their TTL
                 await self._mark()
+            await self.stats.close()
             if own:
                 await listener.close()
 
@@ -265,6 +269,7 @@ class Relay:
             ended=ended,
         )
         self._marked(marks, ended)
+        self.stats.after_claim(time.monotonic() - now)
         wake_in = wake_in_s(got)
         if expiring(got):  # undispatched jobs reached their start-by time or deadline
             await expire_due(self._sm, self._metrics, self.config.batch_size)

@@ -11,14 +11,10 @@ Counted in buffers, not timed."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from sqlalchemy import text
 
-from db import relay as relay_db
 from db.session import SessionMaker
-from tests.integration.window_helpers import create
+from tests.integration.window_helpers import claim_plan, claimed, create, end
 
 JOBS = 800
 USERS = 64
@@ -27,18 +23,6 @@ _RELATIONS = (
     "SELECT c.oid FROM pg_class c WHERE c.relname IN ('ai_job', 'outbox_event') "
     "UNION SELECT i.indexrelid FROM pg_index i "
     "WHERE i.indrelid IN ('ai_job'::regclass, 'outbox_event'::regclass)"
-)
-
-
-# What the engine does to the jobs a claim dispatched, in short: their rows published, the jobs
-# run, then ended (each a new version of the job's row, as in the engine).
-_DRAIN = (
-    "UPDATE outbox_event SET status = 'published', published_at = now() "
-    "WHERE status = 'processing'",
-    "UPDATE ai_job SET lifecycle_status = 'running', status = 'processing', locked_by = 'x', "
-    "updated_at = now() WHERE dispatched_at IS NOT NULL AND lifecycle_status = 'queued'",
-    "UPDATE ai_job SET lifecycle_status = 'succeeded', status = 'completed', "
-    "finished_at = now(), updated_at = now() WHERE lifecycle_status = 'running'",
 )
 
 
@@ -52,38 +36,14 @@ async def _forget_statistics(db: SessionMaker) -> None:
         )
 
 
-def _indexes(node: dict[str, Any]) -> set[str]:
-    """The indexes a plan node and the nodes under it read."""
-    found = {node["Index Name"]} if "Index Name" in node else set()
-    for child in node.get("Plans", ()):
-        found |= _indexes(child)
-    return found
-
-
-async def _claim_buffers(db: SessionMaker, lim: int = 1000) -> tuple[int, int, set[str]]:
-    """(buffers the claim read, rows it claimed, the indexes it read), in a transaction rolled
-    back."""
-    async with db() as s, s.begin():
-        plan = (
-            await s.execute(
-                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + relay_db.CLAIM.text),
-                {"lim": lim, "owner": "plan-test", "window": 4},
-            )
-        ).scalar_one()
-        await s.rollback()
-    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-    blocks = int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
-    return blocks, int(top["Actual Rows"]), _indexes(top)
-
-
 async def test_a_claim_over_a_backlog_with_no_statistics_reads_each_job_a_bounded_number_of_times(
     db: SessionMaker,
 ) -> None:
     for i in range(JOBS):
         await create(db, f"plan-u{i % USERS}")
     await _forget_statistics(db)
-    buffers, claimed, _ = await _claim_buffers(db)
-    assert claimed == 4 * USERS  # each user's window
+    buffers, rows, _ = await claim_plan(db)
+    assert rows == 4 * USERS  # each user's window
     # A plan that reads the backlog once per row reads hundreds of buffers per job (590 at
     # 800 jobs); the probes read 13 to 43, by the statistics autovacuum may gather meanwhile.
     assert buffers < 60 * JOBS, f"{buffers} buffers for {JOBS} waiting jobs"
@@ -97,12 +57,11 @@ async def test_a_claim_while_a_backlog_drains_finds_each_enqueue_row_by_its_job(
         await create(db, f"drain-u{i % USERS}")
     await _forget_statistics(db)
     for _ in range(14):  # the relay's claims of 16 as the jobs before them end
-        assert len(await relay_db.claim(db, owner="drain", limit=16, window=4)) == 16
-        for sql in _DRAIN:
-            async with db.begin() as s:
-                await s.execute(text(sql))
-    buffers, claimed, indexes = await _claim_buffers(db, lim=16)
-    assert claimed == 16
+        ids = await claimed(db, window=4, limit=16)
+        assert len(ids) == 16
+        await end(db, *ids)
+    buffers, rows, indexes = await claim_plan(db, lim=16)
+    assert rows == 16
     # Each waiting job's enqueue row by its job, each claimed row by its id: about 2,000 buffers
     # for this claim. Through the index of every pending row, filtered by job or id, the backlog
     # was read once per waiting job: about 30,000 (bench/claim_plan.py --drain, on a fresh

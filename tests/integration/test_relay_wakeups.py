@@ -1,7 +1,8 @@
 """The relay's wake-ups on the real PostgreSQL and Temporal dev server: a create that commits while
 a claim is in flight (after the claim's snapshot, so the claim cannot see its row) is claimed
 right after it, not at the next poll. The race is made certain: the claim's round trip is
-wrapped so a second job is created, and its NOTIFY heard, before the claim's result is read."""
+wrapped so a second job is created, and its NOTIFY heard, before the claim's result is read.
+And a slow claim asks for the queue tables' statistics to be refreshed."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from temporalio.client import Client
 
+from activities.relay_stats import QueueStats
 from db import relay as relay_db
+from db.session import SessionMaker
 from engine.settings import Settings
 from tests.stack import INTERACTIVE, engine_stack, new_relay, relay_running
 from tests.support import eventually
@@ -22,7 +26,10 @@ POLL_S = 600.0
 
 
 async def test_a_create_committed_during_a_claim_is_claimed_next_not_at_the_poll(
-    settings: Settings, temporal_client: Client, monkeypatch: pytest.MonkeyPatch
+    db: SessionMaker,
+    settings: Settings,
+    temporal_client: Client,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
         relay = new_relay(st, poll_interval_s=POLL_S)
@@ -50,3 +57,28 @@ async def test_a_create_committed_during_a_claim_is_claimed_next_not_at_the_poll
             row = await st.wait_status(late[0], timeout=30)
             assert row.lifecycle_status == "succeeded"
             assert time.monotonic() - t0 < POLL_S / 10
+
+
+async def test_a_slow_claim_refreshes_the_queue_statistics(
+    db: SessionMaker, settings: Settings, temporal_client: Client
+) -> None:
+    async with engine_stack(settings, temporal_client, queues=INTERACTIVE, relay=False) as st:
+        relay = new_relay(st)
+        relay.stats = QueueStats(st.parts.sessionmaker, slow_s=0.0, min_changes=1)
+        job = await st.create()
+
+        async def counted() -> bool:  # each backend reports its changes within about a second
+            async with st.parts.sessionmaker() as s:
+                n = await s.execute(
+                    text(
+                        "SELECT min(n_mod_since_analyze) FROM pg_stat_user_tables "
+                        "WHERE relname IN ('ai_job', 'outbox_event')"
+                    )
+                )
+                return int(n.scalar() or 0) >= 1
+
+        await eventually(counted, timeout=10, what="the create's changes counted")
+        assert await relay.run_once() == 1  # every claim is slow at slow_s=0
+        await relay.stats.wait()
+        assert sorted(relay.stats.analyzed) == ["ai_job", "outbox_event"]
+        assert (await st.wait_status(job, timeout=30)).lifecycle_status == "succeeded"

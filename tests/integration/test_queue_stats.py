@@ -1,0 +1,111 @@
+"""The queue tables' statistics on the real PostgreSQL (db/queue_stats.py,
+activities/relay_stats.py): statistics taken while every job had ended make the claim read the
+backlog once per waiting user during the next burst; a refresh after a slow claim brings it back
+to a few buffers per job. A refresh analyzes only tables that changed, and a fast claim never
+asks for one."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from activities.relay_stats import QueueStats
+from db import queue_stats
+from db.session import SessionMaker
+from tests.integration.window_helpers import claim_plan, claimed, create, end
+from tests.support import eventually
+
+USERS = 64
+
+
+async def _analyzed(db: SessionMaker) -> dict[str, int]:
+    async with db() as s:
+        rows = await s.execute(
+            text(
+                "SELECT relname, analyze_count + autoanalyze_count FROM pg_stat_user_tables "
+                "WHERE relname IN ('ai_job', 'outbox_event')"
+            )
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def _changes_counted(db: SessionMaker, at_least: int) -> None:
+    """Until both tables' changes since their statistics reach `at_least` (each backend reports
+    its counts to the statistics system within about a second)."""
+
+    async def counted() -> bool:
+        async with db() as s:
+            n = (
+                await s.execute(
+                    text(
+                        "SELECT min(n_mod_since_analyze) FROM pg_stat_user_tables "
+                        "WHERE relname IN ('ai_job', 'outbox_event')"
+                    )
+                )
+            ).scalar()
+        return n is not None and int(n) >= at_least
+
+    await eventually(counted, timeout=10, what=f"{at_least} changes counted")
+
+
+async def _stale_burst(db: SessionMaker, jobs: int) -> None:
+    """Statistics of a table of ended jobs, then a burst of `jobs` waiting jobs, some claimed
+    and run as the relay drains them."""
+    for i in range(100):
+        await create(db, f"before-u{i % USERS}")
+    await end(db, *await claimed(db, window=100, limit=100))
+    async with db.begin() as s:
+        await s.execute(text("ANALYZE ai_job, outbox_event"))
+        await s.execute(text("TRUNCATE ai_job, outbox_event CASCADE"))
+    for i in range(jobs):
+        await create(db, f"burst-u{i % USERS}")
+    for _ in range(4):
+        await end(db, *await claimed(db, window=4, limit=16))
+    await _changes_counted(db, jobs)
+
+
+async def test_a_refresh_after_a_slow_claim_brings_the_claim_back_to_its_plan(
+    db: SessionMaker,
+) -> None:
+    jobs = 500
+    await _stale_burst(db, jobs)
+    stale, rows, _ = await claim_plan(db, lim=16)
+    assert rows == 16
+
+    stats = QueueStats(db, slow_s=0.0)
+    stats.after_claim(0.03)  # a claim that took 30 ms
+    await stats.wait()
+    assert sorted(stats.analyzed) == ["ai_job", "outbox_event"]
+    fresh, rows, _ = await claim_plan(db, lim=16)
+    assert rows == 16
+    # About 50,000 buffers over stale statistics (the backlog read once per waiting user), a
+    # few thousand after the refresh.
+    assert fresh < 10 * jobs, f"{fresh} buffers after the refresh ({stale} before)"
+    assert fresh * 3 < stale, f"{fresh} buffers after the refresh, {stale} before"
+
+
+async def test_only_changed_tables_are_analyzed_and_a_fast_claim_asks_for_nothing(
+    db: SessionMaker,
+) -> None:
+    for i in range(250):
+        await create(db, f"u{i % USERS}")
+    await _changes_counted(db, 250)
+    before = await _analyzed(db)
+    assert await queue_stats.refresh(db, min_changes=200) == ("ai_job", "outbox_event")
+    assert await queue_stats.refresh(db, min_changes=200) == ()  # nothing changed since
+    after = await _analyzed(db)
+    assert {t: after[t] - before.get(t, 0) for t in after} == {"ai_job": 1, "outbox_event": 1}
+
+    for i in range(250):
+        await create(db, f"v{i % USERS}")
+    await _changes_counted(db, 250)
+    fast = QueueStats(db)
+    fast.after_claim(0.005)
+    await fast.wait()
+    assert fast.analyzed == []
+    # ...and at most one refresh per interval, however many slow claims.
+    slow = QueueStats(db, slow_s=0.0, every_s=3600.0)
+    slow.after_claim(1.0)
+    await slow.wait()
+    slow.after_claim(1.0)
+    await slow.wait()
+    assert sorted(slow.analyzed) == ["ai_job", "outbox_event"]
