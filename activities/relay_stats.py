@@ -1,8 +1,9 @@
 """When the relay refreshes the queue tables' statistics (db/queue_stats.py): after a claim that
-took `slow_s` or more, at most every `every_s`, in a task of its own (the loop never waits for
-an ANALYZE). A fast claim costs nothing; a slow one with statistics still current costs one
-read of `pg_stat_user_tables`. A database that refuses ANALYZE (the engine's role does not own
-the tables) is told once in the log and not asked again."""
+took `slow_s` or more, at most every `every_s` (a look that found nothing to refresh: again
+after `RECHECK_S`), in a task of its own (the loop never waits for an ANALYZE). A fast claim
+costs nothing; a slow one with statistics still current costs one read of
+`pg_stat_user_tables`. A database that refuses ANALYZE (the engine's role does not own the
+tables) is told once in the log and not asked again."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ SLOW_CLAIM_S = 0.02
 # At most one refresh per relay this often; rows changed since the last statistics, at least.
 REFRESH_EVERY_S = 30.0
 MIN_CHANGES = 200
+# A slow claim whose tables had not changed enough (or whose changes the statistics system had
+# not counted yet: each backend reports within about a second) looks again no sooner than this.
+RECHECK_S = 2.0
 
 
 class QueueStats:
@@ -38,7 +42,7 @@ class QueueStats:
     ) -> None:
         self._sm = sm
         self._slow_s, self._every_s, self._min_changes = slow_s, every_s, min_changes
-        self._last = -every_s
+        self._next = 0.0  # monotonic: no refresh before this
         self._task: asyncio.Task[None] | None = None
         self.refused = False
         self.analyzed: list[str] = []  # tables analyzed so far (tests, logs)
@@ -49,11 +53,11 @@ class QueueStats:
         if (
             took_s < self._slow_s
             or self.refused
-            or now - self._last < self._every_s
+            or now < self._next
             or (self._task is not None and not self._task.done())
         ):
             return
-        self._last = now
+        self._next = now + RECHECK_S
         self._task = asyncio.create_task(self._refresh(took_s), name="relay-queue-stats")
 
     async def _refresh(self, took_s: float) -> None:
@@ -70,6 +74,7 @@ class QueueStats:
             log.warning("queue statistics not refreshed: %s", type(exc).__name__)
             return
         if tables:
+            self._next = time.monotonic() + self._every_s
             self.analyzed.extend(tables)
             log.info("analyzed %s after a claim of %.0f ms", ", ".join(tables), 1e3 * took_s)
 
