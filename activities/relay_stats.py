@@ -12,10 +12,8 @@ import contextlib
 import logging
 import time
 
-import psycopg
-from sqlalchemy.exc import DBAPIError
-
 from db import queue_stats
+from db.errors import is_driver_error, is_insufficient_privilege
 from db.session import SessionMaker
 
 log = logging.getLogger(__name__)
@@ -62,16 +60,16 @@ class QueueStats:
 
     async def _refresh(self, took_s: float) -> None:
         try:
-            tables = await queue_stats.refresh(self._sm, min_changes=self._min_changes)
-        except DBAPIError as exc:
-            if isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+            async with self._sm.begin() as s:
+                tables = await queue_stats.refresh(s, min_changes=self._min_changes)
+        except Exception as exc:
+            if is_insufficient_privilege(exc):
                 self.refused = True
                 log.warning("cannot ANALYZE the queue tables (not their owner); not asked again")
+            elif is_driver_error(exc) or isinstance(exc, OSError):
+                log.warning("queue statistics not refreshed: %s", type(exc).__name__)
             else:
-                log.warning("queue statistics not refreshed: %s", type(exc.orig).__name__)
-            return
-        except OSError as exc:
-            log.warning("queue statistics not refreshed: %s", type(exc).__name__)
+                raise
             return
         if tables:
             self._next = time.monotonic() + self._every_s

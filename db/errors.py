@@ -37,6 +37,11 @@ def is_unique_violation(exc: BaseException, constraint: str | None = None) -> bo
     return constraint is None or constraint_name(exc) == constraint
 
 
+def is_insufficient_privilege(exc: BaseException) -> bool:
+    """The role may not do this (SQLSTATE 42501): e.g. ANALYZE of a table it does not own."""
+    return sqlstate(exc) == "42501"
+
+
 def is_lifecycle_violation(exc: BaseException) -> bool:
     return sqlstate(exc) == LIFECYCLE_TRIGGER
 

@@ -8,7 +8,7 @@ status, the whole backlog once per user: 27 ms a claim at 500 waiting jobs of 64
 8 ms with statistics taken during the burst (`bench.claim_plan --drain`). Autovacuum analyzes a
 table only after a tenth of it changed and at most once a minute, later than a burst needs.
 
-`refresh` analyzes the tables changed by at least `min_changes` rows since they were last
+`refresh` analyzes, in the caller's transaction, the tables changed by at least `min_changes` rows since they were last
 analyzed. One refresh at a time across the cluster (a transaction-scoped advisory lock, tried,
 never waited for); ANALYZE takes a lock that blocks no reads or writes. Table names are
 constants, never input.
@@ -17,8 +17,7 @@ constants, never input.
 from __future__ import annotations
 
 from sqlalchemy import text
-
-from db.session import SessionMaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 TABLES = ("ai_job", "outbox_event")
 
@@ -31,13 +30,14 @@ _CHANGED = text(
 _ANALYZE = {table: text(f"ANALYZE {table}") for table in TABLES}
 
 
-async def refresh(sm: SessionMaker, *, min_changes: int) -> tuple[str, ...]:
-    """ANALYZE the queue tables changed by `min_changes` rows or more since their last
-    statistics; the tables analyzed (none when another refresh holds the lock)."""
-    async with sm.begin() as s:
-        if not (await s.execute(_TRY_LOCK)).scalar():
-            return ()
-        stale = tuple(str(r[0]) for r in await s.execute(_CHANGED, {"min_changes": min_changes}))
-        for table in stale:
-            await s.execute(_ANALYZE[table])
+async def refresh(session: AsyncSession, *, min_changes: int) -> tuple[str, ...]:
+    """ANALYZE, in the caller's transaction, the queue tables changed by `min_changes` rows or
+    more since their last statistics; the tables analyzed (none when another refresh holds the
+    lock)."""
+    if not (await session.execute(_TRY_LOCK)).scalar():
+        return ()
+    rows = await session.execute(_CHANGED, {"min_changes": min_changes})
+    stale = tuple(str(r[0]) for r in rows)
+    for table in stale:
+        await session.execute(_ANALYZE[table])
     return stale
