@@ -8,10 +8,10 @@ status, the whole backlog once per user: 27 ms a claim at 500 waiting jobs of 64
 8 ms with statistics taken during the burst (`bench.claim_plan --drain`). Autovacuum analyzes a
 table only after a tenth of it changed and at most once a minute, later than a burst needs.
 
-`refresh` analyzes, in the caller's transaction, the tables changed by at least `min_changes` rows since they were last
-analyzed. One refresh at a time across the cluster (a transaction-scoped advisory lock, tried,
-never waited for); ANALYZE takes a lock that blocks no reads or writes. Table names are
-constants, never input.
+`refresh` analyzes, in the caller's transaction, the tables changed by at least `min_changes`
+rows since they were last analyzed. One refresh at a time across the cluster (a
+transaction-scoped advisory lock, tried, never waited for); ANALYZE takes a lock that blocks no
+reads or writes. Table names are constants, never input.
 """
 
 from __future__ import annotations
