@@ -59,9 +59,12 @@ class QueueStats:
         self._task = asyncio.create_task(self._refresh(took_s), name="relay-queue-stats")
 
     async def _refresh(self, took_s: float) -> None:
+        tables: list[str] = []
         try:
-            async with self._sm.begin() as s:
-                tables = await queue_stats.refresh(s, min_changes=self._min_changes)
+            for table in queue_stats.TABLES:  # one transaction each (db/queue_stats.py)
+                async with self._sm.begin() as s:
+                    if await queue_stats.refresh(s, table, min_changes=self._min_changes):
+                        tables.append(table)
         except Exception as exc:
             if is_insufficient_privilege(exc):
                 self.refused = True
@@ -70,11 +73,11 @@ class QueueStats:
                 log.warning("queue statistics not refreshed: %s", type(exc).__name__)
             else:
                 raise
-            return
-        if tables:
-            self._next = time.monotonic() + self._every_s
-            self.analyzed.extend(tables)
-            log.info("analyzed %s after a claim of %.0f ms", ", ".join(tables), 1e3 * took_s)
+        finally:
+            if tables:  # the ones analyzed before a failure count too
+                self._next = time.monotonic() + self._every_s
+                self.analyzed.extend(tables)
+                log.info("analyzed %s after a claim of %.0f ms", ", ".join(tables), 1e3 * took_s)
 
     async def wait(self) -> None:
         """Until the refresh in progress (if any) has ended (tests)."""

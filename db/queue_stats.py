@@ -8,10 +8,10 @@ status, the whole backlog once per user: 27 ms a claim at 500 waiting jobs of 64
 8 ms with statistics taken during the burst (`bench.claim_plan --drain`). Autovacuum analyzes a
 table only after a tenth of it changed and at most once a minute, later than a burst needs.
 
-`refresh` analyzes, in the caller's transaction, the tables changed by at least `min_changes`
-rows since they were last analyzed. One refresh at a time across the cluster (a
-transaction-scoped advisory lock, tried, never waited for); ANALYZE takes a lock that blocks no
-reads or writes. Table names are constants, never input.
+`refresh` analyzes a table changed by at least `min_changes` rows since it was last analyzed,
+one table per transaction. One refresh at a time across the cluster (a transaction-scoped
+advisory lock, tried, never waited for); ANALYZE takes a lock that blocks no reads or writes.
+Table names are constants, never input.
 """
 
 from __future__ import annotations
@@ -23,21 +23,24 @@ TABLES = ("ai_job", "outbox_event")
 
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(hashtextextended('aijobs:queue-analyze', 0))")
 _CHANGED = text(
-    "SELECT relname FROM pg_stat_user_tables "
-    "WHERE schemaname = current_schema() AND relname IN ('ai_job', 'outbox_event') "
-    "AND n_mod_since_analyze >= :min_changes ORDER BY relname"
+    "SELECT 1 FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+    "AND relname = :table AND n_mod_since_analyze >= :min_changes"
 )
+_LOCK_TIMEOUT = text("SET LOCAL lock_timeout = '2s'")
 _ANALYZE = {table: text(f"ANALYZE {table}") for table in TABLES}
 
 
-async def refresh(session: AsyncSession, *, min_changes: int) -> tuple[str, ...]:
-    """ANALYZE, in the caller's transaction, the queue tables changed by `min_changes` rows or
-    more since their last statistics; the tables analyzed (none when another refresh holds the
-    lock)."""
+async def refresh(session: AsyncSession, table: str, *, min_changes: int) -> bool:
+    """ANALYZE `table` (one of `TABLES`), in the caller's transaction, if it changed by
+    `min_changes` rows or more since its last statistics; True: analyzed. Nothing when another
+    refresh holds the lock. One table per transaction: a transaction holding one table's lock
+    while it waits for the other's could close a cycle with a TRUNCATE or a migration that
+    takes them in the other order; and no lock is waited for long (`lock_timeout`)."""
     if not (await session.execute(_TRY_LOCK)).scalar():
-        return ()
-    rows = await session.execute(_CHANGED, {"min_changes": min_changes})
-    stale = tuple(str(r[0]) for r in rows)
-    for table in stale:
-        await session.execute(_ANALYZE[table])
-    return stale
+        return False
+    await session.execute(_LOCK_TIMEOUT)
+    changed = await session.execute(_CHANGED, {"table": table, "min_changes": min_changes})
+    if changed.first() is None:
+        return False
+    await session.execute(_ANALYZE[table])
+    return True
