@@ -25,14 +25,13 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
+
+from bench.scratch_db import scratch_database
 
 _TRUNCATE = text("TRUNCATE ai_job, outbox_event, ai_job_snapshot CASCADE")
 # Ends the jobs the last claim dispatched, so the next claim has room (the legacy status too).
@@ -137,22 +136,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--analyze", action="store_true", help="ANALYZE before the claims")
     p.add_argument("--drain", type=int, default=0, help="claims of this many rows until empty")
     args = p.parse_args(argv)
-    url = os.environ.get("DATABASE_URL")
-    pg = None
-    if not url:
-        from db.migrate import upgrade
-        from runtime.embedded import start_postgres
-
-        base = Path(tempfile.mkdtemp(prefix="aijobs-claim-plan-"))
-        base.chmod(0o755)
-        pg = start_postgres(base / "pg")
-        url = pg.uri
-        upgrade(url)
-    try:
+    with scratch_database("aijobs-claim-plan-") as url:
         rounds = asyncio.run(measure(url, args))
-    finally:
-        if pg is not None:
-            pg.stop()
     stats = "analyzed" if args.analyze else "no statistics"
     print(f"| round | claims ({args.jobs} waiting jobs of {args.users} users, {stats}) |")
     print("|---|---|")

@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from bench.scratch_db import scratch_database
 
 if TYPE_CHECKING:
     from activities.stages import JobActivities
@@ -136,22 +135,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=300, help="jobs per round")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds after one warm-up")
     args = p.parse_args(argv)
-    url = os.environ.get("DATABASE_URL")
-    pg = None
-    if not url:
-        from db.migrate import upgrade
-        from runtime.embedded import start_postgres
-
-        base = Path(tempfile.mkdtemp(prefix="aijobs-stages-"))
-        base.chmod(0o755)
-        pg = start_postgres(base / "pg")
-        url = pg.uri
-        upgrade(url)
-    try:
+    with scratch_database("aijobs-stages-") as url:
         res = asyncio.run(measure(url, args.jobs, args.rounds))
-    finally:
-        if pg is not None:
-            pg.stop()
     total = [sum(r) for r in zip(*res.values(), strict=True)]
     print("| stage | CPU µs per job (median of rounds) | per round |\n|---|---:|---|")
     for s, v in res.items():
