@@ -97,7 +97,7 @@ async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, fl
         claims: list[tuple[int, float, int]] = []
         limit = args.drain or 1000
         for _ in range(args.claims if not args.drain else args.jobs):
-            buffers = await _buffers(sm, limit) if args.drain else 0
+            buffers = (await explain_claim(sm, limit))[0] if args.drain else 0
             t = time.perf_counter()
             got = await relay_db.claim(sm, owner="claim-plan", limit=limit, window=4)
             claims.append((len(got), 1e3 * (time.perf_counter() - t), buffers))
@@ -111,20 +111,31 @@ async def measure(url: str, args: argparse.Namespace) -> list[list[tuple[int, fl
     return rounds
 
 
-async def _buffers(sm: Any, limit: int) -> int:
-    """The shared buffers the claim's statement reads now (EXPLAIN ANALYZE, rolled back)."""
+def _indexes(node: dict[str, Any]) -> set[str]:
+    """The indexes a plan node and the nodes under it read."""
+    found = {node["Index Name"]} if "Index Name" in node else set()
+    for child in node.get("Plans", ()):
+        found |= _indexes(child)
+    return found
+
+
+async def explain_claim(sm: Any, limit: int, window: int = 4) -> tuple[int, int, set[str]]:
+    """What the claim's statement does now, from EXPLAIN ANALYZE in a transaction rolled back:
+    (shared buffers it read, rows it claimed, the indexes it read). Also the claim-plan tests'
+    measure (tests/integration/window_helpers.py)."""
     from db import relay as relay_db
 
     async with sm() as s, s.begin():
         plan = (
             await s.execute(
                 text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + relay_db.CLAIM.text),
-                {"lim": limit, "owner": "claim-plan", "window": 4},
+                {"lim": limit, "owner": "claim-plan", "window": window},
             )
         ).scalar_one()
         await s.rollback()
     top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+    blocks = int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+    return blocks, int(top["Actual Rows"]), _indexes(top)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

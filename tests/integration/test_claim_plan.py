@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from bench.claim_plan import explain_claim
 from db.session import SessionMaker
-from tests.integration.window_helpers import claim_plan, claimed, create, end
+from tests.integration.window_helpers import claimed, create, end
 
 JOBS = 800
 USERS = 64
@@ -42,7 +43,7 @@ async def test_a_claim_over_a_backlog_with_no_statistics_reads_each_job_a_bounde
     for i in range(JOBS):
         await create(db, f"plan-u{i % USERS}")
     await _forget_statistics(db)
-    buffers, rows, _ = await claim_plan(db)
+    buffers, rows, _ = await explain_claim(db, 1000)
     assert rows == 4 * USERS  # each user's window
     # A plan that reads the backlog once per row reads hundreds of buffers per job (590 at
     # 800 jobs); the probes read 13 to 43, by the statistics autovacuum may gather meanwhile.
@@ -60,7 +61,7 @@ async def test_a_claim_while_a_backlog_drains_finds_each_enqueue_row_by_its_job(
         ids = await claimed(db, window=4, limit=16)
         assert len(ids) == 16
         await end(db, *ids)
-    buffers, rows, indexes = await claim_plan(db, lim=16)
+    buffers, rows, indexes = await explain_claim(db, 16)
     assert rows == 16
     # Each waiting job's enqueue row by its job, each claimed row by its id: about 2,000 buffers
     # for this claim. Through the index of every pending row, filtered by job or id, the backlog

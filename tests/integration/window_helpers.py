@@ -1,15 +1,13 @@
 """The dispatch window's tests' shared steps (test_dispatch_window.py, test_by_design_waits.py,
 test_claim_plan.py, test_queue_stats.py): a queued job and its enqueue row as a create writes
-them, one relay claim marked published as the relay marks a batch that went out, jobs that ran
-and succeeded, and what the claim's plan reads."""
+them, one relay claim marked published as the relay marks a batch that went out, and jobs that
+ran and succeeded (what the claim's plan reads: `bench/claim_plan.py` `explain_claim`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import text
 
@@ -67,29 +65,3 @@ async def create(
             },
         )
     return job.id
-
-
-def _indexes(node: dict[str, Any]) -> set[str]:
-    """The indexes a plan node and the nodes under it read."""
-    found = {node["Index Name"]} if "Index Name" in node else set()
-    for child in node.get("Plans", ()):
-        found |= _indexes(child)
-    return found
-
-
-async def claim_plan(
-    db: SessionMaker, lim: int = 1000, window: int = 4
-) -> tuple[int, int, set[str]]:
-    """(shared buffers the claim's statement read, rows it claimed, the indexes it read), from
-    EXPLAIN ANALYZE in a transaction rolled back."""
-    async with db() as s, s.begin():
-        plan = (
-            await s.execute(
-                text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + relay_db.CLAIM.text),
-                {"lim": lim, "owner": "plan-test", "window": window},
-            )
-        ).scalar_one()
-        await s.rollback()
-    top = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
-    blocks = int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
-    return blocks, int(top["Actual Rows"]), _indexes(top)
