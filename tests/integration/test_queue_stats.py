@@ -9,9 +9,10 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from activities.relay_stats import QueueStats
+from bench.claim_plan import explain_claim
 from db import queue_stats
 from db.session import SessionMaker
-from tests.integration.window_helpers import claim_plan, claimed, create, end
+from tests.integration.window_helpers import claimed, create, end
 from tests.support import eventually
 
 USERS = 64
@@ -68,14 +69,14 @@ async def test_a_refresh_after_a_slow_claim_brings_the_claim_back_to_its_plan(
 ) -> None:
     jobs = 500
     await _stale_burst(db, jobs)
-    stale, rows, _ = await claim_plan(db, lim=16)
+    stale, rows, _ = await explain_claim(db, 16)
     assert rows == 16
 
     stats = QueueStats(db, slow_s=0.0)
     stats.after_claim(0.03)  # a claim that took 30 ms
     await stats.wait()
     assert sorted(stats.analyzed) == ["ai_job", "outbox_event"]
-    fresh, rows, _ = await claim_plan(db, lim=16)
+    fresh, rows, _ = await explain_claim(db, 16)
     assert rows == 16
     # About 50,000 buffers over stale statistics (the backlog read once per waiting user), a
     # few thousand after the refresh.
@@ -112,3 +113,19 @@ async def test_only_changed_tables_are_analyzed_and_a_fast_claim_asks_for_nothin
     slow.after_claim(1.0)
     await slow.wait()
     assert sorted(slow.analyzed) == ["ai_job", "outbox_event"]
+
+
+async def test_one_refresh_at_a_time_across_processes(db: SessionMaker) -> None:
+    """Another relay's refresh in progress (its transaction holds the lock): this one skips,
+    without waiting, and refreshes once that one has ended."""
+    for i in range(250):
+        await create(db, f"w{i % USERS}")
+    await _changes_counted(db, 250)
+    async with db() as other, other.begin():
+        await other.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended('aijobs:queue-analyze', 0))")
+        )
+        async with db.begin() as s:
+            assert not await queue_stats.refresh(s, "ai_job", min_changes=200)
+    async with db.begin() as s:
+        assert await queue_stats.refresh(s, "ai_job", min_changes=200)
