@@ -130,8 +130,11 @@ async def make_failed_jobs(
         ).job.id
         for i in range(n)
     ]
-    async with db.begin() as s:
-        for job_id in ids:
+    # One transaction per job, as a worker fails them: a relay's claim marks the jobs it
+    # dispatches in one statement, so one transaction locking many jobs in another order
+    # can deadlock with it.
+    for job_id in ids:
+        async with db.begin() as s:
             await lifecycle_db.lock(s, job_id, owner=f"outage-{job_id}", identity="test", ttl_s=60)
             await endings_db.mark_failed(
                 s, job_id, code, public_message_for(code), "test: simulated outage"
