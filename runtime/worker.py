@@ -56,6 +56,7 @@ from db.credentials import active_user_key_id
 from db.listener import Listener
 from engine.contracts import RECONCILER_SCHEDULE_ID, RECONCILER_WORKFLOW
 from engine.definition import QUEUE_NAMES, SYSTEM_QUEUE
+from engine.payloads import DATA_CONVERTER
 from engine.queues import queue_config
 from engine.settings import Settings
 from jobs.bulk import BulkPolicy, BulkService
@@ -77,6 +78,7 @@ from runtime.wiring import (
     relay_config,
     webhook_deliverer,
 )
+from runtime.workflow_runner import ContextFreeRunner
 from workflows.batch import BatchWorkflow
 from workflows.bulk import BulkWorkflow
 from workflows.job_workflow import JobWorkflow
@@ -98,18 +100,21 @@ INTERACTIVE_QUEUE, BACKGROUND_QUEUE = QUEUE_NAMES
 WORKFLOW_TASKS = 6
 
 
-def sandbox_runner() -> SandboxedWorkflowRunner:
+def sandbox_runner() -> ContextFreeRunner:
     # Our pure modules are deterministic; passing them through keeps the per-run sandbox cost
     # low. `workflows.stages` holds only the stages' typed stubs (names and signatures, bodies
     # that never run), so it is passed through too: re-importing it re-applied `activity.defn`
     # to each stub at every run. The workflow modules themselves (`workflows.job_workflow`,
     # the system and bulk workflows) are re-imported in each run's sandbox, as the SDK intends,
     # so the sandbox still checks their code.
-    return SandboxedWorkflowRunner(
+    # The runner answers the payloads' serialization contexts outside the sandbox, as the
+    # engine's converter reads none (runtime/workflow_runner.py).
+    sandbox = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules(
             "engine", "workflows.stages", "pydantic", "pydantic_core", "annotated_types"
         )
     )
+    return ContextFreeRunner(sandbox, DATA_CONVERTER)
 
 
 def queue_concurrency(settings: Settings, queue_name: str) -> int:

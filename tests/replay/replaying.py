@@ -16,11 +16,12 @@ from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import History
 from temporalio.client import WorkflowHistory
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from engine.payloads import DATA_CONVERTER
 from runtime.worker import sandbox_runner
+from runtime.workflow_runner import ContextFreeRunner
 from tests.replay import HISTORIES
 from workflows.batch import BatchWorkflow
 from workflows.job_workflow import JobWorkflow
@@ -60,7 +61,7 @@ def recorded() -> tuple[Recorded, ...]:
 
 
 async def replay_with(
-    workflows: list[type], records: Sequence[Recorded], runner: SandboxedWorkflowRunner
+    workflows: list[type], records: Sequence[Recorded], runner: WorkflowRunner
 ) -> dict[str, Exception]:
     by_run = {r.history.run_id: r.path.name for r in records}
     histories = [r.history for r in records]
@@ -110,12 +111,14 @@ def marker_detail(event: Any, key: str) -> bytes:
     return bytes(event.marker_recorded_event_attributes.details[key].payloads[0].data)
 
 
-def changed_runner() -> SandboxedWorkflowRunner:
-    """The workers' sandbox, which must also pass the test modules through: they define the
-    changed classes and import pytest."""
-    return SandboxedWorkflowRunner(
-        restrictions=sandbox_runner().restrictions.with_passthrough_modules("tests")
+def changed_runner() -> WorkflowRunner:
+    """The workers' runner, whose sandbox must also pass the test modules through: they define
+    the changed classes and import pytest."""
+    workers = sandbox_runner()
+    sandbox = SandboxedWorkflowRunner(
+        restrictions=workers.inner.restrictions.with_passthrough_modules("tests")
     )
+    return ContextFreeRunner(sandbox, DATA_CONVERTER)
 
 
 # Every synthetic history: the plain shape's four endings, its branches and flow control's.

@@ -8,7 +8,7 @@ from runtime.worker import sandbox_runner
 
 
 def _passed_through(name: str) -> bool:
-    mods = sandbox_runner().restrictions.passthrough_modules
+    mods = sandbox_runner().inner.restrictions.passthrough_modules
     parts = name.split(".")
     return any(".".join(parts[:i]) in mods for i in range(1, len(parts) + 1))
 
