@@ -28,6 +28,8 @@ from decimal import Decimal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from db import pipeline
+
 # The code a dead call's usage row carries: its worker was lost (as a heartbeat timeout says).
 WORKER_LOST = "INTERNAL_WORKER_LOST"
 
@@ -66,8 +68,9 @@ _MARK = text(
 
 async def mark_sent(s: AsyncSession, mark: CallMark) -> None:
     """The call is about to be sent: its mark, in the caller's transaction (which commits
-    before the call goes out)."""
-    await s.execute(_MARK, mark.__dict__)
+    before the call goes out). Sent by the driver itself (one statement, no result to build):
+    it is on every call's path."""
+    await pipeline.in_session(s, [(_MARK, mark.__dict__)])
 
 
 # The dead marks of `:job_id` (every chunk's when `:every_chunk`, else `:chunk_no`'s: NULL for

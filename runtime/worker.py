@@ -63,6 +63,7 @@ from jobs.bulk import BulkPolicy, BulkService
 from jobs.gateway import Gateway
 from jobs.service import JobService
 from providers.safety import BLOCKLIST
+from runtime import workflow_code
 from runtime.limit_waker import limit_waker_task
 from runtime.schedules import schedule_activities, schedule_sync, schedules_worker
 from runtime.signals import signal_all
@@ -108,7 +109,9 @@ def sandbox_runner() -> ContextFreeRunner:
     # the system and bulk workflows) are re-imported in each run's sandbox, as the SDK intends,
     # so the sandbox still checks their code.
     # The runner answers the payloads' serialization contexts outside the sandbox, as the
-    # engine's converter reads none (runtime/workflow_runner.py).
+    # engine's converter reads none (runtime/workflow_runner.py); each run's import of the
+    # workflow modules executes code read once per process (runtime/workflow_code.py).
+    workflow_code.install("workflows")
     sandbox = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules(
             "engine", "workflows.stages", "pydantic", "pydantic_core", "annotated_types"
