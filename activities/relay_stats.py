@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from db import queue_stats
 from db.errors import is_driver_error, is_insufficient_privilege
@@ -25,8 +26,11 @@ SLOW_CLAIM_S = 0.02
 REFRESH_EVERY_S = 30.0
 MIN_CHANGES = 200
 # A slow claim whose tables had not changed enough (or whose changes the statistics system had
-# not counted yet: each backend reports within about a second) looks again no sooner than this.
-RECHECK_S = 2.0
+# not counted yet: each backend reports them at most once a second) looks again no sooner than
+# this. A burst's first slow claims come before its creates are counted; each look while claims
+# stay slow is one read of `pg_stat_user_tables`, so looking often costs little, and the burst's
+# claims over stale statistics (40-80 ms each) end within about a second of its creates.
+RECHECK_S = 0.5
 
 
 class QueueStats:
@@ -37,8 +41,10 @@ class QueueStats:
         slow_s: float = SLOW_CLAIM_S,
         every_s: float = REFRESH_EVERY_S,
         min_changes: int = MIN_CHANGES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sm = sm
+        self._clock = clock
         self._slow_s, self._every_s, self._min_changes = slow_s, every_s, min_changes
         self._next = 0.0  # monotonic: no refresh before this
         self._task: asyncio.Task[None] | None = None
@@ -47,7 +53,7 @@ class QueueStats:
 
     def after_claim(self, took_s: float) -> None:
         """A claim took `took_s`: refresh in the background if it was slow and it is time."""
-        now = time.monotonic()
+        now = self._clock()
         if (
             took_s < self._slow_s
             or self.refused
@@ -75,7 +81,7 @@ class QueueStats:
                 raise
         finally:
             if tables:  # the ones analyzed before a failure count too
-                self._next = time.monotonic() + self._every_s
+                self._next = self._clock() + self._every_s
                 self.analyzed.extend(tables)
                 log.info("analyzed %s after a claim of %.0f ms", ", ".join(tables), 1e3 * took_s)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from activities.relay_stats import QueueStats
+from activities.relay_stats import RECHECK_S, QueueStats
 from bench.claim_plan import explain_claim
 from db import queue_stats
 from db.session import SessionMaker
@@ -113,6 +113,33 @@ async def test_only_changed_tables_are_analyzed_and_a_fast_claim_asks_for_nothin
     slow.after_claim(1.0)
     await slow.wait()
     assert sorted(slow.analyzed) == ["ai_job", "outbox_event"]
+
+
+async def test_a_slow_claim_before_a_bursts_changes_are_counted_looks_again_soon(
+    db: SessionMaker,
+) -> None:
+    """A burst's first slow claims come before the statistics system counted its creates (each
+    backend reports at most once a second): the look finds too few changes, and the next slow
+    claim looks again once `RECHECK_S` has passed, not at the next refresh interval."""
+    async with db.begin() as s:
+        await s.execute(text("ANALYZE ai_job, outbox_event"))
+    now = [1000.0]
+    stats = QueueStats(db, slow_s=0.0, every_s=3600.0, clock=lambda: now[0])
+    stats.after_claim(1.0)
+    await stats.wait()
+    assert stats.analyzed == []  # nothing counted yet
+    for i in range(250):
+        await create(db, f"u{i % USERS}")
+    await _changes_counted(db, 250)
+    now[0] += RECHECK_S / 2
+    stats.after_claim(1.0)
+    await stats.wait()
+    assert stats.analyzed == []  # too soon to look again
+    now[0] += RECHECK_S / 2
+    stats.after_claim(1.0)
+    await stats.wait()
+    assert sorted(stats.analyzed) == ["ai_job", "outbox_event"]
+    assert RECHECK_S <= 1.0  # within about a second of the burst's creates being counted
 
 
 async def test_one_refresh_at_a_time_across_processes(db: SessionMaker) -> None:
